@@ -1,0 +1,432 @@
+"""The one HTTP client for Proxmox VE and Proxmox Backup Server.
+
+Every request goes through `ProxmoxClient.request`, which asks `policy.check` first,
+then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
+whose message tells the model what went wrong and what to do next.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import quote, urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+
+import policy
+
+log = logging.getLogger("proxmox-mcp")
+
+
+@dataclass(frozen=True)
+class Product:
+    name: str
+    default_port: int
+    token_header: str  # format with id and secret
+    upid_fields: int  # fields between "UPID" and the trailing colon
+
+
+# Differences between the products live here (PROXMOX-FACTS.md: the PBS header uses a colon).
+PRODUCTS = {
+    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7),
+    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8),
+}
+
+# A built-in role that holds each privilege, for the "grant it with" hint on a 403.
+ROLE_FOR_PRIVILEGE = {
+    "Sys.Audit": "PVEAuditor", "VM.Audit": "PVEAuditor", "Datastore.Audit": "PVEAuditor",
+    "Pool.Audit": "PVEAuditor", "SDN.Audit": "PVEAuditor", "Mapping.Audit": "PVEAuditor",
+    "VM.PowerMgmt": "PVEVMUser", "VM.Console": "PVEVMUser", "VM.Backup": "PVEVMUser",
+    "VM.Snapshot": "PVEVMAdmin", "VM.Snapshot.Rollback": "PVEVMAdmin", "VM.Clone": "PVEVMAdmin",
+    "VM.Allocate": "PVEVMAdmin", "VM.Migrate": "PVEVMAdmin", "VM.Config.Disk": "PVEVMAdmin",
+    "VM.Config.CPU": "PVEVMAdmin", "VM.Config.Memory": "PVEVMAdmin", "VM.Config.Network": "PVEVMAdmin",
+    "VM.Config.Options": "PVEVMAdmin", "VM.Config.HWType": "PVEVMAdmin", "VM.Config.Cloudinit": "PVEVMAdmin",
+    "VM.Config.CDROM": "PVEVMAdmin", "VM.GuestAgent.Audit": "PVEVMAdmin",
+    "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
+    "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "PVESysAdmin",
+    "Sys.PowerMgmt": "PVESysAdmin", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+}
+
+
+@dataclass
+class HostConfig:
+    label: str
+    product: str  # "pve" or "pbs"
+    url: str  # scheme://host:port, no path
+    token_id: str  # user@realm!tokenid
+    token_secret: str = field(repr=False)
+    write_token_id: str | None = None
+    write_token_secret: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+    ca_file: str | None = None
+    fingerprint: str | None = None  # SHA-256, hex without colons, lower case
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+
+class ProxmoxError(Exception):
+    """A request that failed, with a message written for the model."""
+
+    def __init__(self, message: str, status: int | None = None, errors: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.errors = errors or {}
+
+
+class TaskFailed(ProxmoxError):
+    pass
+
+
+# ---------------------------------------------------------------- TLS
+
+class _PinnedAdapter(HTTPAdapter):
+    """Accepts exactly the certificate with the pinned SHA-256 fingerprint (urllib3 checks it)."""
+
+    def __init__(self, fingerprint: str, **kwargs: Any):
+        self._fingerprint = fingerprint
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["assert_fingerprint"] = self._fingerprint
+        super().init_poolmanager(*args, **kwargs)
+
+
+def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
+    """The SHA-256 fingerprint of the certificate a server offers, or None if unreachable."""
+    parts = urlsplit(url)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as sock:
+            with context.wrap_socket(sock, server_hostname=parts.hostname) as tls:
+                der = tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+    digest = hashlib.sha256(der).hexdigest().upper()
+    return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+# ---------------------------------------------------------------- UPIDs
+
+def parse_upid(upid: str, product: str = "pve") -> dict:
+    """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user:
+    PBS has a task counter before starttime and systemd-escapes the worker id."""
+    parts = upid.split(":")
+    expected = PRODUCTS[product].upid_fields
+    if parts[0] != "UPID" or parts[-1] != "" or len(parts) != expected + 2:
+        raise ProxmoxError(f"'{upid}' is not a {PRODUCTS[product].name} task id (UPID).")
+    fields = parts[1:-1]
+    if product == "pbs":
+        node, pid, pstart, _task, start, kind, worker, user = fields
+        worker = worker.replace("\\x3a", ":").replace("\\x2f", "/")
+    else:
+        node, pid, pstart, start, kind, worker, user = fields
+    try:
+        return {"node": node, "pid": int(pid, 16), "pstart": int(pstart, 16), "starttime": int(start, 16),
+                "type": kind, "id": worker, "user": user}
+    except ValueError:
+        raise ProxmoxError(f"'{upid}' is not a valid task id (UPID): bad hex field.") from None
+
+
+PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
+
+
+# ---------------------------------------------------------------- the client
+
+def encode_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """Form encoding as Proxmox wants it: booleans 0/1, lists as repeated keys,
+    {"net": {0: "..."}} as net0, None dropped."""
+    out: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            for index, item in value.items():
+                out.update(encode_params({f"{key}{index}": item}))
+        elif isinstance(value, bool):
+            out[key] = int(value)
+        elif isinstance(value, (list, tuple)):
+            out[key] = [int(v) if isinstance(v, bool) else v for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+class ProxmoxClient:
+    def __init__(self, host: HostConfig):
+        self.host = host
+        self.product = PRODUCTS[host.product]
+        self.base = host.url.rstrip("/") + "/api2/json"
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = "proxmox-mcp"
+        # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
+        self.verify: bool | str = host.verify_tls
+        if host.fingerprint:
+            self.session.mount(host.url, _PinnedAdapter(host.fingerprint))
+            self.verify = False  # the pin replaces CA verification; urllib3 still checks the fingerprint
+        elif host.ca_file:
+            self.verify = host.ca_file
+
+    def _auth_header(self, method: str) -> str:
+        host = self.host
+        if method != "GET" and host.write_token_id:
+            return self.product.token_header.format(id=host.write_token_id, secret=host.write_token_secret)
+        return self.product.token_header.format(id=host.token_id, secret=host.token_secret)
+
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
+        """Send one request (after the policy check) and return the unwrapped `data`."""
+        method = method.upper()
+        params = encode_params(params)
+        path = policy.check(self.host, method, path, params)
+        url = self.base + quote(path, safe="/:@!=,")
+        send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
+        attempts = 3 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                response = self.session.request(
+                    method, url, headers={"Authorization": self._auth_header(method)},
+                    timeout=(self.host.connect_timeout, self.host.read_timeout), verify=self.verify, **send_as)
+                break
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
+            except requests.exceptions.ConnectionError as exc:
+                if attempt + 1 < attempts and not isinstance(exc, requests.exceptions.ConnectTimeout):
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                raise self._connection_error(exc) from None
+            except requests.exceptions.Timeout:
+                raise ProxmoxError(
+                    f"Host '{self.host.label}' did not answer {method} {path} within "
+                    f"{self.host.read_timeout:g} s. The node may be overloaded; retry later or raise "
+                    f"PROXMOX_READ_TIMEOUT.") from None
+        if response.status_code >= 400:
+            raise self._http_error(method, path, response)
+        try:
+            return response.json().get("data")
+        except ValueError:
+            raise ProxmoxError(f"Host '{self.host.label}' sent a non-JSON answer to {method} {path}; "
+                               f"is {self.host.url} really {self.product.name}?") from None
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params)
+
+    # ------------------------------------------------------------ errors
+
+    def _connection_error(self, exc: Exception) -> ProxmoxError:
+        text = str(exc)
+        reason = "connection refused" if "refused" in text.lower() else "cannot connect"
+        if "timed out" in text.lower():
+            reason = f"no connection within {self.host.connect_timeout:g} s"
+        return ProxmoxError(
+            f"Host '{self.host.label}' ({self.host.url}) is unreachable: {reason}. Check that the URL and "
+            f"port are right (PVE 8006, PBS 8007) and that the service is running.")
+
+    def _tls_error(self, exc: Exception) -> ProxmoxError:
+        label = self.host.label.upper()
+        prefix = "PROXMOX" if self.host.product == "pve" else "PBS"
+        offered = server_fingerprint(self.host.url)
+        seen = f" The server offers SHA-256 {offered}." if offered else ""
+        if self.host.fingerprint:
+            return ProxmoxError(
+                f"TLS certificate of host '{self.host.label}' does not match the pinned fingerprint "
+                f"({prefix}_{label}_FINGERPRINT).{seen} If the certificate was renewed on purpose, "
+                f"pin the new fingerprint; otherwise someone may be intercepting the connection.")
+        return ProxmoxError(
+            f"TLS certificate of host '{self.host.label}' could not be verified (self-signed?).{seen} "
+            f"Pin it with {prefix}_{label}_FINGERPRINT=<that value>, or give the cluster CA in "
+            f"{prefix}_{label}_CA_FILE.")
+
+    def _http_error(self, method: str, path: str, response: requests.Response) -> ProxmoxError:
+        status = response.status_code
+        message, errors = _error_text(response)
+        where = f"{method} {path} on host '{self.host.label}'"
+        if status == 401:
+            var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
+            text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
+                    f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")
+        elif status == 403:
+            text = _permission_message(where, message, self.host)
+        elif status == 400 and errors:
+            details = "; ".join(f"{name}: {msg.strip()}" for name, msg in sorted(errors.items()))
+            text = f"Invalid parameters for {where}: {details}."
+        elif status in (595, 596, 599):
+            node = re.search(r"/nodes/([^/]+)", path)
+            name = f" '{node.group(1)}'" if node else ""
+            text = (f"Node{name} is unreachable from the API host ({status}: {message or 'no answer'}). "
+                    f"The node may be down or the name may be wrong; check cluster_status and use node "
+                    f"names exactly as listed.")
+        elif status == 501:
+            text = f"{where} is not implemented by this {self.product.name} ({message}). Check the path."
+        else:
+            text = f"{where} failed ({status}): {message or response.reason}"
+            hint = _hint_for(message)
+            if hint:
+                text += f". {hint}"
+        return ProxmoxError(text, status=status, errors=errors)
+
+    # ------------------------------------------------------------ tasks
+
+    def task_node(self, upid: str) -> str:
+        return parse_upid(upid, self.host.product)["node"]
+
+    def task_status(self, upid: str) -> dict:
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/status")
+
+    def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
+
+    def wait_task(self, upid: str, timeout: float = 30.0,
+                  on_progress: Callable[[float | None, str], None] | None = None) -> dict:
+        """Poll a task until it stops or the deadline passes.
+
+        Returns the final status with `result` "ok" or "warnings", or {"status": "still_running"}
+        at the deadline. A failed task raises TaskFailed carrying the last log lines.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            status = self.task_status(upid)
+            if status.get("status") != "running":
+                return self._finished(upid, status)
+            if on_progress:
+                lines = self.task_log(upid, start=0, limit=0)
+                text = next((line["t"] for line in reversed(lines) if PERCENT.search(line.get("t", ""))), "")
+                match = PERCENT.search(text)
+                on_progress(float(match.group(1)) if match else None, text or "running")
+            if time.monotonic() + delay > deadline:
+                return {"status": "still_running", "upid": upid,
+                        "next": "call get_task with this upid and wait_seconds to keep waiting"}
+            time.sleep(delay)  # polling a remote task, not synchronising tests
+            delay = min(delay * 1.5, 2.0)
+
+    def _finished(self, upid: str, status: dict) -> dict:
+        exit_status = status.get("exitstatus", "")
+        result = {"status": "stopped", "upid": upid, "exitstatus": exit_status}
+        if exit_status == "OK":
+            return result | {"result": "ok"}
+        if exit_status.startswith("WARNINGS"):
+            lines = [line["t"] for line in self.task_log(upid, limit=0) if "WARN" in line.get("t", "")]
+            return result | {"result": "warnings", "warnings": lines[-10:]}
+        tail = [line["t"] for line in self.task_log(upid, limit=0)][-8:]
+        raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail))
+
+
+def _error_text(response: requests.Response) -> tuple[str, dict]:
+    """Proxmox puts the message in the reason phrase (always), in body.message (PVE >= 5.2.0 of
+    its HTTP server), in body.errors (400) or as a plain-text body (PBS)."""
+    reason = response.reason or ""
+    errors: dict = {}
+    body_message = ""
+    try:
+        body = response.json()
+    except ValueError:
+        body_message = response.text.strip()[:500]
+    else:
+        if isinstance(body, dict):
+            errors = body.get("errors") or {}
+            body_message = str(body.get("message") or "").strip()
+        elif isinstance(body, str):
+            body_message = body.strip()[:500]
+    message = body_message if len(body_message) > len(reason) else reason
+    return message.strip(), errors if isinstance(errors, dict) else {}
+
+
+def _permission_message(where: str, message: str, host: HostConfig) -> str:
+    match = re.search(r"Permission check failed \(([^,]+), ([^)]+)\)", message) or \
+        re.search(r"missing permissions '([^']+)' on '([^']+)'", message)
+    if not match:
+        if "API token" in message:
+            return f"{where} refused: {message} This endpoint needs a user login, not a token."
+        return f"Permission denied for {where}: {message}"
+    if message.startswith("missing"):  # PBS: privileges first, then path
+        privileges, acl_path = match.group(1), match.group(2)
+    else:
+        acl_path, privileges = match.group(1), match.group(2)
+    if privileges.startswith("user != root"):
+        return f"{where} is allowed to root@pam only ({message}); a token cannot do it."
+    first = privileges.split("|")[0]
+    if host.product == "pbs":
+        grant = f"proxmox-backup-manager acl update {acl_path} <role> --auth-id '{host.token_id}'"
+    else:
+        role = ROLE_FOR_PRIVILEGE.get(first, "<a role with " + first + ">")
+        grant = f"pveum acl modify {acl_path} --tokens '{host.token_id}' --roles {role}"
+    return (f"Permission denied for {where}: the token lacks {privileges} on {acl_path}. "
+            f"Grant it with: {grant}. A privilege-separated token needs the ACL on the token itself, "
+            f"not only on its user.")
+
+
+# 500 messages with a known next step.
+HINTS = (
+    (r"is locked \((\w+)", "The guest is locked by a running {0} task; wait for it (list_tasks) before retrying."),
+    (r"guest agent is not running|No QEMU guest agent configured",
+     "The QEMU guest agent is not available in this VM; install and start qemu-guest-agent and set agent=1."),
+    (r"got timeout", "The guest agent did not answer in time; a VM that just booted can need a minute."),
+    (r"(VM|CT) \d+ is not running|not running", "Start the guest first (write_guest_power action=start)."),
+    (r"does not exist", "Check the id with list_guests or list_storage."),
+)
+
+
+def _hint_for(message: str) -> str | None:
+    for pattern, hint in HINTS:
+        match = re.search(pattern, message, re.IGNORECASE)
+        if match:
+            return hint.format(*match.groups())
+    return None
+
+
+# ---------------------------------------------------------------- configured hosts
+
+_hosts: dict[str, dict[str, HostConfig]] = {"pve": {}, "pbs": {}}
+_clients: dict[tuple[str, str], ProxmoxClient] = {}
+_clients_lock = threading.Lock()
+
+
+def configure_hosts(hosts: list[HostConfig]) -> None:
+    """Set the hosts tools may use (called once at start). Nothing connects here."""
+    _hosts["pve"].clear()
+    _hosts["pbs"].clear()
+    _clients.clear()
+    for host in hosts:
+        _hosts[host.product][host.label] = host
+
+
+def configured(product: str) -> dict[str, HostConfig]:
+    return _hosts[product]
+
+
+def client_for(product: str, label: str | None) -> ProxmoxClient:
+    """The client of a configured host by label; the label may be left out when there is one."""
+    hosts = _hosts[product]
+    name = PRODUCTS[product].name
+    if label is None:
+        if len(hosts) == 1:
+            label = next(iter(hosts))
+        elif not hosts:
+            prefix = "PROXMOX" if product == "pve" else "PBS"
+            raise ProxmoxError(f"No {name} host is configured. Set {prefix}_<LABEL>_URL and {prefix}_<LABEL>_TOKEN.")
+        else:
+            raise ProxmoxError(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")
+    key = label.lower()
+    if key not in hosts:
+        known = ", ".join(sorted(hosts)) or "none"
+        raise ProxmoxError(f"No {name} host labelled '{label}'. Configured: {known} (see list_hosts).")
+    with _clients_lock:
+        if (product, key) not in _clients:
+            _clients[(product, key)] = ProxmoxClient(hosts[key])
+        return _clients[(product, key)]
+
+
+def pve_client(label: str | None = None) -> ProxmoxClient:
+    return client_for("pve", label)
+
+
+def pbs_client(label: str | None = None) -> ProxmoxClient:
+    return client_for("pbs", label)

@@ -1,0 +1,559 @@
+"""Proxmox MCP server: Proxmox VE and Backup Server for AI agents, safely.
+
+    python server.py                  stdio (Claude Desktop, Claude Code, Hermes...)
+    python server.py --http           Streamable HTTP on 127.0.0.1:8765/mcp (bearer token)
+    python server.py --demo           the same against a built-in simulated lab
+    python server.py --list-tools     what the current configuration offers, with sizes
+    python server.py --check          connect to every host and report what works
+
+Configuration comes from the environment and `.env` (see README.md and .env.example).
+"""
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import policy
+import proxmox_client
+import pve_tools
+from proxmox_client import HostConfig, ProxmoxError
+
+VERSION = "0.1.0"
+log = logging.getLogger("proxmox-mcp")
+
+INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
+cluster_status or list_guests; take vmids and node names from their answers, never guess. \
+Task ids (UPIDs) come from list_tasks; get_task with wait_seconds follows one."""
+
+
+class ConfigError(Exception):
+    """A configuration problem that stops the server; the message names the variable."""
+
+
+# ================================================================ configuration
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+TOKEN = re.compile(r"^(?P<id>[^\s@!=:]+@[A-Za-z][A-Za-z0-9.\-_]*![A-Za-z][A-Za-z0-9.\-_]*)[=:](?P<secret>\S+)$")
+
+# Per-host variables: PROXMOX_<LABEL>_<SUFFIX> and PBS_<LABEL>_<SUFFIX>; with no label
+# (PROXMOX_URL) they describe the host labelled "default".
+HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "CA_FILE", "FINGERPRINT", "VERIFY_TLS")
+# Variables that apply to everything; the strings say what is accepted.
+GLOBALS = {
+    "PROXMOX_VERIFY_TLS": "true or false",
+    "PROXMOX_CONNECT_TIMEOUT": "seconds, e.g. 5",
+    "PROXMOX_READ_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_ACCESS": "read, lifecycle, write or destructive",
+    "PROXMOX_ALLOW_EXEC": "true or false",
+    "PROXMOX_ALLOW_ELEVATED": "true or false",
+    "PROXMOX_ALLOW_SENSITIVE": "true or false",
+    "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
+    "MCP_AUTH_TOKEN": "a long random string",
+    "MCP_AUTH_TOKEN_FILE": "a file holding the token",
+    "MCP_AUTH_REQUIRED": "true or false",
+    "MCP_ALLOWED_HOSTS": "comma list of host[:port] names clients use",
+    "MCP_HTTP_HOST": "an address to bind, e.g. 127.0.0.1",
+    "MCP_HTTP_PORT": "a port number",
+}
+BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
+                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED")
+
+
+@dataclass
+class Config:
+    hosts: list[HostConfig] = field(default_factory=list)
+    access: str = "read"
+    allow_exec: bool = False
+    allow_elevated: bool = False
+    allow_sensitive: bool = False
+    auth_token: str | None = field(default=None, repr=False)
+    auth_required: bool = True
+    allowed_hosts: list[str] = field(default_factory=list)
+    http_host: str = "127.0.0.1"
+    http_port: int = 8765
+    log_level: str = "INFO"
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean; use true or false.")
+
+
+def parse_seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not 0 < seconds <= 3600:
+        raise ConfigError(f"{name}={value!r} is not a number of seconds between 0 and 3600.")
+    return seconds
+
+
+def parse_url(name: str, value: str, product: str) -> str:
+    value = value.strip().rstrip("/")
+    value = value.removesuffix("/api2/json")
+    match = re.fullmatch(r"(https?)://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(?::(\d{1,5}))?", value)
+    if not match:
+        raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
+                          f"(scheme, host and optional port; no path).")
+    port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
+    return f"{match.group(1)}://{match.group(2)}:{port}"
+
+
+def parse_token(name: str, value: str) -> tuple[str, str]:
+    match = TOKEN.match(value.strip())
+    if not match:
+        raise ConfigError(f"{name} is not an API token of the form user@realm!tokenid=secret "
+                          f"(the value is not shown).")
+    return match.group("id"), match.group("secret")
+
+
+def parse_fingerprint(name: str, value: str) -> str:
+    digits = value.strip().replace(":", "").lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digits):
+        raise ConfigError(f"{name} is not a SHA-256 fingerprint (64 hex digits, colons allowed).")
+    return digits
+
+
+def read_secret_file(name: str, path: str) -> str:
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror}.") from None
+
+
+def _host_variables(env: dict[str, str]) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
+    """Group per-host variables: {(product, label): {suffix: (variable, value)}}."""
+    grouped: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+    suffixes = sorted(HOST_SUFFIXES, key=len, reverse=True)
+    for name, value in env.items():
+        for prefix, product in (("PROXMOX_", "pve"), ("PBS_", "pbs")):
+            if not name.startswith(prefix) or name in GLOBALS:
+                continue
+            rest = name[len(prefix):]
+            for suffix in suffixes:
+                if rest == suffix or rest.endswith("_" + suffix):
+                    label = rest[:-len(suffix)].rstrip("_").lower() or "default"
+                    grouped.setdefault((product, label), {})[suffix] = (name, value)
+                    break
+    return grouped
+
+
+def load_config(env: dict[str, str] | None = None) -> Config:
+    """Read and validate the whole configuration; raise ConfigError on the first bad value."""
+    env = dict(os.environ if env is None else env)
+    config = Config()
+    for name in BOOLEAN_GLOBALS:
+        if name in env:
+            parse_bool(name, env[name])
+    verify_default = parse_bool("PROXMOX_VERIFY_TLS", env.get("PROXMOX_VERIFY_TLS", "true"))
+    connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
+    read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
+    if not verify_default:
+        config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
+                               "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")
+
+    config.access = env.get("PROXMOX_ACCESS", "read").strip().lower()
+    if config.access not in policy.TIERS:
+        raise ConfigError(f"PROXMOX_ACCESS={env['PROXMOX_ACCESS']!r} is not one of {', '.join(policy.TIERS)}.")
+    config.allow_exec = parse_bool("PROXMOX_ALLOW_EXEC", env.get("PROXMOX_ALLOW_EXEC", "false"))
+    config.allow_elevated = parse_bool("PROXMOX_ALLOW_ELEVATED", env.get("PROXMOX_ALLOW_ELEVATED", "false"))
+    config.allow_sensitive = parse_bool("PROXMOX_ALLOW_SENSITIVE", env.get("PROXMOX_ALLOW_SENSITIVE", "false"))
+    config.log_level = env.get("PROXMOX_LOG_LEVEL", "INFO").upper()
+    if config.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"PROXMOX_LOG_LEVEL={env['PROXMOX_LOG_LEVEL']!r} is not DEBUG, INFO, WARNING or ERROR.")
+
+    for (product, label), values in sorted(_host_variables(env).items()):
+        prefix = "PROXMOX" if product == "pve" else "PBS"
+        where = f"{prefix}_{label.upper()}_" if label != "default" else f"{prefix}_"
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", label):
+            raise ConfigError(f"Host label {label!r} in {where}URL: use letters, digits and underscores.")
+        if "URL" not in values:
+            raise ConfigError(f"{', '.join(v[0] for v in values.values())} set but {where}URL is missing.")
+        url = parse_url(*values["URL"], product)
+        if "TOKEN_FILE" in values:
+            token_text = read_secret_file(*values["TOKEN_FILE"])
+            token_var = values["TOKEN_FILE"][0]
+        elif "TOKEN" in values:
+            token_var, token_text = values["TOKEN"]
+        else:
+            raise ConfigError(f"{where}URL is set but neither {where}TOKEN nor {where}TOKEN_FILE is.")
+        token_id, secret = parse_token(token_var, token_text)
+        policy.register_secret(secret)
+        host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
+                          connect_timeout=connect_timeout, read_timeout=read_timeout, verify_tls=verify_default)
+        if "VERIFY_TLS" in values:
+            host.verify_tls = parse_bool(*values["VERIFY_TLS"])
+            if not host.verify_tls:
+                config.warnings.append(f"{values['VERIFY_TLS'][0]}=false: TLS is not checked for host '{label}'.")
+        if "FINGERPRINT" in values:
+            host.fingerprint = parse_fingerprint(*values["FINGERPRINT"])
+        if "CA_FILE" in values:
+            name, path = values["CA_FILE"]
+            if not Path(path).expanduser().is_file():
+                raise ConfigError(f"{name}={path!r} is not a readable file.")
+            host.ca_file = str(Path(path).expanduser())
+        if url.startswith("http://"):
+            config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
+        config.hosts.append(host)
+
+    # HTTP transport
+    token = env.get("MCP_AUTH_TOKEN")
+    if "MCP_AUTH_TOKEN_FILE" in env:
+        token = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"])
+    if token is not None and len(token) < 16:
+        raise ConfigError("MCP_AUTH_TOKEN is shorter than 16 characters; use e.g. `openssl rand -hex 32`.")
+    config.auth_token = token
+    if token:
+        policy.register_secret(token)
+    config.auth_required = parse_bool("MCP_AUTH_REQUIRED", env.get("MCP_AUTH_REQUIRED", "true"))
+    config.allowed_hosts = [h.strip() for h in env.get("MCP_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    config.http_host = env.get("MCP_HTTP_HOST", "127.0.0.1")
+    port = env.get("MCP_HTTP_PORT", "8765")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"MCP_HTTP_PORT={port!r} is not a port number (1-65535).")
+    config.http_port = int(port)
+
+    known_suffix = tuple("_" + s for s in HOST_SUFFIXES)
+    for name in env:
+        if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS \
+                and not name.endswith(known_suffix) and name not in ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN",
+                                                                     "PBS_TOKEN"):
+            config.warnings.append(f"Unknown variable {name} ignored (a typo?).")
+    if not config.hosts:
+        config.warnings.append("No Proxmox host is configured: set PROXMOX_<LABEL>_URL and _TOKEN, "
+                               "or try `python server.py --demo`.")
+    return config
+
+
+# ================================================================ tools
+
+@dataclass(frozen=True)
+class ToolSpec:
+    function: Callable
+    gate: str  # read, lifecycle, write, destructive, elevated, exec
+    product: str  # pve, pbs or "" for tools about the server itself
+
+
+def list_hosts() -> dict:
+    """Configured Proxmox VE and Backup Server hosts: label (the `host` argument of every tool),
+    product and URL. Makes no request."""
+    rows = [{"host": h.label, "product": h.product, "url": h.url, "token": h.token_id,
+             "tls": "pinned" if h.fingerprint else ("ca_file" if h.ca_file else ("verified" if h.verify_tls else "OFF"))}
+            for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
+    return pve_tools.table(["host", "product", "url", "token", "tls"], rows)
+
+
+TOOLS = [
+    ToolSpec(list_hosts, "read", ""),
+    ToolSpec(pve_tools.cluster_status, "read", "pve"),
+    ToolSpec(pve_tools.list_nodes, "read", "pve"),
+    ToolSpec(pve_tools.list_guests, "read", "pve"),
+    ToolSpec(pve_tools.get_guest, "read", "pve"),
+    ToolSpec(pve_tools.list_storage, "read", "pve"),
+    ToolSpec(pve_tools.list_tasks, "read", "pve"),
+    ToolSpec(pve_tools.get_task, "read", "pve"),
+]
+
+
+def annotations_for(gate: str):
+    from mcp_types import ToolAnnotations
+    return ToolAnnotations(read_only_hint=gate == "read", destructive_hint=gate in ("destructive", "elevated", "exec"),
+                           idempotent_hint=gate == "read", open_world_hint=False)
+
+
+def as_tool(function: Callable) -> Callable:
+    """The MCP edge of a tool: compact JSON out, every failure a ToolError with a masked message."""
+    import functools
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    @functools.wraps(function)
+    def tool(*args: Any, **kwargs: Any) -> str:
+        try:
+            result = function(*args, **kwargs)
+        except (ProxmoxError, policy.PolicyError) as exc:
+            raise ToolError(policy.mask(str(exc))) from None
+        return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+    return tool
+
+
+def offered_tools(config: Config) -> list[ToolSpec]:
+    """Tools this configuration offers: a product's tools only when a host of it is configured
+    (all of them when none is, so that the list shows what the server can do)."""
+    products = {h.product for h in config.hosts}
+    return [spec for spec in TOOLS if not spec.product or not products or spec.product in products]
+
+
+def slim_schema(schema: dict) -> dict:
+    """Drop what pydantic adds but the model never needs: titles, `anyOf [X, null]` for optional
+    arguments, `default: null`. The tool list is paid for on every turn."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+        variants = prop.get("anyOf", [])
+        if len(variants) == 2 and {"type": "null"} in variants:
+            del prop["anyOf"]
+            prop.update(next(v for v in variants if v != {"type": "null"}))
+        if "default" in prop and prop["default"] is None:
+            del prop["default"]
+    return schema
+
+
+def build_server(config: Config):
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.tools import Tool
+
+    tools = []
+    for spec in offered_tools(config):
+        tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
+                                  description=" ".join((spec.function.__doc__ or "").split()),
+                                  annotations=annotations_for(spec.gate), structured_output=False)
+        slim_schema(tool.parameters)
+        tools.append(tool)
+    return MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools)
+
+
+def tool_list_json(server) -> list[dict]:
+    import anyio
+    tools = anyio.run(server.list_tools)
+    return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+
+def print_tool_list(config: Config, as_json: bool) -> None:
+    tools = tool_list_json(build_server(config))
+    gates = {spec.function.__name__: spec.gate for spec in TOOLS}
+    rows = [{"name": t["name"], "gate": gates[t["name"]], "bytes": len(json.dumps(t, separators=(",", ":")))}
+            for t in tools]
+    total = len(json.dumps({"tools": tools}, separators=(",", ":")))
+    if as_json:
+        print(json.dumps({"tools": rows, "total_bytes": total}, indent=1))
+        return
+    for row in rows:
+        print(f"{row['name']:<28} {row['gate']:<12} {row['bytes']:>6} bytes")
+    print(f"{len(rows)} tools, tools/list is {total} bytes")
+
+
+# ================================================================ --check
+
+def check_hosts(config: Config) -> int:
+    """Connect to every configured host; print version, token and privileges. Exit 1 on a failure."""
+    failures = 0
+    for host in config.hosts:
+        client = proxmox_client.client_for(host.product, host.label)
+        print(f"{host.product.upper()} host '{host.label}' at {host.url} (token {host.token_id})")
+        try:
+            version = client.get("/version") or {}
+            print(f"  version: {version.get('version')}")
+            permissions = client.get("/access/permissions") or {}
+            held = sorted({p for privs in permissions.values() for p in privs})
+            print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
+            if not held:
+                print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
+        except (ProxmoxError, policy.PolicyError) as exc:
+            failures += 1
+            print(f"  FAILED: {policy.mask(str(exc))}")
+    access = config.access
+    print(f"access tier: {access}; exec {'on' if config.allow_exec else 'off'}; "
+          f"elevated {'on' if config.allow_elevated else 'off'}")
+    print(f"tools offered: {len(offered_tools(config))}")
+    return 1 if failures or not config.hosts else 0
+
+
+# ================================================================ HTTP transport
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class BearerAuth:
+    """Pure ASGI middleware (SSE streams pass unbuffered): every HTTP request but GET /health
+    needs `Authorization: Bearer <MCP_AUTH_TOKEN>`, compared in constant time."""
+
+    def __init__(self, app: Any, token: str | None):
+        self.app = app
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        if not bearer_ok(scope, self.token):
+            body = b'{"error":"unauthorized","detail":"send Authorization: Bearer <MCP_AUTH_TOKEN>"}'
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+def bearer_ok(scope: dict, token: bytes | None) -> bool:
+    if token is None:
+        return False
+    header = dict(scope.get("headers") or []).get(b"authorization", b"")
+    scheme, _, presented = header.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), token)
+
+
+def http_app(config: Config, server, bind_host: str):
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    token = config.auth_token.encode() if config.auth_token else None
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(request: Request) -> JSONResponse:
+        body: dict[str, Any] = {"status": "ok", "version": VERSION}
+        if bearer_ok(request.scope, token):  # host reachability only for a bearer holder
+            import anyio
+            body["hosts"] = await anyio.to_thread.run_sync(host_reachability)
+        return JSONResponse(body)
+
+    loopback_names = ["127.0.0.1", "localhost", "[::1]"]
+    allowed = [f"{name}:*" for name in loopback_names] + loopback_names
+    for name in config.allowed_hosts:
+        allowed += [name] if ":" in name.strip("[]").split("]")[-1] else [name, f"{name}:*"]
+    origins = [f"{scheme}://{name.split(':')[0] if not name.startswith('[') else name}:*"
+               for scheme in ("http", "https") for name in loopback_names + config.allowed_hosts]
+    origins += [f"{scheme}://{name}" for scheme in ("http", "https") for name in loopback_names + config.allowed_hosts]
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
+                                         allowed_origins=origins)
+    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=bind_host)
+    return BearerAuth(app, config.auth_token)
+
+
+def host_reachability() -> dict[str, str]:
+    result = {}
+    for product in ("pve", "pbs"):
+        for label in proxmox_client.configured(product):
+            try:
+                version = proxmox_client.client_for(product, label).get("/version") or {}
+                result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
+            except (ProxmoxError, policy.PolicyError) as exc:
+                result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
+    return result
+
+
+def check_http_auth(config: Config, bind_host: str) -> None:
+    if config.auth_token:
+        return
+    if not is_loopback(bind_host):
+        raise ConfigError(f"HTTP on {bind_host} needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE); "
+                          f"a non-loopback bind never starts without one.")
+    if config.auth_required:
+        raise ConfigError("HTTP mode needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE). On a loopback bind, "
+                          "MCP_AUTH_REQUIRED=false opts out explicitly.")
+    config.warnings.append("HTTP without a bearer token (MCP_AUTH_REQUIRED=false): any local process can "
+                           "use this server.")
+
+
+def serve_http(config: Config, server, bind_host: str, port: int) -> None:
+    import uvicorn
+    app = http_app(config, server, bind_host)
+    log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
+    uvicorn.run(app, host=bind_host.strip("[]"), port=port, log_level="warning")
+
+
+# ================================================================ demo
+
+def demo_environment() -> dict[str, str]:
+    """Start the simulated lab in this process and return the variables that point at it."""
+    import simulator
+    sim = simulator.Simulator(simulator.Lab.homelab()).start()
+    env = sim.env(label="demo", pve_token="root@pam!admin")
+    print(f"demo lab: PVE {sim.pve_url}, PBS {sim.pbs_url} (simulated, nothing real is touched)",
+          file=sys.stderr)
+    return env | {"PROXMOX_ACCESS": "destructive"}
+
+
+# ================================================================ main
+
+class _MaskingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = policy.mask(record.getMessage())
+        record.args = ()
+        return True
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)  # stdout carries only MCP in stdio mode
+    handler.addFilter(_MaskingFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.getLogger("mcp").setLevel(max(logging.getLevelName(level), logging.WARNING))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
+    parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
+    parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
+    parser.add_argument("--demo", action="store_true", help="serve a built-in simulated lab (no Proxmox needed)")
+    parser.add_argument("--list-tools", action="store_true", help="print the tools this config offers, with sizes")
+    parser.add_argument("--json", action="store_true", help="with --list-tools: machine-readable output")
+    parser.add_argument("--check", action="store_true", help="connect to every host and report")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from dotenv import load_dotenv
+        load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
+        env = dict(os.environ)
+        if args.demo:
+            env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
+            env |= demo_environment()
+        config = load_config(env)
+        bind_host = args.host or config.http_host
+        if args.http:
+            check_http_auth(config, bind_host)
+    except ConfigError as exc:
+        print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    for warning in config.warnings:
+        log.warning(warning)
+    proxmox_client.configure_hosts(config.hosts)
+    policy.configure(policy.Settings(default_access=config.access))
+
+    if args.list_tools:
+        print_tool_list(config, args.json)
+        return 0
+    if args.check:
+        return check_hosts(config)
+    server = build_server(config)
+    if args.http:
+        try:
+            serve_http(config, server, bind_host, args.port or config.http_port)
+        except ConfigError as exc:
+            print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        server.run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

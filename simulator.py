@@ -1,0 +1,923 @@
+"""A simulated Proxmox VE cluster and Backup Server, for tests and `--demo`.
+
+Every request is matched against the catalog generated from the official API schemas:
+an unknown path or method answers 501, an unknown, missing or ill-typed parameter 400,
+both in Proxmox's own format. Tokens carry ACLs and are checked like the real servers
+(401, 403 with the privilege and path, empty lists for privilege-separated tokens without
+ACLs). The state behind the tools (nodes, guests, storage, tasks, PBS datastores) is kept
+in `Lab`; tasks have real UPIDs, run for a while, log progress and end OK, with warnings
+or with an error. Faults (a node down, slow answers, 500s) are switched on from tests.
+
+    with Simulator(Lab.homelab()) as sim:
+        print(sim.pve_url, sim.fingerprint, sim.tokens)
+
+Behaviour follows ../shared/PROXMOX-FACTS.md; comments name the fact where it matters.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import ssl
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import catalog
+
+GiB = 1024 ** 3
+
+# Built-in roles, reduced to the privileges the simulator checks.
+ROLES = {
+    "Administrator": {"*"},
+    "PVEAuditor": {"Sys.Audit", "VM.Audit", "Datastore.Audit", "Pool.Audit", "SDN.Audit", "Mapping.Audit",
+                   "VM.GuestAgent.Audit"},
+    "PVEVMUser": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Config.CDROM",
+                  "VM.Config.Cloudinit", "Datastore.AllocateSpace", "Datastore.Audit"},
+    "PVEVMAdmin": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Snapshot", "VM.Snapshot.Rollback",
+                   "VM.Clone", "VM.Allocate", "VM.Migrate", "VM.Config.Disk", "VM.Config.CPU",
+                   "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Config.HWType",
+                   "VM.Config.Cloudinit", "VM.Config.CDROM", "VM.GuestAgent.Audit",
+                   "VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileWrite"},
+    "PVEDatastoreUser": {"Datastore.AllocateSpace", "Datastore.Audit"},
+    "PVEDatastoreAdmin": {"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate",
+                          "Datastore.Audit"},
+    "DatastoreReader": {"Datastore.Audit", "Datastore.Read"},
+    "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
+                       "Datastore.Backup", "Datastore.Prune"},
+    "Audit": {"Sys.Audit", "Datastore.Audit"},
+}
+
+
+@dataclass
+class Token:
+    secret: str
+    acl: list[tuple[str, str, bool]] = field(default_factory=list)  # (path, role, propagate)
+    privsep: bool = True
+
+    def privileges(self, path: str) -> set[str]:
+        """Privileges on a path: the most specific ACL level wins (exact path, then parents
+        with propagate)."""
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            level = "/" + "/".join(parts[:depth])
+            roles = [role for acl_path, role, propagate in self.acl
+                     if ("/" + acl_path.strip("/")) == level and (propagate or depth == len(parts))]
+            if roles:
+                return set().union(*(ROLES[r] for r in roles))
+        return set()
+
+    def has(self, path: str, privilege: str) -> bool:
+        held = self.privileges(path)
+        return "*" in held or privilege in held
+
+
+@dataclass
+class Task:
+    upid: str
+    node: str
+    type: str
+    id: str
+    user: str
+    started: float  # time.time()
+    duration: float
+    lines: list[str]  # log lines spread over the run, the last one ends the task
+    exitstatus: str = "OK"
+    on_done: Callable[[], None] | None = None
+    done: bool = False
+
+    def running(self, now: float) -> bool:
+        return now < self.started + self.duration
+
+    def log(self, now: float) -> list[str]:
+        if not self.running(now):
+            end = "TASK OK" if self.exitstatus == "OK" else (
+                f"TASK {self.exitstatus}" if self.exitstatus.startswith("WARNINGS") else f"TASK ERROR: {self.exitstatus}")
+            return self.lines + [end]
+        shown = int(len(self.lines) * (now - self.started) / max(self.duration, 1e-6))
+        return self.lines[:max(1, shown)]
+
+
+class Lab:
+    """The simulated world: one PVE cluster and one PBS, plus tokens and faults."""
+
+    def __init__(self, *, cluster_name: str = "homelab", seed: int = 7):
+        self.cluster_name = cluster_name
+        self.random = random.Random(seed)
+        self.lock = threading.RLock()
+        self.nodes: dict[str, dict] = {}
+        self.guests: dict[int, dict] = {}
+        self.storages: dict[str, dict] = {}
+        self.pools: dict[str, dict] = {}
+        self.tasks: dict[str, Task] = {}
+        self.datastores: dict[str, dict] = {}
+        self.pve_tokens: dict[str, Token] = {}
+        self.pbs_tokens: dict[str, Token] = {}
+        self.task_seconds = 0.6  # how long a simulated task runs
+        # faults, switched on by tests
+        self.down_nodes: set[str] = set()
+        self.delay = 0.0
+        self.fail: list[tuple[str, int, str]] = []  # (path regex, status, message)
+        self.legacy_errors = False  # before libpve-http-server-perl 5.2.0: message only in the reason
+        self.auth_fail_delay = 0.0  # real servers delay every 401 by about 3 s
+        # what was asked, for tests that count requests
+        self.requests: list[tuple[str, str, str]] = []
+        self.schema_rejections: list[tuple[str, str, str, dict]] = []
+        self._pid = 0x1000
+
+    # ------------------------------------------------------------ building state
+
+    @classmethod
+    def homelab(cls, nodes: int = 3, guests: int = 6, seed: int = 7) -> "Lab":
+        """A small cluster: `nodes` nodes, `guests` guests (QEMU and LXC mixed), local and
+        shared storage, a pool, finished tasks, a PBS with one datastore, and three tokens."""
+        lab = cls(seed=seed)
+        names = ["pve1", "pve2", "pve3"] if nodes == 3 else [f"pve{i + 1}" for i in range(nodes)]
+        for index, name in enumerate(names):
+            lab.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
+        for name in names:
+            lab.add_storage("local", "dir", "iso,vztmpl,backup", node=name, total=100 * GiB, used=31 * GiB)
+            lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
+        lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
+        lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
+        lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
+        presets = [("web", "qemu", "running", "prod;web"), ("db", "qemu", "running", "prod"),
+                   ("dns", "lxc", "running", "infra"), ("media", "lxc", "stopped", ""),
+                   ("win11", "qemu", "stopped", ""), ("ci-runner", "lxc", "running", "ci")]
+        for i in range(guests):
+            name, kind, status, tags = presets[i % len(presets)]
+            if i >= len(presets):
+                name = f"{name}-{i}"
+                status = lab.random.choice(["running", "running", "stopped"])
+            lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
+                          pool="prod" if "prod" in tags else None)
+        lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
+        lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
+        lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
+        lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
+        lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
+                                                 [("/", "PVEAuditor", True)])
+        lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                                                 [("/", "Administrator", True)], privsep=False)
+        lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [])
+        lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
+                                                 [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        return lab
+
+    @classmethod
+    def scale(cls, nodes: int = 20, guests: int = 5000, seed: int = 7) -> "Lab":
+        return cls.homelab(nodes=nodes, guests=guests, seed=seed)
+
+    def add_node(self, name: str, *, maxcpu: int = 8, maxmem: int = 32 * GiB) -> None:
+        self.nodes[name] = {"node": name, "status": "online", "maxcpu": maxcpu, "maxmem": maxmem,
+                            "cpu": round(self.random.uniform(0.02, 0.4), 4),
+                            "mem": int(maxmem * self.random.uniform(0.2, 0.7)),
+                            "maxdisk": 100 * GiB, "disk": int(100 * GiB * self.random.uniform(0.1, 0.5)),
+                            "uptime": self.random.randint(3600, 90 * 86400), "level": "",
+                            "kversion": "Linux 6.14.11-2-pve #1 SMP PREEMPT_DYNAMIC PMX 6.14.11-2",
+                            "loadavg": [f"{self.random.uniform(0, 2):.2f}" for _ in range(3)]}
+
+    def add_storage(self, storage: str, kind: str, content: str, *, node: str | None = None,
+                    total: int, used: int, shared: bool = False) -> None:
+        entry = self.storages.setdefault(storage, {"storage": storage, "type": kind, "content": content,
+                                                   "shared": int(shared), "nodes": [], "total": total,
+                                                   "used": used})
+        if node:
+            entry["nodes"].append(node)
+
+    def storage_nodes(self, storage: dict) -> list[str]:
+        return list(self.nodes) if storage["shared"] else storage["nodes"]
+
+    def add_guest(self, vmid: int, kind: str, node: str, name: str, *, status: str = "stopped",
+                  tags: str = "", pool: str | None = None, memory_mib: int = 2048, cores: int = 2,
+                  disk_gib: int = 32) -> dict:
+        config: dict[str, Any] = {"memory": memory_mib, "cores": cores, "digest": self._digest(vmid)}
+        if kind == "qemu":
+            config |= {"name": name, "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1",
+                       "scsi0": f"local-lvm:vm-{vmid}-disk-0,size={disk_gib}G",
+                       "net0": f"virtio=BC:24:11:{vmid // 256 % 256:02X}:{vmid % 256:02X}:01,bridge=vmbr0",
+                       "boot": "order=scsi0;net0", "sockets": 1}
+        else:
+            config |= {"hostname": name, "ostype": "debian", "arch": "amd64", "swap": 512,
+                       "rootfs": f"local-lvm:subvol-{vmid}-disk-0,size={disk_gib}G",
+                       "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:{vmid % 256:02X}:00:01,ip=dhcp",
+                       "unprivileged": 1}
+        if tags:
+            config["tags"] = tags
+        guest = {"vmid": vmid, "type": kind, "node": node, "name": name, "status": status, "template": 0,
+                 "tags": tags, "pool": pool, "lock": None, "config": config, "maxdisk": disk_gib * GiB,
+                 "uptime": self.random.randint(600, 40 * 86400) if status == "running" else 0,
+                 "cpu": round(self.random.uniform(0.0, 0.3), 4) if status == "running" else 0}
+        self.guests[vmid] = guest
+        return guest
+
+    def add_datastore(self, name: str, *, total: int, used: int) -> None:
+        now = int(time.time())
+        groups = {}
+        for vmid, guest in self.guests.items():
+            if guest["status"] != "running":
+                continue  # stopped guests have no backup: a finding for backup_coverage later
+            kind = "vm" if guest["type"] == "qemu" else "ct"
+            groups[(kind, str(vmid))] = [{"backup-time": now - days * 86400 - 3600, "size": 3 * GiB,
+                                          "verification": {"state": "ok"}, "protected": False}
+                                         for days in range(3)]
+        self.datastores[name] = {"store": name, "total": total, "used": used, "groups": groups,
+                                 "namespaces": [""]}
+
+    @staticmethod
+    def _digest(vmid: int) -> str:
+        return hashlib.sha1(f"{vmid}-{time.time_ns()}".encode()).hexdigest()
+
+    # ------------------------------------------------------------ tasks
+
+    def start_task(self, node: str, kind: str, item: str, *, user: str = "root@pam", exitstatus: str = "OK",
+                   duration: float | None = None, lines: list[str] | None = None, finished: bool = False,
+                   on_done: Callable[[], None] | None = None, product: str = "pve") -> str:
+        with self.lock:
+            self._pid += 1
+            started = time.time() - (3600 if finished else 0)
+            starttime = int(started)
+            if product == "pbs":
+                worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
+                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:{kind}:{worker}:{user}:"
+            else:
+                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{starttime:08X}:{kind}:{item}:{user}:"
+            if lines is None:
+                lines = [f"starting {kind} {item}"] + [f"progress {p}%" for p in (20, 40, 60, 80, 100)]
+                if exitstatus.startswith("WARNINGS"):
+                    lines.append("WARN: something needed attention")
+            self.tasks[upid] = Task(upid, node, kind, item, user, started,
+                                    self.task_seconds if duration is None else duration, lines, exitstatus,
+                                    on_done)
+            return upid
+
+    def tick(self) -> None:
+        """Apply the effects of tasks that have finished."""
+        now = time.time()
+        with self.lock:
+            for task in self.tasks.values():
+                if not task.done and not task.running(now):
+                    task.done = True
+                    succeeded = task.exitstatus == "OK" or task.exitstatus.startswith("WARNINGS")
+                    if task.on_done and succeeded:
+                        task.on_done()
+
+
+# ================================================================ request handling
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, errors: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.errors = status, message, errors
+
+
+@dataclass
+class Call:
+    product: str
+    method: str
+    path: str
+    params: dict[str, Any]
+    token_id: str
+    token: Token
+    lab: Lab
+
+    def can(self, acl_path: str, privilege: str) -> bool:
+        return self.token.has(acl_path, privilege)
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        value = self.params.get(name, default)
+        return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
+    check = entry.get("check")
+    if not check:
+        return
+    if call.product == "pbs":
+        acl_path = "/" + "/".join(path_params.get(p.strip("{}"), p) if p.startswith("{") else p
+                                  for p in check["path"])
+        privileges = check["privs"]
+        held = [call.can(acl_path, p) for p in privileges]
+        if not (any(held) if check.get("partial") else all(held)):
+            raise ApiError(403, "permission check failed")
+        return
+    failure = _evaluate(call, check, path_params | {k: str(v) for k, v in call.params.items()
+                                                    if isinstance(v, (str, int))})
+    if failure:
+        raise ApiError(403, f"Permission check failed ({failure[0]}, {failure[1]})")
+
+
+def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str] | None:
+    """Evaluate a PVE permission check; return (path, privileges) of the first failure."""
+    kind = check[0]
+    if kind == "perm":
+        path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
+        privileges = check[2]
+        any_of = "any" in check[3:]
+        held = [call.can(path, p) for p in privileges]
+        if (any(held) if any_of else all(held)):
+            return None
+        return path, "|".join(privileges) if any_of else next(p for p, h in zip(privileges, held) if not h)
+    if kind == "or":
+        failures = [_evaluate(call, sub, values) for sub in check[1:]]
+        return None if any(f is None for f in failures) else failures[0]
+    if kind == "and":
+        return next((f for f in (_evaluate(call, sub, values) for sub in check[1:]) if f), None)
+    # userid-group, perm-modify and friends: the real checks depend on the target; need Sys.Audit at /
+    return None if call.can("/access", "Sys.Audit") or call.can("/", "Sys.Audit") else ("/access", "Sys.Audit")
+
+
+def _node(call: Call, name: str) -> dict:
+    """Resolve a node as pveproxy does: wrong case or a down node gives 595 (PROXMOX-FACTS)."""
+    lab = call.lab
+    if name in lab.nodes:
+        if name in lab.down_nodes:
+            raise ApiError(595, f"Connection refused")
+        return lab.nodes[name]
+    if name.lower() in {n.lower() for n in lab.nodes}:
+        raise ApiError(595, "Connection refused")
+    raise ApiError(500, f"hostname lookup '{name}' failed - failed to get address info for: {name}: "
+                        f"Name or service not known")
+
+
+def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
+    _node(call, node)
+    guest = call.lab.guests.get(int(vmid))
+    if not guest or guest["node"] != node or guest["type"] != kind:
+        folder = "qemu-server" if kind == "qemu" else "lxc"
+        raise ApiError(500, f"Configuration file 'nodes/{node}/{folder}/{vmid}.conf' does not exist")
+    return guest
+
+
+# ---------------------------------------------------------------- PVE handlers
+
+def pve_version(call: Call, **_: str) -> dict:
+    return {"version": "9.2.1", "release": "9.2", "repoid": "0d3f1c6ba8d1e2a7"}
+
+
+def pve_cluster_status(call: Call, **_: str) -> list:
+    lab = call.lab
+    rows: list[dict] = []
+    if len(lab.nodes) > 1:  # a standalone node has no cluster entry (PROXMOX-FACTS)
+        online = len(lab.nodes) - len(lab.down_nodes)
+        rows.append({"type": "cluster", "id": "cluster", "name": lab.cluster_name, "nodes": len(lab.nodes),
+                     "quorate": int(online * 2 > len(lab.nodes)), "version": 7})
+    for index, name in enumerate(lab.nodes):
+        rows.append({"type": "node", "id": f"node/{name}", "name": name, "nodeid": index + 1,
+                     "online": int(name not in lab.down_nodes), "local": int(index == 0),
+                     "ip": f"192.0.2.{11 + index}", "level": ""})
+    return rows
+
+
+def _guest_row(guest: dict) -> dict:
+    kind = guest["type"]
+    cfg = guest["config"]
+    maxmem = int(cfg.get("memory", 512)) * 1024 * 1024
+    running = guest["status"] == "running"
+    row = {"id": f"{kind}/{guest['vmid']}", "type": kind, "vmid": guest["vmid"], "node": guest["node"],
+           "name": guest["name"], "status": guest["status"], "template": guest["template"],
+           "maxcpu": int(cfg.get("cores", 1)), "cpu": guest["cpu"] if running else 0,
+           "maxmem": maxmem, "mem": int(maxmem * 0.45) if running else 0, "maxdisk": guest["maxdisk"],
+           "disk": int(guest["maxdisk"] * 0.3) if kind == "lxc" and running else 0,
+           "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
+    if kind == "qemu":
+        row["memhost"] = row["mem"]  # PVE 9
+    for key in ("tags", "lock", "pool"):  # only when set (PROXMOX-FACTS)
+        if guest.get(key):
+            row[key] = guest[key]
+    return row
+
+
+def pve_cluster_resources(call: Call, **_: str) -> list:
+    lab = call.lab
+    wanted = call.arg("type")
+    rows: list[dict] = []
+    if wanted in (None, "node"):
+        for name, node in lab.nodes.items():
+            row = {"id": f"node/{name}", "type": "node", "node": name,
+                   "status": "offline" if name in lab.down_nodes else "online"}
+            # without Sys.Audit the node comes back bare (PROXMOX-FACTS); a down node has no stats
+            if call.can(f"/nodes/{name}", "Sys.Audit") and name not in lab.down_nodes:
+                row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime",
+                                             "level")} | {"cgroup-mode": 2}
+            rows.append(row)
+    if wanted in (None, "vm"):
+        for vmid, guest in sorted(lab.guests.items()):
+            if call.can(f"/vms/{vmid}", "VM.Audit"):
+                row = _guest_row(guest)
+                if guest["node"] in lab.down_nodes:
+                    row["status"] = "unknown"
+                rows.append(row)
+    if wanted in (None, "storage"):
+        for storage in lab.storages.values():
+            if not call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+                continue
+            for name in lab.storage_nodes(storage):
+                rows.append({"id": f"storage/{name}/{storage['storage']}", "type": "storage", "node": name,
+                             "storage": storage["storage"], "plugintype": storage["type"],
+                             "status": "unknown" if name in lab.down_nodes else "available",
+                             "content": storage["content"], "shared": storage["shared"],
+                             "disk": storage["used"], "maxdisk": storage["total"]})
+    if wanted is None:
+        for pool in lab.pools:
+            if call.can(f"/pool/{pool}", "Pool.Audit"):
+                rows.append({"id": f"/pool/{pool}", "type": "pool", "pool": pool})
+    if wanted in (None, "sdn"):
+        for name in lab.nodes:
+            if call.can(f"/sdn/zones/localnetwork", "SDN.Audit"):
+                rows.append({"id": f"sdn/{name}/localnetwork", "type": "sdn", "sdn": "localnetwork",
+                             "node": name, "status": "ok"})
+    return rows
+
+
+def pve_nodes(call: Call, **_: str) -> list:
+    rows = []
+    for name, node in call.lab.nodes.items():
+        row = {"node": name, "status": "offline" if name in call.lab.down_nodes else "online",
+               "type": "node", "id": f"node/{name}",
+               "ssl_fingerprint": "AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99"}
+        if call.can(f"/nodes/{name}", "Sys.Audit") and name not in call.lab.down_nodes:
+            row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime", "level")}
+        rows.append(row)
+    return rows
+
+
+def pve_node_status(call: Call, node: str) -> dict:
+    info = _node(call, node)
+    return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
+            "kversion": info["kversion"], "pveversion": "pve-manager/9.2.1/0d3f1c6ba8d1e2a7",
+            "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1, "cores": info["maxcpu"] // 2},
+            "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
+            "rootfs": {"total": info["maxdisk"], "used": info["disk"], "avail": info["maxdisk"] - info["disk"]},
+            "swap": {"total": 8 * GiB, "used": 0, "free": 8 * GiB},
+            "boot-info": {"mode": "efi", "secureboot": 0}, "current-kernel": {"release": "6.14.11-2-pve"}}
+
+
+def pve_guest_list(kind: str) -> Callable:
+    def handler(call: Call, node: str) -> list:
+        _node(call, node)
+        rows = []
+        for vmid, guest in sorted(call.lab.guests.items()):
+            if guest["node"] == node and guest["type"] == kind and call.can(f"/vms/{vmid}", "VM.Audit"):
+                row = _guest_row(guest)
+                row.pop("id"), row.pop("node")
+                if kind == "lxc":
+                    row["vmid"] = str(vmid) if call.lab.legacy_errors else vmid  # PVE < 8.2 sent a string
+                rows.append(row)
+        return rows
+    return handler
+
+
+def pve_guest_status(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, kind)
+        row = _guest_row(guest)
+        row.pop("id"), row.pop("node")
+        row |= {"qmpstatus": guest["status"]} if kind == "qemu" else {}
+        if kind == "qemu" and guest["config"].get("agent"):
+            row["agent"] = 1
+        return row
+    return handler
+
+
+def pve_guest_config(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, kind)
+        return dict(guest["config"])
+    return handler
+
+
+def pve_storage_list(call: Call, **_: str) -> list:
+    rows = []
+    for storage in call.lab.storages.values():
+        if call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+            row = {"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
+                   "shared": storage["shared"], "digest": "0" * 40}
+            if not storage["shared"]:
+                row["nodes"] = ",".join(storage["nodes"])
+            rows.append(row)
+    return rows
+
+
+def pve_node_storage(call: Call, node: str) -> list:
+    _node(call, node)
+    rows = []
+    for storage in call.lab.storages.values():
+        if node in call.lab.storage_nodes(storage) and call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+            content = call.arg("content")
+            if content and content not in storage["content"].split(","):
+                continue
+            rows.append({"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
+                         "shared": storage["shared"], "active": 1, "enabled": 1, "total": storage["total"],
+                         "used": storage["used"], "avail": storage["total"] - storage["used"],
+                         "used_fraction": round(storage["used"] / storage["total"], 4)})
+    return rows
+
+
+def _task_row(task: Task, now: float) -> dict:
+    parts = task.upid.split(":")
+    row = {"upid": task.upid, "node": task.node, "pid": int(parts[2], 16), "pstart": int(parts[3], 16),
+           "starttime": int(task.started), "type": task.type, "id": task.id, "user": task.user}
+    if not task.running(now):
+        row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
+    return row
+
+
+def _visible_task(call: Call, task: Task) -> bool:
+    """A token sees only its own tasks unless it has Sys.Audit on the node (PROXMOX-FACTS)."""
+    return task.user == call.token_id or call.can(f"/nodes/{task.node}", "Sys.Audit")
+
+
+def pve_tasks(call: Call, node: str) -> list:
+    _node(call, node)
+    now = time.time()
+    source = call.arg("source", "archive")
+    vmid = call.arg("vmid")
+    errors_only = str(call.arg("errors", "0")) == "1"
+    rows = []
+    for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
+        running = task.running(now)
+        if task.node != node or not _visible_task(call, task):
+            continue
+        if (source == "archive" and running) or (source == "active" and not running):
+            continue
+        if vmid is not None and task.id != str(vmid):
+            continue
+        if call.arg("typefilter") and task.type != call.arg("typefilter"):
+            continue
+        if errors_only and (running or task.exitstatus == "OK"):
+            continue
+        rows.append(_task_row(task, now))
+    start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+def pve_cluster_tasks(call: Call) -> list:
+    """Recent tasks of every node, running ones included."""
+    now = time.time()
+    tasks = sorted(call.lab.tasks.values(), key=lambda t: -t.started)
+    return [_task_row(t, now) for t in tasks if _visible_task(call, t)][:50]
+
+
+def _task(call: Call, node: str, upid: str) -> Task:
+    _node(call, node)
+    task = call.lab.tasks.get(upid)
+    if task is None or task.node != node:
+        raise ApiError(500, f"no such task")
+    if not _visible_task(call, task):
+        raise ApiError(403, f"Permission check failed (/nodes/{node}, Sys.Audit)")
+    return task
+
+
+def pve_task_status(call: Call, node: str, upid: str) -> dict:
+    task = _task(call, node, upid)
+    row = _task_row(task, time.time())
+    row.pop("endtime", None)  # the status endpoint has no endtime (PROXMOX-FACTS)
+    if task.running(time.time()):
+        row["status"] = "running"
+    else:
+        row |= {"status": "stopped", "exitstatus": task.exitstatus}
+    return row
+
+
+def pve_task_log(call: Call, node: str, upid: str) -> list:
+    task = _task(call, node, upid)
+    lines = task.log(time.time()) or ["no content"]
+    start = int(call.arg("start", 0))
+    limit = int(call.arg("limit", 50))
+    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+def pve_nextid(call: Call, **_: str) -> str:
+    vmid = 100
+    while vmid in call.lab.guests:
+        vmid += 1
+    return str(vmid)  # a string (PROXMOX-FACTS)
+
+
+def pve_permissions(call: Call, **_: str) -> dict:
+    return _permissions(call, lambda privs: {p: 1 for p in privs})
+
+
+def _permissions(call: Call, render: Callable[[set], dict]) -> dict:
+    result = {}
+    for path, role, propagate in call.token.acl:
+        privileges = set(ROLES[role])
+        if "*" in privileges:
+            privileges = set().union(*ROLES.values()) - {"*"} | {"Sys.Modify", "Sys.PowerMgmt", "Permissions.Modify"}
+        result[path] = render(sorted(privileges))
+    return result
+
+
+def pve_pools(call: Call, **_: str) -> list:
+    return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
+            if call.can(f"/pool/{name}", "Pool.Audit")]
+
+
+PVE_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/version"): pve_version,
+    ("GET", "/cluster/status"): pve_cluster_status,
+    ("GET", "/cluster/resources"): pve_cluster_resources,
+    ("GET", "/cluster/nextid"): pve_nextid,
+    ("GET", "/cluster/tasks"): pve_cluster_tasks,
+    ("GET", "/nodes"): pve_nodes,
+    ("GET", "/nodes/{node}/status"): pve_node_status,
+    ("GET", "/nodes/{node}/qemu"): pve_guest_list("qemu"),
+    ("GET", "/nodes/{node}/lxc"): pve_guest_list("lxc"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): pve_guest_status("qemu"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/status/current"): pve_guest_status("lxc"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/config"): pve_guest_config("qemu"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/config"): pve_guest_config("lxc"),
+    ("GET", "/storage"): pve_storage_list,
+    ("GET", "/nodes/{node}/storage"): pve_node_storage,
+    ("GET", "/nodes/{node}/tasks"): pve_tasks,
+    ("GET", "/nodes/{node}/tasks/{upid}/status"): pve_task_status,
+    ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,
+    ("GET", "/access/permissions"): pve_permissions,
+    ("GET", "/pools"): pve_pools,
+}
+
+
+# ---------------------------------------------------------------- PBS handlers
+
+def pbs_version(call: Call, **_: str) -> dict:
+    return {"version": "4.2", "release": "1", "repoid": "5a1e0c5f"}
+
+
+def pbs_permissions(call: Call, **_: str) -> dict:
+    return _permissions(call, lambda privs: {p: True for p in privs})
+
+
+def _datastore(call: Call, store: str) -> dict:
+    found = call.lab.datastores.get(store)
+    if found is None:
+        raise ApiError(400, f"unable to get datastore '{store}'")
+    return found
+
+
+def pbs_datastores(call: Call, **_: str) -> list:
+    # only stores the caller may Audit or Backup (PROXMOX-FACTS)
+    return [{"store": name, "comment": ""} for name in call.lab.datastores
+            if call.can(f"/datastore/{name}", "Datastore.Audit") or call.can(f"/datastore/{name}", "Datastore.Backup")]
+
+
+def pbs_datastore_status(call: Call, store: str) -> dict:
+    ds = _datastore(call, store)
+    return {"total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"]}
+
+
+def pbs_groups(call: Call, store: str) -> list:
+    ds = _datastore(call, store)
+    rows = []
+    for (kind, item), snaps in sorted(ds["groups"].items()):
+        last = max(s["backup-time"] for s in snaps)
+        rows.append({"backup-type": kind, "backup-id": item, "last-backup": last, "backup-count": len(snaps),
+                     "owner": "root@pam", "files": ["index.json.blob", "drive-scsi0.img.fidx"]})
+    return rows
+
+
+def pbs_snapshots(call: Call, store: str) -> list:
+    ds = _datastore(call, store)
+    rows = []
+    for (kind, item), snaps in sorted(ds["groups"].items()):
+        if call.arg("backup-type") not in (None, kind) or call.arg("backup-id") not in (None, item):
+            continue
+        for snap in snaps:
+            rows.append({"backup-type": kind, "backup-id": item, "backup-time": snap["backup-time"],
+                         "size": snap["size"], "protected": snap["protected"], "owner": "root@pam",
+                         "verification": snap["verification"], "files": [{"filename": "index.json.blob"}]})
+    return rows
+
+
+PBS_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/version"): pbs_version,
+    ("GET", "/access/permissions"): pbs_permissions,
+    ("GET", "/admin/datastore"): pbs_datastores,
+    ("GET", "/admin/datastore/{store}/status"): pbs_datastore_status,
+    ("GET", "/admin/datastore/{store}/groups"): pbs_groups,
+    ("GET", "/admin/datastore/{store}/snapshots"): pbs_snapshots,
+}
+
+HANDLERS = {"pve": PVE_HANDLERS, "pbs": PBS_HANDLERS}
+TOKEN_HEADER = {"pve": re.compile(r"^PVEAPIToken=(?P<id>[^=\s]+)=(?P<secret>\S+)$"),
+                "pbs": re.compile(r"^PBSAPIToken=(?P<id>[^:\s]+):(?P<secret>\S+)$")}
+
+
+def generic(call: Call, entry: dict) -> Any:
+    """A method that the simulator keeps no state for: an empty answer of the right type."""
+    if call.method == "GET":
+        return {"array": [], "object": {}}.get(entry.get("returns", ""))
+    return None
+
+
+def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str, Any], auth: str,
+           *, form: bool = True) -> Any:
+    """One API call: auth, route, schema check, permission check, then the handler."""
+    lab.tick()
+    if lab.delay:
+        time.sleep(lab.delay)  # a slow server, switched on by a test
+    path = unquote(raw_path)
+    lab.requests.append((product, method, path))
+    match = TOKEN_HEADER[product].match(auth or "")
+    tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
+    token = tokens.get(match.group("id")) if match else None
+    if token is None or token.secret != match.group("secret"):
+        if lab.auth_fail_delay:
+            time.sleep(lab.auth_fail_delay)
+        raise ApiError(401, "Authentication failed!" if product == "pve" else "authentication failed - invalid token")
+    if method == "HEAD":
+        raise ApiError(501, f"Method 'HEAD {path}' not implemented")
+    found = catalog.find_method(product, method, path)
+    if found is None:
+        raise ApiError(501, f"Method '{method} {path}' not implemented")
+    entry, path_params = found
+    for pattern, status, message in lab.fail:
+        if re.search(pattern, path):
+            raise ApiError(status, message)
+    errors = catalog.check_params(entry, {**params, **path_params}, form=form)
+    if errors:
+        lab.schema_rejections.append((product, method, path, errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    call = Call(product, method, path, params, match.group("id"), token, lab)
+    if "node" in path_params and product == "pve":
+        _node(call, path_params["node"])
+    _check_permission(call, entry, path_params)
+    handler = HANDLERS[product].get((method, entry["path"]))
+    with lab.lock:
+        if handler is None:
+            return generic(call, entry)
+        return handler(call, **{k.replace("-", "_"): v for k, v in path_params.items()})
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "pve-api-daemon/3.0"
+    lab: Lab
+    product: str
+
+    def log_message(self, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def _respond(self) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        form = True
+        params: dict[str, Any] = {}
+        if body:
+            if (self.headers.get("Content-Type") or "").startswith("application/json"):
+                params = json.loads(body or b"{}")
+                form = False
+            else:
+                params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
+        params |= _flatten(parse_qs(parts.query, keep_blank_values=True))  # query keys win (PROXMOX-FACTS)
+        if not parts.path.startswith("/api2/json/") and parts.path != "/api2/json":
+            return self._send(404, "Not Found", None)
+        api_path = parts.path[len("/api2/json"):] or "/"
+        try:
+            data = handle(self.lab, self.product, self.command, api_path, params,
+                          self.headers.get("Authorization", ""), form=form)
+        except ApiError as exc:
+            return self._send_error(exc)
+        body_out: dict[str, Any] = {"data": data}
+        if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
+            body_out["total"] = len(data)
+        self._send(200, "OK", body_out)
+
+    def _send_error(self, exc: ApiError) -> None:
+        reason = exc.message.splitlines()[0]  # only the first line reaches the reason phrase
+        if self.product == "pbs":
+            # PBS: plain text under a JSON content type; plain errors are 400 (PROXMOX-FACTS)
+            text = exc.message
+            if exc.errors:
+                text = "parameter verification errors\n\n" + "".join(
+                    f"parameter '{k}': {v}\n" for k, v in exc.errors.items())
+            return self._send(exc.status, reason, text, raw=True)
+        body: dict[str, Any] = {"data": None}
+        if exc.errors:
+            body["errors"] = {k: v + "\n" for k, v in exc.errors.items()}
+        if not self.lab.legacy_errors:
+            body["message"] = exc.message + "\n"
+        self._send(exc.status, reason, body)
+
+    def _send(self, status: int, reason: str, body: Any, raw: bool = False) -> None:
+        payload = (body if raw else json.dumps(body)).encode() if body is not None else b""
+        self.send_response(status, reason)
+        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _respond
+
+
+def _flatten(parsed: dict[str, list[str]]) -> dict[str, Any]:
+    return {k: v[0] if len(v) == 1 else v for k, v in parsed.items()}
+
+
+# ---------------------------------------------------------------- TLS and serving
+
+def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[Path, Path, str]:
+    """A self-signed certificate for localhost/127.0.0.1; returns (cert, key, SHA-256 fingerprint)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    digest = cert.fingerprint(hashes.SHA256()).hex().upper()
+    return cert_path, key_path, ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+class Simulator:
+    """Serves a Lab as PVE and PBS over HTTPS on ephemeral loopback ports."""
+
+    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1"):
+        self.lab = lab or Lab.homelab()
+        self.host = host
+        self._dir = tempfile.TemporaryDirectory(prefix="pve-sim-")
+        self.cert_file, key_file, self.fingerprint = make_certificate(Path(self._dir.name))
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(self.cert_file, key_file)
+        self._servers: dict[str, ThreadingHTTPServer] = {}
+
+    def start(self) -> "Simulator":
+        for product in ("pve", "pbs"):
+            handler = type(f"{product}Handler", (_RequestHandler,), {"lab": self.lab, "product": product})
+            server = ThreadingHTTPServer((self.host, 0), handler)
+            server.daemon_threads = True
+            server.socket = self._context.wrap_socket(server.socket, server_side=True)
+            threading.Thread(target=server.serve_forever, daemon=True, name=f"sim-{product}").start()
+            self._servers[product] = server
+        return self
+
+    def url(self, product: str) -> str:
+        return f"https://{self.host}:{self._servers[product].server_address[1]}"
+
+    @property
+    def pve_url(self) -> str:
+        return self.url("pve")
+
+    @property
+    def pbs_url(self) -> str:
+        return self.url("pbs")
+
+    def env(self, label: str = "lab", pve_token: str = "mcp@pve!reader", pbs_token: str = "mcp@pbs!reader",
+            pbs: bool = True) -> dict[str, str]:
+        """Environment variables that point the server at this simulator (fingerprint pinned)."""
+        secret = self.lab.pve_tokens[pve_token].secret
+        key = label.upper()
+        env = {f"PROXMOX_{key}_URL": self.pve_url, f"PROXMOX_{key}_TOKEN": f"{pve_token}={secret}",
+               f"PROXMOX_{key}_FINGERPRINT": self.fingerprint}
+        if pbs:
+            env |= {f"PBS_{key}_URL": self.pbs_url,
+                    f"PBS_{key}_TOKEN": f"{pbs_token}:{self.lab.pbs_tokens[pbs_token].secret}",
+                    f"PBS_{key}_FINGERPRINT": self.fingerprint}
+        return env
+
+    def stop(self) -> None:
+        for server in self._servers.values():
+            server.shutdown()
+            server.server_close()
+        self._servers.clear()
+        self._dir.cleanup()
+
+    def __enter__(self) -> "Simulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    import sys
+    with Simulator() as sim:
+        print(json.dumps(sim.env(), indent=2), file=sys.stderr)
+        print("simulator running; Ctrl-C to stop", file=sys.stderr)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
