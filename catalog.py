@@ -97,14 +97,14 @@ def _walk(node: dict, product: str, out: list) -> None:
         _walk(child, product, out)
 
 
-def build(schema_dir: Path) -> None:
-    CATALOG_DIR.mkdir(exist_ok=True)
+def build(schema_dir: Path, out_dir: Path = CATALOG_DIR) -> None:
+    out_dir.mkdir(exist_ok=True)
     for product in PRODUCTS:
         tree = json.loads((schema_dir / f"{product}-api.json").read_text())
         methods: list[dict] = []
         for root in tree:
             _walk(root, product, methods)
-        target = CATALOG_DIR / f"{product}.json"
+        target = out_dir / f"{product}.json"
         target.write_text(json.dumps(methods, separators=(",", ":"), sort_keys=True) + "\n")
         print(f"{target}: {len(methods)} methods on {len({m['path'] for m in methods})} paths")
 
@@ -161,10 +161,10 @@ INDEXED = re.compile(r"^([a-z_]+?)(\d{1,3})$")
 # the PVE source (PVE::JSONSchema).
 NAMED_FORMATS = {
     "pve-node": r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?",
-    "pve-configid": r"[a-z][a-z0-9_]+",
-    "pve-storage-id": r"[a-z][a-z0-9\-_.]*[a-z0-9]",
+    "pve-configid": r"(?i)[a-z][a-z0-9_\-]+",
+    "pve-storage-id": r"(?i)[a-z][a-z0-9\-_.]*[a-z0-9]",
     "pve-poolid": r"[A-Za-z0-9_\-]+",
-    "pve-volume-id": r"[a-z][a-z0-9\-_.]*[a-z0-9]:.+",
+    "pve-volume-id": r"(?i)[a-z][a-z0-9\-_.]*[a-z0-9]:.+",
     "pve-userid": r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+",
 }
 
@@ -210,7 +210,7 @@ def _check_scalar(spec: dict, value: Any, *, form: bool) -> str | None:
             return f"value does not match the regex pattern"
         fmt = spec.get("format")
         if isinstance(fmt, str) and fmt in NAMED_FORMATS and not re.fullmatch(NAMED_FORMATS[fmt], value):
-            return f"value '{value}' does not look like a valid {fmt.removeprefix('pve-')}"
+            return f"invalid format - value '{value}' is not a valid {fmt}"
         if isinstance(fmt, dict):
             return _check_property_string(fmt, value)
     return None

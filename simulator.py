@@ -117,6 +117,8 @@ class Lab:
         self.pools: dict[str, dict] = {}
         self.tasks: dict[str, Task] = {}
         self.datastores: dict[str, dict] = {}
+        self.networks: dict[str, list[dict]] = {}  # node -> interfaces
+        self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         self.task_seconds = 0.6  # how long a simulated task runs
@@ -147,20 +149,38 @@ class Lab:
         lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
         lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
-        presets = [("web", "qemu", "running", "prod;web"), ("db", "qemu", "running", "prod"),
-                   ("dns", "lxc", "running", "infra"), ("media", "lxc", "stopped", ""),
-                   ("win11", "qemu", "stopped", ""), ("ci-runner", "lxc", "running", "ci")]
+        presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
+                   ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
+                   ("win11", "qemu", "stopped", "", 8192), ("ci-runner", "lxc", "running", "ci", 4096)]
         for i in range(guests):
-            name, kind, status, tags = presets[i % len(presets)]
+            name, kind, status, tags, memory = presets[i % len(presets)]
             if i >= len(presets):
                 name = f"{name}-{i}"
                 status = lab.random.choice(["running", "running", "stopped"])
             lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
-                          pool="prod" if "prod" in tags else None)
+                          pool="prod" if "prod" in tags else None, memory_mib=memory)
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
         lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
+        for index, name in enumerate(names):
+            lab.networks[name] = [
+                {"iface": "eno1", "type": "eth", "active": 1, "autostart": 1},
+                {"iface": "vmbr0", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "eno1",
+                 "bridge_vlan_aware": 1, "cidr": f"192.0.2.{11 + index}/24", "gateway": "192.0.2.1"},
+                {"iface": "vmbr1", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "",
+                 "comments": "isolated lab segment\n"},
+            ]
+        now = int(time.time())
+        lab.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
+        lab.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
+        for vmid, guest in lab.guests.items():
+            if guest["status"] == "running":
+                kind = "qemu" if guest["type"] == "qemu" else "lxc"
+                stamp = time.strftime("%Y_%m_%d-02_00_01", time.gmtime(now - 86400))
+                lab.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
+                               if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
+                               "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
         lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
                                                  [("/", "PVEAuditor", True)])
         lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
@@ -211,11 +231,38 @@ class Lab:
         if tags:
             config["tags"] = tags
         guest = {"vmid": vmid, "type": kind, "node": node, "name": name, "status": status, "template": 0,
+                 "snapshots": [],
                  "tags": tags, "pool": pool, "lock": None, "config": config, "maxdisk": disk_gib * GiB,
                  "uptime": self.random.randint(600, 40 * 86400) if status == "running" else 0,
                  "cpu": round(self.random.uniform(0.0, 0.3), 4) if status == "running" else 0}
         self.guests[vmid] = guest
         return guest
+
+    def add_volume(self, storage: str, volid: str, content: str, size: int, *, vmid: int | None = None,
+                   ctime: int | None = None) -> None:
+        fmt = {"iso": "iso", "vztmpl": "tzst"}.get(content) or re.sub(r"^[^.]*\.", "", volid.rsplit("/", 1)[-1])
+        volume = {"volid": volid, "content": content, "size": size, "format": fmt,
+                  "ctime": ctime or int(time.time())}
+        if vmid is not None:
+            volume["vmid"] = vmid
+        self.volumes.setdefault(storage, []).append(volume)
+
+    def guest_disks(self, storage: str, node: str) -> list[dict]:
+        """Volumes that guests' configs reference on a storage (disk-like keys only)."""
+        found = []
+        for vmid, guest in self.guests.items():
+            if guest["node"] != node and not self.storages.get(storage, {}).get("shared"):
+                continue
+            for key, value in guest["config"].items():
+                if not isinstance(value, str) or not value.startswith(storage + ":"):
+                    continue
+                if re.fullmatch(r"(scsi|virtio|sata|ide|efidisk|tpmstate|unused)\d+|rootfs|mp\d+", key):
+                    volid = value.split(",")[0]
+                    size = re.search(r"size=(\d+)G", value)
+                    found.append({"volid": volid, "content": "images" if guest["type"] == "qemu" else "rootdir",
+                                  "vmid": vmid, "format": "raw",
+                                  "size": int(size.group(1)) * GiB if size else 0, "ctime": 0})
+        return found
 
     def add_datastore(self, name: str, *, total: int, used: int) -> None:
         now = int(time.time())
@@ -595,6 +642,103 @@ def pve_task_log(call: Call, node: str, upid: str) -> list:
     return rows[start:start + limit] if limit else rows[start:]
 
 
+# ---- guest power: async tasks that fail later, as the real ones do (PROXMOX-FACTS)
+
+POWER_RESULT = {"start": "running", "stop": "stopped", "shutdown": "stopped", "reboot": "running",
+                "reset": "running", "suspend": "paused", "resume": "running"}
+
+
+def pve_power(kind: str, action: str) -> Callable:
+    prefix = "qm" if kind == "qemu" else "vz"
+    label = "VM" if kind == "qemu" else "CT"
+
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        error = "OK"
+        if guest["lock"] and str(call.arg("skiplock", "0")) != "1":
+            error = f"{label} is locked ({guest['lock']})"
+        elif action == "start" and guest["status"] == "running":
+            error = f"{label} {vmid} already running"
+        elif action in ("shutdown", "reboot", "reset", "suspend") and guest["status"] != "running":
+            error = f"{label} {vmid} not running"
+        elif action == "resume" and guest["status"] != "paused":
+            error = f"{label} {vmid} not paused"
+
+        def apply() -> None:
+            guest["status"] = POWER_RESULT[action]
+            guest["uptime"] = 1 if guest["status"] == "running" else 0
+        return call.lab.start_task(node, f"{prefix}{action}", vmid, user=call.token_id, exitstatus=error,
+                                   on_done=apply)
+    return handler
+
+
+def pve_snapshots(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> list:
+        guest = _guest(call, node, vmid, kind)
+        rows = [dict(snap) for snap in guest["snapshots"]]
+        parent = rows[-1]["name"] if rows else None
+        current = {"name": "current", "description": "You are here!", "running": int(guest["status"] == "running")}
+        if parent:
+            current["parent"] = parent
+        return rows + [current]
+    return handler
+
+
+def pve_snapshot_create(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        name = call.arg("snapname")
+        error = "OK"
+        if any(s["name"] == name for s in guest["snapshots"]):
+            error = f"snapshot name '{name}' already used"
+        elif guest["lock"]:
+            error = f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})"
+
+        def apply() -> None:
+            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", "")}
+            if guest["snapshots"]:
+                snap["parent"] = guest["snapshots"][-1]["name"]
+            if kind == "qemu" and str(call.arg("vmstate", "0")) == "1":
+                snap["vmstate"] = 1
+            guest["snapshots"].append(snap)
+        return call.lab.start_task(node, "qmsnapshot" if kind == "qemu" else "vzsnapshot", vmid,
+                                   user=call.token_id, exitstatus=error, on_done=apply)
+    return handler
+
+
+def pve_snapshot_delete(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        if not any(s["name"] == snapname for s in guest["snapshots"]):
+            raise ApiError(500, f"snapshot '{snapname}' does not exist")
+
+        def apply() -> None:
+            guest["snapshots"] = [s for s in guest["snapshots"] if s["name"] != snapname]
+        return call.lab.start_task(node, "qmdelsnapshot" if kind == "qemu" else "vzdelsnapshot", vmid,
+                                   user=call.token_id, on_done=apply)
+    return handler
+
+
+def pve_storage_content(call: Call, node: str, storage: str) -> list:
+    _node(call, node)
+    entry = call.lab.storages.get(storage)
+    if entry is None or node not in call.lab.storage_nodes(entry):
+        raise ApiError(500, f"storage '{storage}' does not exist")
+    rows = call.lab.volumes.get(storage, []) + call.lab.guest_disks(storage, node)
+    content, vmid = call.arg("content"), call.arg("vmid")
+    return [dict(v) for v in rows if (content is None or v["content"] == content)
+            and (vmid is None or v.get("vmid") == int(vmid))]
+
+
+def pve_network(call: Call, node: str) -> list:
+    _node(call, node)
+    wanted = call.arg("type")
+    rows = call.lab.networks.get(node, [])
+    if wanted in ("any_bridge", "any_local_bridge"):
+        return [dict(r) for r in rows if r["type"] in ("bridge", "OVSBridge")]
+    return [dict(r) for r in rows if wanted is None or r["type"] == wanted]
+
+
 def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
@@ -642,7 +786,17 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,
     ("GET", "/access/permissions"): pve_permissions,
     ("GET", "/pools"): pve_pools,
+    ("GET", "/nodes/{node}/storage/{storage}/content"): pve_storage_content,
+    ("GET", "/nodes/{node}/network"): pve_network,
 }
+for _kind in ("qemu", "lxc"):
+    for _action in POWER_RESULT:
+        if _kind == "lxc" and _action == "reset":
+            continue  # containers have no reset
+        PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/status/{_action}")] = pve_power(_kind, _action)
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshots(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshot_create(_kind)
+    PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}")] = pve_snapshot_delete(_kind)
 
 
 # ---------------------------------------------------------------- PBS handlers
@@ -852,6 +1006,13 @@ def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[P
     return cert_path, key_path, ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up (a timeout test) is not an error of the simulator
+
+
 class Simulator:
     """Serves a Lab as PVE and PBS over HTTPS on ephemeral loopback ports."""
 
@@ -867,8 +1028,7 @@ class Simulator:
     def start(self) -> "Simulator":
         for product in ("pve", "pbs"):
             handler = type(f"{product}Handler", (_RequestHandler,), {"lab": self.lab, "product": product})
-            server = ThreadingHTTPServer((self.host, 0), handler)
-            server.daemon_threads = True
+            server = _Server((self.host, 0), handler)
             server.socket = self._context.wrap_socket(server.socket, server_side=True)
             threading.Thread(target=server.serve_forever, daemon=True, name=f"sim-{product}").start()
             self._servers[product] = server

@@ -37,7 +37,11 @@ class Session:
         if progress is not None:
             async def callback(done: float, total: float | None, message: str | None) -> None:
                 progress.append((done, total, message))
-        return self.portal.call(lambda: self.client.call_tool(name, arguments or {}, progress_callback=callback))
+        result = self.portal.call(lambda: self.client.call_tool(name, arguments or {}, progress_callback=callback))
+        with open(LOG_DIR / "tool-outputs.log", "a") as record:  # scanned for secrets by test_zz_secrets
+            for block in result.content:
+                record.write(getattr(block, "text", "") + "\n")
+        return result
 
     def ok(self, name: str, arguments: dict | None = None, **kw: Any) -> Any:
         """Call a tool that must succeed; return its JSON answer."""
@@ -81,6 +85,8 @@ def stdio_session(env: dict[str, str], *, mode: str = "legacy", log_name: str = 
 def sim() -> Iterator[simulator.Simulator]:
     with simulator.Simulator(simulator.Lab.homelab()) as running:
         yield running
+        # every request the project sent must be one the official schema allows
+        assert running.lab.schema_rejections == [], running.lab.schema_rejections
 
 
 @pytest.fixture(scope="module")

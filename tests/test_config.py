@@ -1,0 +1,124 @@
+"""Configuration: hosts by label, tokens, TLS, strictness, and what the command line does with it."""
+import json
+
+import pytest
+
+import server
+from conftest import LOG_DIR, run_server
+
+TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
+
+
+def hosts_of(env: dict) -> dict:
+    return {(h.product, h.label): h for h in server.load_config(env).hosts}
+
+
+def test_labelled_hosts_of_both_products():
+    hosts = hosts_of({
+        "PROXMOX_HOME_URL": "https://pve.home:8006", "PROXMOX_HOME_TOKEN": TOKEN,
+        "PROXMOX_OFFICE_URL": "https://10.0.0.5", "PROXMOX_OFFICE_TOKEN": "a@pam!t:secretvalue",
+        "PBS_HOME_URL": "https://pbs.home", "PBS_HOME_TOKEN": "backup@pbs!mcp=pbssecretvalue",
+    })
+    assert set(hosts) == {("pve", "home"), ("pve", "office"), ("pbs", "home")}
+    assert hosts[("pve", "office")].url == "https://10.0.0.5:8006"  # default port per product
+    assert hosts[("pbs", "home")].url == "https://pbs.home:8007"
+    assert hosts[("pve", "office")].token_id == "a@pam!t"  # colon accepted between id and secret
+    assert hosts[("pbs", "home")].token_secret == "pbssecretvalue"  # '=' accepted for PBS too
+
+
+def test_unlabelled_variables_mean_host_default():
+    hosts = hosts_of({"PROXMOX_URL": "https://pve:8006/api2/json/", "PROXMOX_TOKEN": TOKEN})
+    assert list(hosts) == [("pve", "default")]
+    assert hosts[("pve", "default")].url == "https://pve:8006"
+
+
+def test_token_file_keeps_the_secret_out_of_the_environment(tmp_path):
+    secret_file = tmp_path / "token"
+    secret_file.write_text(TOKEN + "\n")
+    hosts = hosts_of({"PROXMOX_LAB_URL": "https://pve", "PROXMOX_LAB_TOKEN_FILE": str(secret_file)})
+    assert hosts[("pve", "lab")].token_secret == "11111111-2222-3333-4444-555555555555"
+
+
+def test_tls_options():
+    fingerprint = ":".join(["AB"] * 32)
+    hosts = hosts_of({"PROXMOX_A_URL": "https://a", "PROXMOX_A_TOKEN": TOKEN, "PROXMOX_A_FINGERPRINT": fingerprint,
+                      "PROXMOX_B_URL": "https://b", "PROXMOX_B_TOKEN": TOKEN, "PROXMOX_B_VERIFY_TLS": "false"})
+    assert hosts[("pve", "a")].fingerprint == "ab" * 32
+    assert hosts[("pve", "b")].verify_tls is False
+    config = server.load_config({"PROXMOX_VERIFY_TLS": "false", "PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN})
+    assert any("PROXMOX_VERIFY_TLS=false" in w for w in config.warnings)
+
+
+def test_timeouts_are_configurable():
+    host = hosts_of({"PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN, "PROXMOX_CONNECT_TIMEOUT": "2",
+                     "PROXMOX_READ_TIMEOUT": "90"})[("pve", "default")]
+    assert (host.connect_timeout, host.read_timeout) == (2.0, 90.0)
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"PROXMOX_ALLOW_EXEC": "ture"}, "PROXMOX_ALLOW_EXEC"),
+    ({"PROXMOX_URL": "pve.home:8006", "PROXMOX_TOKEN": TOKEN}, "PROXMOX_URL"),
+    ({"PROXMOX_URL": "https://pve", "PROXMOX_TOKEN": "root@pam"}, "PROXMOX_TOKEN"),
+    ({"PROXMOX_URL": "https://pve"}, "PROXMOX_TOKEN"),
+    ({"PROXMOX_LAB_TOKEN": TOKEN}, "PROXMOX_LAB_URL"),
+    ({"PROXMOX_URL": "https://pve", "PROXMOX_TOKEN": TOKEN, "PROXMOX_FINGERPRINT": "abc"}, "PROXMOX_FINGERPRINT"),
+    ({"PROXMOX_URL": "https://pve", "PROXMOX_TOKEN_FILE": "/nonexistent/token"}, "PROXMOX_TOKEN_FILE"),
+    ({"PROXMOX_URL": "https://pve", "PROXMOX_TOKEN": TOKEN, "PROXMOX_CA_FILE": "/nonexistent"}, "PROXMOX_CA_FILE"),
+    ({"PROXMOX_ACCESS": "everything"}, "PROXMOX_ACCESS"),
+    ({"PROXMOX_READ_TIMEOUT": "soon"}, "PROXMOX_READ_TIMEOUT"),
+    ({"MCP_AUTH_TOKEN": "short"}, "MCP_AUTH_TOKEN"),
+    ({"MCP_HTTP_PORT": "99999"}, "MCP_HTTP_PORT"),
+])
+def test_invalid_values_stop_with_the_variable_named(env, names):
+    with pytest.raises(server.ConfigError) as caught:
+        server.load_config(env)
+    assert names in str(caught.value)
+    assert "11111111" not in str(caught.value)  # a secret is never shown
+
+
+def test_unknown_variables_are_warned_about():
+    config = server.load_config({"PROXMOX_ALOW_EXEC": "true", "PBS_LAB_TOKN": "x", "MCP_AUTH_TOKN": "y"})
+    warned = " ".join(config.warnings)
+    assert "PROXMOX_ALOW_EXEC" in warned and "PBS_LAB_TOKN" in warned and "MCP_AUTH_TOKN" in warned
+
+
+def test_bad_config_exits_with_one_line_naming_the_variable():
+    result = run_server(["--list-tools"], {"PROXMOX_ALLOW_EXEC": "ture"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PROXMOX_ALLOW_EXEC" in lines[0] and "true or false" in lines[0]
+    assert result.stdout == ""
+
+
+def test_dotenv_is_loaded_and_the_real_environment_wins(tmp_path):
+    (tmp_path / ".env").write_text("PROXMOX_DOT_URL=https://from-dotenv:8006\nPROXMOX_DOT_TOKEN=" + TOKEN + "\n"
+                                   "PROXMOX_READ_TIMEOUT=soon\n")
+    import subprocess
+    import sys
+    from conftest import ROOT, server_env
+    result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools", "--json"], cwd=tmp_path,
+                            env=server_env({"PROXMOX_READ_TIMEOUT": "12"}), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr  # the bad .env timeout lost to the real one
+    assert json.loads(result.stdout)["tools"]
+
+
+def test_list_tools_without_any_host_connects_nowhere():
+    result = run_server(["--list-tools", "--json"], {"PROXMOX_LAB_URL": "https://192.0.2.1:8006",
+                                                     "PROXMOX_LAB_TOKEN": TOKEN, "PROXMOX_CONNECT_TIMEOUT": "30"})
+    assert result.returncode == 0
+    listing = json.loads(result.stdout)
+    names = {t["name"] for t in listing["tools"]}
+    assert {"list_hosts", "cluster_status", "list_nodes", "list_guests", "get_guest", "list_storage",
+            "list_tasks", "get_task"} <= names
+    assert listing["total_bytes"] == sum(t["bytes"] for t in listing["tools"]) + len('{"tools":[]}') + \
+        len(listing["tools"]) - 1
+    assert all(t["gate"] == "read" for t in listing["tools"])
+    assert result.stderr.count("\n") == 0  # nothing but possible warnings; no connection errors
+    human = run_server(["--list-tools"], {})
+    assert "tools/list is" in human.stdout
+
+
+def test_logs_never_go_to_stdout_in_list_mode():
+    result = run_server(["--list-tools"], {"PROXMOX_FOO": "1"})
+    assert "PROXMOX_FOO" in result.stderr and "PROXMOX_FOO" not in result.stdout

@@ -1,0 +1,330 @@
+"""The simulator answers like Proxmox (schema checks, auth, privileges, faults), and the one
+HTTP client turns every kind of failure into a message that says what to do."""
+import json
+
+import pytest
+import requests
+
+import catalog
+import policy
+import proxmox_client
+import server
+import simulator
+from proxmox_client import ProxmoxError, parse_upid
+
+READER = "mcp@pve!reader"
+
+
+def raw(sim, path, token=None, product="pve", method="GET", **params):
+    token = token or f"{READER}={sim.lab.pve_tokens[READER].secret}"
+    header = ("PVEAPIToken=" if product == "pve" else "PBSAPIToken=") + token
+    kwargs = {"params": params} if method in ("GET", "DELETE") else {"data": params}
+    return requests.request(method, sim.url(product) + "/api2/json" + path, headers={"Authorization": header},
+                            verify=str(sim.cert_file), timeout=10, **kwargs)
+
+
+def client(sim, product="pve", token=None, **overrides):
+    env = sim.env()
+    if token:
+        env["PROXMOX_LAB_TOKEN"] = token
+    env.update(overrides)
+    config = server.load_config(env)
+    host = next(h for h in config.hosts if h.product == product)
+    return proxmox_client.ProxmoxClient(host)
+
+
+# ---------------------------------------------------------------- catalog
+
+def test_catalog_covers_both_schemas_without_descriptions():
+    assert len(catalog.methods("pve")) == 675
+    assert len(catalog.methods("pbs")) == 347  # 367 less the HTTP/2 backup protocol
+    text = (catalog.CATALOG_DIR / "pve.json").read_text()
+    assert "Start virtual machine" not in text and "typetext" not in text
+
+
+def test_committed_catalog_matches_the_schemas(tmp_path):
+    schemas = catalog.CATALOG_DIR.parent.parent / "shared" / "schemas"
+    if not schemas.is_dir():
+        pytest.skip("../shared/schemas is not beside this checkout")
+    catalog.build(schemas, tmp_path)
+    for product in catalog.PRODUCTS:
+        fresh = (tmp_path / f"{product}.json").read_text()
+        assert fresh == (catalog.CATALOG_DIR / f"{product}.json").read_text(), \
+            "catalog is stale: run python catalog.py build ../shared/schemas"
+
+
+def test_every_catalog_path_routes_to_itself():
+    for product in catalog.PRODUCTS:
+        for entry in catalog.methods(product):
+            concrete = entry["path"].replace("{", "").replace("}", "")
+            found = catalog.find_method(product, entry["method"], concrete)
+            assert found and found[0]["path"] == entry["path"], entry["path"]
+
+
+# ---------------------------------------------------------------- simulator fidelity
+
+def test_unknown_path_and_method_answer_501(sim):
+    assert raw(sim, "/nodes/pve1/nothing").status_code == 501
+    response = raw(sim, "/version", method="DELETE")
+    assert response.status_code == 501 and "not implemented" in response.reason
+
+
+def test_parameter_errors_in_proxmox_format(sim):
+    response = raw(sim, "/cluster/resources", type="everything")
+    assert response.status_code == 400 and response.reason == "Parameter verification failed."
+    assert "type" in response.json()["errors"]
+    response = raw(sim, "/nodes/pve1/qemu/100/config", verbose=1)
+    assert "verbose" in response.json()["errors"]
+    response = raw(sim, "/nodes/pve1/qemu/abc/config")
+    assert "vmid" in response.json()["errors"]
+    sim.lab.schema_rejections.clear()
+
+
+def test_form_booleans_must_be_0_or_1(sim):
+    entry, _ = catalog.find_method("pve", "GET", "/nodes/pve1/qemu")
+    assert catalog.check_params(entry, {"node": "pve1", "full": "true"})["full"].startswith("type check")
+    assert catalog.check_params(entry, {"node": "pve1", "full": "1"}) == {}
+    assert catalog.check_params(entry, {"node": "pve1", "full": True}, form=False) == {}
+
+
+def test_property_strings_and_indexed_parameters_are_checked():
+    entry, _ = catalog.find_method("pve", "POST", "/nodes/pve1/qemu")
+    base = {"node": "pve1", "vmid": "200"}
+    assert catalog.check_params(entry, base | {"net0": "virtio,bridge=vmbr0,firewall=1"}) == {}
+    assert "net0" in catalog.check_params(entry, base | {"net0": "virtio,bridge=vmbr0,colour=red"})
+    assert "net0" in catalog.check_params(entry, base | {"net0": "virtio,firewall=maybe"})
+
+
+def test_tokens_and_privileges(sim):
+    assert raw(sim, "/version", token=f"{READER}=wrong").status_code == 401
+    assert raw(sim, "/version", token="PVEAPIToken").status_code == 401
+    empty = f"mcp@pve!empty={sim.lab.pve_tokens['mcp@pve!empty'].secret}"
+    response = raw(sim, "/cluster/status", token=empty)
+    assert response.status_code == 403 and response.reason == "Permission check failed (/, Sys.Audit)"
+    # a privilege-separated token without ACLs sees empty lists, not 403
+    rows = raw(sim, "/cluster/resources", token=empty, type="vm").json()["data"]
+    assert rows == []
+
+
+def test_pbs_uses_a_colon_and_plain_text_errors(sim):
+    secret = sim.lab.pbs_tokens["mcp@pbs!reader"].secret
+    assert raw(sim, "/version", token=f"mcp@pbs!reader:{secret}", product="pbs").status_code == 200
+    assert raw(sim, "/version", token=f"mcp@pbs!reader={secret}", product="pbs").status_code == 401
+    response = raw(sim, "/admin/datastore/x/groups", token=f"mcp@pbs!reader:{secret}", product="pbs")
+    assert response.status_code == 400 and "parameter 'store'" in response.text  # minLength 3
+    response = raw(sim, "/admin/datastore/missing/groups", token=f"mcp@pbs!reader:{secret}", product="pbs")
+    assert response.status_code == 400 and response.text.startswith("unable to get datastore")
+    sim.lab.schema_rejections.clear()
+
+
+def test_nodes_down_or_misspelled(sim):
+    sim.lab.down_nodes.add("pve2")
+    try:
+        assert raw(sim, "/nodes/pve2/status").status_code == 595
+        rows = raw(sim, "/cluster/resources", type="node").json()["data"]
+        assert {r["node"]: r["status"] for r in rows}["pve2"] == "offline"
+    finally:
+        sim.lab.down_nodes.clear()
+    assert raw(sim, "/nodes/PVE1/status").status_code == 595  # wrong case (PROXMOX-FACTS)
+    assert raw(sim, "/nodes/nowhere/status").status_code == 500
+
+
+def test_tasks_run_log_and_finish(sim):
+    upid = sim.lab.start_task("pve1", "qmclone", "100", duration=60)
+    status = raw(sim, f"/nodes/pve1/tasks/{upid}/status").json()["data"]
+    assert status["status"] == "running" and "exitstatus" not in status and "endtime" not in status
+    finished = sim.lab.start_task("pve1", "vzdump", "101", exitstatus="WARNINGS: 1", finished=True)
+    status = raw(sim, f"/nodes/pve1/tasks/{finished}/status").json()["data"]
+    assert status["status"] == "stopped" and status["exitstatus"] == "WARNINGS: 1"
+    log = raw(sim, f"/nodes/pve1/tasks/{finished}/log", limit=0).json()
+    assert log["data"][0]["n"] == 1 and log["data"][-1]["t"] == "TASK WARNINGS: 1" and "total" in log
+    active = raw(sim, "/nodes/pve1/tasks", source="active").json()["data"]
+    assert [t["upid"] for t in active] == [upid]
+    archive = raw(sim, "/nodes/pve1/tasks").json()["data"]  # finished tasks only by default
+    assert upid not in {t["upid"] for t in archive} and finished in {t["upid"] for t in archive}
+
+
+# ---------------------------------------------------------------- UPIDs
+
+def test_upids_of_both_products():
+    pve = parse_upid("UPID:pve1:000A1B2C:1234ABCDE:6745B3C1:qmstart:100:root@pam!mcp:")
+    assert pve["node"] == "pve1" and pve["type"] == "qmstart" and pve["id"] == "100" and pve["user"] == "root@pam!mcp"
+    assert parse_upid("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:vzdump::root@pam:")["id"] == ""
+    pbs = parse_upid("UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:verificationjob:backup\\x3av\\x2dabc:root@pam:",
+                     "pbs")
+    assert pbs["type"] == "verificationjob" and pbs["id"].startswith("backup:")
+    with pytest.raises(ProxmoxError):
+        parse_upid("UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:verify:store:root@pam:", "pve")
+    with pytest.raises(ProxmoxError):
+        parse_upid("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam:", "pbs")
+    with pytest.raises(ProxmoxError):
+        parse_upid("not-a-upid")
+
+
+# ---------------------------------------------------------------- the client
+
+def test_form_encoding():
+    encoded = proxmox_client.encode_params({"full": True, "net": {0: "virtio", 1: "e1000"}, "skip": None,
+                                            "command": ["/bin/sh", "-c", "id"], "onboot": False})
+    assert encoded == {"full": 1, "net0": "virtio", "net1": "e1000", "command": ["/bin/sh", "-c", "id"],
+                       "onboot": 0}
+
+
+def test_client_reads_data_and_translates_errors(sim):
+    pve = client(sim)
+    assert pve.get("/version")["release"] == "9.2"
+    with pytest.raises(ProxmoxError) as caught:
+        client(sim, token=f"{READER}=00000000-0000-0000-0000-000000000000").get("/version")
+    assert "PROXMOX_LAB_TOKEN" in str(caught.value) and "00000000-0000" not in str(caught.value)
+    with pytest.raises(ProxmoxError) as caught:
+        pve.get("/cluster/resources", type="bogus")
+    assert "type" in str(caught.value) and "enumeration" in str(caught.value)
+    sim.lab.schema_rejections.clear()  # that one was on purpose
+
+
+def test_403_names_privilege_path_and_the_grant(sim):
+    empty = client(sim, token=f"mcp@pve!empty={sim.lab.pve_tokens['mcp@pve!empty'].secret}")
+    with pytest.raises(ProxmoxError) as caught:
+        empty.get("/cluster/status")
+    text = str(caught.value)
+    assert "Sys.Audit" in text and "on /" in text
+    assert "pveum acl modify / --tokens 'mcp@pve!empty' --roles PVEAuditor" in text
+    assert "privilege-separated" in text
+
+
+def test_errors_read_from_the_reason_phrase_of_old_servers(sim):
+    sim.lab.legacy_errors = True
+    try:
+        with pytest.raises(ProxmoxError) as caught:
+            client(sim).get("/nodes/nowhere/status")
+        assert "hostname lookup 'nowhere' failed" in str(caught.value)
+    finally:
+        sim.lab.legacy_errors = False
+
+
+def test_500_messages_get_a_next_step(sim):
+    sim.lab.fail.append((r"/qemu/100/status/current$", 500, "VM is locked (backup)"))
+    try:
+        with pytest.raises(ProxmoxError) as caught:
+            client(sim).get("/nodes/pve1/qemu/100/status/current")
+        assert "locked (backup)" in str(caught.value) and "wait for it" in str(caught.value)
+    finally:
+        sim.lab.fail.clear()
+
+
+def test_node_unreachable_is_explained(sim):
+    sim.lab.down_nodes.add("pve3")
+    try:
+        with pytest.raises(ProxmoxError) as caught:
+            client(sim).get("/nodes/pve3/status")
+        assert "595" in str(caught.value) and "'pve3'" in str(caught.value) and "cluster_status" in str(caught.value)
+    finally:
+        sim.lab.down_nodes.clear()
+
+
+def test_tls_pin_mismatch_and_unverified_certificates(sim):
+    wrong = ":".join(["00"] * 32)
+    with pytest.raises(ProxmoxError) as caught:
+        client(sim, PROXMOX_LAB_FINGERPRINT=wrong).get("/version")
+    assert "does not match the pinned fingerprint" in str(caught.value) and sim.fingerprint in str(caught.value)
+    env = sim.env()
+    del env["PROXMOX_LAB_FINGERPRINT"]
+    host = next(h for h in server.load_config(env).hosts if h.product == "pve")
+    with pytest.raises(ProxmoxError) as caught:
+        proxmox_client.ProxmoxClient(host).get("/version")
+    assert "PROXMOX_LAB_FINGERPRINT" in str(caught.value) and sim.fingerprint in str(caught.value)
+    ca_env = env | {"PROXMOX_LAB_CA_FILE": str(sim.cert_file)}
+    host = next(h for h in server.load_config(ca_env).hosts if h.product == "pve")
+    assert proxmox_client.ProxmoxClient(host).get("/version")["release"] == "9.2"
+
+
+def test_connection_refused_and_timeouts(sim):
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = client(sim, PROXMOX_LAB_URL=f"https://127.0.0.1:{port}")
+    with pytest.raises(ProxmoxError) as caught:
+        down.get("/version")
+    assert "unreachable" in str(caught.value) and "connection refused" in str(caught.value)
+    slow = client(sim, PROXMOX_READ_TIMEOUT="0.3")
+    sim.lab.delay = 1.0
+    try:
+        with pytest.raises(ProxmoxError) as caught:
+            slow.get("/version")
+        assert "did not answer" in str(caught.value) and "PROXMOX_READ_TIMEOUT" in str(caught.value)
+    finally:
+        sim.lab.delay = 0
+
+
+def test_policy_refuses_unknown_paths_before_sending(sim):
+    pve = client(sim)
+    before = len(sim.lab.requests)
+    for path in ("/nodes/pve1/../../access/secret", "/nodes//pve1/nope", "/nodes/pve1%2Fqemu%2F100/zzz"):
+        with pytest.raises(policy.PolicyError):
+            pve.get(path)
+    with pytest.raises(policy.PolicyError) as caught:
+        pve.request("POST", "/nodes/pve1/qemu/100/status/start")
+    assert "PROXMOX_ACCESS" in str(caught.value)
+    assert len(sim.lab.requests) == before
+
+
+def test_wait_task_outcomes(sim):
+    pve = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
+    ok = sim.lab.start_task("pve1", "qmclone", "100", duration=0.4)
+    seen = []
+    assert pve.wait_task(ok, timeout=20, on_progress=lambda pct, text: seen.append(pct))["result"] == "ok"
+    warned = sim.lab.start_task("pve1", "vzdump", "100", exitstatus="WARNINGS: 1", duration=0.1)
+    outcome = pve.wait_task(warned, timeout=20)
+    assert outcome["result"] == "warnings" and outcome["warnings"]
+    failed = sim.lab.start_task("pve1", "qmstart", "101", exitstatus="VM is locked (backup)", duration=0.1)
+    with pytest.raises(proxmox_client.TaskFailed) as caught:
+        pve.wait_task(failed, timeout=20)
+    assert "VM is locked (backup)" in str(caught.value) and "TASK ERROR" in str(caught.value)
+    slow = sim.lab.start_task("pve1", "qmmigrate", "102", duration=60)
+    assert pve.wait_task(slow, timeout=0.5)["status"] == "still_running"
+
+
+def test_power_actions_are_tasks_that_change_state(sim):
+    admin = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
+    admin_request = admin.request
+    import policy as policy_module
+    original = policy_module.SETTINGS
+    policy_module.configure(policy_module.Settings(default_access="destructive"))
+    try:
+        upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
+        assert admin.wait_task(upid, timeout=20)["result"] == "ok"
+        assert sim.lab.guests[103]["status"] == "running"
+        again = admin_request("POST", "/nodes/pve1/lxc/103/status/start")  # 200 + UPID, fails later
+        with pytest.raises(proxmox_client.TaskFailed, match="CT 103 already running"):
+            admin.wait_task(again, timeout=20)
+        sim.lab.guests[100]["lock"] = "backup"
+        locked = admin_request("POST", "/nodes/pve1/qemu/100/status/shutdown")
+        with pytest.raises(proxmox_client.TaskFailed, match=r"VM is locked \(backup\)"):
+            admin.wait_task(locked, timeout=20)
+        sim.lab.guests[100]["lock"] = None
+        snap = admin_request("POST", "/nodes/pve1/qemu/100/snapshot", {"snapname": "before-upgrade"})
+        admin.wait_task(snap, timeout=20)
+        names = [s["name"] for s in admin.get("/nodes/pve1/qemu/100/snapshot")]
+        assert names == ["before-upgrade", "current"]
+        gone = admin_request("DELETE", "/nodes/pve1/qemu/100/snapshot/before-upgrade")
+        admin.wait_task(gone, timeout=20)
+        assert [s["name"] for s in admin.get("/nodes/pve1/qemu/100/snapshot")] == ["current"]
+        with pytest.raises(ProxmoxError, match="VM.PowerMgmt"):
+            client(sim).request("POST", "/nodes/pve1/qemu/100/status/stop")  # the reader token: 403
+    finally:
+        policy_module.configure(original)
+        sim.lab.guests[103]["status"] = "stopped"
+
+
+def test_storage_content_and_networks(sim):
+    pve = client(sim)
+    isos = pve.get("/nodes/pve1/storage/local/content", content="iso")
+    assert [v["volid"] for v in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
+    disks = pve.get("/nodes/pve1/storage/local-lvm/content")
+    assert {v["vmid"] for v in disks} == {100, 103}
+    backups = pve.get("/nodes/pve2/storage/nfs-backup/content", content="backup", vmid=100)
+    assert len(backups) == 1 and backups[0]["format"] == "vma.zst"
+    bridges = {n["iface"]: n for n in pve.get("/nodes/pve1/network", type="bridge")}
+    assert bridges["vmbr0"]["bridge_ports"] == "eno1" and bridges["vmbr0"]["bridge_vlan_aware"] == 1
+    assert bridges["vmbr1"]["bridge_ports"] == "" and "bridge_vlan_aware" not in bridges["vmbr1"]
