@@ -23,7 +23,7 @@ PRODUCTS = ("pve", "pbs")
 # Parameter facts we keep; everything else (description, typetext, verbose text) is dropped.
 PARAM_FACTS = ("type", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
                "default_key", "alias", "format")
-METHOD_FACTS = ("allowtoken", "protected", "proxyto")
+METHOD_FACTS = ("allowtoken", "protected", "proxyto", "name")
 
 
 # ---------------------------------------------------------------- build (from schemas)
@@ -73,8 +73,8 @@ def _property_string_facts(fmt: dict) -> dict | None:
 
 def _walk(node: dict, product: str, out: list) -> None:
     for method, info in sorted((node.get("info") or {}).items()):
-        if product == "pbs" and node["path"].split("/")[1] in ("backup", "reader"):
-            continue  # the HTTP/2 backup protocol, not REST calls
+        if product == "pbs" and "/_upgrade_" in node["path"]:
+            continue  # the HTTP/2 backup protocol behind GET /backup and /reader, not REST calls
         params = (info.get("parameters") or {}).get("properties") or {}
         entry = {
             "path": node["path"],

@@ -1,35 +1,335 @@
-"""The one gate every Proxmox request passes: `check()` is called by the HTTP client
-before anything is sent. It also owns secret masking for results, errors and logs.
+"""The one gate every Proxmox request passes.
+
+`check()` is called by the HTTP client before anything is sent. It refuses a request when
+the path is not in the official API catalog, when its parameters do not fit the schema,
+when its gate is closed for that host, when it names a protected guest, when the token
+lacks a privilege it needs, or when it would write a masked secret back. The same module
+owns secret masking and the hash-chained audit log, so that every refusal, dry run and
+write is recorded in one place.
+
+Gates, from harmless to dangerous:
+  read         GET that returns no secrets
+  sensitive    reads that return secrets or guest files        PROXMOX_ALLOW_SENSITIVE
+  lifecycle    start, shutdown, reboot, suspend, snapshot, backup  PROXMOX_ACCESS>=lifecycle
+  write        create, configure, clone, migrate, move           PROXMOX_ACCESS>=write
+  destructive  delete, rollback, hard stop, purge, wipe, prune   PROXMOX_ACCESS=destructive
+  exec         commands and file writes inside guests           PROXMOX_ALLOW_EXEC
+  elevated     reaches the host or the access system           PROXMOX_ALLOW_ELEVATED (+ write)
+  blocked      tickets, passwords, TFA, consoles                only by PROXMOX_UNBLOCK
 """
 from __future__ import annotations
 
+import contextvars
+import fcntl
+import hashlib
+import json
+import os
 import posixpath
 import re
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import unquote
 
 import catalog
 
 TIERS = ("read", "lifecycle", "write", "destructive")
+GATES = ("read", "sensitive", "lifecycle", "write", "destructive", "exec", "elevated", "blocked")
+SEVERITY = {gate: rank for rank, gate in enumerate(GATES)}
 
 
 class PolicyError(Exception):
     """A request refused before sending; the message says why and what would allow it."""
 
 
+class DryRun(Exception):
+    """Raised instead of sending a write when dry run is on; carries the exact request."""
+
+    def __init__(self, plan: dict):
+        super().__init__("dry run")
+        self.plan = plan
+
+
+# ================================================================ gate of a method
+
+# First match wins. (methods, path template regex, gate, why). Paths are catalog templates.
+RULES: list[tuple[str, str, str, str]] = [
+    # blocked: logins, passwords, second factors, consoles and raw protocol channels
+    ("*", r"/access/ticket|/access/vncticket|/access/password|/access/openid/.*", "blocked", "login and password endpoints"),
+    ("*", r"/access/tfa.*|/access/users/\{userid\}/tfa|/access/users/\{userid\}/unlock-tfa", "blocked", "second-factor material"),
+    ("*", r".*/(vncshell|spiceshell|termproxy|vncproxy|spiceproxy|vncwebsocket|mtunnel|mtunnelwebsocket)", "blocked", "interactive consoles and tunnels"),
+    ("*", r".*/qemu/\{vmid\}/(monitor|sendkey|dbus-vmstate)", "blocked", "QEMU monitor and keystrokes reach the guest console"),
+    ("*", r".*/agent/set-user-password", "blocked", "sets a guest password"),
+    ("GET", r"/backup|/reader", "blocked", "HTTP/2 backup protocol upgrade, not a REST call"),
+    # exec: commands and file writes inside guests, and the node's own command runner
+    ("*", r".*/agent/(exec|exec-status|file-write)", "exec", "runs commands or writes files in a guest"),
+    ("POST", r".*/qemu/\{vmid\}/agent", "exec", "runs any guest agent command"),
+    ("POST", r"/nodes/\{node\}/execute", "elevated", "runs API calls in bulk as the node"),
+    # sensitive reads
+    ("GET", r".*/agent/file-read", "sensitive", "reads any file in the guest"),
+    ("GET", r".*/cloudinit/dump", "sensitive", "cloud-init user data can hold passwords and keys"),
+    ("GET", r"/nodes/\{node\}/report", "sensitive", "full system report with configuration files"),
+    ("GET", r"/cluster/config/join|/cluster/config/totem|/cluster/config/qdevice", "sensitive", "cluster join information"),
+    ("GET", r"/cluster/notifications/endpoints/.*|/config/notifications/endpoints/.*", "sensitive", "notification targets can hold tokens"),
+    ("GET", r"/config/remote/.*|/config/s3/.*|/config/encryption-keys.*|/config/tape-encryption-keys.*", "sensitive", "remote credentials and key material"),
+    ("GET", r"/admin/datastore/\{store\}/(download|download-decoded|pxar-file-download|catalog|file-restore/.*)", "sensitive", "backup contents"),
+    ("GET", r"/nodes/\{node\}/(journal|syslog)", "read", "logs"),
+    ("GET", r"/nodes/\{node\}/query-url-metadata|/nodes/\{node\}/query-oci-repo-tags", "write", "makes the node fetch an arbitrary URL"),
+    ("GET", r".*", "read", "reads"),
+    # elevated: the host, its network, the access system and the cluster itself
+    ("*", r"/access/(users|groups|roles|acl|domains).*|/config/access/.*", "elevated", "users, tokens, ACLs and realms"),
+    ("POST", r"/nodes/\{node\}/status", "elevated", "reboots or shuts down the node"),
+    ("*", r"/nodes/\{node\}/(network|dns|hosts|time|apt|services|subscription|certificates|config)(/.*)?", "elevated", "node system configuration"),
+    ("*", r"/nodes/\{node\}/ceph.*|/cluster/ceph.*", "elevated", "Ceph cluster management"),
+    ("*", r"/cluster/config.*|/cluster/acme.*|/config/acme.*|/cluster/metrics.*|/config/metrics.*", "elevated", "cluster membership, certificates and data sent out"),
+    ("*", r"/cluster/notifications.*|/config/notifications.*", "elevated", "notification targets send data out"),
+    ("*", r"/cluster/mapping.*", "elevated", "host device mappings"),
+    ("*", r"/cluster/firewall.*|/nodes/\{node\}/firewall.*", "elevated", "host-level firewall can lock out the cluster"),
+    ("PUT", r"/cluster/sdn", "elevated", "applies SDN to every node"),
+    ("*", r"/storage(/.*)?|/config/datastore(/.*)?|/config/s3.*", "elevated", "storage definitions can mount host paths"),
+    ("*", r"/nodes/\{node\}/disks/(initgpt|wipedisk)|/nodes/\{node\}/disks/(lvm|lvmthin|directory|zfs)(/.*)?", "destructive", "formats or wipes disks"),
+    # destructive
+    ("POST", r".*/snapshot/\{snapname\}/rollback", "destructive", "rollback discards the current state"),
+    ("POST", r".*/status/(stop|reset)", "destructive", "hard power-off loses unsaved guest state"),
+    ("POST", r"/nodes/\{node\}/stopall", "destructive", "stops every guest of the node"),
+    ("PUT", r".*/qemu/\{vmid\}/unlink", "destructive", "deletes disks"),
+    ("*", r"/admin/datastore/\{store\}/(prune|prune-datastore)", "destructive", "removes backups"),
+    ("*", r"/tape/.*/(format-media|erase-media|clean)|/tape/media/destroy", "destructive", "erases tapes"),
+    ("DELETE", r".*", "destructive", "deletes"),
+    # lifecycle
+    ("POST", r".*/status/(start|shutdown|reboot|suspend|resume)", "lifecycle", "power state"),
+    ("POST", r"/nodes/\{node\}/(startall|suspendall|wakeonlan)", "lifecycle", "power state"),
+    ("POST", r".*/\{vmid\}/snapshot", "lifecycle", "creates a snapshot"),
+    ("POST", r".*/agent/(ping|fsfreeze-.*|fstrim|shutdown|suspend-.*)", "lifecycle", "guest agent power and filesystem actions"),
+    ("POST", r"/nodes/\{node\}/vzdump", "lifecycle", "creates a backup"),
+    ("POST", r"/cluster/bulk-action/guest/(start|shutdown|suspend)", "lifecycle", "power state of several guests"),
+    ("POST", r"/admin/(sync|verify|prune)/\{id\}/run|/admin/datastore/\{store\}/(verify|gc)|/nodes/\{node\}/replication/\{id\}/schedule_now", "lifecycle", "runs a job now"),
+    # everything else that changes something
+    ("*", r".*", "write", "changes configuration or creates things"),
+]
+
+# Classifications a reviewer should look at again, with the reason for the choice.
+UNCERTAIN: dict[tuple[str, str, str], str] = {
+    ("pve", "GET", "/nodes/{node}/query-url-metadata"): "a GET, but the node fetches any URL given: treated as a write",
+    ("pve", "GET", "/nodes/{node}/report"): "not secret by design, but it dumps configuration files: sensitive",
+    ("pve", "POST", "/nodes/{node}/vzdump"): "a backup changes no guest, but it loads storage and can run hook scripts: lifecycle, hooks elevated",
+    ("pve", "POST", "/nodes/{node}/migrateall"): "moves every guest of a node: write, refused when it would move a protected guest",
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/template"): "irreversible in practice, but destroys nothing: write",
+    ("pve", "PUT", "/cluster/options"): "datacenter-wide settings; none reach the host shell: write",
+    ("pve", "GET", "/cluster/config/join"): "join information holds no password but helps an attacker: sensitive",
+    ("pbs", "POST", "/admin/datastore/{store}/gc"): "GC frees only chunks no snapshot references: lifecycle",
+    ("pbs", "GET", "/config/remote/{name}"): "PBS does not return the password, but the remote's auth id: sensitive",
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/fsfreeze-freeze"): "a frozen filesystem blocks the guest until thawed: lifecycle",
+}
+
+def truthy(value: str) -> bool:
+    return value in ("1", "True", "true", "yes", "on")
+
+
+# Arguments that raise a call's gate: (path regex, parameter regex, test on the value, gate, why).
+ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
+    (r".*", r"hookscript", lambda v: True, "elevated", "a hookscript runs on the host"),
+    (r".*/qemu(/\{vmid\}/config)?", r"args", lambda v: True, "elevated", "raw QEMU arguments reach the host"),
+    (r".*", r"hostpci\d+|parallel\d+|dev\d+", lambda v: True, "elevated", "host device passthrough"),
+    (r".*", r"usb\d+", lambda v: "spice" not in v, "elevated", "host USB passthrough"),
+    (r".*", r"serial\d+", lambda v: v.startswith("/dev/"), "elevated", "host serial device"),
+    (r".*/lxc(/\{vmid\}/config)?", r"mp\d+|rootfs", lambda v: v.split(",")[0].split("=")[-1].startswith("/"), "elevated", "bind-mounts a host path"),
+    (r".*/lxc(/\{vmid\}/config)?", r"features", lambda v: "mount=" in v or "keyctl=1" in v, "elevated", "container may mount or use host keyrings"),
+    (r".*/lxc", r"unprivileged", lambda v: not truthy(v), "elevated", "privileged container: root inside is root on the host"),
+    (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", lambda v: True, "elevated", "runs a script or writes to a host path"),
+    (r".*", r"purge|destroy-unreferenced-disks", truthy, "destructive", "also deletes jobs and disks"),
+    (r".*", r"force", truthy, "destructive", "forces past a safety check"),
+    (r".*/(move_disk|move_volume)", r"delete", truthy, "destructive", "deletes the source disk"),
+    (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", lambda v: True, "write", "restores a backup"),
+]
+
+
+def _rule_for(method: str, template: str) -> tuple[str, str]:
+    for methods, pattern, gate, why in RULES:
+        if (methods == "*" or method in methods.split("|")) and re.fullmatch(pattern, template):
+            return gate, why
+    raise AssertionError("the last rule matches everything")
+
+
+def method_gate(product: str, method: str, template: str) -> str:
+    """The gate of a catalog method, before its arguments are looked at."""
+    return _rule_for(method, template)[0]
+
+
+def call_gate(product: str, method: str, template: str, params: dict[str, Any]) -> tuple[str, list[str]]:
+    """The gate of one call: the method's, raised by dangerous arguments. Returns (gate, reasons)."""
+    gate, why = _rule_for(method, template)
+    reasons = [why]
+    if method == "GET":
+        return gate, reasons
+    if template.endswith("/prune") and truthy(str(params.get("dry-run", "0"))):
+        return "read", ["prune with dry-run only lists what would be removed"]
+    for path_pattern, name_pattern, test, raised, reason in ARGUMENT_RULES:
+        if not re.fullmatch(path_pattern, template):
+            continue
+        for name, value in params.items():
+            values = value if isinstance(value, list) else [value]
+            if re.fullmatch(name_pattern, name) and any(test(str(v)) for v in values):
+                if SEVERITY[raised] > SEVERITY[gate] and gate != "blocked":
+                    gate = raised
+                reasons.append(f"{name}: {reason}")
+    return gate, reasons
+
+
+# ================================================================ per-host settings
+
+@dataclass
+class HostPolicy:
+    access: str = "read"
+    allow: frozenset[str] = frozenset()  # of "sensitive", "exec", "elevated"
+    unblocked: frozenset[tuple[str, str]] = frozenset()  # (METHOD, template)
+
+
+def gate_open(rules: HostPolicy, gate: str, method: str = "POST", template: str = "") -> bool:
+    tier = TIERS.index(rules.access)
+    if gate == "read":
+        return True
+    if gate == "sensitive":
+        return "sensitive" in rules.allow
+    if gate in TIERS:
+        return tier >= TIERS.index(gate)
+    if gate == "exec":
+        return "exec" in rules.allow
+    if gate == "elevated":
+        return "elevated" in rules.allow and (method == "GET" or tier >= TIERS.index("write"))
+    return (method, template) in rules.unblocked and (method == "GET" or tier >= TIERS.index("write"))
+
+
+def how_to_open(gate: str, label: str, product: str) -> str:
+    prefix = "PROXMOX" if product == "pve" else "PBS"
+    return {
+        "sensitive": f"PROXMOX_ALLOW_SENSITIVE=true (or {prefix}_{label.upper()}_ALLOW_SENSITIVE)",
+        "lifecycle": "PROXMOX_ACCESS=lifecycle or higher",
+        "write": "PROXMOX_ACCESS=write or higher",
+        "destructive": "PROXMOX_ACCESS=destructive",
+        "exec": "PROXMOX_ALLOW_EXEC=true",
+        "elevated": "PROXMOX_ALLOW_ELEVATED=true together with PROXMOX_ACCESS=write",
+        "blocked": "PROXMOX_UNBLOCK naming this method (and PROXMOX_ACCESS=write for a change)",
+    }[gate]
+
+
+# ================================================================ protected guests
+
+@dataclass
+class Protected:
+    entries: list[dict] = field(default_factory=list)
+    error: str | None = None  # set when the file could not be read: fail closed
+
+    def find(self, host_label: str, vmid: int, product: str) -> dict | None:
+        for entry in self.entries:
+            # a PBS backup group carries no PVE host label: any entry with that vmid protects it
+            same_host = product == "pbs" or entry.get("host") in (None, "*", host_label)
+            if same_host and int(entry["vmid"]) == vmid:
+                return entry
+        return None
+
+    def any_for(self, host_label: str, product: str) -> bool:
+        return any(product == "pbs" or e.get("host") in (None, "*", host_label) for e in self.entries)
+
+
+def load_protected(path: Path) -> Protected:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, list) or not all(isinstance(e, dict) and "vmid" in e for e in data):
+            raise ValueError("expected a list of {\"host\", \"vmid\", \"name\", \"reason\"} objects")
+        for entry in data:
+            int(entry["vmid"])
+        return Protected(entries=data)
+    except (OSError, ValueError, TypeError) as exc:
+        return Protected(error=f"{path}: {exc}")
+
+
+VOLUME_VMID = re.compile(r"(?:^|[:/,=])(?:vm|base|subvol|basevol)-(\d{3,9})-")
+BACKUP_VMID = re.compile(r"vzdump-(?:qemu|lxc|openvz)-(\d{3,9})-")
+HA_SID = re.compile(r"(?:^|/|,|=)(?:vm|ct):(\d{3,9})(?:$|/|,)")
+REPLICATION_ID = re.compile(r"^(\d{3,9})-\d{1,9}$")
+VMID_LIST_PARAMS = ("vmid", "newid", "target-vmid", "vms", "vmids")
+# Bulk actions: the parameter that lists the guests; absent means "all of them".
+BULK = {
+    r"/nodes/\{node\}/(startall|stopall|suspendall|migrateall)": "vms",
+    r"/cluster/bulk-action/guest/.*": "vms",
+    r"/nodes/\{node\}/storage/\{storage\}/prunebackups": "vmid",
+    r"/admin/datastore/\{store\}/prune-datastore": None,
+    r"/admin/datastore/\{store\}/namespace": None,
+}
+
+
+def _numbers(value: Any) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    return [int(n) for v in values for n in re.findall(r"\d{3,9}", str(v))]
+
+
+def named_guests(product: str, template: str, path_params: dict[str, str], params: dict[str, Any]) -> set[int]:
+    """Every vmid a request names, wherever it hides: path, id parameters, lists, volume ids,
+    backup file names, HA sids, replication ids and PBS backup groups."""
+    found: set[int] = set()
+    everything = {**path_params, **params}
+    for name in VMID_LIST_PARAMS:
+        if name in everything:
+            found.update(_numbers(everything[name]))
+    texts = [str(v) for value in everything.values() for v in (value if isinstance(value, list) else [value])]
+    for text in texts:
+        found.update(int(n) for n in VOLUME_VMID.findall(text))
+        found.update(int(n) for n in BACKUP_VMID.findall(text))
+        found.update(int(n) for n in HA_SID.findall(text))
+    if "replication" in template:
+        for key in ("id",):
+            match = REPLICATION_ID.match(str(everything.get(key, "")))
+            if match:
+                found.add(int(match.group(1)))
+    if product == "pbs" and everything.get("backup-type") in ("vm", "ct") and str(everything.get("backup-id", "")).isdigit():
+        found.add(int(everything["backup-id"]))
+    if "sid" in everything or "sids" in everything:
+        found.update(_numbers(everything.get("sid", "")) + _numbers(everything.get("sids", "")))
+    return found
+
+
+def _all_guests_request(template: str, params: dict[str, Any]) -> str | None:
+    """Why a request touches guests without naming them (bulk, vzdump all=1, pools), or None."""
+    for pattern, list_param in BULK.items():
+        if re.fullmatch(pattern, template):
+            if template.endswith("/namespace") and str(params.get("delete-groups", "0")) not in ("1", "true"):
+                return None
+            if list_param is None or list_param not in params:
+                return "acts on every guest without an explicit list"
+    if re.fullmatch(r"/nodes/\{node\}/vzdump|/cluster/backup(/\{id\})?", template):
+        if str(params.get("all", "0")) in ("1", "true", "True"):
+            return "all=1"
+        if "pool" in params:
+            return "selects guests by pool, which cannot be checked before sending"
+    return None
+
+
+# ================================================================ the settings and the check
+
 @dataclass
 class Settings:
-    access: dict[str, str] = field(default_factory=dict)  # host label -> tier
-    default_access: str = "read"
+    hosts: dict[tuple[str, str], HostPolicy] = field(default_factory=dict)  # (product, label)
+    protected: Protected = field(default_factory=Protected)
+    dry_run: bool = False
+    elicit: bool = True
+    audit_path: Path | None = None
 
 
 SETTINGS = Settings()
+# Per call, set by the tool wrapper in server.py: tool name, dry run, confirmation.
+CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("call", default={})
 
 
 def configure(settings: Settings) -> None:
     global SETTINGS
     SETTINGS = settings
+
+
+def rules_for(host: Any) -> HostPolicy:
+    return SETTINGS.hosts.get((host.product, host.label), HostPolicy())
 
 
 def normalise_path(path: str) -> str:
@@ -38,40 +338,179 @@ def normalise_path(path: str) -> str:
     for _ in range(3):  # double-encoded slashes
         decoded = unquote(decoded)
     decoded = decoded.split("?", 1)[0]
-    if "\x00" in decoded or "\\" in decoded:
+    if any(ord(c) < 32 for c in decoded):
         raise PolicyError(f"Path {path!r} contains characters no Proxmox path has.")
     return posixpath.normpath("/" + decoded.strip("/")) if decoded.strip("/") else "/"
 
 
-def gate_of(method: str) -> str:
-    return "read" if method == "GET" else "write"
+@dataclass
+class Decision:
+    path: str
+    template: str
+    gate: str
+    reasons: list[str]
+    guests: list[int]
+    confirm: bool  # destructive and exec calls need the user's yes
 
 
-def access_for(label: str) -> str:
-    return SETTINGS.access.get(label, SETTINGS.default_access)
+def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision:
+    """Refuse a request the operator did not allow; otherwise say what it is.
 
-
-def check(host: Any, method: str, path: str, params: dict[str, Any]) -> str:
-    """Refuse a request the operator did not allow; return the normalised path to send."""
+    Raises PolicyError with the reason and what would allow it; nothing is sent then.
+    """
+    method = method.upper()
     clean = normalise_path(path)
     found = catalog.find_path(host.product, clean)
     if found is None:
-        raise PolicyError(f"Unknown API path {clean} for {host.product.upper()}: refused. "
+        raise PolicyError(f"Unknown API path {clean} on {host.product.upper()}: refused. "
                           f"Use api_search to find the right path.")
-    if method not in found[1]:
-        allowed = ", ".join(sorted(found[1]))
-        raise PolicyError(f"{method} is not a method of {found[0]} (it has {allowed}).")
-    gate = gate_of(method)
-    tier = access_for(host.label)
-    if gate != "read" and TIERS.index(tier) < TIERS.index("write"):
-        raise PolicyError(f"{method} {clean} on host '{host.label}' needs write access, but access is "
-                          f"'{tier}'. The operator can raise it with PROXMOX_ACCESS.")
-    return clean
+    template, entries, path_params = found
+    if method not in entries:
+        raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
+    errors = catalog.check_params(entries[method], {**params, **path_params})
+    if errors:
+        details = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
+        raise PolicyError(f"Invalid parameters for {method} {template}: {details}. Nothing was sent; "
+                          f"api_describe shows the accepted parameters.")
+    gate, reasons = call_gate(host.product, method, template, params)
+    rules = rules_for(host)
+    if not gate_open(rules, gate, method, template):
+        raise PolicyError(f"{method} {clean} on host '{host.label}' is in the '{gate}' gate "
+                          f"({'; '.join(reasons)}), which is closed. The operator can open it with "
+                          f"{how_to_open(gate, host.label, host.product)}.")
+    guests = sorted(named_guests(host.product, template, path_params, params))
+    if gate != "read":
+        _check_protected(host, method, template, params, guests, gate)
+    _check_privileges(host, entries[method], path_params | {k: str(v) for k, v in params.items()
+                                                            if isinstance(v, (str, int))})
+    if method != "GET":
+        for name, value in params.items():
+            if any(marker in str(value) for marker in (MASK, "**********")):
+                raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
+                                  f"overwrite the real secret. Leave it out to keep the current value.")
+    return Decision(clean, template, gate, reasons, guests, confirm=gate in ("destructive", "exec"))
 
 
-# ---------------------------------------------------------------- secrets
+def _check_protected(host: Any, method: str, template: str, params: dict, guests: list[int], gate: str) -> None:
+    if host.product == "pbs" and gate not in ("destructive",):
+        return  # on PBS only forget, prune and deletion of backups are guarded
+    protected = SETTINGS.protected
+    bulk = _all_guests_request(template, params)
+    if protected.error and (guests or bulk):
+        raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "
+                          f"request that changes a guest is refused. Fix the file and restart.")
+    for vmid in guests:
+        entry = protected.find(host.label, vmid, host.product)
+        if entry:
+            name = f" ({entry['name']})" if entry.get("name") else ""
+            raise PolicyError(f"Guest {vmid}{name} is protected on host '{host.label}': "
+                              f"{entry.get('reason', 'no reason given')}. This request is refused.")
+    if bulk == "all=1":
+        excluded = set(_numbers(params.get("exclude", "")))
+        left = [e for e in protected.entries if e.get("host") in (None, "*", host.label) and int(e["vmid"]) not in excluded]
+        if left:
+            raise PolicyError(f"{method} {template} with all=1 would include protected guest "
+                              f"{left[0]['vmid']} on host '{host.label}'. Add it to exclude.")
+    elif bulk and protected.any_for(host.label, host.product):
+        raise PolicyError(f"{method} {template} {bulk}, and host '{host.label}' has protected guests. "
+                          f"List the guests explicitly, leaving out the protected ones.")
+
+
+# ================================================================ privileges the token holds
+
+# A built-in role that holds each privilege, for the "grant it with" hint on a 403.
+ROLE_FOR_PRIVILEGE = {
+    "Sys.Audit": "PVEAuditor", "VM.Audit": "PVEAuditor", "Datastore.Audit": "PVEAuditor",
+    "Pool.Audit": "PVEAuditor", "SDN.Audit": "PVEAuditor", "Mapping.Audit": "PVEAuditor",
+    "VM.PowerMgmt": "PVEVMUser", "VM.Console": "PVEVMUser", "VM.Backup": "PVEVMUser",
+    "VM.Snapshot": "PVEVMAdmin", "VM.Snapshot.Rollback": "PVEVMAdmin", "VM.Clone": "PVEVMAdmin",
+    "VM.Allocate": "PVEVMAdmin", "VM.Migrate": "PVEVMAdmin", "VM.Config.Disk": "PVEVMAdmin",
+    "VM.Config.CPU": "PVEVMAdmin", "VM.Config.Memory": "PVEVMAdmin", "VM.Config.Network": "PVEVMAdmin",
+    "VM.Config.Options": "PVEVMAdmin", "VM.Config.HWType": "PVEVMAdmin", "VM.Config.Cloudinit": "PVEVMAdmin",
+    "VM.Config.CDROM": "PVEVMAdmin", "VM.GuestAgent.Audit": "PVEVMAdmin",
+    "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
+    "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "PVESysAdmin",
+    "Sys.PowerMgmt": "PVESysAdmin", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+}
+
+
+
+# (product, label, token id) -> {path: {privilege: propagate flag}}, from GET /access/permissions
+PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+
+
+def permissions_of(host: Any) -> dict[str, dict[str, Any]] | None:
+    return PERMISSIONS.get((host.product, host.label, host.token_id))
+
+
+def set_permissions(host: Any, permissions: dict[str, dict[str, Any]]) -> None:
+    PERMISSIONS[(host.product, host.label, host.token_id)] = permissions
+
+
+def holds(host: Any, privilege: str, acl_path: str) -> bool | None:
+    """Whether the token holds a privilege on a path; None when it cannot be told (not loaded,
+    or pool ACLs that may grant it)."""
+    permissions = permissions_of(host)
+    if permissions is None:
+        return None
+    parts = [p for p in acl_path.split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        level = "/" + "/".join(parts[:depth])
+        privileges = permissions.get(level)
+        if privileges and privilege in privileges:
+            flag = privileges[privilege]
+            # PVE: the number is the propagate flag, so 0 is still held on that exact path
+            if depth == len(parts) or flag in (1, True):
+                return True
+    if any(path.startswith(("/pool", "/pools")) for path in permissions):
+        return None
+    return False
+
+
+def holds_anywhere(host: Any, privilege: str) -> bool:
+    permissions = permissions_of(host) or {}
+    return any(privilege in privileges for privileges in permissions.values())
+
+
+def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
+    check = entry.get("check")
+    if not check or host.product != "pve" or check[0] != "perm":
+        return
+    if entry["method"] != "GET" and getattr(host, "write_token_id", None):
+        return  # writes go with the write token, whose privileges were not read  # only plain privilege checks are decided here; Proxmox decides the rest
+    acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
+    if "{" in acl_path:
+        return
+    privileges = check[2]
+    verdicts = [holds(host, p, acl_path) for p in privileges]
+    if "any" in check[3:]:
+        missing = all(v is False for v in verdicts)
+    else:
+        missing = any(v is False for v in verdicts)
+    if missing:
+        lacking = "|".join(p for p, v in zip(privileges, verdicts) if v is False)
+        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
+                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
+                          + grant_hint(host, lacking, acl_path))
+
+
+def grant_hint(host: Any, privileges: str, acl_path: str) -> str:
+    """The command that grants a missing privilege, and the privsep reminder."""
+    first = privileges.split("|")[0]
+    if host.product == "pbs":
+        grant = f"proxmox-backup-manager acl update {acl_path} <role with {first}> --auth-id '{host.token_id}'"
+    else:
+        role = ROLE_FOR_PRIVILEGE.get(first, f"<a role with {first}>")
+        grant = f"pveum acl modify {acl_path} --tokens '{host.token_id}' --roles {role}"
+    return (f"Grant it with: {grant}. A privilege-separated token needs the ACL on the token itself, "
+            f"not only on its user.")
+
+
+# ================================================================ secrets
 
 MASK = "***"
+SECRET_KEYS = re.compile(r"pass(word)?|cipassword|secret|token|encryption-key|keyring|hmac|private|ticket"
+                         r"|csrf|key-?data|sshkey-?priv", re.IGNORECASE)
 _SECRET_PATTERNS = [
     re.compile(r"(PVEAPIToken=[^=\s]+=)[^\s\"',]+"),
     re.compile(r"(PBSAPIToken=[^:\s]+:)[^\s\"',]+"),
@@ -97,3 +536,79 @@ def mask(text: str) -> str:
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + MASK + (m.group(2) if m.lastindex == 2 else ""), text)
     return text
+
+
+def mask_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters as they may be shown or logged: secret-named values replaced."""
+    return {k: MASK if SECRET_KEYS.search(k) and k not in ("sshkeys",) else v for k, v in params.items()}
+
+
+# ================================================================ audit
+
+_audit_lock = threading.Lock()
+GENESIS = "0" * 64
+
+
+def _line_hash(previous: str, record: dict) -> str:
+    body = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256((previous + body).encode()).hexdigest()
+
+
+def _last_hash(handle: Any) -> str:
+    handle.seek(0, os.SEEK_END)
+    size = handle.tell()
+    handle.seek(max(0, size - 65536))
+    lines = handle.read().splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)["hash"]
+        except (ValueError, KeyError):
+            continue
+    return GENESIS
+
+
+def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: str, *,
+          result: str | None = None, error: str | None = None, started: float | None = None) -> None:
+    """Append one hash-chained line to the audit log (writes, exec, refusals, dry runs)."""
+    if SETTINGS.audit_path is None:
+        return
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
+              "product": host.product, "tool": CALL.get().get("tool"), "method": method, "path": path,
+              "params": json.loads(mask(json.dumps(mask_params(params), default=str))), "verdict": verdict}
+    if result is not None:
+        record["result"] = mask(str(result))
+    if error is not None:
+        record["error"] = mask(error)[:500]
+    if started is not None:
+        record["ms"] = int((time.monotonic() - started) * 1000)
+    SETTINGS.audit_path.parent.mkdir(parents=True, exist_ok=True)
+    with _audit_lock, open(SETTINGS.audit_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # other server processes may share the file
+        try:
+            record["prev"] = _last_hash(handle)
+            record["hash"] = _line_hash(record["prev"], record)
+            handle.seek(0, os.SEEK_END)
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            handle.flush()
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def verify_audit(path: Path) -> tuple[int, int | None, str]:
+    """Check the chain: (lines checked, first bad line number or None, message)."""
+    previous = GENESIS
+    count = 0
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            count = number
+            try:
+                record = json.loads(line)
+                claimed = record.pop("hash")
+            except (ValueError, KeyError):
+                return count, number, f"line {number} is not an audit record"
+            if record.get("prev") != previous:
+                return count, number, f"line {number} does not follow line {number - 1} (a line was removed or reordered)"
+            if _line_hash(previous, record) != claimed:
+                return count, number, f"line {number} was altered"
+            previous = claimed
+    return count, None, f"{count} lines, chain intact"

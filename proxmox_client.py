@@ -39,22 +39,6 @@ PRODUCTS = {
     "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8),
 }
 
-# A built-in role that holds each privilege, for the "grant it with" hint on a 403.
-ROLE_FOR_PRIVILEGE = {
-    "Sys.Audit": "PVEAuditor", "VM.Audit": "PVEAuditor", "Datastore.Audit": "PVEAuditor",
-    "Pool.Audit": "PVEAuditor", "SDN.Audit": "PVEAuditor", "Mapping.Audit": "PVEAuditor",
-    "VM.PowerMgmt": "PVEVMUser", "VM.Console": "PVEVMUser", "VM.Backup": "PVEVMUser",
-    "VM.Snapshot": "PVEVMAdmin", "VM.Snapshot.Rollback": "PVEVMAdmin", "VM.Clone": "PVEVMAdmin",
-    "VM.Allocate": "PVEVMAdmin", "VM.Migrate": "PVEVMAdmin", "VM.Config.Disk": "PVEVMAdmin",
-    "VM.Config.CPU": "PVEVMAdmin", "VM.Config.Memory": "PVEVMAdmin", "VM.Config.Network": "PVEVMAdmin",
-    "VM.Config.Options": "PVEVMAdmin", "VM.Config.HWType": "PVEVMAdmin", "VM.Config.Cloudinit": "PVEVMAdmin",
-    "VM.Config.CDROM": "PVEVMAdmin", "VM.GuestAgent.Audit": "PVEVMAdmin",
-    "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
-    "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "PVESysAdmin",
-    "Sys.PowerMgmt": "PVESysAdmin", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
-}
-
-
 @dataclass
 class HostConfig:
     label: str
@@ -167,6 +151,8 @@ class ProxmoxClient:
         self.base = host.url.rstrip("/") + "/api2/json"
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "proxmox-mcp"
+        self._permissions_lock = threading.Lock()
+        self._permissions_retry = 0.0
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
@@ -181,31 +167,109 @@ class ProxmoxClient:
             return self.product.token_header.format(id=host.write_token_id, secret=host.write_token_secret)
         return self.product.token_header.format(id=host.token_id, secret=host.token_secret)
 
-    def request(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
-        """Send one request (after the policy check) and return the unwrapped `data`."""
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None, *,
+                timeout: float | None = None) -> Any:
+        """Check with the policy, then send one request and return the unwrapped `data`.
+
+        Writes are audited; with dry run on they raise policy.DryRun instead of being sent;
+        destructive and exec calls need the user's confirmation first.
+        """
         method = method.upper()
         params = encode_params(params)
-        path = policy.check(self.host, method, path, params)
+        self.ensure_permissions()
+        try:
+            decision = policy.check(self.host, method, path, params)
+        except policy.PolicyError as exc:
+            policy.audit(self.host, method, path, params, "refused", error=str(exc))
+            raise
+        if decision.gate == "read":
+            return self._send(method, decision.path, params, timeout)
+        call = policy.CALL.get()
+        if call.get("dry_run") or policy.SETTINGS.dry_run:
+            plan = self._dry_run_plan(method, decision, params)
+            policy.audit(self.host, method, decision.path, params, "dry_run")
+            raise policy.DryRun(plan)
+        if decision.confirm:
+            confirm = call.get("confirm")
+            try:
+                if confirm is None:
+                    raise policy.PolicyError(f"{method} {decision.path} is {decision.gate} and needs the user's "
+                                             f"confirmation, which this caller cannot give.")
+                confirm(self, decision)
+            except policy.PolicyError as exc:
+                policy.audit(self.host, method, decision.path, params, "refused", error=str(exc))
+                raise
+        started = time.monotonic()
+        try:
+            data = self._send(method, decision.path, params, timeout)
+        except ProxmoxError as exc:
+            policy.audit(self.host, method, decision.path, params, "failed", error=str(exc), started=started)
+            raise
+        policy.audit(self.host, method, decision.path, params, "sent", result=data if isinstance(data, str) else "ok",
+                     started=started)
+        return data
+
+    def _dry_run_plan(self, method: str, decision: policy.Decision, params: dict[str, Any]) -> dict:
+        protection = ("names no protected guest" if not decision.guests
+                      else f"names guest(s) {', '.join(map(str, decision.guests))}, none protected")
+        plan = {"dry_run": True, "host": self.host.label,
+                "request": {"method": method, "path": decision.path, "params": policy.mask_params(params)},
+                "gate": decision.gate, "why": decision.reasons, "protection": protection,
+                "needs_confirmation": decision.confirm}
+        current = self._current_state(decision)
+        if current is not None:
+            plan["current"] = current
+        return plan
+
+    def _current_state(self, decision: policy.Decision) -> Any:
+        """What a write would change, where one GET can show it (the guest, or the same path)."""
+        match = re.match(r"(/nodes/[^/]+/(?:qemu|lxc)/\d+)", decision.path)
+        candidates = [match.group(1) + "/status/current"] if match else []
+        candidates.append(decision.path)
+        for path in candidates:
+            try:
+                return self.get(path)
+            except (ProxmoxError, policy.PolicyError):
+                continue
+        return None
+
+    def ensure_permissions(self) -> None:
+        """Read the token's own privileges once per host (at start, or at first use)."""
+        if policy.permissions_of(self.host) is not None or time.monotonic() < self._permissions_retry:
+            return
+        with self._permissions_lock:
+            if policy.permissions_of(self.host) is not None:
+                return
+            try:
+                self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
+                permissions = self._send("GET", "/access/permissions", {}, timeout=5)
+                policy.set_permissions(self.host, permissions or {})
+            except ProxmoxError as exc:
+                log.info("could not read the privileges of %s: %s", self.host.label, exc)
+
+    def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         url = self.base + quote(path, safe="/:@!=,")
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
         attempts = 3 if method == "GET" else 1
+        read_timeout = timeout or self.host.read_timeout
         for attempt in range(attempts):
             try:
                 response = self.session.request(
                     method, url, headers={"Authorization": self._auth_header(method)},
-                    timeout=(self.host.connect_timeout, self.host.read_timeout), verify=self.verify, **send_as)
+                    timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
+                    **send_as)
                 break
             except requests.exceptions.SSLError as exc:
                 raise self._tls_error(exc) from None
             except requests.exceptions.ConnectionError as exc:
                 if attempt + 1 < attempts and not isinstance(exc, requests.exceptions.ConnectTimeout):
-                    time.sleep(0.2 * (attempt + 1))
+                    time.sleep(0.2 * (attempt + 1))  # retry an idempotent GET after a dropped connection
                     continue
                 raise self._connection_error(exc) from None
             except requests.exceptions.Timeout:
                 raise ProxmoxError(
                     f"Host '{self.host.label}' did not answer {method} {path} within "
-                    f"{self.host.read_timeout:g} s. The node may be overloaded; retry later or raise "
+                    f"{read_timeout:g} s. The node may be overloaded; retry later or raise "
                     f"PROXMOX_READ_TIMEOUT.") from None
         if response.status_code >= 400:
             raise self._http_error(method, path, response)
@@ -352,15 +416,8 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
         acl_path, privileges = match.group(1), match.group(2)
     if privileges.startswith("user != root"):
         return f"{where} is allowed to root@pam only ({message}); a token cannot do it."
-    first = privileges.split("|")[0]
-    if host.product == "pbs":
-        grant = f"proxmox-backup-manager acl update {acl_path} <role> --auth-id '{host.token_id}'"
-    else:
-        role = ROLE_FOR_PRIVILEGE.get(first, "<a role with " + first + ">")
-        grant = f"pveum acl modify {acl_path} --tokens '{host.token_id}' --roles {role}"
-    return (f"Permission denied for {where}: the token lacks {privileges} on {acl_path}. "
-            f"Grant it with: {grant}. A privilege-separated token needs the ACL on the token itself, "
-            f"not only on its user.")
+    return f"Permission denied for {where}: the token lacks {privileges} on {acl_path}. " + \
+        policy.grant_hint(host, privileges, acl_path)
 
 
 # 500 messages with a known next step.

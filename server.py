@@ -18,14 +18,18 @@ import logging
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import catalog
 import policy
 import proxmox_client
+import api_tools
 import pve_tools
 from proxmox_client import HostConfig, ProxmoxError
+from pydantic import BaseModel, Field
 
 VERSION = "0.1.0"
 log = logging.getLogger("proxmox-mcp")
@@ -47,7 +51,9 @@ TOKEN = re.compile(r"^(?P<id>[^\s@!=:]+@[A-Za-z][A-Za-z0-9.\-_]*![A-Za-z][A-Za-z
 
 # Per-host variables: PROXMOX_<LABEL>_<SUFFIX> and PBS_<LABEL>_<SUFFIX>; with no label
 # (PROXMOX_URL) they describe the host labelled "default".
-HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "CA_FILE", "FINGERPRINT", "VERIFY_TLS")
+HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE", "CA_FILE", "FINGERPRINT",
+                 "VERIFY_TLS", "ACCESS", "ALLOW_EXEC", "ALLOW_ELEVATED", "ALLOW_SENSITIVE")
+GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
 # Variables that apply to everything; the strings say what is accepted.
 GLOBALS = {
     "PROXMOX_VERIFY_TLS": "true or false",
@@ -58,6 +64,11 @@ GLOBALS = {
     "PROXMOX_ALLOW_ELEVATED": "true or false",
     "PROXMOX_ALLOW_SENSITIVE": "true or false",
     "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
+    "PROXMOX_UNBLOCK": "comma list of blocked methods to open, like 'PUT /nodes/{node}/qemu/{vmid}/sendkey'",
+    "PROXMOX_PROTECTED_VMS_FILE": "path of the protected-guest JSON list",
+    "PROXMOX_DRY_RUN": "true or false",
+    "PROXMOX_ELICIT": "true or false",
+    "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
     "MCP_AUTH_TOKEN": "a long random string",
     "MCP_AUTH_TOKEN_FILE": "a file holding the token",
     "MCP_AUTH_REQUIRED": "true or false",
@@ -66,16 +77,15 @@ GLOBALS = {
     "MCP_HTTP_PORT": "a port number",
 }
 BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
-                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED")
+                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT")
+INSTALL_DIR = Path(__file__).resolve().parent
 
 
 @dataclass
 class Config:
     hosts: list[HostConfig] = field(default_factory=list)
-    access: str = "read"
-    allow_exec: bool = False
-    allow_elevated: bool = False
-    allow_sensitive: bool = False
+    settings: policy.Settings = field(default_factory=policy.Settings)
+    default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
     auth_token: str | None = field(default=None, repr=False)
     auth_required: bool = True
     allowed_hosts: list[str] = field(default_factory=list)
@@ -130,6 +140,40 @@ def parse_fingerprint(name: str, value: str) -> str:
     return digits
 
 
+def parse_access(name: str, value: str) -> str:
+    tier = value.strip().lower()
+    if tier not in policy.TIERS:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
+    return tier
+
+
+def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
+    """PROXMOX_UNBLOCK: 'METHOD /path/{template}' entries, each a blocked method of either API."""
+    opened = set()
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        method, _, path = item.partition(" ")
+        method, path = method.upper(), path.strip()
+        products = [p for p in catalog.PRODUCTS if any(e["method"] == method and e["path"] == path
+                                                       for e in catalog.methods(p))]
+        if not products:
+            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
+                              f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
+        if all(policy.method_gate(p, method, path) != "blocked" for p in products):
+            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
+                              f"and the PROXMOX_ALLOW_* flags.")
+        opened.add((method, path))
+    return frozenset(opened)
+
+
+def default_audit_path() -> Path:
+    """Under the working directory, but never inside the install (it may be read-only or shared)."""
+    cwd = Path.cwd().resolve()
+    if cwd == INSTALL_DIR or INSTALL_DIR in cwd.parents:
+        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return state / "proxmox-mcp" / "audit.jsonl"
+    return cwd / "proxmox-mcp-audit.jsonl"
+
+
 def read_secret_file(name: str, path: str) -> str:
     try:
         return Path(path).expanduser().read_text().strip()
@@ -168,12 +212,23 @@ def load_config(env: dict[str, str] | None = None) -> Config:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
                                "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")
 
-    config.access = env.get("PROXMOX_ACCESS", "read").strip().lower()
-    if config.access not in policy.TIERS:
-        raise ConfigError(f"PROXMOX_ACCESS={env['PROXMOX_ACCESS']!r} is not one of {', '.join(policy.TIERS)}.")
-    config.allow_exec = parse_bool("PROXMOX_ALLOW_EXEC", env.get("PROXMOX_ALLOW_EXEC", "false"))
-    config.allow_elevated = parse_bool("PROXMOX_ALLOW_ELEVATED", env.get("PROXMOX_ALLOW_ELEVATED", "false"))
-    config.allow_sensitive = parse_bool("PROXMOX_ALLOW_SENSITIVE", env.get("PROXMOX_ALLOW_SENSITIVE", "false"))
+    access = parse_access("PROXMOX_ACCESS", env.get("PROXMOX_ACCESS", "read"))
+    allow = frozenset(gate for suffix, gate in GATE_FLAGS.items()
+                      if parse_bool(f"PROXMOX_{suffix}", env.get(f"PROXMOX_{suffix}", "false")))
+    unblocked = parse_unblock(env.get("PROXMOX_UNBLOCK", ""))
+    config.default_rules = policy.HostPolicy(access, allow, unblocked)
+    config.settings.dry_run = parse_bool("PROXMOX_DRY_RUN", env.get("PROXMOX_DRY_RUN", "false"))
+    config.settings.elicit = parse_bool("PROXMOX_ELICIT", env.get("PROXMOX_ELICIT", "true"))
+    config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
+        else default_audit_path()
+    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
+    config.settings.protected = policy.load_protected(protected_file)
+    if config.settings.protected.error:
+        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({config.settings.protected.error}): every request "
+                               f"that changes a guest will be refused until it is fixed.")
+    elif not config.settings.protected.entries:
+        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
+                               f"may ever change (your router, your NAS) before allowing writes.")
     config.log_level = env.get("PROXMOX_LOG_LEVEL", "INFO").upper()
     if config.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"PROXMOX_LOG_LEVEL={env['PROXMOX_LOG_LEVEL']!r} is not DEBUG, INFO, WARNING or ERROR.")
@@ -208,8 +263,21 @@ def load_config(env: dict[str, str] | None = None) -> Config:
             if not Path(path).expanduser().is_file():
                 raise ConfigError(f"{name}={path!r} is not a readable file.")
             host.ca_file = str(Path(path).expanduser())
+        if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
+            name, text = values.get("WRITE_TOKEN", ("", ""))
+            if "WRITE_TOKEN_FILE" in values:
+                name, text = values["WRITE_TOKEN_FILE"][0], read_secret_file(*values["WRITE_TOKEN_FILE"])
+            host.write_token_id, host.write_token_secret = parse_token(name, text)
+            policy.register_secret(host.write_token_secret)
         if url.startswith("http://"):
             config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
+        rules = config.default_rules
+        host_allow = set(rules.allow)
+        for suffix, gate in GATE_FLAGS.items():
+            if suffix in values:
+                (host_allow.add if parse_bool(*values[suffix]) else host_allow.discard)(gate)
+        host_access = parse_access(*values["ACCESS"]) if "ACCESS" in values else rules.access
+        config.settings.hosts[(product, label)] = policy.HostPolicy(host_access, frozenset(host_allow), rules.unblocked)
         config.hosts.append(host)
 
     # HTTP transport
@@ -246,8 +314,9 @@ def load_config(env: dict[str, str] | None = None) -> Config:
 @dataclass(frozen=True)
 class ToolSpec:
     function: Callable
-    gate: str  # read, lifecycle, write, destructive, elevated, exec
-    product: str  # pve, pbs or "" for tools about the server itself
+    gate: str  # read, sensitive, lifecycle, write, destructive, exec, elevated
+    product: str  # pve, pbs, or "" for tools about the server itself (or both products)
+    needs: tuple[str, ...] = ()  # privileges: hidden when no configured token holds any of them
 
 
 def list_hosts() -> dict:
@@ -259,45 +328,229 @@ def list_hosts() -> dict:
     return pve_tools.table(["host", "product", "url", "token", "tls"], rows)
 
 
+def server_info() -> dict:
+    """What this server may do on each host: product version, token, privileges found, open gates,
+    hidden tools and why; plus dry run, confirmation, audit and protected guests."""
+    hosts = []
+    for product in ("pve", "pbs"):
+        for label, host in proxmox_client.configured(product).items():
+            rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
+            entry: dict[str, Any] = {"host": label, "product": product, "url": host.url, "auth": "api token",
+                                     "token": host.token_id, "write_token": host.write_token_id,
+                                     "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
+            try:
+                entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
+            except (ProxmoxError, policy.PolicyError) as exc:
+                entry["unreachable"] = str(exc)
+            permissions = policy.permissions_of(host)
+            entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
+                if permissions is not None else "not read yet"
+            hosts.append(pve_tools.compact(entry))
+    settings = policy.SETTINGS
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": VISIBILITY.hidden(),
+            "dry_run": settings.dry_run, "ask_user": settings.elicit,
+            "audit_log": str(settings.audit_path) if settings.audit_path else None,
+            "protected_guests": len(settings.protected.entries),
+            "protected_list_error": settings.protected.error}
+
+
 TOOLS = [
     ToolSpec(list_hosts, "read", ""),
-    ToolSpec(pve_tools.cluster_status, "read", "pve"),
+    ToolSpec(server_info, "read", ""),
+    ToolSpec(pve_tools.cluster_status, "read", "pve", ("Sys.Audit",)),
     ToolSpec(pve_tools.list_nodes, "read", "pve"),
     ToolSpec(pve_tools.list_guests, "read", "pve"),
-    ToolSpec(pve_tools.get_guest, "read", "pve"),
+    ToolSpec(pve_tools.get_guest, "read", "pve", ("VM.Audit",)),
     ToolSpec(pve_tools.list_storage, "read", "pve"),
     ToolSpec(pve_tools.list_tasks, "read", "pve"),
     ToolSpec(pve_tools.get_task, "read", "pve"),
+    ToolSpec(api_tools.api_search, "read", ""),
+    ToolSpec(api_tools.api_describe, "read", ""),
+    ToolSpec(api_tools.api_read, "read", ""),
+    ToolSpec(api_tools.write_api_call, "lifecycle", ""),
 ]
+# MCP annotations per gate: (readOnlyHint, destructiveHint, idempotentHint)
+ANNOTATIONS = {
+    "read": (True, False, True), "sensitive": (True, False, True), "lifecycle": (False, False, False),
+    "write": (False, False, False), "destructive": (False, True, False), "exec": (False, True, False),
+    "elevated": (False, True, False),
+}
+# Tools whose single call may reach any gate (the generic API): annotated as destructive.
+ANY_GATE = {"write_api_call"}
 
 
-def annotations_for(gate: str):
+def annotations_for(spec: ToolSpec):
     from mcp_types import ToolAnnotations
-    return ToolAnnotations(read_only_hint=gate == "read", destructive_hint=gate in ("destructive", "elevated", "exec"),
-                           idempotent_hint=gate == "read", open_world_hint=False)
+    read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
+    if spec.function.__name__ in ANY_GATE:
+        destructive = True
+    return ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent,
+                           open_world_hint=False)
+
+
+# ---------------------------------------------------------------- the edge of every tool call
+
+class Confirmation(BaseModel):
+    confirm: bool = Field(description="Yes, do it")
+
+
+def can_elicit(ctx: Any) -> bool:
+    """Elicitation works only when the client declared it and the connection can reach it."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+    try:
+        capabilities = ctx.client_capabilities
+        return bool(capabilities and capabilities.elicitation) and \
+            ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.session.can_send_request
+    except (AttributeError, ValueError):
+        return False
+
+
+def confirmer(confirmed: bool, ctx: Any) -> Callable:
+    """The confirmation step for destructive and exec requests: the tool's confirm=true, or the
+    user's answer to an elicitation when the client can ask."""
+    def confirm(client: proxmox_client.ProxmoxClient, decision: policy.Decision) -> None:
+        if confirmed:
+            return
+        message = describe_request(client, decision)
+        if policy.SETTINGS.elicit and ctx is not None and can_elicit(ctx):
+            import anyio.from_thread
+            try:
+                answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
+            except Exception as exc:  # a client that fails to answer means no
+                raise policy.PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
+            if answer.action == "accept" and answer.data is not None and answer.data.confirm:
+                return
+            raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
+        raise policy.PolicyError(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
+                                 f"confirm=true.")
+    return confirm
+
+
+def describe_request(client: proxmox_client.ProxmoxClient, decision: policy.Decision) -> str:
+    """The confirmation text: the exact target by name and vmid, and the consequence."""
+    names = {}
+    if decision.guests and client.host.product == "pve":
+        try:
+            names = {g["vmid"]: g.get("name") for g in pve_tools.guest_resources(client)}
+        except (ProxmoxError, policy.PolicyError):
+            pass
+    targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
+    on = f" on {targets}" if targets else ""
+    return (f"{decision.gate.upper()}: {decision.path}{on}, host '{client.host.label}'. "
+            f"Consequence: {'; '.join(decision.reasons)}.")
 
 
 def as_tool(function: Callable) -> Callable:
-    """The MCP edge of a tool: compact JSON out, every failure a ToolError with a masked message."""
+    """The MCP edge of a tool: compact JSON out; dry run and confirmation set up for the policy;
+    every failure a ToolError with a masked message."""
     import functools
 
     from mcp.server.mcpserver.exceptions import ToolError
 
     @functools.wraps(function)
     def tool(*args: Any, **kwargs: Any) -> str:
+        token = policy.CALL.set({"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
+                                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))})
         try:
             result = function(*args, **kwargs)
+        except policy.DryRun as dry:
+            result = dry.plan
         except (ProxmoxError, policy.PolicyError) as exc:
             raise ToolError(policy.mask(str(exc))) from None
+        finally:
+            policy.CALL.reset(token)
         return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
     return tool
 
 
+# ---------------------------------------------------------------- which tools are offered
+
+def host_rules(config: Config, product: str) -> list[policy.HostPolicy]:
+    rules = [config.settings.hosts[(h.product, h.label)] for h in config.hosts if not product or h.product == product]
+    return rules or [config.default_rules]
+
+
 def offered_tools(config: Config) -> list[ToolSpec]:
     """Tools this configuration offers: a product's tools only when a host of it is configured
-    (all of them when none is, so that the list shows what the server can do)."""
+    (all when none is), and only when the tool's gate is open on at least one such host."""
     products = {h.product for h in config.hosts}
-    return [spec for spec in TOOLS if not spec.product or not products or spec.product in products]
+    return [spec for spec in TOOLS
+            if (not spec.product or not products or spec.product in products)
+            and any(policy.gate_open(rules, spec.gate) for rules in host_rules(config, spec.product))]
+
+
+class ToolVisibility:
+    """Server middleware: leaves out of tools/list the tools that no configured token can use
+    (by the privileges read from /access/permissions), refuses calls to them with the reason,
+    and tells connected clients when that set changes (notifications/tools/list_changed)."""
+
+    def __init__(self) -> None:
+        self.specs: list[ToolSpec] = []
+        self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw
+        self.token: Any = None
+        self.lock = threading.Lock()
+
+    def hidden(self) -> dict[str, str]:
+        hidden = {}
+        for spec in self.specs:
+            if not spec.needs:
+                continue
+            hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
+            if not hosts or any(policy.permissions_of(h) is None for h in hosts):
+                continue  # unknown yet: offer the tool
+            if not any(policy.holds_anywhere(h, p) for h in hosts for p in spec.needs):
+                host = hosts[0]
+                grant = f"pveum acl modify / --tokens '{host.token_id}' --roles {policy.ROLE_FOR_PRIVILEGE.get(spec.needs[0], 'PVEAuditor')}"
+                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(spec.needs)}; "
+                                                  f"grant it, e.g. {grant}")
+        return hidden
+
+    async def __call__(self, ctx: Any, call_next: Callable) -> Any:
+        import anyio.lowlevel
+        if self.token is None:
+            self.token = anyio.lowlevel.current_token()
+        hidden = self.hidden()
+        if ctx.method == "tools/call" and (ctx.params or {}).get("name") in hidden:
+            name = ctx.params["name"]
+            from mcp_types import CallToolResult, TextContent
+            return CallToolResult(content=[TextContent(type="text", text=f"{name} is not available: {hidden[name]}")],
+                                  is_error=True)
+        result = await call_next(ctx)
+        if ctx.method == "tools/list":
+            tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
+            kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
+            if hasattr(result, "tools"):
+                result.tools = kept
+            else:
+                result["tools"] = kept
+            self.notified[ctx.session] = tuple(sorted(hidden))
+        return result
+
+    def refresh(self) -> None:
+        """After privileges were read: tell each session whose list is now stale."""
+        import anyio.from_thread
+        current = tuple(sorted(self.hidden()))
+        for session, seen in list(self.notified.items()):
+            if seen != current and self.token is not None:
+                try:
+                    anyio.from_thread.run(session.send_tool_list_changed, token=self.token)
+                    self.notified[session] = current
+                except Exception:  # the session is gone
+                    self.notified.pop(session, None)
+
+
+VISIBILITY = ToolVisibility()
+
+
+def load_permissions_in_background() -> None:
+    """Read every token's privileges at start without delaying anything; then refresh the list."""
+    def load(client: proxmox_client.ProxmoxClient) -> None:
+        client.ensure_permissions()
+        VISIBILITY.refresh()
+    for product in ("pve", "pbs"):
+        for label in proxmox_client.configured(product):
+            threading.Thread(target=load, args=(proxmox_client.client_for(product, label),), daemon=True,
+                             name=f"permissions-{product}-{label}").start()
 
 
 def slim_schema(schema: dict) -> dict:
@@ -320,13 +573,14 @@ def build_server(config: Config):
     from mcp.server.mcpserver.tools import Tool
 
     tools = []
-    for spec in offered_tools(config):
+    VISIBILITY.specs = offered_tools(config)
+    for spec in VISIBILITY.specs:
         tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                                   description=" ".join((spec.function.__doc__ or "").split()),
-                                  annotations=annotations_for(spec.gate), structured_output=False)
+                                  annotations=annotations_for(spec), structured_output=False)
         slim_schema(tool.parameters)
         tools.append(tool)
-    return MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools)
+    return MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY])
 
 
 def tool_list_json(server) -> list[dict]:
@@ -349,18 +603,21 @@ def print_tool_list(config: Config, as_json: bool) -> None:
     print(f"{len(rows)} tools, tools/list is {total} bytes")
 
 
-# ================================================================ --check
+# ================================================================ --check and --verify-audit
 
 def check_hosts(config: Config) -> int:
-    """Connect to every configured host; print version, token and privileges. Exit 1 on a failure."""
+    """Connect to every configured host; print version, token, privileges, open gates and hidden
+    tools. Exit 1 when a host fails."""
     failures = 0
+    VISIBILITY.specs = offered_tools(config)
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
+        rules = config.settings.hosts[(host.product, host.label)]
         print(f"{host.product.upper()} host '{host.label}' at {host.url} (token {host.token_id})")
         try:
             version = client.get("/version") or {}
             print(f"  version: {version.get('version')}")
-            permissions = client.get("/access/permissions") or {}
+            permissions = policy.permissions_of(host) or {}
             held = sorted({p for privs in permissions.values() for p in privs})
             print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
             if not held:
@@ -368,11 +625,23 @@ def check_hosts(config: Config) -> int:
         except (ProxmoxError, policy.PolicyError) as exc:
             failures += 1
             print(f"  FAILED: {policy.mask(str(exc))}")
-    access = config.access
-    print(f"access tier: {access}; exec {'on' if config.allow_exec else 'off'}; "
-          f"elevated {'on' if config.allow_elevated else 'off'}")
-    print(f"tools offered: {len(offered_tools(config))}")
+        print(f"  access tier: {rules.access}; gates open: "
+              f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
+    for name, why in VISIBILITY.hidden().items():
+        print(f"hidden: {name}: {why}")
+    print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
+    print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     return 1 if failures or not config.hosts else 0
+
+
+def verify_audit_command(config: Config) -> int:
+    path = config.settings.audit_path
+    if path is None or not path.exists():
+        print(f"no audit log at {path}")
+        return 1
+    count, bad, message = policy.verify_audit(path)
+    print(f"{path}: {message}")
+    return 0 if bad is None else 1
 
 
 # ================================================================ HTTP transport
@@ -482,9 +751,12 @@ def demo_environment() -> dict[str, str]:
     import simulator
     sim = simulator.Simulator(simulator.Lab.homelab()).start()
     env = sim.env(label="demo", pve_token="root@pam!admin")
-    print(f"demo lab: PVE {sim.pve_url}, PBS {sim.pbs_url} (simulated, nothing real is touched)",
-          file=sys.stderr)
-    return env | {"PROXMOX_ACCESS": "destructive"}
+    protected = Path(sim.state_dir) / "protected-vms.json"
+    protected.write_text(json.dumps([{"host": "demo", "vmid": 101, "name": "db",
+                                      "reason": "demo: the production database"}]))
+    print(f"demo lab: PVE {sim.pve_url}, PBS {sim.pbs_url} (simulated, nothing real is touched); "
+          f"guest 101 is protected", file=sys.stderr)
+    return env | {"PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected)}
 
 
 # ================================================================ main
@@ -513,6 +785,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--list-tools", action="store_true", help="print the tools this config offers, with sizes")
     parser.add_argument("--json", action="store_true", help="with --list-tools: machine-readable output")
     parser.add_argument("--check", action="store_true", help="connect to every host and report")
+    parser.add_argument("--verify-audit", action="store_true", help="check the audit log's hash chain")
     return parser.parse_args(argv)
 
 
@@ -536,14 +809,17 @@ def main(argv: list[str] | None = None) -> int:
     for warning in config.warnings:
         log.warning(warning)
     proxmox_client.configure_hosts(config.hosts)
-    policy.configure(policy.Settings(default_access=config.access))
+    policy.configure(config.settings)
 
     if args.list_tools:
         print_tool_list(config, args.json)
         return 0
     if args.check:
         return check_hosts(config)
+    if args.verify_audit:
+        return verify_audit_command(config)
     server = build_server(config)
+    load_permissions_in_background()
     if args.http:
         try:
             serve_http(config, server, bind_host, args.port or config.http_port)

@@ -894,6 +894,8 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
     entry, path_params = found
     for pattern, status, message in lab.fail:
         if re.search(pattern, path):
+            if status == 400:  # a parameter the server itself rejects, in PVE's format
+                raise ApiError(400, "Parameter verification failed.", {"value": message})
             raise ApiError(status, message)
     errors = catalog.check_params(entry, {**params, **path_params}, form=form)
     if errors:
@@ -908,6 +910,10 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
         if handler is None:
             return generic(call, entry)
         return handler(call, **{k.replace("-", "_"): v for k, v in path_params.items()})
+
+
+API_VIEWER = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "shared" / "schemas"
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
@@ -932,6 +938,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
             else:
                 params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
         params |= _flatten(parse_qs(parts.query, keep_blank_values=True))  # query keys win (PROXMOX-FACTS)
+        if parts.path == API_VIEWER[self.product]:
+            schema = SCHEMA_DIR / f"{self.product}-api.json"
+            if schema.is_file():  # the official viewer data, when ../shared is beside the project
+                return self._send(200, "OK", f"const apiSchema = {schema.read_text()};\n", raw=True)
+            return self._send(404, "Not Found", None)
         if not parts.path.startswith("/api2/json/") and parts.path != "/api2/json":
             return self._send(404, "Not Found", None)
         api_path = parts.path[len("/api2/json"):] or "/"
@@ -1020,6 +1031,7 @@ class Simulator:
         self.lab = lab or Lab.homelab()
         self.host = host
         self._dir = tempfile.TemporaryDirectory(prefix="pve-sim-")
+        self.state_dir = self._dir.name
         self.cert_file, key_file, self.fingerprint = make_certificate(Path(self._dir.name))
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.load_cert_chain(self.cert_file, key_file)

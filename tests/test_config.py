@@ -114,7 +114,7 @@ def test_list_tools_without_any_host_connects_nowhere():
     assert listing["total_bytes"] == sum(t["bytes"] for t in listing["tools"]) + len('{"tools":[]}') + \
         len(listing["tools"]) - 1
     assert all(t["gate"] == "read" for t in listing["tools"])
-    assert result.stderr.count("\n") == 0  # nothing but possible warnings; no connection errors
+    assert "unreachable" not in result.stderr and "192.0.2.1" not in result.stderr  # no connection tried
     human = run_server(["--list-tools"], {})
     assert "tools/list is" in human.stdout
 

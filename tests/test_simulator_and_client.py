@@ -37,7 +37,7 @@ def client(sim, product="pve", token=None, **overrides):
 
 def test_catalog_covers_both_schemas_without_descriptions():
     assert len(catalog.methods("pve")) == 675
-    assert len(catalog.methods("pbs")) == 347  # 367 less the HTTP/2 backup protocol
+    assert len(catalog.methods("pbs")) == 349  # 367 less the 18 HTTP/2 backup protocol calls
     text = (catalog.CATALOG_DIR / "pve.json").read_text()
     assert "Start virtual machine" not in text and "typetext" not in text
 
@@ -176,16 +176,26 @@ def test_client_reads_data_and_translates_errors(sim):
     with pytest.raises(ProxmoxError) as caught:
         client(sim, token=f"{READER}=00000000-0000-0000-0000-000000000000").get("/version")
     assert "PROXMOX_LAB_TOKEN" in str(caught.value) and "00000000-0000" not in str(caught.value)
-    with pytest.raises(ProxmoxError) as caught:
+    before = len(sim.lab.requests)
+    with pytest.raises(policy.PolicyError) as caught:  # the policy checks the schema before sending
         pve.get("/cluster/resources", type="bogus")
     assert "type" in str(caught.value) and "enumeration" in str(caught.value)
-    sim.lab.schema_rejections.clear()  # that one was on purpose
+    assert len(sim.lab.requests) == before
+    sim.lab.fail.append((r"^/cluster/resources$", 400, "value out of range"))  # one the server rejects
+    try:
+        with pytest.raises(ProxmoxError) as caught:
+            pve.get("/cluster/resources")
+        assert "Invalid parameters" in str(caught.value) and "value: value out of range" in str(caught.value)
+    finally:
+        sim.lab.fail.clear()
 
 
 def test_403_names_privilege_path_and_the_grant(sim):
     empty = client(sim, token=f"mcp@pve!empty={sim.lab.pve_tokens['mcp@pve!empty'].secret}")
-    with pytest.raises(ProxmoxError) as caught:
+    before = len(sim.lab.requests)
+    with pytest.raises(policy.PolicyError) as caught:  # refused before sending: its privileges are known
         empty.get("/cluster/status")
+    assert sim.lab.requests[before:] == [("pve", "GET", "/access/permissions")]
     text = str(caught.value)
     assert "Sys.Audit" in text and "on /" in text
     assert "pveum acl modify / --tokens 'mcp@pve!empty' --roles PVEAuditor" in text
@@ -269,6 +279,21 @@ def test_policy_refuses_unknown_paths_before_sending(sim):
     assert len(sim.lab.requests) == before
 
 
+def test_403_from_the_server_when_privileges_were_not_read(sim):
+    reader = client(sim)
+    reader._permissions_retry = float("inf")  # as if /access/permissions had failed
+    policy.PERMISSIONS.pop(("pve", "lab", READER), None)
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
+    token = policy.CALL.set({"confirm": lambda client, decision: None})
+    try:
+        with pytest.raises(ProxmoxError, match=r"lacks VM.PowerMgmt on /vms/100"):
+            reader.request("POST", "/nodes/pve1/qemu/100/status/stop")
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+
+
 def test_wait_task_outcomes(sim):
     pve = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
     ok = sim.lab.start_task("pve1", "qmclone", "100", duration=0.4)
@@ -290,7 +315,8 @@ def test_power_actions_are_tasks_that_change_state(sim):
     admin_request = admin.request
     import policy as policy_module
     original = policy_module.SETTINGS
-    policy_module.configure(policy_module.Settings(default_access="destructive"))
+    policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
+    confirmed = policy_module.CALL.set({"confirm": lambda client, decision: None})
     try:
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"
@@ -310,9 +336,10 @@ def test_power_actions_are_tasks_that_change_state(sim):
         gone = admin_request("DELETE", "/nodes/pve1/qemu/100/snapshot/before-upgrade")
         admin.wait_task(gone, timeout=20)
         assert [s["name"] for s in admin.get("/nodes/pve1/qemu/100/snapshot")] == ["current"]
-        with pytest.raises(ProxmoxError, match="VM.PowerMgmt"):
-            client(sim).request("POST", "/nodes/pve1/qemu/100/status/stop")  # the reader token: 403
+        with pytest.raises(policy_module.PolicyError, match="VM.PowerMgmt"):  # known before sending
+            client(sim).request("POST", "/nodes/pve1/qemu/100/status/stop")
     finally:
+        policy_module.CALL.reset(confirmed)
         policy_module.configure(original)
         sim.lab.guests[103]["status"] = "stopped"
 

@@ -1,0 +1,170 @@
+"""The whole PVE and PBS API behind the policy: find a method, describe it, read any path,
+call any method. Everything goes through the same client and policy check as the curated
+tools, so the gates, protected guests, dry run, confirmation and audit apply here too.
+"""
+import json
+import re
+import threading
+import time
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context
+from pydantic import Field
+
+import catalog
+import policy
+import proxmox_client
+from proxmox_client import ProxmoxClient, ProxmoxError
+
+Host = Annotated[str | None, Field(description="Host label (list_hosts); picks PVE or PBS.")]
+ProductArg = Annotated[Literal["pve", "pbs"] | None, Field(description="When a label names both a PVE and a PBS host.")]
+Path = Annotated[str, Field(description="API path, e.g. /nodes/pve1/qemu/100/config (no /api2/json).")]
+Params = Annotated[dict[str, Any] | None, Field(description="Parameters by name, e.g. {\"vmid\": 100}.")]
+DryRunArg = Annotated[bool, Field(description="Show the exact request and its gate without sending it.")]
+ConfirmArg = Annotated[bool, Field(description="The user agreed to this destructive or exec call.")]
+
+MAX_ANSWER = 60_000  # characters of JSON in one api_read answer
+
+
+def choose(host: str | None, product: str | None) -> tuple[str, ProxmoxClient | None]:
+    """The product (and client, when a host is configured) for a generic call."""
+    if product is None:
+        if host is not None:
+            in_pve = host.lower() in proxmox_client.configured("pve")
+            in_pbs = host.lower() in proxmox_client.configured("pbs")
+            product = "pbs" if in_pbs and not in_pve else "pve"
+        else:
+            product = "pbs" if proxmox_client.configured("pbs") and not proxmox_client.configured("pve") else "pve"
+    try:
+        return product, proxmox_client.client_for(product, host)
+    except ProxmoxError:
+        if host is None and not proxmox_client.configured(product):
+            return product, None  # search and describe work without a host
+        raise
+
+
+# ---------------------------------------------------------------- descriptions from the host
+
+_docs: dict[tuple[str, str], tuple[float, dict]] = {}
+_docs_lock = threading.Lock()
+DOC_PATHS = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
+
+
+def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str]:
+    """(METHOD, path) -> description, from the host's own API viewer (fetched once, cached)."""
+    if client is None:
+        return {}
+    key = (client.host.product, client.host.label)
+    with _docs_lock:
+        cached = _docs.get(key)
+        if cached and (cached[1] or time.monotonic() - cached[0] < 600):
+            return cached[1]
+        descriptions: dict[tuple[str, str], str] = {}
+        try:
+            response = client.session.get(client.host.url + DOC_PATHS[client.host.product], timeout=(3, 15),
+                                          verify=client.verify)
+            text = response.text if response.ok else ""
+            start = text.find("[", text.find("apiSchema"))
+            tree = json.JSONDecoder().raw_decode(text[start:])[0] if start > 0 else []
+            stack = list(tree)
+            while stack:
+                node = stack.pop()
+                for method, info in (node.get("info") or {}).items():
+                    descriptions[(method, node["path"])] = str(info.get("description", "")).strip()
+                stack.extend(node.get("children") or [])
+        except Exception:  # no viewer data (old host, proxy): facts alone
+            descriptions = {}
+        _docs[key] = (time.monotonic(), descriptions)
+        return descriptions
+
+
+# ---------------------------------------------------------------- tools
+
+def api_search(query: Annotated[str, Field(description="Words or path fragments, e.g. 'snapshot rollback'.")],
+               host: Host = None, product: ProductArg = None,
+               limit: Annotated[int, Field(ge=1, le=100)] = 20) -> dict:
+    """Find PVE or PBS API methods by words or path fragments: method, path, gate, summary.
+    Then api_describe one, and api_read or write_api_call it."""
+    product, client = choose(host, product)
+    words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
+    docs = host_descriptions(client)
+    rows = []
+    for entry in catalog.methods(product):
+        summary = docs.get((entry["method"], entry["path"]), "").split("\n")[0] or entry.get("name", "")
+        haystack = " ".join([entry["method"], entry["path"], entry.get("name", ""), summary, *entry["params"]]).lower()
+        if all(word in haystack for word in words):
+            rows.append({"method": entry["method"], "path": entry["path"],
+                         "gate": policy.method_gate(product, entry["method"], entry["path"]),
+                         "summary": summary[:100]})
+    result: dict[str, Any] = {"product": product, "columns": ["method", "path", "gate", "summary"],
+                              "rows": [[r["method"], r["path"], r["gate"], r["summary"]] for r in rows[:limit]],
+                              "total": len(rows)}
+    if len(rows) > limit:
+        result["truncated"] = True
+    return result
+
+
+def api_describe(path: Path, method: Annotated[Literal["GET", "POST", "PUT", "DELETE"], Field()] = "GET",
+                 host: Host = None, product: ProductArg = None) -> dict:
+    """One API method in full: parameters (type, required, enum, format, limits), the privilege
+    check, the gate, and the host's own description when it can be fetched."""
+    product, client = choose(host, product)
+    found = catalog.find_path(product, policy.normalise_path(path))
+    if found is None:
+        raise ProxmoxError(f"No {product.upper()} API path matches {path}; try api_search.")
+    template, entries, _ = found
+    if method not in entries:
+        raise ProxmoxError(f"{template} has no {method}; it has {', '.join(sorted(entries))}.")
+    entry = entries[method]
+    params = {}
+    for name, spec in entry["params"].items():
+        item = {k: v for k, v in spec.items() if k != "optional"}
+        if isinstance(item.get("format"), dict):
+            item["format"] = {key: sub.get("type", "string") for key, sub in item["format"].items()}
+        item["required"] = not spec.get("optional") and "[n]" not in name
+        params[name] = item
+    result = {"product": product, "method": method, "path": template,
+              "gate": policy.method_gate(product, method, template), "parameters": params,
+              "permission": entry.get("check") or entry.get("user"), "returns": entry.get("returns")}
+    if entry.get("allowtoken") == 0:
+        result["note"] = "Proxmox refuses API tokens here; a user login is needed."
+    description = host_descriptions(client).get((method, template))
+    if description:
+        result["description"] = description[:1500]
+    uncertain = policy.UNCERTAIN.get((product, method, template))
+    if uncertain:
+        result["gate_note"] = uncertain
+    return result
+
+
+def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None) -> dict:
+    """GET any PVE or PBS API path (the policy still applies; secrets are masked). Use when no
+    curated tool answers the question; find paths with api_search."""
+    product, client = choose(host, product)
+    if client is None:
+        raise ProxmoxError(f"No {product.upper()} host is configured.")
+    data = client.request("GET", path, params or {})
+    text = json.dumps(data, separators=(",", ":"), default=str)
+    if len(text) > MAX_ANSWER and isinstance(data, list):
+        keep = max(1, len(data) * MAX_ANSWER // len(text))
+        return {"data": data[:keep], "truncated": True, "total": len(data),
+                "next": "narrow the request with parameters (api_describe lists them)"}
+    if len(text) > MAX_ANSWER:
+        return {"data": text[:MAX_ANSWER], "truncated": True}
+    return {"data": data}
+
+
+def write_api_call(method: Annotated[Literal["POST", "PUT", "DELETE"], Field()], path: Path,
+                   params: Params = None, host: Host = None, product: ProductArg = None,
+                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """POST, PUT or DELETE any PVE or PBS API path; its gate must be open for the host.
+    Tasks answer a UPID (follow with get_task). Try dry_run=true first."""
+    # dry_run, confirm and ctx are read by the tool edge (server.as_tool) for the policy
+    product, client = choose(host, product)
+    if client is None:
+        raise ProxmoxError(f"No {product.upper()} host is configured.")
+    data = client.request(method, path, params or {})
+    result: dict[str, Any] = {"data": data}
+    if isinstance(data, str) and data.startswith("UPID:"):
+        result["next"] = "get_task with this upid and wait_seconds to follow the task"
+    return result
