@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,11 @@ def _param_facts(spec: dict) -> dict:
 
 
 def _python_pattern(pattern: str) -> str:
-    """PBS writes patterns as /.../ literals; PVE's Perl regexes use (?^:...) groups."""
+    """PBS writes patterns as /.../ literals with POSIX classes; PVE's Perl regexes use (?^:...)
+    groups. Python's re knows neither."""
     if len(pattern) > 1 and pattern.startswith("/") and pattern.endswith("/"):
         pattern = pattern[1:-1]
+    pattern = pattern.replace("[[:^cntrl:]]", "[^\\x00-\\x1f\\x7f]").replace("[:cntrl:]", "\\x00-\\x1f\\x7f")
     return re.sub(r"\(\?\^([a-z]*):", lambda m: "(?" + re.sub("[^imsx]", "", m.group(1)) + ":", pattern)
 
 
@@ -81,6 +84,8 @@ def _walk(node: dict, product: str, out: list) -> None:
             "method": method,
             "params": {name: _param_facts(spec) for name, spec in sorted(params.items())},
         }
+        if (info.get("parameters") or {}).get("additionalProperties") in (1, True):
+            entry["additional"] = 1
         permissions = info.get("permissions") or {}
         if "check" in permissions:
             entry["check"] = permissions["check"]
@@ -116,11 +121,20 @@ def methods(product: str) -> list[dict]:
     return json.loads((CATALOG_DIR / f"{product}.json").read_text())
 
 
+# A volume id carries slashes (local:backup/vzdump-...); as the last segment it takes the rest.
+GREEDY_LAST = {"volume", "cidr"}
+
+
 def _template_regex(path: str) -> re.Pattern:
     parts = []
-    for segment in path.strip("/").split("/"):
+    segments = path.strip("/").split("/")
+    for index, segment in enumerate(segments):
         match = re.fullmatch(r"\{(\w[\w-]*)\}", segment)
-        parts.append(f"(?P<{match.group(1).replace('-', '_')}>[^/]+)" if match else re.escape(segment))
+        if not match:
+            parts.append(re.escape(segment))
+            continue
+        greedy = index == len(segments) - 1 and match.group(1) in GREEDY_LAST
+        parts.append(f"(?P<{match.group(1).replace('-', '_')}>{'.+' if greedy else '[^/]+'})")
     return re.compile("^/" + "/".join(parts) + "$")
 
 
@@ -216,11 +230,19 @@ def _check_scalar(spec: dict, value: Any, *, form: bool) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # Perl character classes like [[:alnum:]]
+        try:
+            return re.compile(pattern)
+        except re.error:  # a Perl-only construct: Proxmox will judge it
+            return None
+
+
 def _matches(pattern: str, value: str) -> bool:
-    try:
-        return re.fullmatch(pattern, value) is not None
-    except re.error:  # a Perl-only construct: Proxmox would know; we accept
-        return True
+    compiled = _compiled(pattern)
+    return compiled is None or compiled.fullmatch(value) is not None
 
 
 def _check_property_string(fmt: dict, value: str) -> str | None:
@@ -245,19 +267,23 @@ def _check_property_string(fmt: dict, value: str) -> str | None:
     return None
 
 
-def check_params(entry: dict, params: dict[str, Any], *, form: bool = True) -> dict[str, str]:
+def check_params(entry: dict, params: dict[str, Any], *, form: bool = True,
+                 path_params: dict[str, str] | None = None) -> dict[str, str]:
     """Check request parameters against a catalog entry, as Proxmox does.
 
     Returns {parameter: message}; empty when the request is acceptable. `params` maps a
     name to a value or, for repeated form keys, a list of values. With form=True
-    booleans must be 0/1 (form encoding); JSON bodies may use true/false.
+    booleans must be 0/1 (form encoding); JSON bodies may use true/false. Path parameters
+    are checked where the method declares them (PBS index methods do not).
     """
     schema = entry["params"]
     errors: dict[str, str] = {}
-    for name, value in params.items():
+    declared_path = {k: v for k, v in (path_params or {}).items() if k in schema}
+    for name, value in {**params, **declared_path}.items():
         spec = spec_for(schema, name)
         if spec is None:
-            errors[name] = "property is not defined in schema and the schema does not allow additional properties"
+            if not entry.get("additional"):
+                errors[name] = "property is not defined in schema and the schema does not allow additional properties"
             continue
         if spec.get("type") == "array":
             values = value if isinstance(value, list) else [value]
@@ -276,7 +302,7 @@ def check_params(entry: dict, params: dict[str, Any], *, form: bool = True) -> d
         if error:
             errors[name] = error
     for name, spec in schema.items():
-        if not spec.get("optional") and "[n]" not in name and name not in params:
+        if not spec.get("optional") and "[n]" not in name and name not in params and name not in declared_path:
             errors[name] = "property is missing and it is not optional"
     return errors
 

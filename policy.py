@@ -367,17 +367,17 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
     template, entries, path_params = found
     if method not in entries:
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
-    errors = catalog.check_params(entries[method], {**params, **path_params})
-    if errors:
-        details = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
-        raise PolicyError(f"Invalid parameters for {method} {template}: {details}. Nothing was sent; "
-                          f"api_describe shows the accepted parameters.")
     gate, reasons = call_gate(host.product, method, template, params)
     rules = rules_for(host)
     if not gate_open(rules, gate, method, template):
         raise PolicyError(f"{method} {clean} on host '{host.label}' is in the '{gate}' gate "
                           f"({'; '.join(reasons)}), which is closed. The operator can open it with "
                           f"{how_to_open(gate, host.label, host.product)}.")
+    errors = catalog.check_params(entries[method], params, path_params=path_params)
+    if errors:
+        details = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
+        raise PolicyError(f"Invalid parameters for {method} {template}: {details}. Nothing was sent; "
+                          f"api_describe shows the accepted parameters.")
     guests = sorted(named_guests(host.product, template, path_params, params))
     if gate != "read":
         _check_protected(host, method, template, params, guests, gate)
@@ -388,7 +388,8 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
             if any(marker in str(value) for marker in (MASK, "**********")):
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
-    return Decision(clean, template, gate, reasons, guests, confirm=gate in ("destructive", "exec"))
+    # a GET (exec-status) belongs to an exec that was confirmed already
+    return Decision(clean, template, gate, reasons, guests, confirm=gate in ("destructive", "exec") and method != "GET")
 
 
 def _check_protected(host: Any, method: str, template: str, params: dict, guests: list[int], gate: str) -> None:

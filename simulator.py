@@ -52,7 +52,29 @@ ROLES = {
     "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
                        "Datastore.Backup", "Datastore.Prune"},
     "Audit": {"Sys.Audit", "Datastore.Audit"},
+    "Admin": {"*"},
 }
+
+
+def all_privileges(product: str) -> set[str]:
+    """Every privilege the API's permission checks name: what Administrator holds."""
+    found: set[str] = set()
+
+    def walk(check: Any) -> None:
+        if isinstance(check, dict):
+            found.update(check.get("privs", []))
+        elif isinstance(check, list):
+            for item in check:
+                if isinstance(item, list) and item and all(isinstance(x, str) for x in item) and \
+                        all(re.fullmatch(r"[A-Z][A-Za-z]+(\.[A-Za-z]+)+", x) for x in item):
+                    found.update(item)
+                else:
+                    walk(item)
+    for entry in catalog.methods(product):
+        walk(entry.get("check"))
+    if product == "pve":  # named only in handler code, not in the schema's checks
+        found |= {"VM.Backup", "VM.Replicate", "Permissions.Modify"}
+    return found
 
 
 @dataclass
@@ -186,6 +208,8 @@ class Lab:
         lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
                                                  [("/", "Administrator", True)], privsep=False)
         lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [])
+        lab.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)],
+                                                 privsep=False)
         lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
         return lab
@@ -755,7 +779,7 @@ def _permissions(call: Call, render: Callable[[set], dict]) -> dict:
     for path, role, propagate in call.token.acl:
         privileges = set(ROLES[role])
         if "*" in privileges:
-            privileges = set().union(*ROLES.values()) - {"*"} | {"Sys.Modify", "Sys.PowerMgmt", "Permissions.Modify"}
+            privileges = all_privileges(call.product)
         result[path] = render(sorted(privileges))
     return result
 
@@ -897,7 +921,7 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
             if status == 400:  # a parameter the server itself rejects, in PVE's format
                 raise ApiError(400, "Parameter verification failed.", {"value": message})
             raise ApiError(status, message)
-    errors = catalog.check_params(entry, {**params, **path_params}, form=form)
+    errors = catalog.check_params(entry, params, form=form, path_params=path_params)
     if errors:
         lab.schema_rejections.append((product, method, path, errors))
         raise ApiError(400, "Parameter verification failed.", errors)

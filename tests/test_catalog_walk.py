@@ -1,0 +1,150 @@
+"""The whole API through the generic tools: every non-blocked method of both schemas is called
+once with valid parameters and passes; every blocked method, and every method whose gate is
+closed, is refused with nothing sent."""
+import json
+import re
+
+import pytest
+
+import catalog
+import policy
+from conftest import stdio_session
+
+# Values for path parameters that exist in the simulated lab.
+PATH_VALUES = {
+    "pve": {"node": "pve1", "vmid": "100", "storage": "local", "volume": "local:iso/debian-13.1.0-amd64-netinst.iso",
+            "snapname": "walk", "poolid": "prod", "userid": "mcp@pve", "iface": "vmbr0", "upid": None,
+            "service": "pveproxy", "name": "walk1", "id": "walk1", "realm": "pve", "tokenid": "walk", "groupid": "g1",
+            "roleid": "Walker", "cputype": "custom-walk", "sid": "vm:101", "zone": "zone1", "vnet": "vnet1",
+            "subnet": "zone1-10.0.0.0-24", "controller": "c1", "ipam": "pve", "dns": "d1", "fabric": "f1",
+            "pos": "0", "cidr": "10.0.0.0/24", "group": "g1", "rule": "r1", "type": "lvmthin", "osdid": "0",
+            "monid": "m1", "mgrid": "m1", "mdsid": "m1", "pgid": "1.0", "filename": "x.conf", "plugin": "walk1",
+            "nodeid": "pve1"},
+    "pbs": {"node": "localhost", "store": "backup", "upid": None, "userid": "mcp@pbs", "name": "walk1", "id": "walk1",
+            "realm": "pbs", "token-name": "walk", "iface": "eth0", "service": "proxmox-backup", "drive": "d1",
+            "changer": "c1", "uuid": "1b7a5b0e-6c4f-4b8a-9b1a-2f3c4d5e6f70", "fingerprint": "aa:" * 31 + "aa",
+            "s3-endpoint-id": "s3", "label-text": "walk", "media-set": "1b7a5b0e-6c4f-4b8a-9b1a-2f3c4d5e6f70",
+            "snapshot": "vm/100/2026-01-01T00:00:00Z"},
+}
+CANDIDATES = ["walk1", "1", "pve1", "100", "a1b2", "vm", "local", "192.0.2.5", "192.0.2.0/24", "daily",
+              "mcp@pve", "mcp@pbs", "mcp@pbs!walk", "local:iso/debian.iso", "1G", "vmbr0", "BC:24:11:00:00:01",
+              "2026-01-01", "walk@example.com", "+1G", "x", "aa:" * 31 + "aa", "https://example.com/x.iso",
+              "vm/100", "1b7a5b0e-6c4f-4b8a-9b1a-2f3c4d5e6f70", "sha256", "0", "ssh-ed25519 AAAA walk", "*/5",
+              "pve", "pbs", "AAAA", "w.example.com", "10", "abcdefghij", "dir", "/dev/sda", "sda", "100-0", "acl",
+              "/", "walkpass1", "docker.io/library/debian:13", "192.0.2.5:8089", "8086:1234", "0000:01:00.0", "pve1c-0123456789"]
+
+
+def value_for(name: str, spec: dict, entry: dict):
+    kind = spec.get("type", "string")
+    if "enum" in spec:
+        return spec["enum"][0]
+    if kind == "boolean":
+        return 1
+    if kind in ("integer", "number"):
+        low = spec.get("minimum", 1)
+        return int(max(low, 100 if "vmid" in name else 1))
+    if kind == "array":
+        return [value_for(name, spec.get("items") or {"type": "string"}, entry)]
+    fmt = spec.get("format")
+    if isinstance(fmt, dict):
+        default = next((k for k, s in fmt.items() if s.get("default_key")), None)
+        required = [k for k, s in fmt.items() if not s.get("optional") and k != default]
+        parts = [str(value_for(default, fmt[default], entry))] if default else []
+        parts += [f"{k}={value_for(k, fmt[k], entry)}" for k in required]
+        if parts:
+            return ",".join(parts)
+    for candidate in CANDIDATES:
+        if catalog.check_params({"params": {name: spec}}, {name: candidate}) == {}:
+            return candidate
+    return "walk1"
+
+
+def path_value(product: str, name: str, entry: dict, upid: str) -> str:
+    known = dict(PATH_VALUES[product], upid=upid)
+    if "/lxc/" in entry["path"]:
+        known["vmid"] = "103"
+    spec = entry["params"].get(name, {"type": "string"})
+    if known.get(name) is not None and (name not in entry["params"] or
+                                        catalog.check_params({"params": {name: spec}}, {name: known[name]}) == {}):
+        return known[name]
+    return str(value_for(name, spec, entry))
+
+
+def call_for(product: str, entry: dict, upid: str):
+    path = re.sub(r"\{([\w-]+)\}", lambda m: path_value(product, m.group(1), entry, upid), entry["path"])
+    params = {}
+    for name, spec in entry["params"].items():
+        if spec.get("optional") or "[n]" in name or f"{{{name}}}" in entry["path"]:
+            continue
+        params[name] = value_for(name, spec, entry)
+    return path, params
+
+
+@pytest.fixture(scope="module")
+def walker(sim, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("walk")
+    (tmp / "protected.json").write_text("[]")
+    for vmid in (100, 103):  # snapshots the walk reads and deletes
+        sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    with stdio_session(env, log_name="walk") as session:
+        yield session
+
+
+def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
+    upids = {"pve": sim.lab.start_task("pve1", "walk", "", finished=True),
+             "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
+    failures, refused_blocked, passed = [], 0, 0
+    for product in catalog.PRODUCTS:
+        for entry in catalog.methods(product):
+            path, params = call_for(product, entry, upids[product])
+            gate = policy.method_gate(product, entry["method"], entry["path"])
+            arguments = {"path": path, "params": params, "host": "lab", "product": product}
+            before = len(sim.lab.requests)
+            if entry["method"] == "GET":
+                result = walker.call("api_read", arguments)
+            else:
+                result = walker.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+            text = result.content[0].text if result.content else ""
+            sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"]
+            if gate == "blocked":
+                if not result.is_error or "blocked" not in text or any(r[2] == path for r in sent):
+                    failures.append((product, entry["method"], entry["path"], "blocked but not refused", text[:200]))
+                refused_blocked += 1
+            elif result.is_error:
+                failures.append((product, entry["method"], entry["path"], path, json.dumps(params)[:200], text[:300]))
+            else:
+                passed += 1
+    assert failures == [], f"{len(failures)} failed:\n" + "\n".join(map(str, failures[:40]))
+    assert refused_blocked == 51 and passed == 675 + 349 - 51
+    assert sim.lab.schema_rejections == []
+
+
+def test_closed_gates_refuse_with_nothing_sent(sim, tmp_path):
+    """At the lifecycle tier with no extra gate, every call above it is refused before sending."""
+    (tmp_path / "protected.json").write_text("[]")
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "lifecycle", "PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    refused = 0
+    with stdio_session(env, log_name="walk-closed") as session:
+        for product in catalog.PRODUCTS:
+            for entry in catalog.methods(product):
+                path, params = call_for(product, entry, "UPID:pve1:00000001:00000001:00000001:x::root@pam:")
+                gate, _ = policy.call_gate(product, entry["method"], entry["path"], params)
+                if gate in ("read", "lifecycle"):
+                    continue
+                arguments = {"path": path, "params": params, "host": "lab", "product": product}
+                before = len(sim.lab.requests)
+                if entry["method"] == "GET":
+                    result = session.call("api_read", arguments)
+                else:
+                    result = session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+                sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"]
+                assert result.is_error and "gate" in result.content[0].text, (entry["method"], entry["path"])
+                assert sent == [], (entry["method"], entry["path"])
+                refused += 1
+    assert refused > 500

@@ -1,0 +1,493 @@
+"""The policy: a gate for every API method, arguments that raise it, protected guests that no
+request can reach, privileges known before sending, dry run, confirmation, audit, secrets."""
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import catalog
+import policy
+from conftest import run_server, stdio_session
+
+PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
+PBS = SimpleNamespace(product="pbs", label="lab", token_id="mcp@pbs!t", write_token_id=None)
+OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family website"},
+             {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"}]
+
+
+@pytest.fixture()
+def open_policy():
+    """Every gate open, guests 100 and 102 protected, no privileges known (so none is pre-checked)."""
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN, ("pbs", "lab"): OPEN},
+                                     protected=policy.Protected(entries=PROTECTED)))
+    yield
+    policy.configure(original)
+
+
+# ---------------------------------------------------------------- the gate table
+
+def test_every_schema_method_has_exactly_one_gate():
+    counts = {}
+    for product, expected in (("pve", 675), ("pbs", 349)):
+        methods = catalog.methods(product)
+        assert len(methods) == expected
+        for entry in methods:
+            gate = policy.method_gate(product, entry["method"], entry["path"])
+            assert gate in policy.GATES
+            counts[gate] = counts.get(gate, 0) + 1
+    assert set(counts) == set(policy.GATES), counts
+
+
+def test_uncertain_classifications_are_listed_with_a_reason():
+    assert len(policy.UNCERTAIN) >= 5
+    for (product, method, path), reason in policy.UNCERTAIN.items():
+        assert any(e["method"] == method and e["path"] == path for e in catalog.methods(product)), path
+        assert len(reason) > 20
+
+
+@pytest.mark.parametrize("product, method, path, gate", [
+    ("pve", "GET", "/cluster/resources", "read"),
+    ("pve", "GET", "/nodes/{node}/qemu/{vmid}/config", "read"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/status/start", "lifecycle"),
+    ("pve", "POST", "/nodes/{node}/lxc/{vmid}/status/shutdown", "lifecycle"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/snapshot", "lifecycle"),
+    ("pve", "POST", "/nodes/{node}/vzdump", "lifecycle"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/clone", "write"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/migrate", "write"),
+    ("pve", "PUT", "/nodes/{node}/qemu/{vmid}/resize", "write"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/status/stop", "destructive"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/status/reset", "destructive"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback", "destructive"),
+    ("pve", "DELETE", "/nodes/{node}/qemu/{vmid}", "destructive"),
+    ("pve", "PUT", "/nodes/{node}/disks/wipedisk", "destructive"),
+    ("pve", "POST", "/nodes/{node}/disks/zfs", "destructive"),
+    ("pve", "POST", "/nodes/{node}/execute", "elevated"),
+    ("pve", "PUT", "/access/acl", "elevated"),
+    ("pve", "POST", "/access/users/{userid}/token/{tokenid}", "elevated"),
+    ("pve", "POST", "/access/domains", "elevated"),
+    ("pve", "PUT", "/nodes/{node}/network", "elevated"),
+    ("pve", "POST", "/nodes/{node}/status", "elevated"),
+    ("pve", "POST", "/storage", "elevated"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/exec", "exec"),
+    ("pve", "GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status", "exec"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/file-write", "exec"),
+    ("pve", "GET", "/nodes/{node}/qemu/{vmid}/agent/file-read", "sensitive"),
+    ("pve", "GET", "/nodes/{node}/qemu/{vmid}/cloudinit/dump", "sensitive"),
+    ("pve", "POST", "/access/ticket", "blocked"),
+    ("pve", "PUT", "/access/password", "blocked"),
+    ("pve", "POST", "/nodes/{node}/vncshell", "blocked"),
+    ("pve", "POST", "/nodes/{node}/termproxy", "blocked"),
+    ("pve", "POST", "/nodes/{node}/spiceshell", "blocked"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/monitor", "blocked"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/vncproxy", "blocked"),
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/set-user-password", "blocked"),
+    ("pve", "GET", "/access/tfa", "blocked"),
+    ("pbs", "GET", "/admin/datastore/{store}/snapshots", "read"),
+    ("pbs", "POST", "/admin/datastore/{store}/prune", "destructive"),
+    ("pbs", "POST", "/admin/datastore/{store}/prune-datastore", "destructive"),
+    ("pbs", "DELETE", "/admin/datastore/{store}/snapshots", "destructive"),
+    ("pbs", "POST", "/admin/datastore/{store}/gc", "lifecycle"),
+    ("pbs", "POST", "/admin/datastore/{store}/verify", "lifecycle"),
+    ("pbs", "PUT", "/admin/datastore/{store}/notes", "write"),
+    ("pbs", "PUT", "/access/acl", "elevated"),
+    ("pbs", "GET", "/admin/datastore/{store}/download", "sensitive"),
+    ("pbs", "POST", "/access/ticket", "blocked"),
+    ("pbs", "GET", "/backup", "blocked"),
+])
+def test_gate_of_method(product, method, path, gate):
+    assert policy.method_gate(product, method, path) == gate
+
+
+@pytest.mark.parametrize("method, path, params, gate", [
+    ("POST", "/nodes/{node}/qemu", {"vmid": 200, "hookscript": "local:snippets/x.sh"}, "elevated"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/config", {"args": "-device foo"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"hostpci0": "0000:01:00.0"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"usb0": "host=1234:5678"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"usb0": "spice"}, "write"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"serial0": "/dev/ttyS0"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"serial0": "socket"}, "write"),
+    ("PUT", "/nodes/{node}/lxc/{vmid}/config", {"mp0": "/srv/data,mp=/data"}, "elevated"),
+    ("PUT", "/nodes/{node}/lxc/{vmid}/config", {"mp0": "local-lvm:8,mp=/data"}, "write"),
+    ("PUT", "/nodes/{node}/lxc/{vmid}/config", {"dev0": "/dev/dri/card0"}, "elevated"),
+    ("PUT", "/nodes/{node}/lxc/{vmid}/config", {"features": "nesting=1,mount=nfs"}, "elevated"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "unprivileged": 0}, "elevated"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "unprivileged": 1}, "write"),
+    ("POST", "/nodes/{node}/vzdump", {"vmid": "101", "script": "/root/hook.sh"}, "elevated"),
+    ("POST", "/nodes/{node}/vzdump", {"vmid": "101", "dumpdir": "/etc"}, "elevated"),
+    ("POST", "/cluster/backup", {"tmpdir": "/tmp/x"}, "elevated"),
+    ("DELETE", "/nodes/{node}/qemu/{vmid}", {"purge": 1}, "destructive"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/move_disk", {"disk": "scsi0", "delete": 1}, "destructive"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/move_disk", {"disk": "scsi0"}, "write"),
+    ("POST", "/nodes/{node}/lxc/{vmid}/migrate", {"target": "pve2", "force": 1}, "destructive"),
+    ("POST", "/admin/datastore/{store}/prune", {"dry-run": 1}, "read"),
+])
+def test_arguments_raise_the_gate(method, path, params, gate):
+    product = "pbs" if path.startswith("/admin") else "pve"
+    assert policy.call_gate(product, method, path, params)[0] == gate
+
+
+def test_closed_gates_name_the_variable_that_opens_them():
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("lifecycle")}))
+    try:
+        with pytest.raises(policy.PolicyError, match="PROXMOX_ACCESS=destructive"):
+            policy.check(PVE, "POST", "/nodes/pve1/qemu/100/status/stop", {})
+        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_EXEC"):
+            policy.check(PVE, "POST", "/nodes/pve1/qemu/100/agent/exec", {"command": ["id"]})
+        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_ELEVATED"):
+            policy.check(PVE, "PUT", "/nodes/pve1/qemu/100/config", {"hookscript": "local:snippets/a.sh"})
+        with pytest.raises(policy.PolicyError, match="PROXMOX_UNBLOCK"):
+            policy.check(PVE, "POST", "/nodes/pve1/termproxy", {})
+        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_SENSITIVE"):
+            policy.check(PVE, "GET", "/nodes/pve1/qemu/100/agent/file-read", {"file": "/etc/shadow"})
+        assert policy.check(PVE, "POST", "/nodes/pve1/qemu/100/status/start", {}).gate == "lifecycle"
+    finally:
+        policy.configure(original)
+
+
+@pytest.mark.parametrize("path", [
+    "/nodes/pve1/qemu/100/../../../access/users", "/nodes/pve1//qemu/100/nope", "/nodes/pve1%2F..%2F..%2Faccess",
+    "/NODES/pve1/status", "/nodes/pve1/qemu/100/config\x00", "/api2/json/version", "/nodes/pve1/qemu/100/status/Start",
+    "/nodes/pve1/qemu/100%252Fstatus%252Fstart",
+])
+def test_unknown_or_disguised_paths_are_refused(path, open_policy):
+    with pytest.raises(policy.PolicyError):
+        policy.check(PVE, "POST", path, {})
+
+
+def test_bad_parameters_are_refused_before_sending(open_policy):
+    with pytest.raises(policy.PolicyError, match="vmid"):
+        policy.check(PVE, "GET", "/nodes/pve1/qemu/abc/config", {})
+    with pytest.raises(policy.PolicyError, match="not defined in schema"):
+        policy.check(PVE, "POST", "/nodes/pve1/qemu/101/status/start", {"now": 1})
+
+
+def test_masked_values_are_never_written_back(open_policy):
+    for value in ("***", "**********", "pre***post"):
+        with pytest.raises(policy.PolicyError, match="overwrite the real secret"):
+            policy.check(PVE, "PUT", "/nodes/pve1/qemu/101/config", {"cipassword": value})
+
+
+# ---------------------------------------------------------------- protected guests
+
+BYPASSES = [
+    ("POST", "/nodes/pve1/qemu/100/status/stop", {}),
+    ("POST", "/nodes/pve1/qemu/100/status/start", {}),
+    ("POST", "/nodes/pve2/qemu/100/status/shutdown", {}),  # wrong node, same guest
+    ("DELETE", "/nodes/pve1/qemu/100", {}),
+    ("DELETE", "/nodes/pve3/lxc/102", {}),
+    ("PUT", "/nodes/pve1/qemu/100/config", {"memory": "1024"}),
+    ("POST", "/nodes/pve1/qemu/100/snapshot/s1/rollback", {}),
+    ("POST", "/nodes/pve1/qemu/101/clone", {"newid": 100}),  # clone over it
+    ("POST", "/nodes/pve1/qemu", {"vmid": 100, "archive": "nfs-backup:backup/vzdump-qemu-101-x.vma.zst", "force": 1}),
+    ("POST", "/nodes/pve1/qemu/101/move_disk", {"disk": "scsi0", "target-vmid": 100}),
+    ("POST", "/nodes/pve1/qemu/100/migrate", {"target": "pve2"}),
+    ("PUT", "/nodes/pve1/qemu/100/resize", {"disk": "scsi0", "size": "+1G"}),
+    ("POST", "/nodes/pve1/qemu/100/agent/exec", {"command": ["id"]}),
+    ("POST", "/nodes/pve1/qemu/100/template", {}),
+    ("PUT", "/nodes/pve1/qemu/100/unlink", {"idlist": "scsi1"}),
+    ("DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-100-disk-0", {}),
+    ("DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm%3Avm-100-disk-0", {}),
+    ("DELETE", "/nodes/pve1/storage/local-lvm/content/vm-100-disk-0", {}),
+    ("DELETE", "/nodes/pve3/storage/local-lvm/content/local-lvm:subvol-102-disk-0", {}),
+    ("DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:base-100-disk-0", {}),
+    ("DELETE", "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-2026_11_28-02_00_01.vma.zst", {}),
+    ("POST", "/nodes/pve1/storage/local-lvm/content", {"vmid": 100, "filename": "vm-100-disk-9", "size": "1G"}),
+    ("DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {"vmid": 100}),
+    ("DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {}),  # every guest's backups
+    ("DELETE", "/cluster/ha/resources/vm:100", {}),
+    ("POST", "/cluster/ha/resources", {"sid": "ct:102"}),
+    ("POST", "/cluster/ha/resources/vm:100/migrate", {"node": "pve2"}),
+    ("PUT", "/cluster/ha/resources/vm%3A100", {"state": "stopped"}),
+    ("DELETE", "/cluster/replication/100-0", {}),
+    ("POST", "/cluster/replication", {"id": "102-1", "target": "pve2", "type": "local"}),
+    ("PUT", "/pools/prod", {"vms": "100", "delete": 1}),
+    ("PUT", "/pools/prod", {"vms": "101,102"}),
+    ("PUT", "/pools", {"poolid": "prod", "vms": "100"}),
+    ("POST", "/nodes/pve1/stopall", {}),
+    ("POST", "/nodes/pve1/startall", {"vms": "101,100"}),
+    ("POST", "/nodes/pve1/migrateall", {"target": "pve2"}),
+    ("POST", "/nodes/pve1/suspendall", {}),
+    ("POST", "/cluster/bulk-action/guest/shutdown", {}),
+    ("POST", "/cluster/bulk-action/guest/start", {"vms": [101, 102]}),
+    ("POST", "/nodes/pve1/vzdump", {"all": 1}),
+    ("POST", "/nodes/pve1/vzdump", {"all": 1, "exclude": "102"}),
+    ("POST", "/nodes/pve1/vzdump", {"vmid": "101,100"}),
+    ("POST", "/nodes/pve1/vzdump", {"pool": "prod"}),
+    ("POST", "/cluster/backup", {"all": 1, "schedule": "daily", "storage": "pbs"}),
+    ("PUT", "/nodes/pve1/qemu/100/firewall/options", {"enable": 0}),
+    ("POST", "/nodes/pve1/qemu/100/firewall/rules", {"action": "ACCEPT", "type": "in"}),
+    ("PBS", "POST", "/admin/datastore/backup/prune", {"backup-type": "vm", "backup-id": "100", "keep-last": 1}),
+    ("PBS", "DELETE", "/admin/datastore/backup/snapshots", {"backup-type": "ct", "backup-id": "102", "backup-time": 1}),
+    ("PBS", "DELETE", "/admin/datastore/backup/groups", {"backup-type": "vm", "backup-id": "100"}),
+    ("PBS", "POST", "/admin/datastore/backup/prune-datastore", {"keep-last": 1}),
+    ("PBS", "DELETE", "/admin/datastore/backup/namespace", {"ns": "old", "delete-groups": 1}),
+]
+
+
+def _attempt(entry):
+    host = PBS if entry[0] == "PBS" else PVE
+    method, path, params = entry[1:] if entry[0] == "PBS" else entry
+    return host, method, path, params
+
+
+def test_the_bypass_corpus_is_large_enough():
+    assert len(BYPASSES) >= 40
+
+
+@pytest.mark.parametrize("entry", BYPASSES, ids=lambda e: " ".join(map(str, e[:3]))[:60])
+def test_protected_guests_cannot_be_reached(entry, open_policy):
+    host, method, path, params = _attempt(entry)
+    with pytest.raises(policy.PolicyError) as refused:
+        policy.check(host, method, path, params)
+    text = str(refused.value)
+    assert "protected" in text
+
+
+def test_unprotected_guests_and_reads_pass(open_policy):
+    assert policy.check(PVE, "POST", "/nodes/pve2/qemu/101/status/stop", {}).guests == [101]
+    assert policy.check(PVE, "GET", "/nodes/pve1/qemu/100/config", {}).gate == "read"
+    assert policy.check(PVE, "POST", "/nodes/pve1/vzdump", {"all": 1, "exclude": "100,102"}).gate == "lifecycle"
+    assert policy.check(PVE, "POST", "/nodes/pve1/startall", {"vms": "101,103"}).guests == [101, 103]
+    assert policy.check(PBS, "PUT", "/admin/datastore/backup/notes",
+                        {"backup-type": "vm", "backup-id": "100", "backup-time": 1, "notes": "x"}).gate == "write"
+
+
+def test_a_broken_protected_list_fails_closed(tmp_path):
+    broken = tmp_path / "protected.json"
+    broken.write_text("[{oops")
+    loaded = policy.load_protected(broken)
+    assert loaded.error and not loaded.entries
+    assert policy.load_protected(tmp_path / "missing.json").error
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, protected=loaded))
+    try:
+        with pytest.raises(policy.PolicyError, match="could not be read"):
+            policy.check(PVE, "POST", "/nodes/pve1/qemu/105/status/start", {})
+        assert policy.check(PVE, "GET", "/nodes/pve1/qemu/105/config", {}).gate == "read"
+    finally:
+        policy.configure(original)
+
+
+# ---------------------------------------------------------------- privileges known before sending
+
+def test_privileges_decide_before_sending():
+    host = SimpleNamespace(product="pve", label="p", token_id="a@pve!t", write_token_id=None)
+    policy.set_permissions(host, {"/vms": {"VM.Audit": 1, "VM.PowerMgmt": 1}, "/nodes/pve1": {"Sys.Audit": 0}})
+    assert policy.holds(host, "VM.PowerMgmt", "/vms/100") is True
+    assert policy.holds(host, "Sys.Audit", "/nodes/pve1") is True  # 0 is the propagate flag, still held
+    assert policy.holds(host, "Sys.Audit", "/nodes/pve1/disks") is False  # not propagated
+    assert policy.holds(host, "VM.Snapshot", "/vms/100") is False
+    policy.set_permissions(host, {"/pool/prod": {"VM.Snapshot": 1}})
+    assert policy.holds(host, "VM.Snapshot", "/vms/100") is None  # a pool may grant it: let Proxmox decide
+
+
+# ---------------------------------------------------------------- audit
+
+def test_audit_lines_chain_and_tampering_is_found(tmp_path):
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(audit_path=tmp_path / "audit.jsonl"))
+    try:
+        threads = [threading.Thread(target=lambda i=i: [
+            policy.audit(PVE, "POST", f"/nodes/pve1/qemu/{100 + i}/status/start", {"password": "hunter2"}, "sent")
+            for _ in range(25)]) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        policy.configure(original)
+    path = tmp_path / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 200
+    assert "hunter2" not in path.read_text()
+    assert policy.verify_audit(path) == (200, None, "200 lines, chain intact")
+    record = json.loads(lines[50])
+    record["path"] = "/nodes/pve1/qemu/999/status/start"
+    lines[50] = json.dumps(record, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    assert policy.verify_audit(path)[1] == 51
+    del lines[50]
+    path.write_text("\n".join(lines) + "\n")
+    count, bad, message = policy.verify_audit(path)
+    assert bad == 51 and "removed" in message
+
+
+def test_mask():
+    text = policy.mask('PVEAPIToken=a@b!c=1234-5678 {"password": "pw1", "cipassword":"pw2"} https://u:pw3@h/ '
+                       '-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY----- '
+                       'PVEAuthCookie=PVE:x:y CSRFPreventionToken: tok')
+    for secret in ("1234-5678", "pw1", "pw2", "pw3", "abc", "PVE:x:y", "tok"):
+        assert secret not in text
+    assert policy.mask_params({"password": "x", "cipassword": "y", "sshkeys": "ssh-ed25519 AAA", "memory": 4}) == \
+        {"password": "***", "cipassword": "***", "sshkeys": "ssh-ed25519 AAA", "memory": 4}
+
+
+# ---------------------------------------------------------------- through the MCP client
+
+def write_env(sim, tmp: Path, **extra) -> dict:
+    protected = tmp / "protected.json"
+    protected.write_text(json.dumps(PROTECTED))
+    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+
+
+@pytest.fixture(scope="module")
+def admin(sim, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("admin")
+    with stdio_session(write_env(sim, tmp), log_name="policy-admin") as session:
+        session.tmp = tmp
+        yield session
+
+
+def sent_during(sim, action):
+    before = len(sim.lab.requests)
+    result = action()
+    return result, [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"]
+
+
+@pytest.mark.parametrize("entry", BYPASSES, ids=lambda e: " ".join(map(str, e[:3]))[:60])
+def test_bypass_corpus_through_the_generic_tool_sends_nothing(admin, sim, entry):
+    host, method, path, params = _attempt(entry)
+    arguments = {"method": method, "path": path, "params": params, "host": "lab", "product": host.product,
+                 "confirm": True}
+    message, sent = sent_during(sim, lambda: admin.error("write_api_call", arguments))
+    assert "protected" in message
+    assert sent == []
+
+
+def test_read_tier_hides_write_tools_and_annotations_hold(session):
+    tools = {t.name: t for t in session.tools()}
+    assert "write_api_call" not in tools and {"api_search", "api_describe", "api_read"} <= set(tools)
+    message = session.error("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read",
+                                         "params": {"file": "/etc/shadow"}})
+    assert "sensitive" in message and "PROXMOX_ALLOW_SENSITIVE" in message
+
+
+def test_annotations_match_gates_over_the_whole_list(admin):
+    tools = admin.tools()
+    assert "write_api_call" in {t.name for t in tools}
+    for tool in tools:
+        changes = not tool.annotations.read_only_hint
+        assert changes == tool.name.startswith("write_"), tool.name
+        if changes:
+            assert tool.annotations.destructive_hint is True or tool.annotations.idempotent_hint is False
+
+
+def test_write_runs_is_audited_and_verified(admin, sim):
+    result, sent = sent_during(sim, lambda: admin.ok("write_api_call", {
+        "method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "pre-upgrade"}}))
+    assert result["data"].startswith("UPID:pve2:") and "get_task" in result["next"]
+    assert ("pve", "POST", "/nodes/pve2/qemu/101/snapshot") in sent
+    audit = [json.loads(line) for line in (admin.tmp / "audit.jsonl").read_text().splitlines()]
+    assert audit[-1]["verdict"] == "sent" and audit[-1]["result"].startswith("UPID:")
+    assert audit[-1]["tool"] == "write_api_call"
+    from conftest import run_server as run
+    verified = run(["--verify-audit"], {"PROXMOX_AUDIT_LOG": str(admin.tmp / "audit.jsonl")})
+    assert verified.returncode == 0 and "chain intact" in verified.stdout
+
+
+def test_dry_run_shows_the_exact_request_and_sends_nothing(admin, sim):
+    plan, sent = sent_during(sim, lambda: admin.ok("write_api_call", {
+        "method": "PUT", "path": "/nodes/pve2/qemu/101/config", "params": {"memory": "4096", "cipassword": "s3cret!"},
+        "dry_run": True}))
+    assert plan["dry_run"] is True and plan["gate"] == "write"
+    assert plan["request"] == {"method": "PUT", "path": "/nodes/pve2/qemu/101/config",
+                               "params": {"memory": "4096", "cipassword": "***"}}
+    assert plan["current"]["status"] == "running" and "101" in plan["protection"]
+    assert all(method == "GET" for _, method, _ in sent)
+    audit = (admin.tmp / "audit.jsonl").read_text().splitlines()
+    assert json.loads(audit[-1])["verdict"] == "dry_run" and "s3cret!" not in "".join(audit)
+
+
+def test_refusals_are_audited(admin):
+    admin.error("write_api_call", {"method": "DELETE", "path": "/nodes/pve1/qemu/100", "confirm": True})
+    last = json.loads((admin.tmp / "audit.jsonl").read_text().splitlines()[-1])
+    assert last["verdict"] == "refused" and "protected" in last["error"]
+
+
+def test_destructive_needs_confirmation_without_elicitation(admin, sim):
+    message, sent = sent_during(sim, lambda: admin.error("write_api_call", {
+        "method": "POST", "path": "/nodes/pve2/qemu/104/status/stop"}))
+    assert "confirm=true" in message and "win11 (vmid 104)" in message
+    assert [s for s in sent if s[1] != "GET"] == []
+    done = admin.ok("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/104/status/stop", "confirm": True})
+    assert done["data"].startswith("UPID:")
+
+
+def test_elicitation_asks_the_user(sim, tmp_path):
+    from mcp_types import ElicitResult
+    answers, asked = ["decline", "accept"], []
+
+    async def answer(context, params):
+        asked.append(params.message)
+        action = answers.pop(0)
+        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
+
+    with stdio_session(write_env(sim, tmp_path), log_name="elicit", elicitation_callback=answer) as session:
+        call = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
+        assert "did not confirm" in session.error("write_api_call", call)
+        assert session.ok("write_api_call", call)["data"].startswith("UPID:")
+        assert len(asked) == 2 and "ci-runner (vmid 105)" in asked[0] and "DESTRUCTIVE" in asked[0]
+        assert session.ok("write_api_call", call | {"dry_run": True})["needs_confirmation"] is True
+        assert len(asked) == 2  # a dry run asks nobody
+
+
+def test_elicit_off_requires_confirm(sim, tmp_path):
+    async def answer(context, params):
+        raise AssertionError("must not be asked")
+
+    env = write_env(sim, tmp_path, PROXMOX_ELICIT="false")
+    with stdio_session(env, log_name="no-elicit", elicitation_callback=answer) as session:
+        assert "confirm=true" in session.error("write_api_call", {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"})
+
+
+def test_global_dry_run(sim, tmp_path):
+    with stdio_session(write_env(sim, tmp_path, PROXMOX_DRY_RUN="true"), log_name="dry") as session:
+        before = len([r for r in sim.lab.requests if r[1] != "GET"])
+        plan = session.ok("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/101/status/reboot"})
+        assert plan["dry_run"] is True
+        assert len([r for r in sim.lab.requests if r[1] != "GET"]) == before
+
+
+def test_unblock_opens_one_blocked_method(tmp_path):
+    ok = run_server(["--list-tools"], {"PROXMOX_UNBLOCK": "PUT /nodes/{node}/qemu/{vmid}/sendkey"})
+    assert ok.returncode == 0
+    for bad, expected in (("POST /nodes/{node}/qemu/{vmid}/clone", "not blocked"), ("GET /nope", "not a method")):
+        result = run_server(["--list-tools"], {"PROXMOX_UNBLOCK": bad})
+        assert result.returncode == 2 and expected in result.stderr
+
+
+def test_api_search_and_describe(admin):
+    found = admin.ok("api_search", {"query": "snapshot rollback", "host": "lab"})
+    paths = {row[1]: row[2] for row in found["rows"]}
+    assert paths["/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback"] == "destructive"
+    described = admin.ok("api_describe", {"path": "/nodes/pve1/qemu/100/status/start", "method": "POST"})
+    assert described["path"] == "/nodes/{node}/qemu/{vmid}/status/start" and described["gate"] == "lifecycle"
+    assert described["parameters"]["vmid"]["required"] is True
+    assert described["parameters"]["skiplock"]["type"] == "boolean"
+    assert described["permission"] == ["perm", "/vms/{vmid}", ["VM.PowerMgmt"]]
+    pbs = admin.ok("api_search", {"query": "prune", "product": "pbs"})
+    assert any(row[1] == "/admin/datastore/{store}/prune" for row in pbs["rows"])
+
+
+def test_api_describe_uses_the_hosts_own_descriptions(admin):
+    from simulator import SCHEMA_DIR
+    if not (SCHEMA_DIR / "pve-api.json").exists():
+        pytest.skip("no API viewer data beside the project")
+    described = admin.ok("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"})
+    assert described["description"] == "Start virtual machine."
+
+
+def test_api_read_reads_any_path(admin):
+    version = admin.ok("api_read", {"path": "/version"})
+    assert version["data"]["release"] == "9.2"
+    datastores = admin.ok("api_read", {"path": "/admin/datastore", "host": "lab", "product": "pbs"})
+    assert datastores["data"][0]["store"] == "backup"
+    assert "Unknown API path" in admin.error("api_read", {"path": "/nodes/pve1/secret"})
