@@ -147,11 +147,13 @@ class Lab:
         # faults, switched on by tests
         self.down_nodes: set[str] = set()
         self.delay = 0.0
+        self.slow_paths: dict[str, float] = {}  # path regex -> seconds, for one slow endpoint
         self.fail: list[tuple[str, int, str]] = []  # (path regex, status, message)
         self.legacy_errors = False  # before libpve-http-server-perl 5.2.0: message only in the reason
         self.auth_fail_delay = 0.0  # real servers delay every 401 by about 3 s
         # what was asked, for tests that count requests
         self.requests: list[tuple[str, str, str]] = []
+        self.request_tokens: list[str] = []  # the token id of each request, in the same order
         self.schema_rejections: list[tuple[str, str, str, dict]] = []
         self._pid = 0x1000
 
@@ -902,8 +904,13 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
     if lab.delay:
         time.sleep(lab.delay)  # a slow server, switched on by a test
     path = unquote(raw_path)
-    lab.requests.append((product, method, path))
+    for pattern, seconds in lab.slow_paths.items():
+        if re.search(pattern, path):
+            time.sleep(seconds)
     match = TOKEN_HEADER[product].match(auth or "")
+    with lab.lock:
+        lab.requests.append((product, method, path))
+        lab.request_tokens.append(match.group("id") if match else "")
     tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
     token = tokens.get(match.group("id")) if match else None
     if token is None or token.secret != match.group("secret"):

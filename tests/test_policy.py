@@ -491,3 +491,69 @@ def test_api_read_reads_any_path(admin):
     datastores = admin.ok("api_read", {"path": "/admin/datastore", "host": "lab", "product": "pbs"})
     assert datastores["data"][0]["store"] == "backup"
     assert "Unknown API path" in admin.error("api_read", {"path": "/nodes/pve1/secret"})
+
+
+# ---------------------------------------------------------------- rights, hosts, tokens, reports
+
+def test_tools_no_token_can_use_are_hidden_and_clients_told(sim):
+    import threading as _threading
+    changed = _threading.Event()
+
+    async def on_message(message):
+        if getattr(getattr(message, "root", message), "method", "") == "notifications/tools/list_changed":
+            changed.set()
+
+    sim.lab.slow_paths[r"^/access/permissions$"] = 1.5  # the list is answered before privileges are known
+    try:
+        env = sim.env(pve_token="mcp@pve!empty", pbs=False)
+        with stdio_session(env, log_name="hidden", message_handler=on_message) as session:
+            assert {"cluster_status", "get_guest"} <= {t.name for t in session.tools()}
+            assert changed.wait(timeout=30), "no notifications/tools/list_changed"
+            names = {t.name for t in session.tools()}
+            assert "cluster_status" not in names and "get_guest" not in names and "list_guests" in names
+            message = session.error("cluster_status")
+            assert "Sys.Audit" in message and "pveum acl modify / --tokens 'mcp@pve!empty'" in message
+            info = session.ok("server_info")
+            assert set(info["hidden_tools"]) == {"cluster_status", "get_guest"}
+    finally:
+        sim.lab.slow_paths.clear()
+
+
+def test_per_host_access_and_the_write_token(sim, tmp_path):
+    env = write_env(sim, tmp_path) | {"PROXMOX_ACCESS": "read", "PROXMOX_LAB_ACCESS": "lifecycle",
+                                       "PROXMOX_LAB_TOKEN": f"mcp@pve!reader={sim.lab.pve_tokens['mcp@pve!reader'].secret}",
+                                       "PROXMOX_LAB_WRITE_TOKEN": f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}",
+                                       "PROXMOX_OTHER_URL": sim.pve_url, "PROXMOX_OTHER_FINGERPRINT": sim.fingerprint,
+                                       "PROXMOX_OTHER_TOKEN": f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}"}
+    with stdio_session(env, log_name="per-host") as session:
+        assert "write_api_call" in {t.name for t in session.tools()}  # open on one host
+        call = {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "split"}}
+        message = session.error("write_api_call", call | {"host": "other", "product": "pve"})
+        assert "'lifecycle' gate" in message and "PROXMOX_ACCESS" in message
+        before = len(sim.lab.requests)
+        session.ok("write_api_call", call | {"host": "lab", "product": "pve"})
+        tokens = dict(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:]))
+        assert tokens[("pve", "POST", "/nodes/pve2/qemu/101/snapshot")] == "root@pam!admin"
+        assert all(t == "mcp@pve!reader" for (_, m, _), t in tokens.items() if m == "GET")
+        info = session.ok("server_info")
+        lab = next(h for h in info["hosts"] if h["host"] == "lab" and h["product"] == "pve")
+        assert lab["write_token"] == "root@pam!admin" and "lifecycle" in lab["gates_open"]
+        assert "write" not in lab["gates_open"] and lab["version"] == "9.2.1" and "Sys.Audit" in lab["privileges"]
+        assert info["protected_guests"] == 2 and info["audit_log"].endswith("audit.jsonl")
+
+
+def test_startup_warns_about_an_empty_protected_list(tmp_path):
+    (tmp_path / "empty.json").write_text("[]")
+    result = run_server(["--list-tools"], {"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "empty.json")})
+    assert "NO GUEST IS PROTECTED" in result.stderr
+    result = run_server(["--list-tools"], {"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "missing.json")})
+    assert "PROTECTED GUEST LIST UNREADABLE" in result.stderr
+
+
+def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):
+    import server
+    monkeypatch.chdir(server.INSTALL_DIR)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert server.default_audit_path() == tmp_path / "proxmox-mcp" / "audit.jsonl"
+    monkeypatch.chdir(tmp_path)
+    assert server.default_audit_path() == tmp_path.resolve() / "proxmox-mcp-audit.jsonl"

@@ -1,16 +1,17 @@
-"""Runs last: no secret of the simulator or of the HTTP tests appears in any tool output or
-server log written during the test run."""
+"""Runs last: no secret of the simulator or of the HTTP tests appears in any tool output,
+server log or audit log written during the test run."""
 from conftest import LOG_DIR
 
 SECRETS = ["11111111-2222-3333-4444-555555555555", "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
-           "99999999-8888-7777-6666-555555555555", "pbs-reader-secret-0123456789",
-           "test-bearer-token-0123456789abcdef"]
+           "99999999-8888-7777-6666-555555555555", "pbs-reader-secret-0123456789", "pbs-admin-secret-9876543210",
+           "test-bearer-token-0123456789abcdef", "s3cret!", "hunter2"]
 
 
-def test_no_secret_in_any_output_or_log():
+def test_no_secret_in_any_output_or_log(tmp_path_factory):
     logs = sorted(LOG_DIR.glob("*.log"))
-    assert any(p.name == "tool-outputs.log" for p in logs)
-    for path in logs:
+    audits = sorted(tmp_path_factory.getbasetemp().rglob("*.jsonl"))
+    assert any(p.name == "tool-outputs.log" for p in logs) and audits
+    for path in logs + audits:
         text = path.read_text(errors="replace")
         for secret in SECRETS:
-            assert secret not in text, f"{secret[:6]}... found in {path.name}"
+            assert secret not in text, f"{secret[:6]}... found in {path}"
