@@ -17,11 +17,11 @@ import proxmox_client
 from proxmox_client import ProxmoxClient, ProxmoxError
 
 Host = Annotated[str | None, Field(description="Host label (list_hosts); picks PVE or PBS.")]
-ProductArg = Annotated[Literal["pve", "pbs"] | None, Field(description="When a label names both a PVE and a PBS host.")]
-Path = Annotated[str, Field(description="API path, e.g. /nodes/pve1/qemu/100/config (no /api2/json).")]
-Params = Annotated[dict[str, Any] | None, Field(description="Parameters by name, e.g. {\"vmid\": 100}.")]
-DryRunArg = Annotated[bool, Field(description="Show the exact request and its gate without sending it.")]
-ConfirmArg = Annotated[bool, Field(description="The user agreed to this destructive or exec call.")]
+ProductArg = Annotated[Literal["pve", "pbs"] | None, Field(description="When a label names both products.")]
+Path = Annotated[str, Field(description="API path, e.g. /nodes/pve1/qemu/100/config")]
+Params = Annotated[dict[str, Any] | None, Field(description="Parameters by name.")]
+DryRunArg = Annotated[bool, Field(description="Show the request and its gate; send nothing.")]
+ConfirmArg = Annotated[bool, Field(description="The user agreed (destructive or exec).")]
 
 MAX_ANSWER = 60_000  # characters of JSON in one api_read answer
 
@@ -157,8 +157,8 @@ def api_read(path: Path, params: Params = None, host: Host = None, product: Prod
 def write_api_call(method: Annotated[Literal["POST", "PUT", "DELETE"], Field()], path: Path,
                    params: Params = None, host: Host = None, product: ProductArg = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """POST, PUT or DELETE any PVE or PBS API path; its gate must be open for the host.
-    Tasks answer a UPID (follow with get_task). Try dry_run=true first."""
+    """POST, PUT or DELETE any PVE or PBS API path whose gate is open for the host. Tasks
+    answer a UPID (follow with get_task). Try dry_run=true first."""
     # dry_run, confirm and ctx are read by the tool edge (server.as_tool) for the policy
     product, client = choose(host, product)
     if client is None:
