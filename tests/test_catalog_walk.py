@@ -80,6 +80,14 @@ def call_for(product: str, entry: dict, upid: str):
     return path, params
 
 
+def call_api(session, product: str, entry: dict, path: str, params: dict):
+    """One method through the generic tools: api_read for GET, write_api_call otherwise."""
+    arguments = {"path": path, "params": params, "host": "lab", "product": product}
+    if entry["method"] == "GET":
+        return session.call("api_read", arguments)
+    return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+
+
 @pytest.fixture(scope="module")
 def walker(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("walk")
@@ -102,12 +110,8 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
         for entry in catalog.methods(product):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(product, entry["method"], entry["path"])
-            arguments = {"path": path, "params": params, "host": "lab", "product": product}
             before = len(sim.lab.requests)
-            if entry["method"] == "GET":
-                result = walker.call("api_read", arguments)
-            else:
-                result = walker.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+            result = call_api(walker, product, entry, path, params)
             text = result.content[0].text if result.content else ""
             sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"]
             if gate == "blocked":
@@ -137,12 +141,8 @@ def test_closed_gates_refuse_with_nothing_sent(sim, tmp_path):
                 gate, _ = policy.call_gate(product, entry["method"], entry["path"], params)
                 if gate in ("read", "lifecycle"):
                     continue
-                arguments = {"path": path, "params": params, "host": "lab", "product": product}
                 before = len(sim.lab.requests)
-                if entry["method"] == "GET":
-                    result = session.call("api_read", arguments)
-                else:
-                    result = session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+                result = call_api(session, product, entry, path, params)
                 sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"]
                 assert result.is_error and "gate" in result.content[0].text, (entry["method"], entry["path"])
                 assert sent == [], (entry["method"], entry["path"])
