@@ -15,13 +15,12 @@ import catalog
 import policy
 import proxmox_client
 from proxmox_client import ProxmoxClient, ProxmoxError
+from pve_tools import ConfirmArg, DryRunArg
 
-Host = Annotated[str | None, Field(description="Host label (list_hosts); picks PVE or PBS.")]
+Host = Annotated[str | None, Field(description="Host label; picks PVE or PBS.")]
 ProductArg = Annotated[Literal["pve", "pbs"] | None, Field(description="When a label names both products.")]
 Path = Annotated[str, Field(description="API path, e.g. /nodes/pve1/qemu/100/config")]
 Params = Annotated[dict[str, Any] | None, Field(description="Parameters by name.")]
-DryRunArg = Annotated[bool, Field(description="Show the request and its gate; send nothing.")]
-ConfirmArg = Annotated[bool, Field(description="The user agreed (destructive or exec).")]
 
 MAX_ANSWER = 60_000  # characters of JSON in one api_read answer
 

@@ -4,10 +4,12 @@ Each tool is a plain function that returns a dict; server.py registers them, enc
 answer as compact JSON and turns ProxmoxError into a tool error. Lists come as
 {"columns": [...], "rows": [[...], ...]} to keep answers small.
 """
+import re
 import threading
 import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, Literal
+from urllib.parse import quote
 
 from pydantic import Field
 
@@ -16,10 +18,10 @@ from mcp.server.mcpserver import Context
 
 from proxmox_client import ProxmoxClient, ProxmoxError, parse_upid, pve_client
 
-Host = Annotated[str | None, Field(description="Host label (list_hosts); optional with one host.")]
-Vmid = Annotated[int, Field(ge=100, le=999999999, description="Guest id (VM or container).")]
-Limit = Annotated[int, Field(ge=1, le=1000, description="Rows per page.")]
-Offset = Annotated[int, Field(ge=0, description="Rows to skip, for paging.")]
+Host = Annotated[str | None, Field(description="Host label; optional with one host.")]
+Vmid = Annotated[int, Field(ge=100, le=999999999, description="VM or container id.")]
+Limit = Annotated[int, Field(ge=1, le=1000)]
+Offset = Annotated[int, Field(ge=0, description="Rows to skip.")]
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
               "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
@@ -295,3 +297,633 @@ def get_task(upid: Annotated[str, Field(description="Task id (UPID) from list_ta
         result["result"] = "ok" if exit_status == "OK" else (
             "warnings" if exit_status.startswith("WARNINGS") else "failed")
     return result
+
+
+# ================================================================ more reads
+
+Node = Annotated[str | None, Field(description="Node (default: first).")]
+WaitArg = Annotated[int, Field(ge=0, le=3600, description="Seconds to wait for the task.")]
+DryRunArg = Annotated[bool, Field(description="Preview; send nothing.")]
+ConfirmArg = Annotated[bool, Field(description="The user agreed.")]
+
+
+_nodes_cache: dict[str, tuple[float, list[str]]] = {}
+
+
+def node_names(client: ProxmoxClient) -> list[str]:
+    label = client.host.label
+    cached = _nodes_cache.get(label)
+    if cached and time.monotonic() - cached[0] < _RESOURCES_TTL:
+        return cached[1]
+    names = sorted(n["node"] for n in client.get("/nodes") or [])
+    _nodes_cache[label] = (time.monotonic(), names)
+    return names
+
+
+def check_node(client: ProxmoxClient, node: str) -> str:
+    """A node name exactly as the cluster spells it; a wrong one is refused before any write."""
+    names = node_names(client)
+    if node not in names:
+        close = [n for n in names if n.lower() == node.lower()]
+        hint = f" (did you mean '{close[0]}'? names are case-sensitive)" if close else ""
+        raise ProxmoxError(f"Unknown node '{node}'{hint}. Nodes: {', '.join(names)}.")
+    return node
+
+
+def node_status(node: Annotated[str, Field(description="Node name (cluster_status lists them).")], host: Host = None,
+                timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
+                                     Field(description="Add averaged RRD metrics over this span.")] = None) -> dict:
+    """A node's load, CPU, memory, disk, kernel, PVE version and uptime; with timeframe, its
+    RRD averages over that span."""
+    client = pve_client(host)
+    check_node(client, node)
+    status = client.get(f"/nodes/{node}/status") or {}
+    memory, rootfs = status.get("memory") or {}, status.get("rootfs") or {}
+    result = compact({"node": node, "version": status.get("pveversion"), "kernel": status.get("kversion"),
+                      "uptime": human_duration(status.get("uptime")), "loadavg": status.get("loadavg"),
+                      "cpu_pct": percent(status.get("cpu"), 1), "cpus": (status.get("cpuinfo") or {}).get("cpus"),
+                      "cpu_model": (status.get("cpuinfo") or {}).get("model"),
+                      "mem_used": human_bytes(memory.get("used")), "mem_total": human_bytes(memory.get("total")),
+                      "mem_pct": percent(memory.get("used"), memory.get("total")),
+                      "rootfs_used": human_bytes(rootfs.get("used")), "rootfs_total": human_bytes(rootfs.get("total")),
+                      "rootfs_pct": percent(rootfs.get("used"), rootfs.get("total"))})
+    if timeframe:
+        points = client.get(f"/nodes/{node}/rrddata", timeframe=timeframe, cf="AVERAGE") or []
+        def mean(key: str) -> float | None:
+            values = [p[key] for p in points if isinstance(p.get(key), (int, float))]
+            return sum(values) / len(values) if values else None
+        result["rrd"] = compact({"timeframe": timeframe, "points": len(points), "cpu_pct": percent(mean("cpu"), 1),
+                                 "mem_used": human_bytes(mean("memused")), "load": round(mean("loadavg") or 0, 2),
+                                 "net_in_bps": round(mean("netin") or 0), "net_out_bps": round(mean("netout") or 0),
+                                 "iowait_pct": percent(mean("iowait"), 1)})
+    return result
+
+
+def guest_path(client: ProxmoxClient, vmid: int) -> tuple[str, dict]:
+    row = resolve_guest(client, vmid)
+    return f"/nodes/{row['node']}/{row['type']}/{vmid}", row
+
+
+def guest_config(vmid: Vmid, host: Host = None,
+                 snapshot: Annotated[str | None, Field(description="Config as saved in this snapshot.")] = None) -> dict:
+    """The full configuration of a VM or container (disks, NICs, options) and its digest."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    config = client.get(f"{base}/config", snapshot=snapshot) or {}
+    return {"vmid": vmid, "type": row["type"], "node": row["node"], "config": config}
+
+
+def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
+    """Snapshots of a guest, oldest first, with time, parent and whether RAM was saved."""
+    client = pve_client(host)
+    base, _ = guest_path(client, vmid)
+    rows = [{"name": s["name"], "time": iso_time(s.get("snaptime")), "parent": s.get("parent"),
+             "vmstate": 1 if s.get("vmstate") else None, "description": (s.get("description") or "").strip() or None}
+            for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]
+    return table(["name", "time", "parent", "vmstate", "description"], rows)
+
+
+def _backup_storages(client: ProxmoxClient) -> list[tuple[str, str]]:
+    """(storage, a node where it is available) for every storage holding backups, PBS included."""
+    seen: dict[str, str] = {}
+    for entry in client.get("/cluster/resources", type="storage") or []:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") == "available":
+            seen.setdefault(entry["storage"], entry["node"])
+    return sorted(seen.items())
+
+
+def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100, description="Only this guest.")] = None,
+                 storage: Annotated[str | None, Field(description="Only this storage.")] = None,
+                 limit: Limit = 100) -> dict:
+    """Backups across every backup storage (vzdump files and PBS), newest first: volid, guest,
+    size, time, notes, protected and verify state."""
+    client = pve_client(host)
+    rows = []
+    for name, node in _backup_storages(client):
+        if storage and name != storage:
+            continue
+        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
+            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
+                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+                         "protected": 1 if volume.get("protected") else None,
+                         "verify": (volume.get("verification") or {}).get("state")})
+    rows.sort(key=lambda r: -r["ctime"])
+    return table(["volid", "vmid", "storage", "size", "time", "notes", "protected", "verify"], rows, limit=limit)
+
+
+def _storage_node(client: ProxmoxClient, storage: str, node: str | None) -> str:
+    """A node where a storage is available (the given one, checked), or a clear error."""
+    entries = [e for e in client.get("/cluster/resources", type="storage") or [] if e.get("storage") == storage]
+    if not entries:
+        names = sorted({e["storage"] for e in client.get("/cluster/resources", type="storage") or []})
+        raise ProxmoxError(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
+    nodes = [e["node"] for e in entries if e.get("status") == "available"]
+    if node:
+        if node not in [e["node"] for e in entries]:
+            raise ProxmoxError(f"Storage '{storage}' is not on node '{node}'; it is on {', '.join(e['node'] for e in entries)}.")
+        return node
+    if not nodes:
+        raise ProxmoxError(f"Storage '{storage}' is not available on any node right now.")
+    return nodes[0]
+
+
+def storage_content(storage: Annotated[str, Field(description="Storage id (list_storage).")], host: Host = None,
+                    node: Annotated[str | None, Field(description="Node (default: any that has it).")] = None,
+                    content: Annotated[Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None,
+                                       Field(description="Only this content type.")] = None,
+                    vmid: Annotated[int | None, Field(ge=100, description="Only volumes of this guest.")] = None,
+                    limit: Limit = 100) -> dict:
+    """Volumes on a storage: ISOs, templates, disks, backups, with size and owner."""
+    client = pve_client(host)
+    node = _storage_node(client, storage, node)
+    rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
+             "size": human_bytes(v.get("size")), "vmid": v.get("vmid"), "time": iso_time(v.get("ctime"))}
+            for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content, vmid=vmid) or []]
+    return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+
+
+def bridges(client: ProxmoxClient, node: str) -> list[dict]:
+    """A node's bridges: uplink port or isolated, VLAN-aware or not, address."""
+    rows = []
+    for iface in client.get(f"/nodes/{node}/network", type="any_bridge") or []:
+        ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
+                     "segment": "uplinked" if ports else "isolated",
+                     "vlan_aware": bool(iface.get("bridge_vlan_aware")) or iface.get("type") == "OVSBridge",
+                     "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
+                     "comment": (iface.get("comments") or "").strip() or None})
+    return rows
+
+
+def list_networks(host: Host = None, node: Annotated[str | None, Field(description="Only this node.")] = None) -> dict:
+    """Bridges per node: uplink port or isolated segment, VLAN-aware, CIDR, gateway. Use before
+    attaching a NIC or setting a VLAN tag."""
+    client = pve_client(host)
+    nodes = [check_node(client, node)] if node else node_names(client)
+    rows = [row for name in nodes for row in bridges(client, name)]
+    return table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+
+
+def list_pools(host: Host = None) -> dict:
+    """Resource pools with their comment and member guests."""
+    client = pve_client(host)
+    members: dict[str, list[int]] = {}
+    for guest in guest_resources(client, fresh=True):
+        if guest.get("pool"):
+            members.setdefault(guest["pool"], []).append(guest["vmid"])
+    rows = [{"pool": p["poolid"], "comment": p.get("comment") or None, "guests": sorted(members.get(p["poolid"], []))}
+            for p in client.get("/pools") or []]
+    return table(["pool", "comment", "guests"], rows)
+
+
+def task_log(upid: Annotated[str, Field(description="Task id (UPID).")], host: Host = None,
+             start: Annotated[int, Field(ge=0, description="Lines to skip.")] = 0, limit: Limit = 100) -> dict:
+    """Log lines of a task, from `start`; `next_start` pages on."""
+    client = pve_client(host)
+    parse_upid(upid, "pve")
+    lines = client.task_log(upid, start=start, limit=limit + 1)
+    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
+    if len(lines) > limit:
+        result["next_start"] = start + limit
+    return result
+
+
+def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 50) -> dict:
+    """Recent cluster log entries (task ends, logins, HA events), newest first."""
+    client = pve_client(host)
+    rows = [{"time": iso_time(e.get("time")), "node": e.get("node"), "user": e.get("user"), "tag": e.get("tag"),
+             "msg": (e.get("msg") or "")[:300]} for e in client.get("/cluster/log", max=limit) or []]
+    return table(["time", "node", "user", "tag", "msg"], rows)
+
+
+def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
+    """OS, hostname and IP addresses of a running guest (QEMU guest agent, or the container's
+    interfaces)."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] == "lxc":
+        addresses = [compact({"iface": i["name"], "ipv4": i.get("inet"), "ipv6": i.get("inet6")})
+                     for i in client.get(f"{base}/interfaces") or [] if i["name"] != "lo"]
+        return {"vmid": vmid, "type": "lxc", "hostname": row.get("name"), "interfaces": addresses}
+    osinfo = (client.get(f"{base}/agent/get-osinfo") or {}).get("result", {})
+    hostname = (client.get(f"{base}/agent/get-host-name") or {}).get("result", {}).get("host-name")
+    interfaces = []
+    for iface in (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", []):
+        if iface.get("name") == "lo":
+            continue
+        ips = [f"{a['ip-address']}/{a.get('prefix')}" for a in iface.get("ip-addresses", [])]
+        interfaces.append(compact({"iface": iface.get("name"), "mac": iface.get("hardware-address"), "ips": ips}))
+    return {"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
+            "kernel": osinfo.get("kernel-release"), "hostname": hostname, "interfaces": interfaces}
+
+
+# ================================================================ writes
+
+def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
+             ctx: Context | None, action: str) -> dict:
+    """Send a write and, when it starts a task, wait for it with progress notifications.
+    A failed task raises TaskFailed (a tool error with the last log lines)."""
+    data = client.request(method, path, params)
+    _resources_cache.pop(client.host.label, None)  # the inventory may have changed
+    if not (isinstance(data, str) and data.startswith("UPID:")):
+        return {"action": action, "result": "ok"}
+    if not wait_seconds:
+        return {"action": action, "status": "started", "upid": data,
+                "next": "get_task with this upid and wait_seconds to follow it"}
+    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+    return {"action": action} | outcome
+
+
+POWER_ACTIONS = ("start", "shutdown", "stop", "reboot", "reset", "suspend", "resume")
+
+
+def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Field(
+                          description="stop and reset are hard (destructive); shutdown is clean.")],
+                      host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
+                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """Start, shut down, stop, reboot, reset, suspend or resume a VM or container; waits for
+    the task and reports progress."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] == "lxc" and action == "reset":
+        raise ProxmoxError("Containers have no reset; use action=reboot (or stop, then start).")
+    return run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
+
+
+def write_guest_config(vmid: Vmid, host: Host = None,
+                       set: Annotated[dict[str, str | int] | None, Field(
+                           description="Options to set, e.g. {\"memory\": 4096, \"net0\": \"virtio,bridge=vmbr0\"}.")] = None,
+                       delete: Annotated[list[str] | None, Field(description="Options to remove.")] = None,
+                       digest: Annotated[str | None, Field(description="Digest from guest_config; refused if it changed since.")] = None,
+                       dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Set or delete configuration options of a guest, safe against concurrent edits (digest).
+    For NICs prefer write_set_nic; for disk size write_resize_disk."""
+    client = pve_client(host)
+    if not set and not delete:
+        raise ProxmoxError("Nothing to change: give `set` and/or `delete`.")
+    base, row = guest_path(client, vmid)
+    if digest is None:
+        digest = (client.get(f"{base}/config") or {}).get("digest")
+    params: dict[str, Any] = dict(set or {}) | {"digest": digest}
+    if delete:
+        params["delete"] = ",".join(delete)
+    client.request("PUT", f"{base}/config", params)
+    _resources_cache.pop(client.host.label, None)
+    return {"vmid": vmid, "changed": sorted(set or {}), "deleted": delete or [], "result": "ok"}
+
+
+def _disk_gib(value: str) -> int | None:
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", value or "")
+    if not match:
+        return None
+    return int(float(match.group(1)) * {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)])
+
+
+def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="scsi0, virtio0, rootfs, mp0...")],
+                      size: Annotated[str, Field(pattern=r"^\+?\d+G$", description="New size (40G) or growth (+10G). Grow only.")],
+                      host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
+                      ctx: Context | None = None) -> dict:
+    """Grow a guest's disk (never shrinks: a smaller size is refused before sending)."""
+    client = pve_client(host)
+    base, _ = guest_path(client, vmid)
+    config = client.get(f"{base}/config") or {}
+    if disk not in config:
+        disks = [k for k in config if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
+        raise ProxmoxError(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
+    current = _disk_gib(str(config[disk]))
+    if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
+        raise ProxmoxError(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
+                           f"give a larger size or +NG.")
+    return run_task(client, "PUT", f"{base}/resize", {"disk": disk, "size": size}, wait_seconds, ctx,
+                    f"resize {vmid} {disk}")
+
+
+SnapName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$", description="Snapshot name.")]
+
+
+def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
+                          description: Annotated[str | None, Field(max_length=1000)] = None,
+                          vmstate: Annotated[bool, Field(description="Also save RAM (VMs only).")] = False,
+                          wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Take a snapshot of a VM or container before a risky change."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    params = {"snapname": name, "description": description}
+    if vmstate:
+        if row["type"] != "qemu":
+            raise ProxmoxError("vmstate (RAM) snapshots exist only for VMs.")
+        params["vmstate"] = True
+    return run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx, f"snapshot {vmid} {name}")
+
+
+def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
+    names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]
+    if name not in names:
+        raise ProxmoxError(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
+
+
+def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
+                            dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """Roll a guest back to a snapshot; everything since is lost (destructive)."""
+    client = pve_client(host)
+    base, _ = guest_path(client, vmid)
+    _existing_snapshot(client, base, vmid, name)
+    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx, f"rollback {vmid} {name}")
+
+
+def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
+                          dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """Delete a snapshot of a guest (destructive)."""
+    client = pve_client(host)
+    base, _ = guest_path(client, vmid)
+    _existing_snapshot(client, base, vmid, name)
+    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx, f"delete snapshot {vmid} {name}")
+
+
+def _backup_storage(client: ProxmoxClient, storage: str, node: str) -> None:
+    ok = [name for name, _ in _backup_storages(client)]
+    if storage not in ok:
+        raise ProxmoxError(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
+
+
+def write_backup_guest(vmid: Vmid, storage: Annotated[str, Field(description="A backup storage (list_storage).")],
+                       host: Host = None,
+                       mode: Annotated[Literal["snapshot", "suspend", "stop"], Field()] = "snapshot",
+                       compress: Annotated[Literal["zstd", "lzo", "gzip", "0"], Field()] = "zstd",
+                       notes: Annotated[str | None, Field(max_length=1000, description="Notes template for the backup.")] = None,
+                       wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Back up one guest now (vzdump) to a storage, PBS included; reports progress."""
+    client = pve_client(host)
+    _, row = guest_path(client, vmid)
+    _backup_storage(client, storage, row["node"])
+    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
+    return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+
+
+def next_vmid(client: ProxmoxClient) -> int:
+    return int(client.get("/cluster/nextid"))
+
+
+def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
+    if vmid is None:
+        return next_vmid(client)
+    taken = {g["vmid"]: g for g in guest_resources(client, fresh=True)}
+    if vmid in taken:
+        raise ProxmoxError(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. Leave vmid out to get the next free one.")
+    return vmid
+
+
+def write_restore_backup(archive: Annotated[str, Field(description="Backup volid (list_backups).")],
+                         host: Host = None,
+                         vmid: Annotated[int | None, Field(ge=100, description="Target vmid (default: next free).")] = None,
+                         node: Node = None,
+                         storage: Annotated[str | None, Field(description="Storage for the disks.")] = None,
+                         overwrite: Annotated[bool, Field(description="Replace the existing guest with this vmid (destructive).")] = False,
+                         start: bool = False, wait_seconds: WaitArg = 300, dry_run: DryRunArg = False,
+                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """Restore a backup to a new vmid (default), or over an existing guest with overwrite=true."""
+    client = pve_client(host)
+    kind = "lxc" if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive) else "qemu" if re.search(r"vzdump-qemu-|/vm/|vm/\d+", archive) else None
+    if kind is None:
+        raise ProxmoxError(f"'{archive}' does not look like a backup volid; take one from list_backups.")
+    if overwrite:
+        if vmid is None:
+            raise ProxmoxError("overwrite=true needs the vmid of the guest to replace.")
+        row = resolve_guest(client, vmid)
+        node = node or row["node"]
+    else:
+        vmid = _free_vmid(client, vmid)
+    node = check_node(client, node) if node else node_names(client)[0]
+    params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
+                              "force": True if overwrite else None}
+    if kind == "qemu":
+        params["archive"] = archive
+    else:
+        params |= {"ostemplate": archive, "restore": True}
+    result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
+    return result | {"vmid": vmid, "node": node}
+
+
+def write_clone_guest(vmid: Vmid, host: Host = None,
+                      newid: Annotated[int | None, Field(ge=100, description="New vmid (default: next free).")] = None,
+                      name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
+                      target: Annotated[str | None, Field(description="Target node (default: same).")] = None,
+                      full: Annotated[bool, Field(description="Full copy; false makes a linked clone of a template.")] = True,
+                      storage: Annotated[str | None, Field(description="Storage for a full clone.")] = None,
+                      wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Clone a VM or container (full, or linked from a template) to a new vmid; reports progress."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if not full and not row.get("template"):
+        raise ProxmoxError(f"A linked clone needs a template; guest {vmid} is not one (write_template, or full=true).")
+    newid = _free_vmid(client, newid)
+    if target:
+        check_node(client, target)
+    params = {"newid": newid, "target": target, "full": full if row["type"] == "qemu" else None, "storage": storage,
+              ("name" if row["type"] == "qemu" else "hostname"): name}
+    return run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}") | {"newid": newid}
+
+
+def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="Target node.")], host: Host = None,
+                        wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Move a guest to another node: live for a running VM, restart for a running container."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    check_node(client, target)
+    if target == row["node"]:
+        raise ProxmoxError(f"Guest {vmid} is already on {target}.")
+    running = row.get("status") == "running"
+    params = {"target": target, ("online" if row["type"] == "qemu" else "restart"): True if running else None}
+    return run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
+
+
+def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+                   ctx: Context | None = None) -> dict:
+    """Convert a stopped guest into a template (for linked clones). Irreversible in practice."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row.get("status") != "stopped":
+        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; shut it down first (write_guest_power).")
+    return run_task(client, "POST", f"{base}/template", {}, wait_seconds, ctx, f"template {vmid}")
+
+
+def write_delete_guest(vmid: Vmid, host: Host = None,
+                       purge: Annotated[bool, Field(description="Also remove it from backup jobs, HA and replication.")] = False,
+                       wait_seconds: WaitArg = 60, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+                       ctx: Context | None = None) -> dict:
+    """Delete a stopped guest and its disks (destructive). Backups are kept."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row.get("status") != "stopped":
+        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
+    params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
+    return run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}")
+
+
+# ---------------------------------------------------------------- provisioning
+
+def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | None) -> None:
+    """Fail closed: an unknown bridge, a VLAN on a bridge that is not VLAN-aware, or a bridge list
+    that cannot be read refuse the change."""
+    try:
+        known = {b["bridge"]: b for b in bridges(client, node)}
+    except (ProxmoxError, Exception) as exc:
+        raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
+    if bridge not in known:
+        raise ProxmoxError(f"Node {node} has no bridge '{bridge}'. Bridges: {', '.join(known) or 'none'} (list_networks).")
+    if vlan and not known[bridge]["vlan_aware"]:
+        raise ProxmoxError(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
+                           f"Use a VLAN-aware bridge: {', '.join(b for b, v in known.items() if v['vlan_aware']) or 'none'}.")
+
+
+def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -> None:
+    storage = volid.split(":", 1)[0]
+    node = _storage_node(client, storage, node)
+    found = [v["volid"] for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content) or []]
+    if volid not in found:
+        raise ProxmoxError(f"'{volid}' is not on storage {storage} ({content}). Available: {', '.join(found) or 'none'}; "
+                           f"write_download_url can fetch one.")
+
+
+Bridge = Annotated[str, Field(description="Bridge for the first NIC (list_networks).")]
+Vlan = Annotated[int | None, Field(ge=1, le=4094, description="VLAN tag (needs a VLAN-aware bridge).")]
+
+
+def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
+                    host: Host = None, node: Node = None,
+                    vmid: Annotated[int | None, Field(ge=100, description="Default: next free.")] = None,
+                    iso: Annotated[str | None, Field(description="Installer ISO volid, e.g. local:iso/debian.iso.")] = None,
+                    cloud_image: Annotated[str | None, Field(description="Disk image volid to import (cloud-init VM).")] = None,
+                    memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=128)] = 2,
+                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
+                    vlan: Vlan = None, ciuser: str | None = None,
+                    ssh_keys: Annotated[str | None, Field(description="Public keys for cloud-init.")] = None,
+                    ip: Annotated[str, Field(description="cloud-init ipconfig0, e.g. ip=dhcp or ip=192.0.2.10/24,gw=192.0.2.1")] = "ip=dhcp",
+                    start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
+                    ctx: Context | None = None) -> dict:
+    """Create a VM from an installer ISO, or from a cloud image with cloud-init (user, SSH keys,
+    IP); checks node, ISO, bridge and VLAN first."""
+    client = pve_client(host)
+    if bool(iso) == bool(cloud_image):
+        raise ProxmoxError("Give exactly one of iso (installer) or cloud_image (cloud-init).")
+    node = check_node(client, node) if node else node_names(client)[0]
+    vmid = _free_vmid(client, vmid)
+    _check_bridge(client, node, bridge, vlan)
+    net = f"virtio,bridge={bridge}" + (f",tag={vlan}" if vlan else "")
+    params: dict[str, Any] = {"vmid": vmid, "name": name, "memory": memory_mb, "cores": cores, "net0": net,
+                              "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1", "start": start or None}
+    if iso:
+        _volume_exists(client, node, iso, "iso")
+        params |= {"ide2": f"{iso},media=cdrom", "scsi0": f"{storage}:{disk_gb}", "boot": "order=scsi0;ide2"}
+    else:
+        _volume_exists(client, node, cloud_image, "import")
+        params |= {"scsi0": f"{storage}:0,import-from={cloud_image}", "ide2": f"{storage}:cloudinit",
+                   "boot": "order=scsi0", "ipconfig0": ip, "ciuser": ciuser,
+                   "sshkeys": quote(ssh_keys.strip(), safe="") if ssh_keys else None, "serial0": "socket"}
+    result = run_task(client, "POST", f"/nodes/{node}/qemu", params, wait_seconds, ctx, f"create VM {vmid}")
+    return result | {"vmid": vmid, "node": node}
+
+
+def write_create_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
+                     template: Annotated[str, Field(description="Template volid, e.g. local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst")],
+                     host: Host = None, node: Node = None,
+                     vmid: Annotated[int | None, Field(ge=100, description="Default: next free.")] = None,
+                     memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=128)] = 1,
+                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
+                     vlan: Vlan = None,
+                     ip: Annotated[str, Field(description="dhcp or a CIDR like 192.0.2.20/24")] = "dhcp",
+                     gateway: str | None = None,
+                     ssh_keys: Annotated[str | None, Field(description="Public keys for root.")] = None,
+                     unprivileged: Annotated[bool, Field(description="false needs the elevated gate.")] = True,
+                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
+                     ctx: Context | None = None) -> dict:
+    """Create a container from a template; unprivileged unless the elevated gate is open."""
+    client = pve_client(host)
+    node = check_node(client, node) if node else node_names(client)[0]
+    vmid = _free_vmid(client, vmid)
+    _check_bridge(client, node, bridge, vlan)
+    _volume_exists(client, node, template, "vztmpl")
+    net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "") + (f",tag={vlan}" if vlan else "")
+    params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
+              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged,
+              "ssh-public-keys": ssh_keys, "start": start or None}
+    result = run_task(client, "POST", f"/nodes/{node}/lxc", params, wait_seconds, ctx, f"create CT {vmid}")
+    return result | {"vmid": vmid, "node": node}
+
+
+def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
+                       storage: Annotated[str, Field(description="Target storage (must allow the content type).")],
+                       filename: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")],
+                       content: Annotated[Literal["iso", "vztmpl", "import"], Field()] = "iso",
+                       host: Host = None, node: Node = None,
+                       checksum: Annotated[str | None, Field(description="Expected checksum (recommended).")] = None,
+                       checksum_algorithm: Annotated[Literal["sha256", "sha512", "md5", "sha1", "sha224", "sha384"], Field()] = "sha256",
+                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Download an ISO, container template or disk image from a URL into a storage, with a
+    checksum check; reports progress."""
+    client = pve_client(host)
+    node = _storage_node(client, storage, node)
+    params = {"url": url, "content": content, "filename": filename, "checksum": checksum,
+              "checksum-algorithm": checksum_algorithm if checksum else None}
+    return run_task(client, "POST", f"/nodes/{node}/storage/{storage}/download-url", params, wait_seconds, ctx,
+                    f"download {filename}") | {"volid": f"{storage}:{content}/{filename}"}
+
+
+def write_delete_volume(volid: Annotated[str, Field(description="Volume id (storage_content).")], host: Host = None,
+                        node: Node = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+                        confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """Delete an ISO, template, backup or unused disk (destructive); refused while a guest uses it."""
+    client = pve_client(host)
+    storage = volid.split(":", 1)[0]
+    node = _storage_node(client, storage, node)
+    volumes = {v["volid"]: v for v in client.get(f"/nodes/{node}/storage/{storage}/content") or []}
+    if volid not in volumes:
+        raise ProxmoxError(f"No volume '{volid}' on {storage}. See storage_content.")
+    users = _guests_using(client, volid, volumes[volid])
+    if users:
+        raise ProxmoxError(f"'{volid}' is in use by guest(s) {', '.join(users)}; detach it first (write_guest_config delete=...).")
+    return run_task(client, "DELETE", f"/nodes/{node}/storage/{storage}/content/{volid}", {}, wait_seconds, ctx,
+                    f"delete {volid}")
+
+
+def _guests_using(client: ProxmoxClient, volid: str, volume: dict) -> list[str]:
+    """Guests whose config references a volume (disks by owner; ISOs and templates by scan)."""
+    candidates = [g for g in guest_resources(client, fresh=True)
+                  if volume.get("content") in ("iso", "vztmpl", "import") or g["vmid"] == volume.get("vmid")]
+    users = []
+    for guest in candidates:
+        config = client.get(f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}/config") or {}
+        if any(str(v).split(",")[0] == volid for k, v in config.items() if not k.startswith("unused")):
+            users.append(f"{guest['vmid']} ({guest.get('name')})")
+    return users
+
+
+def write_set_nic(vmid: Vmid, host: Host = None,
+                  nic: Annotated[str, Field(pattern=r"^net\d+$")] = "net0",
+                  bridge: Annotated[str | None, Field(description="Move the NIC to this bridge.")] = None,
+                  vlan: Annotated[int | None, Field(ge=0, le=4094, description="VLAN tag; 0 removes it.")] = None,
+                  firewall: Annotated[bool | None, Field(description="Proxmox firewall on this NIC.")] = None,
+                  dry_run: DryRunArg = False) -> dict:
+    """Change one NIC of a guest: bridge, VLAN tag, firewall flag. The bridge must exist on the
+    guest's node and be VLAN-aware for a tag; otherwise nothing is sent."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    config = client.get(f"{base}/config") or {}
+    if nic not in config:
+        nics = [k for k in config if re.fullmatch(r"net\d+", k)]
+        raise ProxmoxError(f"Guest {vmid} has no {nic}. NICs: {', '.join(nics) or 'none'}.")
+    parts = dict(p.split("=", 1) if "=" in p else (p, "") for p in str(config[nic]).split(","))
+    if bridge is not None:
+        parts["bridge"] = bridge
+    if vlan is not None:
+        if vlan:
+            parts["tag"] = str(vlan)
+        else:
+            parts.pop("tag", None)
+    if firewall is not None:
+        parts["firewall"] = "1" if firewall else "0"
+    _check_bridge(client, row["node"], parts.get("bridge", ""), int(parts["tag"]) if parts.get("tag") else None)
+    value = ",".join(f"{k}={v}" if v != "" else k for k, v in parts.items())
+    client.request("PUT", f"{base}/config", {nic: value, "digest": config.get("digest")})
+    return {"vmid": vmid, nic: value, "was": config[nic], "result": "ok"}

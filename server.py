@@ -364,6 +364,34 @@ TOOLS = [
     ToolSpec(pve_tools.list_storage, "read", "pve"),
     ToolSpec(pve_tools.list_tasks, "read", "pve"),
     ToolSpec(pve_tools.get_task, "read", "pve"),
+    ToolSpec(pve_tools.task_log, "read", "pve"),
+    ToolSpec(pve_tools.cluster_log, "read", "pve"),
+    ToolSpec(pve_tools.node_status, "read", "pve", ("Sys.Audit",)),
+    ToolSpec(pve_tools.guest_config, "read", "pve", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_snapshots, "read", "pve", ("VM.Audit",)),
+    ToolSpec(pve_tools.guest_agent_info, "read", "pve", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_backups, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.storage_content, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.list_networks, "read", "pve"),
+    ToolSpec(pve_tools.list_pools, "read", "pve"),
+    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", ("VM.PowerMgmt",)),
+    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", ("VM.Backup",)),
+    ToolSpec(pve_tools.write_guest_config, "write", "pve", ("VM.Config.Options", "VM.Config.Memory", "VM.Config.CPU",
+                                                            "VM.Config.Network", "VM.Config.Disk")),
+    ToolSpec(pve_tools.write_set_nic, "write", "pve", ("VM.Config.Network",)),
+    ToolSpec(pve_tools.write_resize_disk, "write", "pve", ("VM.Config.Disk",)),
+    ToolSpec(pve_tools.write_clone_guest, "write", "pve", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_migrate_guest, "write", "pve", ("VM.Migrate",)),
+    ToolSpec(pve_tools.write_template, "write", "pve", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_restore_backup, "write", "pve", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_create_vm, "write", "pve", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_create_lxc, "write", "pve", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_download_url, "write", "pve", ("Datastore.AllocateTemplate",)),
+    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", ("VM.Snapshot.Rollback", "VM.Snapshot")),
+    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", ("Datastore.Allocate", "Datastore.AllocateSpace")),
     ToolSpec(api_tools.api_search, "read", ""),
     ToolSpec(api_tools.api_describe, "read", ""),
     ToolSpec(api_tools.api_read, "read", ""),
@@ -375,14 +403,15 @@ ANNOTATIONS = {
     "write": (False, False, False), "destructive": (False, True, False), "exec": (False, True, False),
     "elevated": (False, True, False),
 }
-# Tools whose single call may reach any gate (the generic API): annotated as destructive.
-ANY_GATE = {"write_api_call"}
+# Tools listed at their lowest gate whose arguments can make a call destructive
+# (stop, overwrite, any API method): annotated as destructive.
+MAY_DESTROY = {"write_api_call", "write_guest_power", "write_restore_backup"}
 
 
 def annotations_for(spec: ToolSpec):
     from mcp_types import ToolAnnotations
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
-    if spec.function.__name__ in ANY_GATE:
+    if spec.function.__name__ in MAY_DESTROY:
         destructive = True
     return ToolAnnotations(read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent,
                            open_world_hint=False)

@@ -111,7 +111,8 @@ class Task:
     duration: float
     lines: list[str]  # log lines spread over the run, the last one ends the task
     exitstatus: str = "OK"
-    on_done: Callable[[], None] | None = None
+    on_done: Callable[[], None] | None = None  # on success
+    on_end: Callable[[], None] | None = None  # always (releases locks)
     done: bool = False
 
     def running(self, now: float) -> bool:
@@ -311,7 +312,9 @@ class Lab:
 
     def start_task(self, node: str, kind: str, item: str, *, user: str = "root@pam", exitstatus: str = "OK",
                    duration: float | None = None, lines: list[str] | None = None, finished: bool = False,
-                   on_done: Callable[[], None] | None = None, product: str = "pve") -> str:
+                   on_done: Callable[[], None] | None = None, product: str = "pve",
+                   lock: tuple[dict, str] | None = None) -> str:
+        """Start a task; `lock` (guest, reason) locks the guest while it runs."""
         with self.lock:
             self._pid += 1
             started = time.time() - (3600 if finished else 0)
@@ -325,9 +328,16 @@ class Lab:
                 lines = [f"starting {kind} {item}"] + [f"progress {p}%" for p in (20, 40, 60, 80, 100)]
                 if exitstatus.startswith("WARNINGS"):
                     lines.append("WARN: something needed attention")
+            on_end = None
+            if lock and exitstatus == "OK":
+                guest, reason = lock
+                guest["lock"] = reason
+
+                def on_end() -> None:
+                    guest["lock"] = None
             self.tasks[upid] = Task(upid, node, kind, item, user, started,
                                     self.task_seconds if duration is None else duration, lines, exitstatus,
-                                    on_done)
+                                    on_done, on_end)
             return upid
 
     def tick(self) -> None:
@@ -338,6 +348,8 @@ class Lab:
                 if not task.done and not task.running(now):
                     task.done = True
                     succeeded = task.exitstatus == "OK" or task.exitstatus.startswith("WARNINGS")
+                    if task.on_end:
+                        task.on_end()
                     if task.on_done and succeeded:
                         task.on_done()
 
@@ -765,6 +777,268 @@ def pve_network(call: Call, node: str) -> list:
     return [dict(r) for r in rows if wanted is None or r["type"] == wanted]
 
 
+
+# ---- guest changes: config, disks, snapshots, backups, clones, migration, templates, deletion
+
+def _locked(guest: dict, kind: str) -> str | None:
+    return f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})" if guest["lock"] else None
+
+
+def pve_config_update(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> None:
+        guest = _guest(call, node, vmid, kind)
+        config = guest["config"]
+        if call.arg("digest") and call.arg("digest") != config["digest"]:
+            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
+        if _locked(guest, kind) and str(call.arg("skiplock", "0")) != "1":
+            raise ApiError(500, _locked(guest, kind))
+        for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))):
+            config.pop(key, None)
+        for key, value in call.params.items():
+            if key not in ("delete", "digest", "skiplock", "revert", "background_delay", "node", "vmid"):
+                config[key] = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if "name" in config or "hostname" in config:
+            guest["name"] = config.get("name") or config.get("hostname")
+        guest["tags"] = config.get("tags", "")
+        config["digest"] = call.lab._digest(int(vmid))
+    return handler
+
+
+def pve_resize(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        disk, size = call.arg("disk"), str(call.arg("size"))
+        value = guest["config"].get(disk)
+        if value is None:
+            raise ApiError(500, f"disk '{disk}' does not exist")
+        current = int(re.search(r"size=(\d+)G", value).group(1))
+        wanted = current + int(size[1:-1]) if size.startswith("+") else int(size.rstrip("G"))
+        if wanted < current:
+            raise ApiError(500, f"shrinking disks is not supported")
+
+        def apply() -> None:
+            guest["config"][disk] = re.sub(r"size=\d+G", f"size={wanted}G", guest["config"][disk])
+            guest["maxdisk"] = wanted * GiB
+        return call.lab.start_task(node, "resize", vmid, user=call.token_id, exitstatus=_locked(guest, kind) or "OK",
+                                   on_done=apply)
+    return handler
+
+
+def pve_rollback(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        if not any(s["name"] == snapname for s in guest["snapshots"]):
+            raise ApiError(500, f"snapshot '{snapname}' does not exist")
+        return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
+                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
+    return handler
+
+
+def pve_vzdump(call: Call, node: str) -> str:
+    _node(call, node)
+    vmid = int(str(call.arg("vmid", "0")).split(",")[0] or 0)
+    guest = call.lab.guests.get(vmid)
+    if guest is None or guest["node"] != node:
+        return call.lab.start_task(node, "vzdump", "", user=call.token_id, exitstatus="job errors",
+                                   lines=[f"ERROR: guest {vmid} is not on node {node}"])
+    storage = call.arg("storage", "local")
+    kind = "qemu" if guest["type"] == "qemu" else "lxc"
+    stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.gmtime())
+    ext = "vma.zst" if kind == "qemu" else "tar.zst"
+    volid = f"{storage}:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}"
+    lines = [f"INFO: starting new backup job: vzdump {vmid} --storage {storage} --mode {call.arg('mode', 'snapshot')}",
+             f"INFO: Starting Backup of VM {vmid} ({kind})"] + \
+        [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)] + \
+        [f"INFO: Finished Backup of VM {vmid}"]
+
+    def apply() -> None:
+        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid)
+        if call.arg("notes-template"):
+            call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
+    return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
+                               exitstatus=_locked(guest, kind) or "OK", on_done=apply, lock=(guest, "backup"))
+
+
+def pve_create(kind: str) -> Callable:
+    """Create a guest, or restore one from a backup archive (qemu: archive=, lxc: restore=1)."""
+    def handler(call: Call, node: str) -> str:
+        _node(call, node)
+        vmid = int(call.arg("vmid"))
+        archive = call.arg("archive") if kind == "qemu" else (call.arg("ostemplate") if str(call.arg("restore", "0")) == "1" else None)
+        exists = vmid in call.lab.guests
+        if exists and not (archive and str(call.arg("force", "0")) == "1"):
+            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {vmid}: config file already exists")
+        name = call.arg("name") or call.arg("hostname") or f"{'vm' if kind == 'qemu' else 'ct'}{vmid}"
+
+        def apply() -> None:
+            guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1]),
+                                       cores=int(call.arg("cores", 1)))
+            for key, value in call.params.items():
+                if re.fullmatch(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs|unprivileged|description", key):
+                    guest["config"][key] = value
+            if str(call.arg("start", "0")) == "1":
+                guest["status"] = "running"
+        prefix = "qm" if kind == "qemu" else "vz"
+        lines = [f"restore {archive}"] + [f"progress {p}%" for p in (25, 50, 75, 100)] if archive else None
+        return call.lab.start_task(node, f"{prefix}{'restore' if archive else 'create'}", str(vmid),
+                                   user=call.token_id, lines=lines, on_done=apply)
+    return handler
+
+
+def pve_clone(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        source = _guest(call, node, vmid, kind)
+        newid = int(call.arg("newid"))
+        if newid in call.lab.guests:
+            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {newid}: config file already exists")
+        target = call.arg("target", node)
+        _node(call, target)
+        name = call.arg("name") or call.arg("hostname") or f"copy-of-{source['name']}"
+
+        def apply() -> None:
+            clone = call.lab.add_guest(newid, kind, target, name)
+            clone["config"] = {k: v for k, v in source["config"].items() if k != "digest"} | {
+                "digest": call.lab._digest(newid), ("name" if kind == "qemu" else "hostname"): name}
+        lines = [f"create full clone of drive scsi0 (local-lvm:vm-{vmid}-disk-0)"] + \
+            [f"transferred {p * 32 // 100}.0 GiB of 32.0 GiB ({p}.00%)" for p in (20, 40, 60, 80, 100)]
+        return call.lab.start_task(node, "qmclone" if kind == "qemu" else "vzclone", vmid, user=call.token_id,
+                                   lines=lines, exitstatus=_locked(source, kind) or "OK", on_done=apply,
+                                   lock=(source, "clone"))
+    return handler
+
+
+def pve_migrate(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        target = call.arg("target")
+        _node(call, target)
+        error = _locked(guest, kind) or "OK"
+        if target == node:
+            error = f"target is local node."
+        elif guest["status"] == "running" and kind == "qemu" and str(call.arg("online", "0")) != "1":
+            error = "can't migrate running VM without --online"
+        elif guest["status"] == "running" and kind == "lxc" and str(call.arg("restart", "0")) != "1":
+            error = "lxc live migration is currently not implemented"
+
+        def apply() -> None:
+            guest["node"] = target
+        lines = [f"starting migration of {kind.upper()} {vmid} to node '{target}'"] + \
+            [f"migration active, transferred {p * 4 // 100} GiB of 4 GiB VM-state ({p}%)" for p in (25, 50, 75, 100)]
+        return call.lab.start_task(node, "qmigrate" if kind == "qemu" else "vzmigrate", vmid, user=call.token_id,
+                                   lines=lines, exitstatus=error, on_done=apply, lock=(guest, "migrate"))
+    return handler
+
+
+def pve_template(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str | None:
+        guest = _guest(call, node, vmid, kind)
+        if guest["status"] == "running":
+            raise ApiError(500, f"you can't convert a {'VM' if kind == 'qemu' else 'CT'} to template if it is running")
+
+        def apply() -> None:
+            guest["template"] = 1
+            guest["config"]["template"] = 1
+        if kind == "lxc":  # synchronous for containers (the schema returns null)
+            apply()
+            return None
+        return call.lab.start_task(node, "qmtemplate", vmid, user=call.token_id, on_done=apply)
+    return handler
+
+
+def pve_destroy(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        label = "VM" if kind == "qemu" else "CT"
+        error = _locked(guest, kind) or ("OK" if guest["status"] == "stopped" else f"{label} {vmid} is running - destroy failed")
+
+        def apply() -> None:
+            call.lab.guests.pop(int(vmid), None)
+        return call.lab.start_task(node, "qmdestroy" if kind == "qemu" else "vzdestroy", vmid, user=call.token_id,
+                                   exitstatus=error, on_done=apply)
+    return handler
+
+
+def pve_download_url(call: Call, node: str, storage: str) -> str:
+    _node(call, node)
+    entry = call.lab.storages.get(storage)
+    content = call.arg("content")
+    if entry is None or content not in entry["content"].split(","):
+        raise ApiError(500, f"storage '{storage}' does not support content-type '{content}'")
+    folder = {"iso": "iso", "vztmpl": "vztmpl", "import": "import"}[content]
+    volid = f"{storage}:{folder}/{call.arg('filename')}"
+    lines = [f"downloading {call.arg('url')} to /var/lib/vz/template/{folder}/{call.arg('filename')}"] + \
+        [f"{p}% [{'=' * (p // 10)}] 600.0M" for p in (10, 40, 70, 100)] + ["download of file finished"]
+    if call.arg("checksum"):
+        lines.append(f"calculating checksum... OK, checksum verified")
+
+    def apply() -> None:
+        call.lab.add_volume(storage, volid, content, 600 * 1024 ** 2)
+    return call.lab.start_task(node, "download", storage, user=call.token_id, lines=lines, on_done=apply)
+
+
+def pve_delete_volume(call: Call, node: str, storage: str, volume: str) -> str:
+    _node(call, node)
+    volid = volume if ":" in volume else f"{storage}:{volume}"
+    volumes = call.lab.volumes.get(storage, [])
+    disk = next((v for v in call.lab.guest_disks(storage, node) if v["volid"] == volid), None)
+    if disk is not None:
+        raise ApiError(500, f"volume '{volid}' is in use by guest {disk['vmid']}")
+    if not any(v["volid"] == volid for v in volumes):
+        raise ApiError(500, f"volume '{volid}' does not exist")
+
+    def apply() -> None:
+        call.lab.volumes[storage] = [v for v in volumes if v["volid"] != volid]
+    return call.lab.start_task(node, "imgdel", volid, user=call.token_id, on_done=apply)
+
+
+def pve_agent(command: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, "qemu")
+        if not guest["config"].get("agent"):
+            raise ApiError(500, "No QEMU guest agent configured")
+        if guest["status"] != "running":
+            raise ApiError(500, f"VM {vmid} is not running")
+        address = f"192.0.2.{100 + int(vmid) % 100}"
+        answers = {
+            "get-osinfo": {"result": {"id": "debian", "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 13 (trixie)",
+                                      "kernel-release": "6.12.48+deb13-amd64", "machine": "x86_64"}},
+            "get-host-name": {"result": {"host-name": guest["name"]}},
+            "network-get-interfaces": {"result": [
+                {"name": "lo", "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]},
+                {"name": "eth0", "hardware-address": "bc:24:11:00:00:01",
+                 "ip-addresses": [{"ip-address": address, "ip-address-type": "ipv4", "prefix": 24},
+                                  {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64}]}]},
+        }
+        return answers[command]
+    return handler
+
+
+def pve_lxc_interfaces(call: Call, node: str, vmid: str) -> list:
+    guest = _guest(call, node, vmid, "lxc")
+    if guest["status"] != "running":
+        raise ApiError(500, f"CT {vmid} not running")
+    return [{"name": "lo", "inet": "127.0.0.1/8", "hwaddr": "00:00:00:00:00:00"},
+            {"name": "eth0", "inet": f"192.0.2.{100 + int(vmid) % 100}/24", "inet6": "fe80::1/64",
+             "hwaddr": "bc:24:11:00:00:01"}]
+
+
+def pve_cluster_log(call: Call) -> list:
+    now = int(time.time())
+    rows = [{"n": i + 1, "time": now - 600 * i, "node": node, "pid": 1000 + i, "user": "root@pam", "tag": "pvedaemon",
+             "pri": 6, "uid": f"{i:08X}", "msg": f"<root@pam> end task {task.upid} {task.exitstatus}"}
+            for i, (node, task) in enumerate((t.node, t) for t in call.lab.tasks.values())]
+    limit = int(call.arg("max", 50))
+    return rows[:limit]
+
+
+def pve_rrddata(call: Call, node: str) -> list:
+    info = _node(call, node)
+    now = int(time.time())
+    return [{"time": now - 60 * i, "cpu": info["cpu"], "maxcpu": info["maxcpu"], "memused": info["mem"],
+             "memtotal": info["maxmem"], "loadavg": float(info["loadavg"][0]), "netin": 1200.5, "netout": 800.25,
+             "iowait": 0.01} for i in range(5)]
+
+
 def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
@@ -814,7 +1088,15 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/pools"): pve_pools,
     ("GET", "/nodes/{node}/storage/{storage}/content"): pve_storage_content,
     ("GET", "/nodes/{node}/network"): pve_network,
+    ("POST", "/nodes/{node}/vzdump"): pve_vzdump,
+    ("POST", "/nodes/{node}/storage/{storage}/download-url"): pve_download_url,
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_delete_volume,
+    ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
+    ("GET", "/cluster/log"): pve_cluster_log,
+    ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
 }
+for _command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/qemu/{{vmid}}/agent/{_command}")] = pve_agent(_command)
 for _kind in ("qemu", "lxc"):
     for _action in POWER_RESULT:
         if _kind == "lxc" and _action == "reset":
@@ -823,6 +1105,14 @@ for _kind in ("qemu", "lxc"):
     PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshots(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshot_create(_kind)
     PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}")] = pve_snapshot_delete(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/rollback")] = pve_rollback(_kind)
+    PVE_HANDLERS[("PUT", f"/nodes/{{node}}/{_kind}/{{vmid}}/config")] = pve_config_update(_kind)
+    PVE_HANDLERS[("PUT", f"/nodes/{{node}}/{_kind}/{{vmid}}/resize")] = pve_resize(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}")] = pve_create(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/clone")] = pve_clone(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/migrate")] = pve_migrate(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/template")] = pve_template(_kind)
+    PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}")] = pve_destroy(_kind)
 
 
 # ---------------------------------------------------------------- PBS handlers

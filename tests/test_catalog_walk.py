@@ -59,10 +59,17 @@ def value_for(name: str, spec: dict, entry: dict):
     return "walk1"
 
 
+# Methods that need another guest than the default: a running container, or one whose
+# migration must not move the guest the rest of the walk uses.
+PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
+                  "/nodes/{node}/lxc/{vmid}/migrate": {"node": "pve3", "vmid": "105"}}
+
+
 def path_value(product: str, name: str, entry: dict, upid: str) -> str:
     known = dict(PATH_VALUES[product], upid=upid)
     if "/lxc/" in entry["path"]:
         known["vmid"] = "103"
+    known.update(PATH_OVERRIDES.get(entry["path"], {}))
     spec = entry["params"].get(name, {"type": "string"})
     if known.get(name) is not None and (name not in entry["params"] or
                                         catalog.check_params({"params": {name: spec}}, {name: known[name]}) == {}):
@@ -77,6 +84,12 @@ def call_for(product: str, entry: dict, upid: str):
         if spec.get("optional") or "[n]" in name or f"{{{name}}}" in entry["path"]:
             continue
         params[name] = value_for(name, spec, entry)
+    # stateful handlers: a free vmid to create, a disk that exists to grow
+    lxc = "/lxc" in entry["path"]
+    fresh = {"vmid": 902 if lxc else 900, "newid": 903 if lxc else 901, "target": "pve2"}
+    params.update({k: v for k, v in fresh.items() if k in params})
+    if entry["path"].endswith("/resize"):
+        params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
     return path, params
 
 
@@ -107,7 +120,9 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        for entry in catalog.methods(product):
+        # deleting the walk's guests comes last, so that every other method still finds them
+        for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
+                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}", e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(product, entry["method"], entry["path"])
             before = len(sim.lab.requests)
