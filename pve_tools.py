@@ -359,7 +359,10 @@ def node_status(node: Annotated[str, Field(description="Node name (cluster_statu
     return result
 
 
-def guest_path(client: ProxmoxClient, vmid: int) -> tuple[str, dict]:
+def guest_path(client: ProxmoxClient, vmid: int, *, fresh: bool = False) -> tuple[str, dict]:
+    """The API path of a guest and its resources row; `fresh` re-reads before a status check."""
+    if fresh:
+        guest_resources(client, fresh=True)
     row = resolve_guest(client, vmid)
     return f"/nodes/{row['node']}/{row['type']}/{vmid}", row
 
@@ -412,9 +415,12 @@ def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100, de
     return table(["volid", "vmid", "storage", "size", "time", "notes", "protected", "verify"], rows, limit=limit)
 
 
-def _storage_node(client: ProxmoxClient, storage: str, node: str | None) -> str:
-    """A node where a storage is available (the given one, checked), or a clear error."""
+def _storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
+    """A node where a storage is available (the given one, checked), or a clear error; with
+    `content`, the storage must accept that content type."""
     entries = [e for e in client.get("/cluster/resources", type="storage") or [] if e.get("storage") == storage]
+    if entries and content and content not in (entries[0].get("content") or "").split(","):
+        raise ProxmoxError(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
     if not entries:
         names = sorted({e["storage"] for e in client.get("/cluster/resources", type="storage") or []})
         raise ProxmoxError(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
@@ -545,7 +551,7 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     """Start, shut down, stop, reboot, reset, suspend or resume a VM or container; waits for
     the task and reports progress."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
         raise ProxmoxError("Containers have no reset; use action=reboot (or stop, then start).")
     return run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
@@ -729,7 +735,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="Ta
                         wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Move a guest to another node: live for a running VM, restart for a running container."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
     if target == row["node"]:
         raise ProxmoxError(f"Guest {vmid} is already on {target}.")
@@ -742,7 +748,7 @@ def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dr
                    ctx: Context | None = None) -> dict:
     """Convert a stopped guest into a template (for linked clones). Irreversible in practice."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; shut it down first (write_guest_power).")
     return run_task(client, "POST", f"{base}/template", {}, wait_seconds, ctx, f"template {vmid}")
@@ -754,7 +760,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
                        ctx: Context | None = None) -> dict:
     """Delete a stopped guest and its disks (destructive). Backups are kept."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
     params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
@@ -863,7 +869,7 @@ def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
     """Download an ISO, container template or disk image from a URL into a storage, with a
     checksum check; reports progress."""
     client = pve_client(host)
-    node = _storage_node(client, storage, node)
+    node = _storage_node(client, storage, node, content)
     params = {"url": url, "content": content, "filename": filename, "checksum": checksum,
               "checksum-algorithm": checksum_algorithm if checksum else None}
     return run_task(client, "POST", f"/nodes/{node}/storage/{storage}/download-url", params, wait_seconds, ctx,

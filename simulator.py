@@ -169,7 +169,7 @@ class Lab:
         for index, name in enumerate(names):
             lab.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
         for name in names:
-            lab.add_storage("local", "dir", "iso,vztmpl,backup", node=name, total=100 * GiB, used=31 * GiB)
+            lab.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
             lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
         lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
@@ -322,8 +322,8 @@ class Lab:
             if product == "pbs":
                 worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
                 upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:{kind}:{worker}:{user}:"
-            else:
-                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{starttime:08X}:{kind}:{item}:{user}:"
+            else:  # PVE's UPID decoder allows no ':' in the worker id
+                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{starttime:08X}:{kind}:{item.replace(':', '_')}:{user}:"
             if lines is None:
                 lines = [f"starting {kind} {item}"] + [f"progress {p}%" for p in (20, 40, 60, 80, 100)]
                 if exitstatus.startswith("WARNINGS"):
@@ -988,7 +988,7 @@ def pve_delete_volume(call: Call, node: str, storage: str, volume: str) -> str:
 
     def apply() -> None:
         call.lab.volumes[storage] = [v for v in volumes if v["volid"] != volid]
-    return call.lab.start_task(node, "imgdel", volid, user=call.token_id, on_done=apply)
+    return call.lab.start_task(node, "imgdel", "", user=call.token_id, on_done=apply)
 
 
 def pve_agent(command: str) -> Callable:
