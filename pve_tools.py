@@ -65,9 +65,11 @@ def percent(used: float | None, total: float | None) -> float | None:
 
 
 def table(columns: list[str], rows: list[dict], *, limit: int | None = None, offset: int = 0) -> dict:
-    """Rows as lists under one header; paging with a `truncated` marker and the next offset."""
+    """Rows as lists under one header (an empty cell is "", never null); paging with a
+    `truncated` marker and the next offset."""
     page = rows[offset:offset + limit] if limit else rows[offset:]
-    result: dict[str, Any] = {"columns": columns, "rows": [[row.get(c) for c in columns] for row in page]}
+    cell = lambda value: "" if value is None else value  # noqa: E731
+    result: dict[str, Any] = {"columns": columns, "rows": [[cell(row.get(c)) for c in columns] for row in page]}
     result["total"] = len(rows)
     if limit and offset + limit < len(rows):
         result["truncated"] = True
@@ -172,7 +174,7 @@ def list_guests(host: Host = None,
                 status: Annotated[str | None, Field(description="running, stopped, paused...")] = None,
                 tag: Annotated[str | None, Field(description="Only guests with this tag.")] = None,
                 name: Annotated[str | None, Field(description="Substring of the guest name.")] = None,
-                limit: Limit = 100, offset: Offset = 0) -> dict:
+                limit: Limit = 50, offset: Offset = 0) -> dict:
     """All VMs and containers (one API call, any cluster size): vmid, name, type, node, status,
     memory, tags. Use it to find a vmid; never guess one."""
     client = pve_client(host)

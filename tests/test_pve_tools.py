@@ -50,7 +50,7 @@ def test_guest_config_and_snapshots(ops, sim):
     assert config["node"] == "pve1" and config["config"]["scsi0"].startswith("local-lvm:vm-100-disk-0")
     sim.lab.guests[102]["snapshots"] = [{"name": "base", "snaptime": 1700000000, "description": "clean install"}]
     snaps = rows(ops.ok("list_snapshots", {"vmid": 102}))
-    assert snaps == [{"name": "base", "time": "2023-11-14T22:13:20Z", "parent": None, "vmstate": None,
+    assert snaps == [{"name": "base", "time": "2023-11-14T22:13:20Z", "parent": "", "vmstate": "",
                       "description": "clean install"}]
 
 
@@ -67,6 +67,7 @@ def test_backups_storage_content_networks_pools(ops):
     assert len(rows(ops.ok("list_networks"))) == 6
     pools = rows(ops.ok("list_pools"))
     assert pools == [{"pool": "prod", "comment": "production", "guests": [100, 101]}]
+    assert "null" not in json.dumps(ops.ok("list_guests")) + json.dumps(ops.ok("list_backups"))
 
 
 def test_task_and_cluster_logs(ops, sim):
