@@ -27,6 +27,7 @@ import catalog
 import policy
 import proxmox_client
 import api_tools
+import pbs_tools
 import pve_tools
 from proxmox_client import HostConfig, ProxmoxError
 from pydantic import BaseModel, Field
@@ -392,6 +393,22 @@ TOOLS = [
     ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", ("VM.Snapshot",)),
     ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", ("Datastore.Allocate", "Datastore.AllocateSpace")),
+    ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs"),
+    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs"),
+    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs"),
+    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", ("Datastore.Modify",)),
+    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
     ToolSpec(api_tools.api_search, "read", ""),
     ToolSpec(api_tools.api_describe, "read", ""),
     ToolSpec(api_tools.api_read, "read", ""),
@@ -528,10 +545,9 @@ class ToolVisibility:
             if not hosts or any(policy.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
             if not any(policy.holds_anywhere(h, p) for h in hosts for p in spec.needs):
-                host = hosts[0]
-                grant = f"pveum acl modify / --tokens '{host.token_id}' --roles {policy.ROLE_FOR_PRIVILEGE.get(spec.needs[0], 'PVEAuditor')}"
-                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(spec.needs)}; "
-                                                  f"grant it, e.g. {grant}")
+                acl_path = "/datastore" if spec.product == "pbs" else "/"
+                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(spec.needs)}. "
+                                                  + policy.grant_hint(hosts[0], spec.needs[0], acl_path))
         return hidden
 
     async def __call__(self, ctx: Any, call_next: Callable) -> Any:

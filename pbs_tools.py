@@ -1,0 +1,284 @@
+"""Proxmox Backup Server tools: datastores, namespaces, groups, snapshots, jobs, tasks, and the
+writes around them (prune, forget, protect, notes, garbage collection, verify, run a job).
+
+Same shape as pve_tools: plain functions returning dicts, one client, the policy in front.
+"""
+import time
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context
+from pydantic import Field
+
+import policy
+from proxmox_client import ProxmoxClient, ProxmoxError, parse_upid, pbs_client
+from pve_tools import (ConfirmArg, DryRunArg, Limit, WaitArg, compact, human_bytes, iso_time, percent,
+                       progress_reporter, table)
+
+Host = Annotated[str | None, Field(description="PBS host label; optional with one PBS host.")]
+Store = Annotated[str, Field(description="Datastore name (pbs_list_datastores).")]
+Ns = Annotated[str | None, Field(description="Namespace, e.g. offsite (default: root).")]
+GroupType = Annotated[Literal["vm", "ct", "host"], Field(description="Backup type.")]
+GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$", description="Backup id, e.g. 100.")]
+Time = Annotated[int, Field(ge=1, description="backup-time (epoch) from pbs_list_snapshots.")]
+KEEP_OPTIONS = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
+
+
+def _store_names(client: ProxmoxClient) -> list[str]:
+    return [d["store"] for d in client.get("/admin/datastore") or []]
+
+
+def _check_store(client: ProxmoxClient, store: str) -> None:
+    names = _store_names(client)
+    if store not in names:
+        raise ProxmoxError(f"No datastore '{store}' on PBS host '{client.host.label}'. Datastores: "
+                           f"{', '.join(names) or 'none visible (the token needs Datastore.Audit)'}.")
+
+
+def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str, Any]:
+    return {"backup-type": backup_type, "backup-id": backup_id, "ns": ns or None}
+
+
+# ---------------------------------------------------------------- reads
+
+def pbs_list_datastores(host: Host = None) -> dict:
+    """Datastores with size, use, fill percentage, estimated full date and last GC."""
+    client = pbs_client(host)
+    rows = []
+    for ds in client.get("/status/datastore-usage") or []:
+        gc = ds.get("gc-status") or {}
+        rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
+                     "used_pct": percent(ds.get("used"), ds.get("total")),
+                     "full_by": iso_time(ds.get("estimated-full-date"))[:10] if ds.get("estimated-full-date", 0) > 0 else None,
+                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_freed": human_bytes(gc.get("removed-bytes")),
+                     "error": ds.get("error")})
+    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_freed", "error"], rows)
+
+
+def pbs_datastore_status(store: Store, host: Host = None) -> dict:
+    """One datastore: size, use, group and snapshot counts by type, garbage collection state."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
+    gc = status.get("gc-status") or {}
+    return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
+                    "total": status.get("total"), "total_human": human_bytes(status.get("total")),
+                    "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
+                    "gc": compact({"state": gc.get("last-run-state"), "last_run": iso_time(gc.get("last-run-endtime")),
+                                   "freed": human_bytes(gc.get("removed-bytes")),
+                                   "pending": human_bytes(gc.get("pending-bytes"))})})
+
+
+def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
+    """Namespaces of a datastore ("" is the root)."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    rows = [{"ns": n.get("ns", ""), "comment": n.get("comment")} for n in client.get(f"/admin/datastore/{store}/namespace") or []]
+    return table(["ns", "comment"], rows)
+
+
+def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
+    """Backup groups (vm/100, ct/101, host/x) with last backup, count, owner."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    rows = [{"group": f"{g['backup-type']}/{g['backup-id']}", "last": iso_time(g.get("last-backup")),
+             "count": g.get("backup-count"), "owner": g.get("owner"), "comment": g.get("comment")}
+            for g in client.get(f"/admin/datastore/{store}/groups", ns=ns) or []]
+    return table(["group", "last", "count", "owner", "comment"], rows)
+
+
+def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
+                       backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
+                       backup_id: Annotated[str | None, Field(description="Only this group's id.")] = None,
+                       since: Annotated[int | None, Field(description="Only backups after this epoch.")] = None,
+                       limit: Limit = 100) -> dict:
+    """Snapshots newest first: group, time, size, verify state, protected, encrypted, comment."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
+                                                                       "backup-id": backup_id}) or []
+    rows = []
+    for snap in sorted(snaps, key=lambda x: -x["backup-time"]):
+        if since and snap["backup-time"] < since:
+            continue
+        files = snap.get("files") or []
+        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "time": snap["backup-time"],
+                     "when": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
+                     "verify": (snap.get("verification") or {}).get("state", "none"),
+                     "protected": 1 if snap.get("protected") else None,
+                     "encrypted": 1 if any(f.get("crypt-mode") == "encrypt" for f in files) else None,
+                     "comment": snap.get("comment")})
+    return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
+
+
+def pbs_list_jobs(host: Host = None, store: Annotated[str | None, Field(description="Only this datastore.")] = None) -> dict:
+    """Sync, verify, prune and garbage collection jobs with schedule, last run and result, next run."""
+    client = pbs_client(host)
+    rows = []
+    for kind in ("sync", "verify", "prune"):
+        for job in client.get(f"/admin/{kind}", store=store) or []:
+            rows.append({"kind": kind, "id": job.get("id"), "store": job.get("store"), "schedule": job.get("schedule"),
+                         "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
+                         "next_run": iso_time(job.get("next-run"))})
+    for job in client.get("/admin/gc", store=store) or []:
+        rows.append({"kind": "gc", "id": job.get("store"), "store": job.get("store"), "schedule": job.get("schedule"),
+                     "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
+                     "next_run": iso_time(job.get("next-run"))})
+    return table(["kind", "id", "store", "schedule", "last_run", "result", "next_run"], rows)
+
+
+def pbs_list_tasks(host: Host = None, errors: Annotated[bool, Field(description="Only failed tasks.")] = False,
+                   running: Annotated[bool, Field(description="Only running tasks.")] = False,
+                   limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
+    """Recent PBS tasks (backups, GC, verify, sync, prune), newest first, running ones included."""
+    client = pbs_client(host)
+    tasks = client.get("/nodes/localhost/tasks", limit=limit, errors=errors or None, running=running or None) or []
+    rows = [{"upid": t["upid"], "type": t.get("worker_type"), "id": t.get("worker_id"), "user": t.get("user"),
+             "start": iso_time(t.get("starttime")), "status": t.get("status") or "running"} for t in tasks]
+    return table(["upid", "type", "id", "user", "start", "status"], rows)
+
+
+def pbs_get_task(upid: Annotated[str, Field(description="PBS task id (UPID).")], host: Host = None,
+                 wait_seconds: Annotated[int, Field(ge=0, le=3600, description="Wait up to this long for the end.")] = 0,
+                 log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
+    """Status, result and last log lines of a PBS task; with wait_seconds, waits (with progress)."""
+    client = pbs_client(host)
+    parse_upid(upid, "pbs")
+    if wait_seconds:
+        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+        if outcome["status"] == "still_running":
+            outcome["next"] = "call pbs_get_task with this upid and wait_seconds to keep waiting"
+            return outcome
+    status = client.task_status(upid)
+    result = compact({"upid": upid, "type": status.get("type"), "id": status.get("id"), "status": status.get("status"),
+                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
+    if log_lines:
+        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+    if status.get("status") == "stopped":
+        exit_status = status.get("exitstatus", "")
+        result["result"] = "ok" if exit_status == "OK" else (
+            "warnings" if exit_status.startswith("WARNINGS") else "failed")
+    return result
+
+
+def pbs_task_log(upid: Annotated[str, Field(description="PBS task id (UPID).")], host: Host = None,
+                 start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
+    """Log lines of a PBS task from `start`; `next_start` pages on."""
+    client = pbs_client(host)
+    parse_upid(upid, "pbs")
+    lines = client.task_log(upid, start=start, limit=limit + 1)
+    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
+    if len(lines) > limit:
+        result["next_start"] = start + limit
+    return result
+
+
+# ---------------------------------------------------------------- writes
+
+def _run(client: ProxmoxClient, method: str, path: str, params: dict, wait_seconds: int, ctx: Context | None,
+         action: str) -> dict:
+    data = client.request(method, path, params)
+    if not (isinstance(data, str) and data.startswith("UPID:")):
+        return {"action": action, "result": "ok"}
+    if not wait_seconds:
+        return {"action": action, "status": "started", "upid": data,
+                "next": "pbs_get_task with this upid and wait_seconds to follow it"}
+    return {"action": action} | client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+
+
+def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, host: Host = None, ns: Ns = None,
+                    keep_last: Annotated[int | None, Field(ge=1)] = None,
+                    keep_hourly: Annotated[int | None, Field(ge=1)] = None,
+                    keep_daily: Annotated[int | None, Field(ge=1)] = None,
+                    keep_weekly: Annotated[int | None, Field(ge=1)] = None,
+                    keep_monthly: Annotated[int | None, Field(ge=1)] = None,
+                    keep_yearly: Annotated[int | None, Field(ge=1)] = None,
+                    dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Prune one backup group by PBS's keep rules. Always answers the kept and removed lists
+    first; removes only after the user confirms (destructive). No keep option keeps all."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    options = {name.replace("_", "-"): value for name, value in
+               zip(KEEP_OPTIONS, (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)) if value}
+    params = _group_params(backup_type, backup_id, ns) | options
+    preview = client.request("POST", f"/admin/datastore/{store}/prune", params | {"dry-run": True}) or []
+    kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]
+    removed = [iso_time(p["backup-time"]) for p in preview if not p.get("keep")]
+    result: dict[str, Any] = {"group": f"{backup_type}/{backup_id}", "options": options or "none: keeps everything",
+                              "keep": kept, "remove": removed}
+    if not removed or dry_run:
+        return result | {"removed": 0, "dry_run": True}
+    try:
+        client.request("POST", f"/admin/datastore/{store}/prune", params)
+    except policy.PolicyError as exc:
+        if "Confirmation needed" not in str(exc):
+            raise
+        return result | {"removed": 0, "next": f"Show the user these lists; if they agree to remove {len(removed)} "
+                                               f"snapshot(s), call again with confirm=true."}
+    return result | {"removed": len(removed)}
+
+
+def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
+                              host: Host = None, ns: Ns = None, dry_run: DryRunArg = False,
+                              confirm: ConfirmArg = False) -> dict:
+    """Delete one backup snapshot (destructive; a protected snapshot is refused by PBS)."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time}
+    client.request("DELETE", f"/admin/datastore/{store}/snapshots", params)
+    return {"forgotten": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "result": "ok"}
+
+
+def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
+                               protected: Annotated[bool, Field(description="true protects, false releases.")] = True,
+                               host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
+    """Set or clear the protected flag of a snapshot (a protected one survives prune and forget)."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "protected": protected}
+    client.request("PUT", f"/admin/datastore/{store}/protected", params)
+    return {"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "protected": protected, "result": "ok"}
+
+
+def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
+                        notes: Annotated[str, Field(max_length=4096)], host: Host = None, ns: Ns = None,
+                        dry_run: DryRunArg = False) -> dict:
+    """Set the notes (comment) of a snapshot."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "notes": notes}
+    client.request("PUT", f"/admin/datastore/{store}/notes", params)
+    return {"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "result": "ok"}
+
+
+def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+                 ctx: Context | None = None) -> dict:
+    """Start garbage collection on a datastore (frees chunks no snapshot uses); reports progress."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    return _run(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
+
+
+def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
+                     backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
+                     backup_id: Annotated[str | None, Field(description="A group (with backup_type).")] = None,
+                     backup_time: Annotated[int | None, Field(ge=1, description="One snapshot of the group.")] = None,
+                     wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
+    """Verify a whole datastore, one group or one snapshot; reports progress."""
+    client = pbs_client(host)
+    _check_store(client, store)
+    if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
+        raise ProxmoxError("Give backup_type and backup_id together (and backup_time only with them).")
+    params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time}
+    return _run(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx, f"verify {store}")
+
+
+def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field()],
+                      job_id: Annotated[str, Field(description="Job id (pbs_list_jobs).")],
+                      host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+                      ctx: Context | None = None) -> dict:
+    """Run a sync, verify or prune job now."""
+    client = pbs_client(host)
+    jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]
+    if job_id not in jobs:
+        raise ProxmoxError(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
+    return _run(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")

@@ -1,0 +1,179 @@
+"""The PBS tools through the MCP client against the simulated Backup Server."""
+import calendar
+import json
+
+import pytest
+
+from conftest import stdio_session
+from simulator import Lab
+
+PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
+
+
+def day(month: int, date: int) -> int:
+    return calendar.timegm((2026, month, date, 2, 0, 0))
+
+
+@pytest.fixture(scope="module")
+def pbs(sim, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pbs")
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    # 70 daily backups of vm/200 at 02:00 UTC, 2026-09-21 .. 2026-11-29, one of them protected
+    history = [Lab.pbs_snapshot(day(9, 21) + n * 86400) for n in range(70)]
+    next(s for s in history if s["backup-time"] == day(10, 15))["protected"] = True
+    sim.lab.datastores["backup"]["groups"][("", "vm", "200")] = history
+    with stdio_session(env, log_name="pbs") as session:
+        yield session
+
+
+def rows(answer):
+    return [dict(zip(answer["columns"], row)) for row in answer["rows"]]
+
+
+def writes_during(sim, action):
+    before = len(sim.lab.requests)
+    result = action()
+    return result, [r for r in sim.lab.requests[before:] if r[1] != "GET" and "prune" not in r[2]]
+
+
+def test_datastores_status_namespaces_groups(pbs):
+    stores = rows(pbs.ok("pbs_list_datastores"))
+    assert stores[0]["store"] == "backup" and stores[0]["used_pct"] == 30.0 and stores[0]["full_by"] > "2026"
+    status = pbs.ok("pbs_datastore_status", {"store": "backup"})
+    assert status["counts"]["vm"]["groups"] == 3 and status["gc"]["state"] == "ok"
+    assert [r["ns"] for r in rows(pbs.ok("pbs_list_namespaces", {"store": "backup"}))] == ["", "offsite"]
+    groups = {r["group"]: r for r in rows(pbs.ok("pbs_list_groups", {"store": "backup"}))}
+    assert set(groups) == {"vm/100", "vm/101", "ct/102", "ct/105", "vm/200"} and groups["vm/100"]["count"] == 3
+    assert "Datastores: backup" in pbs.error("pbs_list_groups", {"store": "nope"})
+
+
+def test_snapshots_with_verify_protected_encrypted(pbs, sim):
+    sim.lab.datastores["backup"]["groups"][("", "ct", "105")][0] |= {"crypt-mode": "encrypt", "comment": "weekly"}
+    snaps = rows(pbs.ok("pbs_list_snapshots", {"store": "backup", "backup_type": "ct", "backup_id": "105"}))
+    assert len(snaps) == 3 and snaps[0]["encrypted"] == 1 and snaps[0]["comment"] == "weekly"
+    assert all(s["verify"] == "ok" for s in snaps)
+    protected = [s for s in rows(pbs.ok("pbs_list_snapshots", {"store": "backup", "backup_id": "200",
+                                                               "backup_type": "vm"})) if s["protected"]]
+    assert [s["time"] for s in protected] == [day(10, 15)]
+
+
+def test_jobs_and_tasks(pbs):
+    jobs = {(r["kind"], r["id"]): r for r in rows(pbs.ok("pbs_list_jobs"))}
+    assert jobs[("sync", "s-backup")]["result"].startswith("sync failed")
+    assert jobs[("gc", "backup")]["result"] == "ok" and ("verify", "v-backup") in jobs
+    progress = []
+    gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
+    assert gc["result"] == "ok" and progress
+    tasks = rows(pbs.ok("pbs_list_tasks"))
+    assert tasks[0]["type"] == "garbage_collection" and tasks[0]["status"] == "OK"
+    task = pbs.ok("pbs_get_task", {"upid": gc["upid"]})
+    assert task["result"] == "ok" and task["log"][-1] == "TASK OK"
+    log = pbs.ok("pbs_task_log", {"upid": gc["upid"], "limit": 2})
+    assert log["lines"][0].startswith("starting garbage collection") and log["next_start"] == 2
+    assert "not a Proxmox Backup Server task id" in pbs.error(
+        "pbs_get_task", {"upid": "UPID:pve1:00001234:0000A1B2:6745B3C1:qmstart:100:root@pam:"})
+
+
+# ---------------------------------------------------------------- prune
+
+EXPECTED_KEPT = [  # keep-last 2, keep-daily 5, keep-weekly 3, keep-monthly 2 over 2026-09-21 .. 11-29
+    (11, 29), (11, 28),                       # last 2
+    (11, 27), (11, 26), (11, 25), (11, 24), (11, 23),  # 5 more days
+    (11, 22), (11, 15), (11, 8),              # 3 more ISO weeks (W48 is already covered by the days)
+    (10, 31), (9, 30),                        # 2 more months (November is already covered)
+    (10, 15),                                 # protected: always kept
+]
+
+
+def test_prune_follows_pbs_keep_rules_on_70_days(pbs, sim):
+    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "200", "keep_last": 2,
+                                        "keep_daily": 5, "keep_weekly": 3, "keep_monthly": 2})
+    expected = sorted((f"2026-{m:02d}-{d:02d}T02:00:00Z" for m, d in EXPECTED_KEPT), reverse=True)
+    assert answer["keep"] == expected
+    assert len(answer["remove"]) == 70 - len(expected) and answer["removed"] == 0
+    assert "confirm=true" in answer["next"]  # nothing removed without the user's yes
+    assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "200")]) == 70
+
+
+def test_prune_without_keep_options_keeps_everything(pbs):
+    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "200"})
+    assert answer["remove"] == [] and len(answer["keep"]) == 70 and answer["options"].startswith("none")
+
+
+def test_prune_removes_after_confirmation(pbs, sim):
+    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "ct", "backup_id": "102", "keep_last": 1,
+                                        "confirm": True})
+    assert answer["removed"] == 2 and len(sim.lab.datastores["backup"]["groups"][("", "ct", "102")]) == 1
+
+
+def test_protected_guest_backups_cannot_be_pruned_or_forgotten(pbs, sim):
+    message, sent = writes_during(sim, lambda: pbs.error("write_pbs_prune", {
+        "store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 1, "confirm": True}))
+    assert "protected" in message and "production database" in message
+    assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "101")]) == 3  # only the preview ran
+    snap = sim.lab.datastores["backup"]["groups"][("", "vm", "101")][0]["backup-time"]
+    message, sent = writes_during(sim, lambda: pbs.error("write_pbs_forget_snapshot", {
+        "store": "backup", "backup_type": "vm", "backup_id": "101", "backup_time": snap, "confirm": True}))
+    assert "protected" in message and sent == []
+    assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "101")]) == 3
+
+
+# ---------------------------------------------------------------- the other writes
+
+def test_forget_protect_notes_verify_run_job(pbs, sim):
+    group = sim.lab.datastores["backup"]["groups"][("", "ct", "105")]
+    oldest, newest = group[-1]["backup-time"], group[0]["backup-time"]
+    pbs.ok("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
+                                          "backup_time": oldest})
+    assert group[-1]["protected"] is True
+    refused = pbs.error("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
+                                                      "backup_time": oldest, "confirm": True})
+    assert "cannot remove protected snapshot" in refused
+    pbs.ok("write_pbs_set_notes", {"store": "backup", "backup_type": "ct", "backup_id": "105", "backup_time": newest,
+                                   "notes": "before the upgrade"})
+    assert group[0]["comment"] == "before the upgrade"
+    forgotten = pbs.ok("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
+                                                     "backup_time": newest, "confirm": True})
+    assert forgotten["result"] == "ok" and len(group) == 2
+    group[-1]["verification"] = {"state": "failed", "upid": ""}
+    progress = []
+    verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
+                      progress=progress)
+    assert verified["result"] == "ok" and group[-1]["verification"]["state"] == "ok" and progress
+    assert pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})["result"] == "ok"
+
+
+@pytest.mark.parametrize("tool, arguments, expected", [
+    ("write_pbs_gc", {"store": "nope"}, "No datastore 'nope'"),
+    ("write_pbs_verify", {"store": "backup", "backup_type": "vm"}, "together"),
+    ("write_pbs_verify", {"store": "backup", "backup_time": 5}, "together"),
+    ("write_pbs_run_job", {"kind": "sync", "job_id": "nope"}, "Jobs: s-backup"),
+    ("write_pbs_run_job", {"kind": "backup", "job_id": "x"}, "kind"),
+    ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "../x", "keep_last": 1}, "backup_id"),
+    ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 0}, "keep_last"),
+    ("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 0}, "backup_time"),
+    ("write_pbs_set_notes", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5, "notes": "x"}, "No datastore"),
+    ("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5}, "backup_type"),
+])
+def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
+    message, sent = writes_during(sim, lambda: pbs.error(tool, arguments))
+    assert expected in message and sent == []
+
+
+def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
+    offered = {}
+    for tier in ("read", "lifecycle", "write"):
+        env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier, "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
+        with stdio_session(env, log_name=f"pbs-tier-{tier}") as session:
+            offered[tier] = {t.name for t in session.tools() if t.name.startswith("write_pbs")}
+    assert offered["read"] == set()
+    assert offered["lifecycle"] == {"write_pbs_gc", "write_pbs_verify", "write_pbs_run_job"}
+    assert offered["write"] == offered["lifecycle"] | {"write_pbs_protect_snapshot", "write_pbs_set_notes"}
+
+
+def test_generic_api_reaches_pbs(pbs):
+    usage = pbs.ok("api_read", {"path": "/status/datastore-usage", "host": "lab", "product": "pbs"})
+    assert usage["data"][0]["store"] == "backup"
