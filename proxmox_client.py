@@ -331,7 +331,7 @@ class ProxmoxClient:
             text = f"{where} is not implemented by this {self.product.name} ({message}). Check the path."
         else:
             text = f"{where} failed ({status}): {message or response.reason}"
-            hint = _hint_for(message)
+            hint = _hint_for(message) if self.host.product == "pve" else None
             if hint:
                 text += f". {hint}"
         return ProxmoxError(text, status=status, errors=errors)

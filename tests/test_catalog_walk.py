@@ -62,7 +62,10 @@ def value_for(name: str, spec: dict, entry: dict):
 # Methods that need another guest than the default: a running container, or one whose
 # migration must not move the guest the rest of the walk uses.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
-                  "/nodes/{node}/lxc/{vmid}/migrate": {"node": "pve3", "vmid": "105"}}
+                  "/nodes/{node}/lxc/{vmid}/migrate": {"node": "pve3", "vmid": "105"},
+                  "/admin/prune/{id}/run": {"id": "p-backup"}, "/admin/sync/{id}/run": {"id": "s-backup"},
+                  "/admin/verify/{id}/run": {"id": "v-backup"}}
+PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
 
 
 def path_value(product: str, name: str, entry: dict, upid: str) -> str:
@@ -86,7 +89,9 @@ def call_for(product: str, entry: dict, upid: str):
         params[name] = value_for(name, spec, entry)
     # stateful handlers: a free vmid to create, a disk that exists to grow
     lxc = "/lxc" in entry["path"]
-    fresh = {"vmid": 902 if lxc else 900, "newid": 903 if lxc else 901, "target": "pve2"}
+    fresh = {"vmid": 902 if lxc else 900, "newid": 903 if lxc else 901, "target": "pve2", "protected": 0}
+    if product == "pbs":
+        fresh |= PBS_SNAPSHOT
     params.update({k: v for k, v in fresh.items() if k in params})
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
@@ -107,6 +112,8 @@ def walker(sim, tmp_path_factory):
     (tmp / "protected.json").write_text("[]")
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
+    snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
+    PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
         "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
