@@ -29,6 +29,7 @@ import proxmox_client
 import api_tools
 import pbs_tools
 import pve_tools
+import shell_tools
 from proxmox_client import HostConfig, ProxmoxError
 from pydantic import BaseModel, Field
 
@@ -53,7 +54,9 @@ TOKEN = re.compile(r"^(?P<id>[^\s@!=:]+@[A-Za-z][A-Za-z0-9.\-_]*![A-Za-z][A-Za-z
 # Per-host variables: PROXMOX_<LABEL>_<SUFFIX> and PBS_<LABEL>_<SUFFIX>; with no label
 # (PROXMOX_URL) they describe the host labelled "default".
 HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE", "CA_FILE", "FINGERPRINT",
-                 "VERIFY_TLS", "ACCESS", "ALLOW_EXEC", "ALLOW_ELEVATED", "ALLOW_SENSITIVE")
+                 "VERIFY_TLS", "ACCESS", "ALLOW_EXEC", "ALLOW_ELEVATED", "ALLOW_SENSITIVE",
+                 "SSH_NODES", "SSH_HOST", "SSH_USER", "SSH_KEY_FILE", "SSH_KEY_PASSPHRASE", "SSH_SUDO",
+                 "SSH_KNOWN_HOSTS", "SSH_FINGERPRINTS", "SSH_FINGERPRINT")
 GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
 # Variables that apply to everything; the strings say what is accepted.
 GLOBALS = {
@@ -70,6 +73,8 @@ GLOBALS = {
     "PROXMOX_DRY_RUN": "true or false",
     "PROXMOX_ELICIT": "true or false",
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
+    "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
+    "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "MCP_AUTH_TOKEN": "a long random string",
     "MCP_AUTH_TOKEN_FILE": "a file holding the token",
     "MCP_AUTH_REQUIRED": "true or false",
@@ -87,6 +92,8 @@ class Config:
     hosts: list[HostConfig] = field(default_factory=list)
     settings: policy.Settings = field(default_factory=policy.Settings)
     default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
+    ssh: list[shell_tools.SshTarget] = field(default_factory=list)
+    exec_allowed_vmids: set[int] | None = None
     auth_token: str | None = field(default=None, repr=False)
     auth_required: bool = True
     allowed_hosts: list[str] = field(default_factory=list)
@@ -166,6 +173,55 @@ def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
     return frozenset(opened)
 
 
+def parse_ssh(product: str, label: str, values: dict[str, tuple[str, str]],
+              timeout: float) -> shell_tools.SshTarget | None:
+    """SSH access of one host: PVE nodes by name (`pve1=10.0.0.11,pve2=10.0.0.12:2222`) or the PBS
+    host; a host key must be verifiable (known_hosts or pinned fingerprints)."""
+    key = "SSH_NODES" if product == "pve" else "SSH_HOST"
+    if key not in values:
+        stray = [v[0] for k, v in values.items() if k.startswith("SSH_")]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} set without {'PROXMOX' if product == 'pve' else 'PBS'}_"
+                              f"{label.upper()}_{key}.")
+        return None
+    name, text = values[key]
+    nodes: dict[str, tuple[str, int]] = {}
+    entries = [e.strip() for e in text.split(",") if e.strip()] if product == "pve" else [f"pbs={text.strip()}"]
+    for entry in entries:
+        node, _, address = entry.partition("=")
+        match = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(?::(\d{1,5}))?", address)
+        if not shell_tools.NODE_NAME.match(node) or not match:
+            raise ConfigError(f"{name}: '{entry}' is not node=address[:port]" if product == "pve" else
+                              f"{name}: '{text}' is not address[:port]")
+        nodes[node] = (match.group(1).strip("[]"), int(match.group(2) or 22))
+    fingerprints: dict[str, str] = {}
+    for fkey in ("SSH_FINGERPRINTS", "SSH_FINGERPRINT"):
+        if fkey in values:
+            fname, ftext = values[fkey]
+            pairs = [p.strip() for p in ftext.split(",") if p.strip()] if product == "pve" else [f"pbs={ftext.strip()}"]
+            for pair in pairs:
+                node, _, fingerprint = pair.partition("=")
+                if not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", fingerprint) or node not in nodes:
+                    raise ConfigError(f"{fname}: '{pair}' is not node=SHA256:<43 base64 characters> for a known node.")
+                fingerprints[node] = fingerprint
+    known_hosts = values.get("SSH_KNOWN_HOSTS", (None, None))[1]
+    if known_hosts and not Path(known_hosts).expanduser().is_file():
+        raise ConfigError(f"{values['SSH_KNOWN_HOSTS'][0]}={known_hosts!r} is not a readable file.")
+    key_file = values.get("SSH_KEY_FILE", (None, None))[1]
+    if key_file and not Path(key_file).expanduser().is_file():
+        raise ConfigError(f"{values['SSH_KEY_FILE'][0]}={key_file!r} is not a readable file.")
+    if not known_hosts and set(fingerprints) != set(nodes):
+        missing = sorted(set(nodes) - set(fingerprints))
+        raise ConfigError(f"{name}: host keys must be verifiable; give _SSH_KNOWN_HOSTS or pin "
+                          f"{', '.join(missing)} in _SSH_FINGERPRINTS (never trusted on first use).")
+    passphrase = values.get("SSH_KEY_PASSPHRASE", (None, None))[1]
+    policy.register_secret(passphrase)
+    sudo = parse_bool(*values["SSH_SUDO"]) if "SSH_SUDO" in values else False
+    return shell_tools.SshTarget(label, product, nodes, values.get("SSH_USER", (None, "root"))[1],
+                                 str(Path(key_file).expanduser()) if key_file else None, passphrase, sudo,
+                                 str(Path(known_hosts).expanduser()) if known_hosts else None, fingerprints, timeout)
+
+
 def default_audit_path() -> Path:
     """Under the working directory, but never inside the install (it may be read-only or shared)."""
     cwd = Path.cwd().resolve()
@@ -208,6 +264,12 @@ def load_config(env: dict[str, str] | None = None) -> Config:
             parse_bool(name, env[name])
     verify_default = parse_bool("PROXMOX_VERIFY_TLS", env.get("PROXMOX_VERIFY_TLS", "true"))
     connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
+    ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
+    if env.get("PROXMOX_EXEC_ALLOWED_VMIDS", "").strip():
+        items = [v.strip() for v in env["PROXMOX_EXEC_ALLOWED_VMIDS"].split(",") if v.strip()]
+        if not all(v.isdigit() and 100 <= int(v) <= 999999999 for v in items):
+            raise ConfigError("PROXMOX_EXEC_ALLOWED_VMIDS must be a comma list of vmids (100-999999999).")
+        config.exec_allowed_vmids = {int(v) for v in items}
     read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not verify_default:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
@@ -280,6 +342,9 @@ def load_config(env: dict[str, str] | None = None) -> Config:
         host_access = parse_access(*values["ACCESS"]) if "ACCESS" in values else rules.access
         config.settings.hosts[(product, label)] = policy.HostPolicy(host_access, frozenset(host_allow), rules.unblocked)
         config.hosts.append(host)
+        ssh = parse_ssh(product, label, values, ssh_timeout)
+        if ssh:
+            config.ssh.append(ssh)
 
     # HTTP transport
     token = env.get("MCP_AUTH_TOKEN")
@@ -318,6 +383,8 @@ class ToolSpec:
     gate: str  # read, sensitive, lifecycle, write, destructive, exec, elevated
     product: str  # pve, pbs, or "" for tools about the server itself (or both products)
     needs: tuple[str, ...] = ()  # privileges: hidden when no configured token holds any of them
+    also: tuple[str, ...] = ()  # further gates that must be open too
+    ssh: bool = False  # offered only when SSH access is configured
 
 
 def list_hosts() -> dict:
@@ -409,6 +476,13 @@ TOOLS = [
     ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
     ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
+    ToolSpec(shell_tools.ssh_check, "read", "", ssh=True),
+    ToolSpec(shell_tools.node_diagnostics, "read", "", ssh=True),
+    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", ("VM.GuestAgent.Unrestricted",)),
+    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", ssh=True),
+    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve"),
+    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve"),
+    ToolSpec(shell_tools.write_node_exec, "exec", "", also=("elevated",), ssh=True),
     ToolSpec(api_tools.api_search, "read", ""),
     ToolSpec(api_tools.api_describe, "read", ""),
     ToolSpec(api_tools.api_read, "read", ""),
@@ -522,7 +596,9 @@ def offered_tools(config: Config) -> list[ToolSpec]:
     products = {h.product for h in config.hosts}
     return [spec for spec in TOOLS
             if (not spec.product or not products or spec.product in products)
-            and any(policy.gate_open(rules, spec.gate) for rules in host_rules(config, spec.product))]
+            and (not spec.ssh or config.ssh)
+            and any(all(policy.gate_open(rules, gate) for gate in (spec.gate, *spec.also))
+                    for rules in host_rules(config, spec.product))]
 
 
 class ToolVisibility:
@@ -855,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(warning)
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
+    shell_tools.configure(config.ssh, config.exec_allowed_vmids)
 
     if args.list_tools:
         print_tool_list(config, args.json)

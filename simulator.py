@@ -1032,6 +1032,62 @@ def pve_agent(command: str) -> Callable:
     return handler
 
 
+def _agent_ready(call: Call, node: str, vmid: str) -> dict:
+    guest = _guest(call, node, vmid, "qemu")
+    if not guest["config"].get("agent"):
+        raise ApiError(500, "No QEMU guest agent configured")
+    if guest["status"] != "running":
+        raise ApiError(500, f"VM {vmid} is not running")
+    if guest.get("agent_boot_pings", 0) > 0:  # right after boot (PROXMOX-FACTS): a transient timeout
+        guest["agent_boot_pings"] -= 1
+        raise ApiError(500, f"VM {vmid} qmp command 'guest-ping' failed - got timeout")
+    return guest
+
+
+def pve_agent_exec(call: Call, node: str, vmid: str) -> dict:
+    """Runs nothing: answers like the agent would for `sh -c "<script>"`, echoing the script,
+    with `exit N` in it as the exit code and `sleep N` making it take that long."""
+    guest = _agent_ready(call, node, vmid)
+    command = call.params.get("command")
+    argv = command if isinstance(command, list) else [command]
+    script = argv[-1] if argv[:2] == ["/bin/sh", "-c"] else " ".join(argv)
+    guest.setdefault("agent_pids", {})
+    pid = 4000 + len(guest["agent_pids"])
+    code = re.search(r"exit (\d+)", script)
+    pause = re.search(r"sleep (\d+)", script)
+    guest["agent_pids"][pid] = {"done_at": time.time() + (int(pause.group(1)) if pause else 0),
+                                "exitcode": int(code.group(1)) if code else 0, "out": f"ran: {script}\n"}
+    return {"pid": pid}
+
+
+def pve_agent_exec_status(call: Call, node: str, vmid: str) -> dict:
+    guest = _agent_ready(call, node, vmid)
+    process = guest.get("agent_pids", {}).get(int(call.arg("pid")))
+    if process is None:
+        raise ApiError(500, f"Agent error: Invalid parameter 'pid'")
+    if time.time() < process["done_at"]:
+        return {"exited": 0}  # only this while running (PROXMOX-FACTS)
+    return {"exited": 1, "exitcode": process["exitcode"], "out-data": process["out"]}
+
+
+def pve_agent_file_read(call: Call, node: str, vmid: str) -> dict:
+    guest = _agent_ready(call, node, vmid)
+    files = guest.setdefault("files", {"/etc/hostname": guest["name"] + "\n"})
+    path = call.arg("file")
+    if path not in files:
+        raise ApiError(500, f"Agent error: Failed to open file '{path}': No such file or directory")
+    return {"content": files[path], "bytes-read": len(files[path])}
+
+
+def pve_agent_file_write(call: Call, node: str, vmid: str) -> None:
+    guest = _agent_ready(call, node, vmid)
+    content = call.arg("content")
+    if str(call.arg("encode", "1")) == "0":
+        import base64
+        content = base64.b64decode(content).decode()
+    guest.setdefault("files", {})[call.arg("file")] = content
+
+
 def pve_lxc_interfaces(call: Call, node: str, vmid: str) -> list:
     guest = _guest(call, node, vmid, "lxc")
     if guest["status"] != "running":
@@ -1114,6 +1170,10 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
 }
+PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
+                 ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,
+                 ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"): pve_agent_file_read,
+                 ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): pve_agent_file_write}
 for _command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
     PVE_HANDLERS[("GET", f"/nodes/{{node}}/qemu/{{vmid}}/agent/{_command}")] = pve_agent(_command)
 for _kind in ("qemu", "lxc"):

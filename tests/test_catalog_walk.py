@@ -89,7 +89,8 @@ def call_for(product: str, entry: dict, upid: str):
         params[name] = value_for(name, spec, entry)
     # stateful handlers: a free vmid to create, a disk that exists to grow
     lxc = "/lxc" in entry["path"]
-    fresh = {"vmid": 902 if lxc else 900, "newid": 903 if lxc else 901, "target": "pve2", "protected": 0}
+    fresh = {"vmid": 902 if lxc else 900, "newid": 903 if lxc else 901, "target": "pve2", "protected": 0,
+             "pid": 4000, "file": "/etc/hostname"}
     if product == "pbs":
         fresh |= PBS_SNAPSHOT
     params.update({k: v for k, v in fresh.items() if k in params})

@@ -1,0 +1,431 @@
+"""Shells: commands on nodes and the PBS host over verified SSH, in containers (pct exec), and
+in VMs through the QEMU guest agent. Off by default (the exec gate), as safe as a shell can be:
+
+- host keys are always verified (known_hosts or a pinned SHA256 fingerprint), never added;
+- every argument that reaches a remote shell passes `sh_quote`, the one quoting function;
+- vmids and node names are checked by pattern before use;
+- every command runs under `timeout` on the remote side and has a local deadline;
+- output is stripped of terminal escapes, private keys are masked, size is capped, and the
+  answer is marked untrusted (it can carry prompt injection);
+- the policy decides (gates, protected guests, allowed vmids, confirmation) and audits the
+  command (masked), never stdin or file contents.
+"""
+import base64
+import re
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import paramiko
+from mcp.server.mcpserver import Context
+from pydantic import Field
+
+import policy
+from proxmox_client import ProxmoxError, pve_client
+from pve_tools import ConfirmArg, DryRunArg, Vmid, guest_path, resolve_guest
+
+MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
+MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
+NODE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass
+class SshTarget:
+    """How to reach the nodes of one host label (PVE) or its Backup Server (PBS) over SSH."""
+    label: str
+    product: str
+    nodes: dict[str, tuple[str, int]]  # node name -> (address, port); PBS: {"pbs": ...}
+    user: str = "root"
+    key_file: str | None = None
+    key_passphrase: str | None = field(default=None, repr=False)
+    sudo: bool = False
+    known_hosts: str | None = None
+    fingerprints: dict[str, str] = field(default_factory=dict)  # node -> SHA256:...
+    timeout: float = 30.0
+
+
+TARGETS: dict[tuple[str, str], SshTarget] = {}
+EXEC_ALLOWED_VMIDS: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None means any
+
+
+def configure(targets: list[SshTarget], allowed_vmids: set[int] | None) -> None:
+    global EXEC_ALLOWED_VMIDS
+    TARGETS.clear()
+    TARGETS.update({(t.product, t.label): t for t in targets})
+    EXEC_ALLOWED_VMIDS = allowed_vmids
+
+
+# ---------------------------------------------------------------- quoting and output
+
+def sh_quote(argument: str) -> str:
+    """The one quoting function for anything that reaches a remote shell: POSIX single quotes,
+    safe in dash and bash. NUL cannot be passed in an argument at all, so it is refused."""
+    if "\x00" in argument:
+        raise ProxmoxError("A command or argument contains a NUL byte, which no shell argument can carry.")
+    return shlex.quote(argument)
+
+
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean_output(text: str) -> tuple[str, bool]:
+    """Terminal escapes and control characters out, private keys masked, size capped."""
+    text = CONTROL.sub("", ANSI.sub("", text.replace("\r\n", "\n")))
+    text = policy.mask(text)
+    if len(text) > MAX_OUTPUT:
+        return text[:MAX_OUTPUT], True
+    return text, False
+
+
+# ---------------------------------------------------------------- connections
+
+class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
+    """Accept a key that is not in known_hosts only when it matches the pinned fingerprint."""
+
+    def __init__(self, pinned: str | None, where: str):
+        self.pinned, self.where = pinned, where
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        offered = key.fingerprint
+        if self.pinned and self.pinned == offered:
+            return
+        what = "does not match the pinned fingerprint" if self.pinned else "is unknown (not in known_hosts, none pinned)"
+        raise paramiko.SSHException(
+            f"Host key of {self.where} {what}: it offers {offered}. If that is really the node's key (compare with "
+            f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on it), pin it with {self.pin_variable}={offered} "
+            f"or add it to the known_hosts file.")
+
+    pin_variable = "_SSH_FINGERPRINTS"
+
+
+_connections: dict[tuple[str, str, str], paramiko.SSHClient] = {}
+_connections_lock = threading.Lock()
+
+
+def target_for(product: str, label: str | None) -> SshTarget:
+    targets = {k[1]: t for k, t in TARGETS.items() if k[0] == product}
+    if label is None and len(targets) == 1:
+        return next(iter(targets.values()))
+    if label is None or label.lower() not in targets:
+        prefix = "PROXMOX_<LABEL>_SSH_NODES" if product == "pve" else "PBS_<LABEL>_SSH_HOST"
+        raise ProxmoxError(f"No SSH access is configured for {product.upper()} host {label or '(any)'}; "
+                           f"set {prefix}. Configured: {', '.join(sorted(targets)) or 'none'}.")
+    return targets[label.lower()]
+
+
+def connect(target: SshTarget, node: str) -> paramiko.SSHClient:
+    """A verified connection to one node, reused while it stays up."""
+    if not NODE_NAME.match(node) or node not in target.nodes:
+        raise ProxmoxError(f"No SSH address for node '{node}' of host '{target.label}'. "
+                           f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
+    key = (target.product, target.label, node)
+    with _connections_lock:
+        client = _connections.get(key)
+        if client is not None and client.get_transport() is not None and client.get_transport().is_active():
+            return client
+        address, port = target.nodes[node]
+        client = paramiko.SSHClient()
+        if target.known_hosts:
+            client.load_host_keys(target.known_hosts)
+        prefix = "PROXMOX" if target.product == "pve" else "PBS"
+        verify = _VerifyHostKey(target.fingerprints.get(node), f"{node} ({address}:{port})")
+        verify.pin_variable = f"{prefix}_{target.label.upper()}_SSH_FINGERPRINTS" if target.product == "pve" \
+            else f"{prefix}_{target.label.upper()}_SSH_FINGERPRINT"
+        client.set_missing_host_key_policy(verify)
+        try:
+            client.connect(address, port=port, username=target.user, key_filename=target.key_file,
+                           passphrase=target.key_passphrase, timeout=10, banner_timeout=10, auth_timeout=10,
+                           allow_agent=target.key_file is None, look_for_keys=False)
+        except paramiko.BadHostKeyException as exc:
+            raise ProxmoxError(f"Host key of {node} ({address}:{port}) CHANGED: known_hosts has "
+                               f"{exc.expected_key.fingerprint}, the server offers {exc.key.fingerprint}. Refused. "
+                               f"If the node was reinstalled, update known_hosts; otherwise treat it as an attack.") from None
+        except paramiko.AuthenticationException:
+            raise ProxmoxError(f"SSH login as {target.user} on {node} failed: the key was refused. Check "
+                               f"{prefix}_{target.label.upper()}_SSH_KEY_FILE and the node's authorized_keys.") from None
+        except (paramiko.SSHException, socket.error, OSError) as exc:
+            raise ProxmoxError(f"SSH to {node} ({address}:{port}) failed: {exc}") from None
+        _connections[key] = client
+        return client
+
+
+@dataclass
+class Result:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+
+    def answer(self, **extra: Any) -> dict:
+        result: dict[str, Any] = {"exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                                  "untrusted": True} | extra
+        if self.truncated:
+            result["truncated"] = True
+        if self.timed_out:
+            result["timed_out"] = True
+            result["note"] = "The command hit its timeout; it was signalled but may still be running on the host."
+        return result
+
+
+def run(target: SshTarget, node: str, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+    """Run a shell command line on a node: remote `timeout` signals it, a local deadline closes
+    the channel. A dropped connection is reopened once."""
+    limit = timeout or target.timeout
+    wrapped = f"timeout --signal=TERM --kill-after=5 {int(limit)} /bin/sh -c {sh_quote(command)}"
+    if target.sudo:
+        wrapped = "sudo -n " + wrapped
+    for attempt in (1, 2):
+        client = connect(target, node)
+        try:
+            channel = client.get_transport().open_session(timeout=10)
+            break
+        except (paramiko.SSHException, EOFError, OSError, AttributeError):
+            with _connections_lock:
+                _connections.pop((target.product, target.label, node), None)
+            if attempt == 2:
+                raise ProxmoxError(f"The SSH connection to {node} dropped and could not be reopened.") from None
+    channel.settimeout(1.0)
+    channel.exec_command(wrapped)
+    if stdin is not None:
+        channel.sendall(stdin)
+    channel.shutdown_write()
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + limit + 7
+    timed_out = False
+    while True:
+        for receive, buffer in ((channel.recv, out), (channel.recv_stderr, err)):
+            try:
+                while True:
+                    chunk = receive(32768)
+                    if not chunk:
+                        break
+                    if len(buffer) < MAX_OUTPUT * 4:
+                        buffer.extend(chunk)
+            except socket.timeout:
+                pass
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            break
+        if channel.closed or time.monotonic() > deadline:
+            timed_out = not channel.exit_status_ready()
+            break
+    exit_code = channel.recv_exit_status() if channel.exit_status_ready() else None
+    channel.close()
+    if exit_code == 124:  # coreutils timeout: the command was signalled
+        timed_out = True
+    stdout, cut_out = clean_output(out.decode("utf-8", "replace"))
+    stderr, cut_err = clean_output(err.decode("utf-8", "replace"))
+    return Result(exit_code, stdout, stderr, timed_out, cut_out or cut_err or len(out) >= MAX_OUTPUT * 4)
+
+
+# ---------------------------------------------------------------- the policy for shells
+
+@dataclass
+class _ShellHost:
+    """What the policy needs to know about the host a shell runs on."""
+    product: str
+    label: str
+    token_id: str = ""
+
+
+def authorize(product: str, label: str, gate: str, what: str, guests: list[int]) -> None:
+    """The policy for a shell action: gate open, guest not protected and allowed, the user's
+    confirmation; refusals and runs are audited (the command masked, never stdin)."""
+    host = _ShellHost(product, label)
+    rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
+    try:
+        for needed in ("exec", gate):
+            if not policy.gate_open(rules, needed):
+                raise policy.PolicyError(f"{what} on host '{label}' needs the '{needed}' gate, which is closed. "
+                                         f"The operator can open it with {policy.how_to_open(needed, label, product)}.")
+        for vmid in guests:
+            entry = policy.SETTINGS.protected.find(label, vmid, product)
+            if entry or policy.SETTINGS.protected.error:
+                reason = entry.get("reason") if entry else policy.SETTINGS.protected.error
+                raise policy.PolicyError(f"Guest {vmid} is protected on host '{label}': {reason}. Refused.")
+            if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
+                raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS "
+                                         f"({', '.join(map(str, sorted(EXEC_ALLOWED_VMIDS)))}). Refused.")
+        call = policy.CALL.get()
+        if call.get("dry_run") or policy.SETTINGS.dry_run:
+            policy.audit(host, "SSH", what, {}, "dry_run")
+            raise policy.DryRun({"dry_run": True, "host": label, "run": what, "gate": gate, "guests": guests,
+                                 "needs_confirmation": True})
+        confirm = call.get("confirm")
+        decision = policy.Decision(what, what, gate, [f"runs: {what}"], guests, confirm=True)
+        if confirm is None:
+            raise policy.PolicyError("This call needs the user's confirmation, which this caller cannot give.")
+        confirm(_ConfirmClient(host), decision)
+    except policy.PolicyError as exc:
+        policy.audit(host, "SSH", what, {}, "refused", error=str(exc))
+        raise
+    policy.audit(host, "SSH", what, {}, "sent")
+
+
+class _ConfirmClient:
+    """Enough of a client for the confirmation message (the host label and product)."""
+
+    def __init__(self, host: _ShellHost):
+        self.host = host
+
+
+# ---------------------------------------------------------------- tools
+
+PveHost = Annotated[str | None, Field(description="PVE host label; optional with one host.")]
+Command = Annotated[str, Field(min_length=1, max_length=16384, description="Shell command line (run by /bin/sh -c).")]
+Timeout = Annotated[int, Field(ge=1, le=3600, description="Seconds before the command is signalled.")]
+Node = Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$", description="Node name.")]
+Where = Annotated[str, Field(description="A PVE node name, or 'pbs' for the Backup Server.")]
+
+
+def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
+    if where == "pbs":
+        return target_for("pbs", host), "pbs"
+    return target_for("pve", host), where
+
+
+def ssh_check(where: Where, host: Annotated[str | None, Field(description="Host label.")] = None) -> dict:
+    """Connect to a node (or the PBS host, where='pbs') over SSH: the verified host key
+    fingerprint, the login user and the Proxmox version. Changes nothing."""
+    target, node = _where(where, host)
+    client = connect(target, node)
+    fingerprint = client.get_transport().get_remote_server_key().fingerprint
+    version = "proxmox-backup-manager versions" if target.product == "pbs" else "pveversion"
+    result = run(target, node, f"id -un; {version}", timeout=20)
+    lines = result.stdout.splitlines()
+    return {"node": node, "fingerprint": fingerprint, "user": lines[0] if lines else None,
+            "version": " ".join(lines[1:])[:300] or result.stderr[:300], "exit_code": result.exit_code, "untrusted": True}
+
+
+DIAGNOSTICS = """
+echo '== disk'; df -hP -x tmpfs -x devtmpfs -x overlay 2>&1 | head -40
+echo '== zfs'; if command -v zpool >/dev/null; then zpool status -x 2>&1 | head -40; else echo 'no zfs'; fi
+echo '== failed units'; systemctl --failed --no-legend --plain 2>&1 | head -40
+echo '== journal errors'; journalctl -p err -n 30 --no-pager -o short-iso -q 2>&1 | tail -30
+echo '== memory'; free -m 2>&1; cat /proc/pressure/memory 2>/dev/null
+echo '== smart'; if command -v smartctl >/dev/null; then for d in /dev/sd? /dev/nvme?n1; do [ -e "$d" ] && smartctl -H "$d" 2>&1 | grep -iE 'result|status' | sed "s|^|$d: |"; done; else echo 'smartctl not installed'; fi
+"""
+
+
+def node_diagnostics(where: Where, host: Annotated[str | None, Field(description="Host label.")] = None) -> dict:
+    """Fixed health commands on a node or the PBS host over SSH: disk use, ZFS pools, failed
+    systemd units, recent journal errors, memory pressure, SMART. Takes no command."""
+    target, node = _where(where, host)
+    result = run(target, node, DIAGNOSTICS, timeout=60)
+    sections: dict[str, str] = {}
+    current = "output"
+    for line in result.stdout.splitlines():
+        if line.startswith("== "):
+            current = line[3:].strip()
+            sections[current] = ""
+        else:
+            sections[current] = sections.get(current, "") + line + "\n"
+    return {"node": node, "sections": {k: v.strip() for k, v in sections.items()}, "untrusted": True}
+
+
+def write_node_exec(where: Where, command: Command, host: Annotated[str | None, Field(description="Host label.")] = None,
+                    timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Run a shell command on a PVE node or the PBS host (where='pbs') as the SSH user.
+    Elevated: needs the exec and elevated gates and the user's confirmation."""
+    target, node = _where(where, host)
+    authorize(target.product, target.label, "elevated", f"node {node}: {command}", [])
+    return run(target, node, command, timeout=timeout).answer(node=node)
+
+
+def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+                   stdin: Annotated[str | None, Field(max_length=MAX_FILE, description="Text fed to the command.")] = None,
+                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Run a shell command inside a container (pct exec on its node). A non-zero exit code is a
+    result, not an error."""
+    client = pve_client(host)
+    row = resolve_guest(client, vmid)
+    if row["type"] != "lxc":
+        raise ProxmoxError(f"Guest {vmid} is a VM; use write_vm_exec.")
+    target = target_for("pve", client.host.label)
+    authorize("pve", client.host.label, "exec", f"pct exec {vmid}: {command}", [vmid])
+    line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
+    data = stdin.encode() if stdin is not None else None
+    return run(target, row["node"], line, timeout=timeout, stdin=data).answer(vmid=vmid, node=row["node"])
+
+
+def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+                  dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Run a shell command in a VM through the QEMU guest agent (no SSH needed); waits for it to
+    exit. A non-zero exit code is a result, not an error."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] != "qemu":
+        raise ProxmoxError(f"Guest {vmid} is a container; use write_lxc_exec.")
+    if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
+        raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS. Refused.")
+    started = None
+    deadline = time.monotonic() + timeout
+    while started is None:  # right after boot the agent answers guest-ping with a timeout for a while
+        try:
+            started = client.request("POST", f"{base}/agent/exec", {"command": ["/bin/sh", "-c", command]})
+        except ProxmoxError as exc:
+            if "got timeout" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+    pid = started["pid"]
+    delay = 0.2
+    while True:
+        status = client.get(f"{base}/agent/exec-status", pid=pid) or {}
+        if status.get("exited"):
+            break
+        if time.monotonic() > deadline:
+            return Result(None, "", "", timed_out=True).answer(vmid=vmid, pid=pid)
+        time.sleep(delay)  # polling the agent
+        delay = min(delay * 1.5, 2.0)
+    stdout, cut_out = clean_output(status.get("out-data", ""))
+    stderr, cut_err = clean_output(status.get("err-data", ""))
+    truncated = cut_out or cut_err or bool(status.get("out-truncated") or status.get("err-truncated"))
+    return Result(status.get("exitcode", status.get("signal")), stdout, stderr, truncated=truncated).answer(vmid=vmid)
+
+
+GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="Absolute path in the guest.")]
+
+
+def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry_run: DryRunArg = False,
+                          confirm: ConfirmArg = False) -> dict:
+    """Read a file inside a VM (guest agent) or a container (pct pull), up to 1 MiB. Needs the
+    exec gate: files can hold secrets."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] == "qemu":
+        data = client.get(f"{base}/agent/file-read", file=path) or {}
+        content, truncated = clean_output(data.get("content", ""))
+        return {"vmid": vmid, "path": path, "content": content, "truncated": truncated or bool(data.get("truncated")),
+                "untrusted": True}
+    target = target_for("pve", client.host.label)
+    authorize("pve", client.host.label, "exec", f"pct pull {vmid} {path}", [vmid])
+    line = (f"t=$(mktemp) && pct pull {int(vmid)} {sh_quote(path)} \"$t\" && head -c {MAX_FILE} \"$t\"; "
+            f"s=$?; rm -f \"$t\"; exit $s")
+    result = run(target, row["node"], line, timeout=60)
+    if result.exit_code != 0:
+        raise ProxmoxError(f"Reading {path} in container {vmid} failed: {result.stderr.strip()[:300]}")
+    return {"vmid": vmid, "path": path, "content": result.stdout, "truncated": result.truncated, "untrusted": True}
+
+
+def write_guest_file_write(vmid: Vmid, path: GuestPath,
+                           content: Annotated[str, Field(max_length=MAX_FILE, description="Text to write (replaces the file).")],
+                           host: PveHost = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+    """Write a file inside a VM (guest agent) or a container (pct push), replacing it. Exec gate
+    and the user's confirmation; the content is never logged."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] == "qemu":
+        encoded = base64.b64encode(content.encode()).decode()
+        client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
+        return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}
+    target = target_for("pve", client.host.label)
+    authorize("pve", client.host.label, "exec", f"pct push {vmid} {path}", [vmid])
+    line = f"t=$(mktemp) && cat > \"$t\" && pct push {int(vmid)} \"$t\" {sh_quote(path)}; s=$?; rm -f \"$t\"; exit $s"
+    result = run(target, row["node"], line, timeout=60, stdin=content.encode())
+    if result.exit_code != 0:
+        raise ProxmoxError(f"Writing {path} in container {vmid} failed: {result.stderr.strip()[:300]}")
+    return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

@@ -1,0 +1,299 @@
+"""Shell tools against a REAL OpenSSH server on loopback (generated host and user keys, fake
+pct, pveversion, proxmox-backup-manager and sudo on its PATH) and the guest agent path
+against the simulator. The injection corpus runs through real bash and dash."""
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import LOG_DIR, run_server, stdio_session
+
+SSHD = "/usr/sbin/sshd"
+pytestmark = pytest.mark.skipif(not os.path.exists(SSHD) and not os.environ.get("CI"),
+                                 reason="openssh-server is not installed (.ci/run installs it)")
+
+FAKE_PCT = r"""#!/bin/sh
+# pct as PROXMOX-FACTS describes it: exec passes exit codes through, a stopped CT fails with 255
+root="$FAKE_ROOT"
+case "$1" in
+  exec) vmid="$2"; shift 2; [ "$1" = "--" ] && shift
+        if [ "$vmid" = "103" ]; then echo "container '103' not running!" >&2; exit 255; fi
+        exec "$@" ;;
+  pull) mkdir -p "$(dirname "$4")"; cat "$root/$2$3" > "$4" ;;
+  push) mkdir -p "$(dirname "$root/$2$4")"; cat "$3" > "$root/$2$4" ;;
+  *) echo "fake pct: unknown command $1" >&2; exit 2 ;;
+esac
+"""
+FAKE_SUDO = """#!/bin/sh
+[ "$1" = "-n" ] || { echo "sudo: a password is required" >&2; exit 1; }
+shift; echo "via-sudo" >&2; exec "$@"
+"""
+SCRIPTS = {"pct": FAKE_PCT, "sudo": FAKE_SUDO,
+           "pveversion": "#!/bin/sh\necho 'pve-manager/9.2.1/0d3f1c6ba8d1e2a7 (running kernel: 6.14.11-2-pve)'\n",
+           "proxmox-backup-manager": "#!/bin/sh\necho 'proxmox-backup-server 4.2.1-1 running version: 4.2.1'\n",
+           "qm": "#!/bin/sh\necho '{\"exitcode\":0,\"exited\":1,\"out-data\":\"ok\"}'\n"}
+PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
+             {"host": "lab", "vmid": 105, "name": "ci-runner", "reason": "runs the release pipeline"}]
+
+
+def fingerprint(public_key: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(public_key), "-E", "sha256"], capture_output=True, text=True)
+    return out.stdout.split()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd():
+    # not under pytest's tmp (mode 0700): the unprivileged dash user must read keys and run scripts
+    base = Path(tempfile.mkdtemp(prefix="mcp-sshd-"))
+    base.chmod(0o755)
+    for name in ("host", "user", "other"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / name)], check=True)
+    (base / "authorized_keys").write_text((base / "user.pub").read_text())
+    bin_dir = base / "bin"
+    bin_dir.mkdir()
+    for name, text in SCRIPTS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    fake_root = base / "guests"
+    (fake_root / "102" / "etc").mkdir(parents=True)
+    (fake_root / "102" / "etc" / "hostname").write_text("dns\n")
+    try:
+        pwd.getpwnam("mcpdash")
+    except KeyError:  # a user whose login shell is dash, for the injection corpus
+        subprocess.run(["useradd", "-M", "-s", "/usr/bin/dash", "mcpdash"], check=True)
+    subprocess.run(["usermod", "-p", "*", "mcpdash"], check=True)  # no password, but not locked (sshd refuses "!")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (base / "sshd_config").write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {base / 'host'}
+PidFile {base / 'sshd.pid'}
+AuthorizedKeysFile {base / 'authorized_keys'}
+StrictModes no
+UsePAM no
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowUsers root mcpdash
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root}
+LogLevel ERROR
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    LOG_DIR.mkdir(exist_ok=True)
+    log = open(LOG_DIR / "sshd.log", "a")
+    process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
+    deadline = time.monotonic() + 20
+    while True:  # readiness: the port accepts connections
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, (LOG_DIR / "sshd.log").read_text()[-500:]
+            time.sleep(0.05)
+    yield {"port": port, "base": base, "fingerprint": fingerprint(base / "host.pub"), "root": fake_root,
+           "process": process}
+    process.terminate()
+    process.wait(timeout=10)
+    log.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def ssh_env(sim, sshd, tmp, user="root", **extra):
+    port, pin = sshd["port"], sshd["fingerprint"]
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    nodes = ",".join(f"pve{i}=127.0.0.1:{port}" for i in (1, 2, 3))
+    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "write", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_LAB_SSH_NODES": nodes, "PROXMOX_LAB_SSH_USER": user,
+        "PROXMOX_LAB_SSH_KEY_FILE": str(sshd["base"] / "user"),
+        "PROXMOX_LAB_SSH_FINGERPRINTS": ",".join(f"pve{i}={pin}" for i in (1, 2, 3)),
+        "PBS_LAB_SSH_HOST": f"127.0.0.1:{port}", "PBS_LAB_SSH_KEY_FILE": str(sshd["base"] / "user"),
+        "PBS_LAB_SSH_FINGERPRINT": pin, "PBS_LAB_SSH_USER": user,
+        "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl"),
+    } | extra
+
+
+@pytest.fixture(scope="module")
+def shell(sim, sshd, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shell")
+    with stdio_session(ssh_env(sim, sshd, tmp), log_name="shell") as session:
+        session.tmp = tmp
+        yield session
+
+
+# ---------------------------------------------------------------- connecting
+
+def test_ssh_check_verifies_the_pinned_key(shell, sshd):
+    node = shell.ok("ssh_check", {"where": "pve2"})
+    assert node["fingerprint"] == sshd["fingerprint"] and node["user"] == "root"
+    assert node["version"].startswith("pve-manager/9.2.1")
+    pbs = shell.ok("ssh_check", {"where": "pbs"})
+    assert "proxmox-backup-server 4.2.1" in pbs["version"]
+
+
+def test_a_wrong_pin_is_refused_and_the_offered_key_shown(sim, sshd, tmp_path):
+    other = fingerprint(sshd["base"] / "other.pub")
+    env = ssh_env(sim, sshd, tmp_path, PROXMOX_LAB_SSH_FINGERPRINTS=",".join(f"pve{i}={other}" for i in (1, 2, 3)))
+    with stdio_session(env, log_name="shell-wrong-pin") as session:
+        message = session.error("ssh_check", {"where": "pve1"})
+        assert "does not match the pinned fingerprint" in message and sshd["fingerprint"] in message
+        assert "PROXMOX_LAB_SSH_FINGERPRINTS" in message
+
+
+def test_a_changed_known_hosts_key_is_refused(sim, sshd, tmp_path):
+    known = tmp_path / "known_hosts"
+    key_type, key_data = (sshd["base"] / "other.pub").read_text().split()[:2]
+    known.write_text(f"[127.0.0.1]:{sshd['port']} {key_type} {key_data}\n")
+    env = ssh_env(sim, sshd, tmp_path, PROXMOX_LAB_SSH_KNOWN_HOSTS=str(known))
+    env.pop("PROXMOX_LAB_SSH_FINGERPRINTS")
+    with stdio_session(env, log_name="shell-changed") as session:
+        message = session.error("ssh_check", {"where": "pve1"})
+        assert "CHANGED" in message and sshd["fingerprint"] in message
+
+
+def test_unverifiable_host_keys_stop_the_server(sim, sshd, tmp_path):
+    env = ssh_env(sim, sshd, tmp_path)
+    env.pop("PROXMOX_LAB_SSH_FINGERPRINTS")
+    result = run_server(["--list-tools"], env)
+    assert result.returncode == 2 and "never trusted on first use" in result.stderr
+
+
+def test_exec_tools_need_the_gate_and_ssh(sim, sshd, tmp_path):
+    def offered(env):
+        with stdio_session(env, log_name="shell-offered") as session:
+            return {t.name for t in session.tools()}
+    base = ssh_env(sim, sshd, tmp_path)
+    closed = offered(base | {"PROXMOX_ALLOW_EXEC": "false"})
+    assert not {"write_lxc_exec", "write_vm_exec", "write_node_exec", "write_guest_file_write"} & closed
+    assert {"ssh_check", "node_diagnostics"} <= closed
+    no_ssh = offered({k: v for k, v in base.items() if "SSH" not in k})
+    assert "write_vm_exec" in no_ssh and "write_lxc_exec" not in no_ssh and "ssh_check" not in no_ssh
+    assert "write_node_exec" not in offered(base | {"PROXMOX_ALLOW_ELEVATED": "false"})
+
+
+# ---------------------------------------------------------------- running
+
+def test_node_exec_results_exit_codes_and_sudo(shell, sim, tmp_path, sshd):
+    ok = shell.ok("write_node_exec", {"where": "pve1", "command": "echo hello; echo oops >&2; exit 3", "confirm": True})
+    assert ok["stdout"] == "hello\n" and ok["stderr"] == "oops\n" and ok["exit_code"] == 3 and ok["untrusted"]
+    env = ssh_env(sim, sshd, tmp_path, PROXMOX_LAB_SSH_SUDO="true")
+    with stdio_session(env, log_name="shell-sudo") as session:
+        result = session.ok("write_node_exec", {"where": "pve1", "command": "id -un", "confirm": True})
+        assert result["stdout"] == "root\n" and "via-sudo" in result["stderr"]
+
+
+def test_node_exec_needs_confirmation(shell):
+    message = shell.error("write_node_exec", {"where": "pve1", "command": "reboot"})
+    assert "confirm=true" in message
+
+
+def test_timeout_signals_the_command(shell):
+    result = shell.ok("write_node_exec", {"where": "pve1", "command": "echo start; sleep 30; echo never",
+                                          "timeout": 1, "confirm": True})
+    assert result["timed_out"] is True and result["stdout"] == "start\n" and "may still be running" in result["note"]
+
+
+def test_huge_output_is_capped_and_escapes_stripped(shell):
+    result = shell.ok("write_node_exec", {"where": "pve1", "confirm": True, "command":
+                                          "printf '\\033[31mred\\033[0m\\n'; head -c 300000 /dev/zero | tr '\\0' x"})
+    assert result["stdout"].startswith("red\n") and "\x1b" not in result["stdout"]
+    assert result["truncated"] is True and len(result["stdout"]) == 64 * 1024
+
+
+def test_private_keys_are_masked(shell, sshd):
+    result = shell.ok("write_node_exec", {"where": "pve1", "command": f"cat {sshd['base'] / 'user'}", "confirm": True})
+    assert "PRIVATE KEY-----***" in result["stdout"] and "b3BlbnNzaC1rZXkt" not in result["stdout"]
+
+
+def test_lxc_exec_with_stdin_and_a_stopped_container(shell):
+    result = shell.ok("write_lxc_exec", {"vmid": 102, "command": "tr a-z A-Z", "stdin": "quiet\n", "confirm": True})
+    assert result["stdout"] == "QUIET\n" and result["exit_code"] == 0 and result["node"] == "pve3"
+    stopped = shell.ok("write_lxc_exec", {"vmid": 103, "command": "true", "confirm": True})
+    assert stopped["exit_code"] == 255 and "not running" in stopped["stderr"]
+    assert "is a VM" in shell.error("write_lxc_exec", {"vmid": 100, "command": "true", "confirm": True})
+
+
+def test_protected_and_not_allowed_guests_are_refused(shell, sim, sshd, tmp_path):
+    assert "release pipeline" in shell.error("write_lxc_exec", {"vmid": 105, "command": "true", "confirm": True})
+    message = shell.error("write_vm_exec", {"vmid": 101, "command": "id", "confirm": True})
+    assert "protected" in message and "production database" in message
+    env = ssh_env(sim, sshd, tmp_path, PROXMOX_EXEC_ALLOWED_VMIDS="102")
+    with stdio_session(env, log_name="shell-allowed") as session:
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_lxc_exec", {"vmid": 103, "command": "true",
+                                                                                "confirm": True})
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_vm_exec", {"vmid": 100, "command": "id",
+                                                                               "confirm": True})
+        assert session.ok("write_lxc_exec", {"vmid": 102, "command": "echo ok", "confirm": True})["stdout"] == "ok\n"
+
+
+def test_guest_files_in_containers_and_vms(shell, sshd, sim):
+    read = shell.ok("write_guest_file_read", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
+    assert read["content"] == "dns\n" and read["untrusted"]
+    shell.ok("write_guest_file_write", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
+                                        "confirm": True})
+    assert (sshd["root"] / "102" / "etc" / "motd").read_text() == "secret-motd-text\n"
+    shell.ok("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
+    assert sim.lab.guests[100]["files"]["/etc/motd"] == "vm motd\n"
+    missing = shell.error("write_guest_file_read", {"vmid": 102, "path": "/nope", "confirm": True})
+    assert "Reading /nope in container 102 failed" in missing
+
+
+def test_vm_exec_through_the_guest_agent(shell, sim):
+    result = shell.ok("write_vm_exec", {"vmid": 100, "command": "uname -a; exit 4", "confirm": True})
+    assert result["exit_code"] == 4 and result["stdout"] == "ran: uname -a; exit 4\n" and result["untrusted"]
+    sim.lab.guests[100]["agent_boot_pings"] = 1  # just booted: the first call times out, then it answers
+    assert shell.ok("write_vm_exec", {"vmid": 100, "command": "true", "confirm": True})["exit_code"] == 0
+    slow = shell.ok("write_vm_exec", {"vmid": 100, "command": "sleep 20", "timeout": 1, "confirm": True})
+    assert slow["timed_out"] is True
+    assert "not running" in shell.error("write_vm_exec", {"vmid": 104, "command": "true", "confirm": True})
+
+
+def test_node_diagnostics_runs_fixed_commands(shell):
+    report = shell.ok("node_diagnostics", {"where": "pve1"})
+    assert {"disk", "zfs", "failed units", "journal errors", "memory", "smart"} <= set(report["sections"])
+    assert "Filesystem" in report["sections"]["disk"] and report["untrusted"]
+
+
+def test_audit_records_commands_but_never_stdin_or_content(shell):
+    audit = (shell.tmp / "audit.jsonl").read_text()
+    assert "tr a-z A-Z" in audit and "quiet" not in audit and "secret-motd-text" not in audit
+
+
+# ---------------------------------------------------------------- the injection corpus
+
+PAYLOADS = [
+    "'", '"', "''", '""', "'\"'\"'", "\\", "\\'", "$HOME", "${HOME}", "$(id)", "`id`", "$((1+1))", "; id", "&& id",
+    "|| id", "| id", "& id", "> /tmp/x", "< /etc/passwd", "2>&1", "a\nb", "a\r\nb", "\nid\n", "\t\ttab", "*", "?",
+    "[a-z]", "~", "~root", "!!", "!$", "#comment", "-n", "--help", "-e \\x41", "--", "-", "a b  c", " lead", "trail ",
+    "ünïcödé", "日本語", "🙂 emoji", "\u202eRTL", "\x1b[31mred", "\x07bell", "$'\\x41'", "{a,b}", "a=b id",
+    "x" * 5000, "'$(id)'\"`id`\";id", "%s%n%x", "\\$(id)", "\"$(printf '\\x27')\"", ")(", "}{", "IFS=x",
+]
+
+
+def hexdump(text: str) -> str:
+    return text.encode().hex()
+
+
+@pytest.mark.parametrize("user", ["root", "mcpdash"], ids=["bash", "dash"])
+def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
+    assert len(PAYLOADS) >= 50
+    import shell_tools
+    env = ssh_env(sim, sshd, tmp_path, user=user)
+    with stdio_session(env, log_name=f"shell-inject-{user}") as session:
+        shell_of = subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout.split(":")[-1].strip()
+        assert shell_of.endswith("bash" if user == "root" else "dash")
+        for payload in PAYLOADS:
+            command = f"printf %s {shell_tools.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
+            for tool, target in (("write_node_exec", {"where": "pve1"}), ("write_lxc_exec", {"vmid": 102})):
+                result = session.ok(tool, target | {"command": command, "confirm": True})
+                assert result["stdout"] == hexdump(payload), (tool, payload)
+        message = session.error("write_node_exec", {"where": "pve1", "command": "echo a\x00b", "confirm": True})
+        assert "NUL" in message
