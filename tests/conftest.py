@@ -60,6 +60,15 @@ class Session:
         return self.portal.call(self.client.list_tools).tools
 
 
+def requests_during(sim: Any, action: Any, *, writes: bool = False) -> tuple[Any, list]:
+    """Run `action` and return its result with the requests the simulator received meanwhile
+    (only non-GET ones with writes=True). Background reads of token privileges are left out."""
+    before = len(sim.lab.requests)
+    result = action()
+    sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions" and (not writes or r[1] != "GET")]
+    return result, sent
+
+
 def server_env(extra: dict[str, str]) -> dict[str, str]:
     """A clean environment for a server process: no PROXMOX_/PBS_/MCP_ variables from outside."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXMOX_", "PBS_", "MCP_"))}

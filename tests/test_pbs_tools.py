@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import stdio_session
+from conftest import requests_during, stdio_session
 from simulator import Lab
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -29,14 +29,16 @@ def pbs(sim, tmp_path_factory):
         yield session
 
 
+def pbs_writes(sim, action):
+    """Writes sent during `action`, leaving out the prune preview (a POST with dry-run)."""
+    result, sent = requests_during(sim, action, writes=True)
+    return result, [r for r in sent if not r[2].endswith("/prune")]
+
+
 def rows(answer):
     return [dict(zip(answer["columns"], row)) for row in answer["rows"]]
 
 
-def writes_during(sim, action):
-    before = len(sim.lab.requests)
-    result = action()
-    return result, [r for r in sim.lab.requests[before:] if r[1] != "GET" and "prune" not in r[2]]
 
 
 def test_datastores_status_namespaces_groups(pbs):
@@ -110,12 +112,12 @@ def test_prune_removes_after_confirmation(pbs, sim):
 
 
 def test_protected_guest_backups_cannot_be_pruned_or_forgotten(pbs, sim):
-    message, sent = writes_during(sim, lambda: pbs.error("write_pbs_prune", {
+    message, sent = pbs_writes(sim, lambda: pbs.error("write_pbs_prune", {
         "store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 1, "confirm": True}))
     assert "protected" in message and "production database" in message
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "101")]) == 3  # only the preview ran
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "101")][0]["backup-time"]
-    message, sent = writes_during(sim, lambda: pbs.error("write_pbs_forget_snapshot", {
+    message, sent = pbs_writes(sim, lambda: pbs.error("write_pbs_forget_snapshot", {
         "store": "backup", "backup_type": "vm", "backup_id": "101", "backup_time": snap, "confirm": True}))
     assert "protected" in message and sent == []
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "101")]) == 3
@@ -159,7 +161,7 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     ("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5}, "backup_type"),
 ])
 def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
-    message, sent = writes_during(sim, lambda: pbs.error(tool, arguments))
+    message, sent = pbs_writes(sim, lambda: pbs.error(tool, arguments))
     assert expected in message and sent == []
 
 

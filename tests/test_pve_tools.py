@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import stdio_session
+from conftest import requests_during, stdio_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "write_resize_disk",
@@ -25,10 +25,6 @@ def ops(sim, tmp_path_factory):
         yield session
 
 
-def writes_during(sim, action):
-    before = len(sim.lab.requests)
-    result = action()
-    return result, [r for r in sim.lab.requests[before:] if r[1] != "GET"]
 
 
 def rows(answer):
@@ -188,7 +184,7 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
     if tool in ("write_delete_guest", "write_template"):
         sim.lab.guests[101]["status"] = "stopped"  # past the tool's own "stop it first" check
     try:
-        message, sent = writes_during(sim, lambda: ops.error(tool, {"vmid": 101} | arguments))
+        message, sent = requests_during(sim, writes=True, action=lambda: ops.error(tool, {"vmid": 101} | arguments))
     finally:
         sim.lab.guests[101]["status"] = "running"
     assert "protected" in message and "production database" in message
@@ -198,16 +194,16 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
 def test_snapshot_and_restore_refusals_for_protected(ops, sim):
     sim.lab.guests[101]["snapshots"] = [{"name": "keep", "snaptime": 1}]
     for tool in ("write_snapshot_rollback", "write_snapshot_delete"):
-        message, sent = writes_during(sim, lambda: ops.error(tool, {"vmid": 101, "name": "keep", "confirm": True}))
+        message, sent = requests_during(sim, writes=True, action=lambda: ops.error(tool, {"vmid": 101, "name": "keep", "confirm": True}))
         assert "protected" in message and sent == []
     archive = sim.lab.volumes["nfs-backup"][0]["volid"]
-    message, sent = writes_during(sim, lambda: ops.error("write_restore_backup", {
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_restore_backup", {
         "archive": archive, "vmid": 101, "overwrite": True, "confirm": True}))
     assert "protected" in message and sent == []
 
 
 def test_unprivileged_false_needs_the_elevated_gate(ops, sim):
-    message, sent = writes_during(sim, lambda: ops.error("write_create_lxc", {
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_create_lxc", {
         "hostname": "rooty", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "unprivileged": False}))
     assert "elevated" in message and "PROXMOX_ALLOW_ELEVATED" in message and sent == []
 
@@ -227,7 +223,7 @@ def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with stdio_session(env, log_name="tier-stop") as session:
-        message, sent = writes_during(sim, lambda: session.error("write_guest_power", {"vmid": 100, "action": "stop",
+        message, sent = requests_during(sim, writes=True, action=lambda: session.error("write_guest_power", {"vmid": 100, "action": "stop",
                                                                                         "confirm": True}))
         assert "destructive" in message and "PROXMOX_ACCESS=destructive" in message and sent == []
 
@@ -277,7 +273,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize("tool, arguments, expected", BAD_INPUT, ids=[f"{t}-{e[:20]}" for t, _, e in BAD_INPUT])
 def test_bad_input_is_refused_with_nothing_written(ops, sim, tool, arguments, expected):
-    message, sent = writes_during(sim, lambda: ops.error(tool, arguments))
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error(tool, arguments))
     assert expected in message
     assert sent == []
 
@@ -285,7 +281,7 @@ def test_bad_input_is_refused_with_nothing_written(ops, sim, tool, arguments, ex
 def test_nic_changes_fail_closed_when_bridges_cannot_be_read(ops, sim):
     sim.lab.fail.append((r"/nodes/pve1/network$", 500, "network config unavailable"))
     try:
-        message, sent = writes_during(sim, lambda: ops.error("write_set_nic", {"vmid": 100, "vlan": 10}))
+        message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_nic", {"vmid": 100, "vlan": 10}))
         assert "refusing to change a NIC blind" in message and sent == []
     finally:
         sim.lab.fail.clear()
@@ -294,11 +290,11 @@ def test_nic_changes_fail_closed_when_bridges_cannot_be_read(ops, sim):
 # ---------------------------------------------------------------- dry run and long tasks
 
 def test_dry_run_of_tool_writes(ops, sim):
-    plan, sent = writes_during(sim, lambda: ops.ok("write_guest_power", {"vmid": 100, "action": "reboot",
+    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_guest_power", {"vmid": 100, "action": "reboot",
                                                                           "dry_run": True}))
     assert plan["request"] == {"method": "POST", "path": "/nodes/pve1/qemu/100/status/reboot", "params": {}}
     assert plan["gate"] == "lifecycle" and plan["current"]["status"] == "running" and sent == []
-    plan, sent = writes_during(sim, lambda: ops.ok("write_delete_guest", {"vmid": 103, "dry_run": True}))
+    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_delete_guest", {"vmid": 103, "dry_run": True}))
     assert plan["gate"] == "destructive" and plan["needs_confirmation"] is True and sent == []
 
 

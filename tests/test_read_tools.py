@@ -1,16 +1,12 @@
 """The first read tools, through the SDK client over stdio against the simulator."""
 import pytest
 
-from conftest import stdio_session
+from conftest import requests_during, stdio_session
 
 READ_TOOLS = {"list_hosts", "cluster_status", "list_nodes", "list_guests", "get_guest", "list_storage",
               "list_tasks", "get_task"}
 
 
-def requests_during(sim, action):
-    before = len(sim.lab.requests)
-    result = action()
-    return result, sim.lab.requests[before:]
 
 
 def test_tool_list_names_and_annotations(session):
