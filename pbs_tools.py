@@ -3,16 +3,15 @@ writes around them (prune, forget, protect, notes, garbage collection, verify, r
 
 Same shape as pve_tools: plain functions returning dicts, one client, the policy in front.
 """
-import time
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy
-from proxmox_client import ProxmoxClient, ProxmoxError, parse_upid, pbs_client
-from pve_tools import (ConfirmArg, DryRunArg, Limit, WaitArg, compact, human_bytes, iso_time, percent,
-                       progress_reporter, table)
+from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client
+from pve_tools import (ConfirmArg, DryRunArg, Limit, WaitArg, compact, human_bytes, iso_time, log_page, percent,
+                       run_task, table, task_report)
 
 Host = Annotated[str | None, Field(description="PBS host label; optional with one PBS host.")]
 Store = Annotated[str, Field(description="Datastore name (pbs_list_datastores).")]
@@ -141,49 +140,16 @@ def pbs_get_task(upid: Annotated[str, Field(description="PBS task id (UPID).")],
                  wait_seconds: Annotated[int, Field(ge=0, le=3600, description="Wait up to this long for the end.")] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
     """Status, result and last log lines of a PBS task; with wait_seconds, waits (with progress)."""
-    client = pbs_client(host)
-    parse_upid(upid, "pbs")
-    if wait_seconds:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-        if outcome["status"] == "still_running":
-            outcome["next"] = "call pbs_get_task with this upid and wait_seconds to keep waiting"
-            return outcome
-    status = client.task_status(upid)
-    result = compact({"upid": upid, "type": status.get("type"), "id": status.get("id"), "status": status.get("status"),
-                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
-    if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
-    if status.get("status") == "stopped":
-        exit_status = status.get("exitstatus", "")
-        result["result"] = "ok" if exit_status == "OK" else (
-            "warnings" if exit_status.startswith("WARNINGS") else "failed")
-    return result
+    return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 
 def pbs_task_log(upid: Annotated[str, Field(description="PBS task id (UPID).")], host: Host = None,
                  start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
     """Log lines of a PBS task from `start`; `next_start` pages on."""
-    client = pbs_client(host)
-    parse_upid(upid, "pbs")
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
-    return result
+    return log_page(pbs_client(host), upid, start, limit)
 
 
 # ---------------------------------------------------------------- writes
-
-def _run(client: ProxmoxClient, method: str, path: str, params: dict, wait_seconds: int, ctx: Context | None,
-         action: str) -> dict:
-    data = client.request(method, path, params)
-    if not (isinstance(data, str) and data.startswith("UPID:")):
-        return {"action": action, "result": "ok"}
-    if not wait_seconds:
-        return {"action": action, "status": "started", "upid": data,
-                "next": "pbs_get_task with this upid and wait_seconds to follow it"}
-    return {"action": action} | client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-
 
 def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, host: Host = None, ns: Ns = None,
                     keep_last: Annotated[int | None, Field(ge=1)] = None,
@@ -255,7 +221,7 @@ def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dr
     """Start garbage collection on a datastore (frees chunks no snapshot uses); reports progress."""
     client = pbs_client(host)
     _check_store(client, store)
-    return _run(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
+    return run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
 
 
 def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
@@ -269,7 +235,7 @@ def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
         raise ProxmoxError("Give backup_type and backup_id together (and backup_time only with them).")
     params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time}
-    return _run(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx, f"verify {store}")
+    return run_task(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx, f"verify {store}")
 
 
 def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field()],
@@ -281,4 +247,4 @@ def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field(
     jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]
     if job_id not in jobs:
         raise ProxmoxError(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
-    return _run(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
+    return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")

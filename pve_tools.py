@@ -274,6 +274,38 @@ def list_tasks(host: Host = None,
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 
 
+def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
+                again: str) -> dict:
+    """A task's status, result and last log lines (both products); with wait_seconds, waits with
+    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
+    parse_upid(upid, client.host.product)
+    if wait_seconds:
+        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+        if outcome["status"] == "still_running":
+            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
+    status = client.task_status(upid)
+    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
+                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
+                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
+    if log_lines:
+        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+    if status.get("status") == "stopped":
+        exit_status = status.get("exitstatus", "")
+        result["result"] = "ok" if exit_status == "OK" else (
+            "warnings" if exit_status.startswith("WARNINGS") else "failed")
+    return result
+
+
+def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
+    """Log lines of a task from `start`, with `next_start` when there are more."""
+    parse_upid(upid, client.host.product)
+    lines = client.task_log(upid, start=start, limit=limit + 1)
+    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
+    if len(lines) > limit:
+        result["next_start"] = start + limit
+    return result
+
+
 def get_task(upid: Annotated[str, Field(description="Task id (UPID) from list_tasks or a write tool.")],
              host: Host = None,
              wait_seconds: Annotated[int, Field(ge=0, le=600, description="Wait up to this long for the task to end.")] = 0,
@@ -281,24 +313,7 @@ def get_task(upid: Annotated[str, Field(description="Task id (UPID) from list_ta
              ctx: Context | None = None) -> dict:
     """Status, result and last log lines of a task; with wait_seconds, waits for it to finish
     (progress is reported while it runs)."""
-    client = pve_client(host)
-    parse_upid(upid, "pve")
-    if wait_seconds:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-        if outcome["status"] == "still_running":
-            return outcome
-    status = client.task_status(upid)
-    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
-                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
-    if log_lines:
-        lines = client.task_log(upid, limit=0)
-        result["log"] = [line["t"] for line in lines[-log_lines:]]
-    if status.get("status") == "stopped":
-        exit_status = status.get("exitstatus", "")
-        result["result"] = "ok" if exit_status == "OK" else (
-            "warnings" if exit_status.startswith("WARNINGS") else "failed")
-    return result
+    return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
 # ================================================================ more reads
@@ -488,13 +503,7 @@ def list_pools(host: Host = None) -> dict:
 def task_log(upid: Annotated[str, Field(description="Task id (UPID).")], host: Host = None,
              start: Annotated[int, Field(ge=0, description="Lines to skip.")] = 0, limit: Limit = 100) -> dict:
     """Log lines of a task, from `start`; `next_start` pages on."""
-    client = pve_client(host)
-    parse_upid(upid, "pve")
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
-    return result
+    return log_page(pve_client(host), upid, start, limit)
 
 
 def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 50) -> dict:
@@ -533,12 +542,14 @@ def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, An
     """Send a write and, when it starts a task, wait for it with progress notifications.
     A failed task raises TaskFailed (a tool error with the last log lines)."""
     data = client.request(method, path, params)
-    _resources_cache.pop(client.host.label, None)  # the inventory may have changed
+    if client.host.product == "pve":
+        _resources_cache.pop(client.host.label, None)  # the inventory may have changed
     if not (isinstance(data, str) and data.startswith("UPID:")):
         return {"action": action, "result": "ok"}
     if not wait_seconds:
+        again = "get_task" if client.host.product == "pve" else "pbs_get_task"
         return {"action": action, "status": "started", "upid": data,
-                "next": "get_task with this upid and wait_seconds to follow it"}
+                "next": f"{again} with this upid and wait_seconds to follow it"}
     outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
     return {"action": action} | outcome
 
