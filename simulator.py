@@ -143,6 +143,11 @@ class Lab:
         self.networks: dict[str, list[dict]] = {}  # node -> interfaces
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
+        self.backup_jobs: list[dict] = []  # /cluster/backup
+        self.acl: list[dict] = []  # /access/acl as the access system holds it
+        self.users: list[dict] = []  # /access/users?full=1, tokens included
+        self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
+        self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         self.task_seconds = 0.6  # how long a simulated task runs
@@ -207,6 +212,16 @@ class Lab:
                 lab.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
                                if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
                                "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
+        lab.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
+                            "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
+        lab.users = [{"userid": "root@pam", "enable": 1, "expire": 0,
+                      "tokens": [{"tokenid": "admin", "privsep": 0, "expire": 0}]},
+                     {"userid": "mcp@pve", "enable": 1, "expire": 0,
+                      "tokens": [{"tokenid": "reader", "privsep": 1, "expire": int(time.time()) + 180 * 86400},
+                                 {"tokenid": "empty", "privsep": 1, "expire": int(time.time()) + 180 * 86400}]}]
+        lab.acl = [{"path": "/", "type": "token", "ugid": "mcp@pve!reader", "roleid": "PVEAuditor", "propagate": 1},
+                   {"path": "/", "type": "user", "ugid": "root@pam", "roleid": "Administrator", "propagate": 1}]
+        lab.cert_days = {name: 300 for name in names}
         lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
                                                  [("/", "PVEAuditor", True)])
         lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
@@ -1044,6 +1059,10 @@ def _agent_ready(call: Call, node: str, vmid: str) -> dict:
     return guest
 
 
+def pve_agent_ping(call: Call, node: str, vmid: str) -> None:
+    _agent_ready(call, node, vmid)
+
+
 def pve_agent_exec(call: Call, node: str, vmid: str) -> dict:
     """Runs nothing: answers like the agent would for `sh -c "<script>"`, echoing the script,
     with `exit N` in it as the exit code and `sleep N` making it take that long."""
@@ -1114,6 +1133,33 @@ def pve_rrddata(call: Call, node: str) -> list:
              "iowait": 0.01} for i in range(5)]
 
 
+def pve_certificates(call: Call, node: str) -> list:
+    _node(call, node)
+    notafter = int(time.time()) + call.lab.cert_days.get(node, 300) * 86400
+    return [{"filename": "pve-ssl.pem", "subject": f"/CN={node}.lab", "notafter": notafter,
+             "notbefore": notafter - 730 * 86400, "fingerprint": "AB:" * 31 + "AB"}]
+
+
+def pve_backup_jobs(call: Call) -> list:
+    return [dict(job) for job in call.lab.backup_jobs]
+
+
+def pve_users(call: Call) -> list:
+    full = str(call.arg("full", "0")) == "1"
+    return [{k: v for k, v in u.items() if full or k != "tokens"} for u in call.lab.users]
+
+
+def pve_acl(call: Call) -> list:
+    return [dict(entry) for entry in call.lab.acl]
+
+
+def pve_firewall_options(scope: str) -> Callable:
+    def handler(call: Call, node: str | None = None, vmid: str | None = None) -> dict:
+        key = "cluster" if scope == "cluster" else (vmid if vmid else node)
+        return {"enable": call.lab.firewall.get(key, 0), "policy_in": "DROP" if scope == "cluster" else "ACCEPT"}
+    return handler
+
+
 def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
@@ -1168,9 +1214,18 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_delete_volume,
     ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
     ("GET", "/cluster/log"): pve_cluster_log,
+    ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
+    ("GET", "/cluster/backup"): pve_backup_jobs,
+    ("GET", "/access/users"): pve_users,
+    ("GET", "/access/acl"): pve_acl,
+    ("GET", "/cluster/firewall/options"): pve_firewall_options("cluster"),
+    ("GET", "/nodes/{node}/firewall/options"): pve_firewall_options("node"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
     ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
 }
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
+                 ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,
                  ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,
                  ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"): pve_agent_file_read,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): pve_agent_file_write}

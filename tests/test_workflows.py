@@ -1,0 +1,182 @@
+"""Workflows against a lab built to contain the findings they must report (and not others):
+health_check, backup_coverage, security_audit, provisioning, the restore drill, wait_task,
+resources and prompts."""
+import json
+import time
+
+import pytest
+
+import simulator
+from conftest import requests_during, stdio_session
+
+GiB = 1024 ** 3
+
+
+@pytest.fixture(scope="module")
+def sim():
+    lab = simulator.Lab.homelab()
+    now = int(time.time())
+    lab.storages["nfs-backup"]["used"] = 1900 * GiB  # 95 %: a full storage
+    lab.acl.append({"path": "/", "type": "user", "ugid": "ops@pve", "roleid": "Administrator", "propagate": 1})
+    lab.cert_days["pve3"] = 10  # an expiring certificate
+    lab.guests[100]["config"]["hookscript"] = "local:snippets/hook.sh"
+    lab.guests[101]["config"]["hostpci0"] = "0000:01:00.0"
+    lab.guests[101]["lock"] = "backup"  # a guest stuck locked
+    # guest 102: its newest backups are five days old (stale)
+    store = lab.datastores["backup"]["groups"]
+    store[("", "ct", "102")] = [lab.pbs_snapshot(now - 5 * 86400 - d * 86400) for d in range(3)]
+    lab.volumes["nfs-backup"] = [v for v in lab.volumes["nfs-backup"] if v.get("vmid") != 102]
+    store[("", "vm", "999")] = [lab.pbs_snapshot(now - 86400)]  # a group whose guest is gone
+    lab.add_volume("local", "local:import/debian-13.qcow2", "import", 600 * 1024 ** 2)
+    with simulator.Simulator(lab) as running:
+        yield running
+        assert running.lab.schema_rejections == []
+
+
+@pytest.fixture(scope="module")
+def ops(sim, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("workflows")
+    (tmp / "protected.json").write_text("[]")
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    with stdio_session(env, log_name="workflows") as session:
+        yield session
+
+
+def areas(report):
+    return {(f["severity"], f["area"], f["finding"]) for f in report["findings"]}
+
+
+def test_health_check_reports_what_is_wrong_and_only_that(ops, sim):
+    report, sent = requests_during(sim, lambda: ops.ok("health_check"))
+    found = areas(report)
+    assert ("critical", "storage", "nfs-backup on pve1 is 95.0% full") in found
+    assert ("warning", "locks", "guest 101 (db) is locked (backup)") in found
+    assert ("warning", "certificates", "pve-ssl.pem on pve3 expires in 9 days") in found \
+        or ("warning", "certificates", "pve-ssl.pem on pve3 expires in 10 days") in found
+    assert any(f[1] == "tasks" and "vzdump 104" in f[2] for f in found)
+    assert not any(f[1] in ("quorum", "nodes", "memory", "pbs", "ha") for f in found)
+    assert report["summary"]["unavailable"] == 0 and report["thresholds"]["storage_warn_pct"] == 80
+    assert [f["severity"] for f in report["findings"]] == sorted(
+        (f["severity"] for f in report["findings"]), key=["critical", "warning", "info"].index)
+    pve_requests = [r for r in sent if r[0] == "pve"]
+    assert len(pve_requests) <= 3 + 2 * 3
+
+
+def test_unreadable_sections_are_unavailable_not_healthy(ops, sim):
+    sim.lab.fail.append((r"^/cluster/tasks$", 500, "pvestatd not responding"))
+    try:
+        report = ops.ok("health_check")
+    finally:
+        sim.lab.fail.clear()
+    assert report["unavailable"][0]["section"] == "tasks" and "pvestatd" in report["unavailable"][0]["reason"]
+    assert "tasks" not in report["checked"]
+
+
+def test_backup_coverage_checks_pve_and_pbs_against_each_other(ops, sim):
+    report, sent = requests_during(sim, lambda: ops.ok("backup_coverage"))
+    rows = {r[0]: dict(zip(report["guests"]["columns"], r)) for r in report["guests"]["rows"]}
+    assert rows[100]["state"] == "ok" and rows[100]["where"] == "pbs:backup" and rows[100]["verify"] == "ok"
+    assert rows[102]["state"] == "stale" and rows[102]["age_h"] > 100
+    assert rows[103]["state"] == "missing" and rows[103]["jobs"] == "backup-nightly"
+    assert rows[104]["state"] == "missing" and rows[104]["excluded_by"] == "backup-nightly" and rows[104]["jobs"] == ""
+    assert rows[105]["state"] == "ok"
+    assert report["orphan_pbs_groups"] == ["vm/999"]
+    assert {f["finding"].split(" backup")[0] for f in report["findings"] if f["area"] == "backups"} >= {
+        "guest 102 (dns)", "guest 103 (media)", "guest 104 (win11)"}
+    assert len(sent) <= 2 + 2 + 2  # resources, jobs, two backup storages, the datastore list and one datastore
+
+
+def test_security_audit(ops):
+    report = ops.ok("security_audit")
+    found = {f["finding"] for f in report["findings"]}
+    assert "token root@pam!admin belongs to root@pam" in found
+    assert "token root@pam!admin has privilege separation off (all of its user's rights)" in found
+    assert "ops@pve holds Administrator on / (everything)" in found
+    assert "guest 100 (web) runs hookscript local:snippets/hook.sh on the host" in found
+    assert "guest 101 (db) has host devices hostpci0" in found
+    assert "the datacenter firewall is off" not in found  # it is on in the lab
+    assert not any("mcp@pve!reader never expires" in f for f in found)
+    assert "two-factor authentication of users" in report["not_checked"]
+
+
+def test_wait_task_for_both_products(ops, sim):
+    pve = sim.lab.start_task("pve2", "qmstart", "101", duration=0.5)
+    pbs = sim.lab.start_task("pbs", "verify", "backup", duration=0.5, product="pbs")
+    progress = []
+    assert ops.ok("wait_task", {"upid": pve, "wait_seconds": 30}, progress=progress)["result"] == "ok"
+    assert ops.ok("wait_task", {"upid": pbs, "wait_seconds": 30})["result"] == "ok"
+
+
+def test_provision_lxc_and_vm_in_one_call(ops, sim):
+    ct = ops.ok("write_provision_lxc", {"hostname": "pihole", "template":
+                                        "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"})
+    assert ct["result"] == "ok" and [s["step"] for s in ct["steps"]] == [
+        "pick node", "next vmid", "pick bridge", "create", "start", "wait for address"]
+    assert ct["address"].startswith("192.0.2.") and sim.lab.guests[ct["vmid"]]["status"] == "running"
+    assert next(s for s in ct["steps"] if s["step"] == "pick bridge")["bridge"] == "vmbr0"  # the uplinked one
+    vm = ops.ok("write_provision_vm", {"name": "cloudy", "cloud_image": "local:import/debian-13.qcow2",
+                                       "ciuser": "admin"})
+    assert vm["result"] == "ok" and vm["address"].startswith("192.0.2.")
+
+
+def test_provision_failure_says_what_exists_and_deletes_nothing(ops, sim):
+    failed = ops.ok("write_provision_lxc", {"hostname": "x1", "template": "local:vztmpl/missing.tar.zst"})
+    assert failed["result"] == "failed" and failed["created"] == [] and "Nothing was created" in failed["note"]
+    sim.lab.fail.append((r"/lxc/\d+/status/start$", 500, "startup for container failed"))
+    before = set(sim.lab.guests)
+    try:
+        half = ops.ok("write_provision_lxc", {"hostname": "half", "template":
+                                              "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"})
+    finally:
+        sim.lab.fail.clear()
+    made = set(sim.lab.guests) - before
+    assert half["result"] == "failed" and len(made) == 1 and f"lxc {made.pop()}" in half["created"][0]
+    assert "Nothing was deleted" in half["note"]
+
+
+def test_restore_drill_proves_a_backup_and_cleans_up(ops, sim):
+    before = set(sim.lab.guests)
+    drill = ops.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+    assert drill["result"] == "ok" and set(sim.lab.guests) == before
+    assert [s["step"] for s in drill["steps"]] == ["restore", "cut network", "start", "guest answers",
+                                                   "destroy scratch"]
+    assert next(s for s in drill["steps"] if s["step"] == "cut network")["how"] == "link_down"
+    assert set(drill["timings"]) == {"restore_s", "start_s", "answer_s", "total_s"}
+    ct = ops.ok("write_restore_drill", {"vmid": 105, "confirm": True})
+    assert ct["result"] == "ok" and next(s for s in ct["steps"] if s["step"] == "cut network")["how"] == "bridge vmbr1"
+
+
+def test_restore_drill_failure_paths(ops, sim):
+    assert "Scratch vmid 101 exists" in ops.error("write_restore_drill", {"vmid": 100, "scratch_vmid": 101,
+                                                                          "confirm": True})
+    assert "has no backup" in ops.error("write_restore_drill", {"vmid": 103, "confirm": True})
+    before = set(sim.lab.guests)
+    sim.lab.fail.append((r"/agent/ping$", 500, "QEMU guest agent is not running"))
+    try:
+        silent = ops.ok("write_restore_drill", {"vmid": 100, "answer_seconds": 5, "confirm": True})
+    finally:
+        sim.lab.fail.clear()
+    assert silent["result"] == "failed" and set(sim.lab.guests) == before  # scratch destroyed anyway
+    assert next(s for s in silent["steps"] if s["step"] == "guest answers")["state"] == "failed"
+    sim.lab.fail.append((r"^/nodes/[^/]+/qemu$", 500, "restore failed - no space left on device"))
+    try:
+        broken = ops.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+    finally:
+        sim.lab.fail.clear()
+    assert broken["result"] == "failed" and "no space left" in broken["steps"][-1]["detail"]
+    assert broken["created"] == [] and set(sim.lab.guests) == before
+
+
+def test_resources_and_prompts(ops):
+    resources = ops.portal.call(ops.client.list_resource_templates)
+    uris = {t.uri_template for t in resources.resource_templates}
+    assert {"proxmox://{host}/guests", "pbs://{host}/datastores", "proxmox://{host}/cluster"} <= uris
+    guests = ops.portal.call(lambda: ops.client.read_resource("proxmox://lab/guests"))
+    assert json.loads(guests.contents[0].text)["columns"][0] == "vmid"
+    prompts = {p.name for p in ops.portal.call(ops.client.list_prompts).prompts}
+    assert prompts == {"cluster_health_review", "troubleshoot_guest", "provision_lxc", "safe_guest_change",
+                       "backup_review", "security_review"}
+    text = ops.portal.call(lambda: ops.client.get_prompt("troubleshoot_guest", {"vmid": "101"}))
+    assert "list_tasks vmid=101" in text.messages[0].content.text
