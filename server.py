@@ -77,6 +77,7 @@ GLOBALS = {
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_TOOLSETS": "comma list of guests, storage, network, tasks, pbs, shell, workflows, api, compact, all",
     "MCP_AUTH_TOKEN": "a long random string",
     "MCP_AUTH_TOKEN_FILE": "a file holding the token",
     "MCP_AUTH_REQUIRED": "true or false",
@@ -96,6 +97,7 @@ class Config:
     default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
     ssh: list[shell_tools.SshTarget] = field(default_factory=list)
     exec_allowed_vmids: set[int] | None = None
+    toolsets: tuple[str, ...] = ("all",)
     auth_token: str | None = field(default=None, repr=False)
     auth_required: bool = True
     allowed_hosts: list[str] = field(default_factory=list)
@@ -294,6 +296,11 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     elif not config.settings.protected.entries:
         config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
                                f"may ever change (your router, your NAS) before allowing writes.")
+    config.toolsets = tuple(t.strip().lower() for t in env.get("PROXMOX_TOOLSETS", "all").split(",") if t.strip())
+    unknown = [t for t in config.toolsets if t not in TOOLSETS]
+    if unknown or not config.toolsets:
+        raise ConfigError(f"PROXMOX_TOOLSETS={env.get('PROXMOX_TOOLSETS')!r}: unknown {', '.join(unknown) or 'empty'}; "
+                          f"use {GLOBALS['PROXMOX_TOOLSETS'].removeprefix('comma list of ')}.")
     config.log_level = env.get("PROXMOX_LOG_LEVEL", "INFO").upper()
     if config.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"PROXMOX_LOG_LEVEL={env['PROXMOX_LOG_LEVEL']!r} is not DEBUG, INFO, WARNING or ERROR.")
@@ -497,6 +504,31 @@ TOOLS = [
     ToolSpec(api_tools.api_read, "read", ""),
     ToolSpec(api_tools.write_api_call, "lifecycle", ""),
 ]
+# PROXMOX_TOOLSETS: which tools a configuration offers. list_hosts and server_info are always on.
+TOOLSETS: dict[str, tuple[str, ...]] = {
+    "guests": ("cluster_status", "list_nodes", "node_status", "list_guests", "get_guest", "guest_config",
+               "list_snapshots", "guest_agent_info", "list_pools", "write_guest_power", "write_snapshot_create",
+               "write_guest_config", "write_resize_disk", "write_clone_guest", "write_migrate_guest",
+               "write_template", "write_create_vm", "write_create_lxc", "write_snapshot_rollback",
+               "write_snapshot_delete", "write_delete_guest"),
+    "storage": ("list_storage", "storage_content", "list_backups", "write_backup_guest", "write_restore_backup",
+                "write_download_url", "write_delete_volume"),
+    "network": ("list_networks", "write_set_nic"),
+    "tasks": ("list_tasks", "get_task", "task_log", "cluster_log"),
+    "pbs": ("pbs_list_datastores", "pbs_datastore_status", "pbs_list_namespaces", "pbs_list_groups",
+            "pbs_list_snapshots", "pbs_list_jobs", "pbs_list_tasks", "pbs_get_task", "pbs_task_log", "write_pbs_gc",
+            "write_pbs_verify", "write_pbs_run_job", "write_pbs_protect_snapshot", "write_pbs_set_notes",
+            "write_pbs_prune", "write_pbs_forget_snapshot"),
+    "shell": ("ssh_check", "node_diagnostics", "write_vm_exec", "write_lxc_exec", "write_guest_file_read",
+              "write_guest_file_write", "write_node_exec"),
+    "workflows": ("health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
+                  "write_provision_vm", "write_restore_drill"),
+    "api": ("api_search", "api_describe", "api_read", "write_api_call"),
+}
+TOOLSETS["compact"] = TOOLSETS["api"] + TOOLSETS["workflows"]  # the whole API in few tools
+TOOLSETS["all"] = tuple(name for names in TOOLSETS.values() for name in names)
+ALWAYS_ON = ("list_hosts", "server_info")
+
 # MCP annotations per gate: (readOnlyHint, destructiveHint, idempotentHint)
 ANNOTATIONS = {
     "read": (True, False, True), "sensitive": (True, False, True), "lifecycle": (False, False, False),
@@ -603,8 +635,10 @@ def offered_tools(config: Config) -> list[ToolSpec]:
     """Tools this configuration offers: a product's tools only when a host of it is configured
     (all when none is), and only when the tool's gate is open on at least one such host."""
     products = {h.product for h in config.hosts}
+    chosen = set(ALWAYS_ON).union(*(TOOLSETS[name] for name in config.toolsets))
     return [spec for spec in TOOLS
-            if (not spec.product or not products or spec.product in products)
+            if spec.function.__name__ in chosen
+            and (not spec.product or not products or spec.product in products)
             and (not spec.ssh or config.ssh)
             and any(all(policy.gate_open(rules, gate) for gate in (spec.gate, *spec.also))
                     for rules in host_rules(config, spec.product))]
@@ -738,6 +772,40 @@ def tool_list_json(server) -> list[dict]:
     import anyio
     tools = anyio.run(server.list_tools)
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+
+def tool_catalog_markdown() -> str:
+    """docs/TOOLS.md: every tool the code defines (whatever the configuration), with its gate,
+    annotations, parameters and bytes."""
+    from mcp.server.mcpserver.tools import Tool
+    lines = ["# Tools", "", "Generated by `python server.py --list-tools --markdown`; a test fails when this file is "
+             "stale. Bytes are the tool's compact JSON in tools/list. Which tools a server offers depends on its "
+             "gates, toolsets, configured products and SSH (see README).", ""]
+    toolset_of = {name: set_name for set_name, names in TOOLSETS.items() if set_name not in ("compact", "all")
+                  for name in names}
+    for spec in TOOLS:
+        tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
+                                  description=" ".join((spec.function.__doc__ or "").split()),
+                                  annotations=annotations_for(spec), structured_output=False)
+        slim_schema(tool.parameters)
+        listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
+                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)}
+        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
+        gates = " + ".join((spec.gate, *spec.also))
+        lines += [f"## `{tool.name}`", "", tool.description, "",
+                  f"- gate: {gates}; toolset: {toolset_of.get(tool.name, 'always')}; "
+                  f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
+                  f"- annotations: {hints}",
+                  f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
+        required = set(tool.parameters.get("required", []))
+        for name, prop in tool.parameters.get("properties", {}).items():
+            kind = prop.get("type") or "/".join(v.get("type", "?") for v in prop.get("anyOf", []))
+            extra = f" one of {', '.join(map(str, prop['enum']))}." if "enum" in prop else ""
+            default = f" Default {json.dumps(prop['default'])}." if "default" in prop else ""
+            lines.append(f"  - `{name}` ({kind}{', required' if name in required else ''}): "
+                         f"{prop.get('description', '')}{extra}{default}".rstrip())
+        lines.append("")
+    return "\n".join(lines)
 
 
 def print_tool_list(config: Config, as_json: bool) -> None:
@@ -935,6 +1003,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--demo", action="store_true", help="serve a built-in simulated lab (no Proxmox needed)")
     parser.add_argument("--list-tools", action="store_true", help="print the tools this config offers, with sizes")
     parser.add_argument("--json", action="store_true", help="with --list-tools: machine-readable output")
+    parser.add_argument("--markdown", action="store_true", help="with --list-tools: the catalog of every tool")
     parser.add_argument("--check", action="store_true", help="connect to every host and report")
     parser.add_argument("--verify-audit", action="store_true", help="check the audit log's hash chain")
     return parser.parse_args(argv)
@@ -963,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
     policy.configure(config.settings)
     shell_tools.configure(config.ssh, config.exec_allowed_vmids)
 
+    if args.list_tools and args.markdown:
+        print(tool_catalog_markdown())
+        return 0
     if args.list_tools:
         print_tool_list(config, args.json)
         return 0

@@ -122,3 +122,30 @@ def test_list_tools_without_any_host_connects_nowhere():
 def test_logs_never_go_to_stdout_in_list_mode():
     result = run_server(["--list-tools"], {"PROXMOX_FOO": "1"})
     assert "PROXMOX_FOO" in result.stderr and "PROXMOX_FOO" not in result.stdout
+
+
+def test_toolsets_choose_the_tools():
+    compact = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "compact",
+                                                                 "PROXMOX_ACCESS": "write"}).stdout)
+    names = {t["name"] for t in compact["tools"]}
+    assert names == {"list_hosts", "server_info", "api_search", "api_describe", "api_read", "write_api_call",
+                     "health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
+                     "write_provision_vm"}
+    guests = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "guests,tasks"}).stdout)
+    assert "list_guests" in {t["name"] for t in guests["tools"]} and "pbs_list_groups" not in {
+        t["name"] for t in guests["tools"]}
+    bad = run_server(["--list-tools"], {"PROXMOX_TOOLSETS": "guests,everything"})
+    assert bad.returncode == 2 and "unknown everything" in bad.stderr
+
+
+def test_every_tool_belongs_to_a_toolset():
+    names = {spec.function.__name__ for spec in server.TOOLS}
+    assert names == set(server.TOOLSETS["all"]) | set(server.ALWAYS_ON)
+
+
+def test_the_tool_catalog_is_current():
+    from conftest import ROOT
+    generated = run_server(["--list-tools", "--markdown"], {})
+    assert generated.returncode == 0
+    assert (ROOT / "docs" / "TOOLS.md").read_text() == generated.stdout, \
+        "docs/TOOLS.md is stale: run python server.py --list-tools --markdown > docs/TOOLS.md"
