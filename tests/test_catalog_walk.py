@@ -63,6 +63,7 @@ def value_for(name: str, spec: dict, entry: dict):
 # migration must not move the guest the rest of the walk uses.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
                   "/nodes/{node}/lxc/{vmid}/migrate": {"node": "pve3", "vmid": "105"},
+                  "/nodes/{node}/qemu/{vmid}/template": {"node": "pve2", "vmid": "104"},  # a stopped VM
                   "/admin/prune/{id}/run": {"id": "p-backup"}, "/admin/sync/{id}/run": {"id": "s-backup"},
                   "/admin/verify/{id}/run": {"id": "v-backup"}}
 PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
