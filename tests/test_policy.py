@@ -294,7 +294,7 @@ def test_audit_lines_chain_and_tampering_is_found(tmp_path):
     try:
         threads = [threading.Thread(target=lambda i=i: [
             policy.audit(PVE, "POST", f"/nodes/pve1/qemu/{100 + i}/status/start", {"password": "hunter2"}, "sent")
-            for _ in range(25)]) for i in range(8)]
+            for _ in range(50)]) for i in range(20)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -303,12 +303,12 @@ def test_audit_lines_chain_and_tampering_is_found(tmp_path):
         policy.configure(original)
     path = tmp_path / "audit.jsonl"
     lines = path.read_text().splitlines()
-    assert len(lines) == 200
+    assert len(lines) == 1000
     assert "hunter2" not in path.read_text()
-    assert policy.verify_audit(path) == (200, None, "200 lines, chain intact")
+    assert policy.verify_audit(path) == (1000, None, "1000 lines, chain intact")
     record = json.loads(lines[50])
     record["path"] = "/nodes/pve1/qemu/999/status/start"
-    lines[50] = json.dumps(record, separators=(",", ":"))
+    lines[50] = json.dumps(record, separators=(",", ":"))  # line 51 altered
     path.write_text("\n".join(lines) + "\n")
     assert policy.verify_audit(path)[1] == 51
     del lines[50]
