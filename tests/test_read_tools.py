@@ -13,7 +13,7 @@ def test_tool_list_names_and_annotations(session):
     tools = {t.name: t for t in session.tools()}
     assert READ_TOOLS <= set(tools)
     for tool in tools.values():
-        assert tool.annotations.read_only_hint is True and tool.annotations.destructive_hint is False
+        assert tool.annotations.read_only_hint is True and not tool.annotations.destructive_hint
         assert not tool.name.startswith("write_")
         assert "title" not in tool.input_schema and tool.output_schema is None
         assert 20 < len(tool.description) < 300
