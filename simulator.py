@@ -148,6 +148,7 @@ class Lab:
         self.users: list[dict] = []  # /access/users?full=1, tokens included
         self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
         self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
+        self.replication: dict[str, list[dict]] = {}  # node -> replication job states
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         self.task_seconds = 0.6  # how long a simulated task runs
@@ -1140,6 +1141,11 @@ def pve_certificates(call: Call, node: str) -> list:
              "notbefore": notafter - 730 * 86400, "fingerprint": "AB:" * 31 + "AB"}]
 
 
+def pve_replication(call: Call, node: str) -> list:
+    _node(call, node)
+    return [dict(job) for job in call.lab.replication.get(node, [])]
+
+
 def pve_backup_jobs(call: Call) -> list:
     return [dict(job) for job in call.lab.backup_jobs]
 
@@ -1216,6 +1222,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
     ("GET", "/cluster/backup"): pve_backup_jobs,
+    ("GET", "/nodes/{node}/replication"): pve_replication,
     ("GET", "/access/users"): pve_users,
     ("GET", "/access/acl"): pve_acl,
     ("GET", "/cluster/firewall/options"): pve_firewall_options("cluster"),

@@ -64,16 +64,18 @@ def health_check(host: Host = None, pbs_host: PbsHost = None,
                  storage_warn_pct: Annotated[int, Field(ge=1, le=100)] = 80,
                  storage_crit_pct: Annotated[int, Field(ge=1, le=100)] = 90,
                  node_mem_warn_pct: Annotated[int, Field(ge=1, le=100)] = 90,
+                 node_cpu_warn_pct: Annotated[int, Field(ge=1, le=100)] = 90,
                  failed_task_hours: Annotated[int, Field(ge=1, le=720)] = 24,
                  cert_warn_days: Annotated[int, Field(ge=1, le=365)] = 30,
                  gc_max_days: Annotated[int, Field(ge=1, le=365)] = 7,
                  verify_max_days: Annotated[int, Field(ge=1, le=365)] = 30) -> dict:
-    """One-call cluster health: quorum, nodes, memory, storage fill, failed tasks, HA, locked
-    guests, certificate expiry, PBS fill, GC and verify age. Findings sorted by severity, each
-    with evidence and the next step."""
+    """One-call cluster health: quorum, nodes, CPU and memory, storage fill, failed tasks, HA,
+    replication, locked guests, certificate expiry, PBS fill, GC and verify age. Findings sorted
+    by severity, each with evidence and the next step."""
     client = pve_client(host)
     report = Report({"storage_warn_pct": storage_warn_pct, "storage_crit_pct": storage_crit_pct,
-                     "node_mem_warn_pct": node_mem_warn_pct, "failed_task_hours": failed_task_hours,
+                     "node_mem_warn_pct": node_mem_warn_pct, "node_cpu_warn_pct": node_cpu_warn_pct,
+                     "failed_task_hours": failed_task_hours,
                      "cert_warn_days": cert_warn_days, "gc_max_days": gc_max_days, "verify_max_days": verify_max_days})
     status = report.section("quorum", lambda: client.get("/cluster/status")) or []
     cluster = next((e for e in status if e.get("type") == "cluster"), None)
@@ -86,6 +88,10 @@ def health_check(host: Host = None, pbs_host: PbsHost = None,
     for node in (r for r in resources if r.get("type") == "node"):
         if node.get("status") == "online":
             online.append(node["node"])
+            load = percent(node.get("cpu"), 1)
+            if load is not None and load >= node_cpu_warn_pct:
+                report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
+                           {"cpu_pct": load, "cores": node.get("maxcpu")}, "find the busy guests (list_guests) and spread them")
             used = percent(node.get("mem"), node.get("maxmem"))
             if used is not None and used >= node_mem_warn_pct:
                 report.add("warning", "memory", f"node {node['node']} uses {used}% of its memory",
@@ -114,6 +120,11 @@ def health_check(host: Host = None, pbs_host: PbsHost = None,
                        {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
                        "read it with task_log")
     for node in online:
+        for job in report.section(f"replication {node}", lambda n=node: client.get(f"/nodes/{n}/replication")) or []:
+            if job.get("error") or job.get("fail_count"):
+                report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
+                           {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
+                           "check the target node and storage; run it again from the web UI")
         certs = report.section(f"certificates {node}", lambda n=node: client.get(f"/nodes/{n}/certificates/info")) or []
         for cert in certs:
             days = (cert.get("notafter", 0) - time.time()) / 86400

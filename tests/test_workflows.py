@@ -19,6 +19,9 @@ def sim():
     lab.storages["nfs-backup"]["used"] = 1900 * GiB  # 95 %: a full storage
     lab.acl.append({"path": "/", "type": "user", "ugid": "ops@pve", "roleid": "Administrator", "propagate": 1})
     lab.cert_days["pve3"] = 10  # an expiring certificate
+    lab.nodes["pve2"]["cpu"] = 0.97  # a node at full load
+    lab.replication["pve1"] = [{"id": "100-0", "guest": 100, "target": "pve2", "fail_count": 3,
+                                "error": "storage 'local-lvm' is not available on node 'pve2'", "last_sync": 0}]
     lab.guests[100]["config"]["hookscript"] = "local:snippets/hook.sh"
     lab.guests[101]["config"]["hostpci0"] = "0000:01:00.0"
     lab.guests[101]["lock"] = "backup"  # a guest stuck locked
@@ -56,6 +59,8 @@ def test_health_check_reports_what_is_wrong_and_only_that(ops, sim):
     assert ("warning", "certificates", "pve-ssl.pem on pve3 expires in 9 days") in found \
         or ("warning", "certificates", "pve-ssl.pem on pve3 expires in 10 days") in found
     assert any(f[1] == "tasks" and "vzdump 104" in f[2] for f in found)
+    assert ("warning", "cpu", "node pve2 runs at 97.0% CPU") in found
+    assert ("warning", "replication", "replication 100-0 on pve1 is failing") in found
     assert not any(f[1] in ("quorum", "nodes", "memory", "pbs", "ha") for f in found)
     assert report["summary"]["unavailable"] == 0 and report["thresholds"]["storage_warn_pct"] == 80
     assert [f["severity"] for f in report["findings"]] == sorted(
