@@ -40,6 +40,96 @@ def counted(sim, action) -> int:
     return len([r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"])
 
 
+def http_concurrency(clients: int = 50, calls: int = 20) -> dict:
+    """50 MCP clients over Streamable HTTP, 20 read calls each, all at once."""
+    import anyio
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from test_http import http_server
+
+    token = "bench-bearer-token-0123456789abcdef"
+    latencies: list[float] = []
+    errors = [0]
+
+    async def one(url: str) -> None:
+        transport = streamable_http_client(url, http_client=create_mcp_http_client(
+            headers={"Authorization": f"Bearer {token}"}))
+        async with Client(transport, mode="legacy") as client:
+            for _ in range(calls):
+                started = time.perf_counter()
+                result = await client.call_tool("list_guests", {})
+                latencies.append(time.perf_counter() - started)
+                errors[0] += int(result.is_error)
+
+    async def run_all(url: str) -> None:
+        async with anyio.create_task_group() as group:
+            for _ in range(clients):
+                group.start_soon(one, url)
+
+    with simulator.Simulator(simulator.Lab.homelab()) as sim, \
+            http_server(sim.env() | {"MCP_AUTH_TOKEN": token}) as base:
+        started = time.perf_counter()
+        anyio.run(run_all, base + "/mcp")
+        wall = time.perf_counter() - started
+    latencies.sort()
+    return {"calls": len(latencies), "errors": errors[0], "wall_s": round(wall, 2),
+            "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1),
+            "p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 1)}
+
+
+def memory_after_calls(calls: int) -> dict:
+    """RSS of the server process after half and after all of many read calls over HTTP."""
+    import socket
+
+    import anyio
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    def rss_mb(pid: int) -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return 0.0
+
+    token = "bench-bearer-token-0123456789abcdef"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    samples: dict[str, float] = {}
+    with simulator.Simulator(simulator.Lab.homelab()) as sim:
+        process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--http", "--port", str(port)],
+                                   env=server_env(sim.env() | {"MCP_AUTH_TOKEN": token}),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                    break
+                except requests.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+
+            async def run() -> None:
+                transport = streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=create_mcp_http_client(
+                    headers={"Authorization": f"Bearer {token}"}))
+                async with Client(transport, mode="legacy") as client:
+                    samples["start_mb"] = rss_mb(process.pid)
+                    for index in range(calls):
+                        await client.call_tool("list_guests" if index % 2 else "cluster_status", {})
+                        if index == calls // 2:
+                            samples["half_mb"] = rss_mb(process.pid)
+                    samples["end_mb"] = rss_mb(process.pid)
+            anyio.run(run)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    return {"calls": calls} | samples
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     figures: dict = {}
@@ -107,6 +197,8 @@ def main() -> None:
                                                      "default_page_bytes": answer_bytes(page),
                                                      "guests_reached_by_paging": seen}
 
+    figures["http_50_clients_x_20_calls"] = http_concurrency()
+    figures["memory_after_calls"] = memory_after_calls(2000 if quick else 10_000)
     (ROOT / "bench" / "results.json").write_text(json.dumps(figures, indent=1) + "\n")
     print(json.dumps(figures, indent=1))
 
