@@ -210,10 +210,17 @@ def run(target: SshTarget, node: str, command: str, *, timeout: float | None = N
                 pass
         if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
             break
-        if channel.closed or time.monotonic() > deadline:
-            timed_out = not channel.exit_status_ready()
+        if channel.closed and not channel.exit_status_ready():
+            break
+        if time.monotonic() > deadline:
+            timed_out = True
             break
     exit_code = channel.recv_exit_status() if channel.exit_status_ready() else None
+    if not timed_out and exit_code in (None, -1):  # paramiko's -1: the channel closed without an exit status
+        with _connections_lock:
+            _connections.pop((target.product, target.label, node), None)
+        raise ProxmoxError(f"The SSH connection to {node} dropped while the command ran; it may or may not "
+                           f"have finished. Check its effect before running it again.")
     channel.close()
     if exit_code == 124:  # coreutils timeout: the command was signalled
         timed_out = True

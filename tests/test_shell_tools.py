@@ -89,19 +89,22 @@ LogLevel ERROR
     Path("/run/sshd").mkdir(exist_ok=True)
     LOG_DIR.mkdir(exist_ok=True)
     log = open(LOG_DIR / "sshd.log", "a")
-    process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
-    deadline = time.monotonic() + 20
-    while True:  # readiness: the port accepts connections
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert process.poll() is None and time.monotonic() < deadline, (LOG_DIR / "sshd.log").read_text()[-500:]
-            time.sleep(0.05)
-    yield {"port": port, "base": base, "fingerprint": fingerprint(base / "host.pub"), "root": fake_root,
-           "process": process}
-    process.terminate()
-    process.wait(timeout=10)
+
+    def start() -> subprocess.Popen:
+        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while True:  # readiness: the port accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return process
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, (LOG_DIR / "sshd.log").read_text()[-500:]
+                time.sleep(0.05)
+    info = {"port": port, "base": base, "fingerprint": fingerprint(base / "host.pub"), "root": fake_root,
+            "process": start(), "start": start}
+    yield info
+    info["process"].terminate()
+    info["process"].wait(timeout=10)
     log.close()
     shutil.rmtree(base, ignore_errors=True)
 
@@ -297,3 +300,41 @@ def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
                 assert result["stdout"] == hexdump(payload), (tool, payload)
         message = session.error("write_node_exec", {"where": "pve1", "command": "echo a\x00b", "confirm": True})
         assert "NUL" in message
+
+
+# ---------------------------------------------------------------- faults
+
+def test_a_connection_dropped_mid_command_is_a_clear_error(shell, sshd):
+    import threading
+    marker = "sleep 17.5"
+
+    def cut_when_running() -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # wait for the remote command to exist, then kill its session
+            found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+            if found:
+                subprocess.run(["pkill", "-f", "sshd: root"], check=False)
+                subprocess.run(["pkill", "-f", marker], check=False)
+                return
+            time.sleep(0.05)
+    cutter = threading.Thread(target=cut_when_running)
+    cutter.start()
+    started = time.monotonic()
+    message = shell.error("write_node_exec", {"where": "pve1", "command": marker, "timeout": 60, "confirm": True})
+    cutter.join()
+    assert "dropped while the command ran" in message and time.monotonic() - started < 17.5
+    assert shell.ok("write_node_exec", {"where": "pve1", "command": "echo back", "confirm": True})["stdout"] == "back\n"
+
+
+def test_sshd_gone_is_a_clear_error_and_the_server_keeps_serving(shell, sshd):
+    sshd["process"].terminate()
+    sshd["process"].wait(timeout=10)
+    subprocess.run(["pkill", "-f", "sshd: root"], check=False)  # the open session goes too
+    try:
+        started = time.monotonic()
+        message = shell.error("ssh_check", {"where": "pve2"})
+        assert ("SSH to pve2" in message or "dropped" in message) and time.monotonic() - started < 12
+        assert shell.ok("list_guests")["total"] >= 6  # the API side still serves
+    finally:
+        sshd["process"] = sshd["start"]()
+    assert shell.ok("ssh_check", {"where": "pve2"})["user"] == "root"
