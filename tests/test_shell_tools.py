@@ -16,8 +16,9 @@ import pytest
 from conftest import LOG_DIR, run_server, stdio_session
 
 SSHD = "/usr/sbin/sshd"
-pytestmark = pytest.mark.skipif(not os.path.exists(SSHD) and not os.environ.get("CI"),
-                                 reason="openssh-server is not installed (.ci/run installs it)")
+pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) and not os.environ.get("CI"),
+                                 reason="needs openssh-server and root (to run sshd and add a dash user); "
+                                        ".ci/run has both")
 
 FAKE_PCT = r"""#!/bin/sh
 # pct as PROXMOX-FACTS describes it: exec passes exit codes through, a stopped CT fails with 255
