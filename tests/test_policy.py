@@ -372,6 +372,7 @@ def test_annotations_match_gates_over_the_whole_list(admin):
     for tool in tools:
         changes = not tool.annotations.read_only_hint
         assert changes == tool.name.startswith("write_"), tool.name
+        assert not changes or "dry_run" in tool.input_schema["properties"], f"{tool.name} has no dry_run"
         if changes:
             assert tool.annotations.destructive_hint is True or tool.annotations.idempotent_hint is False
 
