@@ -82,6 +82,9 @@ GLOBALS = {
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "PROXMOX_TOOLSETS": "comma list of guests, storage, network, tasks, pbs, shell, workflows, api, compact, all",
+    "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
+    "PROXMOX_DENY_TOOLS": "comma list of tool names or prefixes like write_*",
+    "PROXMOX_PROTECTED_VMS": "comma list of label:vmid added to the protected-guest file",
     "MCP_AUTH_TOKEN": "a long random string",
     "MCP_AUTH_TOKEN_FILE": "a file holding the token",
     "MCP_AUTH_REQUIRED": "true or false",
@@ -102,6 +105,8 @@ class Config:
     ssh: list[shell_tools.SshTarget] = field(default_factory=list)
     exec_allowed_vmids: set[int] | None = None
     toolsets: tuple[str, ...] = ("all",)
+    allow_tools: tuple[str, ...] = ()  # names or prefixes ending in *; empty: no allow list
+    deny_tools: tuple[str, ...] = ()
     auth_token: str | None = field(default=None, repr=False)
     auth_required: bool = True
     allowed_hosts: list[str] = field(default_factory=list)
@@ -161,6 +166,20 @@ def parse_access(name: str, value: str) -> str:
     if tier not in policy.TIERS:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
     return tier
+
+
+def tool_matches(pattern: str, name: str) -> bool:
+    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+
+
+def parse_tool_names(variable: str, value: str) -> tuple[str, ...]:
+    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some)."""
+    entries = tuple(e.strip() for e in value.split(",") if e.strip())
+    names = [spec.function.__name__ for spec in TOOLS]
+    unknown = [e for e in entries if not any(tool_matches(e, name) for name in names)]
+    if unknown:
+        raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(names)}.")
+    return entries
 
 
 def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
@@ -294,6 +313,13 @@ def load_config(env: dict[str, str] | None = None) -> Config:
         else default_audit_path()
     protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
     config.settings.protected = policy.load_protected(protected_file)
+    if env.get("PROXMOX_PROTECTED_VMS", "").strip():
+        for item in (i.strip() for i in env["PROXMOX_PROTECTED_VMS"].split(",") if i.strip()):
+            label, _, vmid = item.partition(":")
+            if not (re.fullmatch(r"[a-z0-9_]+|\*", label.lower()) and vmid.isdigit() and int(vmid) >= 100):
+                raise ConfigError(f"PROXMOX_PROTECTED_VMS entry {item!r} is not label:vmid (e.g. home:100).")
+            config.settings.protected.entries.append({"host": label.lower(), "vmid": int(vmid),
+                                                      "reason": "listed in PROXMOX_PROTECTED_VMS"})
     if config.settings.protected.error:
         config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({config.settings.protected.error}): every request "
                                f"that changes a guest will be refused until it is fixed.")
@@ -305,6 +331,8 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     if unknown or not config.toolsets:
         raise ConfigError(f"PROXMOX_TOOLSETS={env.get('PROXMOX_TOOLSETS')!r}: unknown {', '.join(unknown) or 'empty'}; "
                           f"use {GLOBALS['PROXMOX_TOOLSETS'].removeprefix('comma list of ')}.")
+    config.allow_tools = parse_tool_names("PROXMOX_ALLOW_TOOLS", env.get("PROXMOX_ALLOW_TOOLS", ""))
+    config.deny_tools = parse_tool_names("PROXMOX_DENY_TOOLS", env.get("PROXMOX_DENY_TOOLS", ""))
     config.log_level = env.get("PROXMOX_LOG_LEVEL", "INFO").upper()
     if config.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"PROXMOX_LOG_LEVEL={env['PROXMOX_LOG_LEVEL']!r} is not DEBUG, INFO, WARNING or ERROR.")
@@ -642,6 +670,9 @@ def offered_tools(config: Config) -> list[ToolSpec]:
     (all when none is), and only when the tool's gate is open on at least one such host."""
     products = {h.product for h in config.hosts}
     chosen = set(ALWAYS_ON).union(*(TOOLSETS[name] for name in config.toolsets))
+    if config.allow_tools:
+        chosen = {n for n in chosen if any(tool_matches(p, n) for p in config.allow_tools)}
+    chosen = {n for n in chosen if not any(tool_matches(p, n) for p in config.deny_tools)}
     return [spec for spec in TOOLS
             if spec.function.__name__ in chosen
             and (not spec.product or not products or spec.product in products)

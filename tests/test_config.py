@@ -149,3 +149,49 @@ def test_the_tool_catalog_is_current():
     assert generated.returncode == 0
     assert (ROOT / "docs" / "TOOLS.md").read_text() == generated.stdout, \
         "docs/TOOLS.md is stale: run python server.py --list-tools --markdown > docs/TOOLS.md"
+
+
+def test_allow_and_deny_tools():
+    denied = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ACCESS": "destructive",
+                                                                "PROXMOX_DENY_TOOLS": "write_*,api_read"}).stdout)
+    names = {t["name"] for t in denied["tools"]}
+    assert not any(n.startswith("write_") for n in names) and "api_read" not in names and "list_guests" in names
+    allowed = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ALLOW_TOOLS": "list_*,get_guest"}).stdout)
+    assert {t["name"] for t in allowed["tools"]} == {"list_hosts", "list_nodes", "list_guests", "get_guest",
+                                                     "list_storage", "list_tasks", "list_snapshots", "list_backups",
+                                                     "list_networks", "list_pools"}
+    typo = run_server(["--list-tools"], {"PROXMOX_DENY_TOOLS": "wirte_*"})
+    assert typo.returncode == 2 and "wirte_* names no tool" in typo.stderr and "list_guests" in typo.stderr
+
+
+def test_protected_vms_variable_adds_to_the_file(tmp_path):
+    listed = tmp_path / "protected.json"
+    listed.write_text('[{"host": "home", "vmid": 100, "reason": "router"}]')
+    config = server.load_config({"PROXMOX_PROTECTED_VMS_FILE": str(listed), "PROXMOX_PROTECTED_VMS": "home:105,*:200"})
+    assert [(e["host"], e["vmid"]) for e in config.settings.protected.entries] == [("home", 100), ("home", 105),
+                                                                                  ("*", 200)]
+    broken = server.load_config({"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "missing.json"),
+                                 "PROXMOX_PROTECTED_VMS": "home:105"})
+    assert broken.settings.protected.error  # still fails closed
+    with pytest.raises(server.ConfigError, match="label:vmid"):
+        server.load_config({"PROXMOX_PROTECTED_VMS": "home-100"})
+
+
+@pytest.mark.parametrize("profile", ["readonly", "operator", "admin"])
+def test_profiles_are_valid_configurations(profile, tmp_path):
+    from conftest import ROOT
+    env = {}
+    for line in (ROOT / "examples" / f"{profile}.env").read_text().splitlines():
+        line = line.split("#")[0].strip() if not line.lstrip().startswith("#") else ""
+        if "=" in line:
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    token = tmp_path / "token"
+    token.write_text("mcp@pve!mcp=11111111-2222-3333-4444-555555555555")
+    key = tmp_path / "id"
+    key.write_text("not a real key")
+    env = {k: (str(token) if k.endswith("TOKEN_FILE") else str(key) if k.endswith("KEY_FILE") else v)
+           for k, v in env.items() if v}
+    env["PROXMOX_HOME_SSH_FINGERPRINTS"] = "pve1=SHA256:" + "A" * 43
+    config = server.load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
+    assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
