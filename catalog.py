@@ -221,7 +221,7 @@ def _check_scalar(spec: dict, value: Any, *, form: bool) -> str | None:
         if "minLength" in spec and len(value) < spec["minLength"]:
             return f"value must be at least {spec['minLength']} characters long"
         if "pattern" in spec and not _matches(spec["pattern"], value):
-            return f"value does not match the regex pattern"
+            return "value does not match the regex pattern"
         fmt = spec.get("format")
         if isinstance(fmt, str) and fmt in NAMED_FORMATS and not re.fullmatch(NAMED_FORMATS[fmt], value):
             return f"invalid format - value '{value}' is not a valid {fmt}"
@@ -251,7 +251,7 @@ def _check_property_string(fmt: dict, value: str) -> str | None:
         key, sep, sub = part.partition("=")
         if not sep:
             if default_key is None:
-                return f"value without key, but schema does not define a default key"
+                return "value without key, but schema does not define a default key"
             key, sub = default_key, part
         spec = fmt.get(key)
         if spec is None:

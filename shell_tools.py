@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import paramiko
-from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy

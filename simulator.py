@@ -458,7 +458,7 @@ def _node(call: Call, name: str) -> dict:
     lab = call.lab
     if name in lab.nodes:
         if name in lab.down_nodes:
-            raise ApiError(595, f"Connection refused")
+            raise ApiError(595, "Connection refused")
         return lab.nodes[name]
     if name.lower() in {n.lower() for n in lab.nodes}:
         raise ApiError(595, "Connection refused")
@@ -550,7 +550,7 @@ def pve_cluster_resources(call: Call, **_: str) -> list:
                 rows.append({"id": f"/pool/{pool}", "type": "pool", "pool": pool})
     if wanted in (None, "sdn"):
         for name in lab.nodes:
-            if call.can(f"/sdn/zones/localnetwork", "SDN.Audit"):
+            if call.can("/sdn/zones/localnetwork", "SDN.Audit"):
                 rows.append({"id": f"sdn/{name}/localnetwork", "type": "sdn", "sdn": "localnetwork",
                              "node": name, "status": "ok"})
     return rows
@@ -689,7 +689,7 @@ def _task(call: Call, node: str, upid: str) -> Task:
     _node(call, node)
     task = call.lab.tasks.get(upid)
     if task is None or task.node != node:
-        raise ApiError(500, f"no such task")
+        raise ApiError(500, "no such task")
     if not _visible_task(call, task):
         raise ApiError(403, f"Permission check failed (/nodes/{node}, Sys.Audit)")
     return task
@@ -849,7 +849,7 @@ def pve_resize(kind: str) -> Callable:
         current = int(re.search(r"size=(\d+)G", value).group(1))
         wanted = current + int(size[1:-1]) if size.startswith("+") else int(size.rstrip("G"))
         if wanted < current:
-            raise ApiError(500, f"shrinking disks is not supported")
+            raise ApiError(500, "shrinking disks is not supported")
 
         def apply() -> None:
             guest["config"][disk] = re.sub(r"size=\d+G", f"size={wanted}G", guest["config"][disk])
@@ -949,7 +949,7 @@ def pve_migrate(kind: str) -> Callable:
         _node(call, target)
         error = _locked(guest, kind) or "OK"
         if target == node:
-            error = f"target is local node."
+            error = "target is local node."
         elif guest["status"] == "running" and kind == "qemu" and str(call.arg("online", "0")) != "1":
             error = "can't migrate running VM without --online"
         elif guest["status"] == "running" and kind == "lxc" and str(call.arg("restart", "0")) != "1":
@@ -1004,7 +1004,7 @@ def pve_download_url(call: Call, node: str, storage: str) -> str:
     lines = [f"downloading {call.arg('url')} to /var/lib/vz/template/{folder}/{call.arg('filename')}"] + \
         [f"{p}% [{'=' * (p // 10)}] 600.0M" for p in (10, 40, 70, 100)] + ["download of file finished"]
     if call.arg("checksum"):
-        lines.append(f"calculating checksum... OK, checksum verified")
+        lines.append("calculating checksum... OK, checksum verified")
 
     def apply() -> None:
         call.lab.add_volume(storage, volid, content, 600 * 1024 ** 2)
@@ -1084,7 +1084,7 @@ def pve_agent_exec_status(call: Call, node: str, vmid: str) -> dict:
     guest = _agent_ready(call, node, vmid)
     process = guest.get("agent_pids", {}).get(int(call.arg("pid")))
     if process is None:
-        raise ApiError(500, f"Agent error: Invalid parameter 'pid'")
+        raise ApiError(500, "Agent error: Invalid parameter 'pid'")
     if time.time() < process["done_at"]:
         return {"exited": 0}  # only this while running (PROXMOX-FACTS)
     return {"exited": 1, "exitcode": process["exitcode"], "out-data": process["out"]}

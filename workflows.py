@@ -9,11 +9,13 @@ from typing import Annotated, Any, Callable
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import pbs_tools
 import policy
 import proxmox_client
+import pve_tools
 from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client, pve_client
-from pve_tools import (ConfirmArg, DryRunArg, Vmid, WaitArg, _check_bridge, bridges, check_node, guest_resources,
-                       human_bytes, iso_time, next_vmid, percent, progress_reporter, resolve_guest, run_task,
+from pve_tools import (ConfirmArg, DryRunArg, Vmid, WaitArg, bridges, check_node, guest_resources,
+                       human_bytes, iso_time, next_vmid, percent, resolve_guest, run_task,
                        task_report)
 
 Host = Annotated[str | None, Field(description="PVE host label; optional with one host.")]
@@ -421,7 +423,6 @@ def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-
                         ctx: Context | None = None) -> dict:
     """Create, network and start a container in one call: node with room, next vmid, a bridge
     with an uplink, DHCP; waits for its address. Reports each step; deletes nothing on failure."""
-    import pve_tools
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
@@ -440,7 +441,6 @@ def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0
                        dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Create a cloud-init VM, start it and wait for its address from the guest agent, in one
     call. Reports each step; deletes nothing on failure."""
-    import pve_tools
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
@@ -460,7 +460,6 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     """Prove a backup restores: restore it to a scratch vmid with its network cut, start it, wait
     for the guest agent or container to answer, report timings, then destroy only that scratch
     guest. Refuses if the scratch vmid exists."""
-    import pve_tools
     client = pve_client(host)
     source = resolve_guest(client, vmid)
     kind = source["type"]
@@ -554,37 +553,31 @@ def _json(data: Any) -> str:
 
 def resource_cluster(host: str) -> str:
     """Cluster name, quorum and nodes."""
-    import pve_tools
     return _json(pve_tools.cluster_status(host=host))
 
 
 def resource_nodes(host: str) -> str:
     """Nodes with CPU, memory and uptime."""
-    import pve_tools
     return _json(pve_tools.list_nodes(host=host))
 
 
 def resource_guests(host: str) -> str:
     """Every VM and container (first 500)."""
-    import pve_tools
     return _json(pve_tools.list_guests(host=host, limit=500))
 
 
 def resource_storage(host: str) -> str:
     """Storages with fill."""
-    import pve_tools
     return _json(pve_tools.list_storage(host=host))
 
 
 def resource_tasks(host: str) -> str:
     """Recent tasks."""
-    import pve_tools
     return _json(pve_tools.list_tasks(host=host, limit=50))
 
 
 def resource_datastores(host: str) -> str:
     """PBS datastores with use and GC."""
-    import pbs_tools
     return _json(pbs_tools.pbs_list_datastores(host=host))
 
 

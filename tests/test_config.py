@@ -4,7 +4,7 @@ import json
 import pytest
 
 import server
-from conftest import LOG_DIR, run_server
+from conftest import run_server
 
 TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
 

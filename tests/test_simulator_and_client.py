@@ -1,6 +1,5 @@
 """The simulator answers like Proxmox (schema checks, auth, privileges, faults), and the one
 HTTP client turns every kind of failure into a message that says what to do."""
-import json
 
 import pytest
 import requests
@@ -9,7 +8,6 @@ import catalog
 import policy
 import proxmox_client
 import server
-import simulator
 from proxmox_client import ProxmoxError, parse_upid
 
 READER = "mcp@pve!reader"
