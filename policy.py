@@ -368,11 +368,7 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
     if method not in entries:
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
     gate, reasons = call_gate(host.product, method, template, params)
-    rules = rules_for(host)
-    if not gate_open(rules, gate, method, template):
-        raise PolicyError(f"{method} {clean} on host '{host.label}' is in the '{gate}' gate "
-                          f"({'; '.join(reasons)}), which is closed. The operator can open it with "
-                          f"{how_to_open(gate, host.label, host.product)}.")
+    require_gate(host, gate, f"{method} {clean}", reasons, method, template)
     errors = catalog.check_params(entries[method], params, path_params=path_params)
     if errors:
         details = "; ".join(f"{name}: {message}" for name, message in sorted(errors.items()))
@@ -380,7 +376,7 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
                           f"api_describe shows the accepted parameters.")
     guests = sorted(named_guests(host.product, template, path_params, params))
     if gate != "read":
-        _check_protected(host, method, template, params, guests, gate)
+        check_protected(host, method, template, params, guests, gate)
     _check_privileges(host, entries[method], path_params | {k: str(v) for k, v in params.items()
                                                             if isinstance(v, (str, int))})
     if method != "GET":
@@ -392,7 +388,18 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
     return Decision(clean, template, gate, reasons, guests, confirm=gate in ("destructive", "exec") and method != "GET")
 
 
-def _check_protected(host: Any, method: str, template: str, params: dict, guests: list[int], gate: str) -> None:
+def require_gate(host: Any, gate: str, what: str, reasons: list[str], method: str = "POST",
+                 template: str = "") -> None:
+    """Refuse when the gate is closed for this host, naming the variable that opens it."""
+    if not gate_open(rules_for(host), gate, method, template):
+        raise PolicyError(f"{what} on host '{host.label}' is in the '{gate}' gate ({'; '.join(reasons)}), "
+                          f"which is closed. The operator can open it with "
+                          f"{how_to_open(gate, host.label, host.product)}.")
+
+
+def check_protected(host: Any, method: str, template: str, params: dict, guests: list[int], gate: str) -> None:
+    """Refuse a request that names a protected guest or acts on all guests of a host with
+    protected ones; refuse every guest-changing request while the list is unreadable."""
     if host.product == "pbs" and gate not in ("destructive",):
         return  # on PBS only forget, prune and deletion of backups are guarded
     protected = SETTINGS.protected

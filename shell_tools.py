@@ -242,17 +242,11 @@ def authorize(product: str, label: str, gate: str, what: str, guests: list[int])
     """The policy for a shell action: gate open, guest not protected and allowed, the user's
     confirmation; refusals and runs are audited (the command masked, never stdin)."""
     host = _ShellHost(product, label)
-    rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
     try:
         for needed in ("exec", gate):
-            if not policy.gate_open(rules, needed):
-                raise policy.PolicyError(f"{what} on host '{label}' needs the '{needed}' gate, which is closed. "
-                                         f"The operator can open it with {policy.how_to_open(needed, label, product)}.")
+            policy.require_gate(host, needed, what, [f"runs a command: {what}"])
+        policy.check_protected(host, "SSH", "", {}, guests, gate)
         for vmid in guests:
-            entry = policy.SETTINGS.protected.find(label, vmid, product)
-            if entry or policy.SETTINGS.protected.error:
-                reason = entry.get("reason") if entry else policy.SETTINGS.protected.error
-                raise policy.PolicyError(f"Guest {vmid} is protected on host '{label}': {reason}. Refused.")
             if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
                 raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS "
                                          f"({', '.join(map(str, sorted(EXEC_ALLOWED_VMIDS)))}). Refused.")
