@@ -185,3 +185,23 @@ def test_resources_and_prompts(ops):
                        "backup_review", "security_review"}
     text = ops.portal.call(lambda: ops.client.get_prompt("troubleshoot_guest", {"vmid": "101"}))
     assert "list_tasks vmid=101" in text.messages[0].content.text
+
+
+def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
+    offered = {}
+    for tier in ("lifecycle", "write"):
+        env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
+                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
+        with stdio_session(env, log_name=f"workflows-{tier}") as session:
+            offered[tier] = {t.name for t in session.tools()}
+    assert not {"write_provision_lxc", "write_provision_vm", "write_restore_drill"} & offered["lifecycle"]
+    assert {"write_provision_lxc", "write_provision_vm"} <= offered["write"]
+    assert "write_restore_drill" not in offered["write"]  # it destroys its scratch guest: destructive
+
+
+def test_provision_dry_run_sends_no_write(ops, sim):
+    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_provision_lxc", {
+        "hostname": "preview", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "dry_run": True}))
+    assert sent == [] and plan["dry_run"] is True  # the answer is the first write it would send
+    assert plan["request"]["path"].endswith("/lxc") and plan["request"]["params"]["hostname"] == "preview"
+    assert plan["request"]["params"]["net0"].startswith("name=eth0,bridge=vmbr0")
