@@ -211,8 +211,9 @@ def test_unprivileged_false_needs_the_elevated_gate(ops, sim):
 def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
     offered = {}
     for tier in ("read", "lifecycle", "write"):
-        with stdio_session(sim.env() | {"PROXMOX_ACCESS": tier, "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")},
-                           log_name=f"tier-{tier}") as session:
+        # the admin token: only the gates decide here, not privileges read in the background
+        env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier, "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
+        with stdio_session(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
     assert offered["read"] == set()
     assert offered["lifecycle"] == {"write_guest_power", "write_snapshot_create", "write_backup_guest"}
