@@ -17,10 +17,10 @@ import proxmox_client
 from proxmox_client import ProxmoxClient, ProxmoxError
 from pve_tools import ConfirmArg, DryRunArg
 
-Host = Annotated[str | None, Field(description="Host label; picks PVE or PBS.")]
-ProductArg = Annotated[Literal["pve", "pbs"] | None, Field(description="When a label names both products.")]
-Path = Annotated[str, Field(description="API path, e.g. /nodes/pve1/qemu/100/config")]
-Params = Annotated[dict[str, Any] | None, Field(description="Parameters by name.")]
+Host = Annotated[str | None, Field()]
+ProductArg = Annotated[Literal["pve", "pbs"] | None, Field()]
+Path = Annotated[str, Field(description="e.g. /nodes")]
+Params = Annotated[dict[str, Any] | None, Field()]
 
 MAX_ANSWER = 60_000  # characters of JSON in one api_read answer
 
@@ -79,11 +79,10 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
 
 # ---------------------------------------------------------------- tools
 
-def api_search(query: Annotated[str, Field(description="Words or path fragments, e.g. 'snapshot rollback'.")],
+def api_search(query: Annotated[str, Field(description="words or path parts")],
                host: Host = None, product: ProductArg = None,
                limit: Annotated[int, Field(ge=1, le=100)] = 20) -> dict:
-    """Find PVE or PBS API methods by words or path fragments: method, path, gate, summary.
-    Then api_describe one, and api_read or write_api_call it."""
+    """Find API methods (PVE or PBS) for api_describe, api_read, write_api_call."""
     product, client = choose(host, product)
     words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
     docs = host_descriptions(client)
@@ -105,8 +104,7 @@ def api_search(query: Annotated[str, Field(description="Words or path fragments,
 
 def api_describe(path: Path, method: Annotated[Literal["GET", "POST", "PUT", "DELETE"], Field()] = "GET",
                  host: Host = None, product: ProductArg = None) -> dict:
-    """One API method in full: parameters (type, required, enum, format, limits), the privilege
-    check, the gate, and the host's own description when it can be fetched."""
+    """An API method's parameters, privilege check and gate."""
     product, client = choose(host, product)
     found = catalog.find_path(product, policy.normalise_path(path))
     if found is None:
@@ -137,8 +135,7 @@ def api_describe(path: Path, method: Annotated[Literal["GET", "POST", "PUT", "DE
 
 
 def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None) -> dict:
-    """GET any PVE or PBS API path (the policy still applies; secrets are masked). Use when no
-    curated tool answers the question; find paths with api_search."""
+    """GET any API path (policy applies) when no other tool answers."""
     product, client = choose(host, product)
     if client is None:
         raise ProxmoxError(f"No {product.upper()} host is configured.")
@@ -156,8 +153,7 @@ def api_read(path: Path, params: Params = None, host: Host = None, product: Prod
 def write_api_call(method: Annotated[Literal["POST", "PUT", "DELETE"], Field()], path: Path,
                    params: Params = None, host: Host = None, product: ProductArg = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """POST, PUT or DELETE any PVE or PBS API path whose gate is open for the host. Tasks
-    answer a UPID (follow with get_task). Try dry_run=true first."""
+    """POST, PUT or DELETE any API path the policy allows."""
     # dry_run, confirm and ctx are read by the tool edge (server.as_tool) for the policy
     product, client = choose(host, product)
     if client is None:

@@ -13,12 +13,12 @@ from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client
 from pve_tools import (ConfirmArg, DryRunArg, Limit, WaitArg, compact, human_bytes, iso_time, log_page, percent,
                        run_task, table, task_report)
 
-Host = Annotated[str | None, Field(description="PBS host label; optional with one PBS host.")]
-Store = Annotated[str, Field(description="Datastore name (pbs_list_datastores).")]
-Ns = Annotated[str | None, Field(description="Namespace, e.g. offsite (default: root).")]
-GroupType = Annotated[Literal["vm", "ct", "host"], Field(description="Backup type.")]
-GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$", description="Backup id, e.g. 100.")]
-Time = Annotated[int, Field(ge=1, description="backup-time (epoch) from pbs_list_snapshots.")]
+Host = Annotated[str | None, Field()]
+Store = Annotated[str, Field()]
+Ns = Annotated[str | None, Field()]
+GroupType = Annotated[Literal["vm", "ct", "host"], Field()]
+GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$")]
+Time = Annotated[int, Field(ge=1)]
 KEEP_OPTIONS = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
 
 
@@ -40,7 +40,7 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores with size, use, fill percentage, estimated full date and last GC."""
+    """Datastores: size, use, fill %, estimated full date, last GC."""
     client = pbs_client(host)
     rows = []
     for ds in client.get("/status/datastore-usage") or []:
@@ -54,7 +54,7 @@ def pbs_list_datastores(host: Host = None) -> dict:
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
-    """One datastore: size, use, group and snapshot counts by type, garbage collection state."""
+    """One datastore: use, group and snapshot counts, GC state."""
     client = pbs_client(host)
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
@@ -68,7 +68,7 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
 
 
 def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
-    """Namespaces of a datastore ("" is the root)."""
+    """Namespaces of a datastore."""
     client = pbs_client(host)
     _check_store(client, store)
     rows = [{"ns": n.get("ns", ""), "comment": n.get("comment")} for n in client.get(f"/admin/datastore/{store}/namespace") or []]
@@ -76,7 +76,7 @@ def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
 
 
 def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
-    """Backup groups (vm/100, ct/101, host/x) with last backup, count, owner."""
+    """Backup groups: last backup, count, owner."""
     client = pbs_client(host)
     _check_store(client, store)
     rows = [{"group": f"{g['backup-type']}/{g['backup-id']}", "last": iso_time(g.get("last-backup")),
@@ -87,10 +87,10 @@ def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
 
 def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
                        backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
-                       backup_id: Annotated[str | None, Field(description="Only this group's id.")] = None,
-                       since: Annotated[int | None, Field(description="Only backups after this epoch.")] = None,
+                       backup_id: str | None = None,
+                       since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
-    """Snapshots newest first: group, time, size, verify state, protected, encrypted, comment."""
+    """Snapshots, newest first: time, size, verify, protected, comment."""
     client = pbs_client(host)
     _check_store(client, store)
     snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
@@ -109,8 +109,8 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
     return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
 
 
-def pbs_list_jobs(host: Host = None, store: Annotated[str | None, Field(description="Only this datastore.")] = None) -> dict:
-    """Sync, verify, prune and garbage collection jobs with schedule, last run and result, next run."""
+def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
+    """Sync, verify, prune, GC jobs: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
     for kind in ("sync", "verify", "prune"):
@@ -125,10 +125,10 @@ def pbs_list_jobs(host: Host = None, store: Annotated[str | None, Field(descript
     return table(["kind", "id", "store", "schedule", "last_run", "result", "next_run"], rows)
 
 
-def pbs_list_tasks(host: Host = None, errors: Annotated[bool, Field(description="Only failed tasks.")] = False,
-                   running: Annotated[bool, Field(description="Only running tasks.")] = False,
+def pbs_list_tasks(host: Host = None, errors: bool = False,
+                   running: bool = False,
                    limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
-    """Recent PBS tasks (backups, GC, verify, sync, prune), newest first, running ones included."""
+    """Recent PBS tasks, newest first."""
     client = pbs_client(host)
     tasks = client.get("/nodes/localhost/tasks", limit=limit, errors=errors or None, running=running or None) or []
     rows = [{"upid": t["upid"], "type": t.get("worker_type"), "id": t.get("worker_id"), "user": t.get("user"),
@@ -136,16 +136,16 @@ def pbs_list_tasks(host: Host = None, errors: Annotated[bool, Field(description=
     return table(["upid", "type", "id", "user", "start", "status"], rows)
 
 
-def pbs_get_task(upid: Annotated[str, Field(description="PBS task id (UPID).")], host: Host = None,
-                 wait_seconds: Annotated[int, Field(ge=0, le=3600, description="Wait up to this long for the end.")] = 0,
+def pbs_get_task(upid: str, host: Host = None,
+                 wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """Status, result and last log lines of a PBS task; with wait_seconds, waits (with progress)."""
+    """A PBS task's status, result, last log lines; wait_seconds waits."""
     return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 
-def pbs_task_log(upid: Annotated[str, Field(description="PBS task id (UPID).")], host: Host = None,
+def pbs_task_log(upid: str, host: Host = None,
                  start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """Log lines of a PBS task from `start`; `next_start` pages on."""
+    """A PBS task's log from line `start`."""
     return log_page(pbs_client(host), upid, start, limit)
 
 
@@ -159,8 +159,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
                     keep_monthly: Annotated[int | None, Field(ge=1)] = None,
                     keep_yearly: Annotated[int | None, Field(ge=1)] = None,
                     dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Prune one backup group by PBS's keep rules. Always answers the kept and removed lists
-    first; removes only after the user confirms (destructive). No keep option keeps all."""
+    """Prune a backup group by keep rules: previews, then removes on confirm."""
     client = pbs_client(host)
     _check_store(client, store)
     options = {name.replace("_", "-"): value for name, value in
@@ -186,7 +185,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
 def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                               host: Host = None, ns: Ns = None, dry_run: DryRunArg = False,
                               confirm: ConfirmArg = False) -> dict:
-    """Delete one backup snapshot (destructive; a protected snapshot is refused by PBS)."""
+    """Delete one backup snapshot."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time}
@@ -195,9 +194,9 @@ def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: G
 
 
 def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
-                               protected: Annotated[bool, Field(description="true protects, false releases.")] = True,
+                               protected: bool = True,
                                host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
-    """Set or clear the protected flag of a snapshot (a protected one survives prune and forget)."""
+    """Set or clear a snapshot's protected flag."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "protected": protected}
@@ -208,7 +207,7 @@ def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: 
 def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                         notes: Annotated[str, Field(max_length=4096)], host: Host = None, ns: Ns = None,
                         dry_run: DryRunArg = False) -> dict:
-    """Set the notes (comment) of a snapshot."""
+    """Set a snapshot's notes."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "notes": notes}
@@ -218,7 +217,7 @@ def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId
 
 def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                  ctx: Context | None = None) -> dict:
-    """Start garbage collection on a datastore (frees chunks no snapshot uses); reports progress."""
+    """Start garbage collection on a datastore."""
     client = pbs_client(host)
     _check_store(client, store)
     return run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
@@ -226,10 +225,10 @@ def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dr
 
 def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
                      backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
-                     backup_id: Annotated[str | None, Field(description="A group (with backup_type).")] = None,
-                     backup_time: Annotated[int | None, Field(ge=1, description="One snapshot of the group.")] = None,
+                     backup_id: str | None = None,
+                     backup_time: Annotated[int | None, Field(ge=1)] = None,
                      wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Verify a whole datastore, one group or one snapshot; reports progress."""
+    """Verify a datastore, a group or a snapshot."""
     client = pbs_client(host)
     _check_store(client, store)
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
@@ -239,7 +238,7 @@ def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
 
 
 def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field()],
-                      job_id: Annotated[str, Field(description="Job id (pbs_list_jobs).")],
+                      job_id: str,
                       host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                       ctx: Context | None = None) -> dict:
     """Run a sync, verify or prune job now."""

@@ -251,6 +251,9 @@ BACKUP_VMID = re.compile(r"vzdump-(?:qemu|lxc|openvz)-(\d{3,9})-")
 HA_SID = re.compile(r"(?:^|/|,|=)(?:vm|ct):(\d{3,9})(?:$|/|,)")
 REPLICATION_ID = re.compile(r"^(\d{3,9})-\d{1,9}$")
 VMID_LIST_PARAMS = ("vmid", "newid", "target-vmid", "vms", "vmids")
+# Parameters that only name what a request reads: restoring a protected guest's backup to a NEW
+# vmid leaves the guest alone (a restore over it is still caught by `vmid`).
+SOURCE_PARAMS = {r"/nodes/\{node\}/(qemu|lxc)": ("archive", "ostemplate")}
 # Bulk actions: the parameter that lists the guests; absent means "all of them".
 BULK = {
     r"/nodes/\{node\}/(startall|stopall|suspendall|migrateall)": "vms",
@@ -270,6 +273,9 @@ def named_guests(product: str, template: str, path_params: dict[str, str], param
     """Every vmid a request names, wherever it hides: path, id parameters, lists, volume ids,
     backup file names, HA sids, replication ids and PBS backup groups."""
     found: set[int] = set()
+    for pattern, names in SOURCE_PARAMS.items():
+        if re.fullmatch(pattern, template):
+            params = {k: v for k, v in params.items() if k not in names}
     everything = {**path_params, **params}
     for name in VMID_LIST_PARAMS:
         if name in everything:

@@ -31,21 +31,25 @@ class Product:
     default_port: int
     token_header: str  # format with id and secret
     upid_fields: int  # fields between "UPID" and the trailing colon
+    ticket_cookie: str  # the cookie that carries a password login's ticket
 
 
 # Differences between the products live here (PROXMOX-FACTS.md: the PBS header uses a colon).
 PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8),
+    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie"),
+    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie"),
 }
+TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h (PROXMOX-FACTS)
 
 @dataclass
 class HostConfig:
     label: str
     product: str  # "pve" or "pbs"
     url: str  # scheme://host:port, no path
-    token_id: str  # user@realm!tokenid
+    token_id: str  # user@realm!tokenid (with a password login: the user)
     token_secret: str = field(repr=False)
+    user: str | None = None  # password login (a ticket) instead of a token
+    password: str | None = field(default=None, repr=False)
     write_token_id: str | None = None
     write_token_secret: str | None = field(default=None, repr=False)
     verify_tls: bool = True
@@ -152,6 +156,8 @@ class ProxmoxClient:
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "proxmox-mcp"
         self._permissions_lock = threading.Lock()
+        self._ticket: tuple[str, str, float] | None = None  # (ticket, CSRF token, when it was issued)
+        self._login_lock = threading.Lock()
         self._permissions_retry = 0.0
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
@@ -161,11 +167,54 @@ class ProxmoxClient:
         elif host.ca_file:
             self.verify = host.ca_file
 
-    def _auth_header(self, method: str) -> str:
+    @property
+    def auth_method(self) -> str:
+        return "password (ticket)" if self.host.password else "API token"
+
+    def _auth_headers(self, method: str, renew: bool = False) -> dict[str, str]:
+        """Token header; or, for a password login, the ticket cookie (and the CSRF token on writes),
+        logging in first when there is no ticket, it is an hour old, or `renew` is asked."""
         host = self.host
+        if host.password:
+            ticket, csrf, _ = self._login(renew)
+            headers = {"Cookie": f"{self.product.ticket_cookie}={ticket}"}
+            return headers | ({"CSRFPreventionToken": csrf} if method != "GET" else {})
         if method != "GET" and host.write_token_id:
-            return self.product.token_header.format(id=host.write_token_id, secret=host.write_token_secret)
-        return self.product.token_header.format(id=host.token_id, secret=host.token_secret)
+            return {"Authorization": self.product.token_header.format(id=host.write_token_id,
+                                                                      secret=host.write_token_secret)}
+        return {"Authorization": self.product.token_header.format(id=host.token_id, secret=host.token_secret)}
+
+    def _login(self, renew: bool) -> tuple[str, str, float]:
+        """POST /access/ticket with the user and password; the ticket is kept and reused."""
+        with self._login_lock:
+            current = self._ticket
+            if current and not renew and time.monotonic() - current[2] < TICKET_RENEW_AFTER:
+                return current
+            host = self.host
+            prefix = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+            try:
+                response = self.session.post(self.base + "/access/ticket", data={
+                    "username": host.user, "password": host.password},
+                    timeout=(host.connect_timeout, host.read_timeout), verify=self.verify)
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
+            except requests.exceptions.RequestException as exc:
+                raise self._connection_error(exc) from None
+            if response.status_code == 401:
+                raise ProxmoxError(f"Login as {host.user} on host '{host.label}' failed: wrong user or password. "
+                                   f"Check {prefix}_USER (user@realm) and {prefix}_PASSWORD.", status=401)
+            if response.status_code >= 400:
+                raise self._http_error("POST", "/access/ticket", response)
+            data = response.json().get("data") or {}
+            if data.get("NeedTFA") or "!tfa!" in str(data.get("ticket", "")) or not data.get("CSRFPreventionToken"):
+                raise ProxmoxError(
+                    f"Login as {host.user} on host '{host.label}' needs a second factor (TFA), which this server "
+                    f"cannot give. Create an API token for it instead (pveum user token add {host.user} mcp, or "
+                    f"Datacenter > Permissions > API Tokens) and set {prefix}_TOKEN.", status=401)
+            policy.register_secret(data["ticket"])
+            policy.register_secret(data["CSRFPreventionToken"])
+            self._ticket = (data["ticket"], data["CSRFPreventionToken"], time.monotonic())
+            return self._ticket
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None, *,
                 timeout: float | None = None) -> Any:
@@ -252,12 +301,18 @@ class ProxmoxClient:
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
         attempts = 3 if method == "GET" else 1
         read_timeout = timeout or self.host.read_timeout
-        for attempt in range(attempts):
+        renewed = login_again = False
+        for attempt in range(attempts + 1):
+            headers = self._auth_headers(method, renew=login_again)
+            login_again = False
             try:
                 response = self.session.request(
-                    method, url, headers={"Authorization": self._auth_header(method)},
+                    method, url, headers=headers,
                     timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
                     **send_as)
+                if response.status_code == 401 and self.host.password and not renewed:
+                    renewed = login_again = True  # the ticket expired or the server restarted: retry once
+                    continue
                 break
             except requests.exceptions.SSLError as exc:
                 raise self._tls_error(exc) from None
@@ -312,7 +367,10 @@ class ProxmoxClient:
         status = response.status_code
         message, errors = _error_text(response)
         where = f"{method} {path} on host '{self.host.label}'"
-        if status == 401:
+        if status == 401 and self.host.password:
+            text = (f"Authentication failed for {where} even after a fresh login as {self.host.user}: "
+                    f"{message or 'the ticket was refused'}.")
+        elif status == 401:
             var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
                     f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")

@@ -16,12 +16,12 @@ from pydantic import Field
 import anyio.from_thread
 from mcp.server.mcpserver import Context
 
-from proxmox_client import ProxmoxClient, ProxmoxError, parse_upid, pve_client
+from proxmox_client import ProxmoxClient, ProxmoxError, encode_params, parse_upid, pve_client
 
-Host = Annotated[str | None, Field(description="Host label; optional with one host.")]
-Vmid = Annotated[int, Field(ge=100, le=999999999, description="VM or container id.")]
+Host = Annotated[str | None, Field()]
+Vmid = Annotated[int, Field(ge=100, le=999999999)]
 Limit = Annotated[int, Field(ge=1, le=1000)]
-Offset = Annotated[int, Field(ge=0, description="Rows to skip.")]
+Offset = Annotated[int, Field(ge=0)]
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
               "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
@@ -137,7 +137,7 @@ def resolve_guest(client: ProxmoxClient, vmid: int) -> dict:
 # ---------------------------------------------------------------- tools
 
 def cluster_status(host: Host = None) -> dict:
-    """Cluster name, quorum and which nodes are online. Start here to learn node names."""
+    """Cluster name, quorum, nodes online."""
     client = pve_client(host)
     entries = client.get("/cluster/status") or []
     cluster = next((e for e in entries if e.get("type") == "cluster"), None)
@@ -153,7 +153,7 @@ def cluster_status(host: Host = None) -> dict:
 
 
 def list_nodes(host: Host = None) -> dict:
-    """Nodes with status, CPU and memory use and uptime."""
+    """Nodes: status, CPU, memory, uptime."""
     client = pve_client(host)
     rows = []
     for node in sorted(client.get("/nodes") or [], key=lambda n: n["node"]):
@@ -169,14 +169,13 @@ def list_nodes(host: Host = None) -> dict:
 
 
 def list_guests(host: Host = None,
-                node: Annotated[str | None, Field(description="Only guests on this node.")] = None,
-                type: Annotated[Literal["qemu", "lxc"] | None, Field(description="qemu (VM) or lxc (container).")] = None,
-                status: Annotated[str | None, Field(description="running, stopped, paused...")] = None,
-                tag: Annotated[str | None, Field(description="Only guests with this tag.")] = None,
-                name: Annotated[str | None, Field(description="Substring of the guest name.")] = None,
+                node: str | None = None,
+                type: Literal["qemu", "lxc"] | None = None,
+                status: str | None = None,
+                tag: str | None = None,
+                name: str | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """All VMs and containers (one API call, any cluster size): vmid, name, type, node, status,
-    memory, tags. Use it to find a vmid; never guess one."""
+    """Every VM and container: vmid, name, type, node, status, memory, tags. Find vmids here."""
     client = pve_client(host)
     rows = []
     for guest in sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"]):
@@ -204,7 +203,7 @@ GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "a
 
 
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
-    """Status and configuration of one VM or container; the vmid alone is enough."""
+    """Status and config of one guest."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
@@ -220,8 +219,8 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
     return compact(summary) | {"config": config}
 
 
-def list_storage(host: Host = None, node: Annotated[str | None, Field(description="Only this node.")] = None) -> dict:
-    """Storages with type, content types, use and fill percentage; shared ones once."""
+def list_storage(host: Host = None, node: str | None = None) -> dict:
+    """Storages: type, content, use, fill %."""
     client = pve_client(host)
     merged: dict[str, dict] = {}
     for entry in client.get("/cluster/resources", type="storage") or []:
@@ -253,12 +252,12 @@ def _task_row(task: dict) -> dict:
 
 
 def list_tasks(host: Host = None,
-               node: Annotated[str | None, Field(description="Only this node (default: all nodes).")] = None,
-               vmid: Annotated[int | None, Field(ge=100, description="Only tasks of this guest.")] = None,
-               errors: Annotated[bool, Field(description="Only failed tasks.")] = False,
-               running: Annotated[bool, Field(description="Only running tasks.")] = False,
+               node: str | None = None,
+               vmid: Annotated[int | None, Field(ge=100)] = None,
+               errors: bool = False,
+               running: bool = False,
                limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
-    """Recent tasks (backups, starts, migrations...) newest first, with their result."""
+    """Recent tasks, newest first, with result."""
     client = pve_client(host)
     if node:
         params: dict[str, Any] = {"limit": limit if not running else 0,
@@ -306,22 +305,21 @@ def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
     return result
 
 
-def get_task(upid: Annotated[str, Field(description="Task id (UPID) from list_tasks or a write tool.")],
+def get_task(upid: str,
              host: Host = None,
-             wait_seconds: Annotated[int, Field(ge=0, le=600, description="Wait up to this long for the task to end.")] = 0,
-             log_lines: Annotated[int, Field(ge=0, le=500, description="Last log lines to include.")] = 20,
+             wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
+             log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
              ctx: Context | None = None) -> dict:
-    """Status, result and last log lines of a task; with wait_seconds, waits for it to finish
-    (progress is reported while it runs)."""
+    """A task's status, result and last log lines; wait_seconds waits for the end."""
     return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
 # ================================================================ more reads
 
-Node = Annotated[str | None, Field(description="Node (default: first).")]
-WaitArg = Annotated[int, Field(ge=0, le=3600, description="Seconds to wait for the task.")]
-DryRunArg = Annotated[bool, Field(description="Preview; send nothing.")]
-ConfirmArg = Annotated[bool, Field(description="The user agreed.")]
+Node = Annotated[str | None, Field()]
+WaitArg = Annotated[int, Field(ge=0, le=3600)]
+DryRunArg = Annotated[bool, Field()]
+ConfirmArg = Annotated[bool, Field()]
 
 
 _nodes_cache: dict[str, tuple[float, list[str]]] = {}
@@ -347,11 +345,10 @@ def check_node(client: ProxmoxClient, node: str) -> str:
     return node
 
 
-def node_status(node: Annotated[str, Field(description="Node name (cluster_status lists them).")], host: Host = None,
+def node_status(node: str, host: Host = None,
                 timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
-                                     Field(description="Add averaged RRD metrics over this span.")] = None) -> dict:
-    """A node's load, CPU, memory, disk, kernel, PVE version and uptime; with timeframe, its
-    RRD averages over that span."""
+                                     Field(description="Add RRD averages.")] = None) -> dict:
+    """A node's load, CPU, memory, disk, kernel, version, uptime."""
     client = pve_client(host)
     check_node(client, node)
     status = client.get(f"/nodes/{node}/status") or {}
@@ -385,8 +382,8 @@ def guest_path(client: ProxmoxClient, vmid: int, *, fresh: bool = False) -> tupl
 
 
 def guest_config(vmid: Vmid, host: Host = None,
-                 snapshot: Annotated[str | None, Field(description="Config as saved in this snapshot.")] = None) -> dict:
-    """The full configuration of a VM or container (disks, NICs, options) and its digest."""
+                 snapshot: Annotated[str | None, Field(description="As saved in it.")] = None) -> dict:
+    """A guest's full config and digest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     config = client.get(f"{base}/config", snapshot=snapshot) or {}
@@ -394,7 +391,7 @@ def guest_config(vmid: Vmid, host: Host = None,
 
 
 def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
-    """Snapshots of a guest, oldest first, with time, parent and whether RAM was saved."""
+    """A guest's snapshots: time, parent, RAM saved."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     rows = [{"name": s["name"], "time": iso_time(s.get("snaptime")), "parent": s.get("parent"),
@@ -412,11 +409,10 @@ def _backup_storages(client: ProxmoxClient) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100, description="Only this guest.")] = None,
-                 storage: Annotated[str | None, Field(description="Only this storage.")] = None,
+def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100)] = None,
+                 storage: str | None = None,
                  limit: Limit = 100) -> dict:
-    """Backups across every backup storage (vzdump files and PBS), newest first: volid, guest,
-    size, time, notes, protected and verify state."""
+    """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
     client = pve_client(host)
     rows = []
     for name, node in _backup_storages(client):
@@ -451,13 +447,13 @@ def _storage_node(client: ProxmoxClient, storage: str, node: str | None, content
     return nodes[0]
 
 
-def storage_content(storage: Annotated[str, Field(description="Storage id (list_storage).")], host: Host = None,
-                    node: Annotated[str | None, Field(description="Node (default: any that has it).")] = None,
+def storage_content(storage: str, host: Host = None,
+                    node: str | None = None,
                     content: Annotated[Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None,
-                                       Field(description="Only this content type.")] = None,
-                    vmid: Annotated[int | None, Field(ge=100, description="Only volumes of this guest.")] = None,
+                                       Field()] = None,
+                    vmid: Annotated[int | None, Field(ge=100)] = None,
                     limit: Limit = 100) -> dict:
-    """Volumes on a storage: ISOs, templates, disks, backups, with size and owner."""
+    """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
     client = pve_client(host)
     node = _storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
@@ -479,9 +475,8 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
     return rows
 
 
-def list_networks(host: Host = None, node: Annotated[str | None, Field(description="Only this node.")] = None) -> dict:
-    """Bridges per node: uplink port or isolated segment, VLAN-aware, CIDR, gateway. Use before
-    attaching a NIC or setting a VLAN tag."""
+def list_networks(host: Host = None, node: str | None = None) -> dict:
+    """Bridges per node: uplink or isolated, VLAN-aware, CIDR. Check before NIC changes."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     rows = [row for name in nodes for row in bridges(client, name)]
@@ -489,7 +484,7 @@ def list_networks(host: Host = None, node: Annotated[str | None, Field(descripti
 
 
 def list_pools(host: Host = None) -> dict:
-    """Resource pools with their comment and member guests."""
+    """Pools and their guests."""
     client = pve_client(host)
     members: dict[str, list[int]] = {}
     for guest in guest_resources(client, fresh=True):
@@ -500,14 +495,14 @@ def list_pools(host: Host = None) -> dict:
     return table(["pool", "comment", "guests"], rows)
 
 
-def task_log(upid: Annotated[str, Field(description="Task id (UPID).")], host: Host = None,
-             start: Annotated[int, Field(ge=0, description="Lines to skip.")] = 0, limit: Limit = 100) -> dict:
-    """Log lines of a task, from `start`; `next_start` pages on."""
+def task_log(upid: str, host: Host = None,
+             start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
+    """A task's log from line `start`; next_start pages on."""
     return log_page(pve_client(host), upid, start, limit)
 
 
 def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 50) -> dict:
-    """Recent cluster log entries (task ends, logins, HA events), newest first."""
+    """Recent cluster log, newest first."""
     client = pve_client(host)
     rows = [{"time": iso_time(e.get("time")), "node": e.get("node"), "user": e.get("user"), "tag": e.get("tag"),
              "msg": (e.get("msg") or "")[:300]} for e in client.get("/cluster/log", max=limit) or []]
@@ -515,8 +510,7 @@ def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 
 
 
 def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
-    """OS, hostname and IP addresses of a running guest (QEMU guest agent, or the container's
-    interfaces)."""
+    """A running guest's OS, hostname and IPs."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "lxc":
@@ -558,11 +552,10 @@ POWER_ACTIONS = ("start", "shutdown", "stop", "reboot", "reset", "suspend", "res
 
 
 def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Field(
-                          description="stop and reset are hard (destructive); shutdown is clean.")],
+                          description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Start, shut down, stop, reboot, reset, suspend or resume a VM or container; waits for
-    the task and reports progress."""
+    """Start, stop, shut down, reboot, reset, suspend or resume a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
@@ -571,25 +564,25 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
 
 
 def write_guest_config(vmid: Vmid, host: Host = None,
-                       set: Annotated[dict[str, str | int] | None, Field(
-                           description="Options to set, e.g. {\"memory\": 4096, \"net0\": \"virtio,bridge=vmbr0\"}.")] = None,
-                       delete: Annotated[list[str] | None, Field(description="Options to remove.")] = None,
-                       digest: Annotated[str | None, Field(description="Digest from guest_config; refused if it changed since.")] = None,
+                       set: Annotated[dict[str, Any] | None, Field(
+                           description="e.g. {\"memory\": 4096, \"net\": {\"0\": \"...\"}}")] = None,
+                       delete: list[str] | None = None,
+                       digest: Annotated[str | None, Field(description="From guest_config.")] = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Set or delete configuration options of a guest, safe against concurrent edits (digest).
-    For NICs prefer write_set_nic; for disk size write_resize_disk."""
+    """Set or delete guest config options (digest guards concurrent edits)."""
     client = pve_client(host)
     if not set and not delete:
         raise ProxmoxError("Nothing to change: give `set` and/or `delete`.")
     base, row = guest_path(client, vmid)
     if digest is None:
         digest = (client.get(f"{base}/config") or {}).get("digest")
-    params: dict[str, Any] = dict(set or {}) | {"digest": digest}
+    changes = encode_params(set)  # {"net": {"0": ...}} is net0, as Proxmox names it
+    params: dict[str, Any] = changes | {"digest": digest}
     if delete:
         params["delete"] = ",".join(delete)
     client.request("PUT", f"{base}/config", params)
     _resources_cache.pop(client.host.label, None)
-    return {"vmid": vmid, "changed": sorted(set or {}), "deleted": delete or [], "result": "ok"}
+    return {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [], "result": "ok"}
 
 
 def _disk_gib(value: str) -> int | None:
@@ -599,11 +592,11 @@ def _disk_gib(value: str) -> int | None:
     return int(float(match.group(1)) * {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)])
 
 
-def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="scsi0, virtio0, rootfs, mp0...")],
-                      size: Annotated[str, Field(pattern=r"^\+?\d+G$", description="New size (40G) or growth (+10G). Grow only.")],
+def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. scsi0, rootfs")],
+                      size: Annotated[str, Field(pattern=r"^\+?\d+G$", description="40G or +10G")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       ctx: Context | None = None) -> dict:
-    """Grow a guest's disk (never shrinks: a smaller size is refused before sending)."""
+    """Grow a guest disk (never shrinks)."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     config = client.get(f"{base}/config") or {}
@@ -618,14 +611,14 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="scsi0,
                     f"resize {vmid} {disk}")
 
 
-SnapName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$", description="Snapshot name.")]
+SnapName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$")]
 
 
 def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
                           description: Annotated[str | None, Field(max_length=1000)] = None,
-                          vmstate: Annotated[bool, Field(description="Also save RAM (VMs only).")] = False,
+                          vmstate: Annotated[bool, Field(description="Save RAM (VM)")] = False,
                           wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Take a snapshot of a VM or container before a risky change."""
+    """Snapshot a guest (before risky changes)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     params = {"snapname": name, "description": description}
@@ -644,7 +637,7 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
 
 def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
                             dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Roll a guest back to a snapshot; everything since is lost (destructive)."""
+    """Roll a guest back to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
@@ -653,7 +646,7 @@ def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_
 
 def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
                           dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Delete a snapshot of a guest (destructive)."""
+    """Delete a guest snapshot."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
@@ -666,13 +659,13 @@ def _backup_storage(client: ProxmoxClient, storage: str, node: str) -> None:
         raise ProxmoxError(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
 
-def write_backup_guest(vmid: Vmid, storage: Annotated[str, Field(description="A backup storage (list_storage).")],
+def write_backup_guest(vmid: Vmid, storage: str,
                        host: Host = None,
                        mode: Annotated[Literal["snapshot", "suspend", "stop"], Field()] = "snapshot",
                        compress: Annotated[Literal["zstd", "lzo", "gzip", "0"], Field()] = "zstd",
-                       notes: Annotated[str | None, Field(max_length=1000, description="Notes template for the backup.")] = None,
+                       notes: Annotated[str | None, Field(max_length=1000)] = None,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Back up one guest now (vzdump) to a storage, PBS included; reports progress."""
+    """Back up a guest now (vzdump) to a storage, PBS included."""
     client = pve_client(host)
     _, row = guest_path(client, vmid)
     _backup_storage(client, storage, row["node"])
@@ -693,15 +686,15 @@ def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
     return vmid
 
 
-def write_restore_backup(archive: Annotated[str, Field(description="Backup volid (list_backups).")],
+def write_restore_backup(archive: Annotated[str, Field(description="volid")],
                          host: Host = None,
-                         vmid: Annotated[int | None, Field(ge=100, description="Target vmid (default: next free).")] = None,
+                         vmid: Annotated[int | None, Field(ge=100)] = None,
                          node: Node = None,
-                         storage: Annotated[str | None, Field(description="Storage for the disks.")] = None,
-                         overwrite: Annotated[bool, Field(description="Replace the existing guest with this vmid (destructive).")] = False,
+                         storage: str | None = None,
+                         overwrite: Annotated[bool, Field(description="Replace guest vmid")] = False,
                          start: bool = False, wait_seconds: WaitArg = 300, dry_run: DryRunArg = False,
                          confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Restore a backup to a new vmid (default), or over an existing guest with overwrite=true."""
+    """Restore a backup to a new vmid, or over a guest (overwrite)."""
     client = pve_client(host)
     kind = "lxc" if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive) else "qemu" if re.search(r"vzdump-qemu-|/vm/|vm/\d+", archive) else None
     if kind is None:
@@ -725,13 +718,13 @@ def write_restore_backup(archive: Annotated[str, Field(description="Backup volid
 
 
 def write_clone_guest(vmid: Vmid, host: Host = None,
-                      newid: Annotated[int | None, Field(ge=100, description="New vmid (default: next free).")] = None,
+                      newid: Annotated[int | None, Field(ge=100)] = None,
                       name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
-                      target: Annotated[str | None, Field(description="Target node (default: same).")] = None,
-                      full: Annotated[bool, Field(description="Full copy; false makes a linked clone of a template.")] = True,
-                      storage: Annotated[str | None, Field(description="Storage for a full clone.")] = None,
+                      target: Annotated[str | None, Field(description="node")] = None,
+                      full: Annotated[bool, Field(description="false: linked")] = True,
+                      storage: str | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Clone a VM or container (full, or linked from a template) to a new vmid; reports progress."""
+    """Clone a guest (full, or linked from a template)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if not full and not row.get("template"):
@@ -744,9 +737,9 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     return run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}") | {"newid": newid}
 
 
-def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="Target node.")], host: Host = None,
+def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="node")], host: Host = None,
                         wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Move a guest to another node: live for a running VM, restart for a running container."""
+    """Move a guest to another node (live VM, restarted CT)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
@@ -759,7 +752,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="Ta
 
 def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                    ctx: Context | None = None) -> dict:
-    """Convert a stopped guest into a template (for linked clones). Irreversible in practice."""
+    """Turn a stopped guest into a template (irreversible)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
@@ -768,10 +761,10 @@ def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dr
 
 
 def write_delete_guest(vmid: Vmid, host: Host = None,
-                       purge: Annotated[bool, Field(description="Also remove it from backup jobs, HA and replication.")] = False,
+                       purge: Annotated[bool, Field(description="Also from jobs, HA")] = False,
                        wait_seconds: WaitArg = 60, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                        ctx: Context | None = None) -> dict:
-    """Delete a stopped guest and its disks (destructive). Backups are kept."""
+    """Delete a stopped guest and its disks (not backups)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
@@ -805,24 +798,23 @@ def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -
                            f"write_download_url can fetch one.")
 
 
-Bridge = Annotated[str, Field(description="Bridge for the first NIC (list_networks).")]
-Vlan = Annotated[int | None, Field(ge=1, le=4094, description="VLAN tag (needs a VLAN-aware bridge).")]
+Bridge = Annotated[str, Field()]
+Vlan = Annotated[int | None, Field(ge=1, le=4094)]
 
 
 def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
                     host: Host = None, node: Node = None,
-                    vmid: Annotated[int | None, Field(ge=100, description="Default: next free.")] = None,
-                    iso: Annotated[str | None, Field(description="Installer ISO volid, e.g. local:iso/debian.iso.")] = None,
-                    cloud_image: Annotated[str | None, Field(description="Disk image volid to import (cloud-init VM).")] = None,
+                    vmid: Annotated[int | None, Field(ge=100)] = None,
+                    iso: Annotated[str | None, Field(description="volid")] = None,
+                    cloud_image: Annotated[str | None, Field(description="volid")] = None,
                     memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=128)] = 2,
                     disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
                     vlan: Vlan = None, ciuser: str | None = None,
-                    ssh_keys: Annotated[str | None, Field(description="Public keys for cloud-init.")] = None,
-                    ip: Annotated[str, Field(description="cloud-init ipconfig0, e.g. ip=dhcp or ip=192.0.2.10/24,gw=192.0.2.1")] = "ip=dhcp",
+                    ssh_keys: str | None = None,
+                    ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
-    """Create a VM from an installer ISO, or from a cloud image with cloud-init (user, SSH keys,
-    IP); checks node, ISO, bridge and VLAN first."""
+    """Create a VM from an ISO, or from a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise ProxmoxError("Give exactly one of iso (installer) or cloud_image (cloud-init).")
@@ -845,19 +837,19 @@ def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.
 
 
 def write_create_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                     template: Annotated[str, Field(description="Template volid, e.g. local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst")],
+                     template: Annotated[str, Field(description="volid")],
                      host: Host = None, node: Node = None,
-                     vmid: Annotated[int | None, Field(ge=100, description="Default: next free.")] = None,
+                     vmid: Annotated[int | None, Field(ge=100)] = None,
                      memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=128)] = 1,
                      disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
                      vlan: Vlan = None,
-                     ip: Annotated[str, Field(description="dhcp or a CIDR like 192.0.2.20/24")] = "dhcp",
+                     ip: Annotated[str, Field(description="dhcp or CIDR")] = "dhcp",
                      gateway: str | None = None,
-                     ssh_keys: Annotated[str | None, Field(description="Public keys for root.")] = None,
-                     unprivileged: Annotated[bool, Field(description="false needs the elevated gate.")] = True,
+                     ssh_keys: str | None = None,
+                     unprivileged: bool = True,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      ctx: Context | None = None) -> dict:
-    """Create a container from a template; unprivileged unless the elevated gate is open."""
+    """Create a container from a template."""
     client = pve_client(host)
     node = check_node(client, node) if node else node_names(client)[0]
     vmid = _free_vmid(client, vmid)
@@ -871,28 +863,36 @@ def write_create_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-
     return result | {"vmid": vmid, "node": node}
 
 
+CHECKSUM_BY_LENGTH = {32: "md5", 40: "sha1", 56: "sha224", 64: "sha256", 96: "sha384", 128: "sha512"}
+
+
 def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
-                       storage: Annotated[str, Field(description="Target storage (must allow the content type).")],
+                       storage: str,
                        filename: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")],
                        content: Annotated[Literal["iso", "vztmpl", "import"], Field()] = "iso",
                        host: Host = None, node: Node = None,
-                       checksum: Annotated[str | None, Field(description="Expected checksum (recommended).")] = None,
-                       checksum_algorithm: Annotated[Literal["sha256", "sha512", "md5", "sha1", "sha224", "sha384"], Field()] = "sha256",
+                       checksum: Annotated[str | None, Field(description="hex: md5 to sha512")] = None,
                        wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Download an ISO, container template or disk image from a URL into a storage, with a
-    checksum check; reports progress."""
+    """Download an ISO, template or image from a URL into a storage."""
+    algorithm = None
+    if checksum:
+        checksum = checksum.strip().lower()
+        algorithm = CHECKSUM_BY_LENGTH.get(len(checksum)) if re.fullmatch(r"[0-9a-f]+", checksum) else None
+        if not algorithm:
+            raise ProxmoxError("checksum: give the hex digest of md5, sha1, sha224, sha256, sha384 or sha512 "
+                             "(the algorithm is told by its length).")
     client = pve_client(host)
     node = _storage_node(client, storage, node, content)
     params = {"url": url, "content": content, "filename": filename, "checksum": checksum,
-              "checksum-algorithm": checksum_algorithm if checksum else None}
+              "checksum-algorithm": algorithm}
     return run_task(client, "POST", f"/nodes/{node}/storage/{storage}/download-url", params, wait_seconds, ctx,
                     f"download {filename}") | {"volid": f"{storage}:{content}/{filename}"}
 
 
-def write_delete_volume(volid: Annotated[str, Field(description="Volume id (storage_content).")], host: Host = None,
+def write_delete_volume(volid: str, host: Host = None,
                         node: Node = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Delete an ISO, template, backup or unused disk (destructive); refused while a guest uses it."""
+    """Delete a volume no guest uses (ISO, template, backup, disk)."""
     client = pve_client(host)
     storage = volid.split(":", 1)[0]
     node = _storage_node(client, storage, node)
@@ -920,12 +920,11 @@ def _guests_using(client: ProxmoxClient, volid: str, volume: dict) -> list[str]:
 
 def write_set_nic(vmid: Vmid, host: Host = None,
                   nic: Annotated[str, Field(pattern=r"^net\d+$")] = "net0",
-                  bridge: Annotated[str | None, Field(description="Move the NIC to this bridge.")] = None,
-                  vlan: Annotated[int | None, Field(ge=0, le=4094, description="VLAN tag; 0 removes it.")] = None,
-                  firewall: Annotated[bool | None, Field(description="Proxmox firewall on this NIC.")] = None,
+                  bridge: str | None = None,
+                  vlan: Annotated[int | None, Field(ge=0, le=4094, description="0 removes")] = None,
+                  firewall: bool | None = None,
                   dry_run: DryRunArg = False) -> dict:
-    """Change one NIC of a guest: bridge, VLAN tag, firewall flag. The bridge must exist on the
-    guest's node and be VLAN-aware for a tag; otherwise nothing is sent."""
+    """Change a guest NIC's bridge, VLAN tag or firewall flag."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     config = client.get(f"{base}/config") or {}

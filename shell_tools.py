@@ -17,13 +17,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import paramiko
 from pydantic import Field
 
 import policy
 from proxmox_client import ProxmoxError, pve_client
+
+if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
+    import paramiko
 from pve_tools import ConfirmArg, DryRunArg, Vmid, guest_path, resolve_guest
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
@@ -82,13 +84,15 @@ def clean_output(text: str) -> tuple[str, bool]:
 
 # ---------------------------------------------------------------- connections
 
-class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
-    """Accept a key that is not in known_hosts only when it matches the pinned fingerprint."""
+class _VerifyHostKey:
+    """paramiko's missing-host-key policy: accept a key that is not in known_hosts only when it
+    matches the pinned fingerprint."""
 
     def __init__(self, pinned: str | None, where: str):
         self.pinned, self.where = pinned, where
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(self, client: "paramiko.SSHClient", hostname: str, key: "paramiko.PKey") -> None:
+        import paramiko
         offered = key.fingerprint
         if self.pinned and self.pinned == offered:
             return
@@ -101,7 +105,7 @@ class _VerifyHostKey(paramiko.MissingHostKeyPolicy):
     pin_variable = "_SSH_FINGERPRINTS"
 
 
-_connections: dict[tuple[str, str, str], paramiko.SSHClient] = {}
+_connections: dict[tuple[str, str, str], "paramiko.SSHClient"] = {}
 _connections_lock = threading.Lock()
 
 
@@ -116,8 +120,9 @@ def target_for(product: str, label: str | None) -> SshTarget:
     return targets[label.lower()]
 
 
-def connect(target: SshTarget, node: str) -> paramiko.SSHClient:
+def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
     """A verified connection to one node, reused while it stays up."""
+    import paramiko
     if not NODE_NAME.match(node) or node not in target.nodes:
         raise ProxmoxError(f"No SSH address for node '{node}' of host '{target.label}'. "
                            f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
@@ -178,6 +183,7 @@ def run(target: SshTarget, node: str, command: str, *, timeout: float | None = N
     wrapped = f"timeout --signal=TERM --kill-after=5 {int(limit)} /bin/sh -c {sh_quote(command)}"
     if target.sudo:
         wrapped = "sudo -n " + wrapped
+    import paramiko
     for attempt in (1, 2):
         client = connect(target, node)
         try:
@@ -275,11 +281,11 @@ class _ConfirmClient:
 
 # ---------------------------------------------------------------- tools
 
-PveHost = Annotated[str | None, Field(description="PVE host label; optional with one host.")]
-Command = Annotated[str, Field(min_length=1, max_length=16384, description="Shell command line (run by /bin/sh -c).")]
-Timeout = Annotated[int, Field(ge=1, le=3600, description="Seconds before the command is signalled.")]
+PveHost = Annotated[str | None, Field()]
+Command = Annotated[str, Field(min_length=1, max_length=16384, description="for /bin/sh -c")]
+Timeout = Annotated[int, Field(ge=1, le=3600)]
 Node = Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$", description="Node name.")]
-Where = Annotated[str, Field(description="A PVE node name, or 'pbs' for the Backup Server.")]
+Where = Annotated[str, Field(description="node or 'pbs'")]
 
 
 def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
@@ -288,9 +294,8 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
     return target_for("pve", host), where
 
 
-def ssh_check(where: Where, host: Annotated[str | None, Field(description="Host label.")] = None) -> dict:
-    """Connect to a node (or the PBS host, where='pbs') over SSH: the verified host key
-    fingerprint, the login user and the Proxmox version. Changes nothing."""
+def ssh_check(where: Where, host: str | None = None) -> dict:
+    """Test SSH to a node or PBS: verified host key, user, version."""
     target, node = _where(where, host)
     client = connect(target, node)
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
@@ -311,9 +316,8 @@ echo '== smart'; if command -v smartctl >/dev/null; then for d in /dev/sd? /dev/
 """
 
 
-def node_diagnostics(where: Where, host: Annotated[str | None, Field(description="Host label.")] = None) -> dict:
-    """Fixed health commands on a node or the PBS host over SSH: disk use, ZFS pools, failed
-    systemd units, recent journal errors, memory pressure, SMART. Takes no command."""
+def node_diagnostics(where: Where, host: str | None = None) -> dict:
+    """Fixed SSH checks on a node or PBS: disks, ZFS, failed units, journal errors, SMART."""
     target, node = _where(where, host)
     result = run(target, node, DIAGNOSTICS, timeout=60)
     sections: dict[str, str] = {}
@@ -327,20 +331,18 @@ def node_diagnostics(where: Where, host: Annotated[str | None, Field(description
     return {"node": node, "sections": {k: v.strip() for k, v in sections.items()}, "untrusted": True}
 
 
-def write_node_exec(where: Where, command: Command, host: Annotated[str | None, Field(description="Host label.")] = None,
+def write_node_exec(where: Where, command: Command, host: str | None = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Run a shell command on a PVE node or the PBS host (where='pbs') as the SSH user.
-    Elevated: needs the exec and elevated gates and the user's confirmation."""
+    """Run a shell command on a node or PBS over SSH."""
     target, node = _where(where, host)
     authorize(target.product, target.label, "elevated", f"node {node}: {command}", [])
     return run(target, node, command, timeout=timeout).answer(node=node)
 
 
 def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
-                   stdin: Annotated[str | None, Field(max_length=MAX_FILE, description="Text fed to the command.")] = None,
+                   stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Run a shell command inside a container (pct exec on its node). A non-zero exit code is a
-    result, not an error."""
+    """Run a shell command in a container (pct exec)."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
@@ -354,8 +356,7 @@ def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: 
 
 def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Run a shell command in a VM through the QEMU guest agent (no SSH needed); waits for it to
-    exit. A non-zero exit code is a result, not an error."""
+    """Run a shell command in a VM (guest agent)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
@@ -387,13 +388,12 @@ def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: T
     return Result(status.get("exitcode", status.get("signal")), stdout, stderr, truncated=truncated).answer(vmid=vmid)
 
 
-GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096, description="Absolute path in the guest.")]
+GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
 def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry_run: DryRunArg = False,
                           confirm: ConfirmArg = False) -> dict:
-    """Read a file inside a VM (guest agent) or a container (pct pull), up to 1 MiB. Needs the
-    exec gate: files can hold secrets."""
+    """Read a file in a guest, up to 1 MiB."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":
@@ -412,10 +412,9 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry
 
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
-                           content: Annotated[str, Field(max_length=MAX_FILE, description="Text to write (replaces the file).")],
+                           content: Annotated[str, Field(max_length=MAX_FILE)],
                            host: PveHost = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
-    """Write a file inside a VM (guest agent) or a container (pct push), replacing it. Exec gate
-    and the user's confirmation; the content is never logged."""
+    """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":

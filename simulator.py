@@ -19,6 +19,7 @@ import hashlib
 import json
 import random
 import re
+import secrets
 import ssl
 import tempfile
 import threading
@@ -151,6 +152,10 @@ class Lab:
         self.replication: dict[str, list[dict]] = {}  # node -> replication job states
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
+        # password logins: product -> userid -> (password, the user's rights, needs a second factor)
+        self.logins: dict[str, dict[str, tuple[str, Token, bool]]] = {"pve": {}, "pbs": {}}
+        self.tickets: dict[str, tuple[str, str, str, float]] = {}  # ticket -> (product, userid, csrf, issued)
+        self.ticket_lifetime = 7200.0  # real tickets expire after 2 h
         self.task_seconds = 0.6  # how long a simulated task runs
         # faults, switched on by tests
         self.down_nodes: set[str] = set()
@@ -232,7 +237,19 @@ class Lab:
                                                  privsep=False)
         lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        lab.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
+                                                                           ("/", "PVEAuditor", True)]), False)
+        lab.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
+        lab.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token("", [("/", "Audit", True),
+                                                                           ("/datastore", "DatastoreReader", True)]),
+                                        False)
         return lab
+
+    def expire_tickets(self) -> None:
+        """Make every ticket issued so far older than its lifetime (two hours pass)."""
+        with self.lock:
+            self.tickets = {t: (p, u, c, issued - self.ticket_lifetime - 1) for t, (p, u, c, issued)
+                            in self.tickets.items()}
 
     @classmethod
     def scale(cls, nodes: int = 20, guests: int = 5000, seed: int = 7) -> "Lab":
@@ -283,12 +300,16 @@ class Lab:
         return guest
 
     def add_volume(self, storage: str, volid: str, content: str, size: int, *, vmid: int | None = None,
-                   ctime: int | None = None) -> None:
+                   ctime: int | None = None, node: str | None = None) -> None:
+        """A volume; with `node` on a storage that is not shared, it exists on that node only
+        (each node's `local` is its own disk)."""
         fmt = {"iso": "iso", "vztmpl": "tzst"}.get(content) or re.sub(r"^[^.]*\.", "", volid.rsplit("/", 1)[-1])
         volume = {"volid": volid, "content": content, "size": size, "format": fmt,
                   "ctime": ctime or int(time.time())}
         if vmid is not None:
             volume["vmid"] = vmid
+        if node and not self.storages.get(storage, {}).get("shared"):
+            volume["_node"] = node
         self.volumes.setdefault(storage, []).append(volume)
 
     def guest_disks(self, storage: str, node: str) -> list[dict]:
@@ -797,10 +818,11 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
     entry = call.lab.storages.get(storage)
     if entry is None or node not in call.lab.storage_nodes(entry):
         raise ApiError(500, f"storage '{storage}' does not exist")
-    rows = call.lab.volumes.get(storage, []) + call.lab.guest_disks(storage, node)
+    rows = [v for v in call.lab.volumes.get(storage, []) if v.get("_node", node) == node]
+    rows += call.lab.guest_disks(storage, node)
     content, vmid = call.arg("content"), call.arg("vmid")
-    return [dict(v) for v in rows if (content is None or v["content"] == content)
-            and (vmid is None or v.get("vmid") == int(vmid))]
+    return [{k: val for k, val in v.items() if k != "_node"} for v in rows
+            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
 
 
 def pve_network(call: Call, node: str) -> list:
@@ -887,7 +909,7 @@ def pve_vzdump(call: Call, node: str) -> str:
         [f"INFO: Finished Backup of VM {vmid}"]
 
     def apply() -> None:
-        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid)
+        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid, node=guest["node"])
         if call.arg("notes-template"):
             call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
     return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
@@ -1007,7 +1029,7 @@ def pve_download_url(call: Call, node: str, storage: str) -> str:
         lines.append("calculating checksum... OK, checksum verified")
 
     def apply() -> None:
-        call.lab.add_volume(storage, volid, content, 600 * 1024 ** 2)
+        call.lab.add_volume(storage, volid, content, 600 * 1024 ** 2, node=node)
     return call.lab.start_task(node, "download", storage, user=call.token_id, lines=lines, on_done=apply)
 
 
@@ -1178,13 +1200,13 @@ def pve_permissions(call: Call, **_: str) -> dict:
 
 
 def _permissions(call: Call, render: Callable[[set], dict]) -> dict:
-    result = {}
+    held: dict[str, set] = {}
     for path, role, propagate in call.token.acl:
         privileges = set(ROLES[role])
         if "*" in privileges:
             privileges = all_privileges(call.product)
-        result[path] = render(sorted(privileges))
-    return result
+        held.setdefault(path, set()).update(privileges)  # several roles on one path add up
+    return {path: render(sorted(privileges)) for path, privileges in held.items()}
 
 
 def pve_pools(call: Call, **_: str) -> list:
@@ -1562,8 +1584,46 @@ def generic(call: Call, entry: dict) -> Any:
     return None
 
 
+COOKIE = {"pve": "PVEAuthCookie", "pbs": "PBSAuthCookie"}
+
+
+def login(lab: Lab, product: str, params: dict[str, Any]) -> dict:
+    """POST /access/ticket: a ticket and a CSRF token for a user and password (PROXMOX-FACTS:
+    valid two hours); an account with a second factor gets a half ticket and NeedTFA."""
+    errors = catalog.check_params(catalog.find_method(product, "POST", "/access/ticket")[0], params)
+    if errors:
+        lab.schema_rejections.append((product, "POST", "/access/ticket", errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    user, password = str(params.get("username", "")), str(params.get("password", ""))
+    known = lab.logins[product].get(user)
+    if known is None or known[0] != password:
+        if lab.auth_fail_delay:
+            time.sleep(lab.auth_fail_delay)
+        raise ApiError(401, "authentication failure")
+    prefix = product.upper()
+    if known[2]:
+        return {"username": user, "ticket": f"{prefix}:!tfa!{{\"totp\":true}}:{secrets.token_hex(8)}",
+                "NeedTFA": 1}
+    ticket = f"{prefix}:{user}:{int(time.time()):X}::{secrets.token_urlsafe(24)}"
+    csrf = f"{int(time.time()):X}:{secrets.token_urlsafe(16)}"
+    with lab.lock:
+        lab.tickets[ticket] = (product, user, csrf, time.time())
+    return {"username": user, "ticket": ticket, "CSRFPreventionToken": csrf}
+
+
+def ticket_identity(lab: Lab, product: str, method: str, cookie: str, csrf: str) -> tuple[str, Token] | None:
+    """The user of a valid ticket cookie; writes also need the CSRF token that came with it."""
+    jar = dict(part.strip().split("=", 1) for part in cookie.split(";") if "=" in part)
+    found = lab.tickets.get(jar.get(COOKIE[product], ""))
+    if found is None or found[0] != product or time.time() - found[3] > lab.ticket_lifetime:
+        return None
+    if method != "GET" and csrf != found[2]:
+        raise ApiError(401, "Permission denied - invalid csrf token")
+    return found[1], lab.logins[product][found[1]][1]
+
+
 def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str, Any], auth: str,
-           *, form: bool = True) -> Any:
+           *, form: bool = True, cookie: str = "", csrf: str = "") -> Any:
     """One API call: auth, route, schema check, permission check, then the handler."""
     lab.tick()
     if lab.delay:
@@ -1573,12 +1633,18 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
         if re.search(pattern, path):
             time.sleep(seconds)
     match = TOKEN_HEADER[product].match(auth or "")
+    identity = None if match or method == "POST" and path == "/access/ticket" else \
+        ticket_identity(lab, product, method, cookie, csrf)
     with lab.lock:
         lab.requests.append((product, method, path))
-        lab.request_tokens.append(match.group("id") if match else "")
+        lab.request_tokens.append(match.group("id") if match else (identity[0] if identity else ""))
+    if method == "POST" and path == "/access/ticket" and not match:
+        return login(lab, product, params)
     tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
-    token = tokens.get(match.group("id")) if match else None
-    if token is None or token.secret != match.group("secret"):
+    token = tokens.get(match.group("id")) if match else (identity[1] if identity else None)
+    if identity:
+        pass  # a valid ticket: the user's own rights
+    elif token is None or token.secret != match.group("secret"):
         if lab.auth_fail_delay:
             time.sleep(lab.auth_fail_delay)
         raise ApiError(401, "Authentication failed!" if product == "pve" else "authentication failed - invalid token")
@@ -1597,7 +1663,7 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
     if errors:
         lab.schema_rejections.append((product, method, path, errors))
         raise ApiError(400, "Parameter verification failed.", errors)
-    call = Call(product, method, path, params, match.group("id"), token, lab)
+    call = Call(product, method, path, params, match.group("id") if match else identity[0], token, lab)
     if "node" in path_params and product == "pve":
         _node(call, path_params["node"])
     _check_permission(call, entry, path_params)
@@ -1645,7 +1711,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         api_path = parts.path[len("/api2/json"):] or "/"
         try:
             data = handle(self.lab, self.product, self.command, api_path, params,
-                          self.headers.get("Authorization", ""), form=form)
+                          self.headers.get("Authorization", ""), form=form,
+                          cookie=self.headers.get("Cookie", ""), csrf=self.headers.get("CSRFPreventionToken", ""))
         except ApiError as exc:
             return self._send_error(exc)
         body_out: dict[str, Any] = {"data": data}

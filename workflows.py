@@ -18,8 +18,8 @@ from pve_tools import (ConfirmArg, DryRunArg, Vmid, WaitArg, bridges, check_node
                        human_bytes, iso_time, next_vmid, percent, resolve_guest, run_task,
                        task_report)
 
-Host = Annotated[str | None, Field(description="PVE host label; optional with one host.")]
-PbsHost = Annotated[str | None, Field(description="PBS host label to include (default: the only one, if any).")]
+Host = Annotated[str | None, Field()]
+PbsHost = Annotated[str | None, Field()]
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
 
@@ -62,23 +62,38 @@ def _pbs(label: str | None) -> ProxmoxClient | None:
 
 # ---------------------------------------------------------------- health
 
+# name: (default, lowest, highest)
+HEALTH_THRESHOLDS = {"storage_warn_pct": (80, 1, 100), "storage_crit_pct": (90, 1, 100),
+                     "node_mem_warn_pct": (90, 1, 100), "node_cpu_warn_pct": (90, 1, 100),
+                     "failed_task_hours": (24, 1, 720), "cert_warn_days": (30, 1, 365),
+                     "gc_max_days": (7, 1, 365), "verify_max_days": (30, 1, 365)}
+
+
+def health_thresholds(overrides: dict[str, int] | None) -> dict[str, int]:
+    """The defaults with the caller's overrides; an unknown name or a value out of range is refused."""
+    chosen = {name: default for name, (default, _, _) in HEALTH_THRESHOLDS.items()}
+    for name, value in (overrides or {}).items():
+        if name not in HEALTH_THRESHOLDS:
+            raise ProxmoxError(f"thresholds: unknown '{name}'. Known: " +
+                               ", ".join(f"{n} (default {d})" for n, (d, _, _) in HEALTH_THRESHOLDS.items()) + ".")
+        low, high = HEALTH_THRESHOLDS[name][1:]
+        if not low <= value <= high:
+            raise ProxmoxError(f"thresholds: {name} must be from {low} to {high}, not {value}.")
+        chosen[name] = value
+    return chosen
+
+
 def health_check(host: Host = None, pbs_host: PbsHost = None,
-                 storage_warn_pct: Annotated[int, Field(ge=1, le=100)] = 80,
-                 storage_crit_pct: Annotated[int, Field(ge=1, le=100)] = 90,
-                 node_mem_warn_pct: Annotated[int, Field(ge=1, le=100)] = 90,
-                 node_cpu_warn_pct: Annotated[int, Field(ge=1, le=100)] = 90,
-                 failed_task_hours: Annotated[int, Field(ge=1, le=720)] = 24,
-                 cert_warn_days: Annotated[int, Field(ge=1, le=365)] = 30,
-                 gc_max_days: Annotated[int, Field(ge=1, le=365)] = 7,
-                 verify_max_days: Annotated[int, Field(ge=1, le=365)] = 30) -> dict:
-    """One-call cluster health: quorum, nodes, CPU and memory, storage fill, failed tasks, HA,
-    replication, locked guests, certificate expiry, PBS fill, GC and verify age. Findings sorted
-    by severity, each with evidence and the next step."""
+                 thresholds: Annotated[dict[str, int] | None, Field(description="overrides, named as in the answer")] = None
+                 ) -> dict:
+    """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
     client = pve_client(host)
-    report = Report({"storage_warn_pct": storage_warn_pct, "storage_crit_pct": storage_crit_pct,
-                     "node_mem_warn_pct": node_mem_warn_pct, "node_cpu_warn_pct": node_cpu_warn_pct,
-                     "failed_task_hours": failed_task_hours,
-                     "cert_warn_days": cert_warn_days, "gc_max_days": gc_max_days, "verify_max_days": verify_max_days})
+    limits = health_thresholds(thresholds)
+    storage_warn_pct, storage_crit_pct = limits["storage_warn_pct"], limits["storage_crit_pct"]
+    node_mem_warn_pct, node_cpu_warn_pct = limits["node_mem_warn_pct"], limits["node_cpu_warn_pct"]
+    failed_task_hours, cert_warn_days = limits["failed_task_hours"], limits["cert_warn_days"]
+    gc_max_days, verify_max_days = limits["gc_max_days"], limits["verify_max_days"]
+    report = Report(limits)
     status = report.section("quorum", lambda: client.get("/cluster/status")) or []
     cluster = next((e for e in status if e.get("type") == "cluster"), None)
     if cluster and not cluster.get("quorate"):
@@ -178,9 +193,7 @@ def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str],
 
 def backup_coverage(host: Host = None, pbs_host: PbsHost = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
-    """For every guest: its newest backup (vzdump storages and PBS, matched by vm/<vmid> and
-    ct/<vmid>), age, PBS verify state, the jobs that cover or exclude it; plus PBS groups
-    whose guest no longer exists. Where PVE and PBS are checked against each other."""
+    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
     client = pve_client(host)
     report = Report({"max_age_hours": max_age_hours})
     resources = report.section("guests", lambda: client.get("/cluster/resources")) or []
@@ -191,16 +204,20 @@ def backup_coverage(host: Host = None, pbs_host: PbsHost = None,
     def consider(vmid: int, when: int, where: str, verify: str | None) -> None:
         if vmid not in newest or when > newest[vmid]["ctime"]:
             newest[vmid] = {"ctime": when, "where": where, "verify": verify}
+    pbs = report.section("pbs host", lambda: _pbs(pbs_host))
+    # One read per backup storage: a shared one once, a local one on each node (each node's `local`
+    # is a different disk); PBS-backed storages through PBS itself when it is configured here.
     storages = {}
     for storage in (r for r in resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and r.get("plugintype") != "pbs"):
-        storages.setdefault(storage["storage"], storage["node"])
-    for name, node in sorted(storages.items()):
-        for volume in report.section(f"storage {name}", lambda n=node, s=name: client.get(
+                    and r.get("status") == "available" and not (pbs and r.get("plugintype") == "pbs")):
+        key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
+        storages.setdefault(key, (storage["storage"], storage["node"]))
+    for key, (name, node) in sorted(storages.items()):
+        for volume in report.section(f"storage {key}", lambda n=node, s=name: client.get(
                 f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
             if volume.get("vmid"):
-                consider(int(volume["vmid"]), volume.get("ctime") or 0, name, None)
-    pbs = report.section("pbs host", lambda: _pbs(pbs_host))
+                consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
+                         (volume.get("verification") or {}).get("state"))
     pbs_groups: set[tuple[str, int]] = set()
     if pbs is not None:
         for ds in report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
@@ -245,9 +262,7 @@ def backup_coverage(host: Host = None, pbs_host: PbsHost = None,
 # ---------------------------------------------------------------- security
 
 def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=1000)] = 200) -> dict:
-    """Tokens without expiry, privsep off, root@pam tokens, broad ACLs, firewalls off, privileged
-    containers, host devices and hookscripts in guests, this server's own exposure. Lists what it
-    could not check: no finding is not a certificate."""
+    """Security findings: tokens, ACLs, firewalls, privileged CTs, devices, this server."""
     client = pve_client(host)
     report = Report({"max_guests": max_guests})
     for user in report.section("users and tokens", lambda: client.get("/access/users", full=1)) or []:
@@ -311,10 +326,10 @@ def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=
 
 # ---------------------------------------------------------------- waiting for any task
 
-def wait_task(upid: Annotated[str, Field(description="A PVE or PBS task id (UPID).")],
-              host: Annotated[str | None, Field(description="Host label.")] = None,
+def wait_task(upid: str,
+              host: str | None = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
-    """Wait for any PVE or PBS task by UPID, with progress notifications; answers its result."""
+    """Wait for a PVE or PBS task to end, with progress."""
     product = "pbs" if _looks_pbs(upid) else "pve"
     client = pbs_client(host) if product == "pbs" else pve_client(host)
     return task_report(client, upid, wait_seconds, 20, ctx, "wait_task")
@@ -414,15 +429,14 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
 
 
 def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                        template: Annotated[str, Field(description="Template volid (storage_content content=vztmpl).")],
-                        host: Host = None, node: Annotated[str | None, Field(description="Default: most free memory.")] = None,
+                        template: Annotated[str, Field(description="volid")],
+                        host: Host = None, node: str | None = None,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
-                        bridge: Annotated[str | None, Field(description="Default: a bridge with an uplink.")] = None,
+                        bridge: str | None = None,
                         ssh_keys: str | None = None, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                         ctx: Context | None = None) -> dict:
-    """Create, network and start a container in one call: node with room, next vmid, a bridge
-    with an uplink, DHCP; waits for its address. Reports each step; deletes nothing on failure."""
+    """Create and start a DHCP container in one call; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
@@ -432,15 +446,14 @@ def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-
 
 
 def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                       cloud_image: Annotated[str, Field(description="Disk image volid (content=import).")],
-                       host: Host = None, node: Annotated[str | None, Field(description="Default: most free memory.")] = None,
+                       cloud_image: Annotated[str, Field(description="volid")],
+                       host: Host = None, node: str | None = None,
                        memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
                        disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
-                       bridge: Annotated[str | None, Field(description="Default: a bridge with an uplink.")] = None,
+                       bridge: str | None = None,
                        ciuser: str | None = None, ssh_keys: str | None = None, wait_seconds: WaitArg = 180,
                        dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create a cloud-init VM, start it and wait for its address from the guest agent, in one
-    call. Reports each step; deletes nothing on failure."""
+    """Create and start a cloud-init VM in one call; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
@@ -453,13 +466,11 @@ def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0
 # ---------------------------------------------------------------- restore drill
 
 def write_restore_drill(vmid: Vmid, host: Host = None,
-                        backup: Annotated[str | None, Field(description="Backup volid (default: the newest).")] = None,
-                        scratch_vmid: Annotated[int | None, Field(ge=100, description="Must not exist (default: next free).")] = None,
-                        answer_seconds: Annotated[int, Field(ge=5, le=1800, description="How long the guest may take to answer.")] = 120,
+                        backup: Annotated[str | None, Field(description="volid")] = None,
+                        scratch_vmid: Annotated[int | None, Field(ge=100)] = None,
+                        answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Prove a backup restores: restore it to a scratch vmid with its network cut, start it, wait
-    for the guest agent or container to answer, report timings, then destroy only that scratch
-    guest. Refuses if the scratch vmid exists."""
+    """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
     client = pve_client(host)
     source = resolve_guest(client, vmid)
     kind = source["type"]

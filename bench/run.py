@@ -2,8 +2,10 @@
 here asserts a timing. Run from the project root: .venv/bin/python bench/run.py [--quick]
 
 Figures: tool-list bytes (default, everything, compact), the bytes of a "list all guests"
-answer as the client receives it, start-up to tools/list, per-call overhead against a direct
-GET, API requests per action, and list_guests on a 20-node, 5,000-guest cluster.
+answer as the client receives it, start-up to tools/list (and the SDK import alone), per-call
+overhead against a direct GET (and a tool that sends no request), API requests per action,
+list_guests on a 20-node, 5,000-guest cluster, HTTP concurrency, memory, and the time each
+fault of tests/test_faults.py takes to be answered.
 """
 import json
 import statistics
@@ -19,6 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import simulator  # noqa: E402
 from conftest import server_env, stdio_session  # noqa: E402
+from test_faults import FAULTS, READ_TIMEOUT, arguments_for, fault_envs  # noqa: E402
 
 PIN = "SHA256:" + "A" * 43
 
@@ -29,15 +32,62 @@ def tool_list_bytes(env: dict) -> int:
     return json.loads(out)["total_bytes"]
 
 
+def median_seconds(command: list[str], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True)
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times), 3)
+
+
+def fault_timings(sim) -> dict:
+    """Seconds from call to clear error for each fault; the budget is the read timeout + 1 s."""
+    envs = fault_envs(sim)
+    timings = {}
+    with stdio_session(envs["reader"], log_name="bench-faults") as reader, \
+            stdio_session(envs["operator"], log_name="bench-faults-op") as operator:
+        sessions = {"reader": reader, "operator": operator}
+        for fault in FAULTS:
+            session = sessions[fault.env]
+            fault.start(sim.lab)
+            try:
+                started = time.perf_counter()
+                result = session.call(fault.tool, arguments_for(fault, sim.lab))
+                elapsed = time.perf_counter() - started
+            finally:
+                fault.stop(sim.lab)
+            served = not session.call("list_guests").is_error
+            timings[fault.name] = {"s": round(elapsed, 2), "error": result.is_error, "next_call_served": served}
+    for name in ("host down", "certificate changed"):
+        with stdio_session(envs[name], log_name="bench-faults-" + name.split()[0]) as session:
+            session.tools()
+            started = time.perf_counter()
+            result = session.call("list_guests")
+            timings[name] = {"s": round(time.perf_counter() - started, 2), "error": result.is_error,
+                             "next_call_served": not session.call("list_hosts").is_error}
+    return {"budget_s": READ_TIMEOUT + 1, "faults": timings}
+
+
+def coverage_label(lab) -> str:
+    """backup_coverage's budget: 2 + storages + datastores, counting each node's own `local` as a
+    storage (PBS-backed storages included: they are read through PBS)."""
+    storages = sum(1 if entry["shared"] else len(lab.storage_nodes(entry)) for entry in lab.storages.values()
+                   if "backup" in entry["content"].split(","))
+    return f"backup_coverage ({storages} backup storages, {len(lab.datastores)} datastore(s): " \
+           f"budget {2 + storages + len(lab.datastores)})"
+
+
 def answer_bytes(result) -> int:
     """Everything the client receives for one call: content and flags, as JSON."""
     return len(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), separators=(",", ":")))
 
 
-def counted(sim, action) -> int:
+def counted(sim, action, product: str | None = None) -> int:
     before = len(sim.lab.requests)
     action()
-    return len([r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"])
+    return len([r for r in sim.lab.requests[before:] if r[2] != "/access/permissions"
+                and (product is None or r[0] == product)])
 
 
 def http_concurrency(clients: int = 50, calls: int = 20) -> dict:
@@ -144,6 +194,9 @@ def main() -> None:
         "everything (all gates, PVE+PBS+SSH)": tool_list_bytes(hosts | ssh | everything),
         "compact toolset (read)": tool_list_bytes(hosts | {"PROXMOX_TOOLSETS": "compact"}),
         "compact toolset (all gates)": tool_list_bytes(hosts | everything | {"PROXMOX_TOOLSETS": "compact"}),
+        # with two PVE hosts every PVE tool takes `host` (left out when there is only one)
+        "default, two PVE hosts": tool_list_bytes(hosts | {"PROXMOX_B_URL": "https://192.0.2.3",
+                                                           "PROXMOX_B_TOKEN": "a@pve!t=" + "s" * 36}),
     }
 
     with simulator.Simulator(simulator.Lab.homelab()) as sim:
@@ -153,11 +206,12 @@ def main() -> None:
             figures["requests_per_action"] = {
                 "list_guests": counted(sim, lambda: session.ok("list_guests")),
                 "get_guest": counted(sim, lambda: session.ok("get_guest", {"vmid": 102})),
-                "health_check (3 nodes, PVE+PBS)": counted(sim, lambda: session.ok("health_check")),
-                "backup_coverage (2 storages, 1 datastore)": counted(sim, lambda: session.ok("backup_coverage")),
+                "health_check PVE requests (3 nodes: budget 9)": counted(sim, lambda: session.ok("health_check"), "pve"),
+                "health_check PBS requests": counted(sim, lambda: session.ok("health_check"), "pbs"),
+                coverage_label(sim.lab): counted(sim, lambda: session.ok("backup_coverage")),
             }
             calls = 50 if quick else 200
-            tool, direct = [], []
+            tool, direct, no_request, one_off = [], [], [], []
             secret = sim.lab.pve_tokens["mcp@pve!reader"].secret
             headers = {"Authorization": f"PVEAPIToken=mcp@pve!reader={secret}"}
             http = requests.Session()
@@ -168,9 +222,20 @@ def main() -> None:
                 started = time.perf_counter()
                 http.get(sim.pve_url + "/api2/json/cluster/status", headers=headers, verify=str(sim.cert_file))
                 direct.append(time.perf_counter() - started)
-            figures["overhead"] = {"calls": calls, "tool_median_ms": round(statistics.median(tool) * 1000, 2),
-                                   "direct_median_ms": round(statistics.median(direct) * 1000, 2),
-                                   "ratio": round(statistics.median(tool) / statistics.median(direct), 2)}
+                started = time.perf_counter()
+                session.ok("list_hosts")  # a tool that sends no request: the MCP round trip alone
+                no_request.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                requests.get(sim.pve_url + "/api2/json/cluster/status", headers=headers, verify=str(sim.cert_file))
+                one_off.append(time.perf_counter() - started)
+            ms = {name: round(statistics.median(values) * 1000, 2) for name, values in
+                  (("tool", tool), ("direct", direct), ("no_request", no_request), ("one_off", one_off))}
+            figures["overhead"] = {"calls": calls, "tool_median_ms": ms["tool"],
+                                   "direct_keepalive_median_ms": ms["direct"],
+                                   "ratio": round(ms["tool"] / ms["direct"], 2),
+                                   "direct_one_off_get_median_ms": ms["one_off"],
+                                   "ratio_vs_one_off_get": round(ms["tool"] / ms["one_off"], 2),
+                                   "mcp_round_trip_no_request_ms": ms["no_request"]}
 
         starts = []
         for _ in range(3 if quick else 7):
@@ -179,6 +244,14 @@ def main() -> None:
                 fresh.tools()
             starts.append(time.perf_counter() - started)
         figures["startup_to_tools_list_median_s"] = round(statistics.median(starts), 3)
+        runs = 3 if quick else 7
+        figures["startup_parts_median_s"] = {
+            "python alone": median_seconds([sys.executable, "-c", "pass"], runs),
+            "import the mcp SDK (MCPServer)": median_seconds([sys.executable, "-c", "import mcp.server.mcpserver"], runs),
+            "import server.py": median_seconds([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                                                "import server"], runs),
+        }
+        figures["fault_answers"] = fault_timings(sim)
 
     with simulator.Simulator(simulator.Lab.scale(nodes=20, guests=5000)) as big:
         with stdio_session(big.env(), log_name="bench-scale") as session:

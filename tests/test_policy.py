@@ -250,6 +250,13 @@ def test_protected_guests_cannot_be_reached(entry, open_policy):
 
 def test_unprotected_guests_and_reads_pass(open_policy):
     assert policy.check(PVE, "POST", "/nodes/pve2/qemu/101/status/stop", {}).guests == [101]
+    # a protected guest's backup may be restored to a NEW vmid (a restore drill); over it, never
+    restore = {"vmid": 150, "archive": "nfs-backup:backup/vzdump-qemu-100-2026_11_28-02_00_01.vma.zst"}
+    assert policy.check(PVE, "POST", "/nodes/pve1/qemu", restore).guests == [150]
+    assert policy.check(PVE, "POST", "/nodes/pve3/lxc", {"vmid": 151, "restore": 1,
+                                                         "ostemplate": "nfs-backup:backup/vzdump-lxc-102-x.tar.zst"})
+    with pytest.raises(policy.PolicyError, match="protected"):
+        policy.check(PVE, "POST", "/nodes/pve1/qemu", restore | {"vmid": 100, "force": 1})
     assert policy.check(PVE, "GET", "/nodes/pve1/qemu/100/config", {}).gate == "read"
     assert policy.check(PVE, "POST", "/nodes/pve1/vzdump", {"all": 1, "exclude": "100,102"}).gate == "lifecycle"
     assert policy.check(PVE, "POST", "/nodes/pve1/startall", {"vms": "101,103"}).guests == [101, 103]
@@ -374,7 +381,7 @@ def test_annotations_match_gates_over_the_whole_list(admin):
         assert changes == tool.name.startswith("write_"), tool.name
         assert not changes or "dry_run" in tool.input_schema["properties"], f"{tool.name} has no dry_run"
         if changes:
-            assert tool.annotations.destructive_hint is True or tool.annotations.idempotent_hint is False
+            assert tool.annotations.destructive_hint is True or not tool.annotations.idempotent_hint
 
 
 def test_write_runs_is_audited_and_verified(admin, sim):
@@ -511,8 +518,11 @@ def test_tools_no_token_can_use_are_hidden_and_clients_told(sim):
             message = session.error("cluster_status")
             assert "Sys.Audit" in message and "pveum acl modify / --tokens 'mcp@pve!empty'" in message
             info = session.ok("server_info")
-            assert set(info["hidden_tools"]) == {"cluster_status", "get_guest", "node_status", "guest_config",
-                                                 "list_snapshots", "guest_agent_info", "list_backups", "storage_content"}
+            by_privilege = {name for name, why in info["hidden_tools"].items() if "no configured token holds" in why}
+            assert by_privilege == {"cluster_status", "get_guest", "node_status", "guest_config",
+                                    "list_snapshots", "guest_agent_info", "list_backups", "storage_content"}
+            assert "gate is closed" in info["hidden_tools"]["write_template"]  # and the other reasons too
+            assert "no Proxmox Backup Server host" in info["hidden_tools"]["pbs_list_groups"]
     finally:
         sim.lab.slow_paths.clear()
 

@@ -90,7 +90,23 @@ def test_backup_coverage_checks_pve_and_pbs_against_each_other(ops, sim):
     assert report["orphan_pbs_groups"] == ["vm/999"]
     assert {f["finding"].split(" backup")[0] for f in report["findings"] if f["area"] == "backups"} >= {
         "guest 102 (dns)", "guest 103 (media)", "guest 104 (win11)"}
-    assert len(sent) <= 2 + 2 + 2  # resources, jobs, two backup storages, the datastore list and one datastore
+    # resources, jobs, `local` on each of 3 nodes, nfs-backup, the PBS datastore list (standing in
+    # for the PBS-backed storage) and one datastore: 2 + storages (5) + datastores (1)
+    assert len(sent) <= 2 + 5 + 1
+    assert sum(1 for r in sent if r[2].endswith("/storage/local/content")) == 3
+
+
+def test_backup_coverage_reads_each_nodes_own_local_storage(ops, sim):
+    """`local` is a different disk on every node: a backup on pve3's counts, found on pve3."""
+    stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.gmtime())
+    sim.lab.add_volume("local", f"local:backup/vzdump-lxc-103-{stamp}.tar.zst", "backup", 1 << 30, vmid=103,
+                       node="pve3")
+    try:
+        report = ops.ok("backup_coverage")
+        rows = {r[0]: dict(zip(report["guests"]["columns"], r)) for r in report["guests"]["rows"]}
+        assert rows[103]["state"] == "ok" and rows[103]["where"] == "local@pve3"
+    finally:
+        sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v.get("vmid") != 103]
 
 
 def test_security_audit(ops):
@@ -151,6 +167,20 @@ def test_restore_drill_proves_a_backup_and_cleans_up(ops, sim):
     assert set(drill["timings"]) == {"restore_s", "start_s", "answer_s", "total_s"}
     ct = ops.ok("write_restore_drill", {"vmid": 105, "confirm": True})
     assert ct["result"] == "ok" and next(s for s in ct["steps"] if s["step"] == "cut network")["how"] == "bridge vmbr1"
+
+
+def test_restore_drill_proves_a_protected_guests_backup(sim, tmp_path):
+    """Restoring the backup to a scratch vmid leaves the protected guest alone, so it is allowed."""
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS": "lab:100",
+        "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with stdio_session(env, log_name="workflows-protected") as session:
+        config_before = dict(sim.lab.guests[100]["config"]) if "config" in sim.lab.guests[100] else None
+        drill = session.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+        assert drill["result"] == "ok"
+        if config_before is not None:
+            assert sim.lab.guests[100]["config"] == config_before
+        assert "protected" in session.error("write_guest_power", {"vmid": 100, "action": "start"})
 
 
 def test_restore_drill_failure_paths(ops, sim):
