@@ -134,6 +134,10 @@ def test_indexed_options_as_a_nested_object(admin_dry, sim):
     assert sent == []
     text = str(plan)
     assert "net1" in text and "virtio,bridge=vmbr0" in text
+    plan, sent = requests_during(sim, lambda: admin_dry.ok("write_api_call", {
+        "method": "PUT", "path": "/nodes/pve1/qemu/100/config", "params": {"net": {"2": "virtio,bridge=vmbr0"}},
+        "dry_run": True}), writes=True)
+    assert sent == [] and "net2" in str(plan)
 
 
 @pytest.fixture(scope="module")
