@@ -59,6 +59,15 @@ class HostConfig:
     read_timeout: float = 30.0
 
 
+def auth_method(host: HostConfig) -> str:
+    """How a host is logged in to, in words for server_info, list_hosts and --check."""
+    if not host.password:
+        return "API token"
+    if not host.token_secret:
+        return f"password login as {host.user}"
+    return f"API token; password login as {host.user} where tokens are refused"
+
+
 class ProxmoxError(Exception):
     """A request that failed, with a message written for the model."""
 
@@ -167,15 +176,12 @@ class ProxmoxClient:
         elif host.ca_file:
             self.verify = host.ca_file
 
-    @property
-    def auth_method(self) -> str:
-        return "password (ticket)" if self.host.password else "API token"
-
-    def _auth_headers(self, method: str, renew: bool = False) -> dict[str, str]:
-        """Token header; or, for a password login, the ticket cookie (and the CSRF token on writes),
-        logging in first when there is no ticket, it is an hour old, or `renew` is asked."""
+    def _auth_headers(self, method: str, renew: bool = False, ticket: bool = False) -> dict[str, str]:
+        """Token header; or, for a password login (or with `ticket`, for an endpoint that refuses
+        tokens), the ticket cookie and the CSRF token on writes, logging in first when there is no
+        ticket, it is an hour old, or `renew` is asked."""
         host = self.host
-        if host.password:
+        if host.password and (ticket or not host.token_secret):
             ticket, csrf, _ = self._login(renew)
             headers = {"Cookie": f"{self.product.ticket_cookie}={ticket}"}
             return headers | ({"CSRFPreventionToken": csrf} if method != "GET" else {})
@@ -301,17 +307,22 @@ class ProxmoxClient:
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
         attempts = 3 if method == "GET" else 1
         read_timeout = timeout or self.host.read_timeout
-        renewed = login_again = False
-        for attempt in range(attempts + 1):
-            headers = self._auth_headers(method, renew=login_again)
+        renewed = login_again = use_ticket = False
+        for attempt in range(attempts + 2):
+            headers = self._auth_headers(method, renew=login_again, ticket=use_ticket)
             login_again = False
             try:
                 response = self.session.request(
                     method, url, headers=headers,
                     timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
                     **send_as)
-                if response.status_code == 401 and self.host.password and not renewed:
+                if response.status_code == 401 and self.host.password and not renewed \
+                        and (use_ticket or not self.host.token_secret):
                     renewed = login_again = True  # the ticket expired or the server restarted: retry once
+                    continue
+                if response.status_code == 403 and self.host.password and self.host.token_secret \
+                        and not use_ticket and "need proper ticket" in response.text:
+                    use_ticket = True  # an endpoint Proxmox refuses to tokens: the password login instead
                     continue
                 break
             except requests.exceptions.SSLError as exc:

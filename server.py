@@ -385,9 +385,9 @@ def load_config(env: dict[str, str] | None = None) -> Config:
             token_id, secret = parse_token(token_var, token_text)
             policy.register_secret(secret)
             if user:
+                policy.register_secret(password)
                 config.warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
-                                       f"used, the password is not.")
-                user = password = None
+                                       f"used, the password only where Proxmox refuses tokens.")
         else:
             token_id, secret = user, ""
             policy.register_secret(password)
@@ -471,7 +471,7 @@ class ToolSpec:
 def list_hosts() -> dict:
     """Configured hosts: label (the `host` argument), product, URL."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
-             "token": f"(password login as {h.user})" if h.password else h.token_id,
+             "token": h.token_id if h.token_secret else f"(password login as {h.user})",
              "tls": "pinned" if h.fingerprint else ("ca_file" if h.ca_file else ("verified" if h.verify_tls else "OFF"))}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
     return pve_tools.table(["host", "product", "url", "token", "tls"], rows)
@@ -484,7 +484,7 @@ def server_info() -> dict:
         for label, host in proxmox_client.configured(product).items():
             rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
-                                     "auth": "password (ticket)" if host.password else "api token",
+                                     "auth": proxmox_client.auth_method(host),
                                      "token": host.token_id, "write_token": host.write_token_id,
                                      "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
             try:
@@ -974,8 +974,9 @@ def check_hosts(config: Config) -> int:
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
         rules = config.settings.hosts[(host.product, host.label)]
-        auth = f"password login as {host.user}" if host.password else f"API token {host.token_id}"
-        print(f"{host.product.upper()} host '{host.label}' at {host.url} ({auth})")
+        auth = proxmox_client.auth_method(host)
+        print(f"{host.product.upper()} host '{host.label}' at {host.url} ({auth}"
+              f"{' ' + host.token_id if host.token_secret else ''})")
         try:
             version = client.get("/version") or {}
             print(f"  version: {version.get('version')}")

@@ -1654,6 +1654,8 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
     if found is None:
         raise ApiError(501, f"Method '{method} {path}' not implemented")
     entry, path_params = found
+    if match and entry.get("allowtoken") == 0:  # PROXMOX-FACTS: a few endpoints refuse tokens outright
+        raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
     for pattern, status, message in lab.fail:
         if re.search(pattern, path):
             if status == 400:  # a parameter the server itself rejects, in PVE's format

@@ -43,7 +43,8 @@ def test_password_login_reads_both_products_with_one_ticket_each(ops, sim):
 
 def test_server_info_and_list_hosts_name_the_login_method(ops):
     info = ops.ok("server_info")
-    assert {h["host"]: h["auth"] for h in info["hosts"]} == {"lab": "password (ticket)"}
+    assert {(h["product"], h["auth"]) for h in info["hosts"]} == {("pve", "password login as ops@pve"),
+                                                                  ("pbs", "password login as ops@pbs")}
     assert all(h["token"] == "ops@pve" or h["token"] == "ops@pbs" for h in info["hosts"])
     hosts = ops.ok("list_hosts")
     assert all("password login as" in row[hosts["columns"].index("token")] for row in hosts["rows"])
@@ -159,3 +160,25 @@ def test_server_info_says_why_each_tool_is_hidden(sim):
     assert hidden["security_audit"] == "listed in PROXMOX_DENY_TOOLS"
     assert "SSH" in hidden["ssh_check"] or "PROXMOX_TOOLSETS" in hidden["ssh_check"]
     assert not set(hidden) & listed
+
+
+def test_an_endpoint_that_refuses_tokens_uses_the_password_login(sim, tmp_path):
+    """With a token and a user configured, the token does everything except the few endpoints
+    Proxmox refuses to tokens; those get one retry with the ticket."""
+    admin = sim.lab.pve_tokens["root@pam!admin"].secret
+    env = {"PROXMOX_LAB_URL": sim.pve_url, "PROXMOX_LAB_TOKEN": f"root@pam!admin={admin}",
+           "PROXMOX_LAB_USER": "ops@pve", "PROXMOX_LAB_PASSWORD": "sim-ops-password-4711",
+           "PROXMOX_LAB_FINGERPRINT": sim.fingerprint, "PROXMOX_ACCESS": "write", "PROXMOX_ALLOW_ELEVATED": "true",
+           "PROXMOX_UNBLOCK": "PUT /access/password", "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with stdio_session(env, log_name="test_login_both") as session:
+        info = session.ok("server_info")
+        assert info["hosts"][0]["auth"] == "API token; password login as ops@pve where tokens are refused"
+        session.ok("list_nodes")
+        before = len(sim.lab.requests)
+        session.ok("write_api_call", {"method": "PUT", "path": "/access/password", "confirm": True,
+                                      "params": {"userid": "ops@pve", "password": "changed-password-4714"}})
+        sent = list(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:]))
+    puts = [token for (product, method, path), token in sent if path == "/access/password"]
+    assert puts == ["root@pam!admin", "ops@pve"]  # refused to the token, then done with the ticket
+    assert ("pve", "POST", "/access/ticket") in [r for r, _ in sent]
+    assert "changed-password-4714" not in (tmp_path / "audit.jsonl").read_text()
