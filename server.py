@@ -753,6 +753,14 @@ class ToolVisibility:
         self.lock = threading.Lock()
         self._hidden: tuple[int, dict[str, str]] = (-1, {})  # (privileges read so far, hidden tools)
 
+    def offer(self, config: Config) -> None:
+        """The tools this configuration offers, and the argument names each takes."""
+        self.config = config
+        self.specs = offered_tools(config)
+        self.accepted = {spec.function.__name__: set(inspect.signature(spec.function).parameters) - {"ctx"}
+                         for spec in self.specs}
+        self._hidden = (-1, {})
+
     def hidden(self) -> dict[str, str]:
         """Tools no configured token can use; recomputed only when privileges were read."""
         seen, hidden = self._hidden
@@ -877,10 +885,8 @@ def build_server(config: Config):
     from mcp.server.mcpserver.tools import Tool
 
     tools = []
-    VISIBILITY.specs = offered_tools(config)
-    VISIBILITY.config = config
+    VISIBILITY.offer(config)
     for spec in VISIBILITY.specs:
-        VISIBILITY.accepted[spec.function.__name__] = set(inspect.signature(spec.function).parameters) - {"ctx"}
         tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                                   description=" ".join((spec.function.__doc__ or "").split()),
                                   annotations=annotations_for(spec), structured_output=False)
@@ -970,7 +976,7 @@ def check_hosts(config: Config) -> int:
     """Connect to every configured host; print version, token, privileges, open gates and hidden
     tools. Exit 1 when a host fails."""
     failures = 0
-    VISIBILITY.specs = offered_tools(config)
+    VISIBILITY.offer(config)
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
         rules = config.settings.hosts[(host.product, host.label)]

@@ -69,6 +69,45 @@ def fault_timings(sim) -> dict:
     return {"budget_s": READ_TIMEOUT + 1, "faults": timings}
 
 
+def overhead(sim, calls: int) -> dict:
+    """A read tool over stdio against the same GET made directly, timed inside one event loop
+    (no thread portal, no logging in the measured path)."""
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    secret = sim.lab.pve_tokens["mcp@pve!reader"].secret
+    headers = {"Authorization": f"PVEAPIToken=mcp@pve!reader={secret}"}
+    url = sim.pve_url + "/api2/json/cluster/status"
+    http = requests.Session()
+    samples: dict[str, list[float]] = {"tool": [], "direct": [], "no_request": [], "one_off": []}
+
+    async def timed(name: str, action) -> None:
+        started = time.perf_counter()
+        result = action()
+        if hasattr(result, "__await__"):
+            result = await result
+            assert not result.is_error, result
+        samples[name].append(time.perf_counter() - started)
+
+    async def run() -> None:
+        params = StdioServerParameters(command=sys.executable, args=[str(ROOT / "server.py")],
+                                       env=server_env(sim.env()))
+        async with Client(stdio_client(params), mode="legacy") as client:
+            await client.call_tool("list_hosts", {})
+            for _ in range(calls):
+                await timed("tool", lambda: client.call_tool("cluster_status", {}))
+                await timed("direct", lambda: http.get(url, headers=headers, verify=str(sim.cert_file)))
+                await timed("no_request", lambda: client.call_tool("list_hosts", {}))  # the MCP round trip alone
+                await timed("one_off", lambda: requests.get(url, headers=headers, verify=str(sim.cert_file)))
+    anyio.run(run)
+    ms = {name: round(statistics.median(values) * 1000, 2) for name, values in samples.items()}
+    return {"calls": calls, "tool_median_ms": ms["tool"], "direct_keepalive_median_ms": ms["direct"],
+            "ratio": round(ms["tool"] / ms["direct"], 2), "direct_one_off_get_median_ms": ms["one_off"],
+            "ratio_vs_one_off_get": round(ms["tool"] / ms["one_off"], 2),
+            "mcp_round_trip_no_request_ms": ms["no_request"]}
+
+
 def coverage_label(lab) -> str:
     """backup_coverage's budget: 2 + storages + datastores, counting each node's own `local` as a
     storage (PBS-backed storages included: they are read through PBS)."""
@@ -210,32 +249,7 @@ def main() -> None:
                 "health_check PBS requests": counted(sim, lambda: session.ok("health_check"), "pbs"),
                 coverage_label(sim.lab): counted(sim, lambda: session.ok("backup_coverage")),
             }
-            calls = 50 if quick else 200
-            tool, direct, no_request, one_off = [], [], [], []
-            secret = sim.lab.pve_tokens["mcp@pve!reader"].secret
-            headers = {"Authorization": f"PVEAPIToken=mcp@pve!reader={secret}"}
-            http = requests.Session()
-            for _ in range(calls):
-                started = time.perf_counter()
-                session.ok("cluster_status")
-                tool.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                http.get(sim.pve_url + "/api2/json/cluster/status", headers=headers, verify=str(sim.cert_file))
-                direct.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                session.ok("list_hosts")  # a tool that sends no request: the MCP round trip alone
-                no_request.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                requests.get(sim.pve_url + "/api2/json/cluster/status", headers=headers, verify=str(sim.cert_file))
-                one_off.append(time.perf_counter() - started)
-            ms = {name: round(statistics.median(values) * 1000, 2) for name, values in
-                  (("tool", tool), ("direct", direct), ("no_request", no_request), ("one_off", one_off))}
-            figures["overhead"] = {"calls": calls, "tool_median_ms": ms["tool"],
-                                   "direct_keepalive_median_ms": ms["direct"],
-                                   "ratio": round(ms["tool"] / ms["direct"], 2),
-                                   "direct_one_off_get_median_ms": ms["one_off"],
-                                   "ratio_vs_one_off_get": round(ms["tool"] / ms["one_off"], 2),
-                                   "mcp_round_trip_no_request_ms": ms["no_request"]}
+        figures["overhead"] = overhead(sim, 50 if quick else 200)
 
         starts = []
         for _ in range(3 if quick else 7):
