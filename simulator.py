@@ -1611,15 +1611,13 @@ def login(lab: Lab, product: str, params: dict[str, Any]) -> dict:
     return {"username": user, "ticket": ticket, "CSRFPreventionToken": csrf}
 
 
-def ticket_identity(lab: Lab, product: str, method: str, cookie: str, csrf: str) -> tuple[str, Token] | None:
-    """The user of a valid ticket cookie; writes also need the CSRF token that came with it."""
+def ticket_identity(lab: Lab, product: str, cookie: str) -> tuple[str, Token, str] | None:
+    """The user, rights and CSRF token of a valid, unexpired ticket cookie."""
     jar = dict(part.strip().split("=", 1) for part in cookie.split(";") if "=" in part)
     found = lab.tickets.get(jar.get(COOKIE[product], ""))
     if found is None or found[0] != product or time.time() - found[3] > lab.ticket_lifetime:
         return None
-    if method != "GET" and csrf != found[2]:
-        raise ApiError(401, "Permission denied - invalid csrf token")
-    return found[1], lab.logins[product][found[1]][1]
+    return found[1], lab.logins[product][found[1]][1], found[2]
 
 
 def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str, Any], auth: str,
@@ -1633,21 +1631,26 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
         if re.search(pattern, path):
             time.sleep(seconds)
     match = TOKEN_HEADER[product].match(auth or "")
-    identity = None if match or method == "POST" and path == "/access/ticket" else \
-        ticket_identity(lab, product, method, cookie, csrf)
+    logging_in = method == "POST" and path == "/access/ticket" and not match
+    identity = None if match or logging_in else ticket_identity(lab, product, cookie)
+    caller = match.group("id") if match else (identity[0] if identity else "")
     with lab.lock:
         lab.requests.append((product, method, path))
-        lab.request_tokens.append(match.group("id") if match else (identity[0] if identity else ""))
-    if method == "POST" and path == "/access/ticket" and not match:
+        lab.request_tokens.append(caller)
+    if logging_in:
         return login(lab, product, params)
-    tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
-    token = tokens.get(match.group("id")) if match else (identity[1] if identity else None)
-    if identity:
-        pass  # a valid ticket: the user's own rights
-    elif token is None or token.secret != match.group("secret"):
-        if lab.auth_fail_delay:
-            time.sleep(lab.auth_fail_delay)
-        raise ApiError(401, "Authentication failed!" if product == "pve" else "authentication failed - invalid token")
+    if identity:  # a valid ticket: the user's own rights; writes need the ticket's CSRF token
+        token = identity[1]
+        if method != "GET" and csrf != identity[2]:
+            raise ApiError(401, "Permission denied - invalid csrf token")
+    else:
+        tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
+        token = tokens.get(match.group("id")) if match else None
+        if token is None or token.secret != match.group("secret"):
+            if lab.auth_fail_delay:
+                time.sleep(lab.auth_fail_delay)
+            raise ApiError(401, "Authentication failed!" if product == "pve" else
+                           "authentication failed - invalid token")
     if method == "HEAD":
         raise ApiError(501, f"Method 'HEAD {path}' not implemented")
     found = catalog.find_method(product, method, path)
@@ -1665,7 +1668,7 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
     if errors:
         lab.schema_rejections.append((product, method, path, errors))
         raise ApiError(400, "Parameter verification failed.", errors)
-    call = Call(product, method, path, params, match.group("id") if match else identity[0], token, lab)
+    call = Call(product, method, path, params, caller, token, lab)
     if "node" in path_params and product == "pve":
         _node(call, path_params["node"])
     _check_permission(call, entry, path_params)

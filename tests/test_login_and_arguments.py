@@ -182,3 +182,19 @@ def test_an_endpoint_that_refuses_tokens_uses_the_password_login(sim, tmp_path):
     assert puts == ["root@pam!admin", "ops@pve"]  # refused to the token, then done with the ticket
     assert ("pve", "POST", "/access/ticket") in [r for r, _ in sent]
     assert "changed-password-4714" not in (tmp_path / "audit.jsonl").read_text()
+
+
+def test_the_simulator_wants_the_csrf_token_on_writes(sim):
+    """What the client must get right, as real servers do it: the ticket alone reads, a write also
+    needs the CSRF token that came with it."""
+    import requests
+    login = requests.post(sim.pve_url + "/api2/json/access/ticket", verify=str(sim.cert_file),
+                          data={"username": "ops@pve", "password": "sim-ops-password-4711"}).json()["data"]
+    cookie = {"Cookie": f"PVEAuthCookie={login['ticket']}"}
+    url = sim.pve_url + "/api2/json/nodes/pve1/qemu/100/snapshot"
+    assert requests.get(url, headers=cookie, verify=str(sim.cert_file)).status_code == 200
+    refused = requests.post(url, headers=cookie, data={"snapname": "nocsrf"}, verify=str(sim.cert_file))
+    assert refused.status_code == 401 and "csrf" in refused.reason.lower()
+    done = requests.post(url, headers=cookie | {"CSRFPreventionToken": login["CSRFPreventionToken"]},
+                         data={"snapname": "withcsrf"}, verify=str(sim.cert_file))
+    assert done.status_code == 200 and done.json()["data"].startswith("UPID:")
