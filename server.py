@@ -789,8 +789,10 @@ class ToolVisibility:
         unknown = sorted(set(arguments) - accepted)
         if not unknown:
             return None
-        return (f"{name} does not take {', '.join(map(repr, unknown))}; nothing was sent. "
-                f"It takes: {', '.join(sorted(accepted))}.")
+        shown = ", ".join(repr(u[:40]) for u in unknown[:5])
+        if len(unknown) > 5:
+            shown += f" and {len(unknown) - 5} more"
+        return f"{name} does not take {shown}; nothing was sent. It takes: {', '.join(sorted(accepted))}."
 
     async def __call__(self, ctx: Any, call_next: Callable) -> Any:
         import anyio.lowlevel
