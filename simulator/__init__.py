@@ -30,9 +30,9 @@ library's inside this folder.
 """
 from .api import handle
 from .call import ApiError, Call
-from .https import SCHEMA_DIR, Simulator, make_certificate
+from .https import Simulator, make_certificate
 from .lab import GiB, Lab, Task, Token
 from .pbs import prune_marks
 
-__all__ = ["SCHEMA_DIR", "ApiError", "Call", "GiB", "Lab", "Simulator", "Task", "Token", "handle", "make_certificate",
+__all__ = ["ApiError", "Call", "GiB", "Lab", "Simulator", "Task", "Token", "handle", "make_certificate",
            "prune_marks"]

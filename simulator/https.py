@@ -19,7 +19,6 @@ from .call import ApiError
 from .lab import Lab
 
 API_VIEWER = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
-SCHEMA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "schemas"
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
@@ -28,6 +27,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     server_version = "pve-api-daemon/3.0"
     lab: Lab
     product: str
+    schema_dir: Path | None = None  # where {product}-api.json, the viewer's data, is kept
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -46,8 +46,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
         params |= _flatten(parse_qs(parts.query, keep_blank_values=True))  # query keys win (PROXMOX-FACTS)
         if parts.path == API_VIEWER[self.product]:
-            schema = SCHEMA_DIR / f"{self.product}-api.json"
-            if schema.is_file():  # the official viewer data, when ../shared is beside the project
+            schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
+            if schema is not None and schema.is_file():  # the viewer data, when the simulator was given some
                 return self._send(200, "OK", f"const apiSchema = {schema.read_text()};\n", raw=True)
             return self._send(404, "Not Found", None)
         if not parts.path.startswith("/api2/json/") and parts.path != "/api2/json":
@@ -135,9 +135,12 @@ class _Server(ThreadingHTTPServer):
 class Simulator:
     """Serves a Lab as PVE and PBS over HTTPS on ephemeral loopback ports."""
 
-    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1"):
+    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1", schema_dir: str | Path | None = None):
+        """`schema_dir` holds pve-api.json/pbs-api.json, served as each product's API viewer
+        data (apidoc.js); without it the viewer answers 404, as on a host that has none."""
         self.lab = lab or Lab.homelab()
         self.host = host
+        self.schema_dir = Path(schema_dir) if schema_dir is not None else None
         self._dir = tempfile.TemporaryDirectory(prefix="pve-sim-")
         self.state_dir = self._dir.name
         self.cert_file, key_file, self.fingerprint = make_certificate(Path(self._dir.name))
@@ -147,7 +150,8 @@ class Simulator:
 
     def start(self) -> "Simulator":
         for product in ("pve", "pbs"):
-            handler = type(f"{product}Handler", (_RequestHandler,), {"lab": self.lab, "product": product})
+            attributes = {"lab": self.lab, "product": product, "schema_dir": self.schema_dir}
+            handler = type(f"{product}Handler", (_RequestHandler,), attributes)
             server = _Server((self.host, 0), handler)
             server.socket = self._context.wrap_socket(server.socket, server_side=True)
             threading.Thread(target=server.serve_forever, daemon=True, name=f"sim-{product}").start()
