@@ -1,7 +1,7 @@
 """Shared fixtures: one simulator and one MCP server session per test module.
 
 Tests talk to the server the way a user's client does: the SDK's `Client` over stdio (or
-HTTP), the server in its own process, Proxmox simulated by `simulator.py` in this process
+HTTP), the server in its own process, Proxmox simulated by the `simulator` package in this process
 so that tests can change its state and count the requests it received.
 """
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 
 import catalog
 import policy
+import simulator
 from conftest import requests_during, run_server, stdio_session
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
@@ -481,12 +482,17 @@ def test_api_search_and_describe(admin):
     assert any(row[1] == "/admin/datastore/{store}/prune" for row in pbs["rows"])
 
 
-def test_api_describe_uses_the_hosts_own_descriptions(admin):
-    from simulator import SCHEMA_DIR
-    if not (SCHEMA_DIR / "pve-api.json").exists():
-        pytest.skip("no API viewer data beside the project")
-    described = admin.ok("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"})
-    assert described["description"] == "Start virtual machine."
+def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
+    start = {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}
+    assert "description" not in admin.ok("api_describe", start)  # this module's host has no API viewer (404)
+    # a host whose viewer (apidoc.js) holds one method, described in words of this test's own
+    viewer = [{"path": "/nodes", "text": "nodes", "leaf": 0, "children": [
+        {"path": "/nodes/{node}/qemu/{vmid}/status/start", "text": "start", "leaf": 1,
+         "info": {"POST": {"method": "POST", "name": "vm_start", "description": "Boots guest 4711 of the test."}}}]}]
+    (tmp_path / "pve-api.json").write_text(json.dumps(viewer))
+    with simulator.Simulator(simulator.Lab.homelab(), schema_dir=tmp_path) as own:
+        with stdio_session(own.env(), log_name="policy-viewer") as session:
+            assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
 
 
 def test_api_read_reads_any_path(admin):

@@ -1,0 +1,38 @@
+"""A simulated Proxmox VE cluster and Backup Server, for tests and `--demo`.
+
+Every request is matched against the catalog generated from the official API schemas:
+an unknown path or method answers 501, an unknown, missing or ill-typed parameter 400,
+both in Proxmox's own format. Tokens carry ACLs and are checked like the real servers
+(401, 403 with the privilege and path, empty lists for privilege-separated tokens without
+ACLs). The state behind the tools (nodes, guests, storage, tasks, PBS datastores) is kept
+in `Lab`; tasks have real UPIDs, run for a while, log progress and end OK, with warnings
+or with an error. Faults (a node down, slow answers, 500s) are switched on from tests.
+
+    with Simulator(Lab.homelab()) as sim:
+        print(sim.pve_url, sim.fingerprint, sim.env())
+
+`python -m simulator` serves a homelab and prints the variables that point the server at it.
+
+Behaviour follows ../shared/PROXMOX-FACTS.md; comments name the fact where it matters.
+
+Layout: a package, split by product like the tools, each module importing only the ones
+above it in this list (no cycles):
+    lab.py    the state: Lab, Token, Task, roles
+    call.py   what a handler receives (Call) and raises (ApiError)
+    pve.py    Proxmox VE handlers and PVE_HANDLERS
+    pbs.py    Backup Server handlers and PBS_HANDLERS
+    api.py    one request as the API daemon handles it: auth, tickets, routing, checks
+    https.py  the HTTPS servers, certificate and `Simulator`
+A package rather than flat `simulator_*.py` files keeps the top level to the server's own
+domains, keeps `import simulator` working unchanged, and gives `python -m simulator`.
+The front is `https.py`, not `http.py`: a module named `http` would hide the standard
+library's inside this folder.
+"""
+from .api import handle
+from .call import ApiError, Call
+from .https import Simulator, make_certificate
+from .lab import GiB, Lab, Task, Token
+from .pbs import prune_marks
+
+__all__ = ["ApiError", "Call", "GiB", "Lab", "Simulator", "Task", "Token", "handle", "make_certificate",
+           "prune_marks"]

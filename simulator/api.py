@@ -1,0 +1,164 @@
+"""One API call as a Proxmox API daemon handles it: token or ticket auth, routing by the
+catalog, the schema check, the permission check, then the product's handler.
+
+`handle` is the whole of it; the HTTPS front in `https.py` only parses and answers.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from typing import Any
+from urllib.parse import unquote
+
+import catalog
+
+from .call import ApiError, Call
+from .lab import Lab, Token
+from .pbs import PBS_HANDLERS
+from .pve import PVE_HANDLERS, _node
+
+
+def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
+    check = entry.get("check")
+    if not check:
+        return
+    if call.product == "pbs":
+        acl_path = "/" + "/".join(path_params.get(p.strip("{}"), p) if p.startswith("{") else p
+                                  for p in check["path"])
+        privileges = check["privs"]
+        held = [call.can(acl_path, p) for p in privileges]
+        if not (any(held) if check.get("partial") else all(held)):
+            raise ApiError(403, "permission check failed")
+        return
+    failure = _evaluate(call, check, path_params | {k: str(v) for k, v in call.params.items()
+                                                    if isinstance(v, (str, int))})
+    if failure:
+        raise ApiError(403, f"Permission check failed ({failure[0]}, {failure[1]})")
+
+
+def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str] | None:
+    """Evaluate a PVE permission check; return (path, privileges) of the first failure."""
+    kind = check[0]
+    if kind == "perm":
+        path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
+        privileges = check[2]
+        any_of = "any" in check[3:]
+        held = [call.can(path, p) for p in privileges]
+        if (any(held) if any_of else all(held)):
+            return None
+        return path, "|".join(privileges) if any_of else next(p for p, h in zip(privileges, held) if not h)
+    if kind == "or":
+        failures = [_evaluate(call, sub, values) for sub in check[1:]]
+        return None if any(f is None for f in failures) else failures[0]
+    if kind == "and":
+        return next((f for f in (_evaluate(call, sub, values) for sub in check[1:]) if f), None)
+    # userid-group, perm-modify and friends: the real checks depend on the target; need Sys.Audit at /
+    return None if call.can("/access", "Sys.Audit") or call.can("/", "Sys.Audit") else ("/access", "Sys.Audit")
+
+
+HANDLERS = {"pve": PVE_HANDLERS, "pbs": PBS_HANDLERS}
+TOKEN_HEADER = {"pve": re.compile(r"^PVEAPIToken=(?P<id>[^=\s]+)=(?P<secret>\S+)$"),
+                "pbs": re.compile(r"^PBSAPIToken=(?P<id>[^:\s]+):(?P<secret>\S+)$")}
+
+
+def generic(call: Call, entry: dict) -> Any:
+    """A method that the simulator keeps no state for: an empty answer of the right type."""
+    if call.method == "GET":
+        return {"array": [], "object": {}}.get(entry.get("returns", ""))
+    return None
+
+
+COOKIE = {"pve": "PVEAuthCookie", "pbs": "PBSAuthCookie"}
+
+
+def login(lab: Lab, product: str, params: dict[str, Any]) -> dict:
+    """POST /access/ticket: a ticket and a CSRF token for a user and password (PROXMOX-FACTS:
+    valid two hours); an account with a second factor gets a half ticket and NeedTFA."""
+    errors = catalog.check_params(catalog.find_method(product, "POST", "/access/ticket")[0], params)
+    if errors:
+        lab.schema_rejections.append((product, "POST", "/access/ticket", errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    user, password = str(params.get("username", "")), str(params.get("password", ""))
+    known = lab.logins[product].get(user)
+    if known is None or known[0] != password:
+        if lab.auth_fail_delay:
+            time.sleep(lab.auth_fail_delay)
+        raise ApiError(401, "authentication failure")
+    prefix = product.upper()
+    if known[2]:
+        return {"username": user, "ticket": f"{prefix}:!tfa!{{\"totp\":true}}:{secrets.token_hex(8)}",
+                "NeedTFA": 1}
+    ticket = f"{prefix}:{user}:{int(time.time()):X}::{secrets.token_urlsafe(24)}"
+    csrf = f"{int(time.time()):X}:{secrets.token_urlsafe(16)}"
+    with lab.lock:
+        lab.tickets[ticket] = (product, user, csrf, time.time())
+    return {"username": user, "ticket": ticket, "CSRFPreventionToken": csrf}
+
+
+def ticket_identity(lab: Lab, product: str, cookie: str) -> tuple[str, Token, str] | None:
+    """The user, rights and CSRF token of a valid, unexpired ticket cookie."""
+    jar = dict(part.strip().split("=", 1) for part in cookie.split(";") if "=" in part)
+    found = lab.tickets.get(jar.get(COOKIE[product], ""))
+    if found is None or found[0] != product or time.time() - found[3] > lab.ticket_lifetime:
+        return None
+    return found[1], lab.logins[product][found[1]][1], found[2]
+
+
+def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str, Any], auth: str,
+           *, form: bool = True, cookie: str = "", csrf: str = "") -> Any:
+    """One API call: auth, route, schema check, permission check, then the handler."""
+    lab.tick()
+    if lab.delay:
+        time.sleep(lab.delay)  # a slow server, switched on by a test
+    path = unquote(raw_path)
+    for pattern, seconds in lab.slow_paths.items():
+        if re.search(pattern, path):
+            time.sleep(seconds)
+    match = TOKEN_HEADER[product].match(auth or "")
+    logging_in = method == "POST" and path == "/access/ticket" and not match
+    identity = None if match or logging_in else ticket_identity(lab, product, cookie)
+    caller = match.group("id") if match else (identity[0] if identity else "")
+    with lab.lock:
+        lab.requests.append((product, method, path))
+        lab.request_tokens.append(caller)
+    if logging_in:
+        return login(lab, product, params)
+    if identity:  # a valid ticket: the user's own rights; writes need the ticket's CSRF token
+        token = identity[1]
+        if method != "GET" and csrf != identity[2]:
+            raise ApiError(401, "Permission denied - invalid csrf token")
+    else:
+        tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
+        token = tokens.get(match.group("id")) if match else None
+        if token is None or token.secret != match.group("secret"):
+            if lab.auth_fail_delay:
+                time.sleep(lab.auth_fail_delay)
+            raise ApiError(401, "Authentication failed!" if product == "pve" else
+                           "authentication failed - invalid token")
+    if method == "HEAD":
+        raise ApiError(501, f"Method 'HEAD {path}' not implemented")
+    found = catalog.find_method(product, method, path)
+    if found is None:
+        raise ApiError(501, f"Method '{method} {path}' not implemented")
+    entry, path_params = found
+    if match and entry.get("allowtoken") == 0:  # PROXMOX-FACTS: a few endpoints refuse tokens outright
+        raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
+    for pattern, status, message in lab.fail:
+        if re.search(pattern, path):
+            if status == 400:  # a parameter the server itself rejects, in PVE's format
+                raise ApiError(400, "Parameter verification failed.", {"value": message})
+            raise ApiError(status, message)
+    errors = catalog.check_params(entry, params, form=form, path_params=path_params)
+    if errors:
+        lab.schema_rejections.append((product, method, path, errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    call = Call(product, method, path, params, caller, token, lab)
+    if "node" in path_params and product == "pve":
+        _node(call, path_params["node"])
+    _check_permission(call, entry, path_params)
+    handler = HANDLERS[product].get((method, entry["path"]))
+    with lab.lock:
+        if handler is None:
+            return generic(call, entry)
+        return handler(call, **{k.replace("-", "_"): v for k, v in path_params.items()})

@@ -1,0 +1,196 @@
+"""The HTTPS front: one loopback server per product, a self-signed certificate, and the
+request handler that turns HTTP into `api.handle` calls and answers in each product's
+format. `Simulator` starts and stops it all.
+"""
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .api import handle
+from .call import ApiError
+from .lab import Lab
+
+API_VIEWER = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+    server_version = "pve-api-daemon/3.0"
+    lab: Lab
+    product: str
+    schema_dir: Path | None = None  # where {product}-api.json, the viewer's data, is kept
+
+    def log_message(self, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def _respond(self) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        form = True
+        params: dict[str, Any] = {}
+        if body:
+            if (self.headers.get("Content-Type") or "").startswith("application/json"):
+                params = json.loads(body or b"{}")
+                form = False
+            else:
+                params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
+        params |= _flatten(parse_qs(parts.query, keep_blank_values=True))  # query keys win (PROXMOX-FACTS)
+        if parts.path == API_VIEWER[self.product]:
+            schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
+            if schema is not None and schema.is_file():  # the viewer data, when the simulator was given some
+                return self._send(200, "OK", f"const apiSchema = {schema.read_text()};\n", raw=True)
+            return self._send(404, "Not Found", None)
+        if not parts.path.startswith("/api2/json/") and parts.path != "/api2/json":
+            return self._send(404, "Not Found", None)
+        api_path = parts.path[len("/api2/json"):] or "/"
+        try:
+            data = handle(self.lab, self.product, self.command, api_path, params,
+                          self.headers.get("Authorization", ""), form=form,
+                          cookie=self.headers.get("Cookie", ""), csrf=self.headers.get("CSRFPreventionToken", ""))
+        except ApiError as exc:
+            return self._send_error(exc)
+        body_out: dict[str, Any] = {"data": data}
+        if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
+            body_out["total"] = len(data)
+        self._send(200, "OK", body_out)
+
+    def _send_error(self, exc: ApiError) -> None:
+        reason = exc.message.splitlines()[0]  # only the first line reaches the reason phrase
+        if self.product == "pbs":
+            # PBS: plain text under a JSON content type; plain errors are 400 (PROXMOX-FACTS)
+            text = exc.message
+            if exc.errors:
+                text = "parameter verification errors\n\n" + "".join(
+                    f"parameter '{k}': {v}\n" for k, v in exc.errors.items())
+            return self._send(exc.status, reason, text, raw=True)
+        body: dict[str, Any] = {"data": None}
+        if exc.errors:
+            body["errors"] = {k: v + "\n" for k, v in exc.errors.items()}
+        if not self.lab.legacy_errors:
+            body["message"] = exc.message + "\n"
+        self._send(exc.status, reason, body)
+
+    def _send(self, status: int, reason: str, body: Any, raw: bool = False) -> None:
+        payload = (body if raw else json.dumps(body)).encode() if body is not None else b""
+        self.send_response(status, reason)
+        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _respond
+
+
+def _flatten(parsed: dict[str, list[str]]) -> dict[str, Any]:
+    return {k: v[0] if len(v) == 1 else v for k, v in parsed.items()}
+
+
+# ---------------------------------------------------------------- TLS and serving
+
+def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[Path, Path, str]:
+    """A self-signed certificate for localhost/127.0.0.1; returns (cert, key, SHA-256 fingerprint)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    digest = cert.fingerprint(hashes.SHA256()).hex().upper()
+    return cert_path, key_path, ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up (a timeout test) is not an error of the simulator
+
+
+class Simulator:
+    """Serves a Lab as PVE and PBS over HTTPS on ephemeral loopback ports."""
+
+    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1", schema_dir: str | Path | None = None):
+        """`schema_dir` holds pve-api.json/pbs-api.json, served as each product's API viewer
+        data (apidoc.js); without it the viewer answers 404, as on a host that has none."""
+        self.lab = lab or Lab.homelab()
+        self.host = host
+        self.schema_dir = Path(schema_dir) if schema_dir is not None else None
+        self._dir = tempfile.TemporaryDirectory(prefix="pve-sim-")
+        self.state_dir = self._dir.name
+        self.cert_file, key_file, self.fingerprint = make_certificate(Path(self._dir.name))
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(self.cert_file, key_file)
+        self._servers: dict[str, ThreadingHTTPServer] = {}
+
+    def start(self) -> "Simulator":
+        for product in ("pve", "pbs"):
+            attributes = {"lab": self.lab, "product": product, "schema_dir": self.schema_dir}
+            handler = type(f"{product}Handler", (_RequestHandler,), attributes)
+            server = _Server((self.host, 0), handler)
+            server.socket = self._context.wrap_socket(server.socket, server_side=True)
+            threading.Thread(target=server.serve_forever, daemon=True, name=f"sim-{product}").start()
+            self._servers[product] = server
+        return self
+
+    def url(self, product: str) -> str:
+        return f"https://{self.host}:{self._servers[product].server_address[1]}"
+
+    @property
+    def pve_url(self) -> str:
+        return self.url("pve")
+
+    @property
+    def pbs_url(self) -> str:
+        return self.url("pbs")
+
+    def env(self, label: str = "lab", pve_token: str = "mcp@pve!reader", pbs_token: str = "mcp@pbs!reader",
+            pbs: bool = True) -> dict[str, str]:
+        """Environment variables that point the server at this simulator (fingerprint pinned)."""
+        secret = self.lab.pve_tokens[pve_token].secret
+        key = label.upper()
+        env = {f"PROXMOX_{key}_URL": self.pve_url, f"PROXMOX_{key}_TOKEN": f"{pve_token}={secret}",
+               f"PROXMOX_{key}_FINGERPRINT": self.fingerprint}
+        if pbs:
+            env |= {f"PBS_{key}_URL": self.pbs_url,
+                    f"PBS_{key}_TOKEN": f"{pbs_token}:{self.lab.pbs_tokens[pbs_token].secret}",
+                    f"PBS_{key}_FINGERPRINT": self.fingerprint}
+        return env
+
+    def stop(self) -> None:
+        for server in self._servers.values():
+            server.shutdown()
+            server.server_close()
+        self._servers.clear()
+        self._dir.cleanup()
+
+    def __enter__(self) -> "Simulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

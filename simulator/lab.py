@@ -1,0 +1,394 @@
+"""The simulated world: nodes, guests, storage, tasks, PBS datastores, tokens and faults.
+
+`Lab` holds the state behind both products; `Token` carries an ACL and answers privilege
+questions; `Task` is a running or finished task with a real UPID and a log. Nothing here
+knows about HTTP: the handlers in `pve.py` and `pbs.py` read and change a `Lab`.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import catalog
+
+GiB = 1024 ** 3
+
+# Built-in roles, reduced to the privileges the simulator checks.
+ROLES = {
+    "Administrator": {"*"},
+    "PVEAuditor": {"Sys.Audit", "VM.Audit", "Datastore.Audit", "Pool.Audit", "SDN.Audit", "Mapping.Audit",
+                   "VM.GuestAgent.Audit"},
+    "PVEVMUser": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Config.CDROM",
+                  "VM.Config.Cloudinit", "Datastore.AllocateSpace", "Datastore.Audit"},
+    "PVEVMAdmin": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Snapshot", "VM.Snapshot.Rollback",
+                   "VM.Clone", "VM.Allocate", "VM.Migrate", "VM.Config.Disk", "VM.Config.CPU",
+                   "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Config.HWType",
+                   "VM.Config.Cloudinit", "VM.Config.CDROM", "VM.GuestAgent.Audit",
+                   "VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileWrite"},
+    "PVEDatastoreUser": {"Datastore.AllocateSpace", "Datastore.Audit"},
+    "PVEDatastoreAdmin": {"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate",
+                          "Datastore.Audit"},
+    "DatastoreReader": {"Datastore.Audit", "Datastore.Read"},
+    "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
+                       "Datastore.Backup", "Datastore.Prune"},
+    "Audit": {"Sys.Audit", "Datastore.Audit"},
+    "Admin": {"*"},
+}
+
+
+def all_privileges(product: str) -> set[str]:
+    """Every privilege the API's permission checks name: what Administrator holds."""
+    found: set[str] = set()
+
+    def walk(check: Any) -> None:
+        if isinstance(check, dict):
+            found.update(check.get("privs", []))
+        elif isinstance(check, list):
+            for item in check:
+                if isinstance(item, list) and item and all(isinstance(x, str) for x in item) and \
+                        all(re.fullmatch(r"[A-Z][A-Za-z]+(\.[A-Za-z]+)+", x) for x in item):
+                    found.update(item)
+                else:
+                    walk(item)
+    for entry in catalog.methods(product):
+        walk(entry.get("check"))
+    if product == "pve":  # named only in handler code, not in the schema's checks
+        found |= {"VM.Backup", "VM.Replicate", "Permissions.Modify"}
+    return found
+
+
+@dataclass
+class Token:
+    secret: str
+    acl: list[tuple[str, str, bool]] = field(default_factory=list)  # (path, role, propagate)
+    privsep: bool = True
+
+    def privileges(self, path: str) -> set[str]:
+        """Privileges on a path: the most specific ACL level wins (exact path, then parents
+        with propagate)."""
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            level = "/" + "/".join(parts[:depth])
+            roles = [role for acl_path, role, propagate in self.acl
+                     if ("/" + acl_path.strip("/")) == level and (propagate or depth == len(parts))]
+            if roles:
+                return set().union(*(ROLES[r] for r in roles))
+        return set()
+
+    def has(self, path: str, privilege: str) -> bool:
+        held = self.privileges(path)
+        return "*" in held or privilege in held
+
+
+@dataclass
+class Task:
+    upid: str
+    node: str
+    type: str
+    id: str
+    user: str
+    started: float  # time.time()
+    duration: float
+    lines: list[str]  # log lines spread over the run, the last one ends the task
+    exitstatus: str = "OK"
+    on_done: Callable[[], None] | None = None  # on success
+    on_end: Callable[[], None] | None = None  # always (releases locks)
+    done: bool = False
+
+    def running(self, now: float) -> bool:
+        return now < self.started + self.duration
+
+    def log(self, now: float) -> list[str]:
+        if not self.running(now):
+            end = "TASK OK" if self.exitstatus == "OK" else (
+                f"TASK {self.exitstatus}" if self.exitstatus.startswith("WARNINGS") else f"TASK ERROR: {self.exitstatus}")
+            return self.lines + [end]
+        shown = int(len(self.lines) * (now - self.started) / max(self.duration, 1e-6))
+        return self.lines[:max(1, shown)]
+
+
+class Lab:
+    """The simulated world: one PVE cluster and one PBS, plus tokens and faults."""
+
+    def __init__(self, *, cluster_name: str = "homelab", seed: int = 7):
+        self.cluster_name = cluster_name
+        self.random = random.Random(seed)
+        self.lock = threading.RLock()
+        self.nodes: dict[str, dict] = {}
+        self.guests: dict[int, dict] = {}
+        self.storages: dict[str, dict] = {}
+        self.pools: dict[str, dict] = {}
+        self.tasks: dict[str, Task] = {}
+        self.datastores: dict[str, dict] = {}
+        self.networks: dict[str, list[dict]] = {}  # node -> interfaces
+        self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
+        self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
+        self.backup_jobs: list[dict] = []  # /cluster/backup
+        self.acl: list[dict] = []  # /access/acl as the access system holds it
+        self.users: list[dict] = []  # /access/users?full=1, tokens included
+        self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
+        self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
+        self.replication: dict[str, list[dict]] = {}  # node -> replication job states
+        self.pve_tokens: dict[str, Token] = {}
+        self.pbs_tokens: dict[str, Token] = {}
+        # password logins: product -> userid -> (password, the user's rights, needs a second factor)
+        self.logins: dict[str, dict[str, tuple[str, Token, bool]]] = {"pve": {}, "pbs": {}}
+        self.tickets: dict[str, tuple[str, str, str, float]] = {}  # ticket -> (product, userid, csrf, issued)
+        self.ticket_lifetime = 7200.0  # real tickets expire after 2 h
+        self.task_seconds = 0.6  # how long a simulated task runs
+        # faults, switched on by tests
+        self.down_nodes: set[str] = set()
+        self.delay = 0.0
+        self.slow_paths: dict[str, float] = {}  # path regex -> seconds, for one slow endpoint
+        self.fail: list[tuple[str, int, str]] = []  # (path regex, status, message)
+        self.legacy_errors = False  # before libpve-http-server-perl 5.2.0: message only in the reason
+        self.auth_fail_delay = 0.0  # real servers delay every 401 by about 3 s
+        # what was asked, for tests that count requests
+        self.requests: list[tuple[str, str, str]] = []
+        self.request_tokens: list[str] = []  # the token id of each request, in the same order
+        self.schema_rejections: list[tuple[str, str, str, dict]] = []
+        self._pid = 0x1000
+
+    # ------------------------------------------------------------ building state
+
+    @classmethod
+    def homelab(cls, nodes: int = 3, guests: int = 6, seed: int = 7) -> "Lab":
+        """A small cluster: `nodes` nodes, `guests` guests (QEMU and LXC mixed), local and
+        shared storage, a pool, finished tasks, a PBS with one datastore, and three tokens."""
+        lab = cls(seed=seed)
+        names = ["pve1", "pve2", "pve3"] if nodes == 3 else [f"pve{i + 1}" for i in range(nodes)]
+        for index, name in enumerate(names):
+            lab.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
+        for name in names:
+            lab.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
+            lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
+        lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
+        lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
+        lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
+        presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
+                   ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
+                   ("win11", "qemu", "stopped", "", 8192), ("ci-runner", "lxc", "running", "ci", 4096)]
+        for i in range(guests):
+            name, kind, status, tags, memory = presets[i % len(presets)]
+            if i >= len(presets):
+                name = f"{name}-{i}"
+                status = lab.random.choice(["running", "running", "stopped"])
+            lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
+                          pool="prod" if "prod" in tags else None, memory_mib=memory)
+        lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
+        lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
+        lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
+        lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
+        for index, name in enumerate(names):
+            lab.networks[name] = [
+                {"iface": "eno1", "type": "eth", "active": 1, "autostart": 1},
+                {"iface": "vmbr0", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "eno1",
+                 "bridge_vlan_aware": 1, "cidr": f"192.0.2.{11 + index}/24", "gateway": "192.0.2.1"},
+                {"iface": "vmbr1", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "",
+                 "comments": "isolated lab segment\n"},
+            ]
+        now = int(time.time())
+        lab.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
+        lab.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
+        for vmid, guest in lab.guests.items():
+            if guest["status"] == "running":
+                kind = "qemu" if guest["type"] == "qemu" else "lxc"
+                stamp = time.strftime("%Y_%m_%d-02_00_01", time.gmtime(now - 86400))
+                lab.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
+                               if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
+                               "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
+        lab.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
+                            "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
+        lab.users = [{"userid": "root@pam", "enable": 1, "expire": 0,
+                      "tokens": [{"tokenid": "admin", "privsep": 0, "expire": 0}]},
+                     {"userid": "mcp@pve", "enable": 1, "expire": 0,
+                      "tokens": [{"tokenid": "reader", "privsep": 1, "expire": int(time.time()) + 180 * 86400},
+                                 {"tokenid": "empty", "privsep": 1, "expire": int(time.time()) + 180 * 86400}]}]
+        lab.acl = [{"path": "/", "type": "token", "ugid": "mcp@pve!reader", "roleid": "PVEAuditor", "propagate": 1},
+                   {"path": "/", "type": "user", "ugid": "root@pam", "roleid": "Administrator", "propagate": 1}]
+        lab.cert_days = {name: 300 for name in names}
+        lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
+                                                 [("/", "PVEAuditor", True)])
+        lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                                                 [("/", "Administrator", True)], privsep=False)
+        lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [])
+        lab.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)],
+                                                 privsep=False)
+        lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
+                                                 [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        lab.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
+                                                                           ("/", "PVEAuditor", True)]), False)
+        lab.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
+        lab.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token("", [("/", "Audit", True),
+                                                                           ("/datastore", "DatastoreReader", True)]),
+                                        False)
+        return lab
+
+    def expire_tickets(self) -> None:
+        """Make every ticket issued so far older than its lifetime (two hours pass)."""
+        with self.lock:
+            self.tickets = {t: (p, u, c, issued - self.ticket_lifetime - 1) for t, (p, u, c, issued)
+                            in self.tickets.items()}
+
+    @classmethod
+    def scale(cls, nodes: int = 20, guests: int = 5000, seed: int = 7) -> "Lab":
+        return cls.homelab(nodes=nodes, guests=guests, seed=seed)
+
+    def add_node(self, name: str, *, maxcpu: int = 8, maxmem: int = 32 * GiB) -> None:
+        self.nodes[name] = {"node": name, "status": "online", "maxcpu": maxcpu, "maxmem": maxmem,
+                            "cpu": round(self.random.uniform(0.02, 0.4), 4),
+                            "mem": int(maxmem * self.random.uniform(0.2, 0.7)),
+                            "maxdisk": 100 * GiB, "disk": int(100 * GiB * self.random.uniform(0.1, 0.5)),
+                            "uptime": self.random.randint(3600, 90 * 86400), "level": "",
+                            "kversion": "Linux 6.14.11-2-pve #1 SMP PREEMPT_DYNAMIC PMX 6.14.11-2",
+                            "loadavg": [f"{self.random.uniform(0, 2):.2f}" for _ in range(3)]}
+
+    def add_storage(self, storage: str, kind: str, content: str, *, node: str | None = None,
+                    total: int, used: int, shared: bool = False) -> None:
+        entry = self.storages.setdefault(storage, {"storage": storage, "type": kind, "content": content,
+                                                   "shared": int(shared), "nodes": [], "total": total,
+                                                   "used": used})
+        if node:
+            entry["nodes"].append(node)
+
+    def storage_nodes(self, storage: dict) -> list[str]:
+        return list(self.nodes) if storage["shared"] else storage["nodes"]
+
+    def add_guest(self, vmid: int, kind: str, node: str, name: str, *, status: str = "stopped",
+                  tags: str = "", pool: str | None = None, memory_mib: int = 2048, cores: int = 2,
+                  disk_gib: int = 32) -> dict:
+        config: dict[str, Any] = {"memory": memory_mib, "cores": cores, "digest": self._digest(vmid)}
+        if kind == "qemu":
+            config |= {"name": name, "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1",
+                       "scsi0": f"local-lvm:vm-{vmid}-disk-0,size={disk_gib}G",
+                       "net0": f"virtio=BC:24:11:{vmid // 256 % 256:02X}:{vmid % 256:02X}:01,bridge=vmbr0",
+                       "boot": "order=scsi0;net0", "sockets": 1}
+        else:
+            config |= {"hostname": name, "ostype": "debian", "arch": "amd64", "swap": 512,
+                       "rootfs": f"local-lvm:subvol-{vmid}-disk-0,size={disk_gib}G",
+                       "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:{vmid % 256:02X}:00:01,ip=dhcp",
+                       "unprivileged": 1}
+        if tags:
+            config["tags"] = tags
+        guest = {"vmid": vmid, "type": kind, "node": node, "name": name, "status": status, "template": 0,
+                 "snapshots": [],
+                 "tags": tags, "pool": pool, "lock": None, "config": config, "maxdisk": disk_gib * GiB,
+                 "uptime": self.random.randint(600, 40 * 86400) if status == "running" else 0,
+                 "cpu": round(self.random.uniform(0.0, 0.3), 4) if status == "running" else 0}
+        self.guests[vmid] = guest
+        return guest
+
+    def add_volume(self, storage: str, volid: str, content: str, size: int, *, vmid: int | None = None,
+                   ctime: int | None = None, node: str | None = None) -> None:
+        """A volume; with `node` on a storage that is not shared, it exists on that node only
+        (each node's `local` is its own disk)."""
+        fmt = {"iso": "iso", "vztmpl": "tzst"}.get(content) or re.sub(r"^[^.]*\.", "", volid.rsplit("/", 1)[-1])
+        volume = {"volid": volid, "content": content, "size": size, "format": fmt,
+                  "ctime": ctime or int(time.time())}
+        if vmid is not None:
+            volume["vmid"] = vmid
+        if node and not self.storages.get(storage, {}).get("shared"):
+            volume["_node"] = node
+        self.volumes.setdefault(storage, []).append(volume)
+
+    def guest_disks(self, storage: str, node: str) -> list[dict]:
+        """Volumes that guests' configs reference on a storage (disk-like keys only)."""
+        found = []
+        for vmid, guest in self.guests.items():
+            if guest["node"] != node and not self.storages.get(storage, {}).get("shared"):
+                continue
+            for key, value in guest["config"].items():
+                if not isinstance(value, str) or not value.startswith(storage + ":"):
+                    continue
+                if re.fullmatch(r"(scsi|virtio|sata|ide|efidisk|tpmstate|unused)\d+|rootfs|mp\d+", key):
+                    volid = value.split(",")[0]
+                    size = re.search(r"size=(\d+)G", value)
+                    found.append({"volid": volid, "content": "images" if guest["type"] == "qemu" else "rootdir",
+                                  "vmid": vmid, "format": "raw",
+                                  "size": int(size.group(1)) * GiB if size else 0, "ctime": 0})
+        return found
+
+    def add_datastore(self, name: str, *, total: int, used: int) -> None:
+        """A datastore with three daily snapshots of every running guest, in the root namespace."""
+        now = int(time.time())
+        groups: dict[tuple[str, str, str], list[dict]] = {}
+        for vmid, guest in self.guests.items():
+            if guest["status"] != "running":
+                continue  # stopped guests have no backup: a finding for backup_coverage later
+            kind = "vm" if guest["type"] == "qemu" else "ct"
+            groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
+        self.datastores[name] = {"store": name, "total": total, "used": used, "groups": groups,
+                                 "namespaces": {"": "", "offsite": "copies from the office"},
+                                 "gc": {"last-run-state": "ok", "last-run-endtime": now - 86400, "removed-bytes": 2 * GiB,
+                                        "pending-bytes": 0, "disk-chunks": 51234}}
+        self.pbs_jobs.setdefault("verify", []).append(
+            {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "ok",
+             "last-run-endtime": now - 7200, "next-run": now + 79200})
+        self.pbs_jobs.setdefault("prune", []).append(
+            {"id": f"p-{name}", "store": name, "schedule": "hourly", "keep-last": 3, "keep-daily": 7,
+             "last-run-state": "ok", "last-run-endtime": now - 1800, "next-run": now + 1800})
+        self.pbs_jobs.setdefault("sync", []).append(
+            {"id": f"s-{name}", "store": name, "remote": "office", "remote-store": "backup", "schedule": "weekly",
+             "last-run-state": "sync failed - remote unreachable", "last-run-endtime": now - 3 * 86400,
+             "next-run": now + 4 * 86400})
+
+    @staticmethod
+    def pbs_snapshot(backup_time: int, *, size: int = 3 * GiB, protected: bool = False, state: str = "ok",
+                     encrypted: bool = False, comment: str = "") -> dict:
+        return {"backup-time": backup_time, "size": size, "protected": protected, "comment": comment,
+                "verification": {"state": state, "upid": ""} if state else None,
+                "crypt-mode": "encrypt" if encrypted else "none", "owner": "root@pam"}
+
+    @staticmethod
+    def _digest(vmid: int) -> str:
+        return hashlib.sha1(f"{vmid}-{time.time_ns()}".encode()).hexdigest()
+
+    # ------------------------------------------------------------ tasks
+
+    def start_task(self, node: str, kind: str, item: str, *, user: str = "root@pam", exitstatus: str = "OK",
+                   duration: float | None = None, lines: list[str] | None = None, finished: bool = False,
+                   on_done: Callable[[], None] | None = None, product: str = "pve",
+                   lock: tuple[dict, str] | None = None) -> str:
+        """Start a task; `lock` (guest, reason) locks the guest while it runs."""
+        with self.lock:
+            self._pid += 1
+            started = time.time() - (3600 if finished else 0)
+            starttime = int(started)
+            if product == "pbs":
+                worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
+                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:{kind}:{worker}:{user}:"
+            else:  # PVE's UPID decoder allows no ':' in the worker id
+                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{starttime:08X}:{kind}:{item.replace(':', '_')}:{user}:"
+            if lines is None:
+                lines = [f"starting {kind} {item}"] + [f"progress {p}%" for p in (20, 40, 60, 80, 100)]
+                if exitstatus.startswith("WARNINGS"):
+                    lines.append("WARN: something needed attention")
+            on_end = None
+            if lock and exitstatus == "OK":
+                guest, reason = lock
+                guest["lock"] = reason
+
+                def on_end() -> None:
+                    guest["lock"] = None
+            self.tasks[upid] = Task(upid, node, kind, item, user, started,
+                                    self.task_seconds if duration is None else duration, lines, exitstatus,
+                                    on_done, on_end)
+            return upid
+
+    def tick(self) -> None:
+        """Apply the effects of tasks that have finished."""
+        now = time.time()
+        with self.lock:
+            for task in self.tasks.values():
+                if not task.done and not task.running(now):
+                    task.done = True
+                    succeeded = task.exitstatus == "OK" or task.exitstatus.startswith("WARNINGS")
+                    if task.on_end:
+                        task.on_end()
+                    if task.on_done and succeeded:
+                        task.on_done()

@@ -1,0 +1,304 @@
+"""Proxmox Backup Server: the handlers behind the PBS API paths the simulator keeps state
+for, PBS's prune selection, and `PBS_HANDLERS`, the table from (METHOD, path template) to
+handler."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .call import ApiError, Call, _permissions
+from .lab import GiB, Task
+
+
+def pbs_version(call: Call, **_: str) -> dict:
+    return {"version": "4.2", "release": "1", "repoid": "5a1e0c5f"}
+
+
+def pbs_permissions(call: Call, **_: str) -> dict:
+    return _permissions(call, lambda privs: {p: True for p in privs})
+
+
+def _datastore(call: Call, store: str) -> dict:
+    found = call.lab.datastores.get(store)
+    if found is None:
+        raise ApiError(400, f"unable to get datastore '{store}' - datastore '{store}' does not exist")
+    return found
+
+
+def pbs_datastores(call: Call, **_: str) -> list:
+    # only stores the caller may Audit or Backup (PROXMOX-FACTS)
+    return [{"store": name, "comment": ""} for name in call.lab.datastores
+            if call.can(f"/datastore/{name}", "Datastore.Audit") or call.can(f"/datastore/{name}", "Datastore.Backup")]
+
+
+def pbs_datastore_usage(call: Call) -> list:
+    now = int(time.time())
+    rows = []
+    for name, ds in call.lab.datastores.items():
+        if not call.can(f"/datastore/{name}", "Datastore.Audit"):
+            continue
+        growth = 5 * GiB  # per day, so that an estimate exists
+        rows.append({"store": name, "total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"],
+                     "estimated-full-date": now + (ds["total"] - ds["used"]) // growth * 86400,
+                     "history-start": now - 30 * 86400, "history-delta": 86400,
+                     "gc-status": {k: v for k, v in ds["gc"].items() if k != "last-run-state"}})
+    return rows
+
+
+def pbs_datastore_status(call: Call, store: str) -> dict:
+    ds = _datastore(call, store)
+    result = {"total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"]}
+    if str(call.arg("verbose", "0")) == "1":
+        counts: dict[str, dict] = {}
+        for (_, kind, _), snaps in ds["groups"].items():
+            entry = counts.setdefault(kind, {"groups": 0, "snapshots": 0})
+            entry["groups"] += 1
+            entry["snapshots"] += len(snaps)
+        result |= {"counts": counts, "gc-status": ds["gc"]}
+    return result
+
+
+def _ns(call: Call) -> str:
+    return call.arg("ns", "") or ""
+
+
+def pbs_namespaces(call: Call, store: str) -> list:
+    ds = _datastore(call, store)
+    return [{"ns": ns, "comment": comment} if ns else {"ns": ""} for ns, comment in ds["namespaces"].items()]
+
+
+def pbs_groups(call: Call, store: str) -> list:
+    ds = _datastore(call, store)
+    rows = []
+    for (ns, kind, item), snaps in sorted(ds["groups"].items()):
+        if ns != _ns(call) or not snaps:
+            continue
+        rows.append({"backup-type": kind, "backup-id": item, "last-backup": max(x["backup-time"] for x in snaps),
+                     "backup-count": len(snaps), "owner": "root@pam", "files": ["index.json.blob", "drive-scsi0.img.fidx"]})
+    return rows
+
+
+def pbs_snapshots(call: Call, store: str) -> list:
+    ds = _datastore(call, store)
+    rows = []
+    for (ns, kind, item), snaps in sorted(ds["groups"].items()):
+        if ns != _ns(call) or call.arg("backup-type") not in (None, kind) or call.arg("backup-id") not in (None, item):
+            continue
+        for snap in snaps:
+            row = {"backup-type": kind, "backup-id": item, "backup-time": snap["backup-time"], "size": snap["size"],
+                   "protected": snap["protected"], "owner": snap["owner"], "comment": snap["comment"] or None,
+                   "files": [{"filename": "index.json.blob", "crypt-mode": snap["crypt-mode"], "size": 512}]}
+            if snap["verification"]:
+                row["verification"] = snap["verification"]
+            rows.append({k: v for k, v in row.items() if v is not None})
+    return rows
+
+
+def _group(call: Call, ds: dict) -> list[dict]:
+    key = (_ns(call), call.arg("backup-type"), call.arg("backup-id"))
+    if key not in ds["groups"]:
+        raise ApiError(400, f"group '{key[1]}/{key[2]}' does not exist")
+    return ds["groups"][key]
+
+
+def _snapshot(call: Call, ds: dict) -> dict:
+    for snap in _group(call, ds):
+        if snap["backup-time"] == int(call.arg("backup-time")):
+            return snap
+    raise ApiError(400, "snapshot does not exist")
+
+
+PRUNE_PERIODS = (("keep-last", None), ("keep-hourly", "%Y/%m/%d/%H"), ("keep-daily", "%Y/%m/%d"),
+                 ("keep-weekly", "%G/%V"), ("keep-monthly", "%Y/%m"), ("keep-yearly", "%Y"))
+
+
+def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str]:
+    """PBS's prune selection (proxmox-backup, prune.rs): newest first; each keep option keeps
+    the newest snapshot of its next N periods, skipping periods an earlier option already
+    covered and snapshots already marked; protected snapshots are always kept; with no keep
+    option everything is kept. Returns backup-time -> keep | remove | protected."""
+    ordered = sorted(snapshots, key=lambda x: -x["backup-time"])
+    if not any(options.get(name) for name, _ in PRUNE_PERIODS):
+        return {x["backup-time"]: "protected" if x["protected"] else "keep" for x in ordered}
+    mark: dict[int, str] = {}
+    for name, period in PRUNE_PERIODS:
+        keep = options.get(name)
+        if not keep:
+            continue
+        def period_of(snap: dict) -> str:
+            return str(snap["backup-time"]) if period is None else time.strftime(period, time.gmtime(snap["backup-time"]))
+        already = {period_of(x) for x in ordered if mark.get(x["backup-time"]) == "keep"}
+        included: set[str] = set()
+        for snap in ordered:
+            if snap["backup-time"] in mark:
+                continue
+            if snap["protected"]:
+                mark[snap["backup-time"]] = "protected"
+                continue
+            selected = period_of(snap)
+            if selected in already:
+                continue
+            if selected not in included:
+                if len(included) >= keep:
+                    break
+                included.add(selected)
+                mark[snap["backup-time"]] = "keep"
+            else:
+                mark[snap["backup-time"]] = "remove"
+    return {x["backup-time"]: "protected" if x["protected"] else mark.get(x["backup-time"], "remove") for x in ordered}
+
+
+def pbs_prune(call: Call, store: str) -> list | str:
+    ds = _datastore(call, store)
+    snaps = _group(call, ds)
+    options = {name: int(call.arg(name)) for name, _ in PRUNE_PERIODS if call.arg(name) is not None}
+    marks = prune_marks(snaps, options)
+    rows = [{"backup-type": call.arg("backup-type"), "backup-id": call.arg("backup-id"), "backup-time": t,
+             "keep": verdict != "remove", "protected": verdict == "protected"} for t, verdict in marks.items()]
+    if str(call.arg("dry-run", "0")) != "1":
+        ds["groups"][(_ns(call), call.arg("backup-type"), call.arg("backup-id"))] = [
+            x for x in snaps if marks[x["backup-time"]] != "remove"]
+    return rows
+
+
+def pbs_forget(call: Call, store: str) -> None:
+    ds = _datastore(call, store)
+    snap = _snapshot(call, ds)
+    if snap["protected"]:
+        raise ApiError(400, "cannot remove protected snapshot")
+    _group(call, ds).remove(snap)
+
+
+def pbs_set_protected(call: Call, store: str) -> None:
+    _snapshot(call, _datastore(call, store))["protected"] = str(call.arg("protected")) in ("1", "true")
+
+
+def pbs_set_notes(call: Call, store: str) -> None:
+    _snapshot(call, _datastore(call, store))["comment"] = str(call.arg("notes")).split("\n")[0]
+
+
+def pbs_gc_status(call: Call, store: str) -> dict:
+    return dict(_datastore(call, store)["gc"], store=store)
+
+
+def pbs_gc_start(call: Call, store: str) -> str:
+    ds = _datastore(call, store)
+    lines = ["starting garbage collection on store " + store, "Start GC phase1 (mark used chunks)"] + \
+        [f"marked {p}% ({p * 120 // 100} of 120 index files)" for p in (25, 50, 75, 100)] + \
+        ["Start GC phase2 (sweep unused chunks)", "Removed garbage: 1.2 GiB", "Pending removals: 0 B"]
+
+    def apply() -> None:
+        ds["gc"] |= {"last-run-state": "ok", "last-run-endtime": int(time.time())}
+    return call.lab.start_task("pbs", "garbage_collection", store, user=call.token_id, lines=lines, on_done=apply,
+                               product="pbs")
+
+
+def pbs_verify(call: Call, store: str) -> str:
+    ds = _datastore(call, store)
+    if call.arg("backup-time"):
+        targets = [_snapshot(call, ds)]
+    elif call.arg("backup-id"):
+        targets = list(_group(call, ds))
+    else:
+        targets = [x for snaps in ds["groups"].values() for x in snaps]
+    lines = [f"verify datastore {store}"] + [f"percentage done: {p}% ({p * len(targets) // 100}/{len(targets)} snapshots)"
+                                             for p in (25, 50, 75, 100)]
+
+    def apply() -> None:
+        for snap in targets:
+            snap["verification"] = {"state": "ok", "upid": ""}
+    item = store if not call.arg("backup-id") else f"{store}:{call.arg('backup-type')}/{call.arg('backup-id')}"
+    return call.lab.start_task("pbs", "verify", item, user=call.token_id, lines=lines, on_done=apply, product="pbs")
+
+
+def pbs_jobs(kind: str) -> Callable:
+    def handler(call: Call, **_: str) -> list:
+        store = call.arg("store")
+        return [dict(job) for job in call.lab.pbs_jobs.get(kind, []) if store in (None, job["store"])]
+    return handler
+
+
+def pbs_gc_jobs(call: Call, **_: str) -> list:
+    return [{"store": name, "schedule": "daily", **ds["gc"]} for name, ds in call.lab.datastores.items()]
+
+
+def pbs_run_job(kind: str) -> Callable:
+    def handler(call: Call, id: str) -> str:
+        job = next((j for j in call.lab.pbs_jobs.get(kind, []) if j["id"] == id), None)
+        if job is None:
+            raise ApiError(400, f"job '{id}' does not exist")
+        task_type = {"sync": "syncjob", "verify": "verificationjob", "prune": "prunejob"}[kind]
+        return call.lab.start_task("pbs", task_type, f"{job['store']}:{id}", user=call.token_id, product="pbs")
+    return handler
+
+
+def _pbs_task(call: Call, upid: str) -> Task:
+    task = call.lab.tasks.get(upid)
+    if task is None:
+        raise ApiError(400, "no such task")
+    return task
+
+
+def pbs_tasks(call: Call, node: str) -> list:
+    now = time.time()
+    rows = []
+    for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
+        if not task.upid.startswith("UPID:pbs:") and task.node != "pbs":
+            continue
+        running = task.running(now)
+        if str(call.arg("running", "0")) == "1" and not running:
+            continue
+        if str(call.arg("errors", "0")) == "1" and (running or task.exitstatus == "OK"):
+            continue
+        row = {"upid": task.upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
+               "worker_type": task.type, "worker_id": task.id, "user": task.user}
+        if not running:
+            row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
+        rows.append(row)  # running tasks are listed too (PROXMOX-FACTS)
+    start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+def pbs_task_status(call: Call, node: str, upid: str) -> dict:
+    task = _pbs_task(call, upid)
+    row = {"upid": upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
+           "type": task.type, "id": task.id, "user": task.user}
+    if task.running(time.time()):
+        return row | {"status": "running"}
+    return row | {"status": "stopped", "exitstatus": task.exitstatus}
+
+
+def pbs_task_log(call: Call, node: str, upid: str) -> list:
+    lines = _pbs_task(call, upid).log(time.time()) or ["no content"]
+    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+PBS_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/version"): pbs_version,
+    ("GET", "/access/permissions"): pbs_permissions,
+    ("GET", "/admin/datastore"): pbs_datastores,
+    ("GET", "/status/datastore-usage"): pbs_datastore_usage,
+    ("GET", "/admin/datastore/{store}/status"): pbs_datastore_status,
+    ("GET", "/admin/datastore/{store}/namespace"): pbs_namespaces,
+    ("GET", "/admin/datastore/{store}/groups"): pbs_groups,
+    ("GET", "/admin/datastore/{store}/snapshots"): pbs_snapshots,
+    ("DELETE", "/admin/datastore/{store}/snapshots"): pbs_forget,
+    ("POST", "/admin/datastore/{store}/prune"): pbs_prune,
+    ("PUT", "/admin/datastore/{store}/protected"): pbs_set_protected,
+    ("PUT", "/admin/datastore/{store}/notes"): pbs_set_notes,
+    ("GET", "/admin/datastore/{store}/gc"): pbs_gc_status,
+    ("POST", "/admin/datastore/{store}/gc"): pbs_gc_start,
+    ("POST", "/admin/datastore/{store}/verify"): pbs_verify,
+    ("GET", "/admin/sync"): pbs_jobs("sync"),
+    ("GET", "/admin/verify"): pbs_jobs("verify"),
+    ("GET", "/admin/prune"): pbs_jobs("prune"),
+    ("GET", "/admin/gc"): pbs_gc_jobs,
+    ("POST", "/admin/sync/{id}/run"): pbs_run_job("sync"),
+    ("POST", "/admin/verify/{id}/run"): pbs_run_job("verify"),
+    ("POST", "/admin/prune/{id}/run"): pbs_run_job("prune"),
+    ("GET", "/nodes/{node}/tasks"): pbs_tasks,
+    ("GET", "/nodes/{node}/tasks/{upid}/status"): pbs_task_status,
+    ("GET", "/nodes/{node}/tasks/{upid}/log"): pbs_task_log,
+}

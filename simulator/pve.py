@@ -1,0 +1,811 @@
+"""Proxmox VE: the handlers behind the PVE API paths the simulator keeps state for,
+and `PVE_HANDLERS`, the table from (METHOD, path template) to handler.
+
+A handler gets the `Call` and the path parameters by name; it returns the `data` of the
+answer or raises `ApiError`. Paths without a handler get an empty answer of the schema's
+type from `api.generic`.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Callable
+
+from .call import ApiError, Call, _permissions
+from .lab import GiB, Task
+
+
+def _node(call: Call, name: str) -> dict:
+    """Resolve a node as pveproxy does: wrong case or a down node gives 595 (PROXMOX-FACTS)."""
+    lab = call.lab
+    if name in lab.nodes:
+        if name in lab.down_nodes:
+            raise ApiError(595, "Connection refused")
+        return lab.nodes[name]
+    if name.lower() in {n.lower() for n in lab.nodes}:
+        raise ApiError(595, "Connection refused")
+    raise ApiError(500, f"hostname lookup '{name}' failed - failed to get address info for: {name}: "
+                        f"Name or service not known")
+
+
+def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
+    _node(call, node)
+    guest = call.lab.guests.get(int(vmid))
+    if not guest or guest["node"] != node or guest["type"] != kind:
+        folder = "qemu-server" if kind == "qemu" else "lxc"
+        raise ApiError(500, f"Configuration file 'nodes/{node}/{folder}/{vmid}.conf' does not exist")
+    return guest
+
+
+
+# ---------------------------------------------------------------- PVE handlers
+
+def pve_version(call: Call, **_: str) -> dict:
+    return {"version": "9.2.1", "release": "9.2", "repoid": "0d3f1c6ba8d1e2a7"}
+
+
+def pve_cluster_status(call: Call, **_: str) -> list:
+    lab = call.lab
+    rows: list[dict] = []
+    if len(lab.nodes) > 1:  # a standalone node has no cluster entry (PROXMOX-FACTS)
+        online = len(lab.nodes) - len(lab.down_nodes)
+        rows.append({"type": "cluster", "id": "cluster", "name": lab.cluster_name, "nodes": len(lab.nodes),
+                     "quorate": int(online * 2 > len(lab.nodes)), "version": 7})
+    for index, name in enumerate(lab.nodes):
+        rows.append({"type": "node", "id": f"node/{name}", "name": name, "nodeid": index + 1,
+                     "online": int(name not in lab.down_nodes), "local": int(index == 0),
+                     "ip": f"192.0.2.{11 + index}", "level": ""})
+    return rows
+
+
+def _guest_row(guest: dict) -> dict:
+    kind = guest["type"]
+    cfg = guest["config"]
+    maxmem = int(cfg.get("memory", 512)) * 1024 * 1024
+    running = guest["status"] == "running"
+    row = {"id": f"{kind}/{guest['vmid']}", "type": kind, "vmid": guest["vmid"], "node": guest["node"],
+           "name": guest["name"], "status": guest["status"], "template": guest["template"],
+           "maxcpu": int(cfg.get("cores", 1)), "cpu": guest["cpu"] if running else 0,
+           "maxmem": maxmem, "mem": int(maxmem * 0.45) if running else 0, "maxdisk": guest["maxdisk"],
+           "disk": int(guest["maxdisk"] * 0.3) if kind == "lxc" and running else 0,
+           "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
+    if kind == "qemu":
+        row["memhost"] = row["mem"]  # PVE 9
+    for key in ("tags", "lock", "pool"):  # only when set (PROXMOX-FACTS)
+        if guest.get(key):
+            row[key] = guest[key]
+    return row
+
+
+def pve_cluster_resources(call: Call, **_: str) -> list:
+    lab = call.lab
+    wanted = call.arg("type")
+    rows: list[dict] = []
+    if wanted in (None, "node"):
+        for name, node in lab.nodes.items():
+            row = {"id": f"node/{name}", "type": "node", "node": name,
+                   "status": "offline" if name in lab.down_nodes else "online"}
+            # without Sys.Audit the node comes back bare (PROXMOX-FACTS); a down node has no stats
+            if call.can(f"/nodes/{name}", "Sys.Audit") and name not in lab.down_nodes:
+                row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime",
+                                             "level")} | {"cgroup-mode": 2}
+            rows.append(row)
+    if wanted in (None, "vm"):
+        for vmid, guest in sorted(lab.guests.items()):
+            if call.can(f"/vms/{vmid}", "VM.Audit"):
+                row = _guest_row(guest)
+                if guest["node"] in lab.down_nodes:
+                    row["status"] = "unknown"
+                rows.append(row)
+    if wanted in (None, "storage"):
+        for storage in lab.storages.values():
+            if not call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+                continue
+            for name in lab.storage_nodes(storage):
+                rows.append({"id": f"storage/{name}/{storage['storage']}", "type": "storage", "node": name,
+                             "storage": storage["storage"], "plugintype": storage["type"],
+                             "status": "unknown" if name in lab.down_nodes else "available",
+                             "content": storage["content"], "shared": storage["shared"],
+                             "disk": storage["used"], "maxdisk": storage["total"]})
+    if wanted is None:
+        for pool in lab.pools:
+            if call.can(f"/pool/{pool}", "Pool.Audit"):
+                rows.append({"id": f"/pool/{pool}", "type": "pool", "pool": pool})
+    if wanted in (None, "sdn"):
+        for name in lab.nodes:
+            if call.can("/sdn/zones/localnetwork", "SDN.Audit"):
+                rows.append({"id": f"sdn/{name}/localnetwork", "type": "sdn", "sdn": "localnetwork",
+                             "node": name, "status": "ok"})
+    return rows
+
+
+def pve_nodes(call: Call, **_: str) -> list:
+    rows = []
+    for name, node in call.lab.nodes.items():
+        row = {"node": name, "status": "offline" if name in call.lab.down_nodes else "online",
+               "type": "node", "id": f"node/{name}",
+               "ssl_fingerprint": "AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99"}
+        if call.can(f"/nodes/{name}", "Sys.Audit") and name not in call.lab.down_nodes:
+            row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime", "level")}
+        rows.append(row)
+    return rows
+
+
+def pve_node_status(call: Call, node: str) -> dict:
+    info = _node(call, node)
+    return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
+            "kversion": info["kversion"], "pveversion": "pve-manager/9.2.1/0d3f1c6ba8d1e2a7",
+            "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1, "cores": info["maxcpu"] // 2},
+            "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
+            "rootfs": {"total": info["maxdisk"], "used": info["disk"], "avail": info["maxdisk"] - info["disk"]},
+            "swap": {"total": 8 * GiB, "used": 0, "free": 8 * GiB},
+            "boot-info": {"mode": "efi", "secureboot": 0}, "current-kernel": {"release": "6.14.11-2-pve"}}
+
+
+def pve_guest_list(kind: str) -> Callable:
+    def handler(call: Call, node: str) -> list:
+        _node(call, node)
+        rows = []
+        for vmid, guest in sorted(call.lab.guests.items()):
+            if guest["node"] == node and guest["type"] == kind and call.can(f"/vms/{vmid}", "VM.Audit"):
+                row = _guest_row(guest)
+                row.pop("id"), row.pop("node")
+                if kind == "lxc":
+                    row["vmid"] = str(vmid) if call.lab.legacy_errors else vmid  # PVE < 8.2 sent a string
+                rows.append(row)
+        return rows
+    return handler
+
+
+def pve_guest_status(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, kind)
+        row = _guest_row(guest)
+        row.pop("id"), row.pop("node")
+        row |= {"qmpstatus": guest["status"]} if kind == "qemu" else {}
+        if kind == "qemu" and guest["config"].get("agent"):
+            row["agent"] = 1
+        return row
+    return handler
+
+
+def pve_guest_config(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, kind)
+        return dict(guest["config"])
+    return handler
+
+
+def pve_storage_list(call: Call, **_: str) -> list:
+    rows = []
+    for storage in call.lab.storages.values():
+        if call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+            row = {"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
+                   "shared": storage["shared"], "digest": "0" * 40}
+            if not storage["shared"]:
+                row["nodes"] = ",".join(storage["nodes"])
+            rows.append(row)
+    return rows
+
+
+def pve_node_storage(call: Call, node: str) -> list:
+    _node(call, node)
+    rows = []
+    for storage in call.lab.storages.values():
+        if node in call.lab.storage_nodes(storage) and call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+            content = call.arg("content")
+            if content and content not in storage["content"].split(","):
+                continue
+            rows.append({"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
+                         "shared": storage["shared"], "active": 1, "enabled": 1, "total": storage["total"],
+                         "used": storage["used"], "avail": storage["total"] - storage["used"],
+                         "used_fraction": round(storage["used"] / storage["total"], 4)})
+    return rows
+
+
+def _task_row(task: Task, now: float) -> dict:
+    parts = task.upid.split(":")
+    row = {"upid": task.upid, "node": task.node, "pid": int(parts[2], 16), "pstart": int(parts[3], 16),
+           "starttime": int(task.started), "type": task.type, "id": task.id, "user": task.user}
+    if not task.running(now):
+        row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
+    return row
+
+
+def _visible_task(call: Call, task: Task) -> bool:
+    """A token sees only its own tasks unless it has Sys.Audit on the node (PROXMOX-FACTS)."""
+    return task.user == call.token_id or call.can(f"/nodes/{task.node}", "Sys.Audit")
+
+
+def pve_tasks(call: Call, node: str) -> list:
+    _node(call, node)
+    now = time.time()
+    source = call.arg("source", "archive")
+    vmid = call.arg("vmid")
+    errors_only = str(call.arg("errors", "0")) == "1"
+    rows = []
+    for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
+        running = task.running(now)
+        if task.node != node or not _visible_task(call, task):
+            continue
+        if (source == "archive" and running) or (source == "active" and not running):
+            continue
+        if vmid is not None and task.id != str(vmid):
+            continue
+        if call.arg("typefilter") and task.type != call.arg("typefilter"):
+            continue
+        if errors_only and (running or task.exitstatus == "OK"):
+            continue
+        rows.append(_task_row(task, now))
+    start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+def pve_cluster_tasks(call: Call) -> list:
+    """Recent tasks of every node, running ones included."""
+    now = time.time()
+    tasks = sorted(call.lab.tasks.values(), key=lambda t: -t.started)
+    return [_task_row(t, now) for t in tasks if _visible_task(call, t)][:50]
+
+
+def _task(call: Call, node: str, upid: str) -> Task:
+    _node(call, node)
+    task = call.lab.tasks.get(upid)
+    if task is None or task.node != node:
+        raise ApiError(500, "no such task")
+    if not _visible_task(call, task):
+        raise ApiError(403, f"Permission check failed (/nodes/{node}, Sys.Audit)")
+    return task
+
+
+def pve_task_status(call: Call, node: str, upid: str) -> dict:
+    task = _task(call, node, upid)
+    row = _task_row(task, time.time())
+    row.pop("endtime", None)  # the status endpoint has no endtime (PROXMOX-FACTS)
+    if task.running(time.time()):
+        row["status"] = "running"
+    else:
+        row |= {"status": "stopped", "exitstatus": task.exitstatus}
+    return row
+
+
+def pve_task_log(call: Call, node: str, upid: str) -> list:
+    task = _task(call, node, upid)
+    lines = task.log(time.time()) or ["no content"]
+    start = int(call.arg("start", 0))
+    limit = int(call.arg("limit", 50))
+    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    return rows[start:start + limit] if limit else rows[start:]
+
+
+# ---- guest power: async tasks that fail later, as the real ones do (PROXMOX-FACTS)
+
+POWER_RESULT = {"start": "running", "stop": "stopped", "shutdown": "stopped", "reboot": "running",
+                "reset": "running", "suspend": "paused", "resume": "running"}
+
+
+def pve_power(kind: str, action: str) -> Callable:
+    prefix = "qm" if kind == "qemu" else "vz"
+    label = "VM" if kind == "qemu" else "CT"
+
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        error = "OK"
+        if guest["lock"] and str(call.arg("skiplock", "0")) != "1":
+            error = f"{label} is locked ({guest['lock']})"
+        elif action == "start" and guest["status"] == "running":
+            error = f"{label} {vmid} already running"
+        elif action in ("shutdown", "reboot", "reset", "suspend") and guest["status"] != "running":
+            error = f"{label} {vmid} not running"
+        elif action == "resume" and guest["status"] != "paused":
+            error = f"{label} {vmid} not paused"
+
+        def apply() -> None:
+            guest["status"] = POWER_RESULT[action]
+            guest["uptime"] = 1 if guest["status"] == "running" else 0
+        return call.lab.start_task(node, f"{prefix}{action}", vmid, user=call.token_id, exitstatus=error,
+                                   on_done=apply)
+    return handler
+
+
+def pve_snapshots(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> list:
+        guest = _guest(call, node, vmid, kind)
+        rows = [dict(snap) for snap in guest["snapshots"]]
+        parent = rows[-1]["name"] if rows else None
+        current = {"name": "current", "description": "You are here!", "running": int(guest["status"] == "running")}
+        if parent:
+            current["parent"] = parent
+        return rows + [current]
+    return handler
+
+
+def pve_snapshot_create(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        name = call.arg("snapname")
+        error = "OK"
+        if any(s["name"] == name for s in guest["snapshots"]):
+            error = f"snapshot name '{name}' already used"
+        elif guest["lock"]:
+            error = f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})"
+
+        def apply() -> None:
+            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", "")}
+            if guest["snapshots"]:
+                snap["parent"] = guest["snapshots"][-1]["name"]
+            if kind == "qemu" and str(call.arg("vmstate", "0")) == "1":
+                snap["vmstate"] = 1
+            guest["snapshots"].append(snap)
+        return call.lab.start_task(node, "qmsnapshot" if kind == "qemu" else "vzsnapshot", vmid,
+                                   user=call.token_id, exitstatus=error, on_done=apply)
+    return handler
+
+
+def pve_snapshot_delete(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        if not any(s["name"] == snapname for s in guest["snapshots"]):
+            raise ApiError(500, f"snapshot '{snapname}' does not exist")
+
+        def apply() -> None:
+            guest["snapshots"] = [s for s in guest["snapshots"] if s["name"] != snapname]
+        return call.lab.start_task(node, "qmdelsnapshot" if kind == "qemu" else "vzdelsnapshot", vmid,
+                                   user=call.token_id, on_done=apply)
+    return handler
+
+
+def pve_storage_content(call: Call, node: str, storage: str) -> list:
+    _node(call, node)
+    entry = call.lab.storages.get(storage)
+    if entry is None or node not in call.lab.storage_nodes(entry):
+        raise ApiError(500, f"storage '{storage}' does not exist")
+    rows = [v for v in call.lab.volumes.get(storage, []) if v.get("_node", node) == node]
+    rows += call.lab.guest_disks(storage, node)
+    content, vmid = call.arg("content"), call.arg("vmid")
+    return [{k: val for k, val in v.items() if k != "_node"} for v in rows
+            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
+
+
+def pve_network(call: Call, node: str) -> list:
+    _node(call, node)
+    wanted = call.arg("type")
+    rows = call.lab.networks.get(node, [])
+    if wanted in ("any_bridge", "any_local_bridge"):
+        return [dict(r) for r in rows if r["type"] in ("bridge", "OVSBridge")]
+    return [dict(r) for r in rows if wanted is None or r["type"] == wanted]
+
+
+
+# ---- guest changes: config, disks, snapshots, backups, clones, migration, templates, deletion
+
+def _locked(guest: dict, kind: str) -> str | None:
+    return f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})" if guest["lock"] else None
+
+
+def pve_config_update(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> None:
+        guest = _guest(call, node, vmid, kind)
+        config = guest["config"]
+        if call.arg("digest") and call.arg("digest") != config["digest"]:
+            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
+        if _locked(guest, kind) and str(call.arg("skiplock", "0")) != "1":
+            raise ApiError(500, _locked(guest, kind))
+        for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))):
+            config.pop(key, None)
+        for key, value in call.params.items():
+            if key not in ("delete", "digest", "skiplock", "revert", "background_delay", "node", "vmid"):
+                config[key] = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if "name" in config or "hostname" in config:
+            guest["name"] = config.get("name") or config.get("hostname")
+        guest["tags"] = config.get("tags", "")
+        config["digest"] = call.lab._digest(int(vmid))
+    return handler
+
+
+def pve_resize(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        disk, size = call.arg("disk"), str(call.arg("size"))
+        value = guest["config"].get(disk)
+        if value is None:
+            raise ApiError(500, f"disk '{disk}' does not exist")
+        current = int(re.search(r"size=(\d+)G", value).group(1))
+        wanted = current + int(size[1:-1]) if size.startswith("+") else int(size.rstrip("G"))
+        if wanted < current:
+            raise ApiError(500, "shrinking disks is not supported")
+
+        def apply() -> None:
+            guest["config"][disk] = re.sub(r"size=\d+G", f"size={wanted}G", guest["config"][disk])
+            guest["maxdisk"] = wanted * GiB
+        return call.lab.start_task(node, "resize", vmid, user=call.token_id, exitstatus=_locked(guest, kind) or "OK",
+                                   on_done=apply)
+    return handler
+
+
+def pve_rollback(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        if not any(s["name"] == snapname for s in guest["snapshots"]):
+            raise ApiError(500, f"snapshot '{snapname}' does not exist")
+        return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
+                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
+    return handler
+
+
+def pve_vzdump(call: Call, node: str) -> str:
+    _node(call, node)
+    vmid = int(str(call.arg("vmid", "0")).split(",")[0] or 0)
+    guest = call.lab.guests.get(vmid)
+    if guest is None or guest["node"] != node:
+        return call.lab.start_task(node, "vzdump", "", user=call.token_id, exitstatus="job errors",
+                                   lines=[f"ERROR: guest {vmid} is not on node {node}"])
+    storage = call.arg("storage", "local")
+    kind = "qemu" if guest["type"] == "qemu" else "lxc"
+    stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.gmtime())
+    ext = "vma.zst" if kind == "qemu" else "tar.zst"
+    volid = f"{storage}:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}"
+    lines = [f"INFO: starting new backup job: vzdump {vmid} --storage {storage} --mode {call.arg('mode', 'snapshot')}",
+             f"INFO: Starting Backup of VM {vmid} ({kind})"] + \
+        [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)] + \
+        [f"INFO: Finished Backup of VM {vmid}"]
+
+    def apply() -> None:
+        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid, node=guest["node"])
+        if call.arg("notes-template"):
+            call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
+    return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
+                               exitstatus=_locked(guest, kind) or "OK", on_done=apply, lock=(guest, "backup"))
+
+
+def pve_create(kind: str) -> Callable:
+    """Create a guest, or restore one from a backup archive (qemu: archive=, lxc: restore=1)."""
+    def handler(call: Call, node: str) -> str:
+        _node(call, node)
+        vmid = int(call.arg("vmid"))
+        archive = call.arg("archive") if kind == "qemu" else (call.arg("ostemplate") if str(call.arg("restore", "0")) == "1" else None)
+        exists = vmid in call.lab.guests
+        if exists and not (archive and str(call.arg("force", "0")) == "1"):
+            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {vmid}: config file already exists")
+        name = call.arg("name") or call.arg("hostname") or f"{'vm' if kind == 'qemu' else 'ct'}{vmid}"
+
+        def apply() -> None:
+            guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1]),
+                                       cores=int(call.arg("cores", 1)))
+            for key, value in call.params.items():
+                if re.fullmatch(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs|unprivileged|description", key):
+                    guest["config"][key] = value
+            if str(call.arg("start", "0")) == "1":
+                guest["status"] = "running"
+        prefix = "qm" if kind == "qemu" else "vz"
+        lines = [f"restore {archive}"] + [f"progress {p}%" for p in (25, 50, 75, 100)] if archive else None
+        return call.lab.start_task(node, f"{prefix}{'restore' if archive else 'create'}", str(vmid),
+                                   user=call.token_id, lines=lines, on_done=apply)
+    return handler
+
+
+def pve_clone(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        source = _guest(call, node, vmid, kind)
+        newid = int(call.arg("newid"))
+        if newid in call.lab.guests:
+            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {newid}: config file already exists")
+        target = call.arg("target", node)
+        _node(call, target)
+        name = call.arg("name") or call.arg("hostname") or f"copy-of-{source['name']}"
+
+        def apply() -> None:
+            clone = call.lab.add_guest(newid, kind, target, name)
+            clone["config"] = {k: v for k, v in source["config"].items() if k != "digest"} | {
+                "digest": call.lab._digest(newid), ("name" if kind == "qemu" else "hostname"): name}
+        lines = [f"create full clone of drive scsi0 (local-lvm:vm-{vmid}-disk-0)"] + \
+            [f"transferred {p * 32 // 100}.0 GiB of 32.0 GiB ({p}.00%)" for p in (20, 40, 60, 80, 100)]
+        return call.lab.start_task(node, "qmclone" if kind == "qemu" else "vzclone", vmid, user=call.token_id,
+                                   lines=lines, exitstatus=_locked(source, kind) or "OK", on_done=apply,
+                                   lock=(source, "clone"))
+    return handler
+
+
+def pve_migrate(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        target = call.arg("target")
+        _node(call, target)
+        error = _locked(guest, kind) or "OK"
+        if target == node:
+            error = "target is local node."
+        elif guest["status"] == "running" and kind == "qemu" and str(call.arg("online", "0")) != "1":
+            error = "can't migrate running VM without --online"
+        elif guest["status"] == "running" and kind == "lxc" and str(call.arg("restart", "0")) != "1":
+            error = "lxc live migration is currently not implemented"
+
+        def apply() -> None:
+            guest["node"] = target
+        lines = [f"starting migration of {kind.upper()} {vmid} to node '{target}'"] + \
+            [f"migration active, transferred {p * 4 // 100} GiB of 4 GiB VM-state ({p}%)" for p in (25, 50, 75, 100)]
+        return call.lab.start_task(node, "qmigrate" if kind == "qemu" else "vzmigrate", vmid, user=call.token_id,
+                                   lines=lines, exitstatus=error, on_done=apply, lock=(guest, "migrate"))
+    return handler
+
+
+def pve_template(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str | None:
+        guest = _guest(call, node, vmid, kind)
+        if guest["status"] == "running":
+            raise ApiError(500, f"you can't convert a {'VM' if kind == 'qemu' else 'CT'} to template if it is running")
+
+        def apply() -> None:
+            guest["template"] = 1
+            guest["config"]["template"] = 1
+        if kind == "lxc":  # synchronous for containers (the schema returns null)
+            apply()
+            return None
+        return call.lab.start_task(node, "qmtemplate", vmid, user=call.token_id, on_done=apply)
+    return handler
+
+
+def pve_destroy(kind: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> str:
+        guest = _guest(call, node, vmid, kind)
+        label = "VM" if kind == "qemu" else "CT"
+        error = _locked(guest, kind) or ("OK" if guest["status"] == "stopped" else f"{label} {vmid} is running - destroy failed")
+
+        def apply() -> None:
+            call.lab.guests.pop(int(vmid), None)
+        return call.lab.start_task(node, "qmdestroy" if kind == "qemu" else "vzdestroy", vmid, user=call.token_id,
+                                   exitstatus=error, on_done=apply)
+    return handler
+
+
+def pve_download_url(call: Call, node: str, storage: str) -> str:
+    _node(call, node)
+    entry = call.lab.storages.get(storage)
+    content = call.arg("content")
+    if entry is None or content not in entry["content"].split(","):
+        raise ApiError(500, f"storage '{storage}' does not support content-type '{content}'")
+    folder = {"iso": "iso", "vztmpl": "vztmpl", "import": "import"}[content]
+    volid = f"{storage}:{folder}/{call.arg('filename')}"
+    lines = [f"downloading {call.arg('url')} to /var/lib/vz/template/{folder}/{call.arg('filename')}"] + \
+        [f"{p}% [{'=' * (p // 10)}] 600.0M" for p in (10, 40, 70, 100)] + ["download of file finished"]
+    if call.arg("checksum"):
+        lines.append("calculating checksum... OK, checksum verified")
+
+    def apply() -> None:
+        call.lab.add_volume(storage, volid, content, 600 * 1024 ** 2, node=node)
+    return call.lab.start_task(node, "download", storage, user=call.token_id, lines=lines, on_done=apply)
+
+
+def pve_delete_volume(call: Call, node: str, storage: str, volume: str) -> str:
+    _node(call, node)
+    volid = volume if ":" in volume else f"{storage}:{volume}"
+    volumes = call.lab.volumes.get(storage, [])
+    disk = next((v for v in call.lab.guest_disks(storage, node) if v["volid"] == volid), None)
+    if disk is not None:
+        raise ApiError(500, f"volume '{volid}' is in use by guest {disk['vmid']}")
+    if not any(v["volid"] == volid for v in volumes):
+        raise ApiError(500, f"volume '{volid}' does not exist")
+
+    def apply() -> None:
+        call.lab.volumes[storage] = [v for v in volumes if v["volid"] != volid]
+    return call.lab.start_task(node, "imgdel", "", user=call.token_id, on_done=apply)
+
+
+def pve_agent(command: str) -> Callable:
+    def handler(call: Call, node: str, vmid: str) -> dict:
+        guest = _guest(call, node, vmid, "qemu")
+        if not guest["config"].get("agent"):
+            raise ApiError(500, "No QEMU guest agent configured")
+        if guest["status"] != "running":
+            raise ApiError(500, f"VM {vmid} is not running")
+        address = f"192.0.2.{100 + int(vmid) % 100}"
+        answers = {
+            "get-osinfo": {"result": {"id": "debian", "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 13 (trixie)",
+                                      "kernel-release": "6.12.48+deb13-amd64", "machine": "x86_64"}},
+            "get-host-name": {"result": {"host-name": guest["name"]}},
+            "network-get-interfaces": {"result": [
+                {"name": "lo", "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]},
+                {"name": "eth0", "hardware-address": "bc:24:11:00:00:01",
+                 "ip-addresses": [{"ip-address": address, "ip-address-type": "ipv4", "prefix": 24},
+                                  {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64}]}]},
+        }
+        return answers[command]
+    return handler
+
+
+def _agent_ready(call: Call, node: str, vmid: str) -> dict:
+    guest = _guest(call, node, vmid, "qemu")
+    if not guest["config"].get("agent"):
+        raise ApiError(500, "No QEMU guest agent configured")
+    if guest["status"] != "running":
+        raise ApiError(500, f"VM {vmid} is not running")
+    if guest.get("agent_boot_pings", 0) > 0:  # right after boot (PROXMOX-FACTS): a transient timeout
+        guest["agent_boot_pings"] -= 1
+        raise ApiError(500, f"VM {vmid} qmp command 'guest-ping' failed - got timeout")
+    return guest
+
+
+def pve_agent_ping(call: Call, node: str, vmid: str) -> None:
+    _agent_ready(call, node, vmid)
+
+
+def pve_agent_exec(call: Call, node: str, vmid: str) -> dict:
+    """Runs nothing: answers like the agent would for `sh -c "<script>"`, echoing the script,
+    with `exit N` in it as the exit code and `sleep N` making it take that long."""
+    guest = _agent_ready(call, node, vmid)
+    command = call.params.get("command")
+    argv = command if isinstance(command, list) else [command]
+    script = argv[-1] if argv[:2] == ["/bin/sh", "-c"] else " ".join(argv)
+    guest.setdefault("agent_pids", {})
+    pid = 4000 + len(guest["agent_pids"])
+    code = re.search(r"exit (\d+)", script)
+    pause = re.search(r"sleep (\d+)", script)
+    guest["agent_pids"][pid] = {"done_at": time.time() + (int(pause.group(1)) if pause else 0),
+                                "exitcode": int(code.group(1)) if code else 0, "out": f"ran: {script}\n"}
+    return {"pid": pid}
+
+
+def pve_agent_exec_status(call: Call, node: str, vmid: str) -> dict:
+    guest = _agent_ready(call, node, vmid)
+    process = guest.get("agent_pids", {}).get(int(call.arg("pid")))
+    if process is None:
+        raise ApiError(500, "Agent error: Invalid parameter 'pid'")
+    if time.time() < process["done_at"]:
+        return {"exited": 0}  # only this while running (PROXMOX-FACTS)
+    return {"exited": 1, "exitcode": process["exitcode"], "out-data": process["out"]}
+
+
+def pve_agent_file_read(call: Call, node: str, vmid: str) -> dict:
+    guest = _agent_ready(call, node, vmid)
+    files = guest.setdefault("files", {"/etc/hostname": guest["name"] + "\n"})
+    path = call.arg("file")
+    if path not in files:
+        raise ApiError(500, f"Agent error: Failed to open file '{path}': No such file or directory")
+    return {"content": files[path], "bytes-read": len(files[path])}
+
+
+def pve_agent_file_write(call: Call, node: str, vmid: str) -> None:
+    guest = _agent_ready(call, node, vmid)
+    content = call.arg("content")
+    if str(call.arg("encode", "1")) == "0":
+        import base64
+        content = base64.b64decode(content).decode()
+    guest.setdefault("files", {})[call.arg("file")] = content
+
+
+def pve_lxc_interfaces(call: Call, node: str, vmid: str) -> list:
+    guest = _guest(call, node, vmid, "lxc")
+    if guest["status"] != "running":
+        raise ApiError(500, f"CT {vmid} not running")
+    return [{"name": "lo", "inet": "127.0.0.1/8", "hwaddr": "00:00:00:00:00:00"},
+            {"name": "eth0", "inet": f"192.0.2.{100 + int(vmid) % 100}/24", "inet6": "fe80::1/64",
+             "hwaddr": "bc:24:11:00:00:01"}]
+
+
+def pve_cluster_log(call: Call) -> list:
+    now = int(time.time())
+    rows = [{"n": i + 1, "time": now - 600 * i, "node": node, "pid": 1000 + i, "user": "root@pam", "tag": "pvedaemon",
+             "pri": 6, "uid": f"{i:08X}", "msg": f"<root@pam> end task {task.upid} {task.exitstatus}"}
+            for i, (node, task) in enumerate((t.node, t) for t in call.lab.tasks.values())]
+    limit = int(call.arg("max", 50))
+    return rows[:limit]
+
+
+def pve_rrddata(call: Call, node: str) -> list:
+    info = _node(call, node)
+    now = int(time.time())
+    return [{"time": now - 60 * i, "cpu": info["cpu"], "maxcpu": info["maxcpu"], "memused": info["mem"],
+             "memtotal": info["maxmem"], "loadavg": float(info["loadavg"][0]), "netin": 1200.5, "netout": 800.25,
+             "iowait": 0.01} for i in range(5)]
+
+
+def pve_certificates(call: Call, node: str) -> list:
+    _node(call, node)
+    notafter = int(time.time()) + call.lab.cert_days.get(node, 300) * 86400
+    return [{"filename": "pve-ssl.pem", "subject": f"/CN={node}.lab", "notafter": notafter,
+             "notbefore": notafter - 730 * 86400, "fingerprint": "AB:" * 31 + "AB"}]
+
+
+def pve_replication(call: Call, node: str) -> list:
+    _node(call, node)
+    return [dict(job) for job in call.lab.replication.get(node, [])]
+
+
+def pve_backup_jobs(call: Call) -> list:
+    return [dict(job) for job in call.lab.backup_jobs]
+
+
+def pve_users(call: Call) -> list:
+    full = str(call.arg("full", "0")) == "1"
+    return [{k: v for k, v in u.items() if full or k != "tokens"} for u in call.lab.users]
+
+
+def pve_acl(call: Call) -> list:
+    return [dict(entry) for entry in call.lab.acl]
+
+
+def pve_firewall_options(scope: str) -> Callable:
+    def handler(call: Call, node: str | None = None, vmid: str | None = None) -> dict:
+        key = "cluster" if scope == "cluster" else (vmid if vmid else node)
+        return {"enable": call.lab.firewall.get(key, 0), "policy_in": "DROP" if scope == "cluster" else "ACCEPT"}
+    return handler
+
+
+def pve_nextid(call: Call, **_: str) -> str:
+    vmid = 100
+    while vmid in call.lab.guests:
+        vmid += 1
+    return str(vmid)  # a string (PROXMOX-FACTS)
+
+
+def pve_permissions(call: Call, **_: str) -> dict:
+    return _permissions(call, lambda privs: {p: 1 for p in privs})
+
+
+def pve_pools(call: Call, **_: str) -> list:
+    return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
+            if call.can(f"/pool/{name}", "Pool.Audit")]
+
+
+PVE_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/version"): pve_version,
+    ("GET", "/cluster/status"): pve_cluster_status,
+    ("GET", "/cluster/resources"): pve_cluster_resources,
+    ("GET", "/cluster/nextid"): pve_nextid,
+    ("GET", "/cluster/tasks"): pve_cluster_tasks,
+    ("GET", "/nodes"): pve_nodes,
+    ("GET", "/nodes/{node}/status"): pve_node_status,
+    ("GET", "/nodes/{node}/qemu"): pve_guest_list("qemu"),
+    ("GET", "/nodes/{node}/lxc"): pve_guest_list("lxc"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): pve_guest_status("qemu"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/status/current"): pve_guest_status("lxc"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/config"): pve_guest_config("qemu"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/config"): pve_guest_config("lxc"),
+    ("GET", "/storage"): pve_storage_list,
+    ("GET", "/nodes/{node}/storage"): pve_node_storage,
+    ("GET", "/nodes/{node}/tasks"): pve_tasks,
+    ("GET", "/nodes/{node}/tasks/{upid}/status"): pve_task_status,
+    ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,
+    ("GET", "/access/permissions"): pve_permissions,
+    ("GET", "/pools"): pve_pools,
+    ("GET", "/nodes/{node}/storage/{storage}/content"): pve_storage_content,
+    ("GET", "/nodes/{node}/network"): pve_network,
+    ("POST", "/nodes/{node}/vzdump"): pve_vzdump,
+    ("POST", "/nodes/{node}/storage/{storage}/download-url"): pve_download_url,
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_delete_volume,
+    ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
+    ("GET", "/cluster/log"): pve_cluster_log,
+    ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
+    ("GET", "/cluster/backup"): pve_backup_jobs,
+    ("GET", "/nodes/{node}/replication"): pve_replication,
+    ("GET", "/access/users"): pve_users,
+    ("GET", "/access/acl"): pve_acl,
+    ("GET", "/cluster/firewall/options"): pve_firewall_options("cluster"),
+    ("GET", "/nodes/{node}/firewall/options"): pve_firewall_options("node"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
+    ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
+    ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
+}
+PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
+                 ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,
+                 ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,
+                 ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"): pve_agent_file_read,
+                 ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): pve_agent_file_write}
+for _command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/qemu/{{vmid}}/agent/{_command}")] = pve_agent(_command)
+for _kind in ("qemu", "lxc"):
+    for _action in POWER_RESULT:
+        if _kind == "lxc" and _action == "reset":
+            continue  # containers have no reset
+        PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/status/{_action}")] = pve_power(_kind, _action)
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshots(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshot_create(_kind)
+    PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}")] = pve_snapshot_delete(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/rollback")] = pve_rollback(_kind)
+    PVE_HANDLERS[("PUT", f"/nodes/{{node}}/{_kind}/{{vmid}}/config")] = pve_config_update(_kind)
+    PVE_HANDLERS[("PUT", f"/nodes/{{node}}/{_kind}/{{vmid}}/resize")] = pve_resize(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}")] = pve_create(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/clone")] = pve_clone(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/migrate")] = pve_migrate(_kind)
+    PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/template")] = pve_template(_kind)
+    PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}")] = pve_destroy(_kind)
+
