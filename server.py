@@ -29,7 +29,7 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import workflows
-from config import Config, ConfigError, check_http_auth, check_tool_names, load_config, tool_matches
+from config import TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, load_config, tool_matches
 from proxmox_client import ProxmoxError
 from pydantic import BaseModel, Field
 
@@ -57,12 +57,15 @@ COMMON_PARAMS = ("host", "dry_run", "confirm", "wait_seconds", "vmid", "store", 
 
 @dataclass(frozen=True)
 class ToolSpec:
-    function: Callable
+    """Everything the server knows about one tool besides its function (see TOOLS)."""
+    function: Callable  # its name is the tool's name, its docstring the description
     gate: str  # read, sensitive, lifecycle, write, destructive, exec, elevated
     product: str  # pve, pbs, or "" for tools about the server itself (or both products)
+    toolset: str  # its PROXMOX_TOOLSETS group (config.TOOLSET_GROUPS), or "always"
     needs: tuple[str, ...] = ()  # privileges: hidden when no configured token holds any of them
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
+    may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
 
 
 def list_hosts() -> dict:
@@ -103,103 +106,95 @@ def server_info() -> dict:
             "protected_list_error": settings.protected.error}
 
 
+# One entry per tool: ToolSpec(function, gate, product, toolset, privileges, ...). The order is
+# the order of tools/list and docs/TOOLS.md.
 TOOLS = [
-    ToolSpec(list_hosts, "read", ""),
-    ToolSpec(server_info, "read", ""),
-    ToolSpec(pve_tools.cluster_status, "read", "pve", ("Sys.Audit",)),
-    ToolSpec(pve_tools.list_nodes, "read", "pve"),
-    ToolSpec(pve_tools.list_guests, "read", "pve"),
-    ToolSpec(pve_tools.get_guest, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_storage, "read", "pve"),
-    ToolSpec(pve_tools.list_tasks, "read", "pve"),
-    ToolSpec(pve_tools.get_task, "read", "pve"),
-    ToolSpec(pve_tools.task_log, "read", "pve"),
-    ToolSpec(pve_tools.cluster_log, "read", "pve"),
-    ToolSpec(pve_tools.node_status, "read", "pve", ("Sys.Audit",)),
-    ToolSpec(pve_tools.guest_config, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_snapshots, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.guest_agent_info, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_backups, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
-    ToolSpec(pve_tools.storage_content, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
-    ToolSpec(pve_tools.list_networks, "read", "pve"),
-    ToolSpec(pve_tools.list_pools, "read", "pve"),
-    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", ("VM.PowerMgmt",)),
-    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", ("VM.Snapshot",)),
-    ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", ("VM.Backup",)),
-    ToolSpec(pve_tools.write_guest_config, "write", "pve", ("VM.Config.Options", "VM.Config.Memory", "VM.Config.CPU",
-                                                            "VM.Config.Network", "VM.Config.Disk")),
-    ToolSpec(pve_tools.write_set_nic, "write", "pve", ("VM.Config.Network",)),
-    ToolSpec(pve_tools.write_resize_disk, "write", "pve", ("VM.Config.Disk",)),
-    ToolSpec(pve_tools.write_clone_guest, "write", "pve", ("VM.Clone",)),
-    ToolSpec(pve_tools.write_migrate_guest, "write", "pve", ("VM.Migrate",)),
-    ToolSpec(pve_tools.write_template, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_restore_backup, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_vm, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_lxc, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_download_url, "write", "pve", ("Datastore.AllocateTemplate",)),
-    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", ("VM.Snapshot.Rollback", "VM.Snapshot")),
-    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", ("VM.Snapshot",)),
-    ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", ("Datastore.Allocate", "Datastore.AllocateSpace")),
-    ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs"),
-    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs"),
-    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs"),
-    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", ("Datastore.Modify",)),
-    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify")),
-    ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
-    ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
-    ToolSpec(shell_tools.ssh_check, "read", "", ssh=True),
-    ToolSpec(shell_tools.node_diagnostics, "read", "", ssh=True),
-    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", ("VM.GuestAgent.Unrestricted",)),
-    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", ssh=True),
-    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve"),
-    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve"),
-    ToolSpec(shell_tools.write_node_exec, "exec", "", also=("elevated",), ssh=True),
-    ToolSpec(workflows.health_check, "read", "pve"),
-    ToolSpec(workflows.backup_coverage, "read", "pve"),
-    ToolSpec(workflows.security_audit, "read", "pve"),
-    ToolSpec(workflows.wait_task, "read", ""),
-    ToolSpec(workflows.write_provision_lxc, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(workflows.write_provision_vm, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(workflows.write_restore_drill, "destructive", "pve", ("VM.Allocate",)),
-    ToolSpec(api_tools.api_search, "read", ""),
-    ToolSpec(api_tools.api_describe, "read", ""),
-    ToolSpec(api_tools.api_read, "read", ""),
-    ToolSpec(api_tools.write_api_call, "lifecycle", ""),
+    ToolSpec(list_hosts, "read", "", "always"),
+    ToolSpec(server_info, "read", "", "always"),
+    ToolSpec(pve_tools.cluster_status, "read", "pve", "guests", ("Sys.Audit",)),
+    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests"),
+    ToolSpec(pve_tools.list_guests, "read", "pve", "guests"),
+    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_storage, "read", "pve", "storage"),
+    ToolSpec(pve_tools.list_tasks, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.get_task, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.task_log, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.cluster_log, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.node_status, "read", "pve", "guests", ("Sys.Audit",)),
+    ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_snapshots, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.guest_agent_info, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.storage_content, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.list_networks, "read", "pve", "network"),
+    ToolSpec(pve_tools.list_pools, "read", "pve", "guests"),
+    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", "guests", ("VM.PowerMgmt",),
+             may_destroy=True),  # stop and reset
+    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", "storage", ("VM.Backup",)),
+    ToolSpec(pve_tools.write_guest_config, "write", "pve", "guests", ("VM.Config.Options", "VM.Config.Memory",
+                                                                      "VM.Config.CPU", "VM.Config.Network",
+                                                                      "VM.Config.Disk")),
+    ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
+    ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
+    ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
+    ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
+             may_destroy=True),  # overwrite=true
+    ToolSpec(pve_tools.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
+    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
+                                                                                 "VM.Snapshot")),
+    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", "storage", ("Datastore.Allocate",
+                                                                              "Datastore.AllocateSpace")),
+    ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
+    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify",
+                                                                       "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", "pbs", ("Datastore.Prune",
+                                                                                 "Datastore.Modify")),
+    ToolSpec(shell_tools.ssh_check, "read", "", "shell", ssh=True),
+    ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
+    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
+    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", "shell", ssh=True),
+    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
+    ToolSpec(workflows.health_check, "read", "pve", "workflows"),
+    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
+    ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
+    ToolSpec(workflows.wait_task, "read", "", "workflows"),
+    ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(api_tools.api_search, "read", "", "api"),
+    ToolSpec(api_tools.api_describe, "read", "", "api"),
+    ToolSpec(api_tools.api_read, "read", "", "api"),
+    ToolSpec(api_tools.write_api_call, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
 ]
-# PROXMOX_TOOLSETS: which tools a configuration offers. list_hosts and server_info are always on.
-TOOLSETS: dict[str, tuple[str, ...]] = {
-    "guests": ("cluster_status", "list_nodes", "node_status", "list_guests", "get_guest", "guest_config",
-               "list_snapshots", "guest_agent_info", "list_pools", "write_guest_power", "write_snapshot_create",
-               "write_guest_config", "write_resize_disk", "write_clone_guest", "write_migrate_guest",
-               "write_template", "write_create_vm", "write_create_lxc", "write_snapshot_rollback",
-               "write_snapshot_delete", "write_delete_guest"),
-    "storage": ("list_storage", "storage_content", "list_backups", "write_backup_guest", "write_restore_backup",
-                "write_download_url", "write_delete_volume"),
-    "network": ("list_networks", "write_set_nic"),
-    "tasks": ("list_tasks", "get_task", "task_log", "cluster_log"),
-    "pbs": ("pbs_list_datastores", "pbs_datastore_status", "pbs_list_namespaces", "pbs_list_groups",
-            "pbs_list_snapshots", "pbs_list_jobs", "pbs_list_tasks", "pbs_get_task", "pbs_task_log", "write_pbs_gc",
-            "write_pbs_verify", "write_pbs_run_job", "write_pbs_protect_snapshot", "write_pbs_set_notes",
-            "write_pbs_prune", "write_pbs_forget_snapshot"),
-    "shell": ("ssh_check", "node_diagnostics", "write_vm_exec", "write_lxc_exec", "write_guest_file_read",
-              "write_guest_file_write", "write_node_exec"),
-    "workflows": ("health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
-                  "write_provision_vm", "write_restore_drill"),
-    "api": ("api_search", "api_describe", "api_read", "write_api_call"),
-}
+TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
+# PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
+TOOLSETS = {group: tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == group)
+            for group in TOOLSET_GROUPS}
 TOOLSETS["compact"] = TOOLSETS["api"] + TOOLSETS["workflows"]  # the whole API in few tools
-TOOLSETS["all"] = tuple(name for names in TOOLSETS.values() for name in names)
-ALWAYS_ON = ("list_hosts", "server_info")
+TOOLSETS["all"] = tuple(name for group in TOOLSET_GROUPS for name in TOOLSETS[group])
+ALWAYS_ON = tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == "always")
 
 # MCP annotations per gate: (readOnlyHint, destructiveHint, idempotentHint)
 ANNOTATIONS = {
@@ -207,15 +202,12 @@ ANNOTATIONS = {
     "write": (False, False, False), "destructive": (False, True, False), "exec": (False, True, False),
     "elevated": (False, True, False),
 }
-# Tools listed at their lowest gate whose arguments can make a call destructive
-# (stop, overwrite, any API method): annotated as destructive.
-MAY_DESTROY = {"write_api_call", "write_guest_power", "write_restore_backup"}
 
 
 def annotations_for(spec: ToolSpec):
     from mcp_types import ToolAnnotations
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
-    if spec.function.__name__ in MAY_DESTROY:
+    if spec.may_destroy:  # listed at its lowest gate, but its arguments can make a call destructive
         destructive = True
     # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false),
     # plus destructive=true said aloud: the tool list is paid for on every turn.
@@ -530,8 +522,6 @@ def tool_catalog_markdown() -> str:
              "gates, toolsets, configured products and SSH (see README).", "",
              "Arguments many tools share are explained once, in the server's instructions:", "",
              "> " + INSTRUCTIONS, ""]
-    toolset_of = {name: set_name for set_name, names in TOOLSETS.items() if set_name not in ("compact", "all")
-                  for name in names}
     for spec in TOOLS:
         tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                                   description=" ".join((spec.function.__doc__ or "").split()),
@@ -543,7 +533,7 @@ def tool_catalog_markdown() -> str:
         hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
-                  f"- gate: {gates}; toolset: {toolset_of.get(tool.name, 'always')}; "
+                  f"- gate: {gates}; toolset: {spec.toolset}; "
                   f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
                   f"- annotations: {hints}",
                   f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
@@ -747,22 +737,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def configuration(args: argparse.Namespace) -> tuple[Config, str]:
+    """This run's configuration (.env, then the environment or the demo lab), checked, its
+    secrets registered for masking; and the address to bind in HTTP mode."""
+    from dotenv import load_dotenv
+    load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
+    env = dict(os.environ)
+    if args.demo:
+        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
+        env |= demo_environment()
+    config = load_config(env)
+    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
+        policy.register_secret(secret)
+    check_tool_names(config, TOOL_NAMES)
+    bind_host = args.host or config.http_host
+    if args.http:
+        check_http_auth(config, bind_host)
+    return config, bind_host
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from dotenv import load_dotenv
-        load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
-        env = dict(os.environ)
-        if args.demo:
-            env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
-            env |= demo_environment()
-        config = load_config(env)
-        for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
-            policy.register_secret(secret)
-        check_tool_names(config, [spec.function.__name__ for spec in TOOLS])
-        bind_host = args.host or config.http_host
-        if args.http:
-            check_http_auth(config, bind_host)
+        config, bind_host = configuration(args)
     except ConfigError as exc:
         print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
         return 2
