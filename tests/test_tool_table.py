@@ -1,4 +1,5 @@
-"""The TOOLS table: every tool's function and entry complete, its tests and docs present."""
+"""The TOOLS table and the README's "How to add a tool": one test per step, so that a new tool
+needs only its function, its table entry, its tests and the generated docs."""
 import inspect
 
 import pytest
@@ -100,5 +101,26 @@ def test_the_tool_catalog_is_current():
     generated = run_server(["--list-tools", "--markdown"], {})
     assert generated.returncode == 0
     assert (ROOT / "docs" / "TOOLS.md").read_text() == generated.stdout, \
-        "docs/TOOLS.md is stale: run python server.py --list-tools --markdown > docs/TOOLS.md"
+        "docs/TOOLS.md is stale: run python server.py --write-docs"
 
+
+def test_the_readme_tool_summary_is_current():
+    readme = (ROOT / "README.md").read_text()
+    start, end = (readme.index(marker) for marker in server.README_SUMMARY)
+    assert readme[start + len(server.README_SUMMARY[0]):end].strip("\n") == server.tool_summary_markdown(), \
+        "the README's tool summary is stale: run python server.py --write-docs"
+
+
+def test_every_tool_is_in_the_catalog_and_the_summary():
+    catalog, summary = (ROOT / "docs" / "TOOLS.md").read_text(), server.tool_summary_markdown()
+    assert [name for name in SPECS if f"## `{name}`" not in catalog or f"`{name}`" not in summary] == []
+
+
+def test_write_docs_writes_both(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"# x\n\n{server.README_SUMMARY[0]}\nold\n{server.README_SUMMARY[1]}\nafter\n")
+    assert server.write_docs(tmp_path) == 0
+    assert (tmp_path / "docs" / "TOOLS.md").read_text() == server.tool_catalog_markdown() + "\n"
+    readme = (tmp_path / "README.md").read_text()
+    assert "old" not in readme and readme.endswith(f"{server.tool_summary_markdown()}\n{server.README_SUMMARY[1]}\n"
+                                                   "after\n")
