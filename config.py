@@ -94,6 +94,7 @@ class SshTarget:
 
 @dataclass
 class Config:
+    """The whole configuration, read once at start by load_config."""
     hosts: list[HostConfig] = field(default_factory=list)
     settings: policy.Settings = field(default_factory=policy.Settings)
     default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise

@@ -6,7 +6,8 @@
     python server.py --list-tools     what the current configuration offers, with sizes
     python server.py --check          connect to every host and report what works
 
-Configuration comes from the environment and `.env` (see README.md and .env.example).
+Configuration comes from the environment and `.env` (see README.md and .env.example), read by
+config.py; this file is the MCP edge: the TOOLS table, registration, visibility, transports, CLI.
 """
 from __future__ import annotations
 
