@@ -6,25 +6,23 @@
     python server.py --list-tools     what the current configuration offers, with sizes
     python server.py --check          connect to every host and report what works
 
-Configuration comes from the environment and `.env` (see README.md and .env.example).
+Configuration comes from the environment and `.env` (see README.md and .env.example), read by
+config.py; this file is the MCP edge: the TOOLS table, registration, visibility, transports, CLI.
 """
 from __future__ import annotations
 
 import argparse
 import hmac
 import inspect
-import ipaddress
 import json
 import logging
 import os
-import re
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import catalog
 import policy
 import proxmox_client
 import api_tools
@@ -32,7 +30,9 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import workflows
-from proxmox_client import HostConfig, ProxmoxError
+from config import (INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, load_config,
+                    tool_matches)
+from proxmox_client import ProxmoxError
 from pydantic import BaseModel, Field
 
 VERSION = "0.1.0"
@@ -55,417 +55,19 @@ COMMON_PARAMS = ("host", "dry_run", "confirm", "wait_seconds", "vmid", "store", 
                  "backup_time")
 
 
-class ConfigError(Exception):
-    """A configuration problem that stops the server; the message names the variable."""
-
-
-# ================================================================ configuration
-
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off")
-TOKEN = re.compile(r"^(?P<id>[^\s@!=:]+@[A-Za-z][A-Za-z0-9.\-_]*![A-Za-z][A-Za-z0-9.\-_]*)[=:](?P<secret>\S+)$")
-
-# Per-host variables: PROXMOX_<LABEL>_<SUFFIX> and PBS_<LABEL>_<SUFFIX>; with no label
-# (PROXMOX_URL) they describe the host labelled "default".
-HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE", "USER", "PASSWORD", "PASSWORD_FILE",
-                 "CA_FILE", "FINGERPRINT",
-                 "VERIFY_TLS", "ACCESS", "ALLOW_EXEC", "ALLOW_ELEVATED", "ALLOW_SENSITIVE",
-                 "SSH_NODES", "SSH_HOST", "SSH_USER", "SSH_KEY_FILE", "SSH_KEY_PASSPHRASE", "SSH_SUDO",
-                 "SSH_KNOWN_HOSTS", "SSH_FINGERPRINTS", "SSH_FINGERPRINT")
-GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
-# Variables that apply to everything; the strings say what is accepted.
-GLOBALS = {
-    "PROXMOX_VERIFY_TLS": "true or false",
-    "PROXMOX_CONNECT_TIMEOUT": "seconds, e.g. 5",
-    "PROXMOX_READ_TIMEOUT": "seconds, e.g. 30",
-    "PROXMOX_ACCESS": "read, lifecycle, write or destructive",
-    "PROXMOX_ALLOW_EXEC": "true or false",
-    "PROXMOX_ALLOW_ELEVATED": "true or false",
-    "PROXMOX_ALLOW_SENSITIVE": "true or false",
-    "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
-    "PROXMOX_UNBLOCK": "comma list of blocked methods to open, like 'PUT /nodes/{node}/qemu/{vmid}/sendkey'",
-    "PROXMOX_PROTECTED_VMS_FILE": "path of the protected-guest JSON list",
-    "PROXMOX_DRY_RUN": "true or false",
-    "PROXMOX_ELICIT": "true or false",
-    "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
-    "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
-    "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
-    "PROXMOX_TOOLSETS": "comma list of guests, storage, network, tasks, pbs, shell, workflows, api, compact, all",
-    "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
-    "PROXMOX_DENY_TOOLS": "comma list of tool names or prefixes like write_*",
-    "PROXMOX_PROTECTED_VMS": "comma list of label:vmid added to the protected-guest file",
-    "MCP_AUTH_TOKEN": "a long random string",
-    "MCP_AUTH_TOKEN_FILE": "a file holding the token",
-    "MCP_AUTH_REQUIRED": "true or false",
-    "MCP_ALLOWED_HOSTS": "comma list of host[:port] names clients use",
-    "MCP_HTTP_HOST": "an address to bind, e.g. 127.0.0.1",
-    "MCP_HTTP_PORT": "a port number",
-}
-BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
-                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT")
-INSTALL_DIR = Path(__file__).resolve().parent
-
-
-@dataclass
-class Config:
-    hosts: list[HostConfig] = field(default_factory=list)
-    settings: policy.Settings = field(default_factory=policy.Settings)
-    default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
-    ssh: list[shell_tools.SshTarget] = field(default_factory=list)
-    exec_allowed_vmids: set[int] | None = None
-    toolsets: tuple[str, ...] = ("all",)
-    allow_tools: tuple[str, ...] = ()  # names or prefixes ending in *; empty: no allow list
-    deny_tools: tuple[str, ...] = ()
-    auth_token: str | None = field(default=None, repr=False)
-    auth_required: bool = True
-    allowed_hosts: list[str] = field(default_factory=list)
-    http_host: str = "127.0.0.1"
-    http_port: int = 8765
-    log_level: str = "INFO"
-    warnings: list[str] = field(default_factory=list)
-
-
-def parse_bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in TRUE:
-        return True
-    if lowered in FALSE:
-        return False
-    raise ConfigError(f"{name}={value!r} is not a boolean; use true or false.")
-
-
-def parse_seconds(name: str, value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1
-    if not 0 < seconds <= 3600:
-        raise ConfigError(f"{name}={value!r} is not a number of seconds between 0 and 3600.")
-    return seconds
-
-
-def parse_url(name: str, value: str, product: str) -> str:
-    value = value.strip().rstrip("/")
-    value = value.removesuffix("/api2/json")
-    match = re.fullmatch(r"(https?)://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(?::(\d{1,5}))?", value)
-    if not match:
-        raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
-                          f"(scheme, host and optional port; no path).")
-    port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
-    return f"{match.group(1)}://{match.group(2)}:{port}"
-
-
-def parse_token(name: str, value: str) -> tuple[str, str]:
-    match = TOKEN.match(value.strip())
-    if not match:
-        raise ConfigError(f"{name} is not an API token of the form user@realm!tokenid=secret "
-                          f"(the value is not shown).")
-    return match.group("id"), match.group("secret")
-
-
-def parse_login(where: str, values: dict[str, tuple[str, str]]) -> tuple[str | None, str | None]:
-    """The optional user and password of a host (the ticket login, for those who cannot use a token)."""
-    has_password = "PASSWORD" in values or "PASSWORD_FILE" in values
-    if "USER" not in values and not has_password:
-        return None, None
-    if "USER" not in values or not has_password:
-        raise ConfigError(f"{where}USER and {where}PASSWORD (or {where}PASSWORD_FILE) go together.")
-    name, user = values["USER"]
-    if not re.fullmatch(r"[^\s@:/]+@[A-Za-z][A-Za-z0-9.\-_]*", user):
-        raise ConfigError(f"{name}={user!r} is not user@realm (e.g. root@pam, ops@pve).")
-    password = read_secret_file(*values["PASSWORD_FILE"]) if "PASSWORD_FILE" in values else values["PASSWORD"][1]
-    if not password:
-        raise ConfigError(f"{where}PASSWORD is empty.")
-    return user, password
-
-
-def parse_fingerprint(name: str, value: str) -> str:
-    digits = value.strip().replace(":", "").lower()
-    if not re.fullmatch(r"[0-9a-f]{64}", digits):
-        raise ConfigError(f"{name} is not a SHA-256 fingerprint (64 hex digits, colons allowed).")
-    return digits
-
-
-def parse_access(name: str, value: str) -> str:
-    tier = value.strip().lower()
-    if tier not in policy.TIERS:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
-    return tier
-
-
-def tool_matches(pattern: str, name: str) -> bool:
-    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
-
-
-def parse_tool_names(variable: str, value: str) -> tuple[str, ...]:
-    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some)."""
-    entries = tuple(e.strip() for e in value.split(",") if e.strip())
-    names = [spec.function.__name__ for spec in TOOLS]
-    unknown = [e for e in entries if not any(tool_matches(e, name) for name in names)]
-    if unknown:
-        raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(names)}.")
-    return entries
-
-
-def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
-    """PROXMOX_UNBLOCK: 'METHOD /path/{template}' entries, each a blocked method of either API."""
-    opened = set()
-    for item in filter(None, (part.strip() for part in value.split(","))):
-        method, _, path = item.partition(" ")
-        method, path = method.upper(), path.strip()
-        products = [p for p in catalog.PRODUCTS if any(e["method"] == method and e["path"] == path
-                                                       for e in catalog.methods(p))]
-        if not products:
-            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
-                              f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
-        if all(policy.method_gate(p, method, path) != "blocked" for p in products):
-            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
-                              f"and the PROXMOX_ALLOW_* flags.")
-        opened.add((method, path))
-    return frozenset(opened)
-
-
-def parse_ssh(product: str, label: str, values: dict[str, tuple[str, str]],
-              timeout: float) -> shell_tools.SshTarget | None:
-    """SSH access of one host: PVE nodes by name (`pve1=10.0.0.11,pve2=10.0.0.12:2222`) or the PBS
-    host; a host key must be verifiable (known_hosts or pinned fingerprints)."""
-    key = "SSH_NODES" if product == "pve" else "SSH_HOST"
-    if key not in values:
-        stray = [v[0] for k, v in values.items() if k.startswith("SSH_")]
-        if stray:
-            raise ConfigError(f"{', '.join(stray)} set without {'PROXMOX' if product == 'pve' else 'PBS'}_"
-                              f"{label.upper()}_{key}.")
-        return None
-    name, text = values[key]
-    nodes: dict[str, tuple[str, int]] = {}
-    entries = [e.strip() for e in text.split(",") if e.strip()] if product == "pve" else [f"pbs={text.strip()}"]
-    for entry in entries:
-        node, _, address = entry.partition("=")
-        match = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(?::(\d{1,5}))?", address)
-        if not shell_tools.NODE_NAME.match(node) or not match:
-            raise ConfigError(f"{name}: '{entry}' is not node=address[:port]" if product == "pve" else
-                              f"{name}: '{text}' is not address[:port]")
-        nodes[node] = (match.group(1).strip("[]"), int(match.group(2) or 22))
-    fingerprints: dict[str, str] = {}
-    for fkey in ("SSH_FINGERPRINTS", "SSH_FINGERPRINT"):
-        if fkey in values:
-            fname, ftext = values[fkey]
-            pairs = [p.strip() for p in ftext.split(",") if p.strip()] if product == "pve" else [f"pbs={ftext.strip()}"]
-            for pair in pairs:
-                node, _, fingerprint = pair.partition("=")
-                if not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", fingerprint) or node not in nodes:
-                    raise ConfigError(f"{fname}: '{pair}' is not node=SHA256:<43 base64 characters> for a known node.")
-                fingerprints[node] = fingerprint
-    known_hosts = values.get("SSH_KNOWN_HOSTS", (None, None))[1]
-    if known_hosts and not Path(known_hosts).expanduser().is_file():
-        raise ConfigError(f"{values['SSH_KNOWN_HOSTS'][0]}={known_hosts!r} is not a readable file.")
-    key_file = values.get("SSH_KEY_FILE", (None, None))[1]
-    if key_file and not Path(key_file).expanduser().is_file():
-        raise ConfigError(f"{values['SSH_KEY_FILE'][0]}={key_file!r} is not a readable file.")
-    if not known_hosts and set(fingerprints) != set(nodes):
-        missing = sorted(set(nodes) - set(fingerprints))
-        raise ConfigError(f"{name}: host keys must be verifiable; give _SSH_KNOWN_HOSTS or pin "
-                          f"{', '.join(missing)} in _SSH_FINGERPRINTS (never trusted on first use).")
-    passphrase = values.get("SSH_KEY_PASSPHRASE", (None, None))[1]
-    policy.register_secret(passphrase)
-    sudo = parse_bool(*values["SSH_SUDO"]) if "SSH_SUDO" in values else False
-    return shell_tools.SshTarget(label, product, nodes, values.get("SSH_USER", (None, "root"))[1],
-                                 str(Path(key_file).expanduser()) if key_file else None, passphrase, sudo,
-                                 str(Path(known_hosts).expanduser()) if known_hosts else None, fingerprints, timeout)
-
-
-def default_audit_path() -> Path:
-    """Under the working directory, but never inside the install (it may be read-only or shared)."""
-    cwd = Path.cwd().resolve()
-    if cwd == INSTALL_DIR or INSTALL_DIR in cwd.parents:
-        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        return state / "proxmox-mcp" / "audit.jsonl"
-    return cwd / "proxmox-mcp-audit.jsonl"
-
-
-def read_secret_file(name: str, path: str) -> str:
-    try:
-        return Path(path).expanduser().read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror}.") from None
-
-
-def _host_variables(env: dict[str, str]) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
-    """Group per-host variables: {(product, label): {suffix: (variable, value)}}."""
-    grouped: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
-    suffixes = sorted(HOST_SUFFIXES, key=len, reverse=True)
-    for name, value in env.items():
-        for prefix, product in (("PROXMOX_", "pve"), ("PBS_", "pbs")):
-            if not name.startswith(prefix) or name in GLOBALS:
-                continue
-            rest = name[len(prefix):]
-            for suffix in suffixes:
-                if rest == suffix or rest.endswith("_" + suffix):
-                    label = rest[:-len(suffix)].rstrip("_").lower() or "default"
-                    grouped.setdefault((product, label), {})[suffix] = (name, value)
-                    break
-    return grouped
-
-
-def load_config(env: dict[str, str] | None = None) -> Config:
-    """Read and validate the whole configuration; raise ConfigError on the first bad value."""
-    env = dict(os.environ if env is None else env)
-    config = Config()
-    for name in BOOLEAN_GLOBALS:
-        if name in env:
-            parse_bool(name, env[name])
-    verify_default = parse_bool("PROXMOX_VERIFY_TLS", env.get("PROXMOX_VERIFY_TLS", "true"))
-    connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
-    ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
-    if env.get("PROXMOX_EXEC_ALLOWED_VMIDS", "").strip():
-        items = [v.strip() for v in env["PROXMOX_EXEC_ALLOWED_VMIDS"].split(",") if v.strip()]
-        if not all(v.isdigit() and 100 <= int(v) <= 999999999 for v in items):
-            raise ConfigError("PROXMOX_EXEC_ALLOWED_VMIDS must be a comma list of vmids (100-999999999).")
-        config.exec_allowed_vmids = {int(v) for v in items}
-    read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
-    if not verify_default:
-        config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
-                               "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")
-
-    access = parse_access("PROXMOX_ACCESS", env.get("PROXMOX_ACCESS", "read"))
-    allow = frozenset(gate for suffix, gate in GATE_FLAGS.items()
-                      if parse_bool(f"PROXMOX_{suffix}", env.get(f"PROXMOX_{suffix}", "false")))
-    unblocked = parse_unblock(env.get("PROXMOX_UNBLOCK", ""))
-    config.default_rules = policy.HostPolicy(access, allow, unblocked)
-    config.settings.dry_run = parse_bool("PROXMOX_DRY_RUN", env.get("PROXMOX_DRY_RUN", "false"))
-    config.settings.elicit = parse_bool("PROXMOX_ELICIT", env.get("PROXMOX_ELICIT", "true"))
-    config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
-        else default_audit_path()
-    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
-    config.settings.protected = policy.load_protected(protected_file)
-    if env.get("PROXMOX_PROTECTED_VMS", "").strip():
-        for item in (i.strip() for i in env["PROXMOX_PROTECTED_VMS"].split(",") if i.strip()):
-            label, _, vmid = item.partition(":")
-            if not (re.fullmatch(r"[a-z0-9_]+|\*", label.lower()) and vmid.isdigit() and int(vmid) >= 100):
-                raise ConfigError(f"PROXMOX_PROTECTED_VMS entry {item!r} is not label:vmid (e.g. home:100).")
-            config.settings.protected.entries.append({"host": label.lower(), "vmid": int(vmid),
-                                                      "reason": "listed in PROXMOX_PROTECTED_VMS"})
-    if config.settings.protected.error:
-        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({config.settings.protected.error}): every request "
-                               f"that changes a guest will be refused until it is fixed.")
-    elif not config.settings.protected.entries:
-        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
-                               f"may ever change (your router, your NAS) before allowing writes.")
-    config.toolsets = tuple(t.strip().lower() for t in env.get("PROXMOX_TOOLSETS", "all").split(",") if t.strip())
-    unknown = [t for t in config.toolsets if t not in TOOLSETS]
-    if unknown or not config.toolsets:
-        raise ConfigError(f"PROXMOX_TOOLSETS={env.get('PROXMOX_TOOLSETS')!r}: unknown {', '.join(unknown) or 'empty'}; "
-                          f"use {GLOBALS['PROXMOX_TOOLSETS'].removeprefix('comma list of ')}.")
-    config.allow_tools = parse_tool_names("PROXMOX_ALLOW_TOOLS", env.get("PROXMOX_ALLOW_TOOLS", ""))
-    config.deny_tools = parse_tool_names("PROXMOX_DENY_TOOLS", env.get("PROXMOX_DENY_TOOLS", ""))
-    config.log_level = env.get("PROXMOX_LOG_LEVEL", "INFO").upper()
-    if config.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"PROXMOX_LOG_LEVEL={env['PROXMOX_LOG_LEVEL']!r} is not DEBUG, INFO, WARNING or ERROR.")
-
-    for (product, label), values in sorted(_host_variables(env).items()):
-        prefix = "PROXMOX" if product == "pve" else "PBS"
-        where = f"{prefix}_{label.upper()}_" if label != "default" else f"{prefix}_"
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", label):
-            raise ConfigError(f"Host label {label!r} in {where}URL: use letters, digits and underscores.")
-        if "URL" not in values:
-            raise ConfigError(f"{', '.join(v[0] for v in values.values())} set but {where}URL is missing.")
-        url = parse_url(*values["URL"], product)
-        user, password = parse_login(where, values)
-        if "TOKEN_FILE" in values:
-            token_text = read_secret_file(*values["TOKEN_FILE"])
-            token_var = values["TOKEN_FILE"][0]
-        elif "TOKEN" in values:
-            token_var, token_text = values["TOKEN"]
-        elif user:
-            token_var = token_text = ""
-        else:
-            raise ConfigError(f"{where}URL is set but neither {where}TOKEN nor {where}TOKEN_FILE is "
-                              f"(or {where}USER and {where}PASSWORD, if you cannot create a token).")
-        if token_text:
-            token_id, secret = parse_token(token_var, token_text)
-            policy.register_secret(secret)
-            if user:
-                policy.register_secret(password)
-                config.warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
-                                       f"used, the password only where Proxmox refuses tokens.")
-        else:
-            token_id, secret = user, ""
-            policy.register_secret(password)
-            config.warnings.append(f"Host '{label}' logs in as {user} with a password: an API token is safer "
-                                   f"(it can be limited and revoked on its own; see README).")
-        host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
-                          user=user, password=password,
-                          connect_timeout=connect_timeout, read_timeout=read_timeout, verify_tls=verify_default)
-        if "VERIFY_TLS" in values:
-            host.verify_tls = parse_bool(*values["VERIFY_TLS"])
-            if not host.verify_tls:
-                config.warnings.append(f"{values['VERIFY_TLS'][0]}=false: TLS is not checked for host '{label}'.")
-        if "FINGERPRINT" in values:
-            host.fingerprint = parse_fingerprint(*values["FINGERPRINT"])
-        if "CA_FILE" in values:
-            name, path = values["CA_FILE"]
-            if not Path(path).expanduser().is_file():
-                raise ConfigError(f"{name}={path!r} is not a readable file.")
-            host.ca_file = str(Path(path).expanduser())
-        if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
-            name, text = values.get("WRITE_TOKEN", ("", ""))
-            if "WRITE_TOKEN_FILE" in values:
-                name, text = values["WRITE_TOKEN_FILE"][0], read_secret_file(*values["WRITE_TOKEN_FILE"])
-            host.write_token_id, host.write_token_secret = parse_token(name, text)
-            policy.register_secret(host.write_token_secret)
-        if url.startswith("http://"):
-            config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
-        rules = config.default_rules
-        host_allow = set(rules.allow)
-        for suffix, gate in GATE_FLAGS.items():
-            if suffix in values:
-                (host_allow.add if parse_bool(*values[suffix]) else host_allow.discard)(gate)
-        host_access = parse_access(*values["ACCESS"]) if "ACCESS" in values else rules.access
-        config.settings.hosts[(product, label)] = policy.HostPolicy(host_access, frozenset(host_allow), rules.unblocked)
-        config.hosts.append(host)
-        ssh = parse_ssh(product, label, values, ssh_timeout)
-        if ssh:
-            config.ssh.append(ssh)
-
-    # HTTP transport
-    token = env.get("MCP_AUTH_TOKEN")
-    if "MCP_AUTH_TOKEN_FILE" in env:
-        token = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"])
-    if token is not None and len(token) < 16:
-        raise ConfigError("MCP_AUTH_TOKEN is shorter than 16 characters; use e.g. `openssl rand -hex 32`.")
-    config.auth_token = token
-    if token:
-        policy.register_secret(token)
-    config.auth_required = parse_bool("MCP_AUTH_REQUIRED", env.get("MCP_AUTH_REQUIRED", "true"))
-    config.allowed_hosts = [h.strip() for h in env.get("MCP_ALLOWED_HOSTS", "").split(",") if h.strip()]
-    config.http_host = env.get("MCP_HTTP_HOST", "127.0.0.1")
-    port = env.get("MCP_HTTP_PORT", "8765")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"MCP_HTTP_PORT={port!r} is not a port number (1-65535).")
-    config.http_port = int(port)
-
-    known_suffix = tuple("_" + s for s in HOST_SUFFIXES)
-    for name in env:
-        if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS \
-                and not name.endswith(known_suffix) and name not in ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN",
-                                                                     "PBS_TOKEN"):
-            config.warnings.append(f"Unknown variable {name} ignored (a typo?).")
-    if not config.hosts:
-        config.warnings.append("No Proxmox host is configured: set PROXMOX_<LABEL>_URL and _TOKEN, "
-                               "or try `python server.py --demo`.")
-    return config
-
-
 # ================================================================ tools
 
 @dataclass(frozen=True)
 class ToolSpec:
-    function: Callable
+    """Everything the server knows about one tool besides its function (see TOOLS)."""
+    function: Callable  # its name is the tool's name, its docstring the description
     gate: str  # read, sensitive, lifecycle, write, destructive, exec, elevated
     product: str  # pve, pbs, or "" for tools about the server itself (or both products)
+    toolset: str  # its PROXMOX_TOOLSETS group (config.TOOLSET_GROUPS), or "always"
     needs: tuple[str, ...] = ()  # privileges: hidden when no configured token holds any of them
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
+    may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
 
 
 def list_hosts() -> dict:
@@ -506,103 +108,95 @@ def server_info() -> dict:
             "protected_list_error": settings.protected.error}
 
 
+# One entry per tool: ToolSpec(function, gate, product, toolset, privileges, ...). The order is
+# the order of tools/list and docs/TOOLS.md.
 TOOLS = [
-    ToolSpec(list_hosts, "read", ""),
-    ToolSpec(server_info, "read", ""),
-    ToolSpec(pve_tools.cluster_status, "read", "pve", ("Sys.Audit",)),
-    ToolSpec(pve_tools.list_nodes, "read", "pve"),
-    ToolSpec(pve_tools.list_guests, "read", "pve"),
-    ToolSpec(pve_tools.get_guest, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_storage, "read", "pve"),
-    ToolSpec(pve_tools.list_tasks, "read", "pve"),
-    ToolSpec(pve_tools.get_task, "read", "pve"),
-    ToolSpec(pve_tools.task_log, "read", "pve"),
-    ToolSpec(pve_tools.cluster_log, "read", "pve"),
-    ToolSpec(pve_tools.node_status, "read", "pve", ("Sys.Audit",)),
-    ToolSpec(pve_tools.guest_config, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_snapshots, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.guest_agent_info, "read", "pve", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_backups, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
-    ToolSpec(pve_tools.storage_content, "read", "pve", ("Datastore.Audit", "Datastore.AllocateSpace")),
-    ToolSpec(pve_tools.list_networks, "read", "pve"),
-    ToolSpec(pve_tools.list_pools, "read", "pve"),
-    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", ("VM.PowerMgmt",)),
-    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", ("VM.Snapshot",)),
-    ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", ("VM.Backup",)),
-    ToolSpec(pve_tools.write_guest_config, "write", "pve", ("VM.Config.Options", "VM.Config.Memory", "VM.Config.CPU",
-                                                            "VM.Config.Network", "VM.Config.Disk")),
-    ToolSpec(pve_tools.write_set_nic, "write", "pve", ("VM.Config.Network",)),
-    ToolSpec(pve_tools.write_resize_disk, "write", "pve", ("VM.Config.Disk",)),
-    ToolSpec(pve_tools.write_clone_guest, "write", "pve", ("VM.Clone",)),
-    ToolSpec(pve_tools.write_migrate_guest, "write", "pve", ("VM.Migrate",)),
-    ToolSpec(pve_tools.write_template, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_restore_backup, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_vm, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_lxc, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_download_url, "write", "pve", ("Datastore.AllocateTemplate",)),
-    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", ("VM.Snapshot.Rollback", "VM.Snapshot")),
-    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", ("VM.Snapshot",)),
-    ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", ("Datastore.Allocate", "Datastore.AllocateSpace")),
-    ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs"),
-    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs"),
-    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs"),
-    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", ("Datastore.Modify",)),
-    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify")),
-    ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", ("Datastore.Verify", "Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
-    ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", ("Datastore.Prune", "Datastore.Modify")),
-    ToolSpec(shell_tools.ssh_check, "read", "", ssh=True),
-    ToolSpec(shell_tools.node_diagnostics, "read", "", ssh=True),
-    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", ("VM.GuestAgent.Unrestricted",)),
-    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", ssh=True),
-    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve"),
-    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve"),
-    ToolSpec(shell_tools.write_node_exec, "exec", "", also=("elevated",), ssh=True),
-    ToolSpec(workflows.health_check, "read", "pve"),
-    ToolSpec(workflows.backup_coverage, "read", "pve"),
-    ToolSpec(workflows.security_audit, "read", "pve"),
-    ToolSpec(workflows.wait_task, "read", ""),
-    ToolSpec(workflows.write_provision_lxc, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(workflows.write_provision_vm, "write", "pve", ("VM.Allocate",)),
-    ToolSpec(workflows.write_restore_drill, "destructive", "pve", ("VM.Allocate",)),
-    ToolSpec(api_tools.api_search, "read", ""),
-    ToolSpec(api_tools.api_describe, "read", ""),
-    ToolSpec(api_tools.api_read, "read", ""),
-    ToolSpec(api_tools.write_api_call, "lifecycle", ""),
+    ToolSpec(list_hosts, "read", "", "always"),
+    ToolSpec(server_info, "read", "", "always"),
+    ToolSpec(pve_tools.cluster_status, "read", "pve", "guests", ("Sys.Audit",)),
+    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests"),
+    ToolSpec(pve_tools.list_guests, "read", "pve", "guests"),
+    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_storage, "read", "pve", "storage"),
+    ToolSpec(pve_tools.list_tasks, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.get_task, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.task_log, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.cluster_log, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.node_status, "read", "pve", "guests", ("Sys.Audit",)),
+    ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_snapshots, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.guest_agent_info, "read", "pve", "guests", ("VM.Audit",)),
+    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.storage_content, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.list_networks, "read", "pve", "network"),
+    ToolSpec(pve_tools.list_pools, "read", "pve", "guests"),
+    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", "guests", ("VM.PowerMgmt",),
+             may_destroy=True),  # stop and reset
+    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", "storage", ("VM.Backup",)),
+    ToolSpec(pve_tools.write_guest_config, "write", "pve", "guests", ("VM.Config.Options", "VM.Config.Memory",
+                                                                      "VM.Config.CPU", "VM.Config.Network",
+                                                                      "VM.Config.Disk")),
+    ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
+    ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
+    ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
+    ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
+             may_destroy=True),  # overwrite=true
+    ToolSpec(pve_tools.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
+    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
+                                                                                 "VM.Snapshot")),
+    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", "storage", ("Datastore.Allocate",
+                                                                              "Datastore.AllocateSpace")),
+    ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", "pbs", ("Datastore.Audit",)),
+    ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs", "pbs"),
+    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
+    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify",
+                                                                       "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", "pbs", ("Datastore.Prune",
+                                                                                 "Datastore.Modify")),
+    ToolSpec(shell_tools.ssh_check, "read", "", "shell", ssh=True),
+    ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
+    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
+    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", "shell", ssh=True),
+    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
+    ToolSpec(workflows.health_check, "read", "pve", "workflows"),
+    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
+    ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
+    ToolSpec(workflows.wait_task, "read", "", "workflows"),
+    ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(api_tools.api_search, "read", "", "api"),
+    ToolSpec(api_tools.api_describe, "read", "", "api"),
+    ToolSpec(api_tools.api_read, "read", "", "api"),
+    ToolSpec(api_tools.write_api_call, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
 ]
-# PROXMOX_TOOLSETS: which tools a configuration offers. list_hosts and server_info are always on.
-TOOLSETS: dict[str, tuple[str, ...]] = {
-    "guests": ("cluster_status", "list_nodes", "node_status", "list_guests", "get_guest", "guest_config",
-               "list_snapshots", "guest_agent_info", "list_pools", "write_guest_power", "write_snapshot_create",
-               "write_guest_config", "write_resize_disk", "write_clone_guest", "write_migrate_guest",
-               "write_template", "write_create_vm", "write_create_lxc", "write_snapshot_rollback",
-               "write_snapshot_delete", "write_delete_guest"),
-    "storage": ("list_storage", "storage_content", "list_backups", "write_backup_guest", "write_restore_backup",
-                "write_download_url", "write_delete_volume"),
-    "network": ("list_networks", "write_set_nic"),
-    "tasks": ("list_tasks", "get_task", "task_log", "cluster_log"),
-    "pbs": ("pbs_list_datastores", "pbs_datastore_status", "pbs_list_namespaces", "pbs_list_groups",
-            "pbs_list_snapshots", "pbs_list_jobs", "pbs_list_tasks", "pbs_get_task", "pbs_task_log", "write_pbs_gc",
-            "write_pbs_verify", "write_pbs_run_job", "write_pbs_protect_snapshot", "write_pbs_set_notes",
-            "write_pbs_prune", "write_pbs_forget_snapshot"),
-    "shell": ("ssh_check", "node_diagnostics", "write_vm_exec", "write_lxc_exec", "write_guest_file_read",
-              "write_guest_file_write", "write_node_exec"),
-    "workflows": ("health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
-                  "write_provision_vm", "write_restore_drill"),
-    "api": ("api_search", "api_describe", "api_read", "write_api_call"),
-}
+TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
+# PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
+TOOLSETS = {group: tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == group)
+            for group in TOOLSET_GROUPS}
 TOOLSETS["compact"] = TOOLSETS["api"] + TOOLSETS["workflows"]  # the whole API in few tools
-TOOLSETS["all"] = tuple(name for names in TOOLSETS.values() for name in names)
-ALWAYS_ON = ("list_hosts", "server_info")
+TOOLSETS["all"] = tuple(name for group in TOOLSET_GROUPS for name in TOOLSETS[group])
+ALWAYS_ON = tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == "always")
 
 # MCP annotations per gate: (readOnlyHint, destructiveHint, idempotentHint)
 ANNOTATIONS = {
@@ -610,15 +204,12 @@ ANNOTATIONS = {
     "write": (False, False, False), "destructive": (False, True, False), "exec": (False, True, False),
     "elevated": (False, True, False),
 }
-# Tools listed at their lowest gate whose arguments can make a call destructive
-# (stop, overwrite, any API method): annotated as destructive.
-MAY_DESTROY = {"write_api_call", "write_guest_power", "write_restore_backup"}
 
 
 def annotations_for(spec: ToolSpec):
     from mcp_types import ToolAnnotations
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
-    if spec.function.__name__ in MAY_DESTROY:
+    if spec.may_destroy:  # listed at its lowest gate, but its arguments can make a call destructive
         destructive = True
     # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false),
     # plus destructive=true said aloud: the tool list is paid for on every turn.
@@ -924,17 +515,31 @@ def tool_list_json(server) -> list[dict]:
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
 
+def tool_summary_markdown() -> str:
+    """Every tool by toolset and gate: the top of docs/TOOLS.md and the README's tool summary."""
+    gates = [gate for gate in policy.GATES if any(spec.gate == gate for spec in TOOLS)]
+    lines = ["| toolset | " + " | ".join(gates) + " |", "|---" * (len(gates) + 1) + "|"]
+    for toolset in ("always", *TOOLSET_GROUPS):
+        specs = [spec for spec in TOOLS if spec.toolset == toolset]
+        cells = [", ".join(f"`{spec.function.__name__}`" + "†" * spec.may_destroy
+                           + "".join(f" (+ {also})" for also in spec.also) + " (SSH)" * spec.ssh
+                           for spec in specs if spec.gate == gate) for gate in gates]
+        lines.append(f"| {toolset} | " + " | ".join(cells) + " |")
+    lines += ["", f"{len(TOOLS)} tools. †: its arguments can make a call destructive (then it is confirmed like "
+              f"one); (+ gate): that gate must be open too; (SSH): offered when SSH is configured. The `compact` "
+              f"toolset is api + workflows."]
+    return "\n".join(lines)
+
+
 def tool_catalog_markdown() -> str:
     """docs/TOOLS.md: every tool the code defines (whatever the configuration), with its gate,
     annotations, parameters and bytes."""
     from mcp.server.mcpserver.tools import Tool
-    lines = ["# Tools", "", "Generated by `python server.py --list-tools --markdown`; a test fails when this file is "
+    lines = ["# Tools", "", "Generated by `python server.py --write-docs`; a test fails when this file is "
              "stale. Bytes are the tool's compact JSON in tools/list. Which tools a server offers depends on its "
-             "gates, toolsets, configured products and SSH (see README).", "",
+             "gates, toolsets, configured products and SSH (see README).", "", tool_summary_markdown(), "",
              "Arguments many tools share are explained once, in the server's instructions:", "",
              "> " + INSTRUCTIONS, ""]
-    toolset_of = {name: set_name for set_name, names in TOOLSETS.items() if set_name not in ("compact", "all")
-                  for name in names}
     for spec in TOOLS:
         tool = Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                                   description=" ".join((spec.function.__doc__ or "").split()),
@@ -946,7 +551,7 @@ def tool_catalog_markdown() -> str:
         hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
-                  f"- gate: {gates}; toolset: {toolset_of.get(tool.name, 'always')}; "
+                  f"- gate: {gates}; toolset: {spec.toolset}; "
                   f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
                   f"- annotations: {hints}",
                   f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
@@ -967,6 +572,21 @@ def tool_catalog_markdown() -> str:
             lines.append(f"{label}: {text}" if text else label)
         lines.append("")
     return "\n".join(lines)
+
+
+README_SUMMARY = ("<!-- tool summary: generated by `python server.py --write-docs`; a test fails when it is stale -->",
+                  "<!-- end of the tool summary -->")
+
+
+def write_docs(root: Path = INSTALL_DIR) -> int:
+    """--write-docs: regenerate docs/TOOLS.md and the README's tool summary (between its markers)."""
+    (root / "docs" / "TOOLS.md").write_text(tool_catalog_markdown() + "\n")
+    readme = root / "README.md"
+    text = readme.read_text()
+    start, end = text.index(README_SUMMARY[0]) + len(README_SUMMARY[0]), text.index(README_SUMMARY[1])
+    readme.write_text(f"{text[:start]}\n{tool_summary_markdown()}\n{text[end:]}")
+    print(f"wrote {root / 'docs' / 'TOOLS.md'} and the tool summary in {readme}")
+    return 0
 
 
 def print_tool_list(config: Config, as_json: bool) -> None:
@@ -1027,15 +647,6 @@ def verify_audit_command(config: Config) -> int:
 
 
 # ================================================================ HTTP transport
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
 
 class BearerAuth:
     """Pure ASGI middleware (SSE streams pass unbuffered): every HTTP request but GET /health
@@ -1106,19 +717,6 @@ def host_reachability() -> dict[str, str]:
     return result
 
 
-def check_http_auth(config: Config, bind_host: str) -> None:
-    if config.auth_token:
-        return
-    if not is_loopback(bind_host):
-        raise ConfigError(f"HTTP on {bind_host} needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE); "
-                          f"a non-loopback bind never starts without one.")
-    if config.auth_required:
-        raise ConfigError("HTTP mode needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE). On a loopback bind, "
-                          "MCP_AUTH_REQUIRED=false opts out explicitly.")
-    config.warnings.append("HTTP without a bearer token (MCP_AUTH_REQUIRED=false): any local process can "
-                           "use this server.")
-
-
 def serve_http(config: Config, server, bind_host: str, port: int) -> None:
     import uvicorn
     app = http_app(config, server, bind_host)
@@ -1167,24 +765,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--list-tools", action="store_true", help="print the tools this config offers, with sizes")
     parser.add_argument("--json", action="store_true", help="with --list-tools: machine-readable output")
     parser.add_argument("--markdown", action="store_true", help="with --list-tools: the catalog of every tool")
+    parser.add_argument("--write-docs", action="store_true", help="regenerate docs/TOOLS.md and README's tool summary")
     parser.add_argument("--check", action="store_true", help="connect to every host and report")
     parser.add_argument("--verify-audit", action="store_true", help="check the audit log's hash chain")
     return parser.parse_args(argv)
 
 
+def configuration(args: argparse.Namespace) -> tuple[Config, str]:
+    """This run's configuration (.env, then the environment or the demo lab), checked, its
+    secrets registered for masking; and the address to bind in HTTP mode."""
+    from dotenv import load_dotenv
+    load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
+    env = dict(os.environ)
+    if args.demo:
+        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
+        env |= demo_environment()
+    config = load_config(env)
+    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
+        policy.register_secret(secret)
+    check_tool_names(config, TOOL_NAMES)
+    bind_host = args.host or config.http_host
+    if args.http:
+        check_http_auth(config, bind_host)
+    return config, bind_host
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from dotenv import load_dotenv
-        load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
-        env = dict(os.environ)
-        if args.demo:
-            env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
-            env |= demo_environment()
-        config = load_config(env)
-        bind_host = args.host or config.http_host
-        if args.http:
-            check_http_auth(config, bind_host)
+        config, bind_host = configuration(args)
     except ConfigError as exc:
         print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -1195,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     policy.configure(config.settings)
     shell_tools.configure(config.ssh, config.exec_allowed_vmids)
 
+    if args.write_docs:
+        return write_docs()
     if args.list_tools and args.markdown:
         print(tool_catalog_markdown())
         return 0

@@ -16,12 +16,13 @@ import shlex
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 import policy
+from config import NODE_NAME, SshTarget
 from proxmox_client import ProxmoxError, pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
@@ -30,22 +31,6 @@ from pve_tools import ConfirmArg, DryRunArg, Vmid, guest_path, resolve_guest
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
 MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
-NODE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$")
-
-
-@dataclass
-class SshTarget:
-    """How to reach the nodes of one host label (PVE) or its Backup Server (PBS) over SSH."""
-    label: str
-    product: str
-    nodes: dict[str, tuple[str, int]]  # node name -> (address, port); PBS: {"pbs": ...}
-    user: str = "root"
-    key_file: str | None = None
-    key_passphrase: str | None = field(default=None, repr=False)
-    sudo: bool = False
-    known_hosts: str | None = None
-    fingerprints: dict[str, str] = field(default_factory=dict)  # node -> SHA256:...
-    timeout: float = 30.0
 
 
 TARGETS: dict[tuple[str, str], SshTarget] = {}

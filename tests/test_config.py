@@ -3,14 +3,14 @@ import json
 
 import pytest
 
-import server
+from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
 from conftest import run_server
 
 TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
 
 
 def hosts_of(env: dict) -> dict:
-    return {(h.product, h.label): h for h in server.load_config(env).hosts}
+    return {(h.product, h.label): h for h in load_config(env).hosts}
 
 
 def test_labelled_hosts_of_both_products():
@@ -45,7 +45,7 @@ def test_tls_options():
                       "PROXMOX_B_URL": "https://b", "PROXMOX_B_TOKEN": TOKEN, "PROXMOX_B_VERIFY_TLS": "false"})
     assert hosts[("pve", "a")].fingerprint == "ab" * 32
     assert hosts[("pve", "b")].verify_tls is False
-    config = server.load_config({"PROXMOX_VERIFY_TLS": "false", "PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN})
+    config = load_config({"PROXMOX_VERIFY_TLS": "false", "PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN})
     assert any("PROXMOX_VERIFY_TLS=false" in w for w in config.warnings)
 
 
@@ -70,14 +70,14 @@ def test_timeouts_are_configurable():
     ({"MCP_HTTP_PORT": "99999"}, "MCP_HTTP_PORT"),
 ])
 def test_invalid_values_stop_with_the_variable_named(env, names):
-    with pytest.raises(server.ConfigError) as caught:
-        server.load_config(env)
+    with pytest.raises(ConfigError) as caught:
+        load_config(env)
     assert names in str(caught.value)
     assert "11111111" not in str(caught.value)  # a secret is never shown
 
 
 def test_unknown_variables_are_warned_about():
-    config = server.load_config({"PROXMOX_ALOW_EXEC": "true", "PBS_LAB_TOKN": "x", "MCP_AUTH_TOKN": "y"})
+    config = load_config({"PROXMOX_ALOW_EXEC": "true", "PBS_LAB_TOKN": "x", "MCP_AUTH_TOKN": "y"})
     warned = " ".join(config.warnings)
     assert "PROXMOX_ALOW_EXEC" in warned and "PBS_LAB_TOKN" in warned and "MCP_AUTH_TOKN" in warned
 
@@ -138,19 +138,6 @@ def test_toolsets_choose_the_tools():
     assert bad.returncode == 2 and "unknown everything" in bad.stderr
 
 
-def test_every_tool_belongs_to_a_toolset():
-    names = {spec.function.__name__ for spec in server.TOOLS}
-    assert names == set(server.TOOLSETS["all"]) | set(server.ALWAYS_ON)
-
-
-def test_the_tool_catalog_is_current():
-    from conftest import ROOT
-    generated = run_server(["--list-tools", "--markdown"], {})
-    assert generated.returncode == 0
-    assert (ROOT / "docs" / "TOOLS.md").read_text() == generated.stdout, \
-        "docs/TOOLS.md is stale: run python server.py --list-tools --markdown > docs/TOOLS.md"
-
-
 def test_allow_and_deny_tools():
     denied = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ACCESS": "destructive",
                                                                 "PROXMOX_DENY_TOOLS": "write_*,api_read"}).stdout)
@@ -167,14 +154,14 @@ def test_allow_and_deny_tools():
 def test_protected_vms_variable_adds_to_the_file(tmp_path):
     listed = tmp_path / "protected.json"
     listed.write_text('[{"host": "home", "vmid": 100, "reason": "router"}]')
-    config = server.load_config({"PROXMOX_PROTECTED_VMS_FILE": str(listed), "PROXMOX_PROTECTED_VMS": "home:105,*:200"})
+    config = load_config({"PROXMOX_PROTECTED_VMS_FILE": str(listed), "PROXMOX_PROTECTED_VMS": "home:105,*:200"})
     assert [(e["host"], e["vmid"]) for e in config.settings.protected.entries] == [("home", 100), ("home", 105),
                                                                                   ("*", 200)]
-    broken = server.load_config({"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "missing.json"),
+    broken = load_config({"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "missing.json"),
                                  "PROXMOX_PROTECTED_VMS": "home:105"})
     assert broken.settings.protected.error  # still fails closed
-    with pytest.raises(server.ConfigError, match="label:vmid"):
-        server.load_config({"PROXMOX_PROTECTED_VMS": "home-100"})
+    with pytest.raises(ConfigError, match="label:vmid"):
+        load_config({"PROXMOX_PROTECTED_VMS": "home-100"})
 
 
 @pytest.mark.parametrize("profile", ["readonly", "operator", "admin"])
@@ -193,5 +180,34 @@ def test_profiles_are_valid_configurations(profile, tmp_path):
     env = {k: (str(token) if k.endswith("TOKEN_FILE") else str(key) if k.endswith("KEY_FILE") else v)
            for k, v in env.items() if v}
     env["PROXMOX_HOME_SSH_FINGERPRINTS"] = "pve1=SHA256:" + "A" * 43
-    config = server.load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
+    config = load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
     assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
+
+
+def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):
+    monkeypatch.chdir(INSTALL_DIR)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_audit_path() == tmp_path / "proxmox-mcp" / "audit.jsonl"
+    monkeypatch.chdir(tmp_path)
+    assert default_audit_path() == tmp_path.resolve() / "proxmox-mcp-audit.jsonl"
+
+
+def test_parsing_has_no_side_effects_and_carries_the_secrets(tmp_path):
+    import policy
+    passphrase, mcp_token = "ssh-passphrase-value", "m" * 32
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    before = set(policy._known_secrets)
+    config = load_config({"PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN, "PROXMOX_USER": "ops@pve",
+                          "PROXMOX_PASSWORD": "a-password", "PROXMOX_WRITE_TOKEN": "w@pve!w=write-secret-value",
+                          "PROXMOX_SSH_NODES": "pve1=10.0.0.1", "PROXMOX_SSH_KNOWN_HOSTS": str(known),
+                          "PROXMOX_SSH_KEY_PASSPHRASE": passphrase, "MCP_AUTH_TOKEN": mcp_token})
+    assert policy._known_secrets == before  # server.main registers them, not the parser
+    assert set(config.secrets) == {"11111111-2222-3333-4444-555555555555", "a-password", "write-secret-value",
+                                   passphrase, mcp_token}
+    assert "a-password" not in repr(config) and mcp_token not in repr(config)
+
+
+def test_an_empty_token_without_a_password_login_is_refused():
+    with pytest.raises(ConfigError, match="neither PROXMOX_TOKEN nor PROXMOX_TOKEN_FILE"):
+        load_config({"PROXMOX_URL": "https://x", "PROXMOX_TOKEN": ""})

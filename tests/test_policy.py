@@ -563,12 +563,3 @@ def test_startup_warns_about_an_empty_protected_list(tmp_path):
     assert "NO GUEST IS PROTECTED" in result.stderr
     result = run_server(["--list-tools"], {"PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "missing.json")})
     assert "PROTECTED GUEST LIST UNREADABLE" in result.stderr
-
-
-def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):
-    import server
-    monkeypatch.chdir(server.INSTALL_DIR)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    assert server.default_audit_path() == tmp_path / "proxmox-mcp" / "audit.jsonl"
-    monkeypatch.chdir(tmp_path)
-    assert server.default_audit_path() == tmp_path.resolve() / "proxmox-mcp-audit.jsonl"

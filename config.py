@@ -1,0 +1,558 @@
+"""Configuration: every environment variable the server reads, parsed into one `Config` value.
+
+Parsing has no side effects: the secrets it finds are carried in `Config.secrets`, and
+`server.main` registers them for masking. A bad value raises `ConfigError` naming the variable
+(never showing a secret); the server reports it and does not start.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import catalog
+import policy
+import proxmox_client
+from proxmox_client import HostConfig
+
+
+class ConfigError(Exception):
+    """A configuration problem that stops the server; the message names the variable."""
+
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+TOKEN = re.compile(r"^(?P<id>[^\s@!=:]+@[A-Za-z][A-Za-z0-9.\-_]*![A-Za-z][A-Za-z0-9.\-_]*)[=:](?P<secret>\S+)$")
+NODE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$")
+ADDRESS = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(?::(\d{1,5}))?")  # host[:port], IPv6 in brackets
+
+# Per-host variables: PROXMOX_<LABEL>_<SUFFIX> and PBS_<LABEL>_<SUFFIX>; with no label
+# (PROXMOX_URL) they describe the host labelled "default".
+HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE", "USER", "PASSWORD", "PASSWORD_FILE",
+                 "CA_FILE", "FINGERPRINT",
+                 "VERIFY_TLS", "ACCESS", "ALLOW_EXEC", "ALLOW_ELEVATED", "ALLOW_SENSITIVE",
+                 "SSH_NODES", "SSH_HOST", "SSH_USER", "SSH_KEY_FILE", "SSH_KEY_PASSPHRASE", "SSH_SUDO",
+                 "SSH_KNOWN_HOSTS", "SSH_FINGERPRINTS", "SSH_FINGERPRINT")
+GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
+# PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "compact" (the generic API
+# tools plus the workflows) and "all".
+TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
+TOOLSET_NAMES = TOOLSET_GROUPS + ("compact", "all")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Variables that apply to everything; the strings say what is accepted.
+GLOBALS = {
+    "PROXMOX_VERIFY_TLS": "true or false",
+    "PROXMOX_CONNECT_TIMEOUT": "seconds, e.g. 5",
+    "PROXMOX_READ_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_ACCESS": "read, lifecycle, write or destructive",
+    "PROXMOX_ALLOW_EXEC": "true or false",
+    "PROXMOX_ALLOW_ELEVATED": "true or false",
+    "PROXMOX_ALLOW_SENSITIVE": "true or false",
+    "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
+    "PROXMOX_UNBLOCK": "comma list of blocked methods to open, like 'PUT /nodes/{node}/qemu/{vmid}/sendkey'",
+    "PROXMOX_PROTECTED_VMS_FILE": "path of the protected-guest JSON list",
+    "PROXMOX_DRY_RUN": "true or false",
+    "PROXMOX_ELICIT": "true or false",
+    "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
+    "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
+    "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_TOOLSETS": "comma list of " + ", ".join(TOOLSET_NAMES),
+    "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
+    "PROXMOX_DENY_TOOLS": "comma list of tool names or prefixes like write_*",
+    "PROXMOX_PROTECTED_VMS": "comma list of label:vmid added to the protected-guest file",
+    "MCP_AUTH_TOKEN": "a long random string",
+    "MCP_AUTH_TOKEN_FILE": "a file holding the token",
+    "MCP_AUTH_REQUIRED": "true or false",
+    "MCP_ALLOWED_HOSTS": "comma list of host[:port] names clients use",
+    "MCP_HTTP_HOST": "an address to bind, e.g. 127.0.0.1",
+    "MCP_HTTP_PORT": "a port number",
+}
+BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
+                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT")
+INSTALL_DIR = Path(__file__).resolve().parent
+
+HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
+
+
+@dataclass
+class SshTarget:
+    """How to reach the nodes of one host label (PVE) or its Backup Server (PBS) over SSH."""
+    label: str
+    product: str
+    nodes: dict[str, tuple[str, int]]  # node name -> (address, port); PBS: {"pbs": ...}
+    user: str = "root"
+    key_file: str | None = None
+    key_passphrase: str | None = field(default=None, repr=False)
+    sudo: bool = False
+    known_hosts: str | None = None
+    fingerprints: dict[str, str] = field(default_factory=dict)  # node -> SHA256:...
+    timeout: float = 30.0
+
+
+@dataclass
+class Config:
+    """The whole configuration, read once at start by load_config."""
+    hosts: list[HostConfig] = field(default_factory=list)
+    settings: policy.Settings = field(default_factory=policy.Settings)
+    default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
+    ssh: list[SshTarget] = field(default_factory=list)
+    exec_allowed_vmids: set[int] | None = None
+    # what every host takes unless its own variables say otherwise
+    verify_tls: bool = True
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    ssh_timeout: float = 30.0
+    toolsets: tuple[str, ...] = ("all",)
+    allow_tools: tuple[str, ...] = ()  # names or prefixes ending in *; empty: no allow list
+    deny_tools: tuple[str, ...] = ()
+    auth_token: str | None = field(default=None, repr=False)
+    auth_required: bool = True
+    allowed_hosts: list[str] = field(default_factory=list)
+    http_host: str = "127.0.0.1"
+    http_port: int = 8765
+    log_level: str = "INFO"
+    warnings: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
+
+
+# ================================================================ the whole configuration
+
+def load_config(env: dict[str, str] | None = None) -> Config:
+    """Read and validate the whole configuration; raise ConfigError on the first bad value.
+    The server then checks what only it knows: check_tool_names, and check_http_auth in HTTP mode."""
+    env = dict(os.environ if env is None else env)
+    config = Config()
+    read_global_settings(env, config)
+    read_protected_guests(env, config)
+    read_tool_choice(env, config)
+    config.log_level = parse_log_level(env.get("PROXMOX_LOG_LEVEL", "INFO"))
+    for (product, label), values in sorted(host_variables(env).items()):
+        read_host(product, label, values, config)
+    read_http_settings(env, config)
+    config.warnings += unknown_variables(env)
+    if not config.hosts:
+        config.warnings.append("No Proxmox host is configured: set PROXMOX_<LABEL>_URL and _TOKEN, "
+                               "or try `python server.py --demo`.")
+    return config
+
+
+def read_global_settings(env: dict[str, str], config: Config) -> None:
+    """Timeouts, TLS, the access tier and gates every host starts from, dry run, asking, audit."""
+    for name in BOOLEAN_GLOBALS:
+        if name in env:
+            parse_bool(name, env[name])
+    config.verify_tls = flag(env, "PROXMOX_VERIFY_TLS", "true")
+    config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
+    config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
+    config.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
+    config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
+    if not config.verify_tls:
+        config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
+                               "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")
+    access = parse_access("PROXMOX_ACCESS", env.get("PROXMOX_ACCESS", "read"))
+    allow = frozenset(gate for suffix, gate in GATE_FLAGS.items() if flag(env, f"PROXMOX_{suffix}", "false"))
+    config.default_rules = policy.HostPolicy(access, allow, parse_unblock(env.get("PROXMOX_UNBLOCK", "")))
+    config.settings.dry_run = flag(env, "PROXMOX_DRY_RUN", "false")
+    config.settings.elicit = flag(env, "PROXMOX_ELICIT", "true")
+    config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
+        else default_audit_path()
+
+
+def read_protected_guests(env: dict[str, str], config: Config) -> None:
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS; an unreadable file fails closed (policy)."""
+    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
+    protected = policy.load_protected(protected_file)
+    protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
+    config.settings.protected = protected
+    if protected.error:
+        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
+                               f"that changes a guest will be refused until it is fixed.")
+    elif not protected.entries:
+        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
+                               f"may ever change (your router, your NAS) before allowing writes.")
+
+
+def read_tool_choice(env: dict[str, str], config: Config) -> None:
+    """PROXMOX_TOOLSETS, PROXMOX_ALLOW_TOOLS and PROXMOX_DENY_TOOLS (whose names check_tool_names checks)."""
+    config.toolsets = parse_toolsets(env.get("PROXMOX_TOOLSETS", "all"))
+    config.allow_tools = parse_list(env.get("PROXMOX_ALLOW_TOOLS", ""))
+    config.deny_tools = parse_list(env.get("PROXMOX_DENY_TOOLS", ""))
+
+
+def read_http_settings(env: dict[str, str], config: Config) -> None:
+    """The HTTP transport: bearer token, bind address and port, host names clients use."""
+    token = env.get("MCP_AUTH_TOKEN")
+    if "MCP_AUTH_TOKEN_FILE" in env:
+        token = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"])
+    if token is not None and len(token) < 16:
+        raise ConfigError("MCP_AUTH_TOKEN is shorter than 16 characters; use e.g. `openssl rand -hex 32`.")
+    config.auth_token = token
+    if token:
+        config.secrets.append(token)
+    config.auth_required = flag(env, "MCP_AUTH_REQUIRED", "true")
+    config.allowed_hosts = [h.strip() for h in env.get("MCP_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    config.http_host = env.get("MCP_HTTP_HOST", "127.0.0.1")
+    port = env.get("MCP_HTTP_PORT", "8765")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"MCP_HTTP_PORT={port!r} is not a port number (1-65535).")
+    config.http_port = int(port)
+
+
+def unknown_variables(env: dict[str, str]) -> list[str]:
+    """A warning for each PROXMOX_, PBS_ or MCP_ variable that is not ours (a typo?)."""
+    known_suffix = tuple("_" + s for s in HOST_SUFFIXES)
+    unlabelled = ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN", "PBS_TOKEN")
+    return [f"Unknown variable {name} ignored (a typo?)." for name in env
+            if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS
+            and not name.endswith(known_suffix) and name not in unlabelled]
+
+
+# ================================================================ one host
+
+def host_variables(env: dict[str, str]) -> dict[tuple[str, str], HostValues]:
+    """Group per-host variables: {(product, label): {suffix: (variable, value)}}."""
+    grouped: dict[tuple[str, str], HostValues] = {}
+    suffixes = sorted(HOST_SUFFIXES, key=len, reverse=True)
+    for name, value in env.items():
+        for prefix, product in (("PROXMOX_", "pve"), ("PBS_", "pbs")):
+            if not name.startswith(prefix) or name in GLOBALS:
+                continue
+            rest = name[len(prefix):]
+            for suffix in suffixes:
+                if rest == suffix or rest.endswith("_" + suffix):
+                    label = rest[:-len(suffix)].rstrip("_").lower() or "default"
+                    grouped.setdefault((product, label), {})[suffix] = (name, value)
+                    break
+    return grouped
+
+
+def read_host(product: str, label: str, values: HostValues, config: Config) -> None:
+    """One host's variables: its URL, credentials, TLS, gates and SSH access."""
+    prefix = "PROXMOX" if product == "pve" else "PBS"
+    where = f"{prefix}_{label.upper()}_" if label != "default" else f"{prefix}_"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", label):
+        raise ConfigError(f"Host label {label!r} in {where}URL: use letters, digits and underscores.")
+    if "URL" not in values:
+        raise ConfigError(f"{', '.join(v[0] for v in values.values())} set but {where}URL is missing.")
+    url = parse_url(*values["URL"], product)
+    token_id, secret, user, password = parse_credentials(where, label, values, config.warnings)
+    host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
+                      user=user, password=password, connect_timeout=config.connect_timeout,
+                      read_timeout=config.read_timeout,
+                      **parse_tls(label, values, config.verify_tls, config.warnings))
+    if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
+        host.write_token_id, host.write_token_secret = parse_write_token(values)
+    config.secrets += [s for s in (secret, password, host.write_token_secret) if s]
+    if url.startswith("http://"):
+        config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
+    config.settings.hosts[(product, label)] = parse_host_rules(values, config.default_rules)
+    config.hosts.append(host)
+    ssh = parse_ssh(product, label, values, config.ssh_timeout)
+    if ssh:
+        config.ssh.append(ssh)
+        config.secrets += [ssh.key_passphrase] if ssh.key_passphrase else []
+
+
+def parse_credentials(where: str, label: str, values: HostValues,
+                      warnings: list[str]) -> tuple[str, str, str | None, str | None]:
+    """(token id, token secret, user, password) of one host: an API token, a password login, or both."""
+    user, password = parse_login(where, values)
+    if "TOKEN_FILE" in values:
+        token_var, token_text = values["TOKEN_FILE"][0], read_secret_file(*values["TOKEN_FILE"])
+    else:
+        token_var, token_text = values.get("TOKEN", ("", ""))
+    if not token_text and not user:
+        raise ConfigError(f"{where}URL is set but neither {where}TOKEN nor {where}TOKEN_FILE is "
+                          f"(or {where}USER and {where}PASSWORD, if you cannot create a token).")
+    if not token_text:
+        warnings.append(f"Host '{label}' logs in as {user} with a password: an API token is safer "
+                        f"(it can be limited and revoked on its own; see README).")
+        return user, "", user, password
+    token_id, secret = parse_token(token_var, token_text)
+    if user:
+        warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
+                        f"used, the password only where Proxmox refuses tokens.")
+    return token_id, secret, user, password
+
+
+def parse_login(where: str, values: HostValues) -> tuple[str | None, str | None]:
+    """The optional user and password of a host (the ticket login, for those who cannot use a token)."""
+    has_password = "PASSWORD" in values or "PASSWORD_FILE" in values
+    if "USER" not in values and not has_password:
+        return None, None
+    if "USER" not in values or not has_password:
+        raise ConfigError(f"{where}USER and {where}PASSWORD (or {where}PASSWORD_FILE) go together.")
+    name, user = values["USER"]
+    if not re.fullmatch(r"[^\s@:/]+@[A-Za-z][A-Za-z0-9.\-_]*", user):
+        raise ConfigError(f"{name}={user!r} is not user@realm (e.g. root@pam, ops@pve).")
+    password = read_secret_file(*values["PASSWORD_FILE"]) if "PASSWORD_FILE" in values else values["PASSWORD"][1]
+    if not password:
+        raise ConfigError(f"{where}PASSWORD is empty.")
+    return user, password
+
+
+def parse_write_token(values: HostValues) -> tuple[str, str]:
+    """_WRITE_TOKEN or _WRITE_TOKEN_FILE: a second token used for the requests that change things."""
+    name, text = values.get("WRITE_TOKEN", ("", ""))
+    if "WRITE_TOKEN_FILE" in values:
+        name, text = values["WRITE_TOKEN_FILE"][0], read_secret_file(*values["WRITE_TOKEN_FILE"])
+    return parse_token(name, text)
+
+
+def parse_tls(label: str, values: HostValues, verify_default: bool, warnings: list[str]) -> dict:
+    """verify_tls, fingerprint and ca_file of one host (HostConfig fields)."""
+    tls: dict = {"verify_tls": verify_default}
+    if "VERIFY_TLS" in values:
+        tls["verify_tls"] = parse_bool(*values["VERIFY_TLS"])
+        if not tls["verify_tls"]:
+            warnings.append(f"{values['VERIFY_TLS'][0]}=false: TLS is not checked for host '{label}'.")
+    if "FINGERPRINT" in values:
+        tls["fingerprint"] = parse_fingerprint(*values["FINGERPRINT"])
+    if "CA_FILE" in values:
+        tls["ca_file"] = readable_file(*values["CA_FILE"])
+    return tls
+
+
+def parse_host_rules(values: HostValues, defaults: policy.HostPolicy) -> policy.HostPolicy:
+    """A host's access tier and gate flags: its own _ACCESS and _ALLOW_* over the global ones."""
+    allow = set(defaults.allow)
+    for suffix, gate in GATE_FLAGS.items():
+        if suffix in values:
+            (allow.add if parse_bool(*values[suffix]) else allow.discard)(gate)
+    access = parse_access(*values["ACCESS"]) if "ACCESS" in values else defaults.access
+    return policy.HostPolicy(access, frozenset(allow), defaults.unblocked)
+
+
+def parse_ssh(product: str, label: str, values: HostValues, timeout: float) -> SshTarget | None:
+    """SSH access of one host: PVE nodes by name (`pve1=10.0.0.11,pve2=10.0.0.12:2222`) or the PBS
+    host; a host key must be verifiable (known_hosts or pinned fingerprints)."""
+    key = "SSH_NODES" if product == "pve" else "SSH_HOST"
+    if key not in values:
+        stray = [v[0] for k, v in values.items() if k.startswith("SSH_")]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} set without {'PROXMOX' if product == 'pve' else 'PBS'}_"
+                              f"{label.upper()}_{key}.")
+        return None
+    name, text = values[key]
+    nodes = parse_ssh_nodes(product, name, text)
+    fingerprints = parse_ssh_fingerprints(product, values, nodes)
+    known_hosts = values.get("SSH_KNOWN_HOSTS", (None, None))[1]
+    known_hosts = readable_file(*values["SSH_KNOWN_HOSTS"]) if known_hosts else None
+    key_file = values.get("SSH_KEY_FILE", (None, None))[1]
+    key_file = readable_file(*values["SSH_KEY_FILE"]) if key_file else None
+    if not known_hosts and set(fingerprints) != set(nodes):
+        missing = sorted(set(nodes) - set(fingerprints))
+        raise ConfigError(f"{name}: host keys must be verifiable; give _SSH_KNOWN_HOSTS or pin "
+                          f"{', '.join(missing)} in _SSH_FINGERPRINTS (never trusted on first use).")
+    passphrase = values.get("SSH_KEY_PASSPHRASE", (None, None))[1]
+    sudo = parse_bool(*values["SSH_SUDO"]) if "SSH_SUDO" in values else False
+    return SshTarget(label, product, nodes, values.get("SSH_USER", (None, "root"))[1], key_file, passphrase, sudo,
+                     known_hosts, fingerprints, timeout)
+
+
+def parse_ssh_nodes(product: str, name: str, text: str) -> dict[str, tuple[str, int]]:
+    """_SSH_NODES (PVE: node=address[:port],...) or _SSH_HOST (PBS: address[:port], node "pbs")."""
+    nodes: dict[str, tuple[str, int]] = {}
+    entries = [e.strip() for e in text.split(",") if e.strip()] if product == "pve" else [f"pbs={text.strip()}"]
+    for entry in entries:
+        node, _, address = entry.partition("=")
+        match = ADDRESS.fullmatch(address)
+        if not NODE_NAME.match(node) or not match:
+            raise ConfigError(f"{name}: '{entry}' is not node=address[:port]" if product == "pve" else
+                              f"{name}: '{text}' is not address[:port]")
+        nodes[node] = (match.group(1).strip("[]"), int(match.group(2) or 22))
+    return nodes
+
+
+def parse_ssh_fingerprints(product: str, values: HostValues, nodes: dict) -> dict[str, str]:
+    """_SSH_FINGERPRINTS (PVE: node=SHA256:...,...) or _SSH_FINGERPRINT (PBS): pinned host keys."""
+    fingerprints: dict[str, str] = {}
+    for fkey in ("SSH_FINGERPRINTS", "SSH_FINGERPRINT"):
+        if fkey not in values:
+            continue
+        fname, ftext = values[fkey]
+        pairs = [p.strip() for p in ftext.split(",") if p.strip()] if product == "pve" else [f"pbs={ftext.strip()}"]
+        for pair in pairs:
+            node, _, fingerprint = pair.partition("=")
+            if not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", fingerprint) or node not in nodes:
+                raise ConfigError(f"{fname}: '{pair}' is not node=SHA256:<43 base64 characters> for a known node.")
+            fingerprints[node] = fingerprint
+    return fingerprints
+
+
+# ================================================================ single values
+
+def flag(env: dict[str, str], name: str, default: str) -> bool:
+    return parse_bool(name, env.get(name, default))
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean; use true or false.")
+
+
+def parse_seconds(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not 0 < seconds <= 3600:
+        raise ConfigError(f"{name}={value!r} is not a number of seconds between 0 and 3600.")
+    return seconds
+
+
+def parse_url(name: str, value: str, product: str) -> str:
+    value = value.strip().rstrip("/")
+    value = value.removesuffix("/api2/json")
+    match = re.fullmatch(r"(https?)://" + ADDRESS.pattern, value)
+    if not match:
+        raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
+                          f"(scheme, host and optional port; no path).")
+    port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
+    return f"{match.group(1)}://{match.group(2)}:{port}"
+
+
+def parse_token(name: str, value: str) -> tuple[str, str]:
+    match = TOKEN.match(value.strip())
+    if not match:
+        raise ConfigError(f"{name} is not an API token of the form user@realm!tokenid=secret "
+                          f"(the value is not shown).")
+    return match.group("id"), match.group("secret")
+
+
+def parse_fingerprint(name: str, value: str) -> str:
+    digits = value.strip().replace(":", "").lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digits):
+        raise ConfigError(f"{name} is not a SHA-256 fingerprint (64 hex digits, colons allowed).")
+    return digits
+
+
+def parse_access(name: str, value: str) -> str:
+    tier = value.strip().lower()
+    if tier not in policy.TIERS:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
+    return tier
+
+
+def parse_log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise ConfigError(f"PROXMOX_LOG_LEVEL={value!r} is not DEBUG, INFO, WARNING or ERROR.")
+    return value.upper()
+
+
+def parse_exec_vmids(value: str) -> set[int] | None:
+    """PROXMOX_EXEC_ALLOWED_VMIDS: the vmids exec may reach; None (unset) means any."""
+    if not value.strip():
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not all(v.isdigit() and 100 <= int(v) <= 999999999 for v in items):
+        raise ConfigError("PROXMOX_EXEC_ALLOWED_VMIDS must be a comma list of vmids (100-999999999).")
+    return {int(v) for v in items}
+
+
+def parse_protected_vms(value: str) -> list[dict]:
+    """PROXMOX_PROTECTED_VMS: label:vmid entries (label * for every host) added to the protected list."""
+    entries = []
+    for item in (i.strip() for i in value.split(",") if i.strip()):
+        label, _, vmid = item.partition(":")
+        if not (re.fullmatch(r"[a-z0-9_]+|\*", label.lower()) and vmid.isdigit() and int(vmid) >= 100):
+            raise ConfigError(f"PROXMOX_PROTECTED_VMS entry {item!r} is not label:vmid (e.g. home:100).")
+        entries.append({"host": label.lower(), "vmid": int(vmid), "reason": "listed in PROXMOX_PROTECTED_VMS"})
+    return entries
+
+
+def parse_toolsets(value: str) -> tuple[str, ...]:
+    toolsets = tuple(t.strip().lower() for t in value.split(",") if t.strip())
+    unknown = [t for t in toolsets if t not in TOOLSET_NAMES]
+    if unknown or not toolsets:
+        raise ConfigError(f"PROXMOX_TOOLSETS={value!r}: unknown {', '.join(unknown) or 'empty'}; "
+                          f"use {', '.join(TOOLSET_NAMES)}.")
+    return toolsets
+
+
+def tool_matches(pattern: str, name: str) -> bool:
+    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+
+
+def parse_list(value: str) -> tuple[str, ...]:
+    return tuple(e.strip() for e in value.split(",") if e.strip())
+
+
+def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
+    """PROXMOX_UNBLOCK: 'METHOD /path/{template}' entries, each a blocked method of either API."""
+    opened = set()
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        method, _, path = item.partition(" ")
+        method, path = method.upper(), path.strip()
+        products = [p for p in catalog.PRODUCTS if any(e["method"] == method and e["path"] == path
+                                                       for e in catalog.methods(p))]
+        if not products:
+            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
+                              f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
+        if all(policy.method_gate(p, method, path) != "blocked" for p in products):
+            raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
+                              f"and the PROXMOX_ALLOW_* flags.")
+        opened.add((method, path))
+    return frozenset(opened)
+
+
+def readable_file(name: str, path: str) -> str:
+    """A file the configuration names (CA, known_hosts, SSH key): it must exist; ~ is expanded."""
+    if not Path(path).expanduser().is_file():
+        raise ConfigError(f"{name}={path!r} is not a readable file.")
+    return str(Path(path).expanduser())
+
+
+def read_secret_file(name: str, path: str) -> str:
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror}.") from None
+
+
+def default_audit_path() -> Path:
+    """Under the working directory, but never inside the install (it may be read-only or shared)."""
+    cwd = Path.cwd().resolve()
+    if cwd == INSTALL_DIR or INSTALL_DIR in cwd.parents:
+        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return state / "proxmox-mcp" / "audit.jsonl"
+    return cwd / "proxmox-mcp-audit.jsonl"
+
+
+# ================================================================ checks the server makes with what only it knows
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_tool_names(config: Config, tool_names: Collection[str]) -> None:
+    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some)."""
+    for variable, entries in (("PROXMOX_ALLOW_TOOLS", config.allow_tools), ("PROXMOX_DENY_TOOLS", config.deny_tools)):
+        unknown = [e for e in entries if not any(tool_matches(e, name) for name in tool_names)]
+        if unknown:
+            raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(tool_names)}.")
+
+
+def check_http_auth(config: Config, bind_host: str) -> None:
+    if config.auth_token:
+        return
+    if not is_loopback(bind_host):
+        raise ConfigError(f"HTTP on {bind_host} needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE); "
+                          f"a non-loopback bind never starts without one.")
+    if config.auth_required:
+        raise ConfigError("HTTP mode needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE). On a loopback bind, "
+                          "MCP_AUTH_REQUIRED=false opts out explicitly.")
+    config.warnings.append("HTTP without a bearer token (MCP_AUTH_REQUIRED=false): any local process can "
+                           "use this server.")
