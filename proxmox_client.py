@@ -21,6 +21,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 import policy
+from errors import ProxmoxError, TaskFailed, ToolFailure
 
 log = logging.getLogger("proxmox-mcp")
 
@@ -66,19 +67,6 @@ def auth_method(host: HostConfig) -> str:
     if not host.token_secret:
         return f"password login as {host.user}"
     return f"API token; password login as {host.user} where tokens are refused"
-
-
-class ProxmoxError(Exception):
-    """A request that failed, with a message written for the model."""
-
-    def __init__(self, message: str, status: int | None = None, errors: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.errors = errors or {}
-
-
-class TaskFailed(ProxmoxError):
-    pass
 
 
 # ---------------------------------------------------------------- TLS
@@ -284,7 +272,7 @@ class ProxmoxClient:
         for path in candidates:
             try:
                 return self.get(path)
-            except (ProxmoxError, policy.PolicyError):
+            except ToolFailure:
                 continue
         return None
 

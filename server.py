@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import audit
 import catalog
 import policy
 import proxmox_client
@@ -32,7 +33,8 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import workflows
-from proxmox_client import HostConfig, ProxmoxError
+from errors import ConfirmationNeeded, ToolFailure
+from proxmox_client import HostConfig
 from pydantic import BaseModel, Field
 
 VERSION = "0.1.0"
@@ -489,7 +491,7 @@ def server_info() -> dict:
                                      "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
             try:
                 entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
-            except (ProxmoxError, policy.PolicyError) as exc:
+            except ToolFailure as exc:
                 entry["unreachable"] = str(exc)
             permissions = policy.permissions_of(host)
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
@@ -660,7 +662,7 @@ def confirmer(confirmed: bool, ctx: Any) -> Callable:
             if answer.action == "accept" and answer.data is not None and answer.data.confirm:
                 return
             raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
-        raise policy.PolicyError(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
+        raise ConfirmationNeeded(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
                                  f"confirm=true.")
     return confirm
 
@@ -671,7 +673,7 @@ def describe_request(client: proxmox_client.ProxmoxClient, decision: policy.Deci
     if decision.guests and client.host.product == "pve":
         try:
             names = {g["vmid"]: g.get("name") for g in pve_tools.guest_resources(client)}
-        except (ProxmoxError, policy.PolicyError):
+        except ToolFailure:
             pass
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
     on = f" on {targets}" if targets else ""
@@ -694,7 +696,7 @@ def as_tool(function: Callable) -> Callable:
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
             result = dry.plan
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             raise ToolError(policy.mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
@@ -913,7 +915,7 @@ def as_resource(function: Callable) -> Callable:
     def read(host: str) -> str:
         try:
             return policy.mask(function(host))
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             raise ResourceError(policy.mask(str(exc))) from None
     return read
 
@@ -1004,7 +1006,7 @@ def check_hosts(config: Config) -> int:
             print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
             if not held:
                 print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             failures += 1
             print(f"  FAILED: {policy.mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
@@ -1021,7 +1023,7 @@ def verify_audit_command(config: Config) -> int:
     if path is None or not path.exists():
         print(f"no audit log at {path}")
         return 1
-    count, bad, message = policy.verify_audit(path)
+    count, bad, message = audit.verify(path)
     print(f"{path}: {message}")
     return 0 if bad is None else 1
 
@@ -1101,7 +1103,7 @@ def host_reachability() -> dict[str, str]:
             try:
                 version = proxmox_client.client_for(product, label).get("/version") or {}
                 result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
-            except (ProxmoxError, policy.PolicyError) as exc:
+            except ToolFailure as exc:
                 result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
     return result
 
