@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import answers
 import audit
 import catalog
+import inventory
 import policy
 import proxmox_client
 import api_tools
@@ -476,7 +478,7 @@ def list_hosts() -> dict:
              "token": h.token_id if h.token_secret else f"(password login as {h.user})",
              "tls": "pinned" if h.fingerprint else ("ca_file" if h.ca_file else ("verified" if h.verify_tls else "OFF"))}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
-    return pve_tools.table(["host", "product", "url", "token", "tls"], rows)
+    return answers.table(["host", "product", "url", "token", "tls"], rows)
 
 
 def server_info() -> dict:
@@ -496,7 +498,7 @@ def server_info() -> dict:
             permissions = policy.permissions_of(host)
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
                 if permissions is not None else "not read yet"
-            hosts.append(pve_tools.compact(entry))
+            hosts.append(answers.compact(entry))
     settings = policy.SETTINGS
     left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
         if VISIBILITY.config else {}
@@ -672,7 +674,7 @@ def describe_request(client: proxmox_client.ProxmoxClient, decision: policy.Deci
     names = {}
     if decision.guests and client.host.product == "pve":
         try:
-            names = {g["vmid"]: g.get("name") for g in pve_tools.guest_resources(client)}
+            names = {g["vmid"]: g.get("name") for g in inventory.guest_resources(client)}
         except ToolFailure:
             pass
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import Field
 
 import policy
-from proxmox_client import ProxmoxError, pve_client
+from answers import ConfirmArg, DryRunArg, Host, Vmid
+from errors import InvalidArgument, ProxmoxError
+from inventory import guest_path, resolve_guest
+from proxmox_client import pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
     import paramiko
-from pve_tools import ConfirmArg, DryRunArg, Vmid, guest_path, resolve_guest
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
 MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
@@ -65,7 +67,7 @@ def sh_quote(argument: str) -> str:
     """The one quoting function for anything that reaches a remote shell: POSIX single quotes,
     safe in dash and bash. NUL cannot be passed in an argument at all, so it is refused."""
     if "\x00" in argument:
-        raise ProxmoxError("A command or argument contains a NUL byte, which no shell argument can carry.")
+        raise InvalidArgument("A command or argument contains a NUL byte, which no shell argument can carry.")
     return shlex.quote(argument)
 
 
@@ -124,8 +126,8 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
     """A verified connection to one node, reused while it stays up."""
     import paramiko
     if not NODE_NAME.match(node) or node not in target.nodes:
-        raise ProxmoxError(f"No SSH address for node '{node}' of host '{target.label}'. "
-                           f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
+        raise InvalidArgument(f"No SSH address for node '{node}' of host '{target.label}'. "
+                              f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
     key = (target.product, target.label, node)
     with _connections_lock:
         client = _connections.get(key)
@@ -281,10 +283,8 @@ class _ConfirmClient:
 
 # ---------------------------------------------------------------- tools
 
-PveHost = Annotated[str | None, Field()]
 Command = Annotated[str, Field(min_length=1, max_length=16384, description="for /bin/sh -c")]
 Timeout = Annotated[int, Field(ge=1, le=3600)]
-Node = Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$", description="Node name.")]
 Where = Annotated[str, Field(description="node or 'pbs'")]
 
 
@@ -294,7 +294,7 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
     return target_for("pve", host), where
 
 
-def ssh_check(where: Where, host: str | None = None) -> dict:
+def ssh_check(where: Where, host: Host = None) -> dict:
     """Test SSH to a node or PBS: verified host key, user, version."""
     target, node = _where(where, host)
     client = connect(target, node)
@@ -316,7 +316,7 @@ echo '== smart'; if command -v smartctl >/dev/null; then for d in /dev/sd? /dev/
 """
 
 
-def node_diagnostics(where: Where, host: str | None = None) -> dict:
+def node_diagnostics(where: Where, host: Host = None) -> dict:
     """Fixed SSH checks on a node or PBS: disks, ZFS, failed units, journal errors, SMART."""
     target, node = _where(where, host)
     result = run(target, node, DIAGNOSTICS, timeout=60)
@@ -331,7 +331,7 @@ def node_diagnostics(where: Where, host: str | None = None) -> dict:
     return {"node": node, "sections": {k: v.strip() for k, v in sections.items()}, "untrusted": True}
 
 
-def write_node_exec(where: Where, command: Command, host: str | None = None,
+def write_node_exec(where: Where, command: Command, host: Host = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command on a node or PBS over SSH."""
     target, node = _where(where, host)
@@ -339,14 +339,14 @@ def write_node_exec(where: Where, command: Command, host: str | None = None,
     return run(target, node, command, timeout=timeout).answer(node=node)
 
 
-def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                    stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command in a container (pct exec)."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
-        raise ProxmoxError(f"Guest {vmid} is a VM; use write_vm_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a VM; use write_vm_exec.")
     target = target_for("pve", client.host.label)
     authorize("pve", client.host.label, "exec", f"pct exec {vmid}: {command}", [vmid])
     line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
@@ -354,13 +354,13 @@ def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: 
     return run(target, row["node"], line, timeout=timeout, stdin=data).answer(vmid=vmid, node=row["node"])
 
 
-def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command in a VM (guest agent)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
-        raise ProxmoxError(f"Guest {vmid} is a container; use write_lxc_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
     if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
         raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS. Refused.")
     started = None
@@ -391,7 +391,7 @@ def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: T
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
-def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry_run: DryRunArg = False,
+def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
                           confirm: ConfirmArg = False) -> dict:
     """Read a file in a guest, up to 1 MiB."""
     client = pve_client(host)
@@ -413,7 +413,7 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
                            content: Annotated[str, Field(max_length=MAX_FILE)],
-                           host: PveHost = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                           host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)

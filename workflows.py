@@ -13,13 +13,11 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client, pve_client
-from pve_tools import (ConfirmArg, DryRunArg, Vmid, WaitArg, bridges, check_node, guest_resources,
-                       human_bytes, iso_time, next_vmid, percent, resolve_guest, run_task,
-                       task_report)
-
-Host = Annotated[str | None, Field()]
-PbsHost = Annotated[str | None, Field()]
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
+                     iso_time, percent)
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest
+from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
 
@@ -43,7 +41,7 @@ class Report:
             result = read()
             self.checked.append(name)
             return result
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             self.unavailable.append({"section": name, "reason": str(exc)[:300]})
             return None
 
@@ -74,16 +72,16 @@ def health_thresholds(overrides: dict[str, int] | None) -> dict[str, int]:
     chosen = {name: default for name, (default, _, _) in HEALTH_THRESHOLDS.items()}
     for name, value in (overrides or {}).items():
         if name not in HEALTH_THRESHOLDS:
-            raise ProxmoxError(f"thresholds: unknown '{name}'. Known: " +
-                               ", ".join(f"{n} (default {d})" for n, (d, _, _) in HEALTH_THRESHOLDS.items()) + ".")
+            raise InvalidArgument(f"thresholds: unknown '{name}'. Known: " +
+                                  ", ".join(f"{n} (default {d})" for n, (d, _, _) in HEALTH_THRESHOLDS.items()) + ".")
         low, high = HEALTH_THRESHOLDS[name][1:]
         if not low <= value <= high:
-            raise ProxmoxError(f"thresholds: {name} must be from {low} to {high}, not {value}.")
+            raise InvalidArgument(f"thresholds: {name} must be from {low} to {high}, not {value}.")
         chosen[name] = value
     return chosen
 
 
-def health_check(host: Host = None, pbs_host: PbsHost = None,
+def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None, Field(description="overrides, named as in the answer")] = None
                  ) -> dict:
     """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
@@ -191,7 +189,7 @@ def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str],
     return covering, excluding
 
 
-def backup_coverage(host: Host = None, pbs_host: PbsHost = None,
+def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
     """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
     client = pve_client(host)
@@ -327,7 +325,7 @@ def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=
 # ---------------------------------------------------------------- waiting for any task
 
 def wait_task(upid: str,
-              host: str | None = None,
+              host: Host = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
     """Wait for a PVE or PBS task to end, with progress."""
     product = "pbs" if _looks_pbs(upid) else "pve"
@@ -423,13 +421,13 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         steps.record("wait for address", "done" if address else "warning", address=address,
                      detail=None if address else "no address yet (DHCP, or no guest agent)")
         return steps.answer(True, vmid=vmid, node=node, address=address)
-    except (ProxmoxError, policy.PolicyError) as exc:
+    except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
         return steps.answer(False)
 
 
-def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                        template: Annotated[str, Field(description="volid")],
+def write_provision_lxc(hostname: GuestName,
+                        template: Volid,
                         host: Host = None, node: str | None = None,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
@@ -445,8 +443,8 @@ def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-
     return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
 
 
-def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                       cloud_image: Annotated[str, Field(description="volid")],
+def write_provision_vm(name: GuestName,
+                       cloud_image: Volid,
                        host: Host = None, node: str | None = None,
                        memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
                        disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
@@ -467,7 +465,7 @@ def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0
 
 def write_restore_drill(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
-                        scratch_vmid: Annotated[int | None, Field(ge=100)] = None,
+                        scratch_vmid: OptionalVmid = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
@@ -481,7 +479,7 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         backup = found[0][0]
     taken = {g["vmid"] for g in guest_resources(client, fresh=True)}
     if scratch_vmid is not None and scratch_vmid in taken:
-        raise ProxmoxError(f"Scratch vmid {scratch_vmid} exists; the drill only creates and destroys its own guest.")
+        raise InvalidArgument(f"Scratch vmid {scratch_vmid} exists; the drill only creates and destroys its own guest.")
     scratch = scratch_vmid or next_vmid(client)
     steps, timings = Steps(), {}
     started = time.monotonic()
@@ -523,7 +521,7 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         steps.record("guest answers", "done" if answered else "failed",
                      detail=None if answered else f"no answer within {answer_seconds} s")
         ok = answered
-    except (ProxmoxError, policy.PolicyError) as exc:
+    except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
         ok = False
     if base is not None:
@@ -534,7 +532,7 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
             run_task(client, "DELETE", base, {"purge": True}, 120, ctx, f"destroy scratch {scratch}")
             steps.created.clear()
             steps.record("destroy scratch", "done", vmid=scratch)
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             steps.record("destroy scratch", "failed", detail=str(exc)[:300])
     timings["total_s"] = round(time.monotonic() - started, 1)
     return steps.answer(ok, vmid=vmid, backup=backup, scratch_vmid=scratch, timings=timings)
