@@ -65,7 +65,8 @@ def verify(path: Path) -> tuple[int, int | None, str]:
             except (ValueError, KeyError):
                 return count, number, f"line {number} is not an audit record"
             if record.get("prev") != previous:
-                return count, number, f"line {number} does not follow line {number - 1} (a line was removed or reordered)"
+                return count, number, (f"line {number} does not follow line {number - 1} "
+                                       f"(a line was removed or reordered)")
             if _line_hash(previous, record) != claimed:
                 return count, number, f"line {number} was altered"
             previous = claimed

@@ -3,7 +3,7 @@ the next free vmid, a node's bridges, where a storage is. Names are checked here
 sends anything, and an unknown one is answered with the names that exist.
 
 Guests and node names are kept a few seconds on the client (ProxmoxClient.cached); any write
-drops them.
+drops the guests, as it may have created, moved or deleted one.
 """
 
 from errors import InvalidArgument, ProxmoxError
@@ -21,7 +21,7 @@ def guest_resources(client: ProxmoxClient, *, fresh: bool = False) -> list[dict]
         for guest in guests:
             guest["vmid"] = int(guest["vmid"])  # PVE < 8.2 sends an LXC vmid as a string
         return guests
-    return client.cached("guests", read, KEEP_SECONDS, fresh=fresh)
+    return client.cached("guests", read, KEEP_SECONDS, fresh=fresh, until_write=True)
 
 
 def resolve_guest(client: ProxmoxClient, vmid: int) -> dict:

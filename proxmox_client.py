@@ -161,7 +161,7 @@ class ProxmoxClient:
         self._ticket: tuple[str, str, float] | None = None  # (ticket, CSRF token, when it was issued)
         self._login_lock = threading.Lock()
         self._permissions_retry = 0.0
-        self._kept: dict[str, tuple[float, Any]] = {}  # reads kept a few seconds (see `cached`)
+        self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
         self._kept_lock = threading.Lock()
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
@@ -255,8 +255,8 @@ class ProxmoxClient:
         except ProxmoxError as exc:
             policy.audit(self.host, method, decision.path, params, "failed", error=str(exc), started=started)
             raise
-        with self._kept_lock:
-            self._kept.clear()  # a write may have changed what exists
+        with self._kept_lock:  # a write may have changed what exists
+            self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         policy.audit(self.host, method, decision.path, params, "sent", result=data if isinstance(data, str) else "ok",
                      started=started)
         return data
@@ -345,16 +345,17 @@ class ProxmoxClient:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
 
-    def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False) -> Any:
+    def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
+               until_write: bool = False) -> Any:
         """What `read` returns, kept `ttl` seconds under `key` (the inventory lookups); `fresh`
-        reads again. Every write sent through this client drops what is kept."""
+        reads again; `until_write` drops it as soon as a write is sent through this client."""
         with self._kept_lock:
             kept = self._kept.get(key)
             if kept and not fresh and time.monotonic() - kept[0] < ttl:
                 return kept[1]
         value = read()
         with self._kept_lock:
-            self._kept[key] = (time.monotonic(), value)
+            self._kept[key] = (time.monotonic(), value, until_write)
         return value
 
     # ------------------------------------------------------------ errors
