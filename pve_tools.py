@@ -58,7 +58,7 @@ def list_nodes(host: Host = None) -> dict:
 
 
 def list_guests(host: Host = None,
-                node: str | None = None,
+                node: Node = None,
                 type: Literal["qemu", "lxc"] | None = None,
                 status: str | None = None,
                 tag: str | None = None,
@@ -108,7 +108,7 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
     return compact(summary) | {"config": config}
 
 
-def list_storage(host: Host = None, node: str | None = None) -> dict:
+def list_storage(host: Host = None, node: Node = None) -> dict:
     """Storages: type, content, use, fill %."""
     client = pve_client(host)
     merged: dict[str, dict] = {}
@@ -141,7 +141,7 @@ def _task_row(task: dict) -> dict:
 
 
 def list_tasks(host: Host = None,
-               node: str | None = None,
+               node: Node = None,
                vmid: OptionalVmid = None,
                errors: bool = False,
                running: bool = False,
@@ -240,7 +240,7 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
 
 
 def storage_content(storage: str, host: Host = None,
-                    node: str | None = None,
+                    node: Node = None,
                     content: Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
@@ -253,7 +253,7 @@ def storage_content(storage: str, host: Host = None,
     return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
 
 
-def list_networks(host: Host = None, node: str | None = None) -> dict:
+def list_networks(host: Host = None, node: Node = None) -> dict:
     """Bridges per node: uplink or isolated, VLAN-aware, CIDR. Check before NIC changes."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)

@@ -14,7 +14,7 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest
@@ -568,7 +568,7 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
 
 def write_provision_lxc(hostname: GuestName,
                         template: Volid,
-                        host: Host = None, node: str | None = None,
+                        host: Host = None, node: Node = None,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
                         bridge: str | None = None,
@@ -585,7 +585,7 @@ def write_provision_lxc(hostname: GuestName,
 
 def write_provision_vm(name: GuestName,
                        cloud_image: Volid,
-                       host: Host = None, node: str | None = None,
+                       host: Host = None, node: Node = None,
                        memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
                        disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
                        bridge: str | None = None,
