@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Callable
 
 from pydantic import Field
 
@@ -178,54 +178,72 @@ class Result:
         return result
 
 
-def run(target: SshTarget, node: str, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+def _forget(target: SshTarget, node: str) -> None:
+    with _connections_lock:
+        _connections.pop((target.product, target.label, node), None)
+
+
+def _open_channel(target: SshTarget, node: str) -> "paramiko.Channel":
+    """A session channel on the node's connection; a dropped connection is reopened once."""
+    import paramiko
+    for attempt in (1, 2):
+        client = connect(target, node)
+        try:
+            return client.get_transport().open_session(timeout=10)
+        except (paramiko.SSHException, EOFError, OSError, AttributeError):
+            _forget(target, node)
+            if attempt == 2:
+                raise ProxmoxError(f"The SSH connection to {node} dropped and could not be reopened.") from None
+    raise AssertionError("the second attempt returns or raises")
+
+
+def _drain(receive: Callable[[int], bytes], buffer: bytearray) -> None:
+    """Read what a channel stream has now (the channel times out after a second), keeping at most
+    four times MAX_OUTPUT bytes."""
+    try:
+        while True:
+            chunk = receive(32768)
+            if not chunk:
+                break
+            if len(buffer) < MAX_OUTPUT * 4:
+                buffer.extend(chunk)
+    except socket.timeout:
+        pass
+
+
+def _collect(channel: "paramiko.Channel", deadline: float, out: bytearray, err: bytearray) -> bool:
+    """Read stdout and stderr until the command exits, the channel closes or the deadline
+    passes; True when the deadline passed."""
+    while True:
+        _drain(channel.recv, out)
+        _drain(channel.recv_stderr, err)
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            return False
+        if channel.closed and not channel.exit_status_ready():
+            return False
+        if time.monotonic() > deadline:
+            return True
+
+
+def run(target: SshTarget, node: str, command: str, *, timeout: float | None = None,
+        stdin: bytes | None = None) -> Result:
     """Run a shell command line on a node: remote `timeout` signals it, a local deadline closes
     the channel. A dropped connection is reopened once."""
     limit = timeout or target.timeout
     wrapped = f"timeout --signal=TERM --kill-after=5 {int(limit)} /bin/sh -c {sh_quote(command)}"
     if target.sudo:
         wrapped = "sudo -n " + wrapped
-    import paramiko
-    for attempt in (1, 2):
-        client = connect(target, node)
-        try:
-            channel = client.get_transport().open_session(timeout=10)
-            break
-        except (paramiko.SSHException, EOFError, OSError, AttributeError):
-            with _connections_lock:
-                _connections.pop((target.product, target.label, node), None)
-            if attempt == 2:
-                raise ProxmoxError(f"The SSH connection to {node} dropped and could not be reopened.") from None
+    channel = _open_channel(target, node)
     channel.settimeout(1.0)
     channel.exec_command(wrapped)
     if stdin is not None:
         channel.sendall(stdin)
     channel.shutdown_write()
     out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + limit + 7
-    timed_out = False
-    while True:
-        for receive, buffer in ((channel.recv, out), (channel.recv_stderr, err)):
-            try:
-                while True:
-                    chunk = receive(32768)
-                    if not chunk:
-                        break
-                    if len(buffer) < MAX_OUTPUT * 4:
-                        buffer.extend(chunk)
-            except socket.timeout:
-                pass
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            break
-        if channel.closed and not channel.exit_status_ready():
-            break
-        if time.monotonic() > deadline:
-            timed_out = True
-            break
+    timed_out = _collect(channel, time.monotonic() + limit + 7, out, err)
     exit_code = channel.recv_exit_status() if channel.exit_status_ready() else None
     if not timed_out and exit_code in (None, -1):  # paramiko's -1: the channel closed without an exit status
-        with _connections_lock:
-            _connections.pop((target.product, target.label, node), None)
+        _forget(target, node)
         raise ProxmoxError(f"The SSH connection to {node} dropped while the command ran; it may or may not "
                            f"have finished. Check its effect before running it again.")
     channel.close()
