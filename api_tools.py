@@ -14,13 +14,13 @@ from pydantic import Field
 import catalog
 import policy
 import proxmox_client
-from proxmox_client import ProxmoxClient, ProxmoxError
-from pve_tools import ConfirmArg, DryRunArg
+from answers import ConfirmArg, DryRunArg, Host
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+from proxmox_client import ProxmoxClient
 
-Host = Annotated[str | None, Field()]
-ProductArg = Annotated[Literal["pve", "pbs"] | None, Field()]
+ProductArg = Literal["pve", "pbs"] | None
 Path = Annotated[str, Field(description="e.g. /nodes")]
-Params = Annotated[dict[str, Any] | None, Field()]
+Params = dict[str, Any] | None
 
 MAX_ANSWER = 60_000  # characters of JSON in one api_read answer
 
@@ -36,7 +36,7 @@ def choose(host: str | None, product: str | None) -> tuple[str, ProxmoxClient | 
             product = "pbs" if proxmox_client.configured("pbs") and not proxmox_client.configured("pve") else "pve"
     try:
         return product, proxmox_client.client_for(product, host)
-    except ProxmoxError:
+    except ToolFailure:
         if host is None and not proxmox_client.configured(product):
             return product, None  # search and describe work without a host
         raise
@@ -102,16 +102,16 @@ def api_search(query: Annotated[str, Field(description="words or path parts")],
     return result
 
 
-def api_describe(path: Path, method: Annotated[Literal["GET", "POST", "PUT", "DELETE"], Field()] = "GET",
+def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "GET",
                  host: Host = None, product: ProductArg = None) -> dict:
     """An API method's parameters, privilege check and gate."""
     product, client = choose(host, product)
     found = catalog.find_path(product, policy.normalise_path(path))
     if found is None:
-        raise ProxmoxError(f"No {product.upper()} API path matches {path}; try api_search.")
+        raise InvalidArgument(f"No {product.upper()} API path matches {path}; try api_search.")
     template, entries, _ = found
     if method not in entries:
-        raise ProxmoxError(f"{template} has no {method}; it has {', '.join(sorted(entries))}.")
+        raise InvalidArgument(f"{template} has no {method}; it has {', '.join(sorted(entries))}.")
     entry = entries[method]
     params = {}
     for name, spec in entry["params"].items():
@@ -150,7 +150,7 @@ def api_read(path: Path, params: Params = None, host: Host = None, product: Prod
     return {"data": data}
 
 
-def write_api_call(method: Annotated[Literal["POST", "PUT", "DELETE"], Field()], path: Path,
+def write_api_call(method: Literal["POST", "PUT", "DELETE"], path: Path,
                    params: Params = None, host: Host = None, product: ProductArg = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """POST, PUT or DELETE any API path the policy allows."""

@@ -8,15 +8,13 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-import policy
-from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client
-from pve_tools import (ConfirmArg, DryRunArg, Limit, WaitArg, compact, human_bytes, iso_time, log_page, percent,
-                       run_task, table, task_report)
+from answers import ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent, table
+from errors import ConfirmationNeeded, InvalidArgument
+from proxmox_client import ProxmoxClient, log_page, pbs_client, run_task, task_report
 
-Host = Annotated[str | None, Field()]
-Store = Annotated[str, Field()]
-Ns = Annotated[str | None, Field()]
-GroupType = Annotated[Literal["vm", "ct", "host"], Field()]
+Store = str
+Ns = str | None
+GroupType = Literal["vm", "ct", "host"]
 GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$")]
 Time = Annotated[int, Field(ge=1)]
 KEEP_OPTIONS = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
@@ -29,8 +27,8 @@ def _store_names(client: ProxmoxClient) -> list[str]:
 def _check_store(client: ProxmoxClient, store: str) -> None:
     names = _store_names(client)
     if store not in names:
-        raise ProxmoxError(f"No datastore '{store}' on PBS host '{client.host.label}'. Datastores: "
-                           f"{', '.join(names) or 'none visible (the token needs Datastore.Audit)'}.")
+        raise InvalidArgument(f"No datastore '{store}' on PBS host '{client.host.label}'. Datastores: "
+                              f"{', '.join(names) or 'none visible (the token needs Datastore.Audit)'}.")
 
 
 def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str, Any]:
@@ -86,7 +84,7 @@ def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
 
 
 def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
-                       backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
+                       backup_type: Literal["vm", "ct", "host"] | None = None,
                        backup_id: str | None = None,
                        since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
@@ -174,9 +172,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
         return result | {"removed": 0, "dry_run": True}
     try:
         client.request("POST", f"/admin/datastore/{store}/prune", params)
-    except policy.PolicyError as exc:
-        if "Confirmation needed" not in str(exc):
-            raise
+    except ConfirmationNeeded:
         return result | {"removed": 0, "next": f"Show the user these lists; if they agree to remove {len(removed)} "
                                                f"snapshot(s), call again with confirm=true."}
     return result | {"removed": len(removed)}
@@ -224,7 +220,7 @@ def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dr
 
 
 def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
-                     backup_type: Annotated[Literal["vm", "ct", "host"] | None, Field()] = None,
+                     backup_type: Literal["vm", "ct", "host"] | None = None,
                      backup_id: str | None = None,
                      backup_time: Annotated[int | None, Field(ge=1)] = None,
                      wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
@@ -232,12 +228,12 @@ def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
     client = pbs_client(host)
     _check_store(client, store)
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
-        raise ProxmoxError("Give backup_type and backup_id together (and backup_time only with them).")
+        raise InvalidArgument("Give backup_type and backup_id together (and backup_time only with them).")
     params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time}
     return run_task(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx, f"verify {store}")
 
 
-def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field()],
+def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       job_id: str,
                       host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                       ctx: Context | None = None) -> dict:
@@ -245,5 +241,5 @@ def write_pbs_run_job(kind: Annotated[Literal["sync", "verify", "prune"], Field(
     client = pbs_client(host)
     jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]
     if job_id not in jobs:
-        raise ProxmoxError(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
+        raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
     return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")

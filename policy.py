@@ -4,8 +4,8 @@
 the path is not in the official API catalog, when its parameters do not fit the schema,
 when its gate is closed for that host, when it names a protected guest, when the token
 lacks a privilege it needs, or when it would write a masked secret back. The same module
-owns secret masking and the hash-chained audit log, so that every refusal, dry run and
-write is recorded in one place.
+owns secret masking and decides what the audit log records (`audit`), so that every refusal,
+dry run and write is recorded in one place; the hash-chained file itself is audit.py.
 
 Gates, from harmless to dangerous:
   read         GET that returns no secrets
@@ -20,28 +20,22 @@ Gates, from harmless to dangerous:
 from __future__ import annotations
 
 import contextvars
-import fcntl
-import hashlib
 import json
-import os
 import posixpath
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import unquote
 
+import audit as audit_log
 import catalog
+from errors import PolicyError
 
 TIERS = ("read", "lifecycle", "write", "destructive")
 GATES = ("read", "sensitive", "lifecycle", "write", "destructive", "exec", "elevated", "blocked")
 SEVERITY = {gate: rank for rank, gate in enumerate(GATES)}
-
-
-class PolicyError(Exception):
-    """A request refused before sending; the message says why and what would allow it."""
 
 
 class DryRun(Exception):
@@ -559,31 +553,9 @@ def mask_params(params: dict[str, Any]) -> dict[str, Any]:
 
 # ================================================================ audit
 
-_audit_lock = threading.Lock()
-GENESIS = "0" * 64
-
-
-def _line_hash(previous: str, record: dict) -> str:
-    body = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256((previous + body).encode()).hexdigest()
-
-
-def _last_hash(handle: Any) -> str:
-    handle.seek(0, os.SEEK_END)
-    size = handle.tell()
-    handle.seek(max(0, size - 65536))
-    lines = handle.read().splitlines()
-    for line in reversed(lines):
-        try:
-            return json.loads(line)["hash"]
-        except (ValueError, KeyError):
-            continue
-    return GENESIS
-
-
 def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: str, *,
           result: str | None = None, error: str | None = None, started: float | None = None) -> None:
-    """Append one hash-chained line to the audit log (writes, exec, refusals, dry runs)."""
+    """Record a write, exec, refusal or dry run in the audit log (masked; see audit.py)."""
     if SETTINGS.audit_path is None:
         return
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
@@ -595,34 +567,4 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
         record["error"] = mask(error)[:500]
     if started is not None:
         record["ms"] = int((time.monotonic() - started) * 1000)
-    SETTINGS.audit_path.parent.mkdir(parents=True, exist_ok=True)
-    with _audit_lock, open(SETTINGS.audit_path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # other server processes may share the file
-        try:
-            record["prev"] = _last_hash(handle)
-            record["hash"] = _line_hash(record["prev"], record)
-            handle.seek(0, os.SEEK_END)
-            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-            handle.flush()
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def verify_audit(path: Path) -> tuple[int, int | None, str]:
-    """Check the chain: (lines checked, first bad line number or None, message)."""
-    previous = GENESIS
-    count = 0
-    with open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            count = number
-            try:
-                record = json.loads(line)
-                claimed = record.pop("hash")
-            except (ValueError, KeyError):
-                return count, number, f"line {number} is not an audit record"
-            if record.get("prev") != previous:
-                return count, number, f"line {number} does not follow line {number - 1} (a line was removed or reordered)"
-            if _line_hash(previous, record) != claimed:
-                return count, number, f"line {number} was altered"
-            previous = claimed
-    return count, None, f"{count} lines, chain intact"
+    audit_log.append(SETTINGS.audit_path, record)

@@ -2,7 +2,9 @@
 
 Every request goes through `ProxmoxClient.request`, which asks `policy.check` first,
 then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
-whose message tells the model what went wrong and what to do next.
+whose message tells the model what went wrong and what to do next. Tasks of both products
+are waited for here too (`wait_task`), and answered as the tools answer them (`run_task`,
+`task_report`, `log_page`).
 """
 from __future__ import annotations
 
@@ -18,9 +20,12 @@ from typing import Any, Callable
 from urllib.parse import quote, urlsplit
 
 import requests
+from mcp.server.mcpserver import Context
 from requests.adapters import HTTPAdapter
 
 import policy
+from answers import compact, iso_time, progress_reporter
+from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 
 log = logging.getLogger("proxmox-mcp")
 
@@ -32,12 +37,13 @@ class Product:
     token_header: str  # format with id and secret
     upid_fields: int  # fields between "UPID" and the trailing colon
     ticket_cookie: str  # the cookie that carries a password login's ticket
+    task_tool: str  # the tool that follows one of its tasks
 
 
 # Differences between the products live here (PROXMOX-FACTS.md: the PBS header uses a colon).
 PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie"),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie"),
+    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie", "get_task"),
+    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie", "pbs_get_task"),
 }
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h (PROXMOX-FACTS)
 
@@ -66,19 +72,6 @@ def auth_method(host: HostConfig) -> str:
     if not host.token_secret:
         return f"password login as {host.user}"
     return f"API token; password login as {host.user} where tokens are refused"
-
-
-class ProxmoxError(Exception):
-    """A request that failed, with a message written for the model."""
-
-    def __init__(self, message: str, status: int | None = None, errors: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.errors = errors or {}
-
-
-class TaskFailed(ProxmoxError):
-    pass
 
 
 # ---------------------------------------------------------------- TLS
@@ -168,6 +161,8 @@ class ProxmoxClient:
         self._ticket: tuple[str, str, float] | None = None  # (ticket, CSRF token, when it was issued)
         self._login_lock = threading.Lock()
         self._permissions_retry = 0.0
+        self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
+        self._kept_lock = threading.Lock()
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
@@ -260,6 +255,8 @@ class ProxmoxClient:
         except ProxmoxError as exc:
             policy.audit(self.host, method, decision.path, params, "failed", error=str(exc), started=started)
             raise
+        with self._kept_lock:  # a write may have changed what exists
+            self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         policy.audit(self.host, method, decision.path, params, "sent", result=data if isinstance(data, str) else "ok",
                      started=started)
         return data
@@ -284,7 +281,7 @@ class ProxmoxClient:
         for path in candidates:
             try:
                 return self.get(path)
-            except (ProxmoxError, policy.PolicyError):
+            except ToolFailure:
                 continue
         return None
 
@@ -347,6 +344,19 @@ class ProxmoxClient:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
+
+    def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
+               until_write: bool = False) -> Any:
+        """What `read` returns, kept `ttl` seconds under `key` (the inventory lookups); `fresh`
+        reads again; `until_write` drops it as soon as a write is sent through this client."""
+        with self._kept_lock:
+            kept = self._kept.get(key)
+            if kept and not fresh and time.monotonic() - kept[0] < ttl:
+                return kept[1]
+        value = read()
+        with self._kept_lock:
+            self._kept[key] = (time.monotonic(), value, until_write)
+        return value
 
     # ------------------------------------------------------------ errors
 
@@ -452,6 +462,54 @@ class ProxmoxClient:
         raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail))
 
 
+# ---------------------------------------------------------------- tasks, as the tools answer them
+
+def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
+             ctx: Context | None, action: str) -> dict:
+    """Send a write and, when it starts a task, wait for it with progress notifications.
+    A failed task raises TaskFailed (a tool error with the last log lines)."""
+    data = client.request(method, path, params)
+    if not (isinstance(data, str) and data.startswith("UPID:")):
+        return {"action": action, "result": "ok"}
+    if not wait_seconds:
+        return {"action": action, "status": "started", "upid": data,
+                "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
+    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+    return {"action": action} | outcome
+
+
+def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
+                again: str) -> dict:
+    """A task's status, result and last log lines (both products); with wait_seconds, waits with
+    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
+    parse_upid(upid, client.host.product)
+    if wait_seconds:
+        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+        if outcome["status"] == "still_running":
+            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
+    status = client.task_status(upid)
+    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
+                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
+                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
+    if log_lines:
+        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+    if status.get("status") == "stopped":
+        exit_status = status.get("exitstatus", "")
+        result["result"] = "ok" if exit_status == "OK" else (
+            "warnings" if exit_status.startswith("WARNINGS") else "failed")
+    return result
+
+
+def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
+    """Log lines of a task from `start`, with `next_start` when there are more."""
+    parse_upid(upid, client.host.product)
+    lines = client.task_log(upid, start=start, limit=limit + 1)
+    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
+    if len(lines) > limit:
+        result["next_start"] = start + limit
+    return result
+
+
 def _error_text(response: requests.Response) -> tuple[str, dict]:
     """Proxmox puts the message in the reason phrase (always), in body.message (PVE >= 5.2.0 of
     its HTTP server), in body.errors (400) or as a plain-text body (PBS)."""
@@ -539,11 +597,11 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
             prefix = "PROXMOX" if product == "pve" else "PBS"
             raise ProxmoxError(f"No {name} host is configured. Set {prefix}_<LABEL>_URL and {prefix}_<LABEL>_TOKEN.")
         else:
-            raise ProxmoxError(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")
+            raise InvalidArgument(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")
     key = label.lower()
     if key not in hosts:
         known = ", ".join(sorted(hosts)) or "none"
-        raise ProxmoxError(f"No {name} host labelled '{label}'. Configured: {known} (see list_hosts).")
+        raise InvalidArgument(f"No {name} host labelled '{label}'. Configured: {known} (see list_hosts).")
     with _clients_lock:
         if (product, key) not in _clients:
             _clients[(product, key)] = ProxmoxClient(hosts[key])

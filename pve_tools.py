@@ -1,137 +1,26 @@
 """Proxmox VE tools: inventory, guests, storage and tasks.
 
 Each tool is a plain function that returns a dict; server.py registers them, encodes the
-answer as compact JSON and turns ProxmoxError into a tool error. Lists come as
-{"columns": [...], "rows": [[...], ...]} to keep answers small.
+answer as compact JSON and turns a ToolFailure into a tool error. Lists come as
+{"columns": [...], "rows": [[...], ...]} to keep answers small (answers.py); guests, nodes
+and storages are looked up by inventory.py.
 """
 import re
-import threading
-import time
-from datetime import datetime, timezone
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
+from mcp.server.mcpserver import Context
 from pydantic import Field
 
-import anyio.from_thread
-from mcp.server.mcpserver import Context
-
-from proxmox_client import ProxmoxClient, ProxmoxError, encode_params, parse_upid, pve_client
-
-Host = Annotated[str | None, Field()]
-Vmid = Annotated[int, Field(ge=100, le=999999999)]
-Limit = Annotated[int, Field(ge=1, le=1000)]
-Offset = Annotated[int, Field(ge=0)]
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
+                     WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
+                       resolve_guest, storage_node)
+from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_report
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
               "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
-
-
-# ---------------------------------------------------------------- formatting
-
-def human_bytes(value: float | int | None) -> str | None:
-    if value is None:
-        return None
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return None
-
-
-def human_duration(seconds: float | int | None) -> str | None:
-    if not seconds:
-        return None
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-def iso_time(epoch: int | float | None) -> str | None:
-    if not epoch:
-        return None
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def percent(used: float | None, total: float | None) -> float | None:
-    return round(100 * used / total, 1) if used is not None and total else None
-
-
-def table(columns: list[str], rows: list[dict], *, limit: int | None = None, offset: int = 0) -> dict:
-    """Rows as lists under one header (an empty cell is "", never null); paging with a
-    `truncated` marker and the next offset."""
-    page = rows[offset:offset + limit] if limit else rows[offset:]
-    cell = lambda value: "" if value is None else value  # noqa: E731
-    result: dict[str, Any] = {"columns": columns, "rows": [[cell(row.get(c)) for c in columns] for row in page]}
-    result["total"] = len(rows)
-    if limit and offset + limit < len(rows):
-        result["truncated"] = True
-        result["next_offset"] = offset + limit
-    return result
-
-
-def compact(data: dict) -> dict:
-    """Drop None and empty values; answers carry no nulls."""
-    return {k: v for k, v in data.items() if v is not None and v != "" and v != []}
-
-
-def progress_reporter(ctx: Context | None) -> Callable[[float | None, str], None] | None:
-    """A callback that sends MCP progress notifications from a sync tool's worker thread.
-    Percentages only grow; a line without one repeats the last value."""
-    if ctx is None:
-        return None
-    last = [0.0]
-
-    def report(pct: float | None, message: str) -> None:
-        last[0] = max(last[0], pct if pct is not None else last[0])
-        try:
-            anyio.from_thread.run(ctx.report_progress, last[0], 100.0, message[:200])
-        except Exception:  # progress is best effort: a gone client must not fail the task
-            pass
-    return report
-
-
-# ---------------------------------------------------------------- resolving guests
-
-_RESOURCES_TTL = 10.0
-_resources_cache: dict[str, tuple[float, list[dict]]] = {}
-_cache_lock = threading.Lock()
-
-
-def guest_resources(client: ProxmoxClient, *, fresh: bool = False) -> list[dict]:
-    """All guests from one /cluster/resources call, cached for a few seconds per host."""
-    label = client.host.label
-    with _cache_lock:
-        cached = _resources_cache.get(label)
-        if cached and not fresh and time.monotonic() - cached[0] < _RESOURCES_TTL:
-            return cached[1]
-    guests = client.get("/cluster/resources", type="vm") or []
-    for guest in guests:
-        guest["vmid"] = int(guest["vmid"])  # PVE < 8.2 sends an LXC vmid as a string
-    with _cache_lock:
-        _resources_cache[label] = (time.monotonic(), guests)
-    return guests
-
-
-def resolve_guest(client: ProxmoxClient, vmid: int) -> dict:
-    """The /cluster/resources row of a guest; refreshed once on a miss; an unknown vmid
-    answers with the closest existing ones."""
-    for fresh in (False, True):
-        for guest in guest_resources(client, fresh=fresh):
-            if guest["vmid"] == vmid:
-                return guest
-    known = sorted(guest_resources(client), key=lambda g: abs(g["vmid"] - vmid))[:5]
-    close = ", ".join(f"{g['vmid']} ({g.get('name', '?')})" for g in known)
-    raise ProxmoxError(f"No guest with vmid {vmid} on host '{client.host.label}'. "
-                       + (f"Closest existing: {close}. " if close else "No guests are visible. ")
-                       + "Use list_guests to see them all.")
 
 
 # ---------------------------------------------------------------- tools
@@ -169,7 +58,7 @@ def list_nodes(host: Host = None) -> dict:
 
 
 def list_guests(host: Host = None,
-                node: str | None = None,
+                node: Node = None,
                 type: Literal["qemu", "lxc"] | None = None,
                 status: str | None = None,
                 tag: str | None = None,
@@ -219,7 +108,7 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
     return compact(summary) | {"config": config}
 
 
-def list_storage(host: Host = None, node: str | None = None) -> dict:
+def list_storage(host: Host = None, node: Node = None) -> dict:
     """Storages: type, content, use, fill %."""
     client = pve_client(host)
     merged: dict[str, dict] = {}
@@ -252,8 +141,8 @@ def _task_row(task: dict) -> dict:
 
 
 def list_tasks(host: Host = None,
-               node: str | None = None,
-               vmid: Annotated[int | None, Field(ge=100)] = None,
+               node: Node = None,
+               vmid: OptionalVmid = None,
                errors: bool = False,
                running: bool = False,
                limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
@@ -273,38 +162,6 @@ def list_tasks(host: Host = None,
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 
 
-def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
-                again: str) -> dict:
-    """A task's status, result and last log lines (both products); with wait_seconds, waits with
-    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
-    parse_upid(upid, client.host.product)
-    if wait_seconds:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-        if outcome["status"] == "still_running":
-            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
-    status = client.task_status(upid)
-    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
-                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
-    if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
-    if status.get("status") == "stopped":
-        exit_status = status.get("exitstatus", "")
-        result["result"] = "ok" if exit_status == "OK" else (
-            "warnings" if exit_status.startswith("WARNINGS") else "failed")
-    return result
-
-
-def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
-    """Log lines of a task from `start`, with `next_start` when there are more."""
-    parse_upid(upid, client.host.product)
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
-    return result
-
-
 def get_task(upid: str,
              host: Host = None,
              wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
@@ -315,35 +172,6 @@ def get_task(upid: str,
 
 
 # ================================================================ more reads
-
-Node = Annotated[str | None, Field()]
-WaitArg = Annotated[int, Field(ge=0, le=3600)]
-DryRunArg = Annotated[bool, Field()]
-ConfirmArg = Annotated[bool, Field()]
-
-
-_nodes_cache: dict[str, tuple[float, list[str]]] = {}
-
-
-def node_names(client: ProxmoxClient) -> list[str]:
-    label = client.host.label
-    cached = _nodes_cache.get(label)
-    if cached and time.monotonic() - cached[0] < _RESOURCES_TTL:
-        return cached[1]
-    names = sorted(n["node"] for n in client.get("/nodes") or [])
-    _nodes_cache[label] = (time.monotonic(), names)
-    return names
-
-
-def check_node(client: ProxmoxClient, node: str) -> str:
-    """A node name exactly as the cluster spells it; a wrong one is refused before any write."""
-    names = node_names(client)
-    if node not in names:
-        close = [n for n in names if n.lower() == node.lower()]
-        hint = f" (did you mean '{close[0]}'? names are case-sensitive)" if close else ""
-        raise ProxmoxError(f"Unknown node '{node}'{hint}. Nodes: {', '.join(names)}.")
-    return node
-
 
 def node_status(node: str, host: Host = None,
                 timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
@@ -373,14 +201,6 @@ def node_status(node: str, host: Host = None,
     return result
 
 
-def guest_path(client: ProxmoxClient, vmid: int, *, fresh: bool = False) -> tuple[str, dict]:
-    """The API path of a guest and its resources row; `fresh` re-reads before a status check."""
-    if fresh:
-        guest_resources(client, fresh=True)
-    row = resolve_guest(client, vmid)
-    return f"/nodes/{row['node']}/{row['type']}/{vmid}", row
-
-
 def guest_config(vmid: Vmid, host: Host = None,
                  snapshot: Annotated[str | None, Field(description="As saved in it.")] = None) -> dict:
     """A guest's full config and digest."""
@@ -400,22 +220,13 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
     return table(["name", "time", "parent", "vmstate", "description"], rows)
 
 
-def _backup_storages(client: ProxmoxClient) -> list[tuple[str, str]]:
-    """(storage, a node where it is available) for every storage holding backups, PBS included."""
-    seen: dict[str, str] = {}
-    for entry in client.get("/cluster/resources", type="storage") or []:
-        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") == "available":
-            seen.setdefault(entry["storage"], entry["node"])
-    return sorted(seen.items())
-
-
-def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100)] = None,
+def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
     client = pve_client(host)
     rows = []
-    for name, node in _backup_storages(client):
+    for name, node in backup_storages(client):
         if storage and name != storage:
             continue
         for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
@@ -428,54 +239,21 @@ def list_backups(host: Host = None, vmid: Annotated[int | None, Field(ge=100)] =
     return table(["volid", "vmid", "storage", "size", "time", "notes", "protected", "verify"], rows, limit=limit)
 
 
-def _storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
-    """A node where a storage is available (the given one, checked), or a clear error; with
-    `content`, the storage must accept that content type."""
-    entries = [e for e in client.get("/cluster/resources", type="storage") or [] if e.get("storage") == storage]
-    if entries and content and content not in (entries[0].get("content") or "").split(","):
-        raise ProxmoxError(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
-    if not entries:
-        names = sorted({e["storage"] for e in client.get("/cluster/resources", type="storage") or []})
-        raise ProxmoxError(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
-    nodes = [e["node"] for e in entries if e.get("status") == "available"]
-    if node:
-        if node not in [e["node"] for e in entries]:
-            raise ProxmoxError(f"Storage '{storage}' is not on node '{node}'; it is on {', '.join(e['node'] for e in entries)}.")
-        return node
-    if not nodes:
-        raise ProxmoxError(f"Storage '{storage}' is not available on any node right now.")
-    return nodes[0]
-
-
 def storage_content(storage: str, host: Host = None,
-                    node: str | None = None,
-                    content: Annotated[Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None,
-                                       Field()] = None,
-                    vmid: Annotated[int | None, Field(ge=100)] = None,
+                    node: Node = None,
+                    content: Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None = None,
+                    vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
     """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
     client = pve_client(host)
-    node = _storage_node(client, storage, node)
+    node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
              "size": human_bytes(v.get("size")), "vmid": v.get("vmid"), "time": iso_time(v.get("ctime"))}
             for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content, vmid=vmid) or []]
     return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
 
 
-def bridges(client: ProxmoxClient, node: str) -> list[dict]:
-    """A node's bridges: uplink port or isolated, VLAN-aware or not, address."""
-    rows = []
-    for iface in client.get(f"/nodes/{node}/network", type="any_bridge") or []:
-        ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
-        rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
-                     "segment": "uplinked" if ports else "isolated",
-                     "vlan_aware": bool(iface.get("bridge_vlan_aware")) or iface.get("type") == "OVSBridge",
-                     "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
-                     "comment": (iface.get("comments") or "").strip() or None})
-    return rows
-
-
-def list_networks(host: Host = None, node: str | None = None) -> dict:
+def list_networks(host: Host = None, node: Node = None) -> dict:
     """Bridges per node: uplink or isolated, VLAN-aware, CIDR. Check before NIC changes."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
@@ -531,23 +309,6 @@ def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
 
 # ================================================================ writes
 
-def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
-             ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications.
-    A failed task raises TaskFailed (a tool error with the last log lines)."""
-    data = client.request(method, path, params)
-    if client.host.product == "pve":
-        _resources_cache.pop(client.host.label, None)  # the inventory may have changed
-    if not (isinstance(data, str) and data.startswith("UPID:")):
-        return {"action": action, "result": "ok"}
-    if not wait_seconds:
-        again = "get_task" if client.host.product == "pve" else "pbs_get_task"
-        return {"action": action, "status": "started", "upid": data,
-                "next": f"{again} with this upid and wait_seconds to follow it"}
-    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    return {"action": action} | outcome
-
-
 POWER_ACTIONS = ("start", "shutdown", "stop", "reboot", "reset", "suspend", "resume")
 
 
@@ -559,7 +320,7 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
-        raise ProxmoxError("Containers have no reset; use action=reboot (or stop, then start).")
+        raise InvalidArgument("Containers have no reset; use action=reboot (or stop, then start).")
     return run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
 
 
@@ -572,7 +333,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     """Set or delete guest config options (digest guards concurrent edits)."""
     client = pve_client(host)
     if not set and not delete:
-        raise ProxmoxError("Nothing to change: give `set` and/or `delete`.")
+        raise InvalidArgument("Nothing to change: give `set` and/or `delete`.")
     base, row = guest_path(client, vmid)
     if digest is None:
         digest = (client.get(f"{base}/config") or {}).get("digest")
@@ -581,7 +342,6 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     if delete:
         params["delete"] = ",".join(delete)
     client.request("PUT", f"{base}/config", params)
-    _resources_cache.pop(client.host.label, None)
     return {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [], "result": "ok"}
 
 
@@ -602,11 +362,11 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
     config = client.get(f"{base}/config") or {}
     if disk not in config:
         disks = [k for k in config if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
-        raise ProxmoxError(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
+        raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
     current = _disk_gib(str(config[disk]))
     if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
-        raise ProxmoxError(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
-                           f"give a larger size or +NG.")
+        raise InvalidArgument(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
+                              f"give a larger size or +NG.")
     return run_task(client, "PUT", f"{base}/resize", {"disk": disk, "size": size}, wait_seconds, ctx,
                     f"resize {vmid} {disk}")
 
@@ -624,7 +384,7 @@ def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
     params = {"snapname": name, "description": description}
     if vmstate:
         if row["type"] != "qemu":
-            raise ProxmoxError("vmstate (RAM) snapshots exist only for VMs.")
+            raise InvalidArgument("vmstate (RAM) snapshots exist only for VMs.")
         params["vmstate"] = True
     return run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx, f"snapshot {vmid} {name}")
 
@@ -632,7 +392,7 @@ def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
 def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
     names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]
     if name not in names:
-        raise ProxmoxError(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
+        raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
 def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
@@ -654,15 +414,15 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
 
 
 def _backup_storage(client: ProxmoxClient, storage: str, node: str) -> None:
-    ok = [name for name, _ in _backup_storages(client)]
+    ok = [name for name, _ in backup_storages(client)]
     if storage not in ok:
-        raise ProxmoxError(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
+        raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
 
 def write_backup_guest(vmid: Vmid, storage: str,
                        host: Host = None,
-                       mode: Annotated[Literal["snapshot", "suspend", "stop"], Field()] = "snapshot",
-                       compress: Annotated[Literal["zstd", "lzo", "gzip", "0"], Field()] = "zstd",
+                       mode: Literal["snapshot", "suspend", "stop"] = "snapshot",
+                       compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Back up a guest now (vzdump) to a storage, PBS included."""
@@ -673,22 +433,18 @@ def write_backup_guest(vmid: Vmid, storage: str,
     return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
 
 
-def next_vmid(client: ProxmoxClient) -> int:
-    return int(client.get("/cluster/nextid"))
-
-
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
     if vmid is None:
         return next_vmid(client)
     taken = {g["vmid"]: g for g in guest_resources(client, fresh=True)}
     if vmid in taken:
-        raise ProxmoxError(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. Leave vmid out to get the next free one.")
+        raise InvalidArgument(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. Leave vmid out to get the next free one.")
     return vmid
 
 
-def write_restore_backup(archive: Annotated[str, Field(description="volid")],
+def write_restore_backup(archive: Volid,
                          host: Host = None,
-                         vmid: Annotated[int | None, Field(ge=100)] = None,
+                         vmid: OptionalVmid = None,
                          node: Node = None,
                          storage: str | None = None,
                          overwrite: Annotated[bool, Field(description="Replace guest vmid")] = False,
@@ -698,10 +454,10 @@ def write_restore_backup(archive: Annotated[str, Field(description="volid")],
     client = pve_client(host)
     kind = "lxc" if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive) else "qemu" if re.search(r"vzdump-qemu-|/vm/|vm/\d+", archive) else None
     if kind is None:
-        raise ProxmoxError(f"'{archive}' does not look like a backup volid; take one from list_backups.")
+        raise InvalidArgument(f"'{archive}' does not look like a backup volid; take one from list_backups.")
     if overwrite:
         if vmid is None:
-            raise ProxmoxError("overwrite=true needs the vmid of the guest to replace.")
+            raise InvalidArgument("overwrite=true needs the vmid of the guest to replace.")
         row = resolve_guest(client, vmid)
         node = node or row["node"]
     else:
@@ -718,7 +474,7 @@ def write_restore_backup(archive: Annotated[str, Field(description="volid")],
 
 
 def write_clone_guest(vmid: Vmid, host: Host = None,
-                      newid: Annotated[int | None, Field(ge=100)] = None,
+                      newid: OptionalVmid = None,
                       name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
                       target: Annotated[str | None, Field(description="node")] = None,
                       full: Annotated[bool, Field(description="false: linked")] = True,
@@ -728,7 +484,7 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if not full and not row.get("template"):
-        raise ProxmoxError(f"A linked clone needs a template; guest {vmid} is not one (write_template, or full=true).")
+        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one (write_template, or full=true).")
     newid = _free_vmid(client, newid)
     if target:
         check_node(client, target)
@@ -744,7 +500,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
     if target == row["node"]:
-        raise ProxmoxError(f"Guest {vmid} is already on {target}.")
+        raise InvalidArgument(f"Guest {vmid} is already on {target}.")
     running = row.get("status") == "running"
     params = {"target": target, ("online" if row["type"] == "qemu" else "restart"): True if running else None}
     return run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
@@ -780,35 +536,34 @@ def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | Non
     that cannot be read refuse the change."""
     try:
         known = {b["bridge"]: b for b in bridges(client, node)}
-    except (ProxmoxError, Exception) as exc:
+    except ToolFailure as exc:
         raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
     if bridge not in known:
-        raise ProxmoxError(f"Node {node} has no bridge '{bridge}'. Bridges: {', '.join(known) or 'none'} (list_networks).")
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. Bridges: {', '.join(known) or 'none'} (list_networks).")
     if vlan and not known[bridge]["vlan_aware"]:
-        raise ProxmoxError(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
-                           f"Use a VLAN-aware bridge: {', '.join(b for b, v in known.items() if v['vlan_aware']) or 'none'}.")
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
+                              f"Use a VLAN-aware bridge: {', '.join(b for b, v in known.items() if v['vlan_aware']) or 'none'}.")
 
 
 def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -> None:
     storage = volid.split(":", 1)[0]
-    node = _storage_node(client, storage, node)
+    node = storage_node(client, storage, node)
     found = [v["volid"] for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content) or []]
     if volid not in found:
-        raise ProxmoxError(f"'{volid}' is not on storage {storage} ({content}). Available: {', '.join(found) or 'none'}; "
-                           f"write_download_url can fetch one.")
+        raise InvalidArgument(f"'{volid}' is not on storage {storage} ({content}). Available: {', '.join(found) or 'none'}; "
+                              f"write_download_url can fetch one.")
 
 
-Bridge = Annotated[str, Field()]
 Vlan = Annotated[int | None, Field(ge=1, le=4094)]
 
 
-def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
+def write_create_vm(name: GuestName,
                     host: Host = None, node: Node = None,
-                    vmid: Annotated[int | None, Field(ge=100)] = None,
+                    vmid: OptionalVmid = None,
                     iso: Annotated[str | None, Field(description="volid")] = None,
                     cloud_image: Annotated[str | None, Field(description="volid")] = None,
                     memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=128)] = 2,
-                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
+                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: str = "vmbr0",
                     vlan: Vlan = None, ciuser: str | None = None,
                     ssh_keys: str | None = None,
                     ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
@@ -817,7 +572,7 @@ def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.
     """Create a VM from an ISO, or from a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
-        raise ProxmoxError("Give exactly one of iso (installer) or cloud_image (cloud-init).")
+        raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
     node = check_node(client, node) if node else node_names(client)[0]
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
@@ -836,12 +591,12 @@ def write_create_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.
     return result | {"vmid": vmid, "node": node}
 
 
-def write_create_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                     template: Annotated[str, Field(description="volid")],
+def write_create_lxc(hostname: GuestName,
+                     template: Volid,
                      host: Host = None, node: Node = None,
-                     vmid: Annotated[int | None, Field(ge=100)] = None,
+                     vmid: OptionalVmid = None,
                      memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=128)] = 1,
-                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: Bridge = "vmbr0",
+                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: str = "vmbr0",
                      vlan: Vlan = None,
                      ip: Annotated[str, Field(description="dhcp or CIDR")] = "dhcp",
                      gateway: str | None = None,
@@ -869,7 +624,7 @@ CHECKSUM_BY_LENGTH = {32: "md5", 40: "sha1", 56: "sha224", 64: "sha256", 96: "sh
 def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
                        storage: str,
                        filename: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")],
-                       content: Annotated[Literal["iso", "vztmpl", "import"], Field()] = "iso",
+                       content: Literal["iso", "vztmpl", "import"] = "iso",
                        host: Host = None, node: Node = None,
                        checksum: Annotated[str | None, Field(description="hex: md5 to sha512")] = None,
                        wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
@@ -879,10 +634,10 @@ def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
         checksum = checksum.strip().lower()
         algorithm = CHECKSUM_BY_LENGTH.get(len(checksum)) if re.fullmatch(r"[0-9a-f]+", checksum) else None
         if not algorithm:
-            raise ProxmoxError("checksum: give the hex digest of md5, sha1, sha224, sha256, sha384 or sha512 "
-                             "(the algorithm is told by its length).")
+            raise InvalidArgument("checksum: give the hex digest of md5, sha1, sha224, sha256, sha384 or sha512 "
+                                  "(the algorithm is told by its length).")
     client = pve_client(host)
-    node = _storage_node(client, storage, node, content)
+    node = storage_node(client, storage, node, content)
     params = {"url": url, "content": content, "filename": filename, "checksum": checksum,
               "checksum-algorithm": algorithm}
     return run_task(client, "POST", f"/nodes/{node}/storage/{storage}/download-url", params, wait_seconds, ctx,
@@ -895,10 +650,10 @@ def write_delete_volume(volid: str, host: Host = None,
     """Delete a volume no guest uses (ISO, template, backup, disk)."""
     client = pve_client(host)
     storage = volid.split(":", 1)[0]
-    node = _storage_node(client, storage, node)
+    node = storage_node(client, storage, node)
     volumes = {v["volid"]: v for v in client.get(f"/nodes/{node}/storage/{storage}/content") or []}
     if volid not in volumes:
-        raise ProxmoxError(f"No volume '{volid}' on {storage}. See storage_content.")
+        raise InvalidArgument(f"No volume '{volid}' on {storage}. See storage_content.")
     users = _guests_using(client, volid, volumes[volid])
     if users:
         raise ProxmoxError(f"'{volid}' is in use by guest(s) {', '.join(users)}; detach it first (write_guest_config delete=...).")
@@ -930,7 +685,7 @@ def write_set_nic(vmid: Vmid, host: Host = None,
     config = client.get(f"{base}/config") or {}
     if nic not in config:
         nics = [k for k in config if re.fullmatch(r"net\d+", k)]
-        raise ProxmoxError(f"Guest {vmid} has no {nic}. NICs: {', '.join(nics) or 'none'}.")
+        raise InvalidArgument(f"Guest {vmid} has no {nic}. NICs: {', '.join(nics) or 'none'}.")
     parts = dict(p.split("=", 1) if "=" in p else (p, "") for p in str(config[nic]).split(","))
     if bridge is not None:
         parts["bridge"] = bridge

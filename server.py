@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import answers
+import audit
+import inventory
 import policy
 import proxmox_client
 import api_tools
@@ -32,7 +35,7 @@ import shell_tools
 import workflows
 from config import (INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, load_config,
                     tool_matches)
-from proxmox_client import ProxmoxError
+from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
 VERSION = "0.1.0"
@@ -76,7 +79,7 @@ def list_hosts() -> dict:
              "token": h.token_id if h.token_secret else f"(password login as {h.user})",
              "tls": "pinned" if h.fingerprint else ("ca_file" if h.ca_file else ("verified" if h.verify_tls else "OFF"))}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
-    return pve_tools.table(["host", "product", "url", "token", "tls"], rows)
+    return answers.table(["host", "product", "url", "token", "tls"], rows)
 
 
 def server_info() -> dict:
@@ -91,12 +94,12 @@ def server_info() -> dict:
                                      "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
             try:
                 entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
-            except (ProxmoxError, policy.PolicyError) as exc:
+            except ToolFailure as exc:
                 entry["unreachable"] = str(exc)
             permissions = policy.permissions_of(host)
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
                 if permissions is not None else "not read yet"
-            hosts.append(pve_tools.compact(entry))
+            hosts.append(answers.compact(entry))
     settings = policy.SETTINGS
     left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
         if VISIBILITY.config else {}
@@ -251,7 +254,7 @@ def confirmer(confirmed: bool, ctx: Any) -> Callable:
             if answer.action == "accept" and answer.data is not None and answer.data.confirm:
                 return
             raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
-        raise policy.PolicyError(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
+        raise ConfirmationNeeded(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
                                  f"confirm=true.")
     return confirm
 
@@ -261,8 +264,8 @@ def describe_request(client: proxmox_client.ProxmoxClient, decision: policy.Deci
     names = {}
     if decision.guests and client.host.product == "pve":
         try:
-            names = {g["vmid"]: g.get("name") for g in pve_tools.guest_resources(client)}
-        except (ProxmoxError, policy.PolicyError):
+            names = {g["vmid"]: g.get("name") for g in inventory.guest_resources(client)}
+        except ToolFailure:
             pass
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
     on = f" on {targets}" if targets else ""
@@ -285,7 +288,7 @@ def as_tool(function: Callable) -> Callable:
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
             result = dry.plan
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             raise ToolError(policy.mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
@@ -504,7 +507,7 @@ def as_resource(function: Callable) -> Callable:
     def read(host: str) -> str:
         try:
             return policy.mask(function(host))
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             raise ResourceError(policy.mask(str(exc))) from None
     return read
 
@@ -624,7 +627,7 @@ def check_hosts(config: Config) -> int:
             print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
             if not held:
                 print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             failures += 1
             print(f"  FAILED: {policy.mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
@@ -641,7 +644,7 @@ def verify_audit_command(config: Config) -> int:
     if path is None or not path.exists():
         print(f"no audit log at {path}")
         return 1
-    count, bad, message = policy.verify_audit(path)
+    count, bad, message = audit.verify(path)
     print(f"{path}: {message}")
     return 0 if bad is None else 1
 
@@ -712,7 +715,7 @@ def host_reachability() -> dict[str, str]:
             try:
                 version = proxmox_client.client_for(product, label).get("/version") or {}
                 result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
-            except (ProxmoxError, policy.PolicyError) as exc:
+            except ToolFailure as exc:
                 result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
     return result
 

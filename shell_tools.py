@@ -17,17 +17,19 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Callable
 
 from pydantic import Field
 
 import policy
+from answers import ConfirmArg, DryRunArg, Host, Vmid
 from config import NODE_NAME, SshTarget
-from proxmox_client import ProxmoxError, pve_client
+from errors import InvalidArgument, ProxmoxError
+from inventory import guest_path, resolve_guest
+from proxmox_client import pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
     import paramiko
-from pve_tools import ConfirmArg, DryRunArg, Vmid, guest_path, resolve_guest
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
 MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
@@ -50,7 +52,7 @@ def sh_quote(argument: str) -> str:
     """The one quoting function for anything that reaches a remote shell: POSIX single quotes,
     safe in dash and bash. NUL cannot be passed in an argument at all, so it is refused."""
     if "\x00" in argument:
-        raise ProxmoxError("A command or argument contains a NUL byte, which no shell argument can carry.")
+        raise InvalidArgument("A command or argument contains a NUL byte, which no shell argument can carry.")
     return shlex.quote(argument)
 
 
@@ -109,8 +111,8 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
     """A verified connection to one node, reused while it stays up."""
     import paramiko
     if not NODE_NAME.match(node) or node not in target.nodes:
-        raise ProxmoxError(f"No SSH address for node '{node}' of host '{target.label}'. "
-                           f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
+        raise InvalidArgument(f"No SSH address for node '{node}' of host '{target.label}'. "
+                              f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
     key = (target.product, target.label, node)
     with _connections_lock:
         client = _connections.get(key)
@@ -161,54 +163,72 @@ class Result:
         return result
 
 
-def run(target: SshTarget, node: str, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+def _forget(target: SshTarget, node: str) -> None:
+    with _connections_lock:
+        _connections.pop((target.product, target.label, node), None)
+
+
+def _open_channel(target: SshTarget, node: str) -> "paramiko.Channel":
+    """A session channel on the node's connection; a dropped connection is reopened once."""
+    import paramiko
+    for attempt in (1, 2):
+        client = connect(target, node)
+        try:
+            return client.get_transport().open_session(timeout=10)
+        except (paramiko.SSHException, EOFError, OSError, AttributeError):
+            _forget(target, node)
+            if attempt == 2:
+                raise ProxmoxError(f"The SSH connection to {node} dropped and could not be reopened.") from None
+    raise AssertionError("the second attempt returns or raises")
+
+
+def _drain(receive: Callable[[int], bytes], buffer: bytearray) -> None:
+    """Read what a channel stream has now (the channel times out after a second), keeping at most
+    four times MAX_OUTPUT bytes."""
+    try:
+        while True:
+            chunk = receive(32768)
+            if not chunk:
+                break
+            if len(buffer) < MAX_OUTPUT * 4:
+                buffer.extend(chunk)
+    except socket.timeout:
+        pass
+
+
+def _collect(channel: "paramiko.Channel", deadline: float, out: bytearray, err: bytearray) -> bool:
+    """Read stdout and stderr until the command exits, the channel closes or the deadline
+    passes; True when the deadline passed."""
+    while True:
+        _drain(channel.recv, out)
+        _drain(channel.recv_stderr, err)
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            return False
+        if channel.closed and not channel.exit_status_ready():
+            return False
+        if time.monotonic() > deadline:
+            return True
+
+
+def run(target: SshTarget, node: str, command: str, *, timeout: float | None = None,
+        stdin: bytes | None = None) -> Result:
     """Run a shell command line on a node: remote `timeout` signals it, a local deadline closes
     the channel. A dropped connection is reopened once."""
     limit = timeout or target.timeout
     wrapped = f"timeout --signal=TERM --kill-after=5 {int(limit)} /bin/sh -c {sh_quote(command)}"
     if target.sudo:
         wrapped = "sudo -n " + wrapped
-    import paramiko
-    for attempt in (1, 2):
-        client = connect(target, node)
-        try:
-            channel = client.get_transport().open_session(timeout=10)
-            break
-        except (paramiko.SSHException, EOFError, OSError, AttributeError):
-            with _connections_lock:
-                _connections.pop((target.product, target.label, node), None)
-            if attempt == 2:
-                raise ProxmoxError(f"The SSH connection to {node} dropped and could not be reopened.") from None
+    channel = _open_channel(target, node)
     channel.settimeout(1.0)
     channel.exec_command(wrapped)
     if stdin is not None:
         channel.sendall(stdin)
     channel.shutdown_write()
     out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + limit + 7
-    timed_out = False
-    while True:
-        for receive, buffer in ((channel.recv, out), (channel.recv_stderr, err)):
-            try:
-                while True:
-                    chunk = receive(32768)
-                    if not chunk:
-                        break
-                    if len(buffer) < MAX_OUTPUT * 4:
-                        buffer.extend(chunk)
-            except socket.timeout:
-                pass
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            break
-        if channel.closed and not channel.exit_status_ready():
-            break
-        if time.monotonic() > deadline:
-            timed_out = True
-            break
+    timed_out = _collect(channel, time.monotonic() + limit + 7, out, err)
     exit_code = channel.recv_exit_status() if channel.exit_status_ready() else None
     if not timed_out and exit_code in (None, -1):  # paramiko's -1: the channel closed without an exit status
-        with _connections_lock:
-            _connections.pop((target.product, target.label, node), None)
+        _forget(target, node)
         raise ProxmoxError(f"The SSH connection to {node} dropped while the command ran; it may or may not "
                            f"have finished. Check its effect before running it again.")
     channel.close()
@@ -266,10 +286,8 @@ class _ConfirmClient:
 
 # ---------------------------------------------------------------- tools
 
-PveHost = Annotated[str | None, Field()]
 Command = Annotated[str, Field(min_length=1, max_length=16384, description="for /bin/sh -c")]
 Timeout = Annotated[int, Field(ge=1, le=3600)]
-Node = Annotated[str, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?$", description="Node name.")]
 Where = Annotated[str, Field(description="node or 'pbs'")]
 
 
@@ -279,7 +297,7 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
     return target_for("pve", host), where
 
 
-def ssh_check(where: Where, host: str | None = None) -> dict:
+def ssh_check(where: Where, host: Host = None) -> dict:
     """Test SSH to a node or PBS: verified host key, user, version."""
     target, node = _where(where, host)
     client = connect(target, node)
@@ -301,7 +319,7 @@ echo '== smart'; if command -v smartctl >/dev/null; then for d in /dev/sd? /dev/
 """
 
 
-def node_diagnostics(where: Where, host: str | None = None) -> dict:
+def node_diagnostics(where: Where, host: Host = None) -> dict:
     """Fixed SSH checks on a node or PBS: disks, ZFS, failed units, journal errors, SMART."""
     target, node = _where(where, host)
     result = run(target, node, DIAGNOSTICS, timeout=60)
@@ -316,7 +334,7 @@ def node_diagnostics(where: Where, host: str | None = None) -> dict:
     return {"node": node, "sections": {k: v.strip() for k, v in sections.items()}, "untrusted": True}
 
 
-def write_node_exec(where: Where, command: Command, host: str | None = None,
+def write_node_exec(where: Where, command: Command, host: Host = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command on a node or PBS over SSH."""
     target, node = _where(where, host)
@@ -324,14 +342,14 @@ def write_node_exec(where: Where, command: Command, host: str | None = None,
     return run(target, node, command, timeout=timeout).answer(node=node)
 
 
-def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                    stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command in a container (pct exec)."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
-        raise ProxmoxError(f"Guest {vmid} is a VM; use write_vm_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a VM; use write_vm_exec.")
     target = target_for("pve", client.host.label)
     authorize("pve", client.host.label, "exec", f"pct exec {vmid}: {command}", [vmid])
     line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
@@ -339,13 +357,13 @@ def write_lxc_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: 
     return run(target, row["node"], line, timeout=timeout, stdin=data).answer(vmid=vmid, node=row["node"])
 
 
-def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: Timeout = 30,
+def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command in a VM (guest agent)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
-        raise ProxmoxError(f"Guest {vmid} is a container; use write_lxc_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
     if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
         raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS. Refused.")
     started = None
@@ -376,7 +394,7 @@ def write_vm_exec(vmid: Vmid, command: Command, host: PveHost = None, timeout: T
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
-def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry_run: DryRunArg = False,
+def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
                           confirm: ConfirmArg = False) -> dict:
     """Read a file in a guest, up to 1 MiB."""
     client = pve_client(host)
@@ -398,7 +416,7 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: PveHost = None, dry
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
                            content: Annotated[str, Field(max_length=MAX_FILE)],
-                           host: PveHost = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                           host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)

@@ -4,6 +4,7 @@ reason and never counts as healthy; thresholds are arguments and are echoed in t
 Resources and prompts for MCP clients are defined here too.
 """
 import time
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
@@ -13,13 +14,12 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from proxmox_client import ProxmoxClient, ProxmoxError, pbs_client, pve_client
-from pve_tools import (ConfirmArg, DryRunArg, Vmid, WaitArg, bridges, check_node, guest_resources,
-                       human_bytes, iso_time, next_vmid, percent, resolve_guest, run_task,
-                       task_report)
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
+                     iso_time, percent)
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest
+from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
-Host = Annotated[str | None, Field()]
-PbsHost = Annotated[str | None, Field()]
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
 
@@ -43,9 +43,14 @@ class Report:
             result = read()
             self.checked.append(name)
             return result
-        except (ProxmoxError, policy.PolicyError) as exc:
+        except ToolFailure as exc:
             self.unavailable.append({"section": name, "reason": str(exc)[:300]})
             return None
+
+    def drop_checked(self, name: str) -> None:
+        """A section that found nothing to read (no PBS host configured) was not checked."""
+        if name in self.checked:
+            self.checked.remove(name)
 
     def answer(self, **extra: Any) -> dict:
         findings = sorted(self.findings, key=lambda f: SEVERITY[f["severity"]])
@@ -74,105 +79,154 @@ def health_thresholds(overrides: dict[str, int] | None) -> dict[str, int]:
     chosen = {name: default for name, (default, _, _) in HEALTH_THRESHOLDS.items()}
     for name, value in (overrides or {}).items():
         if name not in HEALTH_THRESHOLDS:
-            raise ProxmoxError(f"thresholds: unknown '{name}'. Known: " +
-                               ", ".join(f"{n} (default {d})" for n, (d, _, _) in HEALTH_THRESHOLDS.items()) + ".")
+            raise InvalidArgument(f"thresholds: unknown '{name}'. Known: " +
+                                  ", ".join(f"{n} (default {d})" for n, (d, _, _) in HEALTH_THRESHOLDS.items()) + ".")
         low, high = HEALTH_THRESHOLDS[name][1:]
         if not low <= value <= high:
-            raise ProxmoxError(f"thresholds: {name} must be from {low} to {high}, not {value}.")
+            raise InvalidArgument(f"thresholds: {name} must be from {low} to {high}, not {value}.")
         chosen[name] = value
     return chosen
 
 
-def health_check(host: Host = None, pbs_host: PbsHost = None,
-                 thresholds: Annotated[dict[str, int] | None, Field(description="overrides, named as in the answer")] = None
-                 ) -> dict:
+@dataclass
+class Health:
+    """What the health checks share: the report, the thresholds, and the reads several use."""
+    client: ProxmoxClient
+    report: Report
+    limits: dict[str, int]
+    pbs_host: str | None
+    resources: list[dict] = field(default_factory=list)
+    online: list[str] = field(default_factory=list)  # nodes, filled by _node_load
+
+
+def _quorum(h: Health) -> None:
+    status = h.report.section("quorum", lambda: h.client.get("/cluster/status")) or []
+    cluster = next((e for e in status if e.get("type") == "cluster"), None)
+    if cluster and not cluster.get("quorate"):
+        h.report.add("critical", "quorum", "the cluster has lost quorum", cluster,
+                     "bring nodes back; writes are blocked")
+    for node in (e for e in status if e.get("type") == "node" and not e.get("online")):
+        h.report.add("critical", "nodes", f"node {node['name']} is offline", node, "check its power and network")
+
+
+def _read_resources(h: Health) -> None:
+    """One read of /cluster/resources for the node, storage and guest checks."""
+    h.resources = h.report.section("resources", lambda: h.client.get("/cluster/resources")) or []
+
+
+def _node_load(h: Health) -> None:
+    for node in (r for r in h.resources if r.get("type") == "node"):
+        if node.get("status") != "online":
+            continue
+        h.online.append(node["node"])
+        load = percent(node.get("cpu"), 1)
+        if load is not None and load >= h.limits["node_cpu_warn_pct"]:
+            h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
+                         {"cpu_pct": load, "cores": node.get("maxcpu")},
+                         "find the busy guests (list_guests) and spread them")
+        used = percent(node.get("mem"), node.get("maxmem"))
+        if used is not None and used >= h.limits["node_mem_warn_pct"]:
+            h.report.add("warning", "memory", f"node {node['node']} uses {used}% of its memory",
+                         {"mem": human_bytes(node.get("mem")), "maxmem": human_bytes(node.get("maxmem"))},
+                         "migrate or stop guests, or add memory")
+
+
+def _storage_fill(h: Health) -> None:
+    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
+        used = percent(storage.get("disk"), storage.get("maxdisk"))
+        if used >= h.limits["storage_warn_pct"]:
+            severity = "critical" if used >= h.limits["storage_crit_pct"] else "warning"
+            h.report.add(severity, "storage", f"{storage['storage']} on {storage['node']} is {used}% full",
+                         {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
+                         "prune backups (list_backups), delete unused volumes or grow the storage")
+
+
+def _guest_states(h: Health) -> None:
+    for guest in (r for r in h.resources if r.get("type") in ("qemu", "lxc")):
+        if guest.get("lock"):
+            h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
+                         {"vmid": guest["vmid"], "lock": guest["lock"]}, "check list_tasks for the task holding it")
+        if guest.get("hastate") in ("error", "fence"):
+            h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
+                         {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
+
+
+def _failed_tasks(h: Health) -> None:
+    since = time.time() - h.limits["failed_task_hours"] * 3600
+    for task in h.report.section("tasks", lambda: h.client.get("/cluster/tasks")) or []:
+        if task.get("starttime", 0) >= since and task.get("status") not in (None, "OK", "running") \
+                and not str(task.get("status")).startswith("WARNINGS"):
+            h.report.add("warning", "tasks", f"{task.get('type')} {task.get('id') or ''} on {task.get('node')} failed",
+                         {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
+                         "read it with task_log")
+
+
+def _replication(h: Health, node: str) -> None:
+    for job in h.report.section(f"replication {node}", lambda: h.client.get(f"/nodes/{node}/replication")) or []:
+        if job.get("error") or job.get("fail_count"):
+            h.report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
+                         {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
+                         "check the target node and storage; run it again from the web UI")
+
+
+def _certificates(h: Health, node: str) -> None:
+    certs = h.report.section(f"certificates {node}", lambda: h.client.get(f"/nodes/{node}/certificates/info")) or []
+    for cert in certs:
+        days = (cert.get("notafter", 0) - time.time()) / 86400
+        if days < h.limits["cert_warn_days"]:
+            h.report.add("critical" if days < 7 else "warning", "certificates",
+                         f"{cert.get('filename')} on {node} expires in {int(days)} days",
+                         {"notafter": iso_time(cert.get("notafter"))}, "renew it (ACME or pvecm updatecerts)")
+
+
+def _node_services(h: Health) -> None:
+    for node in h.online:
+        _replication(h, node)
+        _certificates(h, node)
+
+
+def _backup_server(h: Health) -> None:
+    pbs = h.report.section("pbs host", lambda: _pbs(h.pbs_host))
+    if pbs is None:
+        h.report.drop_checked("pbs host")
+        return
+    now = time.time()
+    for ds in h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []:
+        _datastore_health(h, ds, now)
+    for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
+        age = now - (job.get("last-run-endtime") or 0)
+        if age > h.limits["verify_max_days"] * 86400 or job.get("last-run-state") not in (None, "ok"):
+            h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
+                         f"{iso_time(job.get('last-run-endtime')) or 'never'} with {job.get('last-run-state')}",
+                         job, "write_pbs_run_job kind=verify")
+
+
+def _datastore_health(h: Health, ds: dict, now: float) -> None:
+    used = percent(ds.get("used"), ds.get("total")) or 0
+    if used >= h.limits["storage_warn_pct"]:
+        h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
+                     f"datastore {ds['store']} is {used}% full",
+                     {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
+    last_gc = (ds.get("gc-status") or {}).get("last-run-endtime") or 0
+    if now - last_gc > h.limits["gc_max_days"] * 86400:
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
+                     {"last_gc": iso_time(last_gc)}, "write_pbs_gc, and schedule it")
+
+
+HEALTH_CHECKS: list[Callable[[Health], None]] = [
+    _quorum, _read_resources, _node_load, _storage_fill, _guest_states, _failed_tasks, _node_services, _backup_server]
+
+
+def health_check(host: Host = None, pbs_host: Host = None,
+                 thresholds: Annotated[dict[str, int] | None,
+                                       Field(description="overrides, named as in the answer")] = None) -> dict:
     """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
     client = pve_client(host)
     limits = health_thresholds(thresholds)
-    storage_warn_pct, storage_crit_pct = limits["storage_warn_pct"], limits["storage_crit_pct"]
-    node_mem_warn_pct, node_cpu_warn_pct = limits["node_mem_warn_pct"], limits["node_cpu_warn_pct"]
-    failed_task_hours, cert_warn_days = limits["failed_task_hours"], limits["cert_warn_days"]
-    gc_max_days, verify_max_days = limits["gc_max_days"], limits["verify_max_days"]
-    report = Report(limits)
-    status = report.section("quorum", lambda: client.get("/cluster/status")) or []
-    cluster = next((e for e in status if e.get("type") == "cluster"), None)
-    if cluster and not cluster.get("quorate"):
-        report.add("critical", "quorum", "the cluster has lost quorum", cluster, "bring nodes back; writes are blocked")
-    for node in (e for e in status if e.get("type") == "node" and not e.get("online")):
-        report.add("critical", "nodes", f"node {node['name']} is offline", node, "check its power and network")
-    resources = report.section("resources", lambda: client.get("/cluster/resources")) or []
-    online = []
-    for node in (r for r in resources if r.get("type") == "node"):
-        if node.get("status") == "online":
-            online.append(node["node"])
-            load = percent(node.get("cpu"), 1)
-            if load is not None and load >= node_cpu_warn_pct:
-                report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
-                           {"cpu_pct": load, "cores": node.get("maxcpu")}, "find the busy guests (list_guests) and spread them")
-            used = percent(node.get("mem"), node.get("maxmem"))
-            if used is not None and used >= node_mem_warn_pct:
-                report.add("warning", "memory", f"node {node['node']} uses {used}% of its memory",
-                           {"mem": human_bytes(node.get("mem")), "maxmem": human_bytes(node.get("maxmem"))},
-                           "migrate or stop guests, or add memory")
-    for storage in (r for r in resources if r.get("type") == "storage" and r.get("maxdisk")):
-        used = percent(storage.get("disk"), storage.get("maxdisk"))
-        if used >= storage_warn_pct:
-            severity = "critical" if used >= storage_crit_pct else "warning"
-            report.add(severity, "storage", f"{storage['storage']} on {storage['node']} is {used}% full",
-                       {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
-                       "prune backups (list_backups), delete unused volumes or grow the storage")
-    for guest in (r for r in resources if r.get("type") in ("qemu", "lxc")):
-        if guest.get("lock"):
-            report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
-                       {"vmid": guest["vmid"], "lock": guest["lock"]}, "check list_tasks for the task holding it")
-        if guest.get("hastate") in ("error", "fence"):
-            report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
-                       {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
-    since = time.time() - failed_task_hours * 3600
-    tasks = report.section("tasks", lambda: client.get("/cluster/tasks")) or []
-    for task in tasks:
-        if task.get("starttime", 0) >= since and task.get("status") not in (None, "OK", "running") \
-                and not str(task.get("status")).startswith("WARNINGS"):
-            report.add("warning", "tasks", f"{task.get('type')} {task.get('id') or ''} on {task.get('node')} failed",
-                       {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
-                       "read it with task_log")
-    for node in online:
-        for job in report.section(f"replication {node}", lambda n=node: client.get(f"/nodes/{n}/replication")) or []:
-            if job.get("error") or job.get("fail_count"):
-                report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
-                           {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
-                           "check the target node and storage; run it again from the web UI")
-        certs = report.section(f"certificates {node}", lambda n=node: client.get(f"/nodes/{n}/certificates/info")) or []
-        for cert in certs:
-            days = (cert.get("notafter", 0) - time.time()) / 86400
-            if days < cert_warn_days:
-                report.add("critical" if days < 7 else "warning", "certificates",
-                           f"{cert.get('filename')} on {node} expires in {int(days)} days",
-                           {"notafter": iso_time(cert.get("notafter"))}, "renew it (ACME or pvecm updatecerts)")
-    pbs = report.section("pbs host", lambda: _pbs(pbs_host))
-    if pbs is not None:
-        _pbs_health(pbs, report, storage_warn_pct, storage_crit_pct, gc_max_days, verify_max_days)
-    elif "pbs host" in report.checked:
-        report.checked.remove("pbs host")
-    return report.answer(nodes_online=online)
-
-
-def _pbs_health(pbs: ProxmoxClient, report: Report, warn: int, crit: int, gc_days: int, verify_days: int) -> None:
-    now = time.time()
-    for ds in report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []:
-        used = percent(ds.get("used"), ds.get("total")) or 0
-        if used >= warn:
-            report.add("critical" if used >= crit else "warning", "pbs", f"datastore {ds['store']} is {used}% full",
-                       {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-        last_gc = (ds.get("gc-status") or {}).get("last-run-endtime") or 0
-        if now - last_gc > gc_days * 86400:
-            report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                       {"last_gc": iso_time(last_gc)}, "write_pbs_gc, and schedule it")
-    for job in report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
-        age = now - (job.get("last-run-endtime") or 0)
-        if age > verify_days * 86400 or job.get("last-run-state") not in (None, "ok"):
-            report.add("warning", "pbs", f"verify job {job['id']} last ran {iso_time(job.get('last-run-endtime')) or 'never'} "
-                       f"with {job.get('last-run-state')}", job, "write_pbs_run_job kind=verify")
+    health = Health(client, Report(limits), limits, pbs_host)
+    for check in HEALTH_CHECKS:
+        check(health)
+    return health.report.answer(nodes_online=health.online)
 
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
@@ -191,143 +245,227 @@ def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str],
     return covering, excluding
 
 
-def backup_coverage(host: Host = None, pbs_host: PbsHost = None,
-                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
-    client = pve_client(host)
-    report = Report({"max_age_hours": max_age_hours})
-    resources = report.section("guests", lambda: client.get("/cluster/resources")) or []
-    guests = [r for r in resources if r.get("type") in ("qemu", "lxc") and not r.get("template")]
-    jobs = report.section("backup jobs", lambda: client.get("/cluster/backup")) or []
-    newest: dict[int, dict] = {}
+@dataclass
+class Coverage:
+    """What the coverage steps share: the inventory, the jobs, and the newest backup of each guest."""
+    client: ProxmoxClient
+    report: Report
+    max_age_hours: int
+    pbs_host: str | None
+    resources: list[dict] = field(default_factory=list)
+    jobs: list[dict] = field(default_factory=list)
+    pbs: ProxmoxClient | None = None
+    newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
+    pbs_groups: set[tuple[str, int]] = field(default_factory=set)
+    rows: list[dict] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
 
-    def consider(vmid: int, when: int, where: str, verify: str | None) -> None:
-        if vmid not in newest or when > newest[vmid]["ctime"]:
-            newest[vmid] = {"ctime": when, "where": where, "verify": verify}
-    pbs = report.section("pbs host", lambda: _pbs(pbs_host))
+    @property
+    def guests(self) -> list[dict]:
+        return [r for r in self.resources if r.get("type") in ("qemu", "lxc") and not r.get("template")]
+
+    def consider(self, vmid: int, when: int, where: str, verify: str | None) -> None:
+        if vmid not in self.newest or when > self.newest[vmid]["ctime"]:
+            self.newest[vmid] = {"ctime": when, "where": where, "verify": verify}
+
+
+def _guests_and_jobs(c: Coverage) -> None:
+    c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
+    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup")) or []
+    c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+
+
+def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
     # is a different disk); PBS-backed storages through PBS itself when it is configured here.
     storages = {}
-    for storage in (r for r in resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and not (pbs and r.get("plugintype") == "pbs")):
+    for storage in (r for r in c.resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
+                    and r.get("status") == "available" and not (c.pbs and r.get("plugintype") == "pbs")):
         key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
         storages.setdefault(key, (storage["storage"], storage["node"]))
     for key, (name, node) in sorted(storages.items()):
-        for volume in report.section(f"storage {key}", lambda n=node, s=name: client.get(
+        for volume in c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
                 f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
             if volume.get("vmid"):
-                consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
-                         (volume.get("verification") or {}).get("state"))
-    pbs_groups: set[tuple[str, int]] = set()
-    if pbs is not None:
-        for ds in report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
-            for snap in report.section(f"pbs {ds['store']}", lambda s=ds["store"]: pbs.get(
-                    f"/admin/datastore/{s}/snapshots")) or []:
-                if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
-                    vmid = int(snap["backup-id"])
-                    pbs_groups.add((snap["backup-type"], vmid))
-                    consider(vmid, snap["backup-time"], f"pbs:{ds['store']}",
-                             (snap.get("verification") or {}).get("state", "none"))
-    elif "pbs host" in report.checked:
-        report.checked.remove("pbs host")
-    rows, now = [], time.time()
-    for guest in sorted(guests, key=lambda g: g["vmid"]):
-        vmid = int(guest["vmid"])
-        covering, excluding = _jobs_for(vmid, guest.get("pool"), jobs)
-        last = newest.get(vmid)
-        age = round((now - last["ctime"]) / 3600, 1) if last else None
-        state = "missing" if not last else ("stale" if age > max_age_hours else "ok")
-        if last and last["verify"] in ("failed",):
-            state = "verify_failed"
-        rows.append({"vmid": vmid, "name": guest.get("name"), "newest": iso_time(last["ctime"]) if last else "",
-                     "age_h": age if age is not None else "", "where": last["where"] if last else "",
-                     "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
-                     "excluded_by": ",".join(excluding), "state": state})
-        if state != "ok":
-            severity = "critical" if state in ("missing", "verify_failed") else "warning"
-            why = "no job covers it" if not covering else f"covered by {', '.join(covering)}"
-            report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
-                       {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
-                       "write_backup_guest now, and add it to a backup job")
-    known = {int(g["vmid"]) for g in guests}
-    orphans = sorted(f"{kind}/{vmid}" for kind, vmid in pbs_groups if vmid not in known)
-    for group in orphans:
-        report.add("info", "backups", f"PBS group {group} has no guest any more", {"group": group},
-                   "keep it as an archive or prune it (write_pbs_prune)")
+                c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
+                           (volume.get("verification") or {}).get("state"))
+
+
+def _pbs_backups(c: Coverage) -> None:
+    pbs = c.pbs
+    if pbs is None:
+        c.report.drop_checked("pbs host")
+        return
+    for ds in c.report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
+        for snap in c.report.section(f"pbs {ds['store']}", lambda s=ds["store"]: pbs.get(
+                f"/admin/datastore/{s}/snapshots")) or []:
+            if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
+                vmid = int(snap["backup-id"])
+                c.pbs_groups.add((snap["backup-type"], vmid))
+                c.consider(vmid, snap["backup-time"], f"pbs:{ds['store']}",
+                           (snap.get("verification") or {}).get("state", "none"))
+
+
+def _guest_rows(c: Coverage) -> None:
+    now = time.time()
+    for guest in sorted(c.guests, key=lambda g: g["vmid"]):
+        c.rows.append(_guest_row(c, guest, now))
+
+
+def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
+    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
+    vmid = int(guest["vmid"])
+    covering, excluding = _jobs_for(vmid, guest.get("pool"), c.jobs)
+    last = c.newest.get(vmid)
+    age = round((now - last["ctime"]) / 3600, 1) if last else None
+    state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
+    if last and last["verify"] in ("failed",):
+        state = "verify_failed"
+    if state != "ok":
+        severity = "critical" if state in ("missing", "verify_failed") else "warning"
+        why = "no job covers it" if not covering else f"covered by {', '.join(covering)}"
+        c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
+                     {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
+                     "write_backup_guest now, and add it to a backup job")
+    return {"vmid": vmid, "name": guest.get("name"), "newest": iso_time(last["ctime"]) if last else "",
+            "age_h": age if age is not None else "", "where": last["where"] if last else "",
+            "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
+            "excluded_by": ",".join(excluding), "state": state}
+
+
+def _orphan_groups(c: Coverage) -> None:
+    known = {int(g["vmid"]) for g in c.guests}
+    c.orphans = sorted(f"{kind}/{vmid}" for kind, vmid in c.pbs_groups if vmid not in known)
+    for group in c.orphans:
+        c.report.add("info", "backups", f"PBS group {group} has no guest any more", {"group": group},
+                     "keep it as an archive or prune it (write_pbs_prune)")
+
+
+COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
+    _guests_and_jobs, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+
+
+def backup_coverage(host: Host = None, pbs_host: Host = None,
+                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
+    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
+    coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
+    for step in COVERAGE_STEPS:
+        step(coverage)
     columns = ["vmid", "name", "newest", "age_h", "where", "verify", "jobs", "excluded_by", "state"]
-    return report.answer(guests={"columns": columns, "rows": [[r[c] for c in columns] for r in rows]},
-                         orphan_pbs_groups=orphans)
+    return coverage.report.answer(guests={"columns": columns, "rows": [[r[c] for c in columns] for r in coverage.rows]},
+                                  orphan_pbs_groups=coverage.orphans)
 
 
 # ---------------------------------------------------------------- security
 
-def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=1000)] = 200) -> dict:
-    """Security findings: tokens, ACLs, firewalls, privileged CTs, devices, this server."""
-    client = pve_client(host)
-    report = Report({"max_guests": max_guests})
-    for user in report.section("users and tokens", lambda: client.get("/access/users", full=1)) or []:
+@dataclass
+class Security:
+    """What the security checks share: the report and the inventory."""
+    client: ProxmoxClient
+    report: Report
+    max_guests: int
+    resources: list[dict] = field(default_factory=list)
+
+    @property
+    def guests(self) -> list[dict]:
+        return [r for r in self.resources if r.get("type") in ("qemu", "lxc")]
+
+
+def _tokens(a: Security) -> None:
+    for user in a.report.section("users and tokens", lambda: a.client.get("/access/users", full=1)) or []:
         for token in user.get("tokens") or []:
             name = f"{user['userid']}!{token['tokenid']}"
             if not token.get("expire"):
-                report.add("warning", "tokens", f"token {name} never expires", token, "set an expiry date")
+                a.report.add("warning", "tokens", f"token {name} never expires", token, "set an expiry date")
             if not token.get("privsep"):
-                report.add("warning", "tokens", f"token {name} has privilege separation off (all of its user's rights)",
-                           token, "recreate it with --privsep 1 and its own ACL")
+                a.report.add("warning", "tokens",
+                             f"token {name} has privilege separation off (all of its user's rights)",
+                             token, "recreate it with --privsep 1 and its own ACL")
             if user["userid"] == "root@pam":
-                report.add("critical", "tokens", f"token {name} belongs to root@pam", token,
-                           "use a dedicated user with only the roles it needs")
-    for entry in report.section("acl", lambda: client.get("/access/acl")) or []:
-        if entry.get("path") == "/" and entry.get("roleid") in ("Administrator", "PVEAdmin") and entry.get("ugid") != "root@pam":
-            report.add("warning", "acl", f"{entry['ugid']} holds {entry['roleid']} on / (everything)", entry,
-                       "grant narrower roles on narrower paths")
-    cluster_fw = report.section("datacenter firewall", lambda: client.get("/cluster/firewall/options")) or {}
-    if "datacenter firewall" in report.checked and not cluster_fw.get("enable"):
-        report.add("warning", "firewall", "the datacenter firewall is off", cluster_fw, "enable it after adding rules")
-    resources = report.section("inventory", lambda: client.get("/cluster/resources")) or []
-    for node in (r["node"] for r in resources if r.get("type") == "node" and r.get("status") == "online"):
-        options = report.section(f"firewall {node}", lambda n=node: client.get(f"/nodes/{n}/firewall/options"))
+                a.report.add("critical", "tokens", f"token {name} belongs to root@pam", token,
+                             "use a dedicated user with only the roles it needs")
+
+
+def _acl(a: Security) -> None:
+    for entry in a.report.section("acl", lambda: a.client.get("/access/acl")) or []:
+        if entry.get("path") == "/" and entry.get("roleid") in ("Administrator", "PVEAdmin") \
+                and entry.get("ugid") != "root@pam":
+            a.report.add("warning", "acl", f"{entry['ugid']} holds {entry['roleid']} on / (everything)", entry,
+                         "grant narrower roles on narrower paths")
+
+
+def _firewalls(a: Security) -> None:
+    cluster_fw = a.report.section("datacenter firewall", lambda: a.client.get("/cluster/firewall/options")) or {}
+    if "datacenter firewall" in a.report.checked and not cluster_fw.get("enable"):
+        a.report.add("warning", "firewall", "the datacenter firewall is off", cluster_fw,
+                     "enable it after adding rules")
+    a.resources = a.report.section("inventory", lambda: a.client.get("/cluster/resources")) or []
+    for node in (r["node"] for r in a.resources if r.get("type") == "node" and r.get("status") == "online"):
+        options = a.report.section(f"firewall {node}", lambda n=node: a.client.get(f"/nodes/{n}/firewall/options"))
         if options is not None and not options.get("enable", 1):
-            report.add("info", "firewall", f"the firewall of node {node} is off", options, "enable it per node")
-    guests = [r for r in resources if r.get("type") in ("qemu", "lxc")][:max_guests]
+            a.report.add("info", "firewall", f"the firewall of node {node} is off", options, "enable it per node")
+
+
+def _guest_configs(a: Security) -> None:
+    guests = a.guests[:a.max_guests]
     for guest in guests:
         base = f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}"
-        config = report.section(f"config {guest['vmid']}", lambda b=base: client.get(f"{b}/config"))
+        config = a.report.section(f"config {guest['vmid']}", lambda b=base: a.client.get(f"{b}/config"))
         if config is None:
             continue
-        report.checked.pop()  # one line for all guest configs instead
-        label = f"guest {guest['vmid']} ({guest.get('name')})"
-        if guest["type"] == "lxc" and str(config.get("unprivileged", 0)) != "1":
-            report.add("warning", "guests", f"{label} is a privileged container", {"unprivileged": 0},
-                       "recreate it unprivileged (backup, restore with unprivileged=1)")
-        devices = sorted(k for k in config if k.startswith(("hostpci", "usb", "dev")) and "spice" not in str(config[k]))
-        if devices:
-            report.add("info", "guests", f"{label} has host devices {', '.join(devices)}", {k: config[k] for k in devices},
-                       "make sure the passthrough is intended")
-        if config.get("hookscript"):
-            report.add("warning", "guests", f"{label} runs hookscript {config['hookscript']} on the host",
-                       {"hookscript": config["hookscript"]}, "review the script")
-        if not any("firewall=1" in str(v) for k, v in config.items() if k.startswith("net")):
-            report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
-    report.checked.append(f"configs of {len(guests)} guests")
-    not_checked = ["guest firewall rules themselves", "node SSH and OS hardening", "TLS certificates' issuers",
-                   "two-factor authentication of users"]
-    if len(resources) and len([r for r in resources if r.get("type") in ("qemu", "lxc")]) > max_guests:
-        not_checked.append(f"guests beyond the first {max_guests}")
-    rules = policy.SETTINGS.hosts.get(("pve", client.host.label), policy.HostPolicy())
+        a.report.checked.pop()  # one line for all guest configs instead
+        _guest_config(a.report, guest, config)
+    a.report.checked.append(f"configs of {len(guests)} guests")
+
+
+def _guest_config(report: Report, guest: dict, config: dict) -> None:
+    label = f"guest {guest['vmid']} ({guest.get('name')})"
+    if guest["type"] == "lxc" and str(config.get("unprivileged", 0)) != "1":
+        report.add("warning", "guests", f"{label} is a privileged container", {"unprivileged": 0},
+                   "recreate it unprivileged (backup, restore with unprivileged=1)")
+    devices = sorted(k for k in config if k.startswith(("hostpci", "usb", "dev")) and "spice" not in str(config[k]))
+    if devices:
+        report.add("info", "guests", f"{label} has host devices {', '.join(devices)}", {k: config[k] for k in devices},
+                   "make sure the passthrough is intended")
+    if config.get("hookscript"):
+        report.add("warning", "guests", f"{label} runs hookscript {config['hookscript']} on the host",
+                   {"hookscript": config["hookscript"]}, "review the script")
+    if not any("firewall=1" in str(v) for k, v in config.items() if k.startswith("net")):
+        report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
+
+
+def _this_server(a: Security) -> None:
+    label = a.client.host.label
+    rules = policy.SETTINGS.hosts.get(("pve", label), policy.HostPolicy())
     for gate in ("exec", "elevated"):
         if gate in rules.allow:
-            report.add("warning", "this server", f"the {gate} gate is open for host '{client.host.label}'",
-                       {"gate": gate}, f"close it unless needed ({policy.how_to_open(gate, client.host.label, 'pve')})")
+            a.report.add("warning", "this server", f"the {gate} gate is open for host '{label}'",
+                         {"gate": gate}, f"close it unless needed ({policy.how_to_open(gate, label, 'pve')})")
     if RUNTIME.get("transport") == "http":
-        report.add("info", "this server", "this server speaks plain HTTP; put TLS in front for remote clients",
-                   {"transport": "http"}, "use a reverse proxy with TLS")
-    return report.answer(not_checked=not_checked)
+        a.report.add("info", "this server", "this server speaks plain HTTP; put TLS in front for remote clients",
+                     {"transport": "http"}, "use a reverse proxy with TLS")
+
+
+SECURITY_CHECKS: list[Callable[[Security], None]] = [_tokens, _acl, _firewalls, _guest_configs, _this_server]
+NOT_CHECKED = ["guest firewall rules themselves", "node SSH and OS hardening", "TLS certificates' issuers",
+               "two-factor authentication of users"]
+
+
+def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=1000)] = 200) -> dict:
+    """Security findings: tokens, ACLs, firewalls, privileged CTs, devices, this server."""
+    scan = Security(pve_client(host), Report({"max_guests": max_guests}), max_guests)
+    for check in SECURITY_CHECKS:
+        check(scan)
+    not_checked = list(NOT_CHECKED)
+    if len(scan.guests) > max_guests:
+        not_checked.append(f"guests beyond the first {max_guests}")
+    return scan.report.answer(not_checked=not_checked)
 
 
 # ---------------------------------------------------------------- waiting for any task
 
 def wait_task(upid: str,
-              host: str | None = None,
+              host: Host = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
     """Wait for a PVE or PBS task to end, with progress."""
     product = "pbs" if _looks_pbs(upid) else "pve"
@@ -423,14 +561,14 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         steps.record("wait for address", "done" if address else "warning", address=address,
                      detail=None if address else "no address yet (DHCP, or no guest agent)")
         return steps.answer(True, vmid=vmid, node=node, address=address)
-    except (ProxmoxError, policy.PolicyError) as exc:
+    except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
         return steps.answer(False)
 
 
-def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                        template: Annotated[str, Field(description="volid")],
-                        host: Host = None, node: str | None = None,
+def write_provision_lxc(hostname: GuestName,
+                        template: Volid,
+                        host: Host = None, node: Node = None,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
                         bridge: str | None = None,
@@ -445,9 +583,9 @@ def write_provision_lxc(hostname: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-
     return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
 
 
-def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")],
-                       cloud_image: Annotated[str, Field(description="volid")],
-                       host: Host = None, node: str | None = None,
+def write_provision_vm(name: GuestName,
+                       cloud_image: Volid,
+                       host: Host = None, node: Node = None,
                        memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
                        disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
                        bridge: str | None = None,
@@ -465,79 +603,129 @@ def write_provision_vm(name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0
 
 # ---------------------------------------------------------------- restore drill
 
+@dataclass
+class Drill:
+    """One restore drill: the scratch guest it restores, boots and destroys; its steps and timings."""
+    client: ProxmoxClient
+    host: str | None
+    kind: str  # qemu or lxc, as the guest whose backup it is
+    backup: str
+    scratch: int
+    answer_seconds: int
+    ctx: Context | None
+    steps: Steps = field(default_factory=Steps)
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    node: str = ""
+    base: str | None = None  # the scratch guest's API path, once it exists
+    answered: bool = False
+
+
+def _newest_backup(host: str | None, vmid: int) -> str:
+    found = pve_tools.list_backups(host=host, vmid=vmid, limit=1)["rows"]
+    if not found:
+        raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
+    return found[0][0]
+
+
+def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
+    taken = {g["vmid"] for g in guest_resources(client, fresh=True)}
+    if scratch_vmid is not None and scratch_vmid in taken:
+        raise InvalidArgument(f"Scratch vmid {scratch_vmid} exists; the drill only creates and destroys its own guest.")
+    return scratch_vmid or next_vmid(client)
+
+
+def _restore(d: Drill) -> None:
+    node = _node_with_room(d.client, 512)
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=node,
+                                              wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
+    d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")
+    d.node, d.base = node, f"/nodes/{node}/{d.kind}/{d.scratch}"
+    d.timings["restore_s"] = round(time.monotonic() - d.started, 1)
+    d.steps.record("restore", "done", vmid=d.scratch, node=node, backup=d.backup, upid=restored.get("upid"))
+
+
+def _cut_nics(config: dict, kind: str, isolated: list[str]) -> dict[str, Any]:
+    """The config change that takes the scratch guest off the network: VM links down, container
+    NICs moved to an isolated bridge, or removed when the node has none."""
+    cut: dict[str, Any] = {}
+    for key, value in config.items():
+        if key.startswith("net"):
+            if kind == "qemu":
+                cut[key] = str(value) + ",link_down=1"
+            elif isolated:
+                cut[key] = ",".join(p if not p.startswith("bridge=") else f"bridge={isolated[0]}"
+                                    for p in str(value).split(","))
+            else:
+                cut.setdefault("delete", []).append(key)
+    return cut
+
+
+def _cut_network(d: Drill) -> None:
+    config = d.client.get(f"{d.base}/config") or {}
+    isolated = [b["bridge"] for b in bridges(d.client, d.node) if b["segment"] == "isolated"]
+    cut = _cut_nics(config, d.kind, isolated)
+    if cut:
+        params = {k: v for k, v in cut.items() if k != "delete"} | {"digest": config.get("digest")}
+        if cut.get("delete"):
+            params["delete"] = ",".join(cut["delete"])
+        d.client.request("PUT", f"{d.base}/config", params)
+    d.steps.record("cut network", "done", how="link_down" if d.kind == "qemu" else (
+        f"bridge {isolated[0]}" if isolated else "NICs removed"))
+
+
+def _start(d: Drill) -> None:
+    t0 = time.monotonic()
+    run_task(d.client, "POST", f"{d.base}/status/start", {}, d.answer_seconds, d.ctx, f"start {d.scratch}")
+    d.timings["start_s"] = round(time.monotonic() - t0, 1)
+    d.steps.record("start", "done")
+
+
+def _wait_for_answer(d: Drill) -> None:
+    t0 = time.monotonic()
+    d.answered = _guest_answers(d.client, d.base, d.kind, d.answer_seconds)
+    d.timings["answer_s"] = round(time.monotonic() - t0, 1)
+    d.steps.record("guest answers", "done" if d.answered else "failed",
+                   detail=None if d.answered else f"no answer within {d.answer_seconds} s")
+
+
+def _destroy_scratch(d: Drill) -> None:
+    try:
+        status = d.client.get(f"{d.base}/status/current") or {}
+        if status.get("status") == "running":
+            run_task(d.client, "POST", f"{d.base}/status/stop", {}, 60, d.ctx, f"stop {d.scratch}")
+        run_task(d.client, "DELETE", d.base, {"purge": True}, 120, d.ctx, f"destroy scratch {d.scratch}")
+        d.steps.created.clear()
+        d.steps.record("destroy scratch", "done", vmid=d.scratch)
+    except ToolFailure as exc:
+        d.steps.record("destroy scratch", "failed", detail=str(exc)[:300])
+
+
+DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _wait_for_answer]
+
+
 def write_restore_drill(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
-                        scratch_vmid: Annotated[int | None, Field(ge=100)] = None,
+                        scratch_vmid: OptionalVmid = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
     client = pve_client(host)
-    source = resolve_guest(client, vmid)
-    kind = source["type"]
+    kind = resolve_guest(client, vmid)["type"]
     if backup is None:
-        found = pve_tools.list_backups(host=host, vmid=vmid, limit=1)["rows"]
-        if not found:
-            raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
-        backup = found[0][0]
-    taken = {g["vmid"] for g in guest_resources(client, fresh=True)}
-    if scratch_vmid is not None and scratch_vmid in taken:
-        raise ProxmoxError(f"Scratch vmid {scratch_vmid} exists; the drill only creates and destroys its own guest.")
-    scratch = scratch_vmid or next_vmid(client)
-    steps, timings = Steps(), {}
-    started = time.monotonic()
-    base = None
+        backup = _newest_backup(host, vmid)
+    drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx)
     try:
-        node = _node_with_room(client, 512)
-        restored = pve_tools.write_restore_backup(backup, host=host, vmid=scratch, node=node, wait_seconds=answer_seconds * 5,
-                                                  ctx=ctx)
-        steps.created.append(f"{kind} {scratch} on {node} (scratch)")
-        base = f"/nodes/{node}/{kind}/{scratch}"
-        timings["restore_s"] = round(time.monotonic() - started, 1)
-        steps.record("restore", "done", vmid=scratch, node=node, backup=backup, upid=restored.get("upid"))
-        config = client.get(f"{base}/config") or {}
-        cut = {}
-        isolated = [b["bridge"] for b in bridges(client, node) if b["segment"] == "isolated"]
-        for key, value in config.items():
-            if key.startswith("net"):
-                if kind == "qemu":
-                    cut[key] = str(value) + ",link_down=1"
-                elif isolated:
-                    cut[key] = ",".join(p if not p.startswith("bridge=") else f"bridge={isolated[0]}"
-                                        for p in str(value).split(","))
-                else:
-                    cut.setdefault("delete", []).append(key)
-        if cut:
-            params = {k: v for k, v in cut.items() if k != "delete"} | {"digest": config.get("digest")}
-            if cut.get("delete"):
-                params["delete"] = ",".join(cut["delete"])
-            client.request("PUT", f"{base}/config", params)
-        steps.record("cut network", "done", how="link_down" if kind == "qemu" else (
-            f"bridge {isolated[0]}" if isolated else "NICs removed"))
-        t0 = time.monotonic()
-        run_task(client, "POST", f"{base}/status/start", {}, answer_seconds, ctx, f"start {scratch}")
-        timings["start_s"] = round(time.monotonic() - t0, 1)
-        steps.record("start", "done")
-        t0 = time.monotonic()
-        answered = _guest_answers(client, base, kind, answer_seconds)
-        timings["answer_s"] = round(time.monotonic() - t0, 1)
-        steps.record("guest answers", "done" if answered else "failed",
-                     detail=None if answered else f"no answer within {answer_seconds} s")
-        ok = answered
-    except (ProxmoxError, policy.PolicyError) as exc:
-        steps.record("error", "failed", detail=str(exc)[:300])
-        ok = False
-    if base is not None:
-        try:
-            status = client.get(f"{base}/status/current") or {}
-            if status.get("status") == "running":
-                run_task(client, "POST", f"{base}/status/stop", {}, 60, ctx, f"stop {scratch}")
-            run_task(client, "DELETE", base, {"purge": True}, 120, ctx, f"destroy scratch {scratch}")
-            steps.created.clear()
-            steps.record("destroy scratch", "done", vmid=scratch)
-        except (ProxmoxError, policy.PolicyError) as exc:
-            steps.record("destroy scratch", "failed", detail=str(exc)[:300])
-    timings["total_s"] = round(time.monotonic() - started, 1)
-    return steps.answer(ok, vmid=vmid, backup=backup, scratch_vmid=scratch, timings=timings)
+        for step in DRILL_STEPS:
+            step(drill)
+    except ToolFailure as exc:
+        drill.steps.record("error", "failed", detail=str(exc)[:300])
+        drill.answered = False
+    if drill.base is not None:
+        _destroy_scratch(drill)
+    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
+    return drill.steps.answer(drill.answered, vmid=vmid, backup=backup, scratch_vmid=drill.scratch,
+                              timings=drill.timings)
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:

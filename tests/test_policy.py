@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import audit
 import catalog
 import policy
 import simulator
@@ -313,15 +314,15 @@ def test_audit_lines_chain_and_tampering_is_found(tmp_path):
     lines = path.read_text().splitlines()
     assert len(lines) == 1000
     assert "hunter2" not in path.read_text()
-    assert policy.verify_audit(path) == (1000, None, "1000 lines, chain intact")
+    assert audit.verify(path) == (1000, None, "1000 lines, chain intact")
     record = json.loads(lines[50])
     record["path"] = "/nodes/pve1/qemu/999/status/start"
     lines[50] = json.dumps(record, separators=(",", ":"))  # line 51 altered
     path.write_text("\n".join(lines) + "\n")
-    assert policy.verify_audit(path)[1] == 51
+    assert audit.verify(path)[1] == 51
     del lines[50]
     path.write_text("\n".join(lines) + "\n")
-    count, bad, message = policy.verify_audit(path)
+    count, bad, message = audit.verify(path)
     assert bad == 51 and "removed" in message
 
 

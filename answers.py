@@ -1,0 +1,101 @@
+"""The shared answer kit of the tool modules: the argument types many tools share, lists as
+tables, human units, and progress notifications.
+
+Answers are small: lists come as {"columns": [...], "rows": [[...], ...]}, sizes and times
+are readable, and nothing is null.
+"""
+from datetime import datetime, timezone
+from typing import Annotated, Any, Callable
+
+import anyio.from_thread
+from mcp.server.mcpserver import Context
+from pydantic import Field
+
+# ---------------------------------------------------------------- arguments many tools share
+
+Host = str | None  # a host label; may be left out when one host of the product is configured
+Node = str | None
+Vmid = Annotated[int, Field(ge=100, le=999999999)]
+OptionalVmid = Annotated[int | None, Field(ge=100)]
+GuestName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")]
+Volid = Annotated[str, Field(description="volid")]
+Limit = Annotated[int, Field(ge=1, le=1000)]
+Offset = Annotated[int, Field(ge=0)]
+WaitArg = Annotated[int, Field(ge=0, le=3600)]
+DryRunArg = bool  # read by the tool edge (server.as_tool) for the policy
+ConfirmArg = bool  # read by the tool edge (server.as_tool) for the policy
+
+
+# ---------------------------------------------------------------- human units
+
+def human_bytes(value: float | int | None) -> str | None:
+    if value is None:
+        return None
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return None
+
+
+def human_duration(seconds: float | int | None) -> str | None:
+    if not seconds:
+        return None
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def iso_time(epoch: int | float | None) -> str | None:
+    if not epoch:
+        return None
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def percent(used: float | None, total: float | None) -> float | None:
+    return round(100 * used / total, 1) if used is not None and total else None
+
+
+# ---------------------------------------------------------------- shapes
+
+def table(columns: list[str], rows: list[dict], *, limit: int | None = None, offset: int = 0) -> dict:
+    """Rows as lists under one header (an empty cell is "", never null); paging with a
+    `truncated` marker and the next offset."""
+    page = rows[offset:offset + limit] if limit else rows[offset:]
+    cell = lambda value: "" if value is None else value  # noqa: E731
+    result: dict[str, Any] = {"columns": columns, "rows": [[cell(row.get(c)) for c in columns] for row in page]}
+    result["total"] = len(rows)
+    if limit and offset + limit < len(rows):
+        result["truncated"] = True
+        result["next_offset"] = offset + limit
+    return result
+
+
+def compact(data: dict) -> dict:
+    """Drop None and empty values; answers carry no nulls."""
+    return {k: v for k, v in data.items() if v is not None and v != "" and v != []}
+
+
+# ---------------------------------------------------------------- progress
+
+def progress_reporter(ctx: Context | None) -> Callable[[float | None, str], None] | None:
+    """A callback that sends MCP progress notifications from a sync tool's worker thread.
+    Percentages only grow; a line without one repeats the last value."""
+    if ctx is None:
+        return None
+    last = [0.0]
+
+    def report(pct: float | None, message: str) -> None:
+        last[0] = max(last[0], pct if pct is not None else last[0])
+        try:
+            anyio.from_thread.run(ctx.report_progress, last[0], 100.0, message[:200])
+        except Exception:  # progress is best effort: a gone client must not fail the task
+            pass
+    return report

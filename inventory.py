@@ -1,0 +1,110 @@
+"""What exists on a Proxmox VE cluster, as the tools look it up: guests by vmid, nodes by name,
+the next free vmid, a node's bridges, where a storage is. Names are checked here before a tool
+sends anything, and an unknown one is answered with the names that exist.
+
+Guests and node names are kept a few seconds on the client (ProxmoxClient.cached); any write
+drops the guests, as it may have created, moved or deleted one.
+"""
+
+from errors import InvalidArgument, ProxmoxError
+from proxmox_client import ProxmoxClient
+
+KEEP_SECONDS = 10.0  # how long guest and node lists are reused between calls
+
+
+# ---------------------------------------------------------------- guests
+
+def guest_resources(client: ProxmoxClient, *, fresh: bool = False) -> list[dict]:
+    """All guests from one /cluster/resources call, kept for a few seconds per host."""
+    def read() -> list[dict]:
+        guests = client.get("/cluster/resources", type="vm") or []
+        for guest in guests:
+            guest["vmid"] = int(guest["vmid"])  # PVE < 8.2 sends an LXC vmid as a string
+        return guests
+    return client.cached("guests", read, KEEP_SECONDS, fresh=fresh, until_write=True)
+
+
+def resolve_guest(client: ProxmoxClient, vmid: int) -> dict:
+    """The /cluster/resources row of a guest; refreshed once on a miss; an unknown vmid
+    answers with the closest existing ones."""
+    for fresh in (False, True):
+        for guest in guest_resources(client, fresh=fresh):
+            if guest["vmid"] == vmid:
+                return guest
+    known = sorted(guest_resources(client), key=lambda g: abs(g["vmid"] - vmid))[:5]
+    close = ", ".join(f"{g['vmid']} ({g.get('name', '?')})" for g in known)
+    raise InvalidArgument(f"No guest with vmid {vmid} on host '{client.host.label}'. "
+                          + (f"Closest existing: {close}. " if close else "No guests are visible. ")
+                          + "Use list_guests to see them all.")
+
+
+def guest_path(client: ProxmoxClient, vmid: int, *, fresh: bool = False) -> tuple[str, dict]:
+    """The API path of a guest and its resources row; `fresh` re-reads before a status check."""
+    if fresh:
+        guest_resources(client, fresh=True)
+    row = resolve_guest(client, vmid)
+    return f"/nodes/{row['node']}/{row['type']}/{vmid}", row
+
+
+def next_vmid(client: ProxmoxClient) -> int:
+    return int(client.get("/cluster/nextid"))
+
+
+# ---------------------------------------------------------------- nodes and their bridges
+
+def node_names(client: ProxmoxClient) -> list[str]:
+    return client.cached("nodes", lambda: sorted(n["node"] for n in client.get("/nodes") or []), KEEP_SECONDS)
+
+
+def check_node(client: ProxmoxClient, node: str) -> str:
+    """A node name exactly as the cluster spells it; a wrong one is refused before any write."""
+    names = node_names(client)
+    if node not in names:
+        close = [n for n in names if n.lower() == node.lower()]
+        hint = f" (did you mean '{close[0]}'? names are case-sensitive)" if close else ""
+        raise InvalidArgument(f"Unknown node '{node}'{hint}. Nodes: {', '.join(names)}.")
+    return node
+
+
+def bridges(client: ProxmoxClient, node: str) -> list[dict]:
+    """A node's bridges: uplink port or isolated, VLAN-aware or not, address."""
+    rows = []
+    for iface in client.get(f"/nodes/{node}/network", type="any_bridge") or []:
+        ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
+                     "segment": "uplinked" if ports else "isolated",
+                     "vlan_aware": bool(iface.get("bridge_vlan_aware")) or iface.get("type") == "OVSBridge",
+                     "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
+                     "comment": (iface.get("comments") or "").strip() or None})
+    return rows
+
+
+# ---------------------------------------------------------------- storages
+
+def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
+    """A node where a storage is available (the given one, checked), or a clear error; with
+    `content`, the storage must accept that content type."""
+    entries = [e for e in client.get("/cluster/resources", type="storage") or [] if e.get("storage") == storage]
+    if entries and content and content not in (entries[0].get("content") or "").split(","):
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+    if not entries:
+        names = sorted({e["storage"] for e in client.get("/cluster/resources", type="storage") or []})
+        raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
+    nodes = [e["node"] for e in entries if e.get("status") == "available"]
+    if node:
+        if node not in [e["node"] for e in entries]:
+            raise InvalidArgument(f"Storage '{storage}' is not on node '{node}'; it is on "
+                                  f"{', '.join(e['node'] for e in entries)}.")
+        return node
+    if not nodes:
+        raise ProxmoxError(f"Storage '{storage}' is not available on any node right now.")
+    return nodes[0]
+
+
+def backup_storages(client: ProxmoxClient) -> list[tuple[str, str]]:
+    """(storage, a node where it is available) for every storage holding backups, PBS included."""
+    seen: dict[str, str] = {}
+    for entry in client.get("/cluster/resources", type="storage") or []:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") == "available":
+            seen.setdefault(entry["storage"], entry["node"])
+    return sorted(seen.items())
