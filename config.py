@@ -496,7 +496,7 @@ def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
         if not products:
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
                               f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
-        if all(policy.method_gate(p, method, path) != "blocked" for p in products):
+        if policy.method_gate(method, path) != "blocked":
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
                               f"and the PROXMOX_ALLOW_* flags.")
         opened.add((method, path))

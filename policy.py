@@ -122,21 +122,26 @@ def truthy(value: str) -> bool:
     return value in ("1", "True", "true", "yes", "on")
 
 
+def any_value(_value: str) -> bool:
+    """An argument rule that holds whatever the value is."""
+    return True
+
+
 # Arguments that raise a call's gate: (path regex, parameter regex, test on the value, gate, why).
 ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
-    (r".*", r"hookscript", lambda v: True, "elevated", "a hookscript runs on the host"),
-    (r".*/qemu(/\{vmid\}/config)?", r"args", lambda v: True, "elevated", "raw QEMU arguments reach the host"),
-    (r".*", r"hostpci\d+|parallel\d+|dev\d+", lambda v: True, "elevated", "host device passthrough"),
+    (r".*", r"hookscript", any_value, "elevated", "a hookscript runs on the host"),
+    (r".*/qemu(/\{vmid\}/config)?", r"args", any_value, "elevated", "raw QEMU arguments reach the host"),
+    (r".*", r"hostpci\d+|parallel\d+|dev\d+", any_value, "elevated", "host device passthrough"),
     (r".*", r"usb\d+", lambda v: "spice" not in v, "elevated", "host USB passthrough"),
     (r".*", r"serial\d+", lambda v: v.startswith("/dev/"), "elevated", "host serial device"),
     (r".*/lxc(/\{vmid\}/config)?", r"mp\d+|rootfs", lambda v: v.split(",")[0].split("=")[-1].startswith("/"), "elevated", "bind-mounts a host path"),
     (r".*/lxc(/\{vmid\}/config)?", r"features", lambda v: "mount=" in v or "keyctl=1" in v, "elevated", "container may mount or use host keyrings"),
     (r".*/lxc", r"unprivileged", lambda v: not truthy(v), "elevated", "privileged container: root inside is root on the host"),
-    (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", lambda v: True, "elevated", "runs a script or writes to a host path"),
+    (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", any_value, "elevated", "runs a script or writes to a host path"),
     (r".*", r"purge|destroy-unreferenced-disks", truthy, "destructive", "also deletes jobs and disks"),
     (r".*", r"force", truthy, "destructive", "forces past a safety check"),
     (r".*/(move_disk|move_volume)", r"delete", truthy, "destructive", "deletes the source disk"),
-    (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", lambda v: True, "write", "restores a backup"),
+    (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", any_value, "write", "restores a backup"),
 ]
 
 
@@ -147,12 +152,12 @@ def _rule_for(method: str, template: str) -> tuple[str, str]:
     raise AssertionError("the last rule matches everything")
 
 
-def method_gate(product: str, method: str, template: str) -> str:
+def method_gate(method: str, template: str) -> str:
     """The gate of a catalog method, before its arguments are looked at."""
     return _rule_for(method, template)[0]
 
 
-def call_gate(product: str, method: str, template: str, params: dict[str, Any]) -> tuple[str, list[str]]:
+def call_gate(method: str, template: str, params: dict[str, Any]) -> tuple[str, list[str]]:
     """The gate of one call: the method's, raised by dangerous arguments. Returns (gate, reasons)."""
     gate, why = _rule_for(method, template)
     reasons = [why]
@@ -320,7 +325,13 @@ class Settings:
 
 SETTINGS = Settings()
 # Per call, set by the tool wrapper in server.py: tool name, dry run, confirmation.
-CALL: contextvars.ContextVar[dict] = contextvars.ContextVar("call", default={})
+# None outside a tool call (a shared dict default would be one object for every context).
+CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("call", default=None)
+
+
+def current_call() -> dict:
+    """The running tool call's settings, empty outside a tool call."""
+    return CALL.get() or {}
 
 
 def configure(settings: Settings) -> None:
@@ -367,7 +378,7 @@ def check(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision
     template, entries, path_params = found
     if method not in entries:
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
-    gate, reasons = call_gate(host.product, method, template, params)
+    gate, reasons = call_gate(method, template, params)
     require_gate(host, gate, f"{method} {clean}", reasons, method, template)
     errors = catalog.check_params(entries[method], params, path_params=path_params)
     if errors:
@@ -559,7 +570,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     if SETTINGS.audit_path is None:
         return
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
-              "product": host.product, "tool": CALL.get().get("tool"), "method": method, "path": path,
+              "product": host.product, "tool": current_call().get("tool"), "method": method, "path": path,
               "params": json.loads(mask(json.dumps(mask_params(params), default=str))), "verdict": verdict}
     if result is not None:
         record["result"] = mask(str(result))

@@ -197,8 +197,8 @@ class ProxmoxClient:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
                     timeout=(host.connect_timeout, host.read_timeout), verify=self.verify)
-            except requests.exceptions.SSLError as exc:
-                raise self._tls_error(exc) from None
+            except requests.exceptions.SSLError:
+                raise self._tls_error() from None
             except requests.exceptions.RequestException as exc:
                 raise self._connection_error(exc) from None
             if response.status_code == 401:
@@ -234,7 +234,7 @@ class ProxmoxClient:
             raise
         if decision.gate == "read":
             return self._send(method, decision.path, params, timeout)
-        call = policy.CALL.get()
+        call = policy.current_call()
         if call.get("dry_run") or policy.SETTINGS.dry_run:
             plan = self._dry_run_plan(method, decision, params)
             policy.audit(self.host, method, decision.path, params, "dry_run")
@@ -322,8 +322,8 @@ class ProxmoxClient:
                     use_ticket = True  # an endpoint Proxmox refuses to tokens: the password login instead
                     continue
                 break
-            except requests.exceptions.SSLError as exc:
-                raise self._tls_error(exc) from None
+            except requests.exceptions.SSLError:
+                raise self._tls_error() from None
             except requests.exceptions.ConnectionError as exc:
                 if attempt + 1 < attempts and not isinstance(exc, requests.exceptions.ConnectTimeout):
                     time.sleep(0.2 * (attempt + 1))  # retry an idempotent GET after a dropped connection
@@ -369,7 +369,7 @@ class ProxmoxClient:
             f"Host '{self.host.label}' ({self.host.url}) is unreachable: {reason}. Check that the URL and "
             f"port are right (PVE 8006, PBS 8007) and that the service is running.")
 
-    def _tls_error(self, exc: Exception) -> ProxmoxError:
+    def _tls_error(self) -> ProxmoxError:
         label = self.host.label.upper()
         prefix = "PROXMOX" if self.host.product == "pve" else "PBS"
         offered = server_fingerprint(self.host.url)

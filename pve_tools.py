@@ -413,7 +413,7 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx, f"delete snapshot {vmid} {name}")
 
 
-def _backup_storage(client: ProxmoxClient, storage: str, node: str) -> None:
+def _backup_storage(client: ProxmoxClient, storage: str) -> None:
     ok = [name for name, _ in backup_storages(client)]
     if storage not in ok:
         raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
@@ -428,7 +428,7 @@ def write_backup_guest(vmid: Vmid, storage: str,
     """Back up a guest now (vzdump) to a storage, PBS included."""
     client = pve_client(host)
     _, row = guest_path(client, vmid)
-    _backup_storage(client, storage, row["node"])
+    _backup_storage(client, storage)
     params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
     return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
 

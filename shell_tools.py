@@ -78,7 +78,7 @@ class _VerifyHostKey:
     def __init__(self, pinned: str | None, where: str):
         self.pinned, self.where = pinned, where
 
-    def missing_host_key(self, client: "paramiko.SSHClient", hostname: str, key: "paramiko.PKey") -> None:
+    def missing_host_key(self, _client: "paramiko.SSHClient", _hostname: str, key: "paramiko.PKey") -> None:
         import paramiko
         offered = key.fingerprint
         if self.pinned and self.pinned == offered:
@@ -261,7 +261,7 @@ def authorize(product: str, label: str, gate: str, what: str, guests: list[int])
             if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
                 raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS "
                                          f"({', '.join(map(str, sorted(EXEC_ALLOWED_VMIDS)))}). Refused.")
-        call = policy.CALL.get()
+        call = policy.current_call()
         if call.get("dry_run") or policy.SETTINGS.dry_run:
             policy.audit(host, "SSH", what, {}, "dry_run")
             raise policy.DryRun({"dry_run": True, "host": label, "run": what, "gate": gate, "guests": guests,

@@ -34,7 +34,7 @@ class Call:
 
 def _permissions(call: Call, render: Callable[[set], dict]) -> dict:
     held: dict[str, set] = {}
-    for path, role, propagate in call.token.acl:
+    for path, role, _propagate in call.token.acl:
         privileges = set(ROLES[role])
         if "*" in privileges:
             privileges = all_privileges(call.product)

@@ -10,7 +10,7 @@ from .call import ApiError, Call, _permissions
 from .lab import GiB, Task
 
 
-def pbs_version(call: Call, **_: str) -> dict:
+def pbs_version(_call: Call, **_: str) -> dict:
     return {"version": "4.2", "release": "1", "repoid": "5a1e0c5f"}
 
 
@@ -112,6 +112,12 @@ PRUNE_PERIODS = (("keep-last", None), ("keep-hourly", "%Y/%m/%d/%H"), ("keep-dai
                  ("keep-weekly", "%G/%V"), ("keep-monthly", "%Y/%m"), ("keep-yearly", "%Y"))
 
 
+def _period_of(snap: dict, period: str | None) -> str:
+    """The period a snapshot falls in for one keep option; with keep-last each snapshot is its own."""
+    moment = snap["backup-time"]
+    return str(moment) if period is None else time.strftime(period, time.gmtime(moment))
+
+
 def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str]:
     """PBS's prune selection (proxmox-backup, prune.rs): newest first; each keep option keeps
     the newest snapshot of its next N periods, skipping periods an earlier option already
@@ -125,9 +131,7 @@ def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str
         keep = options.get(name)
         if not keep:
             continue
-        def period_of(snap: dict) -> str:
-            return str(snap["backup-time"]) if period is None else time.strftime(period, time.gmtime(snap["backup-time"]))
-        already = {period_of(x) for x in ordered if mark.get(x["backup-time"]) == "keep"}
+        already = {_period_of(x, period) for x in ordered if mark.get(x["backup-time"]) == "keep"}
         included: set[str] = set()
         for snap in ordered:
             if snap["backup-time"] in mark:
@@ -135,7 +139,7 @@ def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str
             if snap["protected"]:
                 mark[snap["backup-time"]] = "protected"
                 continue
-            selected = period_of(snap)
+            selected = _period_of(snap, period)
             if selected in already:
                 continue
             if selected not in included:
@@ -239,7 +243,7 @@ def _pbs_task(call: Call, upid: str) -> Task:
     return task
 
 
-def pbs_tasks(call: Call, node: str) -> list:
+def pbs_tasks(call: Call, **_: str) -> list:
     now = time.time()
     rows = []
     for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
@@ -259,7 +263,7 @@ def pbs_tasks(call: Call, node: str) -> list:
     return rows[start:start + limit] if limit else rows[start:]
 
 
-def pbs_task_status(call: Call, node: str, upid: str) -> dict:
+def pbs_task_status(call: Call, upid: str, **_: str) -> dict:
     task = _pbs_task(call, upid)
     row = {"upid": upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
            "type": task.type, "id": task.id, "user": task.user}
@@ -268,7 +272,7 @@ def pbs_task_status(call: Call, node: str, upid: str) -> dict:
     return row | {"status": "stopped", "exitstatus": task.exitstatus}
 
 
-def pbs_task_log(call: Call, node: str, upid: str) -> list:
+def pbs_task_log(call: Call, upid: str, **_: str) -> list:
     lines = _pbs_task(call, upid).log(time.time()) or ["no content"]
     rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))

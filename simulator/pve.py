@@ -40,7 +40,7 @@ def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
 
 # ---------------------------------------------------------------- PVE handlers
 
-def pve_version(call: Call, **_: str) -> dict:
+def pve_version(_call: Call, **_: str) -> dict:
     return {"version": "9.2.1", "release": "9.2", "repoid": "0d3f1c6ba8d1e2a7"}
 
 

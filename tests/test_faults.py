@@ -20,7 +20,7 @@ class Fault:
     tool: str
     arguments: dict
     expect: tuple[str, ...]  # words the error must contain
-    stop: Callable[[Any], None] = lambda lab: None
+    stop: Callable[[Any], None] = lambda _lab: None
     env: str = "reader"  # which server answers: reader, operator (lifecycle tier)
     extra: dict = field(default_factory=dict)
 

@@ -2,6 +2,7 @@
 works, is refused by the policy, and refuses bad input with no write sent; task tools report
 progress and answer still_running at their deadline."""
 import json
+from functools import partial
 
 import pytest
 
@@ -194,7 +195,8 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
 def test_snapshot_and_restore_refusals_for_protected(ops, sim):
     sim.lab.guests[101]["snapshots"] = [{"name": "keep", "snaptime": 1}]
     for tool in ("write_snapshot_rollback", "write_snapshot_delete"):
-        message, sent = requests_during(sim, writes=True, action=lambda: ops.error(tool, {"vmid": 101, "name": "keep", "confirm": True}))
+        refused = partial(ops.error, tool, {"vmid": 101, "name": "keep", "confirm": True})
+        message, sent = requests_during(sim, refused, writes=True)
         assert "protected" in message and sent == []
     archive = sim.lab.volumes["nfs-backup"][0]["volid"]
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_restore_backup", {

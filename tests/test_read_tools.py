@@ -1,4 +1,6 @@
 """The first read tools, through the SDK client over stdio against the simulator."""
+from functools import partial
+
 import pytest
 
 from conftest import requests_during, stdio_session
@@ -88,7 +90,7 @@ def test_bad_input_is_refused_with_nothing_sent(session, sim):
     for tool, args in [("get_guest", {"vmid": 5}), ("get_guest", {"vmid": "abc"}), ("get_guest", {}),
                        ("list_guests", {"type": "vm"}), ("list_guests", {"limit": 0}),
                        ("get_task", {"upid": "not-a-upid"}), ("list_guests", {"host": "nowhere"})]:
-        message, sent = requests_during(sim, lambda: session.error(tool, args))
+        message, sent = requests_during(sim, partial(session.error, tool, args))
         assert sent == [], (tool, args)
         assert message
     assert "No Proxmox VE host labelled 'nowhere'" in session.error("list_guests", {"host": "nowhere"})

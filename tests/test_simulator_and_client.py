@@ -336,7 +336,7 @@ def test_403_from_the_server_when_privileges_were_not_read(sim):
     policy.PERMISSIONS.pop(("pve", "lab", READER), None)
     original = policy.SETTINGS
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
-    token = policy.CALL.set({"confirm": lambda client, decision: None})
+    token = policy.CALL.set({"confirm": lambda _client, _decision: None})
     try:
         with pytest.raises(ProxmoxError, match=r"lacks VM.PowerMgmt on /vms/100"):
             reader.request("POST", "/nodes/pve1/qemu/100/status/stop")
@@ -349,7 +349,7 @@ def test_wait_task_outcomes(sim):
     pve = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
     ok = sim.lab.start_task("pve1", "qmclone", "100", duration=0.4)
     seen = []
-    assert pve.wait_task(ok, timeout=20, on_progress=lambda pct, text: seen.append(pct))["result"] == "ok"
+    assert pve.wait_task(ok, timeout=20, on_progress=lambda pct, _text: seen.append(pct))["result"] == "ok"
     warned = sim.lab.start_task("pve1", "vzdump", "100", exitstatus="WARNINGS: 1", duration=0.1)
     outcome = pve.wait_task(warned, timeout=20)
     assert outcome["result"] == "warnings" and outcome["warnings"]
@@ -367,7 +367,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     import policy as policy_module
     original = policy_module.SETTINGS
     policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
-    confirmed = policy_module.CALL.set({"confirm": lambda client, decision: None})
+    confirmed = policy_module.CALL.set({"confirm": lambda _client, _decision: None})
     try:
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"
