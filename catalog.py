@@ -155,7 +155,7 @@ def find_path(product: str, path: str) -> tuple[str, dict[str, dict], dict[str, 
         match = regex.match(path)
         if match:
             names = re.findall(r"\{([\w-]+)\}", template)
-            return template, entries, dict(zip(names, match.groups()))
+            return template, entries, dict(zip(names, match.groups(), strict=True))
     return None
 
 

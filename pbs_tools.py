@@ -161,7 +161,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
     client = pbs_client(host)
     _check_store(client, store)
     options = {name.replace("_", "-"): value for name, value in
-               zip(KEEP_OPTIONS, (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)) if value}
+               zip(KEEP_OPTIONS, (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly), strict=True) if value}
     params = _group_params(backup_type, backup_id, ns) | options
     preview = client.request("POST", f"/admin/datastore/{store}/prune", params | {"dry-run": True}) or []
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]

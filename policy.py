@@ -507,7 +507,7 @@ def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     else:
         missing = any(v is False for v in verdicts)
     if missing:
-        lacking = "|".join(p for p, v in zip(privileges, verdicts) if v is False)
+        lacking = "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
         raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
                           f"{entry['method']} {entry['path']} needs; nothing was sent. "
                           + grant_hint(host, lacking, acl_path))

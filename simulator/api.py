@@ -47,7 +47,7 @@ def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str
         held = [call.can(path, p) for p in privileges]
         if (any(held) if any_of else all(held)):
             return None
-        return path, "|".join(privileges) if any_of else next(p for p, h in zip(privileges, held) if not h)
+        return path, "|".join(privileges) if any_of else next(p for p, h in zip(privileges, held, strict=True) if not h)
     if kind == "or":
         failures = [_evaluate(call, sub, values) for sub in check[1:]]
         return None if any(f is None for f in failures) else failures[0]

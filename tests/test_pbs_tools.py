@@ -36,7 +36,7 @@ def pbs_writes(sim, action):
 
 
 def rows(answer):
-    return [dict(zip(answer["columns"], row)) for row in answer["rows"]]
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
 
 

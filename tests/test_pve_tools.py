@@ -29,7 +29,7 @@ def ops(sim, tmp_path_factory):
 
 
 def rows(answer):
-    return [dict(zip(answer["columns"], row)) for row in answer["rows"]]
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
 
 # ---------------------------------------------------------------- reads

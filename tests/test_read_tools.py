@@ -37,7 +37,7 @@ def test_cluster_status(session):
 
 def test_list_nodes_with_human_sizes(session):
     nodes = session.ok("list_nodes")
-    row = dict(zip(nodes["columns"], nodes["rows"][0]))
+    row = dict(zip(nodes["columns"], nodes["rows"][0], strict=True))
     assert row["node"] == "pve1" and row["status"] == "online" and row["mem_total"] == "64.0 GiB"
 
 
@@ -98,7 +98,7 @@ def test_bad_input_is_refused_with_nothing_sent(session, sim):
 
 def test_list_storage_merges_shared_storage(session):
     storage = session.ok("list_storage")
-    rows = [dict(zip(storage["columns"], row)) for row in storage["rows"]]
+    rows = [dict(zip(storage["columns"], row, strict=True)) for row in storage["rows"]]
     shared = [r for r in rows if r["node"] == "(shared)"]
     assert {r["storage"] for r in shared} == {"nfs-backup", "pbs"}
     assert len([r for r in rows if r["storage"] == "local"]) == 3
@@ -109,7 +109,7 @@ def test_list_storage_merges_shared_storage(session):
 
 def test_list_tasks_and_failures(session):
     tasks = session.ok("list_tasks")
-    rows = [dict(zip(tasks["columns"], row)) for row in tasks["rows"]]
+    rows = [dict(zip(tasks["columns"], row, strict=True)) for row in tasks["rows"]]
     assert {r["type"] for r in rows} >= {"vzdump", "qmstart"}
     failed = session.ok("list_tasks", {"errors": True})
     assert [row[tasks["columns"].index("status")] for row in failed["rows"]] == ["job errors"]

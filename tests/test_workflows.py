@@ -81,7 +81,7 @@ def test_unreadable_sections_are_unavailable_not_healthy(ops, sim):
 
 def test_backup_coverage_checks_pve_and_pbs_against_each_other(ops, sim):
     report, sent = requests_during(sim, lambda: ops.ok("backup_coverage"))
-    rows = {r[0]: dict(zip(report["guests"]["columns"], r)) for r in report["guests"]["rows"]}
+    rows = {r[0]: dict(zip(report["guests"]["columns"], r, strict=True)) for r in report["guests"]["rows"]}
     assert rows[100]["state"] == "ok" and rows[100]["where"] == "pbs:backup" and rows[100]["verify"] == "ok"
     assert rows[102]["state"] == "stale" and rows[102]["age_h"] > 100
     assert rows[103]["state"] == "missing" and rows[103]["jobs"] == "backup-nightly"
@@ -103,7 +103,7 @@ def test_backup_coverage_reads_each_nodes_own_local_storage(ops, sim):
                        node="pve3")
     try:
         report = ops.ok("backup_coverage")
-        rows = {r[0]: dict(zip(report["guests"]["columns"], r)) for r in report["guests"]["rows"]}
+        rows = {r[0]: dict(zip(report["guests"]["columns"], r, strict=True)) for r in report["guests"]["rows"]}
         assert rows[103]["state"] == "ok" and rows[103]["where"] == "local@pve3"
     finally:
         sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v.get("vmid") != 103]
