@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -193,41 +194,58 @@ def spec_for(params: dict[str, dict], name: str) -> dict | None:
     return None
 
 
+def _check_boolean(_spec: dict, value: Any, text: str, form: bool) -> str | None:
+    ok = value in (0, 1, "0", "1") if form else value in (0, 1, "0", "1", True, False)
+    return None if ok else f"type check ('boolean') failed - got '{text}'"
+
+
+def _check_number(spec: dict, value: Any, text: str, _form: bool) -> str | None:
+    kind = spec.get("type")
+    pattern = r"-?\d+" if kind == "integer" else r"-?\d+(\.\d+)?([eE][-+]?\d+)?"
+    if isinstance(value, bool) or not re.fullmatch(pattern, str(value)):
+        return f"type check ('{kind}') failed - got '{text}'"
+    number = float(value)
+    if "minimum" in spec and number < spec["minimum"]:
+        return f"value must have a minimum value of {spec['minimum']}"
+    if "maximum" in spec and number > spec["maximum"]:
+        return f"value must have a maximum value of {spec['maximum']}"
+    return None
+
+
+def _check_string(spec: dict, value: Any, text: str, _form: bool) -> str | None:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        return f"type check ('string') failed - got '{text}'"
+    value = str(value)
+    if "enum" in spec and value not in spec["enum"]:
+        return f"value '{value}' does not have a value in the enumeration '{', '.join(spec['enum'])}'"
+    if "maxLength" in spec and len(value) > spec["maxLength"]:
+        return f"value may only be {spec['maxLength']} characters long"
+    if "minLength" in spec and len(value) < spec["minLength"]:
+        return f"value must be at least {spec['minLength']} characters long"
+    if "pattern" in spec and not _matches(spec["pattern"], value):
+        return "value does not match the regex pattern"
+    return _check_format(spec.get("format"), value)
+
+
+def _check_format(fmt: Any, value: str) -> str | None:
+    """A named format (pve-node, ...) or a property string's own schema."""
+    if isinstance(fmt, str) and fmt in NAMED_FORMATS and not re.fullmatch(NAMED_FORMATS[fmt], value):
+        return f"invalid format - value '{value}' is not a valid {fmt}"
+    if isinstance(fmt, dict):
+        return _check_property_string(fmt, value)
+    return None
+
+
+# Scalar type -> its check(spec, value, value as text, form-encoded?); other types are not checked here.
+SCALAR_CHECKS: dict[str, Callable[[dict, Any, str, bool], str | None]] = {
+    "boolean": _check_boolean, "integer": _check_number, "number": _check_number, "string": _check_string}
+
+
 def _check_scalar(spec: dict, value: Any, *, form: bool) -> str | None:
     """Return an error message in Proxmox's words, or None when the value fits."""
-    kind = spec.get("type", "string")
     text = value if isinstance(value, str) else json.dumps(value)
-    if kind == "boolean":
-        ok = value in (0, 1, "0", "1") if form else value in (0, 1, "0", "1", True, False)
-        if not ok:
-            return f"type check ('boolean') failed - got '{text}'"
-    elif kind in ("integer", "number"):
-        pattern = r"-?\d+" if kind == "integer" else r"-?\d+(\.\d+)?([eE][-+]?\d+)?"
-        if isinstance(value, bool) or not re.fullmatch(pattern, str(value)):
-            return f"type check ('{kind}') failed - got '{text}'"
-        number = float(value)
-        if "minimum" in spec and number < spec["minimum"]:
-            return f"value must have a minimum value of {spec['minimum']}"
-        if "maximum" in spec and number > spec["maximum"]:
-            return f"value must have a maximum value of {spec['maximum']}"
-    elif kind == "string":
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            return f"type check ('string') failed - got '{text}'"
-        value = str(value)
-        if "enum" in spec and value not in spec["enum"]:
-            return f"value '{value}' does not have a value in the enumeration '{', '.join(spec['enum'])}'"
-        if "maxLength" in spec and len(value) > spec["maxLength"]:
-            return f"value may only be {spec['maxLength']} characters long"
-        if "minLength" in spec and len(value) < spec["minLength"]:
-            return f"value must be at least {spec['minLength']} characters long"
-        if "pattern" in spec and not _matches(spec["pattern"], value):
-            return "value does not match the regex pattern"
-        fmt = spec.get("format")
-        if isinstance(fmt, str) and fmt in NAMED_FORMATS and not re.fullmatch(NAMED_FORMATS[fmt], value):
-            return f"invalid format - value '{value}' is not a valid {fmt}"
-        if isinstance(fmt, dict):
-            return _check_property_string(fmt, value)
-    return None
+    check = SCALAR_CHECKS.get(spec.get("type", "string"))
+    return check(spec, value, text, form) if check else None
 
 
 @lru_cache(maxsize=4096)

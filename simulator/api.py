@@ -109,12 +109,8 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
            *, form: bool = True, cookie: str = "", csrf: str = "") -> Any:
     """One API call: auth, route, schema check, permission check, then the handler."""
     lab.tick()
-    if lab.delay:
-        time.sleep(lab.delay)  # a slow server, switched on by a test
     path = unquote(raw_path)
-    for pattern, seconds in lab.slow_paths.items():
-        if re.search(pattern, path):
-            time.sleep(seconds)
+    _slow_down(lab, path)
     match = TOKEN_HEADER[product].match(auth or "")
     logging_in = method == "POST" and path == "/access/ticket" and not match
     identity = None if match or logging_in else ticket_identity(lab, product, cookie)
@@ -124,35 +120,8 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
         lab.request_tokens.append(caller)
     if logging_in:
         return login(lab, product, params)
-    if identity:  # a valid ticket: the user's own rights; writes need the ticket's CSRF token
-        token = identity[1]
-        if method != "GET" and csrf != identity[2]:
-            raise ApiError(401, "Permission denied - invalid csrf token")
-    else:
-        tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
-        token = tokens.get(match.group("id")) if match else None
-        if token is None or token.secret != match.group("secret"):
-            if lab.auth_fail_delay:
-                time.sleep(lab.auth_fail_delay)
-            raise ApiError(401, "Authentication failed!" if product == "pve" else
-                           "authentication failed - invalid token")
-    if method == "HEAD":
-        raise ApiError(501, f"Method 'HEAD {path}' not implemented")
-    found = catalog.find_method(product, method, path)
-    if found is None:
-        raise ApiError(501, f"Method '{method} {path}' not implemented")
-    entry, path_params = found
-    if match and entry.get("allowtoken") == 0:  # PROXMOX-FACTS: a few endpoints refuse tokens outright
-        raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
-    for pattern, status, message in lab.fail:
-        if re.search(pattern, path):
-            if status == 400:  # a parameter the server itself rejects, in PVE's format
-                raise ApiError(400, "Parameter verification failed.", {"value": message})
-            raise ApiError(status, message)
-    errors = catalog.check_params(entry, params, form=form, path_params=path_params)
-    if errors:
-        lab.schema_rejections.append((product, method, path, errors))
-        raise ApiError(400, "Parameter verification failed.", errors)
+    token = _authenticate(lab, product, method, match, identity, csrf)
+    entry, path_params = _route(lab, product, method, path, params, form=form, by_token=bool(match))
     call = Call(product, method, path, params, caller, token, lab)
     if "node" in path_params and product == "pve":
         _node(call, path_params["node"])
@@ -162,3 +131,58 @@ def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str,
         if handler is None:
             return generic(call, entry)
         return handler(call, **{k.replace("-", "_"): v for k, v in path_params.items()})
+
+
+def _slow_down(lab: Lab, path: str) -> None:
+    """A slow server or slow paths, switched on by a test."""
+    if lab.delay:
+        time.sleep(lab.delay)
+    for pattern, seconds in lab.slow_paths.items():
+        if re.search(pattern, path):
+            time.sleep(seconds)
+
+
+def _authenticate(lab: Lab, product: str, method: str, match: re.Match | None,
+                  identity: tuple[str, Token, str] | None, csrf: str) -> Token:
+    """The rights of the caller: a valid ticket's user (writes need its CSRF token) or an API token."""
+    if identity:
+        if method != "GET" and csrf != identity[2]:
+            raise ApiError(401, "Permission denied - invalid csrf token")
+        return identity[1]
+    tokens = lab.pve_tokens if product == "pve" else lab.pbs_tokens
+    token = tokens.get(match.group("id")) if match else None
+    if token is None or token.secret != match.group("secret"):
+        if lab.auth_fail_delay:
+            time.sleep(lab.auth_fail_delay)
+        raise ApiError(401, "Authentication failed!" if product == "pve" else
+                       "authentication failed - invalid token")
+    return token
+
+
+def _route(lab: Lab, product: str, method: str, path: str, params: dict[str, Any], *,
+           form: bool, by_token: bool) -> tuple[dict, dict[str, str]]:
+    """The catalog entry and path parameters of a call the server accepts: a known method, open
+    to the caller's kind of credentials, not failed by a test's fault, with parameters the schema allows."""
+    if method == "HEAD":
+        raise ApiError(501, f"Method 'HEAD {path}' not implemented")
+    found = catalog.find_method(product, method, path)
+    if found is None:
+        raise ApiError(501, f"Method '{method} {path}' not implemented")
+    entry, path_params = found
+    if by_token and entry.get("allowtoken") == 0:  # PROXMOX-FACTS: a few endpoints refuse tokens outright
+        raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
+    _injected_fault(lab, path)
+    errors = catalog.check_params(entry, params, form=form, path_params=path_params)
+    if errors:
+        lab.schema_rejections.append((product, method, path, errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    return entry, path_params
+
+
+def _injected_fault(lab: Lab, path: str) -> None:
+    """The first fault a test switched on for this path, raised as the server would."""
+    for pattern, status, message in lab.fail:
+        if re.search(pattern, path):
+            if status == 400:  # a parameter the server itself rejects, in PVE's format
+                raise ApiError(400, "Parameter verification failed.", {"value": message})
+            raise ApiError(status, message)

@@ -77,46 +77,68 @@ def _guest_row(guest: dict) -> dict:
     return row
 
 
-def pve_cluster_resources(call: Call, **_: str) -> list:
+def _node_resources(call: Call) -> list[dict]:
     lab = call.lab
-    wanted = call.arg("type")
-    rows: list[dict] = []
-    if wanted in (None, "node"):
-        for name, node in lab.nodes.items():
-            row = {"id": f"node/{name}", "type": "node", "node": name,
-                   "status": "offline" if name in lab.down_nodes else "online"}
-            # without Sys.Audit the node comes back bare (PROXMOX-FACTS); a down node has no stats
-            if call.can(f"/nodes/{name}", "Sys.Audit") and name not in lab.down_nodes:
-                row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime",
-                                             "level")} | {"cgroup-mode": 2}
-            rows.append(row)
-    if wanted in (None, "vm"):
-        for vmid, guest in sorted(lab.guests.items()):
-            if call.can(f"/vms/{vmid}", "VM.Audit"):
-                row = _guest_row(guest)
-                if guest["node"] in lab.down_nodes:
-                    row["status"] = "unknown"
-                rows.append(row)
-    if wanted in (None, "storage"):
-        for storage in lab.storages.values():
-            if not call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
-                continue
-            for name in lab.storage_nodes(storage):
-                rows.append({"id": f"storage/{name}/{storage['storage']}", "type": "storage", "node": name,
-                             "storage": storage["storage"], "plugintype": storage["type"],
-                             "status": "unknown" if name in lab.down_nodes else "available",
-                             "content": storage["content"], "shared": storage["shared"],
-                             "disk": storage["used"], "maxdisk": storage["total"]})
-    if wanted is None:
-        for pool in lab.pools:
-            if call.can(f"/pool/{pool}", "Pool.Audit"):
-                rows.append({"id": f"/pool/{pool}", "type": "pool", "pool": pool})
-    if wanted in (None, "sdn"):
-        for name in lab.nodes:
-            if call.can("/sdn/zones/localnetwork", "SDN.Audit"):
-                rows.append({"id": f"sdn/{name}/localnetwork", "type": "sdn", "sdn": "localnetwork",
-                             "node": name, "status": "ok"})
+    rows = []
+    for name, node in lab.nodes.items():
+        row = {"id": f"node/{name}", "type": "node", "node": name,
+               "status": "offline" if name in lab.down_nodes else "online"}
+        # without Sys.Audit the node comes back bare (PROXMOX-FACTS); a down node has no stats
+        if call.can(f"/nodes/{name}", "Sys.Audit") and name not in lab.down_nodes:
+            stats = ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime", "level")
+            row |= {k: node[k] for k in stats} | {"cgroup-mode": 2}
+        rows.append(row)
     return rows
+
+
+def _guest_resources(call: Call) -> list[dict]:
+    rows = []
+    for vmid, guest in sorted(call.lab.guests.items()):
+        if call.can(f"/vms/{vmid}", "VM.Audit"):
+            row = _guest_row(guest)
+            if guest["node"] in call.lab.down_nodes:
+                row["status"] = "unknown"
+            rows.append(row)
+    return rows
+
+
+def _storage_resources(call: Call) -> list[dict]:
+    lab = call.lab
+    rows = []
+    for storage in lab.storages.values():
+        if not call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
+            continue
+        for name in lab.storage_nodes(storage):
+            rows.append({"id": f"storage/{name}/{storage['storage']}", "type": "storage", "node": name,
+                         "storage": storage["storage"], "plugintype": storage["type"],
+                         "status": "unknown" if name in lab.down_nodes else "available",
+                         "content": storage["content"], "shared": storage["shared"],
+                         "disk": storage["used"], "maxdisk": storage["total"]})
+    return rows
+
+
+def _pool_resources(call: Call) -> list[dict]:
+    return [{"id": f"/pool/{pool}", "type": "pool", "pool": pool}
+            for pool in call.lab.pools if call.can(f"/pool/{pool}", "Pool.Audit")]
+
+
+def _sdn_resources(call: Call) -> list[dict]:
+    if not call.can("/sdn/zones/localnetwork", "SDN.Audit"):
+        return []
+    return [{"id": f"sdn/{name}/localnetwork", "type": "sdn", "sdn": "localnetwork", "node": name, "status": "ok"}
+            for name in call.lab.nodes]
+
+
+# The rows of /cluster/resources in their order, each with the `type` filter that keeps them;
+# pools (None) are listed only when no type is asked for.
+RESOURCE_ROWS: tuple[tuple[str | None, Callable[[Call], list[dict]]], ...] = (
+    ("node", _node_resources), ("vm", _guest_resources), ("storage", _storage_resources),
+    (None, _pool_resources), ("sdn", _sdn_resources))
+
+
+def pve_cluster_resources(call: Call, **_: str) -> list:
+    wanted = call.arg("type")
+    return [row for kind, rows in RESOURCE_ROWS if wanted in (None, kind) for row in rows(call)]
 
 
 def pve_nodes(call: Call, **_: str) -> list:
