@@ -43,9 +43,10 @@ def pbs_list_datastores(host: Host = None) -> dict:
     rows = []
     for ds in client.get("/status/datastore-usage") or []:
         gc = ds.get("gc-status") or {}
+        full_by = ds.get("estimated-full-date", 0)
         rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
                      "used_pct": percent(ds.get("used"), ds.get("total")),
-                     "full_by": iso_time(ds.get("estimated-full-date"))[:10] if ds.get("estimated-full-date", 0) > 0 else None,
+                     "full_by": iso_time(full_by)[:10] if full_by > 0 else None,
                      "last_gc": iso_time(gc.get("last-run-endtime")), "gc_freed": human_bytes(gc.get("removed-bytes")),
                      "error": ds.get("error")})
     return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_freed", "error"], rows)
@@ -69,7 +70,8 @@ def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
     """Namespaces of a datastore."""
     client = pbs_client(host)
     _check_store(client, store)
-    rows = [{"ns": n.get("ns", ""), "comment": n.get("comment")} for n in client.get(f"/admin/datastore/{store}/namespace") or []]
+    namespaces = client.get(f"/admin/datastore/{store}/namespace") or []
+    rows = [{"ns": n.get("ns", ""), "comment": n.get("comment")} for n in namespaces]
     return table(["ns", "comment"], rows)
 
 
@@ -160,8 +162,8 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
     """Prune a backup group by keep rules: previews, then removes on confirm."""
     client = pbs_client(host)
     _check_store(client, store)
-    options = {name.replace("_", "-"): value for name, value in
-               zip(KEEP_OPTIONS, (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly), strict=True) if value}
+    keeps = (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)
+    options = {name.replace("_", "-"): value for name, value in zip(KEEP_OPTIONS, keeps, strict=True) if value}
     params = _group_params(backup_type, backup_id, ns) | options
     preview = client.request("POST", f"/admin/datastore/{store}/prune", params | {"dry-run": True}) or []
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]

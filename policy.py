@@ -51,10 +51,14 @@ class DryRun(Exception):
 # First match wins. (methods, path template regex, gate, why). Paths are catalog templates.
 RULES: list[tuple[str, str, str, str]] = [
     # blocked: logins, passwords, second factors, consoles and raw protocol channels
-    ("*", r"/access/ticket|/access/vncticket|/access/password|/access/openid/.*", "blocked", "login and password endpoints"),
-    ("*", r"/access/tfa.*|/access/users/\{userid\}/tfa|/access/users/\{userid\}/unlock-tfa", "blocked", "second-factor material"),
-    ("*", r".*/(vncshell|spiceshell|termproxy|vncproxy|spiceproxy|vncwebsocket|mtunnel|mtunnelwebsocket)", "blocked", "interactive consoles and tunnels"),
-    ("*", r".*/qemu/\{vmid\}/(monitor|sendkey|dbus-vmstate)", "blocked", "QEMU monitor and keystrokes reach the guest console"),
+    ("*", r"/access/ticket|/access/vncticket|/access/password|/access/openid/.*", "blocked",
+     "login and password endpoints"),
+    ("*", r"/access/tfa.*|/access/users/\{userid\}/tfa|/access/users/\{userid\}/unlock-tfa", "blocked",
+     "second-factor material"),
+    ("*", r".*/(vncshell|spiceshell|termproxy|vncproxy|spiceproxy|vncwebsocket|mtunnel|mtunnelwebsocket)", "blocked",
+     "interactive consoles and tunnels"),
+    ("*", r".*/qemu/\{vmid\}/(monitor|sendkey|dbus-vmstate)", "blocked",
+     "QEMU monitor and keystrokes reach the guest console"),
     ("*", r".*/agent/set-user-password", "blocked", "sets a guest password"),
     ("GET", r"/backup|/reader", "blocked", "HTTP/2 backup protocol upgrade, not a REST call"),
     # exec: commands and file writes inside guests, and the node's own command runner
@@ -65,25 +69,36 @@ RULES: list[tuple[str, str, str, str]] = [
     ("GET", r".*/agent/file-read", "sensitive", "reads any file in the guest"),
     ("GET", r".*/cloudinit/dump", "sensitive", "cloud-init user data can hold passwords and keys"),
     ("GET", r"/nodes/\{node\}/report", "sensitive", "full system report with configuration files"),
-    ("GET", r"/cluster/config/join|/cluster/config/totem|/cluster/config/qdevice", "sensitive", "cluster join information"),
-    ("GET", r"/cluster/notifications/endpoints/.*|/config/notifications/endpoints/.*", "sensitive", "notification targets can hold tokens"),
-    ("GET", r"/config/remote/.*|/config/s3/.*|/config/encryption-keys.*|/config/tape-encryption-keys.*", "sensitive", "remote credentials and key material"),
-    ("GET", r"/admin/datastore/\{store\}/(download|download-decoded|pxar-file-download|catalog|file-restore/.*)", "sensitive", "backup contents"),
+    ("GET", r"/cluster/config/join|/cluster/config/totem|/cluster/config/qdevice", "sensitive",
+     "cluster join information"),
+    ("GET", r"/cluster/notifications/endpoints/.*|/config/notifications/endpoints/.*", "sensitive",
+     "notification targets can hold tokens"),
+    ("GET", r"/config/remote/.*|/config/s3/.*|/config/encryption-keys.*|/config/tape-encryption-keys.*", "sensitive",
+     "remote credentials and key material"),
+    ("GET", r"/admin/datastore/\{store\}/(download|download-decoded|pxar-file-download|catalog|file-restore/.*)",
+     "sensitive", "backup contents"),
     ("GET", r"/nodes/\{node\}/(journal|syslog)", "read", "logs"),
-    ("GET", r"/nodes/\{node\}/query-url-metadata|/nodes/\{node\}/query-oci-repo-tags", "write", "makes the node fetch an arbitrary URL"),
+    ("GET", r"/nodes/\{node\}/query-url-metadata|/nodes/\{node\}/query-oci-repo-tags", "write",
+     "makes the node fetch an arbitrary URL"),
     ("GET", r".*", "read", "reads"),
     # elevated: the host, its network, the access system and the cluster itself
-    ("*", r"/access/(users|groups|roles|acl|domains).*|/config/access/.*", "elevated", "users, tokens, ACLs and realms"),
+    ("*", r"/access/(users|groups|roles|acl|domains).*|/config/access/.*", "elevated",
+     "users, tokens, ACLs and realms"),
     ("POST", r"/nodes/\{node\}/status", "elevated", "reboots or shuts down the node"),
-    ("*", r"/nodes/\{node\}/(network|dns|hosts|time|apt|services|subscription|certificates|config)(/.*)?", "elevated", "node system configuration"),
+    ("*", r"/nodes/\{node\}/(network|dns|hosts|time|apt|services|subscription|certificates|config)(/.*)?", "elevated",
+     "node system configuration"),
     ("*", r"/nodes/\{node\}/ceph.*|/cluster/ceph.*", "elevated", "Ceph cluster management"),
-    ("*", r"/cluster/config.*|/cluster/acme.*|/config/acme.*|/cluster/metrics.*|/config/metrics.*", "elevated", "cluster membership, certificates and data sent out"),
+    ("*", r"/cluster/config.*|/cluster/acme.*|/config/acme.*|/cluster/metrics.*|/config/metrics.*", "elevated",
+     "cluster membership, certificates and data sent out"),
     ("*", r"/cluster/notifications.*|/config/notifications.*", "elevated", "notification targets send data out"),
     ("*", r"/cluster/mapping.*", "elevated", "host device mappings"),
-    ("*", r"/cluster/firewall.*|/nodes/\{node\}/firewall.*", "elevated", "host-level firewall can lock out the cluster"),
+    ("*", r"/cluster/firewall.*|/nodes/\{node\}/firewall.*", "elevated",
+     "host-level firewall can lock out the cluster"),
     ("PUT", r"/cluster/sdn", "elevated", "applies SDN to every node"),
-    ("*", r"/storage(/.*)?|/config/datastore(/.*)?|/config/s3.*", "elevated", "storage definitions can mount host paths"),
-    ("*", r"/nodes/\{node\}/disks/(initgpt|wipedisk)|/nodes/\{node\}/disks/(lvm|lvmthin|directory|zfs)(/.*)?", "destructive", "formats or wipes disks"),
+    ("*", r"/storage(/.*)?|/config/datastore(/.*)?|/config/s3.*", "elevated",
+     "storage definitions can mount host paths"),
+    ("*", r"/nodes/\{node\}/disks/(initgpt|wipedisk)|/nodes/\{node\}/disks/(lvm|lvmthin|directory|zfs)(/.*)?",
+     "destructive", "formats or wipes disks"),
     # destructive
     ("POST", r".*/snapshot/\{snapname\}/rollback", "destructive", "rollback discards the current state"),
     ("POST", r".*/status/(stop|reset)", "destructive", "hard power-off loses unsaved guest state"),
@@ -96,10 +111,12 @@ RULES: list[tuple[str, str, str, str]] = [
     ("POST", r".*/status/(start|shutdown|reboot|suspend|resume)", "lifecycle", "power state"),
     ("POST", r"/nodes/\{node\}/(startall|suspendall|wakeonlan)", "lifecycle", "power state"),
     ("POST", r".*/\{vmid\}/snapshot", "lifecycle", "creates a snapshot"),
-    ("POST", r".*/agent/(ping|fsfreeze-.*|fstrim|shutdown|suspend-.*)", "lifecycle", "guest agent power and filesystem actions"),
+    ("POST", r".*/agent/(ping|fsfreeze-.*|fstrim|shutdown|suspend-.*)", "lifecycle",
+     "guest agent power and filesystem actions"),
     ("POST", r"/nodes/\{node\}/vzdump", "lifecycle", "creates a backup"),
     ("POST", r"/cluster/bulk-action/guest/(start|shutdown|suspend)", "lifecycle", "power state of several guests"),
-    ("POST", r"/admin/(sync|verify|prune)/\{id\}/run|/admin/datastore/\{store\}/(verify|gc)|/nodes/\{node\}/replication/\{id\}/schedule_now", "lifecycle", "runs a job now"),
+    ("POST", r"/admin/(sync|verify|prune)/\{id\}/run|/admin/datastore/\{store\}/(verify|gc)"
+             r"|/nodes/\{node\}/replication/\{id\}/schedule_now", "lifecycle", "runs a job now"),
     # everything else that changes something
     ("*", r".*", "write", "changes configuration or creates things"),
 ]
@@ -108,14 +125,17 @@ RULES: list[tuple[str, str, str, str]] = [
 UNCERTAIN: dict[tuple[str, str, str], str] = {
     ("pve", "GET", "/nodes/{node}/query-url-metadata"): "a GET, but the node fetches any URL given: treated as a write",
     ("pve", "GET", "/nodes/{node}/report"): "not secret by design, but it dumps configuration files: sensitive",
-    ("pve", "POST", "/nodes/{node}/vzdump"): "a backup changes no guest, but it loads storage and can run hook scripts: lifecycle, hooks elevated",
-    ("pve", "POST", "/nodes/{node}/migrateall"): "moves every guest of a node: write, refused when it would move a protected guest",
+    ("pve", "POST", "/nodes/{node}/vzdump"):
+        "a backup changes no guest, but it loads storage and can run hook scripts: lifecycle, hooks elevated",
+    ("pve", "POST", "/nodes/{node}/migrateall"):
+        "moves every guest of a node: write, refused when it would move a protected guest",
     ("pve", "POST", "/nodes/{node}/qemu/{vmid}/template"): "irreversible in practice, but destroys nothing: write",
     ("pve", "PUT", "/cluster/options"): "datacenter-wide settings; none reach the host shell: write",
     ("pve", "GET", "/cluster/config/join"): "join information holds no password but helps an attacker: sensitive",
     ("pbs", "POST", "/admin/datastore/{store}/gc"): "GC frees only chunks no snapshot references: lifecycle",
     ("pbs", "GET", "/config/remote/{name}"): "PBS does not return the password, but the remote's auth id: sensitive",
-    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/fsfreeze-freeze"): "a frozen filesystem blocks the guest until thawed: lifecycle",
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/agent/fsfreeze-freeze"):
+        "a frozen filesystem blocks the guest until thawed: lifecycle",
 }
 
 def truthy(value: str) -> bool:
@@ -134,10 +154,14 @@ ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*", r"hostpci\d+|parallel\d+|dev\d+", any_value, "elevated", "host device passthrough"),
     (r".*", r"usb\d+", lambda v: "spice" not in v, "elevated", "host USB passthrough"),
     (r".*", r"serial\d+", lambda v: v.startswith("/dev/"), "elevated", "host serial device"),
-    (r".*/lxc(/\{vmid\}/config)?", r"mp\d+|rootfs", lambda v: v.split(",")[0].split("=")[-1].startswith("/"), "elevated", "bind-mounts a host path"),
-    (r".*/lxc(/\{vmid\}/config)?", r"features", lambda v: "mount=" in v or "keyctl=1" in v, "elevated", "container may mount or use host keyrings"),
-    (r".*/lxc", r"unprivileged", lambda v: not truthy(v), "elevated", "privileged container: root inside is root on the host"),
-    (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", any_value, "elevated", "runs a script or writes to a host path"),
+    (r".*/lxc(/\{vmid\}/config)?", r"mp\d+|rootfs", lambda v: v.split(",")[0].split("=")[-1].startswith("/"),
+     "elevated", "bind-mounts a host path"),
+    (r".*/lxc(/\{vmid\}/config)?", r"features", lambda v: "mount=" in v or "keyctl=1" in v, "elevated",
+     "container may mount or use host keyrings"),
+    (r".*/lxc", r"unprivileged", lambda v: not truthy(v), "elevated",
+     "privileged container: root inside is root on the host"),
+    (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", any_value, "elevated",
+     "runs a script or writes to a host path"),
     (r".*", r"purge|destroy-unreferenced-disks", truthy, "destructive", "also deletes jobs and disks"),
     (r".*", r"force", truthy, "destructive", "forces past a safety check"),
     (r".*/(move_disk|move_volume)", r"delete", truthy, "destructive", "deletes the source disk"),
@@ -289,8 +313,9 @@ def named_guests(product: str, template: str, path_params: dict[str, str], param
             match = REPLICATION_ID.match(str(everything.get(key, "")))
             if match:
                 found.add(int(match.group(1)))
-    if product == "pbs" and everything.get("backup-type") in ("vm", "ct") and str(everything.get("backup-id", "")).isdigit():
-        found.add(int(everything["backup-id"]))
+    backup_id = str(everything.get("backup-id", ""))
+    if product == "pbs" and everything.get("backup-type") in ("vm", "ct") and backup_id.isdigit():
+        found.add(int(backup_id))
     if "sid" in everything or "sids" in everything:
         found.update(_numbers(everything.get("sid", "")) + _numbers(everything.get("sids", "")))
     return found
@@ -426,7 +451,8 @@ def check_protected(host: Any, method: str, template: str, params: dict, guests:
                               f"{entry.get('reason', 'no reason given')}. This request is refused.")
     if bulk == "all=1":
         excluded = set(_numbers(params.get("exclude", "")))
-        left = [e for e in protected.entries if e.get("host") in (None, "*", host.label) and int(e["vmid"]) not in excluded]
+        left = [e for e in protected.entries
+                if e.get("host") in (None, "*", host.label) and int(e["vmid"]) not in excluded]
         if left:
             raise PolicyError(f"{method} {template} with all=1 would include protected guest "
                               f"{left[0]['vmid']} on host '{host.label}'. Add it to exclude.")
@@ -494,9 +520,9 @@ def holds_anywhere(host: Any, privilege: str) -> bool:
 def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     check = entry.get("check")
     if not check or host.product != "pve" or check[0] != "perm":
-        return
+        return  # only plain privilege checks are decided here; Proxmox decides the rest
     if entry["method"] != "GET" and getattr(host, "write_token_id", None):
-        return  # writes go with the write token, whose privileges were not read  # only plain privilege checks are decided here; Proxmox decides the rest
+        return  # writes go with the write token, whose privileges were not read
     acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
     if "{" in acl_path:
         return

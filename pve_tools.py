@@ -239,9 +239,12 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
     return table(["volid", "vmid", "storage", "size", "time", "notes", "protected", "verify"], rows, limit=limit)
 
 
+StorageContent = Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"]
+
+
 def storage_content(storage: str, host: Host = None,
                     node: Node = None,
-                    content: Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"] | None = None,
+                    content: StorageContent | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
     """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
@@ -361,7 +364,8 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
     base, _ = guest_path(client, vmid)
     config = client.get(f"{base}/config") or {}
     if disk not in config:
-        disks = [k for k in config if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
+        disks = [k for k in config
+                 if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
         raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
     current = _disk_gib(str(config[disk]))
     if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
@@ -396,12 +400,14 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
 
 
 def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
-                            dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+                            dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+                            ctx: Context | None = None) -> dict:
     """Roll a guest back to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx, f"rollback {vmid} {name}")
+    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx,
+                    f"rollback {vmid} {name}")
 
 
 def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
@@ -410,7 +416,8 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx, f"delete snapshot {vmid} {name}")
+    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
+                    f"delete snapshot {vmid} {name}")
 
 
 def _backup_storage(client: ProxmoxClient, storage: str) -> None:
@@ -438,7 +445,8 @@ def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
         return next_vmid(client)
     taken = {g["vmid"]: g for g in guest_resources(client, fresh=True)}
     if vmid in taken:
-        raise InvalidArgument(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. Leave vmid out to get the next free one.")
+        raise InvalidArgument(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. "
+                              f"Leave vmid out to get the next free one.")
     return vmid
 
 
@@ -452,8 +460,11 @@ def write_restore_backup(archive: Volid,
                          confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Restore a backup to a new vmid, or over a guest (overwrite)."""
     client = pve_client(host)
-    kind = "lxc" if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive) else "qemu" if re.search(r"vzdump-qemu-|/vm/|vm/\d+", archive) else None
-    if kind is None:
+    if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive):
+        kind = "lxc"
+    elif re.search(r"vzdump-qemu-|/vm/|vm/\d+", archive):
+        kind = "qemu"
+    else:
         raise InvalidArgument(f"'{archive}' does not look like a backup volid; take one from list_backups.")
     if overwrite:
         if vmid is None:
@@ -484,13 +495,15 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if not full and not row.get("template"):
-        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one (write_template, or full=true).")
+        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one "
+                              f"(write_template, or full=true).")
     newid = _free_vmid(client, newid)
     if target:
         check_node(client, target)
     params = {"newid": newid, "target": target, "full": full if row["type"] == "qemu" else None, "storage": storage,
               ("name" if row["type"] == "qemu" else "hostname"): name}
-    return run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}") | {"newid": newid}
+    result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
+    return result | {"newid": newid}
 
 
 def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="node")], host: Host = None,
@@ -539,10 +552,12 @@ def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | Non
     except ToolFailure as exc:
         raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
     if bridge not in known:
-        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. Bridges: {', '.join(known) or 'none'} (list_networks).")
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. "
+                              f"Bridges: {', '.join(known) or 'none'} (list_networks).")
     if vlan and not known[bridge]["vlan_aware"]:
+        aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
         raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
-                              f"Use a VLAN-aware bridge: {', '.join(b for b, v in known.items() if v['vlan_aware']) or 'none'}.")
+                              f"Use a VLAN-aware bridge: {aware}.")
 
 
 def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -> None:
@@ -550,8 +565,8 @@ def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -
     node = storage_node(client, storage, node)
     found = [v["volid"] for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content) or []]
     if volid not in found:
-        raise InvalidArgument(f"'{volid}' is not on storage {storage} ({content}). Available: {', '.join(found) or 'none'}; "
-                              f"write_download_url can fetch one.")
+        raise InvalidArgument(f"'{volid}' is not on storage {storage} ({content}). "
+                              f"Available: {', '.join(found) or 'none'}; write_download_url can fetch one.")
 
 
 Vlan = Annotated[int | None, Field(ge=1, le=4094)]
@@ -610,7 +625,8 @@ def write_create_lxc(hostname: GuestName,
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
     _volume_exists(client, node, template, "vztmpl")
-    net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "") + (f",tag={vlan}" if vlan else "")
+    net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "")
+    net += f",tag={vlan}" if vlan else ""
     params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
               "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged,
               "ssh-public-keys": ssh_keys, "start": start or None}
@@ -656,7 +672,8 @@ def write_delete_volume(volid: str, host: Host = None,
         raise InvalidArgument(f"No volume '{volid}' on {storage}. See storage_content.")
     users = _guests_using(client, volid, volumes[volid])
     if users:
-        raise ProxmoxError(f"'{volid}' is in use by guest(s) {', '.join(users)}; detach it first (write_guest_config delete=...).")
+        raise ProxmoxError(f"'{volid}' is in use by guest(s) {', '.join(users)}; "
+                           f"detach it first (write_guest_config delete=...).")
     return run_task(client, "DELETE", f"/nodes/{node}/storage/{storage}/content/{volid}", {}, wait_seconds, ctx,
                     f"delete {volid}")
 

@@ -73,11 +73,18 @@ class ToolSpec:
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
 
 
+def _tls_mode(host: proxmox_client.HostConfig) -> str:
+    if host.fingerprint:
+        return "pinned"
+    if host.ca_file:
+        return "ca_file"
+    return "verified" if host.verify_tls else "OFF"
+
+
 def list_hosts() -> dict:
     """Configured hosts: label (the `host` argument), product, URL."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
-             "token": h.token_id if h.token_secret else f"(password login as {h.user})",
-             "tls": "pinned" if h.fingerprint else ("ca_file" if h.ca_file else ("verified" if h.verify_tls else "OFF"))}
+             "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
     return answers.table(["host", "product", "url", "token", "tls"], rows)
 

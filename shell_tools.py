@@ -83,7 +83,10 @@ class _VerifyHostKey:
         offered = key.fingerprint
         if self.pinned and self.pinned == offered:
             return
-        what = "does not match the pinned fingerprint" if self.pinned else "is unknown (not in known_hosts, none pinned)"
+        if self.pinned:
+            what = "does not match the pinned fingerprint"
+        else:
+            what = "is unknown (not in known_hosts, none pinned)"
         raise paramiko.SSHException(
             f"Host key of {self.where} {what}: it offers {offered}. If that is really the node's key (compare with "
             f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on it), pin it with {self.pin_variable}={offered} "
@@ -134,10 +137,12 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
         except paramiko.BadHostKeyException as exc:
             raise ProxmoxError(f"Host key of {node} ({address}:{port}) CHANGED: known_hosts has "
                                f"{exc.expected_key.fingerprint}, the server offers {exc.key.fingerprint}. Refused. "
-                               f"If the node was reinstalled, update known_hosts; otherwise treat it as an attack.") from None
+                               f"If the node was reinstalled, update known_hosts; "
+                               f"otherwise treat it as an attack.") from None
         except paramiko.AuthenticationException:
             raise ProxmoxError(f"SSH login as {target.user} on {node} failed: the key was refused. Check "
-                               f"{prefix}_{target.label.upper()}_SSH_KEY_FILE and the node's authorized_keys.") from None
+                               f"{prefix}_{target.label.upper()}_SSH_KEY_FILE and the node's "
+                               f"authorized_keys.") from None
         except (paramiko.SSHException, socket.error, OSError) as exc:
             raise ProxmoxError(f"SSH to {node} ({address}:{port}) failed: {exc}") from None
         _connections[key] = client
@@ -306,7 +311,8 @@ def ssh_check(where: Where, host: Host = None) -> dict:
     result = run(target, node, f"id -un; {version}", timeout=20)
     lines = result.stdout.splitlines()
     return {"node": node, "fingerprint": fingerprint, "user": lines[0] if lines else None,
-            "version": " ".join(lines[1:])[:300] or result.stderr[:300], "exit_code": result.exit_code, "untrusted": True}
+            "version": " ".join(lines[1:])[:300] or result.stderr[:300], "exit_code": result.exit_code,
+            "untrusted": True}
 
 
 DIAGNOSTICS = """
@@ -315,7 +321,12 @@ echo '== zfs'; if command -v zpool >/dev/null; then zpool status -x 2>&1 | head 
 echo '== failed units'; systemctl --failed --no-legend --plain 2>&1 | head -40
 echo '== journal errors'; journalctl -p err -n 30 --no-pager -o short-iso -q 2>&1 | tail -30
 echo '== memory'; free -m 2>&1; cat /proc/pressure/memory 2>/dev/null
-echo '== smart'; if command -v smartctl >/dev/null; then for d in /dev/sd? /dev/nvme?n1; do [ -e "$d" ] && smartctl -H "$d" 2>&1 | grep -iE 'result|status' | sed "s|^|$d: |"; done; else echo 'smartctl not installed'; fi
+echo '== smart'
+if command -v smartctl >/dev/null; then
+  for d in /dev/sd? /dev/nvme?n1; do
+    [ -e "$d" ] && smartctl -H "$d" 2>&1 | grep -iE 'result|status' | sed "s|^|$d: |"
+  done
+else echo 'smartctl not installed'; fi
 """
 
 

@@ -735,7 +735,8 @@ def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) ->
             if kind == "qemu":
                 client.request("POST", f"{base}/agent/ping", {})
                 return True
-            if (client.get(f"{base}/status/current") or {}).get("status") == "running" and client.get(f"{base}/interfaces"):
+            running = (client.get(f"{base}/status/current") or {}).get("status") == "running"
+            if running and client.get(f"{base}/interfaces"):
                 return True
         except ProxmoxError:
             pass

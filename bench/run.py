@@ -245,7 +245,8 @@ def main() -> None:
             figures["requests_per_action"] = {
                 "list_guests": counted(sim, lambda: session.ok("list_guests")),
                 "get_guest": counted(sim, lambda: session.ok("get_guest", {"vmid": 102})),
-                "health_check PVE requests (3 nodes: budget 9)": counted(sim, lambda: session.ok("health_check"), "pve"),
+                "health_check PVE requests (3 nodes: budget 9)":
+                    counted(sim, lambda: session.ok("health_check"), "pve"),
                 "health_check PBS requests": counted(sim, lambda: session.ok("health_check"), "pbs"),
                 coverage_label(sim.lab): counted(sim, lambda: session.ok("backup_coverage")),
             }
@@ -261,7 +262,8 @@ def main() -> None:
         runs = 3 if quick else 7
         figures["startup_parts_median_s"] = {
             "python alone": median_seconds([sys.executable, "-c", "pass"], runs),
-            "import the mcp SDK (MCPServer)": median_seconds([sys.executable, "-c", "import mcp.server.mcpserver"], runs),
+            "import the mcp SDK (MCPServer)":
+                median_seconds([sys.executable, "-c", "import mcp.server.mcpserver"], runs),
             "import server.py": median_seconds([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
                                                 "import server"], runs),
         }

@@ -103,11 +103,16 @@ class Task:
     def running(self, now: float) -> bool:
         return now < self.started + self.duration
 
+    def last_line(self) -> str:
+        if self.exitstatus == "OK":
+            return "TASK OK"
+        if self.exitstatus.startswith("WARNINGS"):
+            return f"TASK {self.exitstatus}"
+        return f"TASK ERROR: {self.exitstatus}"
+
     def log(self, now: float) -> list[str]:
         if not self.running(now):
-            end = "TASK OK" if self.exitstatus == "OK" else (
-                f"TASK {self.exitstatus}" if self.exitstatus.startswith("WARNINGS") else f"TASK ERROR: {self.exitstatus}")
-            return self.lines + [end]
+            return self.lines + [self.last_line()]
         shown = int(len(self.lines) * (now - self.started) / max(self.duration, 1e-6))
         return self.lines[:max(1, shown)]
 
@@ -324,8 +329,8 @@ class Lab:
             groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
         self.datastores[name] = {"store": name, "total": total, "used": used, "groups": groups,
                                  "namespaces": {"": "", "offsite": "copies from the office"},
-                                 "gc": {"last-run-state": "ok", "last-run-endtime": now - 86400, "removed-bytes": 2 * GiB,
-                                        "pending-bytes": 0, "disk-chunks": 51234}}
+                                 "gc": {"last-run-state": "ok", "last-run-endtime": now - 86400,
+                                        "removed-bytes": 2 * GiB, "pending-bytes": 0, "disk-chunks": 51234}}
         self.pbs_jobs.setdefault("verify", []).append(
             {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "ok",
              "last-run-endtime": now - 7200, "next-run": now + 79200})
@@ -361,7 +366,8 @@ class Lab:
             starttime = int(started)
             if product == "pbs":
                 worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
-                upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:{kind}:{worker}:{user}:"
+                upid = (f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:"
+                        f"{kind}:{worker}:{user}:")
             else:  # PVE's UPID decoder allows no ':' in the worker id
                 upid = f"UPID:{node}:{self._pid:08X}:0000A1B2:{starttime:08X}:{kind}:{item.replace(':', '_')}:{user}:"
             if lines is None:

@@ -74,7 +74,8 @@ def pbs_groups(call: Call, store: str) -> list:
         if ns != _ns(call) or not snaps:
             continue
         rows.append({"backup-type": kind, "backup-id": item, "last-backup": max(x["backup-time"] for x in snaps),
-                     "backup-count": len(snaps), "owner": "root@pam", "files": ["index.json.blob", "drive-scsi0.img.fidx"]})
+                     "backup-count": len(snaps), "owner": "root@pam",
+                     "files": ["index.json.blob", "drive-scsi0.img.fidx"]})
     return rows
 
 
@@ -205,7 +206,8 @@ def pbs_verify(call: Call, store: str) -> str:
         targets = list(_group(call, ds))
     else:
         targets = [x for snaps in ds["groups"].values() for x in snaps]
-    lines = [f"verify datastore {store}"] + [f"percentage done: {p}% ({p * len(targets) // 100}/{len(targets)} snapshots)"
+    count = len(targets)
+    lines = [f"verify datastore {store}"] + [f"percentage done: {p}% ({p * count // 100}/{count} snapshots)"
                                              for p in (25, 50, 75, 100)]
 
     def apply() -> None:

@@ -141,12 +141,16 @@ def pve_cluster_resources(call: Call, **_: str) -> list:
     return [row for kind, rows in RESOURCE_ROWS if wanted in (None, kind) for row in rows(call)]
 
 
+NODE_FINGERPRINT = ("AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:"
+                    "AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99")
+
+
 def pve_nodes(call: Call, **_: str) -> list:
     rows = []
     for name, node in call.lab.nodes.items():
         row = {"node": name, "status": "offline" if name in call.lab.down_nodes else "online",
                "type": "node", "id": f"node/{name}",
-               "ssl_fingerprint": "AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99:AA:BB:CC:DD:EE:FF:00:11:22:33:44:55:66:77:88:99"}
+               "ssl_fingerprint": NODE_FINGERPRINT}
         if call.can(f"/nodes/{name}", "Sys.Audit") and name not in call.lab.down_nodes:
             row |= {k: node[k] for k in ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime", "level")}
         rows.append(row)
@@ -157,7 +161,8 @@ def pve_node_status(call: Call, node: str) -> dict:
     info = _node(call, node)
     return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
             "kversion": info["kversion"], "pveversion": "pve-manager/9.2.1/0d3f1c6ba8d1e2a7",
-            "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1, "cores": info["maxcpu"] // 2},
+            "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1,
+                        "cores": info["maxcpu"] // 2},
             "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
             "rootfs": {"total": info["maxdisk"], "used": info["disk"], "avail": info["maxdisk"] - info["disk"]},
             "swap": {"total": 8 * GiB, "used": 0, "free": 8 * GiB},
@@ -480,22 +485,31 @@ def pve_vzdump(call: Call, node: str) -> str:
                                exitstatus=_locked(guest, kind) or "OK", on_done=apply, lock=(guest, "backup"))
 
 
+# The create parameters the simulated guest keeps in its config.
+CREATE_KEEPS = re.compile(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs"
+                          r"|unprivileged|description")
+
+
 def pve_create(kind: str) -> Callable:
     """Create a guest, or restore one from a backup archive (qemu: archive=, lxc: restore=1)."""
     def handler(call: Call, node: str) -> str:
         _node(call, node)
         vmid = int(call.arg("vmid"))
-        archive = call.arg("archive") if kind == "qemu" else (call.arg("ostemplate") if str(call.arg("restore", "0")) == "1" else None)
+        if kind == "qemu":
+            archive = call.arg("archive")
+        else:
+            archive = call.arg("ostemplate") if str(call.arg("restore", "0")) == "1" else None
         exists = vmid in call.lab.guests
         if exists and not (archive and str(call.arg("force", "0")) == "1"):
-            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {vmid}: config file already exists")
+            label = "VM" if kind == "qemu" else "CT"
+            raise ApiError(500, f"unable to create {label} {vmid}: config file already exists")
         name = call.arg("name") or call.arg("hostname") or f"{'vm' if kind == 'qemu' else 'ct'}{vmid}"
 
         def apply() -> None:
-            guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1]),
-                                       cores=int(call.arg("cores", 1)))
+            memory_mib = int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1])
+            guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=memory_mib, cores=int(call.arg("cores", 1)))
             for key, value in call.params.items():
-                if re.fullmatch(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs|unprivileged|description", key):
+                if CREATE_KEEPS.fullmatch(key):
                     guest["config"][key] = value
             if str(call.arg("start", "0")) == "1":
                 guest["status"] = "running"
@@ -511,7 +525,8 @@ def pve_clone(kind: str) -> Callable:
         source = _guest(call, node, vmid, kind)
         newid = int(call.arg("newid"))
         if newid in call.lab.guests:
-            raise ApiError(500, f"unable to create {'VM' if kind == 'qemu' else 'CT'} {newid}: config file already exists")
+            label = "VM" if kind == "qemu" else "CT"
+            raise ApiError(500, f"unable to create {label} {newid}: config file already exists")
         target = call.arg("target", node)
         _node(call, target)
         name = call.arg("name") or call.arg("hostname") or f"copy-of-{source['name']}"
@@ -570,7 +585,8 @@ def pve_destroy(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         label = "VM" if kind == "qemu" else "CT"
-        error = _locked(guest, kind) or ("OK" if guest["status"] == "stopped" else f"{label} {vmid} is running - destroy failed")
+        running = f"{label} {vmid} is running - destroy failed"
+        error = _locked(guest, kind) or ("OK" if guest["status"] == "stopped" else running)
 
         def apply() -> None:
             call.lab.guests.pop(int(vmid), None)
@@ -621,7 +637,8 @@ def pve_agent(command: str) -> Callable:
             raise ApiError(500, f"VM {vmid} is not running")
         address = f"192.0.2.{100 + int(vmid) % 100}"
         answers = {
-            "get-osinfo": {"result": {"id": "debian", "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 13 (trixie)",
+            "get-osinfo": {"result": {"id": "debian", "name": "Debian GNU/Linux",
+                                      "pretty-name": "Debian GNU/Linux 13 (trixie)",
                                       "kernel-release": "6.12.48+deb13-amd64", "machine": "x86_64"}},
             "get-host-name": {"result": {"host-name": guest["name"]}},
             "network-get-interfaces": {"result": [

@@ -31,7 +31,8 @@ CANDIDATES = ["walk1", "1", "pve1", "100", "a1b2", "vm", "local", "192.0.2.5", "
               "2026-01-01", "walk@example.com", "+1G", "x", "aa:" * 31 + "aa", "https://example.com/x.iso",
               "vm/100", "1b7a5b0e-6c4f-4b8a-9b1a-2f3c4d5e6f70", "sha256", "0", "ssh-ed25519 AAAA walk", "*/5",
               "pve", "pbs", "AAAA", "w.example.com", "10", "abcdefghij", "dir", "/dev/sda", "sda", "100-0", "acl",
-              "/", "walkpass1", "docker.io/library/debian:13", "192.0.2.5:8089", "8086:1234", "0000:01:00.0", "pve1c-0123456789"]
+              "/", "walkpass1", "docker.io/library/debian:13", "192.0.2.5:8089", "8086:1234", "0000:01:00.0",
+              "pve1c-0123456789"]
 
 
 def value_for(name: str, spec: dict, entry: dict):

@@ -15,8 +15,9 @@ HOSTILE = [None, True, -1, 0, 99, 10 ** 12, -10 ** 12, 3.5, "", " ", "x" * 20000
            "/nodes/pve1/../../access", "%2e%2e%2f", "vm:100", "100-0", "local-lvm:vm-100-disk-0", "'; rm -rf / #",
            "$(reboot)", "`id`", "ünïcödé 日本語 🙂", "\u202e", "\x00", "\n", [], {}, [1, 2], {"a": 1}, "PVE1", "pve1",
            "UPID:pve1:00000001:00000001:00000001:qmstart:100:root@pam:", "true", "1", "2048"]
-GOOD = {"integer": [100, 101, 102, 103, 104, 105, 1, 5, 30], "string": ["pve1", "pve2", "local", "backup", "vmbr0", "web",
-        "scsi0", "+1G", "net0", "snap1", "lab", "vm", "100", "local:iso/debian-13.1.0-amd64-netinst.iso"],
+GOOD = {"integer": [100, 101, 102, 103, 104, 105, 1, 5, 30],
+        "string": ["pve1", "pve2", "local", "backup", "vmbr0", "web", "scsi0", "+1G", "net0", "snap1", "lab", "vm",
+                   "100", "local:iso/debian-13.1.0-amd64-netinst.iso"],
         "boolean": [True, False], "number": [1.0]}
 
 

@@ -82,7 +82,8 @@ def test_requests_without_or_with_a_wrong_bearer_get_401(http):
 
 def test_foreign_host_and_origin_are_refused(http):
     auth = HEADERS | {"Authorization": f"Bearer {TOKEN}"}
-    assert requests.post(http + "/mcp", json=INIT, headers=auth | {"Host": "evil.example"}, timeout=10).status_code == 421
+    response = requests.post(http + "/mcp", json=INIT, headers=auth | {"Host": "evil.example"}, timeout=10)
+    assert response.status_code == 421
     response = requests.post(http + "/mcp", json=INIT, headers=auth | {"Origin": "http://evil.example"}, timeout=10)
     assert response.status_code == 403
 

@@ -156,9 +156,12 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     ("write_pbs_run_job", {"kind": "backup", "job_id": "x"}, "kind"),
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "../x", "keep_last": 1}, "backup_id"),
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 0}, "keep_last"),
-    ("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 0}, "backup_time"),
-    ("write_pbs_set_notes", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5, "notes": "x"}, "No datastore"),
-    ("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5}, "backup_type"),
+    ("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 0},
+     "backup_time"),
+    ("write_pbs_set_notes", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5, "notes": "x"},
+     "No datastore"),
+    ("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5},
+     "backup_type"),
 ])
 def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
     message, sent = pbs_writes(sim, lambda: pbs.error(tool, arguments))
@@ -168,7 +171,8 @@ def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
 def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
     offered = {}
     for tier in ("read", "lifecycle", "write"):
-        env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier, "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
+        env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
+                                                     "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with stdio_session(env, log_name=f"pbs-tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools() if t.name.startswith("write_pbs")}
     assert offered["read"] == set()

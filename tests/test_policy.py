@@ -197,7 +197,8 @@ BYPASSES = [
     ("DELETE", "/nodes/pve1/storage/local-lvm/content/vm-100-disk-0", {}),
     ("DELETE", "/nodes/pve3/storage/local-lvm/content/local-lvm:subvol-102-disk-0", {}),
     ("DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:base-100-disk-0", {}),
-    ("DELETE", "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-2026_11_28-02_00_01.vma.zst", {}),
+    ("DELETE", "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-2026_11_28-02_00_01.vma.zst",
+     {}),
     ("POST", "/nodes/pve1/storage/local-lvm/content", {"vmid": 100, "filename": "vm-100-disk-9", "size": "1G"}),
     ("DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {"vmid": 100}),
     ("DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {}),  # every guest's backups
@@ -451,7 +452,8 @@ def test_elicit_off_requires_confirm(sim, tmp_path):
 
     env = write_env(sim, tmp_path, PROXMOX_ELICIT="false")
     with stdio_session(env, log_name="no-elicit", elicitation_callback=answer) as session:
-        assert "confirm=true" in session.error("write_api_call", {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"})
+        stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
+        assert "confirm=true" in session.error("write_api_call", stop)
 
 
 def test_global_dry_run(sim, tmp_path):
@@ -535,11 +537,12 @@ def test_tools_no_token_can_use_are_hidden_and_clients_told(sim):
 
 
 def test_per_host_access_and_the_write_token(sim, tmp_path):
+    reader = f"mcp@pve!reader={sim.lab.pve_tokens['mcp@pve!reader'].secret}"
+    admin = f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}"
     env = write_env(sim, tmp_path) | {"PROXMOX_ACCESS": "read", "PROXMOX_LAB_ACCESS": "lifecycle",
-                                       "PROXMOX_LAB_TOKEN": f"mcp@pve!reader={sim.lab.pve_tokens['mcp@pve!reader'].secret}",
-                                       "PROXMOX_LAB_WRITE_TOKEN": f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}",
+                                       "PROXMOX_LAB_TOKEN": reader, "PROXMOX_LAB_WRITE_TOKEN": admin,
                                        "PROXMOX_OTHER_URL": sim.pve_url, "PROXMOX_OTHER_FINGERPRINT": sim.fingerprint,
-                                       "PROXMOX_OTHER_TOKEN": f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}"}
+                                       "PROXMOX_OTHER_TOKEN": admin}
     with stdio_session(env, log_name="per-host") as session:
         assert "write_api_call" in {t.name for t in session.tools()}  # open on one host
         call = {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "split"}}
@@ -551,7 +554,8 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
         tokens = dict(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:], strict=False))
         assert tokens[("pve", "POST", "/nodes/pve2/qemu/101/snapshot")] == "root@pam!admin"
         # every GET of host 'lab' used the read token (the other host reads its privileges in the background)
-        assert all(t == "mcp@pve!reader" for (_, m, p), t in tokens.items() if m == "GET" and p != "/access/permissions")
+        lab_reads = [t for (_, m, p), t in tokens.items() if m == "GET" and p != "/access/permissions"]
+        assert all(t == "mcp@pve!reader" for t in lab_reads)
         info = session.ok("server_info")
         lab = next(h for h in info["hosts"] if h["host"] == "lab" and h["product"] == "pve")
         assert lab["write_token"] == "root@pam!admin" and "lifecycle" in lab["gates_open"]

@@ -13,6 +13,8 @@ WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "writ
                "write_snapshot_create", "write_snapshot_rollback", "write_snapshot_delete", "write_backup_guest",
                "write_restore_backup", "write_clone_guest", "write_migrate_guest", "write_template",
                "write_delete_guest", "write_create_vm", "write_create_lxc", "write_download_url", "write_delete_volume"]
+DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"  # files on the simulated `local` storage
+DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,7 @@ def test_provisioning(ops, sim):
     config = sim.lab.guests[cloud["vmid"]]["config"]
     assert config["ide2"] == "local-lvm:cloudinit" and config["ciuser"] == "admin"
     assert config["sshkeys"].startswith("ssh-ed25519%20AAAA") and config["ipconfig0"].startswith("ip=192.0.2.50/24")
-    ct = ops.ok("write_create_lxc", {"hostname": "pihole", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst",
+    ct = ops.ok("write_create_lxc", {"hostname": "pihole", "template": DEBIAN_TEMPLATE,
                                      "ip": "192.0.2.53/24", "gateway": "192.0.2.1", "start": True})
     guest = sim.lab.guests[ct["vmid"]]
     assert guest["config"]["unprivileged"] == "1" and guest["status"] == "running"
@@ -206,7 +208,7 @@ def test_snapshot_and_restore_refusals_for_protected(ops, sim):
 
 def test_unprivileged_false_needs_the_elevated_gate(ops, sim):
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_create_lxc", {
-        "hostname": "rooty", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "unprivileged": False}))
+        "hostname": "rooty", "template": DEBIAN_TEMPLATE, "unprivileged": False}))
     assert "elevated" in message and "PROXMOX_ALLOW_ELEVATED" in message and sent == []
 
 
@@ -214,7 +216,8 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
     offered = {}
     for tier in ("read", "lifecycle", "write"):
         # the admin token: only the gates decide here, not privileges read in the background
-        env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier, "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
+        env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
+                                                     "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with stdio_session(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
     assert offered["read"] == set()
@@ -226,8 +229,8 @@ def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with stdio_session(env, log_name="tier-stop") as session:
-        message, sent = requests_during(sim, writes=True, action=lambda: session.error("write_guest_power", {"vmid": 100, "action": "stop",
-                                                                                        "confirm": True}))
+        stop = partial(session.error, "write_guest_power", {"vmid": 100, "action": "stop", "confirm": True})
+        message, sent = requests_during(sim, stop, writes=True)
         assert "destructive" in message and "PROXMOX_ACCESS=destructive" in message and sent == []
 
 
@@ -258,14 +261,15 @@ BAD_INPUT = [
     ("write_delete_guest", {"vmid": 100, "confirm": True}, "stop it first"),
     ("write_create_vm", {"name": "x1"}, "exactly one of iso"),
     ("write_create_vm", {"name": "x1", "iso": "local:iso/missing.iso"}, "not on storage local"),
-    ("write_create_vm", {"name": "x1", "iso": "local:iso/debian-13.1.0-amd64-netinst.iso", "bridge": "vmbr9"}, "no bridge 'vmbr9'"),
-    ("write_create_vm", {"name": "x1", "iso": "local:iso/debian-13.1.0-amd64-netinst.iso", "bridge": "vmbr1", "vlan": 5}, "not VLAN-aware"),
-    ("write_create_vm", {"name": "bad name!", "iso": "local:iso/debian-13.1.0-amd64-netinst.iso"}, "name"),
+    ("write_create_vm", {"name": "x1", "iso": DEBIAN_ISO, "bridge": "vmbr9"}, "no bridge 'vmbr9'"),
+    ("write_create_vm", {"name": "x1", "iso": DEBIAN_ISO, "bridge": "vmbr1", "vlan": 5}, "not VLAN-aware"),
+    ("write_create_vm", {"name": "bad name!", "iso": DEBIAN_ISO}, "name"),
     ("write_create_lxc", {"hostname": "x1", "template": "local:vztmpl/nope.tar.zst"}, "not on storage local"),
-    ("write_create_lxc", {"hostname": "x1", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vmid": 100}, "is taken"),
+    ("write_create_lxc", {"hostname": "x1", "template": DEBIAN_TEMPLATE, "vmid": 100}, "is taken"),
     ("write_download_url", {"url": "ftp://x/y.iso", "storage": "local", "filename": "y.iso"}, "url"),
     ("write_download_url", {"url": "https://x/y.iso", "storage": "nowhere", "filename": "y.iso"}, "Unknown storage"),
-    ("write_download_url", {"url": "https://x/y.iso", "storage": "local-lvm", "filename": "y.iso"}, "does not take iso"),
+    ("write_download_url", {"url": "https://x/y.iso", "storage": "local-lvm", "filename": "y.iso"},
+     "does not take iso"),
     ("write_delete_volume", {"volid": "local:iso/nope.iso", "confirm": True}, "No volume"),
     ("write_delete_volume", {"volid": "local-lvm:vm-100-disk-0", "confirm": True}, "in use by guest(s) 100"),
     ("write_set_nic", {"vmid": 100, "nic": "net3"}, "NICs: net0"),
@@ -284,7 +288,8 @@ def test_bad_input_is_refused_with_nothing_written(ops, sim, tool, arguments, ex
 def test_nic_changes_fail_closed_when_bridges_cannot_be_read(ops, sim):
     sim.lab.fail.append((r"/nodes/pve1/network$", 500, "network config unavailable"))
     try:
-        message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_nic", {"vmid": 100, "vlan": 10}))
+        set_vlan = partial(ops.error, "write_set_nic", {"vmid": 100, "vlan": 10})
+        message, sent = requests_during(sim, set_vlan, writes=True)
         assert "refusing to change a NIC blind" in message and sent == []
     finally:
         sim.lab.fail.clear()
@@ -293,11 +298,12 @@ def test_nic_changes_fail_closed_when_bridges_cannot_be_read(ops, sim):
 # ---------------------------------------------------------------- dry run and long tasks
 
 def test_dry_run_of_tool_writes(ops, sim):
-    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_guest_power", {"vmid": 100, "action": "reboot",
-                                                                          "dry_run": True}))
+    reboot = partial(ops.ok, "write_guest_power", {"vmid": 100, "action": "reboot", "dry_run": True})
+    plan, sent = requests_during(sim, reboot, writes=True)
     assert plan["request"] == {"method": "POST", "path": "/nodes/pve1/qemu/100/status/reboot", "params": {}}
     assert plan["gate"] == "lifecycle" and plan["current"]["status"] == "running" and sent == []
-    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_delete_guest", {"vmid": 103, "dry_run": True}))
+    delete = partial(ops.ok, "write_delete_guest", {"vmid": 103, "dry_run": True})
+    plan, sent = requests_during(sim, delete, writes=True)
     assert plan["gate"] == "destructive" and plan["needs_confirmation"] is True and sent == []
 
 

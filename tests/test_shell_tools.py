@@ -292,7 +292,8 @@ def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
     import shell_tools
     env = ssh_env(sim, sshd, tmp_path, user=user)
     with stdio_session(env, log_name=f"shell-inject-{user}") as session:
-        shell_of = subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout.split(":")[-1].strip()
+        entry = subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout
+        shell_of = entry.split(":")[-1].strip()
         assert shell_of.endswith("bash" if user == "root" else "dash")
         for payload in PAYLOADS:
             command = f"printf %s {shell_tools.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"

@@ -6,7 +6,8 @@ SECRETS = ["11111111-2222-3333-4444-555555555555", "aaaaaaaa-bbbb-cccc-dddd-eeee
            "99999999-8888-7777-6666-555555555555", "pbs-reader-secret-0123456789", "pbs-admin-secret-9876543210",
            "test-bearer-token-0123456789abcdef", "s3cret!", "hunter2",
            "sim-ops-password-4711", "sim-tfa-password-4712", "sim-pbs-password-4713", "not-the-password",
-           "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:"]  # passwords and tickets of the login tests
+           # passwords and tickets of the login tests
+           "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:"]
 
 
 def test_no_secret_in_any_output_or_log(tmp_path_factory):
