@@ -40,12 +40,12 @@ class Product:
     task_tool: str  # the tool that follows one of its tasks
 
 
-# Differences between the products live here (PROXMOX-FACTS.md: the PBS header uses a colon).
+# Differences between the products live here (the PBS header uses a colon: docs/PROXMOX-BEHAVIOUR.md#api-tokens).
 PRODUCTS = {
     "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie", "get_task"),
     "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie", "pbs_get_task"),
 }
-TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h (PROXMOX-FACTS)
+TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
 
 @dataclass
 class HostConfig:

@@ -13,7 +13,8 @@ or with an error. Faults (a node down, slow answers, 500s) are switched on from 
 
 `python -m simulator` serves a homelab and prints the variables that point the server at it.
 
-Behaviour follows ../shared/PROXMOX-FACTS.md; comments name the fact where it matters.
+Behaviour follows docs/PROXMOX-BEHAVIOUR.md (each fact with its upstream source); comments link the section
+where it matters, and that file lists where the simulator still differs.
 
 Layout: a package, split by product like the tools, each module importing only the ones
 above it in this list (no cycles):

@@ -73,8 +73,8 @@ COOKIE = {"pve": "PVEAuthCookie", "pbs": "PBSAuthCookie"}
 
 
 def login(lab: Lab, product: str, params: dict[str, Any]) -> dict:
-    """POST /access/ticket: a ticket and a CSRF token for a user and password (PROXMOX-FACTS:
-    valid two hours); an account with a second factor gets a half ticket and NeedTFA."""
+    """POST /access/ticket: a ticket and a CSRF token for a user and password, valid two hours;
+    an account with a second factor gets a half ticket and NeedTFA (docs/PROXMOX-BEHAVIOUR.md#tickets)."""
     errors = catalog.check_params(catalog.find_method(product, "POST", "/access/ticket")[0], params)
     if errors:
         lab.schema_rejections.append((product, "POST", "/access/ticket", errors))
@@ -169,7 +169,8 @@ def _route(lab: Lab, product: str, method: str, path: str, params: dict[str, Any
     if found is None:
         raise ApiError(501, f"Method '{method} {path}' not implemented")
     entry, path_params = found
-    if by_token and entry.get("allowtoken") == 0:  # PROXMOX-FACTS: a few endpoints refuse tokens outright
+    # a few endpoints refuse tokens outright (docs/PROXMOX-BEHAVIOUR.md#endpoints-that-refuse-tokens)
+    if by_token and entry.get("allowtoken") == 0:
         raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
     _injected_fault(lab, path)
     errors = catalog.check_params(entry, params, form=form, path_params=path_params)

@@ -44,7 +44,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 form = False
             else:
                 params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
-        params |= _flatten(parse_qs(parts.query, keep_blank_values=True))  # query keys win (PROXMOX-FACTS)
+        # query keys win (docs/PROXMOX-BEHAVIOUR.md#request-encoding)
+        params |= _flatten(parse_qs(parts.query, keep_blank_values=True))
         if parts.path == API_VIEWER[self.product]:
             schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
             if schema is not None and schema.is_file():  # the viewer data, when the simulator was given some
@@ -67,7 +68,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _send_error(self, exc: ApiError) -> None:
         reason = exc.message.splitlines()[0]  # only the first line reaches the reason phrase
         if self.product == "pbs":
-            # PBS: plain text under a JSON content type; plain errors are 400 (PROXMOX-FACTS)
+            # PBS: plain text under a JSON content type; plain errors are 400 (docs/PROXMOX-BEHAVIOUR.md#pbs-errors)
             text = exc.message
             if exc.errors:
                 text = "parameter verification errors\n\n" + "".join(

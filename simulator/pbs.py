@@ -26,7 +26,7 @@ def _datastore(call: Call, store: str) -> dict:
 
 
 def pbs_datastores(call: Call, **_: str) -> list:
-    # only stores the caller may Audit or Backup (PROXMOX-FACTS)
+    # only stores the caller may Audit or Backup (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     return [{"store": name, "comment": ""} for name in call.lab.datastores
             if call.can(f"/datastore/{name}", "Datastore.Audit") or call.can(f"/datastore/{name}", "Datastore.Backup")]
 
@@ -260,7 +260,7 @@ def pbs_tasks(call: Call, **_: str) -> list:
                "worker_type": task.type, "worker_id": task.id, "user": task.user}
         if not running:
             row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
-        rows.append(row)  # running tasks are listed too (PROXMOX-FACTS)
+        rows.append(row)  # running tasks are listed too (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
     return rows[start:start + limit] if limit else rows[start:]
 

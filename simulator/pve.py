@@ -16,7 +16,8 @@ from .lab import GiB, Task
 
 
 def _node(call: Call, name: str) -> dict:
-    """Resolve a node as pveproxy does: wrong case or a down node gives 595 (PROXMOX-FACTS)."""
+    """Resolve a node as pveproxy does: a down node gives 595 (docs/PROXMOX-BEHAVIOUR.md#node-names-and-forwarding).
+    A wrong-case name gives 595 here too, where Proxmox answers 500: a known difference listed there."""
     lab = call.lab
     if name in lab.nodes:
         if name in lab.down_nodes:
@@ -47,7 +48,7 @@ def pve_version(_call: Call, **_: str) -> dict:
 def pve_cluster_status(call: Call, **_: str) -> list:
     lab = call.lab
     rows: list[dict] = []
-    if len(lab.nodes) > 1:  # a standalone node has no cluster entry (PROXMOX-FACTS)
+    if len(lab.nodes) > 1:  # a standalone node has no cluster entry (docs/PROXMOX-BEHAVIOUR.md#cluster-status)
         online = len(lab.nodes) - len(lab.down_nodes)
         rows.append({"type": "cluster", "id": "cluster", "name": lab.cluster_name, "nodes": len(lab.nodes),
                      "quorate": int(online * 2 > len(lab.nodes)), "version": 7})
@@ -71,7 +72,7 @@ def _guest_row(guest: dict) -> dict:
            "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
     if kind == "qemu":
         row["memhost"] = row["mem"]  # PVE 9
-    for key in ("tags", "lock", "pool"):  # only when set (PROXMOX-FACTS)
+    for key in ("tags", "lock", "pool"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
         if guest.get(key):
             row[key] = guest[key]
     return row
@@ -83,7 +84,8 @@ def _node_resources(call: Call) -> list[dict]:
     for name, node in lab.nodes.items():
         row = {"id": f"node/{name}", "type": "node", "node": name,
                "status": "offline" if name in lab.down_nodes else "online"}
-        # without Sys.Audit the node comes back bare (PROXMOX-FACTS); a down node has no stats
+        # without Sys.Audit the node comes back bare, and a down node has no stats
+        # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
         if call.can(f"/nodes/{name}", "Sys.Audit") and name not in lab.down_nodes:
             stats = ("cpu", "maxcpu", "mem", "maxmem", "disk", "maxdisk", "uptime", "level")
             row |= {k: node[k] for k in stats} | {"cgroup-mode": 2}
@@ -240,7 +242,7 @@ def _task_row(task: Task, now: float) -> dict:
 
 
 def _visible_task(call: Call, task: Task) -> bool:
-    """A token sees only its own tasks unless it has Sys.Audit on the node (PROXMOX-FACTS)."""
+    """A token sees only its own tasks unless it has Sys.Audit on the node (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
     return task.user == call.token_id or call.can(f"/nodes/{task.node}", "Sys.Audit")
 
 
@@ -288,7 +290,7 @@ def _task(call: Call, node: str, upid: str) -> Task:
 def pve_task_status(call: Call, node: str, upid: str) -> dict:
     task = _task(call, node, upid)
     row = _task_row(task, time.time())
-    row.pop("endtime", None)  # the status endpoint has no endtime (PROXMOX-FACTS)
+    row.pop("endtime", None)  # the status endpoint has no endtime (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
     if task.running(time.time()):
         row["status"] = "running"
     else:
@@ -305,7 +307,7 @@ def pve_task_log(call: Call, node: str, upid: str) -> list:
     return rows[start:start + limit] if limit else rows[start:]
 
 
-# ---- guest power: async tasks that fail later, as the real ones do (PROXMOX-FACTS)
+# ---- guest power: async tasks that fail later, as the real ones do (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
 
 POWER_RESULT = {"start": "running", "stop": "stopped", "shutdown": "stopped", "reboot": "running",
                 "reset": "running", "suspend": "paused", "resume": "running"}
@@ -657,7 +659,9 @@ def _agent_ready(call: Call, node: str, vmid: str) -> dict:
         raise ApiError(500, "No QEMU guest agent configured")
     if guest["status"] != "running":
         raise ApiError(500, f"VM {vmid} is not running")
-    if guest.get("agent_boot_pings", 0) > 0:  # right after boot (PROXMOX-FACTS): a transient timeout
+    # right after boot the agent fails for a while (docs/PROXMOX-BEHAVIOUR.md#guest-agent; the real error text
+    # differs, a known difference listed there)
+    if guest.get("agent_boot_pings", 0) > 0:
         guest["agent_boot_pings"] -= 1
         raise ApiError(500, f"VM {vmid} qmp command 'guest-ping' failed - got timeout")
     return guest
@@ -689,7 +693,7 @@ def pve_agent_exec_status(call: Call, node: str, vmid: str) -> dict:
     if process is None:
         raise ApiError(500, "Agent error: Invalid parameter 'pid'")
     if time.time() < process["done_at"]:
-        return {"exited": 0}  # only this while running (PROXMOX-FACTS)
+        return {"exited": 0}  # only this while running (docs/PROXMOX-BEHAVIOUR.md#guest-agent)
     return {"exited": 1, "exitcode": process["exitcode"], "out-data": process["out"]}
 
 
@@ -773,7 +777,7 @@ def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
         vmid += 1
-    return str(vmid)  # a string (PROXMOX-FACTS)
+    return str(vmid)  # a string, though the schema says integer (docs/PROXMOX-BEHAVIOUR.md#next-free-vmid)
 
 
 def pve_permissions(call: Call, **_: str) -> dict:

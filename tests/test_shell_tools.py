@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) 
                                         ".ci/run has both")
 
 FAKE_PCT = r"""#!/bin/sh
-# pct as PROXMOX-FACTS describes it: exec passes exit codes through, a stopped CT fails with 255
+# pct as docs/PROXMOX-BEHAVIOUR.md#lxc-exec-over-ssh describes it:
+# exec passes exit codes through, a stopped CT fails with 255
 root="$FAKE_ROOT"
 case "$1" in
   exec) vmid="$2"; shift 2; [ "$1" = "--" ] && shift

@@ -176,7 +176,8 @@ def test_nodes_down_or_misspelled(sim):
         assert {r["node"]: r["status"] for r in rows}["pve2"] == "offline"
     finally:
         sim.lab.down_nodes.clear()
-    assert raw(sim, "/nodes/PVE1/status").status_code == 595  # wrong case (PROXMOX-FACTS)
+    # wrong case: 595 in the simulator, 500 on real Proxmox (docs/PROXMOX-BEHAVIOUR.md#node-names-and-forwarding)
+    assert raw(sim, "/nodes/PVE1/status").status_code == 595
     assert raw(sim, "/nodes/nowhere/status").status_code == 500
 
 
