@@ -134,8 +134,10 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
     return result
 
 
-def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None) -> dict:
+def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None,
+             confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """GET any API path (policy applies) when no other tool answers."""
+    # confirm and ctx are read by the tool edge: a guest file read needs the user's yes, as exec does
     product, client = choose(host, product)
     if client is None:
         raise ProxmoxError(f"No {product.upper()} host is configured.")

@@ -1,9 +1,16 @@
 """The audit log: one JSON line per record, each chained to the line before by a SHA-256 hash,
-so that an altered, removed or reordered line shows (`python server.py --verify-audit`).
+and the chain's head (the last hash and the number of lines) kept beside it in `<log>.head`.
 
-This module keeps the file and its chain; what goes into a record (masked parameters, the
-tool, the verdict) is decided by `policy.audit`, which every write, exec, refusal and dry run
-passes. Several server processes may share one file: appends hold an exclusive file lock.
+`python server.py --verify-audit` recomputes the chain and compares its end with the head, so
+it finds a line that was altered, removed, reordered or added, trailing lines cut off, and a
+log rewritten with a freshly computed chain. It cannot tell when both files were rewritten
+together by someone who can write both (the server's own user, root): copy the head elsewhere,
+or ship the log off the machine, to prove more than that.
+
+This module keeps the file and its chain; what goes into a record (masked parameters, contents
+as size and hash, the tool, the verdict) is decided by `policy.audit`, which every write, exec,
+refusal and dry run passes. Several server processes may share one file: appends hold an
+exclusive lock on it, and the head is replaced atomically under that lock.
 """
 from __future__ import annotations
 
@@ -19,55 +26,119 @@ GENESIS = "0" * 64  # the `prev` of the first line
 _lock = threading.Lock()
 
 
+def head_path(path: Path) -> Path:
+    return path.with_name(path.name + ".head")
+
+
 def _line_hash(previous: str, record: dict) -> str:
     body = json.dumps(record, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256((previous + body).encode()).hexdigest()
 
 
-def _last_hash(handle: IO[str]) -> str:
-    handle.seek(0, os.SEEK_END)
-    size = handle.tell()
-    handle.seek(max(0, size - 65536))
-    lines = handle.read().splitlines()
-    for line in reversed(lines):
+def _read_head(path: Path) -> dict | None:
+    try:
+        head = json.loads(head_path(path).read_text())
+        return head if isinstance(head, dict) and {"hash", "count"} <= set(head) else {}
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}  # present but unreadable: verify reports it
+
+
+def _tail(handle: IO[str]) -> tuple[str, int]:
+    """The last hash and the number of lines, read from the log itself (to start a missing head)."""
+    handle.seek(0)
+    last, count = GENESIS, 0
+    for line in handle:
+        count += 1
         try:
-            return json.loads(line)["hash"]
+            last = json.loads(line)["hash"]
         except (ValueError, KeyError):
             continue
-    return GENESIS
+    return last, count
 
 
-def append(path: Path, record: dict) -> None:
-    """Add `record` as the next line of the chain (it gains `prev` and `hash`)."""
+def _write_head(path: Path, head: dict) -> None:
+    temporary = head_path(path).with_name(head_path(path).name + ".tmp")
+    temporary.write_text(json.dumps(head, separators=(",", ":")) + "\n")
+    os.replace(temporary, head_path(path))
+
+
+def open_log(path: Path) -> None:
+    """Make sure the log and its head can be written (at start): raises OSError when not."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path.parent, os.W_OK):  # the head is replaced by a rename in that directory
+        raise PermissionError(13, "Permission denied", str(path.parent))
     with _lock, open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # other server processes may share the file
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            record["prev"] = _last_hash(handle)
-            record["hash"] = _line_hash(record["prev"], record)
-            handle.seek(0, os.SEEK_END)
-            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
-            handle.flush()
+            if _read_head(path) is None:
+                last, count = _tail(handle)
+                _write_head(path, {"hash": last, "count": count, "started_at": count})
+            elif not os.access(head_path(path), os.W_OK):
+                raise PermissionError(13, "cannot write", str(head_path(path)))
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def verify(path: Path) -> tuple[int, int | None, str]:
-    """Check the chain: (lines checked, first bad line number or None, message)."""
-    previous = GENESIS
-    count = 0
+def append(path: Path, record: dict) -> None:
+    """Add `record` as the next line of the chain (it gains `prev` and `hash`) and move the head."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock, open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # other server processes may share the file
+        try:
+            head = _read_head(path)
+            if not head:  # a new log, or one from before heads were kept: its current end starts the head
+                last, count = _tail(handle)
+                head = {"hash": last, "count": count, "started_at": count}
+            record["prev"] = head["hash"]
+            record["hash"] = _line_hash(record["prev"], record)
+            handle.seek(0, os.SEEK_END)
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+            handle.flush()
+            _write_head(path, head | {"hash": record["hash"], "count": head["count"] + 1})
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _check_lines(path: Path) -> tuple[int, int | None, str, str]:
+    """(lines, first bad line or None, message, last hash) of the chain itself."""
+    previous, count = GENESIS, 0
     with open(path) as handle:
         for number, line in enumerate(handle, 1):
             count = number
             try:
                 record = json.loads(line)
                 claimed = record.pop("hash")
-            except (ValueError, KeyError):
-                return count, number, f"line {number} is not an audit record"
+            except (ValueError, KeyError, AttributeError):
+                return count, number, f"line {number} is not an audit record", previous
             if record.get("prev") != previous:
                 return count, number, (f"line {number} does not follow line {number - 1} "
-                                       f"(a line was removed or reordered)")
+                                       f"(a line was removed or reordered)"), previous
             if _line_hash(previous, record) != claimed:
-                return count, number, f"line {number} was altered"
+                return count, number, f"line {number} was altered", previous
             previous = claimed
-    return count, None, f"{count} lines, chain intact"
+    return count, None, "", previous
+
+
+def verify(path: Path) -> tuple[int, int | None, str]:
+    """Check the chain and its head: (lines checked, first bad line number or None, message)."""
+    count, bad, message, last = _check_lines(path)
+    if bad is not None:
+        return count, bad, message
+    head = _read_head(path)
+    if head is None:
+        return count, count + 1, (f"{count} lines chain up, but the head file {head_path(path)} is missing: "
+                                  f"lines cut off at the end, or a rewritten log, cannot be ruled out")
+    if not head:
+        return count, count + 1, f"the head file {head_path(path)} is not readable"
+    if head["count"] != count:
+        return count, min(count, head["count"]) + 1, (f"the log has {count} lines but its head says "
+                                                      f"{head['count']}: lines were cut off at the end"
+                                                      if count < head["count"] else
+                                                      f"the log has {count} lines but its head says "
+                                                      f"{head['count']}: lines were added after the last write")
+    if head["hash"] != last:
+        return count, count, "the chain does not end where the head says: the log was rewritten"
+    note = f" (the head was started at line {head['started_at']})" if head.get("started_at") else ""
+    return count, None, f"{count} lines, chain intact, head matches{note}"

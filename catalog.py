@@ -24,7 +24,7 @@ PRODUCTS = ("pve", "pbs")
 
 # Parameter facts we keep; everything else (description, typetext, verbose text) is dropped.
 PARAM_FACTS = ("type", "enum", "pattern", "minimum", "maximum", "minLength", "maxLength",
-               "default_key", "alias", "format")
+               "default_key", "alias", "format", "default")
 METHOD_FACTS = ("allowtoken", "protected", "proxyto", "name")
 
 
@@ -36,6 +36,8 @@ def _param_facts(spec: dict) -> dict:
         if key not in spec:
             continue
         value = spec[key]
+        if key == "default" and not _plain_default(spec):
+            continue
         if key == "pattern":
             value = _python_pattern(value)
         if key == "format" and isinstance(value, dict):
@@ -51,6 +53,15 @@ def _param_facts(spec: dict) -> dict:
         facts["type"] = "string"
         facts.pop("format", None)
     return facts
+
+
+def _plain_default(spec: dict) -> bool:
+    """Defaults are kept where they are values (booleans, numbers, enum members); some PVE string
+    defaults are prose ("limit from datacenter config"), which the catalog never holds."""
+    value = spec["default"]
+    if spec.get("type") in ("boolean", "integer", "number"):
+        return isinstance(value, (bool, int, float)) or str(value).lstrip("-").isdigit()
+    return value in spec.get("enum", ())
 
 
 def _python_pattern(pattern: str) -> str:
@@ -98,9 +109,60 @@ def _walk(node: dict, product: str, out: list) -> None:
         returns = info.get("returns") or {}
         if "type" in returns:
             entry["returns"] = returns["type"]
+        secrets = secret_properties(returns) if method == "GET" else []
+        if secrets:
+            entry["secrets"] = secrets
         out.append(entry)
     for child in node.get("children") or []:
         _walk(child, product, out)
+
+
+# ---------------------------------------------------------------- secrets in answers (derived)
+
+# The name rule: a property an answer carries is a secret when its name ends in one of these
+# words (password, cipassword, client-key, access-key, token, secret, subscription key, ...) ...
+SECRET_NAME = re.compile(r"(password|passwd|passphrase|secret|token|key)$", re.IGNORECASE)
+# ... or it is the `data` of an ACME DNS plugin (the DNS API credentials; an object with `plugin`);
+SECRET_BESIDE = {"data": "plugin"}
+# ... unless the schema pins its value to an identifier (an enum, a name pattern, a number or
+# boolean: key *ids* such as `active-encryption-key`), it is the `key` of a key/value row (a
+# config option's name), or its name says it is public or a lock's id (`public_key`,
+# `lock-token`). Proxmox itself replaces `cipassword` with asterisks in the guest config.
+NOT_SECRET_NAME = re.compile(r"public|^lock-token$|^cipassword$", re.IGNORECASE)
+KEY_VALUE_ROW = {"value", "values"}
+
+
+def _is_identifier(spec: dict) -> bool:
+    target = spec.get("items") if spec.get("type") == "array" and isinstance(spec.get("items"), dict) else spec
+    return "enum" in target or "pattern" in target or target.get("type") in ("boolean", "integer", "number")
+
+
+def _secret_name(name: str, spec: dict, siblings: set[str]) -> bool:
+    if NOT_SECRET_NAME.search(name):
+        return False
+    if SECRET_BESIDE.get(name) in siblings:
+        return True
+    if not SECRET_NAME.search(name) or _is_identifier(spec):
+        return False
+    return not (name.lower() == "key" and {s.lower() for s in siblings} & KEY_VALUE_ROW)
+
+
+def secret_properties(schema: Any) -> list[str]:
+    """The names of the secret-like properties a return schema carries, in objects at any depth
+    and in list items (docs/PROXMOX-BEHAVIOUR.md#secrets-in-get-answers)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        for name, spec in properties.items():
+            if isinstance(spec, dict) and _secret_name(name, spec, set(properties)):
+                found.add(name)
+        stack.extend(properties.values())
+        stack.append(node.get("items"))
+    return sorted(found)
 
 
 def build(schema_dir: Path, out_dir: Path = CATALOG_DIR) -> None:
@@ -168,6 +230,22 @@ def find_method(product: str, method: str, path: str) -> tuple[dict, dict[str, s
     return found[1][method.upper()], found[2]
 
 
+@lru_cache(maxsize=None)
+def _by_template(product: str) -> dict[tuple[str, str], dict]:
+    return {(entry["method"], entry["path"]): entry for entry in methods(product)}
+
+
+def entry_for(product: str, method: str, template: str) -> dict | None:
+    """The catalog entry of METHOD on a path template (`/nodes/{node}/qemu`), or None."""
+    return _by_template(product).get((method.upper(), template))
+
+
+def item_templates(product: str, template: str) -> list[str]:
+    """The templates one level below `template` that name an item (`/config/s3` -> `/config/s3/{id}`)."""
+    return [path for (method, path) in _by_template(product)
+            if method == "GET" and re.fullmatch(re.escape(template) + r"/\{[\w-]+\}", path)]
+
+
 # ---------------------------------------------------------------- parameter checks
 
 INDEXED = re.compile(r"^([a-z_]+?)(\d{1,3})$")
@@ -181,7 +259,10 @@ NAMED_FORMATS = {
     "pve-poolid": r"[A-Za-z0-9_\-]+",
     "pve-volume-id": r"(?i)[a-z][a-z0-9\-_.]*[a-z0-9]:.+",
     "pve-userid": r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+",
+    # no leading zeros, 3 to 9 digits (docs/PROXMOX-BEHAVIOUR.md#vmids): 0000000101 is not guest 101
+    "pve-vmid": r"[1-9][0-9]{2,8}",
 }
+LIST_SEPARATORS = re.compile(r"[,;\s]+")  # PVE's split_list (a NUL byte separates too)
 
 
 def spec_for(params: dict[str, dict], name: str) -> dict | None:
@@ -209,7 +290,7 @@ def _check_number(spec: dict, value: Any, text: str, _form: bool) -> str | None:
         return f"value must have a minimum value of {spec['minimum']}"
     if "maximum" in spec and number > spec["maximum"]:
         return f"value must have a maximum value of {spec['maximum']}"
-    return None
+    return _check_format(spec.get("format"), str(value))  # PVE checks an integer's format too (pve-vmid)
 
 
 def _check_string(spec: dict, value: Any, text: str, _form: bool) -> str | None:
@@ -227,13 +308,38 @@ def _check_string(spec: dict, value: Any, text: str, _form: bool) -> str | None:
     return _check_format(spec.get("format"), value)
 
 
+def command_batch(value: str) -> list[dict] | None:
+    """`pve-command-batch` (POST /nodes/{node}/execute): a JSON array of {method, path, args?}
+    with method GET|POST|PUT|DELETE, as pve-manager's Nodes.pm verifies it; None when it is not."""
+    try:
+        batch = json.loads(value)
+    except ValueError:
+        return None
+    ok = isinstance(batch, list) and all(
+        isinstance(c, dict) and isinstance(c.get("path"), str) and c.get("method") in ("GET", "POST", "PUT", "DELETE")
+        and isinstance(c.get("args", {}), dict) for c in batch)
+    return batch if ok else None
+
+
 def _check_format(fmt: Any, value: str) -> str | None:
-    """A named format (pve-node, ...) or a property string's own schema."""
-    if isinstance(fmt, str) and fmt in NAMED_FORMATS and not re.fullmatch(NAMED_FORMATS[fmt], value):
-        return f"invalid format - value '{value}' is not a valid {fmt}"
+    """A named format (pve-node, ...), its `-list` (items split like PVE's split_list) or `-opt`
+    (may be empty) form, or a property string's own schema."""
     if isinstance(fmt, dict):
         return _check_property_string(fmt, value)
-    return None
+    if fmt == "pve-command-batch":
+        return None if command_batch(value) is not None else "invalid format - not a JSON array of commands"
+    if not isinstance(fmt, str):
+        return None
+    name, _, kind = fmt.rpartition("-") if fmt.endswith(("-list", "-opt")) else (fmt, "", "")
+    pattern = NAMED_FORMATS.get(name)
+    if pattern is None:
+        return None
+    if kind == "list":
+        items = value.split("\0") if "\0" in value else LIST_SEPARATORS.split(value.strip(" ,;"))
+    else:
+        items = [value] if value or kind != "opt" else []
+    bad = next((item for item in items if item and not re.fullmatch(pattern, item)), None)
+    return f"invalid format - value '{bad}' is not a valid {name}" if bad is not None else None
 
 
 # Scalar type -> its check(spec, value, value as text, form-encoded?); other types are not checked here.
@@ -263,18 +369,40 @@ def _matches(pattern: str, value: str) -> bool:
     return compiled is None or compiled.fullmatch(value) is not None
 
 
-def _check_property_string(fmt: dict, value: str) -> str | None:
+def parse_property_string(fmt: dict, value: str) -> dict[str, str]:
+    """A property string (`virtio,bridge=vmbr0`) as {key: value}, the bare part under the default
+    key and aliases under their target, as PVE parses it (pve-common JSONSchema.pm
+    `parse_property_string`); raises ValueError with PVE's message for a duplicate, unknown or
+    missing key."""
     default_key = next((k for k, s in fmt.items() if s.get("default_key")), None)
-    for part in filter(None, value.split(",")):
+    parts: dict[str, str] = {}
+    for part in value.split(","):
+        if not part.strip():
+            continue
         key, sep, sub = part.partition("=")
+        if sep and not (key and sub):
+            raise ValueError("missing key in comma-separated list property")
         if not sep:
             if default_key is None:
-                return "value without key, but schema does not define a default key"
+                raise ValueError("value without key, but schema does not define a default key")
             key, sub = default_key, part
         spec = fmt.get(key)
         if spec is None:
-            return f"invalid format - property '{key}' is not defined in the format"
-        spec = fmt.get(spec.get("alias"), spec) if "alias" in spec else spec
+            raise ValueError(f"invalid format - property '{key}' is not defined in the format")
+        key = spec.get("alias", key)
+        if key in parts:
+            raise ValueError(f"duplicate key in comma-separated list property: {key}")
+        parts[key] = sub
+    return parts
+
+
+def _check_property_string(fmt: dict, value: str) -> str | None:
+    try:
+        parts = parse_property_string(fmt, value)
+    except ValueError as exc:
+        return str(exc)
+    for key, sub in parts.items():
+        spec = fmt.get(key, {})
         if spec.get("type") == "boolean":
             if sub.lower() not in ("0", "1", "yes", "no", "on", "off", "true", "false"):
                 return f"invalid format - {key}: type check ('boolean') failed - got '{sub}'"
@@ -285,38 +413,56 @@ def _check_property_string(fmt: dict, value: str) -> str | None:
     return None
 
 
+def _check_value(spec: dict, value: Any, form: bool) -> str | None:
+    """One parameter's value (or repeated values) against its spec."""
+    if spec.get("type") == "array":
+        values = value if isinstance(value, list) else [value]
+        return next((e for e in (_check_scalar(spec.get("items") or {"type": "string"}, item, form=form)
+                                 for item in values) if e), None)
+    if isinstance(value, list):
+        if len(value) != 1:
+            return f"type check ('{spec.get('type', 'string')}') failed - got array"
+        value = value[0]
+    return _check_scalar(spec, value, form=form)
+
+
+def path_conflicts(product: str, params: dict[str, Any], path_params: dict[str, str]) -> dict[str, str]:
+    """A body or query parameter that repeats a path parameter: PVE refuses it when the values
+    differ, PBS whenever it is given twice (docs/PROXMOX-BEHAVIOUR.md#parameters-in-path-and-body)."""
+    errors = {}
+    for name, value in params.items():
+        if name not in path_params:
+            continue
+        values = [str(v) for v in (value if isinstance(value, list) else [value])]
+        if product == "pbs":
+            errors[name] = "duplicate parameter."
+        elif any(v != str(path_params[name]) for v in values):
+            errors[name] = "duplicate parameter (already defined in URI) with conflicting values!"
+    return errors
+
+
 def check_params(entry: dict, params: dict[str, Any], *, form: bool = True,
-                 path_params: dict[str, str] | None = None) -> dict[str, str]:
+                 path_params: dict[str, str] | None = None, product: str = "pve") -> dict[str, str]:
     """Check request parameters against a catalog entry, as Proxmox does.
 
     Returns {parameter: message}; empty when the request is acceptable. `params` maps a
     name to a value or, for repeated form keys, a list of values. With form=True
     booleans must be 0/1 (form encoding); JSON bodies may use true/false. Path parameters
-    are checked where the method declares them (PBS index methods do not).
+    are checked where the method declares them (PBS index methods do not); a parameter that
+    repeats one is refused as the product refuses it.
     """
     schema = entry["params"]
-    errors: dict[str, str] = {}
+    errors: dict[str, str] = path_conflicts(product, params, path_params or {})
     declared_path = {k: v for k, v in (path_params or {}).items() if k in schema}
     for name, value in {**params, **declared_path}.items():
+        if name in errors:
+            continue
         spec = spec_for(schema, name)
         if spec is None:
             if not entry.get("additional"):
                 errors[name] = "property is not defined in schema and the schema does not allow additional properties"
             continue
-        if spec.get("type") == "array":
-            values = value if isinstance(value, list) else [value]
-            for item in values:
-                error = _check_scalar(spec.get("items") or {"type": "string"}, item, form=form)
-                if error:
-                    errors[name] = error
-                    break
-            continue
-        if isinstance(value, list):
-            if len(value) != 1:
-                errors[name] = f"type check ('{spec.get('type', 'string')}') failed - got array"
-                continue
-            value = value[0]
-        error = _check_scalar(spec, value, form=form)
+        error = _check_value(spec, value, form)
         if error:
             errors[name] = error
     for name, spec in schema.items():

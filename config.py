@@ -131,6 +131,9 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     config.log_level = parse_log_level(env.get("PROXMOX_LOG_LEVEL", "INFO"))
     for (product, label), values in sorted(host_variables(env).items()):
         read_host(product, label, values, config)
+    if not config.settings.protected.error:  # an entry naming no configured host protects nothing
+        config.warnings += [f"PROTECTED GUEST LIST: {problem}."
+                            for problem in config.settings.protected.problems({h.label for h in config.hosts})]
     read_http_settings(env, config)
     config.warnings += unknown_variables(env)
     if not config.hosts:
@@ -148,6 +151,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
     config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
     config.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
+    config.settings.exec_allowed_vmids = config.exec_allowed_vmids
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
@@ -411,6 +415,9 @@ def parse_seconds(name: str, value: str) -> float:
 def parse_url(name: str, value: str, product: str) -> str:
     value = value.strip().rstrip("/")
     value = value.removesuffix("/api2/json")
+    if "@" in value.split("://", 1)[-1].split("/", 1)[0]:  # never echo a user or password given in the URL
+        raise ConfigError(f"{name} holds a user name or password (user:password@host); put the URL without them "
+                          f"and the credentials in the _TOKEN (or _USER and _PASSWORD) variables.")
     match = re.fullmatch(r"(https?)://" + ADDRESS.pattern, value)
     if not match:
         raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "

@@ -158,7 +158,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
                     keep_weekly: Annotated[int | None, Field(ge=1)] = None,
                     keep_monthly: Annotated[int | None, Field(ge=1)] = None,
                     keep_yearly: Annotated[int | None, Field(ge=1)] = None,
-                    dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prune a backup group by keep rules: previews, then removes on confirm."""
     client = pbs_client(host)
     _check_store(client, store)
@@ -182,7 +182,7 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
 
 def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                               host: Host = None, ns: Ns = None, dry_run: DryRunArg = False,
-                              confirm: ConfirmArg = False) -> dict:
+                              confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Delete one backup snapshot."""
     client = pbs_client(host)
     _check_store(client, store)
@@ -238,7 +238,7 @@ def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
 def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       job_id: str,
                       host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
-                      ctx: Context | None = None) -> dict:
+                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a sync, verify or prune job now."""
     client = pbs_client(host)
     jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]

@@ -1,7 +1,7 @@
 """The one HTTP client for Proxmox VE and Proxmox Backup Server.
 
-Every request goes through `ProxmoxClient.request`, which asks `policy.check` first,
-then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
+Every request goes through `ProxmoxClient.request`, which passes the policy's admission step
+(`policy.admit`) and then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
 whose message tells the model what went wrong and what to do next. Tasks of both products
 are waited for here too (`wait_task`), and answered as the tools answer them (`run_task`,
 `task_report`, `log_page`).
@@ -219,54 +219,30 @@ class ProxmoxClient:
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None, *,
                 timeout: float | None = None) -> Any:
-        """Check with the policy, then send one request and return the unwrapped `data`.
-
-        Writes are audited; with dry run on they raise policy.DryRun instead of being sent;
-        destructive and exec calls need the user's confirmation first.
-        """
+        """Send one request through the policy's admission step (policy.admit: gates, protected
+        guests, privileges, dry run, confirmation, audit) and return the unwrapped `data`, with
+        the secrets its schema names masked."""
         method = method.upper()
         params = encode_params(params)
         self.ensure_permissions()
-        try:
-            decision = policy.check(self.host, method, path, params)
-        except policy.PolicyError as exc:
-            policy.audit(self.host, method, path, params, "refused", error=str(exc))
-            raise
-        if decision.gate == "read":
-            return self._send(method, decision.path, params, timeout)
-        call = policy.current_call()
-        if call.get("dry_run") or policy.SETTINGS.dry_run:
-            plan = self._dry_run_plan(method, decision, params)
-            policy.audit(self.host, method, decision.path, params, "dry_run")
-            raise policy.DryRun(plan)
-        if decision.confirm:
-            confirm = call.get("confirm")
-            try:
-                if confirm is None:
-                    raise policy.PolicyError(f"{method} {decision.path} is {decision.gate} and needs the user's "
-                                             f"confirmation, which this caller cannot give.")
-                confirm(self, decision)
-            except policy.PolicyError as exc:
-                policy.audit(self.host, method, decision.path, params, "refused", error=str(exc))
-                raise
-        started = time.monotonic()
-        try:
-            data = self._send(method, decision.path, params, timeout)
-        except ProxmoxError as exc:
-            policy.audit(self.host, method, decision.path, params, "failed", error=str(exc), started=started)
-            raise
-        with self._kept_lock:  # a write may have changed what exists
-            self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
-        policy.audit(self.host, method, decision.path, params, "sent", result=data if isinstance(data, str) else "ok",
-                     started=started)
+        return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
+                            read=self.get, plan=self._dry_run_plan)
+
+    def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
+        """Send what the policy admitted; a write drops the reads kept meanwhile."""
+        data = self._send(decision.method, decision.path, decision.params, timeout)
+        if decision.method != "GET":
+            with self._kept_lock:  # a write may have changed what exists
+                self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         return data
 
-    def _dry_run_plan(self, method: str, decision: policy.Decision, params: dict[str, Any]) -> dict:
+    def _dry_run_plan(self, decision: policy.Decision) -> dict:
         protection = ("names no protected guest" if not decision.guests
                       else f"names guest(s) {', '.join(map(str, decision.guests))}, none protected")
         plan = {"dry_run": True, "host": self.host.label,
-                "request": {"method": method, "path": decision.path, "params": policy.mask_params(params)},
-                "gate": decision.gate, "why": decision.reasons, "protection": protection,
+                "request": {"method": decision.method, "path": decision.path,
+                            "params": policy.mask_params(decision.params)},
+                "gate": "+".join(decision.gates), "why": decision.reasons, "protection": protection,
                 "needs_confirmation": decision.confirm}
         current = self._current_state(decision)
         if current is not None:

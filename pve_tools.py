@@ -332,7 +332,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
                            description="e.g. {\"memory\": 4096, \"net\": {\"0\": \"...\"}}")] = None,
                        delete: list[str] | None = None,
                        digest: Annotated[str | None, Field(description="From guest_config.")] = None,
-                       dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                       dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Set or delete guest config options (digest guards concurrent edits)."""
     client = pve_client(host)
     if not set and not delete:
@@ -618,7 +618,7 @@ def write_create_lxc(hostname: GuestName,
                      ssh_keys: str | None = None,
                      unprivileged: bool = True,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                     ctx: Context | None = None) -> dict:
+                     confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Create a container from a template."""
     client = pve_client(host)
     node = check_node(client, node) if node else node_names(client)[0]

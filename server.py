@@ -115,7 +115,12 @@ def server_info() -> dict:
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
             "protected_guests": len(settings.protected.entries),
-            "protected_list_error": settings.protected.error}
+            "protected_list_error": settings.protected.error,
+            "protected_list_problems": settings.protected.problems(configured_labels()) or None}
+
+
+def configured_labels() -> set[str]:
+    return {label for product in ("pve", "pbs") for label in proxmox_client.configured(product)}
 
 
 # One entry per tool: ToolSpec(function, gate, product, toolset, privileges, ...). The order is
@@ -146,7 +151,8 @@ TOOLS = [
     ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", "storage", ("VM.Backup",)),
     ToolSpec(pve_tools.write_guest_config, "write", "pve", "guests", ("VM.Config.Options", "VM.Config.Memory",
                                                                       "VM.Config.CPU", "VM.Config.Network",
-                                                                      "VM.Config.Disk")),
+                                                                      "VM.Config.Disk"),
+             may_destroy=True),  # delete=unusedN frees a volume
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
     ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
@@ -175,7 +181,8 @@ TOOLS = [
     ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
     ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify",
-                                                                       "Datastore.Backup")),
+                                                                       "Datastore.Backup"),
+             may_destroy=True),  # a prune job, a sync that removes vanished backups
     ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
     ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
     ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
@@ -185,7 +192,7 @@ TOOLS = [
     ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
     ToolSpec(shell_tools.write_vm_exec, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
     ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", "shell", ssh=True),
-    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell", also=("sensitive",)),
     ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
     ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
     ToolSpec(workflows.health_check, "read", "pve", "workflows"),
@@ -246,37 +253,43 @@ def can_elicit(ctx: Any) -> bool:
 
 
 def confirmer(confirmed: bool, ctx: Any) -> Callable:
-    """The confirmation step for destructive and exec requests: the tool's confirm=true, or the
-    user's answer to an elicitation when the client can ask."""
-    def confirm(client: proxmox_client.ProxmoxClient, decision: policy.Decision) -> None:
-        if confirmed:
-            return
-        message = describe_request(client, decision)
+    """The policy's confirmation step (destructive, exec and elevated calls). When the client can
+    ask its user (elicitation), the user is always asked and their answer decides, whatever
+    confirm says; confirm=true stands in only for clients that cannot ask (or PROXMOX_ELICIT=false)."""
+    def confirm(host: Any, decision: policy.Decision) -> None:
+        message = describe_request(host, decision)
         if policy.SETTINGS.elicit and ctx is not None and can_elicit(ctx):
-            import anyio.from_thread
-            try:
-                answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
-            except Exception as exc:  # a client that fails to answer means no
-                raise policy.PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
-            if answer.action == "accept" and answer.data is not None and answer.data.confirm:
-                return
-            raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
-        raise ConfirmationNeeded(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
-                                 f"confirm=true.")
+            ask_user(ctx, message)
+        elif not confirmed:
+            raise ConfirmationNeeded(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
+                                     f"confirm=true.")
     return confirm
 
 
-def describe_request(client: proxmox_client.ProxmoxClient, decision: policy.Decision) -> str:
+def ask_user(ctx: Any, message: str) -> None:
+    """Ask the user through the client (elicitation); anything but a yes refuses."""
+    import anyio.from_thread
+    try:
+        answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
+    except Exception as exc:  # a client that fails to answer means no
+        raise policy.PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
+    if not (answer.action == "accept" and answer.data is not None and answer.data.confirm):
+        raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
+
+
+def describe_request(host: Any, decision: policy.Decision) -> str:
     """The confirmation text: the exact target by name and vmid, and the consequence."""
     names = {}
-    if decision.guests and client.host.product == "pve":
+    if decision.guests and host.product == "pve":
         try:
-            names = {g["vmid"]: g.get("name") for g in inventory.guest_resources(client)}
+            names = {g["vmid"]: g.get("name") for g in inventory.guest_resources(
+                proxmox_client.client_for("pve", host.label))}
         except ToolFailure:
             pass
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
     on = f" on {targets}" if targets else ""
-    return (f"{decision.gate.upper()}: {decision.path}{on}, host '{client.host.label}'. "
+    gates = " + ".join(g.upper() for g in decision.gates if g not in ("read", "sensitive", "lifecycle", "write"))
+    return (f"{gates}: {decision.path}{on}, host '{host.label}'. "
             f"Consequence: {'; '.join(decision.reasons)}.")
 
 
@@ -289,8 +302,9 @@ def as_tool(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def tool(*args: Any, **kwargs: Any) -> str:
-        token = policy.CALL.set({"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
-                                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))})
+        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
+                "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
+        token = policy.CALL.set(call)
         try:
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
@@ -299,6 +313,8 @@ def as_tool(function: Callable) -> Callable:
             raise ToolError(policy.mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
+        if call.get("notes"):  # e.g. the audit line after a sent request failed
+            result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
         return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
     return tool
 
@@ -643,10 +659,14 @@ def check_hosts(config: Config) -> int:
         print(f"hidden: {name}: {why}")
     print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
-    return 1 if failures or not config.hosts else 0
+    problems = config.settings.protected.problems({h.label for h in config.hosts})
+    for problem in problems:
+        print(f"PROTECTED GUEST LIST: {problem}")
+    return 1 if failures or problems or not config.hosts else 0
 
 
 def verify_audit_command(config: Config) -> int:
+    """--verify-audit: the hash chain of the audit log, and its end against the head file."""
     path = config.settings.audit_path
     if path is None or not path.exists():
         print(f"no audit log at {path}")
@@ -654,6 +674,20 @@ def verify_audit_command(config: Config) -> int:
     count, bad, message = audit.verify(path)
     print(f"{path}: {message}")
     return 0 if bad is None else 1
+
+
+def open_audit_log(config: Config) -> str | None:
+    """A server that can send audited requests opens its audit log at start; the one line that
+    stops it when the log cannot be written, or None."""
+    path = config.settings.audit_path
+    if path is None or not policy.writes_enabled(config.settings):
+        return None
+    try:
+        audit.open_log(path)
+    except OSError as exc:
+        return (f"proxmox-mcp: cannot write the audit log {path} ({exc.strerror or exc}); set PROXMOX_AUDIT_LOG "
+                f"to a file this user can write, or allow no writes (PROXMOX_ACCESS=read).")
+    return None
 
 
 # ================================================================ HTTP transport
@@ -727,11 +761,67 @@ def host_reachability() -> dict[str, str]:
     return result
 
 
-def serve_http(config: Config, server, bind_host: str, port: int) -> None:
+# Limits of the built-in HTTP server (slow or half-sent requests, idle and too many connections):
+# a request must arrive whole within `request_seconds` of its first byte (or of the connection),
+# a kept-alive connection closes after `idle_seconds` without a request, at most `connections`
+# are served at once (more get 503), and a request's headers may take `header_bytes`.
+HTTP_LIMITS = {"request_seconds": 10.0, "idle_seconds": 5, "connections": 64, "header_bytes": 16 * 1024}
+
+
+def timed_protocol(request_seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request (headers and body) has not fully
+    arrived `request_seconds` after it began: uvicorn arms no timer before the first request."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _request_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._request_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm()  # the next request on a kept-alive connection begins
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+                self._disarm()  # the whole request arrived (or the connection is closing)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._request_timer = self.loop.call_later(request_seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+                self._request_timer = None
+
+        def _too_slow(self) -> None:
+            self._request_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
+def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS) -> Any:
+    """The uvicorn server for `app`, with HTTP_LIMITS."""
     import uvicorn
+    config = uvicorn.Config(app, host=bind_host.strip("[]"), port=port, log_level="warning",
+                            http=timed_protocol(limits["request_seconds"]),
+                            timeout_keep_alive=limits["idle_seconds"], limit_concurrency=limits["connections"],
+                            h11_max_incomplete_event_size=limits["header_bytes"])
+    return uvicorn.Server(config)
+
+
+def serve_http(config: Config, server, bind_host: str, port: int) -> None:
     app = http_app(config, server, bind_host)
     log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
-    uvicorn.run(app, host=bind_host.strip("[]"), port=port, log_level="warning")
+    http_server(app, bind_host, port).run()
 
 
 # ================================================================ demo
@@ -805,14 +895,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+        print(f"proxmox-mcp: configuration error: {policy.mask(str(exc))}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
     for warning in config.warnings:
         log.warning(warning)
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
-    shell_tools.configure(config.ssh, config.exec_allowed_vmids)
+    shell_tools.configure(config.ssh)
 
     if args.write_docs:
         return write_docs()
@@ -826,6 +916,10 @@ def main(argv: list[str] | None = None) -> int:
         return check_hosts(config)
     if args.verify_audit:
         return verify_audit_command(config)
+    cannot_audit = open_audit_log(config)
+    if cannot_audit:
+        print(cannot_audit, file=sys.stderr)
+        return 2
     server = build_server(config)
     load_permissions_in_background()
     if args.http:

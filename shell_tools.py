@@ -7,8 +7,9 @@ in VMs through the QEMU guest agent. Off by default (the exec gate), as safe as 
 - every command runs under `timeout` on the remote side and has a local deadline;
 - output is stripped of terminal escapes, private keys are masked, size is capped, and the
   answer is marked untrusted (it can carry prompt injection);
-- the policy decides (gates, protected guests, allowed vmids, confirmation) and audits the
-  command (masked), never stdin or file contents.
+- every command passes the policy's one admission step (policy.admit: gates, protected guests,
+  PROXMOX_EXEC_ALLOWED_VMIDS, dry run, the user's confirmation, audit); the audit line holds the
+  command (masked), stdin and file contents only as size and hash.
 """
 import base64
 import re
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Callable
 
+from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy
@@ -36,14 +38,11 @@ MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
 
 
 TARGETS: dict[tuple[str, str], SshTarget] = {}
-EXEC_ALLOWED_VMIDS: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None means any
 
 
-def configure(targets: list[SshTarget], allowed_vmids: set[int] | None) -> None:
-    global EXEC_ALLOWED_VMIDS
+def configure(targets: list[SshTarget]) -> None:
     TARGETS.clear()
     TARGETS.update({(t.product, t.label): t for t in targets})
-    EXEC_ALLOWED_VMIDS = allowed_vmids
 
 
 # ---------------------------------------------------------------- quoting and output
@@ -254,39 +253,12 @@ class _ShellHost:
     token_id: str = ""
 
 
-def authorize(product: str, label: str, gate: str, what: str, guests: list[int]) -> None:
-    """The policy for a shell action: gate open, guest not protected and allowed, the user's
-    confirmation; refusals and runs are audited (the command masked, never stdin)."""
-    host = _ShellHost(product, label)
-    try:
-        for needed in ("exec", gate):
-            policy.require_gate(host, needed, what, [f"runs a command: {what}"])
-        policy.check_protected(host, "SSH", "", {}, guests, gate)
-        for vmid in guests:
-            if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
-                raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS "
-                                         f"({', '.join(map(str, sorted(EXEC_ALLOWED_VMIDS)))}). Refused.")
-        call = policy.current_call()
-        if call.get("dry_run") or policy.SETTINGS.dry_run:
-            policy.audit(host, "SSH", what, {}, "dry_run")
-            raise policy.DryRun({"dry_run": True, "host": label, "run": what, "gate": gate, "guests": guests,
-                                 "needs_confirmation": True})
-        confirm = call.get("confirm")
-        decision = policy.Decision(what, what, gate, [f"runs: {what}"], guests, confirm=True)
-        if confirm is None:
-            raise policy.PolicyError("This call needs the user's confirmation, which this caller cannot give.")
-        confirm(_ConfirmClient(host), decision)
-    except policy.PolicyError as exc:
-        policy.audit(host, "SSH", what, {}, "refused", error=str(exc))
-        raise
-    policy.audit(host, "SSH", what, {}, "sent")
-
-
-class _ConfirmClient:
-    """Enough of a client for the confirmation message (the host label and product)."""
-
-    def __init__(self, host: _ShellHost):
-        self.host = host
+def admitted(product: str, label: str, gates: tuple[str, ...], what: str, guests: list[int],
+             action: Callable[[], Any], contents: bytes | None = None) -> Any:
+    """Run a shell `action` once the policy's admission step lets it: gates, protected guests,
+    PROXMOX_EXEC_ALLOWED_VMIDS, dry run, confirmation and audit, as for every HTTP request."""
+    decision = policy.shell_decision(what, gates, guests, f"runs: {what}", contents)
+    return policy.admit(_ShellHost(product, label), "SSH", what, {}, lambda _: action(), decision=decision)
 
 
 # ---------------------------------------------------------------- tools
@@ -346,37 +318,38 @@ def node_diagnostics(where: Where, host: Host = None) -> dict:
 
 
 def write_node_exec(where: Where, command: Command, host: Host = None,
-                    timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                    timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+                    ctx: Context | None = None) -> dict:
     """Run a shell command on a node or PBS over SSH."""
     target, node = _where(where, host)
-    authorize(target.product, target.label, "elevated", f"node {node}: {command}", [])
-    return run(target, node, command, timeout=timeout).answer(node=node)
+    result = admitted(target.product, target.label, ("exec", "elevated"), f"node {node}: {command}", [],
+                      lambda: run(target, node, command, timeout=timeout))
+    return result.answer(node=node)
 
 
 def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                    stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
-                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a shell command in a container (pct exec)."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
         raise InvalidArgument(f"Guest {vmid} is a VM; use write_vm_exec.")
     target = target_for("pve", client.host.label)
-    authorize("pve", client.host.label, "exec", f"pct exec {vmid}: {command}", [vmid])
     line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
     data = stdin.encode() if stdin is not None else None
-    return run(target, row["node"], line, timeout=timeout, stdin=data).answer(vmid=vmid, node=row["node"])
+    result = admitted("pve", client.host.label, ("exec",), f"pct exec {vmid}: {command}", [vmid],
+                      lambda: run(target, row["node"], line, timeout=timeout, stdin=data), contents=data)
+    return result.answer(vmid=vmid, node=row["node"])
 
 
 def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
-                  dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                  dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a shell command in a VM (guest agent)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
         raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
-    if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
-        raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS. Refused.")
     started = None
     deadline = time.monotonic() + timeout
     while started is None:  # right after boot the agent answers guest-ping with a timeout for a while
@@ -406,20 +379,20 @@ GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
 def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
-                          confirm: ConfirmArg = False) -> dict:
+                          confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Read a file in a guest, up to 1 MiB."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
-    if row["type"] == "qemu":
+    if row["type"] == "qemu":  # sensitive + exec, confirmed (policy.ALSO_GATES)
         data = client.get(f"{base}/agent/file-read", file=path) or {}
         content, truncated = clean_output(data.get("content", ""))
         return {"vmid": vmid, "path": path, "content": content, "truncated": truncated or bool(data.get("truncated")),
                 "untrusted": True}
     target = target_for("pve", client.host.label)
-    authorize("pve", client.host.label, "exec", f"pct pull {vmid} {path}", [vmid])
     line = (f"t=$(mktemp) && pct pull {int(vmid)} {sh_quote(path)} \"$t\" && head -c {MAX_FILE} \"$t\"; "
             f"s=$?; rm -f \"$t\"; exit $s")
-    result = run(target, row["node"], line, timeout=60)
+    result = admitted("pve", client.host.label, ("sensitive", "exec"), f"pct pull {vmid} {path}", [vmid],
+                      lambda: run(target, row["node"], line, timeout=60))
     if result.exit_code != 0:
         raise ProxmoxError(f"Reading {path} in container {vmid} failed: {result.stderr.strip()[:300]}")
     return {"vmid": vmid, "path": path, "content": result.stdout, "truncated": result.truncated, "untrusted": True}
@@ -427,7 +400,8 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_ru
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
                            content: Annotated[str, Field(max_length=MAX_FILE)],
-                           host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
+                           host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+                           ctx: Context | None = None) -> dict:
     """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
@@ -436,9 +410,10 @@ def write_guest_file_write(vmid: Vmid, path: GuestPath,
         client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
         return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}
     target = target_for("pve", client.host.label)
-    authorize("pve", client.host.label, "exec", f"pct push {vmid} {path}", [vmid])
     line = f"t=$(mktemp) && cat > \"$t\" && pct push {int(vmid)} \"$t\" {sh_quote(path)}; s=$?; rm -f \"$t\"; exit $s"
-    result = run(target, row["node"], line, timeout=60, stdin=content.encode())
+    result = admitted("pve", client.host.label, ("exec",), f"pct push {vmid} {path}", [vmid],
+                      lambda: run(target, row["node"], line, timeout=60, stdin=content.encode()),
+                      contents=content.encode())
     if result.exit_code != 0:
         raise ProxmoxError(f"Writing {path} in container {vmid} failed: {result.stderr.strip()[:300]}")
     return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

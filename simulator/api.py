@@ -173,7 +173,7 @@ def _route(lab: Lab, product: str, method: str, path: str, params: dict[str, Any
     if by_token and entry.get("allowtoken") == 0:
         raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
     _injected_fault(lab, path)
-    errors = catalog.check_params(entry, params, form=form, path_params=path_params)
+    errors = catalog.check_params(entry, params, form=form, path_params=path_params, product=product)
     if errors:
         lab.schema_rejections.append((product, method, path, errors))
         raise ApiError(400, "Parameter verification failed.", errors)

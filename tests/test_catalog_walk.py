@@ -32,7 +32,7 @@ CANDIDATES = ["walk1", "1", "pve1", "100", "a1b2", "vm", "local", "192.0.2.5", "
               "vm/100", "1b7a5b0e-6c4f-4b8a-9b1a-2f3c4d5e6f70", "sha256", "0", "ssh-ed25519 AAAA walk", "*/5",
               "pve", "pbs", "AAAA", "w.example.com", "10", "abcdefghij", "dir", "/dev/sda", "sda", "100-0", "acl",
               "/", "walkpass1", "docker.io/library/debian:13", "192.0.2.5:8089", "8086:1234", "0000:01:00.0",
-              "pve1c-0123456789"]
+              "pve1c-0123456789", '[{"method": "GET", "path": "status"}]']
 
 
 def value_for(name: str, spec: dict, entry: dict):
@@ -104,8 +104,8 @@ def call_for(product: str, entry: dict, upid: str):
 def call_api(session, product: str, entry: dict, path: str, params: dict):
     """One method through the generic tools: api_read for GET, write_api_call otherwise."""
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
-    if entry["method"] == "GET":
-        return session.call("api_read", arguments)
+    if entry["method"] == "GET":  # a guest file read needs the user's yes like exec
+        return session.call("api_read", arguments | {"confirm": True} if "file-read" in path else arguments)
     return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
 
 

@@ -315,7 +315,7 @@ def test_audit_lines_chain_and_tampering_is_found(tmp_path):
     lines = path.read_text().splitlines()
     assert len(lines) == 1000
     assert "hunter2" not in path.read_text()
-    assert audit.verify(path) == (1000, None, "1000 lines, chain intact")
+    assert audit.verify(path) == (1000, None, "1000 lines, chain intact, head matches")
     record = json.loads(lines[50])
     record["path"] = "/nodes/pve1/qemu/999/status/start"
     lines[50] = json.dumps(record, separators=(",", ":"))  # line 51 altered

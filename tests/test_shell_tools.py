@@ -117,6 +117,7 @@ def ssh_env(sim, sshd, tmp, user="root", **extra):
     nodes = ",".join(f"pve{i}=127.0.0.1:{port}" for i in (1, 2, 3))
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "write", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_ALLOW_SENSITIVE": "true",  # guest file reads: sensitive + exec
         "PROXMOX_LAB_SSH_NODES": nodes, "PROXMOX_LAB_SSH_USER": user,
         "PROXMOX_LAB_SSH_KEY_FILE": str(sshd["base"] / "user"),
         "PROXMOX_LAB_SSH_FINGERPRINTS": ",".join(f"pve{i}={pin}" for i in (1, 2, 3)),

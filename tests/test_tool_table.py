@@ -16,11 +16,9 @@ from conftest import ROOT, run_server
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
-# Tools that take confirm but not ctx, so their confirmation can never be asked of the user by
-# elicitation (only confirm=true works). Known gap, to be fixed in the tools; nothing may join it.
-CONFIRM_WITHOUT_CTX = {"write_guest_config", "write_pbs_prune", "write_pbs_forget_snapshot", "write_vm_exec",
-                       "write_lxc_exec", "write_guest_file_read", "write_guest_file_write", "write_node_exec"}
-
+# Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
+# elicitation (only confirm=true would work). It is empty, and a test keeps it so.
+CONFIRM_WITHOUT_CTX: set[str] = set()
 
 def parameters(name: str) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(SPECS[name].function).parameters)
@@ -44,15 +42,15 @@ def test_a_write_tool_takes_dry_run(name):
 @pytest.mark.parametrize("name", SPECS)
 def test_a_tool_that_may_need_confirmation_takes_confirm_and_ctx(name):
     spec, taken = SPECS[name], parameters(name)
-    if spec.gate in ("destructive", "exec") or spec.may_destroy:
-        assert "confirm" in taken, f"{name} can be destructive, so it takes confirm"
-    if "confirm" in taken and name not in CONFIRM_WITHOUT_CTX:
+    if set((spec.gate, *spec.also)) & set(policy.CONFIRMED) or spec.may_destroy:
+        assert "confirm" in taken, f"{name} can need the user's yes, so it takes confirm"
+    if "confirm" in taken:
         assert "ctx" in taken, f"{name} takes confirm, so it takes ctx: the user is asked when the client can"
 
 
-def test_the_known_gap_of_tools_without_ctx_only_shrinks():
-    still = {name for name in CONFIRM_WITHOUT_CTX if "ctx" not in parameters(name)}
-    assert still == CONFIRM_WITHOUT_CTX, f"fixed: remove {CONFIRM_WITHOUT_CTX - still} from CONFIRM_WITHOUT_CTX"
+def test_no_tool_takes_confirm_without_ctx():
+    assert CONFIRM_WITHOUT_CTX == set()
+    assert [name for name in SPECS if "confirm" in parameters(name) and "ctx" not in parameters(name)] == []
 
 
 def test_every_write_function_of_the_tool_modules_is_in_the_table():
