@@ -177,14 +177,15 @@ class Scope:
 
 
 def selection_scope(config: dict[str, Any], scope: Scope) -> set[int]:
-    """A backup job's or vzdump's selection (pool, else vmid, else all; docs/PROXMOX-BEHAVIOUR.md#
-    backup-jobs-and-vzdump-prune): the vmids it lists; `all` and `pool` go into `scope`."""
+    """A backup job's or vzdump's selection (pool, else vmid, else all; an `exclude` without a pool
+    means all): the vmids it lists; `all` and `pool` go into `scope`
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
     if config.get("pool"):
         scope.bulk = "selects guests by pool, which cannot be checked before sending"
         return set()
     if config.get("vmid"):
         return set(numbers(config["vmid"]))
-    if truthy(config.get("all", "0")):
+    if truthy(config.get("all", "0")) or config.get("exclude"):
         scope.all_except.append(set(numbers(config.get("exclude", ""))))
     return set()
 

@@ -134,6 +134,7 @@ class Lab:
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
         self.backup_jobs: list[dict] = []  # /cluster/backup
+        self.acme_plugins: list[dict] = []  # /cluster/acme/plugins, DNS API credentials in `data`
         self.acl: list[dict] = []  # /access/acl as the access system holds it
         self.users: list[dict] = []  # /access/users?full=1, tokens included
         self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable

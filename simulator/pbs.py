@@ -224,6 +224,16 @@ def pbs_jobs(kind: str) -> Callable:
     return handler
 
 
+def pbs_job_config(kind: str) -> Callable:
+    """A job's stored configuration, without its run state (proxmox-backup src/api2/config/sync.rs)."""
+    def handler(call: Call, id: str) -> dict:
+        job = next((j for j in call.lab.pbs_jobs.get(kind, []) if j["id"] == id), None)
+        if job is None:
+            raise ApiError(400, f"no such {kind} job '{id}'")
+        return {k: v for k, v in job.items() if not k.startswith(("last-run", "next-run"))}
+    return handler
+
+
 def pbs_gc_jobs(call: Call, **_: str) -> list:
     return [{"store": name, "schedule": "daily", **ds["gc"]} for name, ds in call.lab.datastores.items()]
 
@@ -304,6 +314,8 @@ PBS_HANDLERS: dict[tuple[str, str], Callable] = {
     ("POST", "/admin/sync/{id}/run"): pbs_run_job("sync"),
     ("POST", "/admin/verify/{id}/run"): pbs_run_job("verify"),
     ("POST", "/admin/prune/{id}/run"): pbs_run_job("prune"),
+    ("GET", "/config/sync/{id}"): pbs_job_config("sync"),
+    ("GET", "/config/prune/{id}"): pbs_job_config("prune"),
     ("GET", "/nodes/{node}/tasks"): pbs_tasks,
     ("GET", "/nodes/{node}/tasks/{upid}/status"): pbs_task_status,
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pbs_task_log,

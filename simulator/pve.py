@@ -757,6 +757,24 @@ def pve_backup_jobs(call: Call) -> list:
     return [dict(job) for job in call.lab.backup_jobs]
 
 
+def pve_backup_job(call: Call, id: str) -> dict:
+    """One backup job as stored (pve-manager PVE/API2/Backup.pm `read_job`)."""
+    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
+    if job is None:
+        raise ApiError(400, "Parameter verification failed.", {"id": f"No such job '{id}'"})
+    return dict(job)
+
+
+def pve_acme_plugins(call: Call, id: str | None = None) -> list | dict:
+    """ACME plugins with their stored config, `data` included (pve-manager PVE/API2/ACMEPlugin.pm)."""
+    if id is None:
+        return [dict(p) for p in call.lab.acme_plugins]
+    plugin = next((p for p in call.lab.acme_plugins if p["plugin"] == id), None)
+    if plugin is None:
+        raise ApiError(500, f"ACME plugin '{id}' not defined")
+    return dict(plugin)
+
+
 def pve_users(call: Call) -> list:
     full = str(call.arg("full", "0")) == "1"
     return [{k: v for k, v in u.items() if full or k != "tokens"} for u in call.lab.users]
@@ -819,6 +837,9 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
     ("GET", "/cluster/backup"): pve_backup_jobs,
+    ("GET", "/cluster/backup/{id}"): pve_backup_job,
+    ("GET", "/cluster/acme/plugins"): pve_acme_plugins,
+    ("GET", "/cluster/acme/plugins/{id}"): pve_acme_plugins,
     ("GET", "/nodes/{node}/replication"): pve_replication,
     ("GET", "/access/users"): pve_users,
     ("GET", "/access/acl"): pve_acl,

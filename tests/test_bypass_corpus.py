@@ -1,0 +1,299 @@
+"""The bypass corpus: every way found to reach a protected guest, destroy backups below the
+destructive gate, read secrets at the read gate or touch the host without the elevated gate.
+Each entry is refused twice: by the policy in-process (nothing reaches `send`) and through the
+generic tools of a real server against the simulator, with no change request sent.
+
+Sessions (the operator's configuration each entry is tried in):
+  open       destructive tier, exec, elevated and sensitive open; guests 100, 101, 102 protected
+  write      write tier, exec and sensitive open, elevated closed
+  elevated   write tier and elevated open (the destructive tier closed)
+  read       the default: read tier, nothing else open
+  exec_list  everything open, PROXMOX_EXEC_ALLOWED_VMIDS=105, only guest 101 protected
+"""
+import json
+from types import SimpleNamespace
+from urllib.parse import unquote
+
+import pytest
+
+import policy
+from conftest import requests_during, stdio_session
+
+PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
+PBS = SimpleNamespace(product="pbs", label="lab", token_id="root@pam!admin", write_token_id=None)
+PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family website"},
+             {"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
+             {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"}]
+ALL = frozenset({"exec", "elevated", "sensitive"})
+SESSIONS = {  # name -> (access tier, extra gates, protected vmids, exec allow-list)
+    "open": ("destructive", ALL, (100, 101, 102), None),
+    "write": ("write", frozenset({"exec", "sensitive"}), (100, 101, 102), None),
+    "elevated": ("write", frozenset({"elevated"}), (100, 101, 102), None),
+    "read": ("read", frozenset(), (100, 101, 102), None),
+    "exec_list": ("destructive", ALL, (101,), {105}),
+}
+PBS_VOLUME = "pbs:backup/vm/101/2026-11-28T02:00:01Z"
+REBOOT_VIA_EXECUTE = json.dumps([{"method": "POST", "path": "qemu/101/status/stop"}])
+
+# (session, product, method, path, params, what the refusal says). Old entries first (the
+# corpus of stage 1: 51 entries), then one block per class of hole of issue 14.
+CORPUS = [
+    # ---- stage 1: a protected guest named in every way
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/status/stop", {}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/status/start", {}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve2/qemu/100/status/shutdown", {}, "protected"),  # wrong node, same guest
+    ("open", "pve", "DELETE", "/nodes/pve1/qemu/100", {}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve3/lxc/102", {}, "protected"),
+    ("open", "pve", "PUT", "/nodes/pve1/qemu/100/config", {"memory": "1024"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/snapshot/s1/rollback", {}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/103/clone", {"newid": 100}, "protected"),  # clone over it
+    ("open", "pve", "POST", "/nodes/pve1/qemu",
+     {"vmid": 100, "archive": "nfs-backup:backup/vzdump-qemu-103-x.vma.zst", "force": 1}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/104/move_disk", {"disk": "scsi0", "target-vmid": 100}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/migrate", {"target": "pve2"}, "protected"),
+    ("open", "pve", "PUT", "/nodes/pve1/qemu/100/resize", {"disk": "scsi0", "size": "+1G"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/agent/exec", {"command": ["id"]}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/template", {}, "protected"),
+    ("open", "pve", "PUT", "/nodes/pve1/qemu/100/unlink", {"idlist": "scsi1"}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-100-disk-0", {}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm%3Avm-100-disk-0", {}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/local-lvm/content/vm-100-disk-0", {}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve3/storage/local-lvm/content/local-lvm:subvol-102-disk-0", {}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:base-100-disk-0", {}, "protected"),
+    ("open", "pve", "DELETE",
+     "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-2026_11_28-02_00_01.vma.zst", {},
+     "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/storage/local-lvm/content",
+     {"vmid": 100, "filename": "vm-100-disk-9", "size": "1G"}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {"vmid": 100}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/nfs-backup/prunebackups", {}, "protected"),  # every guest
+    ("open", "pve", "DELETE", "/cluster/ha/resources/vm:100", {}, "protected"),
+    ("open", "pve", "POST", "/cluster/ha/resources", {"sid": "ct:102"}, "protected"),
+    ("open", "pve", "POST", "/cluster/ha/resources/vm:100/migrate", {"node": "pve2"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/resources/vm%3A100", {"state": "stopped"}, "protected"),
+    ("open", "pve", "DELETE", "/cluster/replication/100-0", {}, "protected"),
+    ("open", "pve", "POST", "/cluster/replication", {"id": "102-1", "target": "pve2", "type": "local"}, "protected"),
+    ("open", "pve", "PUT", "/pools/prod", {"vms": "100", "delete": 1}, "protected"),
+    ("open", "pve", "PUT", "/pools/prod", {"vms": "103,102"}, "protected"),
+    ("open", "pve", "PUT", "/pools", {"poolid": "prod", "vms": "100"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/stopall", {}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/startall", {"vms": "103,100"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/migrateall", {"target": "pve2"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/suspendall", {}, "protected"),
+    ("open", "pve", "POST", "/cluster/bulk-action/guest/shutdown", {}, "protected"),
+    ("open", "pve", "POST", "/cluster/bulk-action/guest/start", {"vms": [103, 102]}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"all": 1}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"all": 1, "exclude": "102"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"vmid": "103,100"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"pool": "prod"}, "protected"),
+    ("open", "pve", "POST", "/cluster/backup", {"all": 1, "schedule": "daily", "storage": "pbs"}, "protected"),
+    ("open", "pve", "PUT", "/nodes/pve1/qemu/100/firewall/options", {"enable": 0}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/qemu/100/firewall/rules", {"action": "ACCEPT", "type": "in"}, "protected"),
+    ("open", "pbs", "POST", "/admin/datastore/backup/prune",
+     {"backup-type": "vm", "backup-id": "100", "keep-last": 1}, "protected"),
+    ("open", "pbs", "DELETE", "/admin/datastore/backup/snapshots",
+     {"backup-type": "ct", "backup-id": "102", "backup-time": 1}, "protected"),
+    ("open", "pbs", "DELETE", "/admin/datastore/backup/groups", {"backup-type": "vm", "backup-id": "100"}, "protected"),
+    ("open", "pbs", "POST", "/admin/datastore/backup/prune-datastore", {"keep-last": 1}, "protected"),
+    ("open", "pbs", "DELETE", "/admin/datastore/backup/namespace", {"ns": "old", "delete-groups": 1}, "protected"),
+    # ---- 1. the exec allow-list inside admission (guest 105 allowed; 100 is not, and not protected)
+    ("exec_list", "pve", "POST", "/nodes/pve1/qemu/100/agent/exec", {"command": ["id"]}, "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pve", "POST", "/nodes/pve1/qemu/100/agent/file-write", {"file": "/etc/motd", "content": "x"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pve", "GET", "/nodes/pve1/qemu/100/agent/file-read", {"file": "/etc/shadow"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pve", "POST", "/nodes/pve1/qemu/100/agent", {"command": "fsfreeze-status"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    # ---- 2. confirmation belongs to the gate: node power and guest file reads are asked too
+    ("open", "pve", "POST", "/nodes/pve1/status", {"command": "reboot"}, "confirm=true"),
+    ("open", "pve", "POST", "/nodes/pve3/status", {"command": "shutdown"}, "confirm=true"),
+    ("open", "pve", "GET", "/nodes/pve2/qemu/104/agent/file-read", {"file": "/etc/hostname"}, "confirm=true"),
+    ("open", "pbs", "DELETE", "/admin/datastore/backup/snapshots",
+     {"backup-type": "vm", "backup-id": "103", "backup-time": 1}, "confirm=true"),
+    # ---- 3. secrets at the read gate (derived from the return schemas), lists like their items
+    ("read", "pbs", "GET", "/config/access/openid/corp", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/access/openid", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/metrics/influxdb-http/influx", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/metrics/influxdb-http", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pve", "GET", "/cluster/acme/plugins", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pve", "GET", "/cluster/acme/plugins/dns1", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/acme/plugins", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/remote", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pbs", "GET", "/config/s3", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pve", "GET", "/nodes/pve1/subscription", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pve", "GET", "/cluster/notifications/endpoints/webhook", {}, "PROXMOX_ALLOW_SENSITIVE"),
+    # ---- 4. backups destroyed below the destructive gate ...
+    ("write", "pbs", "POST", "/pull", {"store": "backup", "remote": "office", "remote-store": "backup",
+                                       "remove-vanished": 1}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/sync/s-backup", {"remove-vanished": 1}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "POST", "/admin/sync/s-remove/run", {}, "PROXMOX_ACCESS=destructive"),  # stored remove-vanished
+    ("write", "pbs", "POST", "/config/prune", {"id": "p-two", "store": "backup", "schedule": "daily", "keep-last": 1},
+     "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/prune/p-backup", {"keep-last": 1}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "POST", "/admin/prune/p-backup/run", {}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "PUT", "/cluster/backup/backup-nightly", {"prune-backups": "keep-last=1"},
+     "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "POST", "/nodes/pve1/vzdump", {"vmid": "103", "prune-backups": "keep-last=1"},
+     "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "PUT", "/storage/nfs-backup", {"prune-backups": "keep-last=1"}, "PROXMOX_ACCESS=destructive"),
+    # ... and, at the destructive tier, a bulk action over the protected guests' backups
+    ("open", "pbs", "POST", "/pull", {"store": "backup", "remote": "office", "remote-store": "backup",
+                                      "remove-vanished": 1}, "protected"),
+    ("open", "pbs", "PUT", "/config/sync/s-backup", {"remove-vanished": 1}, "protected"),
+    ("open", "pbs", "POST", "/admin/sync/s-remove/run", {}, "protected"),
+    ("open", "pbs", "POST", "/config/prune", {"id": "p-two", "store": "backup", "schedule": "daily", "keep-last": 1},
+     "protected"),
+    ("open", "pbs", "PUT", "/config/prune/p-backup", {"keep-last": 1}, "protected"),
+    ("open", "pbs", "POST", "/admin/prune/p-backup/run", {}, "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-nightly", {"prune-backups": "keep-last=1"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"vmid": "101", "prune-backups": "keep-last=1"}, "protected"),
+    ("open", "pve", "PUT", "/storage/nfs-backup", {"prune-backups": "keep-last=1"}, "protected"),
+    # ---- 5. names the policy did not recognise
+    ("open", "pve", "DELETE", f"/nodes/pve1/storage/pbs/content/{PBS_VOLUME}", {}, "protected"),
+    ("open", "pve", "PUT", f"/nodes/pve1/storage/pbs/content/{PBS_VOLUME}", {"protected": 0}, "protected"),
+    ("open", "pve", "DELETE", "/nodes/pve1/storage/pbs/content/pbs:backup/ct/102/2026-11-28T02:00:01Z", {},
+     "protected"),
+    ("open", "pve", "POST", "/cluster/ha/rules", {"rule": "r1", "type": "resource-affinity",
+                                                  "resources": "vm:103,vm:101"}, "protected"),
+    ("open", "pve", "POST", "/cluster/ha/rules", {"rule": "r2", "type": "node-affinity", "nodes": "pve1",
+                                                  "resources": "vm:101,vm:103"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve2/qemu/0000000101/status/stop", {}, "pve-vmid"),
+    ("open", "pve", "POST", "/nodes/pve2/qemu/0101/status/stop", {}, "pve-vmid"),
+    ("open", "pve", "POST", "/nodes/pve2/vzdump", {"vmid": "0000000101"}, "pve-vmid"),
+    ("open", "pve", "POST", "/nodes/pve2/qemu/104/status/stop", {"vmid": 101}, "conflicting values"),
+    ("open", "pbs", "POST", "/admin/datastore/backup/prune", {"store": "other", "backup-type": "vm",
+                                                              "backup-id": "103", "keep-last": 1}, "duplicate"),
+    ("read", "pve", "GET", "/nodes/pve1/storage/pbs/file-restore/list",
+     {"volume": "pbs:backup/vm/103/2026-11-28T02:00:01Z", "filepath": "/"}, "PROXMOX_ALLOW_SENSITIVE"),
+    ("read", "pve", "GET", "/nodes/pve1/storage/pbs/file-restore/download",
+     {"volume": "pbs:backup/vm/103/2026-11-28T02:00:01Z", "filepath": "/etc/shadow"}, "PROXMOX_ALLOW_SENSITIVE"),
+    # ---- 6. changes to a protected guest that never name it
+    ("open", "pve", "PUT", "/cluster/backup/backup-nightly", {"mode": "stop"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-nightly", {"exclude": "101,104"}, "protected"),
+    ("open", "pve", "DELETE", "/cluster/backup/backup-nightly", {}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/execute", {"commands": REBOOT_VIA_EXECUTE}, "protected"),
+    ("elevated", "pve", "POST", "/nodes/pve1/execute",
+     {"commands": json.dumps([{"method": "DELETE", "path": "qemu/104"}])}, "PROXMOX_ACCESS=destructive"),
+    ("elevated", "pbs", "DELETE", "/config/datastore/backup", {"destroy-data": 1}, "PROXMOX_ACCESS=destructive"),
+    ("open", "pbs", "DELETE", "/config/datastore/backup", {"destroy-data": 1}, "protected"),
+    ("write", "pve", "PUT", "/nodes/pve1/lxc/103/config", {"delete": "unused0"}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"delete": "vmstate"}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "POST", "/nodes/pve2/qemu/104/status/shutdown", {"forceStop": 1}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pve", "POST", "/cluster/bulk-action/guest/shutdown", {"vms": [103]}, "PROXMOX_ACCESS=destructive"),
+    # ---- 7. host paths and devices, wherever they sit in a property string
+    ("write", "pve", "PUT", "/nodes/pve1/lxc/103/config", {"mp0": "backup=1,volume=/etc,mp=/mnt"},
+     "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve1/lxc/103/config", {"rootfs": "volume=/,size=8G"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"scsi1": "/dev/sda"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"virtio2": "file=/dev/nvme0n1,backup=0"},
+     "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config",
+     {"scsi1": "local-lvm:0,import-from=/etc/pve/priv/authkey.key"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve1/lxc/103/config", {"features": "keyctl=on"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve1/lxc/103/config", {"features": "nesting=1,mknod=1"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"usb0": "mapping=spice-dongle"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"usb1": "host=1234:5678,usb3=1"},
+     "PROXMOX_ALLOW_ELEVATED"),
+    # ---- 8. reads that make a node contact any host, at the gate of query-url-metadata
+    ("read", "pve", "GET", "/nodes/pve1/scan/pbs", {"server": "203.0.113.9", "username": "root@pam",
+                                                    "password": "guess-me-123"}, "PROXMOX_ACCESS=write"),
+    ("read", "pve", "GET", "/nodes/pve1/scan/nfs", {"server": "203.0.113.9"}, "PROXMOX_ACCESS=write"),
+    ("read", "pve", "GET", "/nodes/pve1/scan/cifs", {"server": "203.0.113.9"}, "PROXMOX_ACCESS=write"),
+    ("read", "pve", "GET", "/nodes/pve1/scan/iscsi", {"portal": "203.0.113.9"}, "PROXMOX_ACCESS=write"),
+    ("read", "pve", "GET", "/cluster/acme/meta", {"directory": "https://203.0.113.9/directory"},
+     "PROXMOX_ACCESS=write"),
+    ("read", "pve", "GET", "/cluster/acme/tos", {"directory": "https://203.0.113.9/directory"},
+     "PROXMOX_ACCESS=write"),
+    ("read", "pbs", "GET", "/config/acme/tos", {"directory": "https://203.0.113.9/directory"},
+     "PROXMOX_ACCESS=write"),
+]
+CORPUS_BEFORE = 51  # entries in stage 1's corpus (tests/test_policy.py BYPASSES)
+
+
+def entry_id(entry) -> str:
+    return f"{entry[0]} {entry[2]} {entry[3]}"[:70]
+
+
+def settings_for(session: str) -> policy.Settings:
+    access, gates, protected, allowed = SESSIONS[session]
+    rules = policy.HostPolicy(access, gates)
+    return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
+                           protected=policy.Protected([e for e in PROTECTED if e["vmid"] in protected]),
+                           exec_allowed_vmids=allowed)
+
+
+# The stored jobs the policy reads, as the simulated lab holds them.
+STORED = {"/cluster/backup/backup-nightly": {"id": "backup-nightly", "type": "vzdump", "all": 1, "exclude": "104",
+                                             "storage": "nfs-backup", "schedule": "02:00"},
+          "/config/sync/s-remove": {"id": "s-remove", "store": "backup", "remote": "office",
+                                    "remote-store": "backup", "remove-vanished": True},
+          "/config/sync/s-backup": {"id": "s-backup", "store": "backup", "remote": "office", "remote-store": "backup"}}
+
+
+def test_the_corpus_grew_by_every_example_of_issue_14():
+    assert len(CORPUS) >= CORPUS_BEFORE + 76, len(CORPUS)  # 127 at the end of stage 2
+    assert len({(e[0], e[2], e[3], json.dumps(e[4], sort_keys=True)) for e in CORPUS}) == len(CORPUS)
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=entry_id)
+def test_refused_by_the_admission_step_with_nothing_sent(entry):
+    session, product, method, path, params, expected = entry
+    host = PBS if product == "pbs" else PVE
+    sent = []
+    original = policy.SETTINGS
+    policy.configure(settings_for(session))
+    confirm = None if expected == "confirm=true" else (lambda _host, _decision: None)  # confirm=true elsewhere
+    token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
+    try:
+        with pytest.raises(policy.PolicyError) as refused:
+            policy.admit(host, method, path, dict(params), sent.append, read=STORED.get)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    message = str(refused.value)
+    assert sent == []
+    if expected == "confirm=true":
+        assert isinstance(refused.value, policy.ConfirmationNeeded), message
+    else:
+        assert expected in message, message
+
+
+# ---------------------------------------------------------------- through a real server
+
+def session_env(sim, tmp, session: str) -> dict:
+    access, gates, protected, allowed = SESSIONS[session]
+    (tmp / "protected.json").write_text(json.dumps([e for e in PROTECTED if e["vmid"] in protected]))
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": access, "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    env |= {f"PROXMOX_ALLOW_{gate.upper()}": "true" for gate in gates}
+    if allowed:
+        env["PROXMOX_EXEC_ALLOWED_VMIDS"] = ",".join(map(str, sorted(allowed)))
+    return env
+
+
+@pytest.fixture(scope="module")
+def servers(sim, tmp_path_factory):
+    """One server per session, against the module's simulator (whose lab holds the stored jobs)."""
+    sim.lab.pbs_jobs["sync"].append({"id": "s-remove", "store": "backup", "remote": "office",
+                                     "remote-store": "backup", "schedule": "daily", "remove-vanished": True})
+    from contextlib import ExitStack
+    with ExitStack() as stack:
+        yield {name: stack.enter_context(stdio_session(session_env(sim, tmp_path_factory.mktemp(name), name),
+                                                       log_name=f"corpus-{name}"))
+               for name in SESSIONS}
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=entry_id)
+def test_refused_through_the_generic_tools_with_nothing_sent(servers, sim, entry):
+    session, product, method, path, params, expected = entry
+    arguments = {"path": path, "params": params, "host": "lab", "product": product}
+    if expected != "confirm=true":
+        arguments["confirm"] = True  # a client that cannot ask its user, and says yes
+    tool = "api_read" if method == "GET" else "write_api_call"
+    if tool == "write_api_call":
+        arguments["method"] = method
+    message, sent = requests_during(sim, lambda: servers[session].error(tool, arguments))
+    assert expected in message, message
+    refused = (method, unquote(path))  # the reads the policy makes to decide (a job's stored config) may pass
+    assert [r for r in sent if r[1] != "GET" or r[1:] == refused] == []
