@@ -221,7 +221,7 @@ def _volume_freeing(value: str) -> bool:
 # boolean that defaults to true deletes when left out (bulk shutdown's force-stop).
 # docs/PROXMOX-BEHAVIOUR.md#parameters-that-delete-data
 DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
-    (r"purge|destroy-.+|cleanup(-disks)?|remove[-_](pools|storages|ecprofile)|delete-(groups|source)", "boolean",
+    (r"purge|destroy-.+|cleanup(-disks)?|remove[-_](pools|storages|ecprofile)|delete-groups", "boolean",
      truthy, "also deletes data"),
     (r"force|force-?stop|forceStop", "boolean", truthy, "forces past a safety check or stops hard"),
     (r"delete", "boolean", truthy, "deletes the source"),  # move_disk, move_volume
@@ -325,8 +325,9 @@ def deleting(entry: dict, params: dict[str, Any]) -> list[str]:
 
 def _deleting(name: str, spec: dict, values: list[str]) -> list[str]:
     """The reasons a parameter deletes data; one the schema does not know is judged by name alone."""
-    return [f"{name}: {why}" for pattern, kind, test, why in DELETING_PARAMS
-            if re.fullmatch(pattern, name) and kind in (None, spec.get("type", kind)) and any(test(v) for v in values)]
+    return [f"{name}={value}: {why}" for pattern, kind, test, why in DELETING_PARAMS
+            if re.fullmatch(pattern, name) and kind in (None, spec.get("type", kind))
+            for value in values[:1] if any(test(v) for v in values)]
 
 
 def call_gates(product: str, method: str, template: str, params: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:

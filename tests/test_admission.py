@@ -1,0 +1,213 @@
+"""The one admission step (policy.admit) as users meet it: the user always has the last word when
+the client can ask; confirm=true only stands in for clients that cannot; elevated calls are
+confirmed like destructive and exec ones; the exec allow-list holds for every way into a guest;
+and the legitimate calls still work (an ACME plugin read with the sensitive gate open, a prune
+with confirmation, a job edit at the destructive tier)."""
+import base64
+import json
+
+import pytest
+
+from conftest import requests_during, run_server, stdio_session
+
+PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
+
+
+def env_for(sim, tmp, **extra) -> dict:
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+
+
+def writes(sent: list) -> list:
+    return [r for r in sent if r[1] != "GET"]
+
+
+@pytest.fixture(scope="module")
+def plain(sim, tmp_path_factory):
+    """A client that cannot ask its user (no elicitation): confirm=true stands in."""
+    tmp = tmp_path_factory.mktemp("plain")
+    with stdio_session(env_for(sim, tmp), log_name="admission-plain") as session:
+        session.tmp = tmp
+        yield session
+
+
+class User:
+    """The person behind an eliciting client: answers each question from a script."""
+
+    def __init__(self):
+        self.answers: list[str] = []
+        self.asked: list[str] = []
+
+    async def __call__(self, _context, params):
+        from mcp_types import ElicitResult
+        self.asked.append(params.message)
+        action = self.answers.pop(0) if self.answers else "decline"
+        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
+
+
+@pytest.fixture(scope="module")
+def asking(sim, tmp_path_factory):
+    """A client that asks its user (elicitation)."""
+    user = User()
+    with stdio_session(env_for(sim, tmp_path_factory.mktemp("asking")), log_name="admission-asking",
+                       elicitation_callback=user) as session:
+        session.user = user
+        yield session
+
+
+# ---------------------------------------------------------------- the user has the last word
+
+def test_an_asking_client_asks_even_with_confirm_true_and_the_user_decides(asking, sim):
+    stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop", "confirm": True}
+    asking.user.answers = ["decline"]
+    message, sent = requests_during(sim, lambda: asking.error("write_api_call", stop))
+    assert "did not confirm" in message and writes(sent) == []
+    assert "ci-runner (vmid 105)" in asking.user.asked[-1] and "DESTRUCTIVE" in asking.user.asked[-1]
+    asking.user.answers = ["accept"]
+    done, sent = requests_during(sim, lambda: asking.ok("write_api_call", stop))
+    assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve3/lxc/105/status/stop") in sent
+
+
+def test_curated_tools_ask_the_user_too(asking, sim):
+    snapshot = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][-1]["backup-time"]
+    forget = {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": snapshot, "confirm": True}
+    asked = len(asking.user.asked)
+    asking.user.answers = ["decline"]
+    message, sent = requests_during(sim, lambda: asking.error("write_pbs_forget_snapshot", forget))
+    assert "did not confirm" in message and writes(sent) == [] and len(asking.user.asked) == asked + 1
+    asking.user.answers = ["decline"]
+    assert "did not confirm" in asking.error("write_guest_config", {"vmid": 104, "delete": ["unused0"],
+                                                                    "confirm": True})
+    assert "DESTRUCTIVE" in asking.user.asked[-1] and "unused0" in asking.user.asked[-1]
+
+
+def test_a_client_that_cannot_ask_needs_confirm_true(plain, sim):
+    stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
+    message, sent = requests_during(sim, lambda: plain.error("write_api_call", stop))
+    assert "Confirmation needed" in message and "confirm=true" in message and writes(sent) == []
+    assert plain.ok("write_api_call", stop | {"confirm": True})["data"].startswith("UPID:")
+
+
+def test_elevated_calls_are_confirmed(plain, sim):
+    reboot = {"method": "POST", "path": "/nodes/pve1/status", "params": {"command": "reboot"}}
+    message, sent = requests_during(sim, lambda: plain.error("write_api_call", reboot))
+    assert "ELEVATED" in message and "confirm=true" in message and writes(sent) == []
+    _, sent = requests_during(sim, lambda: plain.ok("write_api_call", reboot | {"confirm": True}))
+    assert ("pve", "POST", "/nodes/pve1/status") in sent
+
+
+def test_a_guest_file_read_is_confirmed_like_exec(plain, sim):
+    read = {"vmid": 104, "path": "/etc/hostname"}
+    sim.lab.guests[104]["status"] = "running"
+    try:
+        message, sent = requests_during(sim, lambda: plain.error("write_guest_file_read", read))
+        assert "confirm=true" in message and not any(r[2].endswith("file-read") for r in sent)
+        assert plain.ok("write_guest_file_read", read | {"confirm": True})["content"] == "win11\n"
+    finally:
+        sim.lab.guests[104]["status"] = "stopped"
+
+
+# ---------------------------------------------------------------- the exec allow-list, every way in
+
+def test_the_exec_allow_list_holds_for_every_way_into_a_guest(sim, tmp_path):
+    with stdio_session(env_for(sim, tmp_path, PROXMOX_EXEC_ALLOWED_VMIDS="105"), log_name="admission-allowed") as s:
+        attempts = [("write_api_call", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/exec",
+                                        "params": {"command": ["id"]}}),
+                    ("write_api_call", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/file-write",
+                                        "params": {"file": "/etc/motd", "content": "x"}}),
+                    ("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read", "params": {"file": "/etc/hostname"}}),
+                    ("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
+                    ("write_guest_file_read", {"vmid": 100, "path": "/etc/hostname"}),
+                    ("write_vm_exec", {"vmid": 100, "command": "id"})]
+        for tool, arguments in attempts:
+            message, sent = requests_during(sim, lambda t=tool, a=arguments: s.error(t, a | {"confirm": True}))
+            assert "PROXMOX_EXEC_ALLOWED_VMIDS" in message, (tool, message)
+            assert not any("/agent/" in r[2] for r in sent), (tool, sent)
+
+
+# ---------------------------------------------------------------- legitimate calls still work
+
+def test_an_acme_plugin_is_read_with_the_sensitive_gate_open_its_credentials_masked(plain, sim):
+    sim.lab.acme_plugins = [{"plugin": "dns1", "type": "dns", "api": "cf", "data": "CF_Token=cf-secret-4711",
+                             "digest": "d1"}]
+    one = plain.ok("api_read", {"path": "/cluster/acme/plugins/dns1"})["data"]
+    assert one == {"plugin": "dns1", "type": "dns", "api": "cf", "data": "***", "digest": "d1"}
+    listed = plain.ok("api_read", {"path": "/cluster/acme/plugins"})["data"]
+    assert listed[0]["data"] == "***" and "cf-secret-4711" not in json.dumps(listed)
+
+
+def test_a_prune_with_confirmation(plain, sim):
+    prune = {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 1}
+    preview = plain.ok("write_pbs_prune", prune)
+    assert preview["removed"] == 0 and len(preview["remove"]) >= 1 and "confirm=true" in preview["next"]
+    done, sent = requests_during(sim, lambda: plain.ok("write_pbs_prune", prune | {"confirm": True}))
+    assert done["removed"] == len(preview["remove"])
+    assert ("pbs", "POST", "/admin/datastore/backup/prune") in sent
+    assert "protected" in plain.error("write_pbs_prune", prune | {"backup_id": "101", "confirm": True})
+
+
+def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
+    sim.lab.backup_jobs.append({"id": "backup-media", "type": "vzdump", "schedule": "03:00", "enabled": 1,
+                                "vmid": "103,104", "storage": "nfs-backup", "mode": "snapshot"})
+    edit = {"method": "PUT", "path": "/cluster/backup/backup-media", "params": {"prune-backups": "keep-last=3"}}
+    message = plain.error("write_api_call", edit)
+    assert "DESTRUCTIVE" in message and "prune-backups" in message  # needs the user's yes
+    _, sent = requests_during(sim, lambda: plain.ok("write_api_call", edit | {"confirm": True}))
+    assert ("pve", "PUT", "/cluster/backup/backup-media") in sent
+    # the same edit of the nightly job, which covers protected guest 101, is refused
+    nightly = edit | {"path": "/cluster/backup/backup-nightly", "confirm": True}
+    message, sent = requests_during(sim, lambda: plain.error("write_api_call", nightly))
+    assert "protected guest 101" in message and writes(sent) == []
+    # and below the destructive tier the edit is refused before the job is even read
+    with stdio_session(env_for(sim, tmp_path, PROXMOX_ACCESS="write"), log_name="admission-write") as session:
+        message, sent = requests_during(sim, lambda: session.error("write_api_call", edit | {"confirm": True}))
+        assert "PROXMOX_ACCESS=destructive" in message and sent == []
+
+
+def test_a_backup_that_prunes_its_own_guest(plain, sim):
+    backup = {"method": "POST", "path": "/nodes/pve1/vzdump",
+              "params": {"vmid": "103", "storage": "nfs-backup", "prune-backups": "keep-last=2"}}
+    assert "confirm=true" in plain.error("write_api_call", backup)
+    assert plain.ok("write_api_call", backup | {"confirm": True})["data"].startswith("UPID:")
+
+
+def test_dry_run_shows_every_gate_and_sends_nothing(plain, sim):
+    call = {"method": "DELETE", "path": "/config/datastore/backup", "params": {"destroy-data": 1},
+            "product": "pbs", "dry_run": True}
+    with_protected = plain.error("write_api_call", call)  # the protected guests' backups are in its scope
+    assert "protected" in with_protected
+    plan, sent = requests_during(sim, lambda: plain.ok("write_api_call", call | {
+        "method": "POST", "path": "/nodes/pve1/vzdump",
+        "params": {"vmid": "103", "prune-backups": "keep-last=1"}, "product": "pve"}))
+    assert plan["gate"] == "destructive" and plan["needs_confirmation"] is True and writes(sent) == []
+
+
+# ---------------------------------------------------------------- contents never in the audit log
+
+def test_audit_lines_hold_sizes_and_hashes_never_contents(plain, sim):
+    sim.lab.guests[104]["status"] = "running"
+    try:
+        text = "root-password-in-a-file\n" * 3
+        plain.ok("write_guest_file_write", {"vmid": 104, "path": "/etc/app.conf", "content": text, "confirm": True})
+    finally:
+        sim.lab.guests[104]["status"] = "stopped"
+    plain.ok("write_api_call", {"method": "POST", "path": "/cluster/acme/plugins", "confirm": True,
+                                "params": {"id": "dns2", "type": "dns", "api": "cf", "data": "CF_Token=cf-4712"}})
+    log = (plain.tmp / "audit.jsonl").read_text()
+    assert "root-password-in-a-file" not in log and base64.b64encode(text.encode()).decode()[:40] not in log
+    assert "cf-4712" not in log
+    lines = [json.loads(line) for line in log.splitlines()]
+    write = next(line for line in lines if line["path"].endswith("file-write") and line["verdict"] == "sent")
+    assert write["params"]["content"]["bytes"] == len(base64.b64encode(text.encode()))
+    assert len(write["params"]["content"]["sha256"]) == 64
+    assert [line["verdict"] for line in lines if line["path"] == "/cluster/acme/plugins"][-2:] == ["sending", "sent"]
+
+
+def test_configuration_errors_never_echo_credentials_in_a_url():
+    result = run_server(["--list-tools"], {"PROXMOX_X_URL": "https://root@pam:hunter2-secret@pve.example:8006",
+                                           "PROXMOX_X_TOKEN": "a@pve!t=secret-value-0001"})
+    assert result.returncode == 2 and "user name or password" in result.stderr
+    assert "hunter2-secret" not in result.stderr and "root@pam" not in result.stderr

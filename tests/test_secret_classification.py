@@ -1,0 +1,129 @@
+"""Secrets in answers, derived from Proxmox's own schemas: the catalog builder walks the return
+schema of every GET (list items and nested objects included) and records the secret-like
+properties it carries (catalog.secret_properties, one name rule); such methods are `sensitive`,
+their lists too, and the secrets are masked in every answer. These tests read the committed
+catalog/*.json, so they hold in a fresh clone."""
+import pytest
+
+import catalog
+import masking
+import policy
+
+# The whole classification over both catalogs: (product, GET path) -> the secrets its answer carries.
+EXPECTED = {
+    ("pve", "/cluster/acme/plugins"): ["data"],
+    ("pve", "/cluster/acme/plugins/{id}"): ["data"],
+    ("pve", "/cluster/notifications/endpoints/webhook"): ["secret"],
+    ("pve", "/cluster/notifications/endpoints/webhook/{name}"): ["secret"],
+    ("pve", "/nodes/{node}/subscription"): ["key"],
+    ("pbs", "/config/access/openid"): ["client-key"],
+    ("pbs", "/config/access/openid/{realm}"): ["client-key"],
+    ("pbs", "/config/acme/plugins"): ["data"],
+    ("pbs", "/config/acme/plugins/{id}"): ["data"],
+    ("pbs", "/config/metrics/influxdb-http"): ["token"],
+    ("pbs", "/config/metrics/influxdb-http/{name}"): ["token"],
+    ("pbs", "/config/notifications/endpoints/webhook"): ["secret"],
+    ("pbs", "/config/notifications/endpoints/webhook/{name}"): ["secret"],
+    ("pbs", "/config/s3"): ["access-key"],
+    ("pbs", "/config/s3/{id}"): ["access-key"],
+    ("pbs", "/nodes/{node}/subscription"): ["key"],
+}
+
+
+def all_methods():
+    return [(product, entry) for product in catalog.PRODUCTS for entry in catalog.methods(product)]
+
+
+def test_the_classification_over_both_whole_catalogs():
+    found = {(product, entry["path"]): entry["secrets"] for product, entry in all_methods() if entry.get("secrets")}
+    assert found == EXPECTED
+    assert all(entry["method"] == "GET" for _, entry in all_methods() if entry.get("secrets"))
+
+
+@pytest.mark.parametrize("product, path", sorted(EXPECTED))
+def test_a_get_that_returns_secrets_is_sensitive(product, path):
+    assert policy.method_gate("GET", path, product) == "sensitive"
+    gates, reasons = policy.call_gates(product, "GET", path, {})
+    assert gates == ("sensitive",) and any("returns secrets" in r for r in reasons)
+
+
+def test_a_list_is_gated_like_its_items_over_both_catalogs():
+    checked = 0
+    for product, entry in all_methods():
+        if entry["method"] != "GET":
+            continue
+        items = catalog.item_templates(product, entry["path"])
+        if any(policy.method_gate("GET", item, product) == "sensitive" for item in items):
+            assert policy.method_gate("GET", entry["path"], product) == "sensitive", (product, entry["path"])
+            checked += 1
+    assert checked >= 15  # /config/remote, /config/s3, the ACME plugins, the notification endpoints, ...
+    assert policy.method_gate("GET", "/config/remote", "pbs") == "sensitive"  # auth-id, as /config/remote/{name}
+
+
+def test_reads_without_secrets_stay_at_the_read_gate():
+    for product, path in (("pve", "/cluster/resources"), ("pve", "/nodes/{node}/qemu/{vmid}/config"),
+                          ("pve", "/nodes/{node}/qemu/{vmid}/pending"), ("pve", "/access/users"),
+                          ("pbs", "/admin/sync"), ("pbs", "/config/sync"), ("pve", "/nodes/{node}/apt/repositories"),
+                          ("pve", "/cluster/sdn/fabrics/all"), ("pve", "/cluster/acme/directories")):
+        assert policy.method_gate("GET", path, product) == "read", (product, path)
+
+
+# ---------------------------------------------------------------- the name rule, on schemas of our own
+
+def prop(kind="string", **facts):
+    return {"type": kind, **facts}
+
+
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "object", "properties": {"password": prop(), "name": prop()}}, ["password"]),
+    ({"type": "array", "items": {"type": "object", "properties": {"client-key": prop(), "access-key": prop(),
+                                                                    "secret-key": prop()}}},
+     ["access-key", "client-key", "secret-key"]),
+    ({"type": "object", "properties": {"outer": {"type": "object", "properties": {"token": prop()}}}}, ["token"]),
+    ({"type": "object", "properties": {"plugin": prop(), "data": prop()}}, ["data"]),  # ACME DNS credentials
+    ({"type": "object", "properties": {"data": prop(), "digest": prop()}}, []),  # /etc/hosts, not a plugin
+    ({"type": "object", "properties": {"secret": {"type": "array", "items": prop()}}}, ["secret"]),
+    ({"type": "object", "properties": {"key": prop(), "status": prop()}}, ["key"]),  # a subscription key
+    ({"type": "array", "items": {"type": "object", "properties": {"key": prop(), "value": prop()}}}, []),
+    ({"type": "object", "properties": {"active-encryption-key": prop(pattern="[a-z]+")}}, []),  # a key id
+    ({"type": "object", "properties": {"associated-key": {"type": "array", "items": prop(pattern="[a-z]+")}}}, []),
+    ({"type": "object", "properties": {"tfa": prop(enum=["yubico"]), "privsep": prop("integer")}}, []),
+    ({"type": "object", "properties": {"public_key": prop(), "lock-token": prop(), "cipassword": prop()}}, []),
+])
+def test_the_name_rule(schema, expected):
+    assert catalog.secret_properties(schema) == expected
+
+
+def test_the_builder_records_the_secrets_of_a_viewer_tree(tmp_path):
+    tree = [{"path": "/config", "text": "config", "children": [
+        {"path": "/config/things", "text": "things", "leaf": 1, "info": {
+            "GET": {"method": "GET", "parameters": {"properties": {}},
+                    "returns": {"type": "array", "items": {"type": "object", "properties": {
+                        "id": {"type": "string"}, "client-key": {"type": "string"}}}}},
+            "POST": {"method": "POST", "parameters": {"properties": {"client-key": {"type": "string"}}},
+                     "returns": {"type": "null"}}}}]}]
+    import json
+    for product in catalog.PRODUCTS:
+        (tmp_path / f"{product}-api.json").write_text(json.dumps(tree))
+    catalog.build(tmp_path, tmp_path / "out")
+    built = json.loads((tmp_path / "out" / "pbs.json").read_text())
+    assert {e["method"]: e.get("secrets") for e in built} == {"GET": ["client-key"], "POST": None}
+
+
+# ---------------------------------------------------------------- masked in every answer
+
+def test_secrets_are_masked_in_answers_lists_and_nested_objects():
+    answer = [{"plugin": "dns1", "api": "cf", "data": "CF_Token=abc123"}, {"plugin": "dns2", "data": ""}]
+    assert masking.mask_answer(answer, ["data"]) == [{"plugin": "dns1", "api": "cf", "data": "***"},
+                                                     {"plugin": "dns2", "data": ""}]
+    assert masking.mask_answer({"outer": {"token": "t0k3n"}}, ["token"]) == {"outer": {"token": "***"}}
+    assert masking.mask_answer({"token": "t0k3n"}, []) == {"token": "t0k3n"}
+
+
+def test_secret_parameters_are_masked_in_dry_runs_and_audit_lines():
+    params = {"data": "CF_Token=abc123", "client-key": "k", "access-key": "a", "secret-key": "s", "key": "pve-subkey",
+              "password": "p", "api": "cf", "sshkeys": "ssh-ed25519 AAAA"}
+    shown = masking.mask_params(params)
+    assert {k for k, v in shown.items() if v == masking.MASK} == {"data", "client-key", "access-key", "secret-key",
+                                                                 "key", "password"}
+    assert masking.audit_view(params)["data"] == masking.MASK
