@@ -1,0 +1,183 @@
+"""The audit log that can fail, and the protected list that can be wrong.
+
+Audit: a line is written before a request is sent (if it cannot be, nothing is sent); a line
+after it that fails becomes a note in the answer; a write-enabled server that cannot write its
+log does not start; --verify-audit finds altered, removed, cut-off and recomputed lines (the
+head file). Protected list: both file forms, labels normalised, entries that name no configured
+host and broken files reported by --check (non-zero), at start and by server_info."""
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+import audit
+import policy
+import protection
+import server
+from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+
+PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
+OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+
+
+@pytest.fixture()
+def audited(tmp_path):
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
+    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, _decision: None})
+    yield tmp_path / "audit.jsonl"
+    policy.CALL.reset(token)
+    policy.configure(original)
+
+
+def start_guest(path="/nodes/pve1/qemu/103/status/start"):
+    return ("POST", path, {})
+
+
+# ---------------------------------------------------------------- before and after sending
+
+def test_a_line_that_cannot_be_written_before_sending_refuses_the_request(audited):
+    audited.mkdir()  # a directory where the log should be: no line can be appended
+    sent = []
+    with pytest.raises(policy.PolicyError, match="NOT sent.*PROXMOX_AUDIT_LOG"):
+        policy.admit(PVE, *start_guest(), sent.append)
+    assert sent == []
+
+
+def test_a_line_that_fails_after_sending_becomes_a_note_in_the_answer(audited):
+    def send_then_lose_the_log(_decision):
+        audited.unlink()
+        audited.mkdir()  # the log vanished while the request ran
+        return "UPID:pve1:0001:0001:0001:qmstart:103:root@pam:"
+
+    def tool() -> dict:
+        """A tool for the test."""
+        return {"upid": policy.admit(PVE, *start_guest(), send_then_lose_the_log)}
+
+    answer = json.loads(server.as_tool(tool)())
+    assert answer["upid"].startswith("UPID:")
+    assert "audit line could not be written" in answer["audit"] and "was sent" in answer["audit"]
+
+
+def test_sending_and_sent_lines_bracket_every_request(audited):
+    policy.admit(PVE, *start_guest(), lambda _decision: "UPID:x")
+    lines = [json.loads(line) for line in audited.read_text().splitlines()]
+    assert [line["verdict"] for line in lines] == ["sending", "sent"]
+    assert lines[1]["result"] == "UPID:x" and "ms" in lines[1]
+    assert audit.verify(audited) == (2, None, "2 lines, chain intact, head matches")
+
+
+def test_a_write_enabled_server_that_cannot_write_its_log_does_not_start(sim, tmp_path):
+    (tmp_path / "file").write_text("")
+    env = sim.env() | {"PROXMOX_ACCESS": "write", "PROXMOX_AUDIT_LOG": str(tmp_path / "file" / "audit.jsonl"),
+                       "PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "none.json")}
+    (tmp_path / "none.json").write_text("[]")
+    result = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env), input="",
+                            capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "audit log" in line]
+    assert len(lines) == 1 and "PROXMOX_AUDIT_LOG" in lines[0]
+    # a read-only server writes no audit line, so it starts (and ends with its client)
+    reader = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env | {"PROXMOX_ACCESS": "read"}),
+                            input="", capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+    assert reader.returncode == 0 and "PROXMOX_AUDIT_LOG" not in reader.stderr
+
+
+# ---------------------------------------------------------------- --verify-audit and the head
+
+def write_lines(path, count=5):
+    for i in range(count):
+        audit.append(path, {"n": i, "verdict": "sent"})
+
+
+def test_verify_finds_lines_cut_off_at_the_end(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    write_lines(path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3]) + "\n")
+    count, bad, message = audit.verify(path)
+    assert (count, bad) == (3, 4) and "cut off" in message
+
+
+def test_verify_finds_a_recomputed_chain(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    write_lines(path)
+    forged, previous = [], audit.GENESIS
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("hash")
+        record["verdict"] = "refused"  # history rewritten, every hash recomputed
+        record["prev"] = previous
+        record["hash"] = previous = audit._line_hash(previous, record)
+        forged.append(json.dumps(record, separators=(",", ":")))
+    path.write_text("\n".join(forged) + "\n")
+    count, bad, message = audit.verify(path)
+    assert bad is not None and "rewritten" in message
+
+
+def test_verify_needs_the_head(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    write_lines(path, 2)
+    audit.head_path(path).unlink()
+    assert "head file" in audit.verify(path)[2] and audit.verify(path)[1] is not None
+    audit.append(path, {"n": 9})  # an old log gets a head from its current end, and says so
+    assert audit.verify(path) == (3, None, "3 lines, chain intact, head matches (the head was started at line 2)")
+
+
+def test_verify_audit_command_exit_codes(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    write_lines(path)
+    ok = run_server(["--verify-audit"], {"PROXMOX_AUDIT_LOG": str(path)})
+    assert ok.returncode == 0 and "head matches" in ok.stdout
+    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
+    cut = run_server(["--verify-audit"], {"PROXMOX_AUDIT_LOG": str(path)})
+    assert cut.returncode == 1 and "cut off" in cut.stdout
+
+
+# ---------------------------------------------------------------- the protected list
+
+@pytest.mark.parametrize("text", [
+    '[{"host": "DEMO ", "vmid": 101, "name": "db", "reason": "prod"}]',
+    '{"protected_vms": [{"host": "Demo", "vmid": "101", "name": "db", "reason": "prod"}]}',
+])
+def test_both_forms_of_the_list_with_labels_normalised(tmp_path, text):
+    (tmp_path / "p.json").write_text(text)
+    loaded = policy.load_protected(tmp_path / "p.json")
+    assert loaded.error is None and loaded.entries[0]["host"] == "demo" and loaded.entries[0]["vmid"] == 101
+    assert loaded.find("demo", 101, "pve")["name"] == "db"
+    assert loaded.problems({"demo"}) == []
+
+
+@pytest.mark.parametrize("text", ['{"protected": []}', '[{"host": "demo"}]', '[{"vmid": 42}]', '[1, 2]',
+                                  '{"protected_vms": {"vmid": 101}}'])
+def test_a_broken_list_fails_closed(tmp_path, text):
+    (tmp_path / "p.json").write_text(text)
+    loaded = policy.load_protected(tmp_path / "p.json")
+    assert loaded.error and not loaded.entries
+    assert "could not be read" in loaded.problems({"demo"})[0]
+
+
+def test_an_entry_naming_no_configured_host_is_reported():
+    protected = protection.Protected([protection._entry({"host": "prod", "vmid": 101}),
+                                      protection._entry({"host": "*", "vmid": 102})])
+    assert protected.unknown_hosts({"lab"}) == [{"host": "prod", "vmid": 101}]
+    assert "names host 'prod'" in protected.problems({"lab"})[0] and len(protected.problems({"lab"})) == 1
+
+
+def test_check_start_and_server_info_report_the_protected_list(sim, tmp_path):
+    good, stray, broken = tmp_path / "good.json", tmp_path / "stray.json", tmp_path / "broken.json"
+    good.write_text('{"protected_vms": [{"host": "LAB", "vmid": 101, "name": "db", "reason": "prod"}]}')
+    stray.write_text('[{"host": "lab", "vmid": 101}, {"host": "prod", "vmid": 100, "reason": "typo"}]')
+    broken.write_text('[{"host": "lab", "vmid": 101')
+    base = sim.env() | {"PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    assert run_server(["--check"], base | {"PROXMOX_PROTECTED_VMS_FILE": str(good)}).returncode == 0
+    for path, expected in ((stray, "names host 'prod'"), (broken, "could not be read")):
+        checked = run_server(["--check"], base | {"PROXMOX_PROTECTED_VMS_FILE": str(path)})
+        assert checked.returncode == 1 and expected in checked.stdout, checked.stdout
+    started = run_server(["--list-tools"], base | {"PROXMOX_PROTECTED_VMS_FILE": str(stray)})
+    assert "PROTECTED GUEST LIST" in started.stderr and "names host 'prod'" in started.stderr
+    with stdio_session(base | {"PROXMOX_PROTECTED_VMS_FILE": str(stray)}, log_name="audit-info") as session:
+        info = session.ok("server_info")
+        assert info["protected_guests"] == 2 and "names host 'prod'" in info["protected_list_problems"][0]
