@@ -92,7 +92,7 @@ def api_search(query: Annotated[str, Field(description="words or path parts")],
         haystack = " ".join([entry["method"], entry["path"], entry.get("name", ""), summary, *entry["params"]]).lower()
         if all(word in haystack for word in words):
             rows.append({"method": entry["method"], "path": entry["path"],
-                         "gate": policy.method_gate(entry["method"], entry["path"]),
+                         "gate": policy.method_gate(entry["method"], entry["path"], product),
                          "summary": summary[:100]})
     result: dict[str, Any] = {"product": product, "columns": ["method", "path", "gate", "summary"],
                               "rows": [[r["method"], r["path"], r["gate"], r["summary"]] for r in rows[:limit]],
@@ -121,7 +121,7 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
         item["required"] = not spec.get("optional") and "[n]" not in name
         params[name] = item
     result = {"product": product, "method": method, "path": template,
-              "gate": policy.method_gate(method, template), "parameters": params,
+              "gate": policy.method_gate(method, template, product), "parameters": params,
               "permission": entry.get("check") or entry.get("user"), "returns": entry.get("returns")}
     if entry.get("allowtoken") == 0:
         result["note"] = "Proxmox refuses API tokens here; a user login is needed."

@@ -13,7 +13,8 @@ import server
 from conftest import ROOT
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools")
-SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog")
+SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
+                  "protection", "masking")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
