@@ -71,7 +71,8 @@ RULES: list[tuple[str, str, str, str]] = [
     # elevated: the host, its network, the access system and the cluster itself
     ("*", r"/access/(users|groups|roles|acl|domains).*|/config/access/.*", "elevated",
      "users, tokens, ACLs and realms"),
-    ("POST", r"/nodes/\{node\}/status", "elevated", "reboots or shuts down the node and every guest on it"),
+    ("POST", r"/nodes/\{node\}/status", "elevated",  # docs/PROXMOX-BEHAVIOUR.md#node-power
+     "reboots or shuts down the node and every guest on it"),
     ("*", r"/nodes/\{node\}/(network|dns|hosts|time|apt|services|subscription|certificates|config)(/.*)?", "elevated",
      "node system configuration"),
     ("*", r"/nodes/\{node\}/ceph.*|/cluster/ceph.*", "elevated", "Ceph cluster management"),
@@ -163,7 +164,8 @@ ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
 ]
 # Parts of property strings (`scsi1: "/dev/sda"`, `mp0: "backup=1,volume=/etc,mp=/mnt"`) that
 # raise a call's gate, whatever part of the string they are: (parameter regex, part regex, test,
-# gate, why). `file` and `volume` are the disk or mount volume of every disk and mount point.
+# gate, why). `file` and `volume` are the disk or mount volume of every disk and mount point
+# (docs/PROXMOX-BEHAVIOUR.md#property-strings).
 PART_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*", r"file|volume", absolute_path, "elevated", "a host path or device as a disk or mount point"),
     (r".*", r"import-from", absolute_path, "elevated", "imports a file from the host's file system"),
