@@ -37,7 +37,8 @@ import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, RULES, SEVERITY, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
                    call_gate, call_gates, combine, deleting, method_gate)
-from masking import MASK, audit_view, mask, mask_answer, mask_params, register_secret  # noqa: F401 (re-exported)
+from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
+                     register_secret)
 from protection import Protected, Scope, load_protected, named_guests, truthy  # noqa: F401 (re-exported)
 
 

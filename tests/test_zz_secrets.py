@@ -7,7 +7,9 @@ SECRETS = ["11111111-2222-3333-4444-555555555555", "aaaaaaaa-bbbb-cccc-dddd-eeee
            "test-bearer-token-0123456789abcdef", "s3cret!", "hunter2",
            "sim-ops-password-4711", "sim-tfa-password-4712", "sim-pbs-password-4713", "not-the-password",
            # passwords and tickets of the login tests
-           "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:"]
+           "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:",
+           # ACME DNS credentials, a scanned server's password, guest file contents (admission tests)
+           "cf-secret-4711", "cf-4712", "guess-me-123", "root-password-in-a-file", "hunter2-secret"]
 
 
 def test_no_secret_in_any_output_or_log(tmp_path_factory):
