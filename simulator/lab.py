@@ -131,6 +131,8 @@ class Lab:
         self.tasks: dict[str, Task] = {}
         self.datastores: dict[str, dict] = {}
         self.networks: dict[str, list[dict]] = {}  # node -> interfaces
+        self.vnets: dict[str, dict] = {}  # SDN vnets on every node: name -> {zone, vlanaware, alias}
+        self.offline_storages: set[tuple[str, str]] = set()  # (node, storage) that report no usage
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
         self.backup_jobs: list[dict] = []  # /cluster/backup
@@ -146,6 +148,8 @@ class Lab:
         self.tickets: dict[str, tuple[str, str, str, float]] = {}  # ticket -> (product, userid, csrf, issued)
         self.ticket_lifetime = 7200.0  # real tickets expire after 2 h
         self.task_seconds = 0.6  # how long a simulated task runs
+        self.ha_seconds = 0.4  # how long the HA manager takes to act on a queued request
+        self.later: list[tuple[float, Callable[[], None]]] = []  # (when, effect): the HA manager's work
         # faults, switched on by tests
         self.down_nodes: set[str] = set()
         self.delay = 0.0
@@ -183,8 +187,10 @@ class Lab:
             if i >= len(presets):
                 name = f"{name}-{i}"
                 status = lab.random.choice(["running", "running", "stopped"])
-            lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
-                          pool="prod" if "prod" in tags else None, memory_mib=memory)
+            guest = lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
+                                  pool="prod" if "prod" in tags else None, memory_mib=memory)
+            if name.startswith("win"):
+                guest["config"]["ostype"] = "win11"
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
@@ -280,8 +286,11 @@ class Lab:
                        "unprivileged": 1}
         if tags:
             config["tags"] = tags
+        # status is running or stopped only; a paused VM is running with `paused` set, an HA resource
+        # has `ha` {"state": ...}, and `pending` holds changes waiting for a restart
+        # (docs/PROXMOX-BEHAVIOUR.md#guest-status, #ha-managed-guests, #pending-config)
         guest = {"vmid": vmid, "type": kind, "node": node, "name": name, "status": status, "template": 0,
-                 "snapshots": [],
+                 "snapshots": [], "paused": False, "ha": None, "pending": {},
                  "tags": tags, "pool": pool, "lock": None, "config": config, "maxdisk": disk_gib * GiB,
                  "uptime": self.random.randint(600, 40 * 86400) if status == "running" else 0,
                  "cpu": round(self.random.uniform(0.0, 0.3), 4) if status == "running" else 0}
@@ -386,10 +395,17 @@ class Lab:
                                     on_done, on_end)
             return upid
 
+    def schedule(self, seconds: float, effect: Callable[[], None]) -> None:
+        """An effect that happens later without a task of its own (the HA manager acting)."""
+        with self.lock:
+            self.later.append((time.time() + seconds, effect))
+
     def tick(self) -> None:
-        """Apply the effects of tasks that have finished."""
+        """Apply the effects of tasks that have finished, then those scheduled for now."""
         now = time.time()
         with self.lock:
+            due = [effect for when, effect in self.later if when <= now]
+            self.later = [(when, effect) for when, effect in self.later if when > now]
             for task in self.tasks.values():
                 if not task.done and not task.running(now):
                     task.done = True
@@ -398,3 +414,5 @@ class Lab:
                         task.on_end()
                     if task.on_done and succeeded:
                         task.on_done()
+            for effect in due:
+                effect()
