@@ -368,6 +368,29 @@ def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Tim
     return run(target, row["node"], line, timeout=timeout, stdin=data).answer(vmid=vmid, node=row["node"])
 
 
+# While a VM boots its agent is not up yet (docs/PROXMOX-BEHAVIOUR.md#guest-agent): worth waiting for.
+AGENT_STARTING = ("QEMU guest agent is not running", "got timeout")
+
+
+def _agent_call(call: Callable[[], Any], deadline: float) -> Any:
+    """An agent call, repeated while the agent is still starting, until the deadline."""
+    while True:
+        try:
+            return call()
+        except ProxmoxError as exc:
+            if not any(text in str(exc) for text in AGENT_STARTING) or time.monotonic() > deadline:
+                raise
+        time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+
+
+def _shell_wrapper(client: Any, base: str) -> list[str]:
+    """`cmd.exe /c` on Windows (the agent reports id mswindows), else `/bin/sh -c`; an agent
+    that answers with an error object instead of the OS gets the POSIX shell."""
+    info = (client.get(f"{base}/agent/get-osinfo") or {}).get("result")
+    windows = isinstance(info, dict) and info.get("id") == "mswindows"
+    return ["cmd.exe", "/c"] if windows else ["/bin/sh", "-c"]
+
+
 def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Run a shell command in a VM (guest agent)."""
@@ -377,15 +400,10 @@ def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Time
         raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
     if EXEC_ALLOWED_VMIDS is not None and vmid not in EXEC_ALLOWED_VMIDS:
         raise policy.PolicyError(f"Guest {vmid} is not in PROXMOX_EXEC_ALLOWED_VMIDS. Refused.")
-    started = None
     deadline = time.monotonic() + timeout
-    while started is None:  # right after boot the agent answers guest-ping with a timeout for a while
-        try:
-            started = client.request("POST", f"{base}/agent/exec", {"command": ["/bin/sh", "-c", command]})
-        except ProxmoxError as exc:
-            if "got timeout" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+    wrapper = _agent_call(lambda: _shell_wrapper(client, base), deadline)
+    started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
+                          deadline)
     pid = started["pid"]
     delay = 0.2
     while True:

@@ -3,6 +3,7 @@ storage, PVE and PBS. A section that cannot be read is listed under `unavailable
 reason and never counts as healthy; thresholds are arguments and are echoed in the answer.
 Resources and prompts for MCP clients are defined here too.
 """
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable
@@ -17,7 +18,7 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest
+from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -115,10 +116,13 @@ def _read_resources(h: Health) -> None:
 
 
 def _node_load(h: Health) -> None:
+    blind = []
     for node in (r for r in h.resources if r.get("type") == "node"):
         if node.get("status") != "online":
             continue
         h.online.append(node["node"])
+        if node.get("maxmem") is None:  # no figures without Sys.Audit (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+            blind.append(node["node"])
         load = percent(node.get("cpu"), 1)
         if load is not None and load >= h.limits["node_cpu_warn_pct"]:
             h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
@@ -129,9 +133,18 @@ def _node_load(h: Health) -> None:
             h.report.add("warning", "memory", f"node {node['node']} uses {used}% of its memory",
                          {"mem": human_bytes(node.get("mem")), "maxmem": human_bytes(node.get("maxmem"))},
                          "migrate or stop guests, or add memory")
+    if blind:
+        h.report.unavailable.append({"section": "node load", "reason": f"no CPU or memory figures for "
+                                     f"{', '.join(blind)}: the token lacks Sys.Audit on /nodes"})
 
 
 def _storage_fill(h: Health) -> None:
+    # a storage without usage is `unknown`, not healthy (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("node") in h.online
+                    and r.get("status") != "available"):
+        h.report.unavailable.append({"section": f"storage {storage['storage']} on {storage['node']}",
+                                     "reason": f"status {storage.get('status')}: the node reports no usage "
+                                               f"(storage offline, disabled or not mounted)"})
     for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
         used = percent(storage.get("disk"), storage.get("maxdisk"))
         if used >= h.limits["storage_warn_pct"]:
@@ -509,12 +522,23 @@ class Steps:
         self.steps.append({"step": step, "state": state} | {k: v for k, v in detail.items() if v is not None})
 
     def answer(self, ok: bool, **extra: Any) -> dict:
-        result = {"result": "ok" if ok else "failed", "steps": self.steps} | extra
+        result = {"result": "ok" if ok else "failed", "steps": self.steps}
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
                                                         else "Nothing was created."))
-        return result
+        return result | extra
+
+    def failure(self, what: str, **extra: Any) -> ProxmoxError:
+        """A failed recipe is a tool error (isError) that carries the whole step report."""
+        failed = next((s for s in reversed(self.steps) if s["state"] == "failed"), {})
+        done = [s["step"] for s in self.steps if s["state"] == "done"]
+        where = f" at '{failed['step']}'" if failed.get("step", "error") != "error" else \
+            (f" after '{done[-1]}'" if done else "")
+        answer = self.answer(False, **extra)
+        report = json.dumps(answer, separators=(",", ":"), default=str)
+        return ProxmoxError(f"{what} failed{where}: {str(failed.get('detail', '')).rstrip('.')}. {answer['note']} "
+                            f"Step report: {report}")
 
 
 def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int) -> str | None:
@@ -563,7 +587,7 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         return steps.answer(True, vmid=vmid, node=node, address=address)
     except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
-        return steps.answer(False)
+        raise steps.failure(f"Provisioning {kind}") from None
 
 
 def write_provision_lxc(hostname: GuestName,
@@ -636,9 +660,14 @@ def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
 
 
 def _restore(d: Drill) -> None:
-    node = _node_with_room(d.client, 512)
-    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=node,
+    # a backup on a node's own `local` restores on that node; one on shared storage where there is room
+    # (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+    storage = d.backup.split(":", 1)[0]
+    shared = any(r.get("shared") for r in storage_rows(d.client) if r["storage"] == storage)
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch,
+                                              node=_node_with_room(d.client, 512) if shared else None,
                                               wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
+    node = restored["node"]
     d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")
     d.node, d.base = node, f"/nodes/{node}/{d.kind}/{d.scratch}"
     d.timings["restore_s"] = round(time.monotonic() - d.started, 1)
@@ -663,6 +692,8 @@ def _cut_nics(config: dict, kind: str, isolated: list[str]) -> dict[str, Any]:
 
 def _cut_network(d: Drill) -> None:
     config = d.client.get(f"{d.base}/config") or {}
+    # only a bridge with neither ports nor a host address is cut off; routed bridges and SDN
+    # vnets lead somewhere (docs/PROXMOX-BEHAVIOUR.md#networks)
     isolated = [b["bridge"] for b in bridges(d.client, d.node) if b["segment"] == "isolated"]
     cut = _cut_nics(config, d.kind, isolated)
     if cut:
@@ -724,8 +755,13 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     if drill.base is not None:
         _destroy_scratch(drill)
     drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
-    return drill.steps.answer(drill.answered, vmid=vmid, backup=backup, scratch_vmid=drill.scratch,
-                              timings=drill.timings)
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings}
+    if not drill.answered:
+        left = drill.steps.created
+        note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
+                "The scratch guest was destroyed." if drill.base else "Nothing was created.")
+        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)
+    return drill.steps.answer(True, **facts)
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:
@@ -747,7 +783,6 @@ def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) ->
 # ---------------------------------------------------------------- resources and prompts
 
 def _json(data: Any) -> str:
-    import json
     return json.dumps(data, separators=(",", ":"), default=str)
 
 

@@ -977,11 +977,7 @@ def _windows(guest: dict) -> bool:
 
 def pve_agent(command: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> dict:
-        guest = _guest(call, node, vmid, "qemu")
-        if not guest["config"].get("agent"):
-            raise ApiError(500, "No QEMU guest agent configured")
-        if guest["status"] != "running":
-            raise ApiError(500, f"VM {vmid} is not running")
+        guest = _agent_ready(call, node, vmid)
         address = f"192.0.2.{100 + int(vmid) % 100}"
         answers = {
             "get-osinfo": {"result": WINDOWS_OSINFO if _windows(guest) else LINUX_OSINFO},
