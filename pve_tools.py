@@ -111,6 +111,8 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
     status = client.get(f"{base}/status/current") or {}
     config, pending = _config_and_pending(client.get(f"{base}/pending") or [])
     summary = {key: status.get(key) for key in GUEST_STATUS_FIELDS if key in status}
+    if not (status.get("ha") or {}).get("managed"):
+        summary.pop("ha", None)  # every guest has one; only an HA resource's says something
     summary |= {"vmid": vmid, "name": status.get("name") or row.get("name"), "type": row["type"],
                 "node": row["node"], "uptime": human_duration(status.get("uptime")),
                 "paused": True if status.get("qmpstatus") in PAUSED else None,
@@ -280,7 +282,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges per node: uplink or isolated, VLAN-aware, CIDR. Check before NIC changes."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware, CIDR. Check before NIC changes."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     rows = [row for name in nodes for row in bridges(client, name)]

@@ -284,14 +284,14 @@ def test_failed_provisioning_is_a_tool_error_with_the_steps(ops, sim):
 
 def test_failed_drill_is_a_tool_error_with_the_steps(ops, sim):
     before = set(sim.lab.guests)
-    sim.lab.fail.append((r"/agent/ping$", 500, "QEMU guest agent is not running"))
+    sim.lab.fail.append((r"^/nodes/[^/]+/qemu$", 500, "restore failed - no space left on device"))
     try:
-        message = ops.error("write_restore_drill", {"vmid": 101, "answer_seconds": 5, "confirm": True})
+        message = ops.error("write_restore_drill", {"vmid": 101, "confirm": True})
     finally:
         sim.lab.fail.clear()
     report = json.loads(message.split("Step report: ", 1)[1])
-    assert next(s for s in report["steps"] if s["step"] == "guest answers")["state"] == "failed"
-    assert report["steps"][-1]["step"] == "destroy scratch" and set(sim.lab.guests) == before
+    assert "no space left" in message and report["result"] == "failed" and report["steps"][-1]["step"] == "error"
+    assert "Nothing was created" in report["note"] and set(sim.lab.guests) == before
 
 
 # ---------------------------------------------------------------- 16. health without data
@@ -312,7 +312,7 @@ def test_health_check_says_what_it_could_not_see(sim, tmp_path):
 # ---------------------------------------------------------------- agent: boot and Windows
 
 def test_vm_exec_waits_for_the_agent_after_boot(ops, sim):
-    sim.lab.guests[120]["agent_boot_pings"] = 2  # just booted: the agent is not up for two calls
+    sim.lab.guests[120]["agent_boot_pings"] = 1  # just booted: the agent is not up yet
     result = ops.ok("write_vm_exec", {"vmid": 120, "command": "true", "confirm": True})
     assert result["exit_code"] == 0
 
