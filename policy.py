@@ -493,22 +493,21 @@ def set_permissions(host: Any, permissions: dict[str, dict[str, Any]]) -> None:
 
 
 def holds(host: Any, privilege: str, acl_path: str) -> bool | None:
-    """Whether the token holds a privilege on a path; None when it cannot be told (not loaded,
-    or pool ACLs that may grant it)."""
+    """Whether the token holds a privilege on a path; None when it cannot be told (not loaded).
+    The answer lists the token's effective privileges on every ACL path, every pool member and
+    the default paths (`/pool` among them), so the nearest listed path decides: on the path
+    itself any flag counts, from a parent only a propagating one
+    (docs/PROXMOX-BEHAVIOUR.md#permissions-paths)."""
     permissions = permissions_of(host)
     if permissions is None:
         return None
     parts = [p for p in acl_path.split("/") if p]
     for depth in range(len(parts), -1, -1):
-        level = "/" + "/".join(parts[:depth])
-        privileges = permissions.get(level)
-        if privileges and privilege in privileges:
-            flag = privileges[privilege]
-            # PVE: the number is the propagate flag, so 0 is still held on that exact path
-            if depth == len(parts) or flag in (1, True):
-                return True
-    if any(path.startswith(("/pool", "/pools")) for path in permissions):
-        return None
+        privileges = permissions.get("/" + "/".join(parts[:depth]))
+        if privileges is None:
+            continue
+        # PVE: the number is the propagate flag, so 0 is still held on that exact path
+        return privilege in privileges and (depth == len(parts) or privileges[privilege] in (1, True))
     return False
 
 

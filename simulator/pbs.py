@@ -15,7 +15,7 @@ def pbs_version(_call: Call, **_: str) -> dict:
 
 
 def pbs_permissions(call: Call, **_: str) -> dict:
-    return _permissions(call, lambda privs: {p: True for p in privs})
+    return _permissions(call, bool)
 
 
 def _datastore(call: Call, store: str) -> dict:

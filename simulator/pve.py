@@ -41,8 +41,12 @@ def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
 
 # ---------------------------------------------------------------- PVE handlers
 
-def pve_version(_call: Call, **_: str) -> dict:
-    return {"version": "9.2.1", "release": "9.2", "repoid": "0d3f1c6ba8d1e2a7"}
+PVE_VERSIONS = {8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}  # pve-manager version, release, by major
+
+
+def pve_version(call: Call, **_: str) -> dict:
+    version, release = PVE_VERSIONS[call.lab.pve_major]
+    return {"version": version, "release": release, "repoid": "0d3f1c6ba8d1e2a7"}
 
 
 def pve_cluster_status(call: Call, **_: str) -> list:
@@ -162,7 +166,7 @@ def pve_nodes(call: Call, **_: str) -> list:
 def pve_node_status(call: Call, node: str) -> dict:
     info = _node(call, node)
     return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
-            "kversion": info["kversion"], "pveversion": "pve-manager/9.2.1/0d3f1c6ba8d1e2a7",
+            "kversion": info["kversion"], "pveversion": f"pve-manager/{PVE_VERSIONS[call.lab.pve_major][0]}/0d3f1c6ba8d1e2a7",
             "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1,
                         "cores": info["maxcpu"] // 2},
             "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
@@ -781,7 +785,7 @@ def pve_nextid(call: Call, **_: str) -> str:
 
 
 def pve_permissions(call: Call, **_: str) -> dict:
-    return _permissions(call, lambda privs: {p: 1 for p in privs})
+    return _permissions(call, int)
 
 
 def pve_pools(call: Call, **_: str) -> list:

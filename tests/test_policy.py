@@ -292,8 +292,14 @@ def test_privileges_decide_before_sending():
     assert policy.holds(host, "Sys.Audit", "/nodes/pve1") is True  # 0 is the propagate flag, still held
     assert policy.holds(host, "Sys.Audit", "/nodes/pve1/disks") is False  # not propagated
     assert policy.holds(host, "VM.Snapshot", "/vms/100") is False
-    policy.set_permissions(host, {"/pool/prod": {"VM.Snapshot": 1}})
-    assert policy.holds(host, "VM.Snapshot", "/vms/100") is None  # a pool may grant it: let Proxmox decide
+    # PVE lists /pool among its default paths and every pool member with the pool's privileges
+    # (flag 0: never propagated), so a listed /pool decides nothing by itself
+    policy.set_permissions(host, {"/pool": {"Pool.Audit": 1}, "/pool/prod": {"VM.Snapshot": 1},
+                                  "/vms/100": {"VM.Snapshot": 0, "VM.Audit": 1}, "/vms": {"VM.Audit": 1}})
+    assert policy.holds(host, "VM.Snapshot", "/vms/100") is True
+    assert policy.holds(host, "VM.Snapshot", "/vms/100/x") is False  # pool privileges do not propagate
+    assert policy.holds(host, "VM.Snapshot", "/vms/102") is False
+    assert policy.holds(host, "VM.Audit", "/vms/102") is True
 
 
 # ---------------------------------------------------------------- audit
