@@ -38,18 +38,24 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, estimated full date, last GC."""
+    """Datastores: size, use, fill %, estimated full date, last GC; offline ones unavailable."""
     client = pbs_client(host)
+    usage = client.get("/status/datastore-usage") or []
+    # gc-status has counters only; the last run's time and result are the GC job's, one read for
+    # every store (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc_jobs = {job.get("store"): job for job in client.get("/admin/gc") or []} if usage else {}
     rows = []
-    for ds in client.get("/status/datastore-usage") or []:
-        gc = ds.get("gc-status") or {}
-        full_by = ds.get("estimated-full-date", 0)
+    for ds in usage:
+        gc, counters = gc_jobs.get(ds["store"]) or {}, ds.get("gc-status") or {}
+        full_by = ds.get("estimated-full-date") or 0
+        # a store that cannot be opened (offline, unmounted) comes with `error` and no figures
         rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
                      "used_pct": percent(ds.get("used"), ds.get("total")),
                      "full_by": iso_time(full_by)[:10] if full_by > 0 else None,
-                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_freed": human_bytes(gc.get("removed-bytes")),
-                     "error": ds.get("error")})
-    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_freed", "error"], rows)
+                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_result": gc.get("last-run-state"),
+                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error")})
+    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_result", "gc_freed", "unavailable"],
+                 rows)
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
@@ -57,11 +63,13 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     client = pbs_client(host)
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
-    gc = status.get("gc-status") or {}
+    # the GC's times and result (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc = client.get(f"/admin/datastore/{store}/gc") or {}
     return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
                     "total": status.get("total"), "total_human": human_bytes(status.get("total")),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
                     "gc": compact({"state": gc.get("last-run-state"), "last_run": iso_time(gc.get("last-run-endtime")),
+                                   "next_run": iso_time(gc.get("next-run")),
                                    "freed": human_bytes(gc.get("removed-bytes")),
                                    "pending": human_bytes(gc.get("pending-bytes"))})})
 

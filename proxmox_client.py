@@ -129,6 +129,19 @@ def parse_upid(upid: str, product: str = "pve") -> dict:
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
 
 
+def task_outcome(state: str | None) -> str | None:
+    """What a task state text means: "ok", "warnings" (a success), "unknown" or "failed"; None when
+    there is none (running, never ran). Both products write `OK`, `WARNINGS: <n>`, the error text,
+    or `unknown` / `unexpected status` (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs, #pve-tasks)."""
+    if not state:
+        return None
+    if state == "OK":
+        return "ok"
+    if re.fullmatch(r"WARNINGS: \d+", state):
+        return "warnings"
+    return "unknown" if state in ("unknown", "unexpected status") else "failed"
+
+
 # ---------------------------------------------------------------- the client
 
 def encode_params(params: dict[str, Any] | None) -> dict[str, Any]:

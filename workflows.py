@@ -191,26 +191,41 @@ def _backup_server(h: Health) -> None:
         h.report.drop_checked("pbs host")
         return
     now = time.time()
-    for ds in h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []:
-        _datastore_health(h, ds, now)
+    usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
+    # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    for ds in usage:
+        _datastore_health(h, ds, gc_jobs, now)
     for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
         age = now - (job.get("last-run-endtime") or 0)
-        if age > h.limits["verify_max_days"] * 86400 or job.get("last-run-state") not in (None, "ok"):
+        state = job.get("last-run-state")
+        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
             h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'} with {job.get('last-run-state')}",
+                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
                          job, "write_pbs_run_job kind=verify")
 
 
-def _datastore_health(h: Health, ds: dict, now: float) -> None:
+def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+    # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    if ds.get("error"):
+        h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
+        return
     used = percent(ds.get("used"), ds.get("total")) or 0
     if used >= h.limits["storage_warn_pct"]:
         h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                      f"datastore {ds['store']} is {used}% full",
                      {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    last_gc = (ds.get("gc-status") or {}).get("last-run-endtime") or 0
-    if now - last_gc > h.limits["gc_max_days"] * 86400:
+    if gc_jobs is None:
+        return  # the GC jobs could not be read: listed as unavailable
+    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
+    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
+    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
+                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+                     "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
+    elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc)}, "write_pbs_gc, and schedule it")
+                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [

@@ -391,20 +391,35 @@ class Lab:
                 continue  # stopped guests have no backup: a finding for backup_coverage later
             kind = "vm" if guest["type"] == "qemu" else "ct"
             groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
+        # gc-status holds counters only; the last run's time and state are the GC job's
+        # (docs/PROXMOX-BEHAVIOUR.md#garbage-collection); `error` makes the store unavailable
+        gc_upid = f"UPID:pbs:000003E8:0000A1B2:{len(self.datastores):08X}:{now - 86400 - 300:08X}:" \
+                  f"garbage_collection:{name}:root@pam:"
         self.datastores[name] = {"store": name, "total": total, "used": used, "groups": groups,
                                  "namespaces": {"": "", "offsite": "copies from the office"},
-                                 "gc": {"last-run-state": "ok", "last-run-endtime": now - 86400,
-                                        "removed-bytes": 2 * GiB, "pending-bytes": 0, "disk-chunks": 51234}}
+                                 "gc": {"upid": gc_upid, "index-file-count": 120, "index-data-bytes": 90 * GiB,
+                                        "disk-bytes": used, "disk-chunks": 51234, "removed-bytes": 2 * GiB,
+                                        "removed-chunks": 812, "pending-bytes": 0, "pending-chunks": 0,
+                                        "removed-bad": 0, "still-bad": 0},
+                                 "gc_job": {"schedule": "daily", "last-run-state": "OK",
+                                            "last-run-endtime": now - 86400, "duration": 300,
+                                            "next-run": now + 3600},
+                                 "error": None}
+        # job states are the task state text: OK, WARNINGS: n, the error, unknown (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)
         self.pbs_jobs.setdefault("verify", []).append(
-            {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "ok",
+            {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "OK",
              "last-run-endtime": now - 7200, "next-run": now + 79200})
         self.pbs_jobs.setdefault("prune", []).append(
             {"id": f"p-{name}", "store": name, "schedule": "hourly", "keep-last": 3, "keep-daily": 7,
-             "last-run-state": "ok", "last-run-endtime": now - 1800, "next-run": now + 1800})
+             "last-run-state": "OK", "last-run-endtime": now - 1800, "next-run": now + 1800})
         self.pbs_jobs.setdefault("sync", []).append(
             {"id": f"s-{name}", "store": name, "remote": "office", "remote-store": "backup", "schedule": "weekly",
              "last-run-state": "sync failed - remote unreachable", "last-run-endtime": now - 3 * 86400,
              "next-run": now + 4 * 86400})
+        self.pbs_jobs["sync"].append(
+            {"id": f"push-{name}", "store": name, "remote": "offsite", "remote-store": "copies", "schedule": "daily",
+             "sync-direction": "push", "last-run-state": "OK", "last-run-endtime": now - 5000,
+             "next-run": now + 80000})
 
     @staticmethod
     def pbs_snapshot(backup_time: int, *, size: int = 3 * GiB, protected: bool = False, state: str = "ok",

@@ -165,8 +165,9 @@ def pve_nodes(call: Call, **_: str) -> list:
 
 def pve_node_status(call: Call, node: str) -> dict:
     info = _node(call, node)
+    version = PVE_VERSIONS[call.lab.pve_major][0]
     return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
-            "kversion": info["kversion"], "pveversion": f"pve-manager/{PVE_VERSIONS[call.lab.pve_major][0]}/0d3f1c6ba8d1e2a7",
+            "kversion": info["kversion"], "pveversion": f"pve-manager/{version}/0d3f1c6ba8d1e2a7",
             "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1,
                         "cores": info["maxcpu"] // 2},
             "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
