@@ -117,20 +117,25 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
     return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
 
 
+# GET /admin/sync lists pull jobs only unless asked for both directions (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)
+JOB_LIST_PARAMS = {"sync": {"sync-direction": "all"}, "verify": {}, "prune": {}}
+
+
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
-    """Sync, verify, prune, GC jobs: schedule, last and next run."""
+    """Sync (pull and push), verify, prune, GC jobs: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
-    for kind in ("sync", "verify", "prune"):
-        for job in client.get(f"/admin/{kind}", store=store) or []:
+    for kind, params in JOB_LIST_PARAMS.items():
+        for job in client.get(f"/admin/{kind}", store=store, **params) or []:
             rows.append({"kind": kind, "id": job.get("id"), "store": job.get("store"), "schedule": job.get("schedule"),
+                         "direction": job.get("sync-direction", "pull") if kind == "sync" else None,
                          "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
                          "next_run": iso_time(job.get("next-run"))})
     for job in client.get("/admin/gc", store=store) or []:
         rows.append({"kind": "gc", "id": job.get("store"), "store": job.get("store"), "schedule": job.get("schedule"),
                      "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
                      "next_run": iso_time(job.get("next-run"))})
-    return table(["kind", "id", "store", "schedule", "last_run", "result", "next_run"], rows)
+    return table(["kind", "id", "store", "schedule", "direction", "last_run", "result", "next_run"], rows)
 
 
 def pbs_list_tasks(host: Host = None, errors: bool = False,
@@ -138,7 +143,10 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
                    limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
     """Recent PBS tasks, newest first."""
     client = pbs_client(host)
-    tasks = client.get("/nodes/localhost/tasks", limit=limit, errors=errors or None, running=running or None) or []
+    # errors=1 keeps running tasks and warnings; statusfilter keeps finished tasks of those states
+    # only (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks); limit=0 would mean all here
+    failed = ["error", "unknown"] if errors else None
+    tasks = client.get("/nodes/localhost/tasks", limit=limit, statusfilter=failed, running=running or None) or []
     rows = [{"upid": t["upid"], "type": t.get("worker_type"), "id": t.get("worker_id"), "user": t.get("user"),
              "start": iso_time(t.get("starttime")), "status": t.get("status") or "running"} for t in tasks]
     return table(["upid", "type", "id", "user", "start", "status"], rows)
@@ -249,7 +257,7 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       ctx: Context | None = None) -> dict:
     """Run a sync, verify or prune job now."""
     client = pbs_client(host)
-    jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]
+    jobs = [j.get("id") for j in client.get(f"/admin/{kind}", **JOB_LIST_PARAMS[kind]) or []]
     if job_id not in jobs:
         raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
     return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")

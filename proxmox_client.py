@@ -35,15 +35,26 @@ class Product:
     name: str
     default_port: int
     token_header: str  # format with id and secret
-    upid_fields: int  # fields between "UPID" and the trailing colon
+    upid: re.Pattern  # what a task id of this product looks like
     ticket_cookie: str  # the cookie that carries a password login's ticket
     task_tool: str  # the tool that follows one of its tasks
 
 
+# Task ids, as the products' own parsers accept them (docs/PROXMOX-BEHAVIOUR.md#upids): pve-common
+# src/PVE/UPID.pm (decode); proxmox-rs proxmox-schema/src/upid.rs (PROXMOX_UPID_REGEX), which adds a task
+# counter and allows `/` in the (systemd-escaped) fields.
+_NODE = r"(?P<node>[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)"
+PVE_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
+                      r"(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s/]+):(?P<id>[^:\s/]*):(?P<user>[^:\s/]+):")
+PBS_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
+                      r"(?P<task>[0-9A-Fa-f]{8,16}):(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s]+):(?P<id>[^:\s]*):"
+                      r"(?P<user>[^:\s]+):")
+
 # Differences between the products live here (the PBS header uses a colon: docs/PROXMOX-BEHAVIOUR.md#api-tokens).
 PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie", "get_task"),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie", "pbs_get_task"),
+    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, "PVEAuthCookie", "get_task"),
+    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, "PBSAuthCookie",
+                   "pbs_get_task"),
 }
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
 
@@ -106,24 +117,23 @@ def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
 
 # ---------------------------------------------------------------- UPIDs
 
+def unescape_id(text: str) -> str:
+    """A PBS worker id as written: `-` was `/`, `\\xNN` any other byte (proxmox-rs
+    proxmox-schema/src/upid.rs, unescape_id)."""
+    def byte(match: re.Match) -> bytes:
+        return b"/" if match.group(0) == b"-" else bytes([int(match.group(1).decode(), 16)])
+    return re.sub(rb"\\x([0-9A-Fa-f]{2})|-", byte, text.encode()).decode(errors="replace")
+
+
 def parse_upid(upid: str, product: str = "pve") -> dict:
-    """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user:
-    PBS has a task counter before starttime and systemd-escapes the worker id."""
-    parts = upid.split(":")
-    expected = PRODUCTS[product].upid_fields
-    if parts[0] != "UPID" or parts[-1] != "" or len(parts) != expected + 2:
+    """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
+    counter before starttime and systemd-escapes the worker id."""
+    match = PRODUCTS[product].upid.fullmatch(upid)
+    if not match:
         raise ProxmoxError(f"'{upid}' is not a {PRODUCTS[product].name} task id (UPID).")
-    fields = parts[1:-1]
-    if product == "pbs":
-        node, pid, pstart, _task, start, kind, worker, user = fields
-        worker = worker.replace("\\x3a", ":").replace("\\x2f", "/")
-    else:
-        node, pid, pstart, start, kind, worker, user = fields
-    try:
-        return {"node": node, "pid": int(pid, 16), "pstart": int(pstart, 16), "starttime": int(start, 16),
-                "type": kind, "id": worker, "user": user}
-    except ValueError:
-        raise ProxmoxError(f"'{upid}' is not a valid task id (UPID): bad hex field.") from None
+    worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
+    return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
+            "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
 
 
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
@@ -437,7 +447,10 @@ class ProxmoxClient:
         return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/status")
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
+        """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+        first = start + 1 if self.host.product == "pbs" else start
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:
@@ -459,7 +472,7 @@ class ProxmoxClient:
                 on_progress(float(match.group(1)) if match else None, text or "running")
             if time.monotonic() + delay > deadline:
                 return {"status": "still_running", "upid": upid,
-                        "next": "call get_task with this upid and wait_seconds to keep waiting"}
+                        "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
             time.sleep(delay)  # polling a remote task, not synchronising tests
             delay = min(delay * 1.5, 2.0)
 
@@ -501,15 +514,16 @@ def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: 
         if outcome["status"] == "still_running":
             return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
     status = client.task_status(upid)
+    user = status.get("user")  # without the token, which comes as `tokenid` (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+    if user and status.get("tokenid"):
+        user = f"{user}!{status['tokenid']}"
     result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
+                      "id": status.get("id"), "user": user, "status": status.get("status"),
                       "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
     if log_lines:
         result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
     if status.get("status") == "stopped":
-        exit_status = status.get("exitstatus", "")
-        result["result"] = "ok" if exit_status == "OK" else (
-            "warnings" if exit_status.startswith("WARNINGS") else "failed")
+        result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
     return result
 
 

@@ -17,7 +17,7 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
                        resolve_guest, storage_node)
-from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_report
+from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_outcome, task_report
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
               "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
@@ -131,11 +131,16 @@ def list_storage(host: Host = None, node: Node = None) -> dict:
 
 
 def _task_row(task: dict) -> dict:
+    # a running task has no status in /cluster/tasks and RUNNING in a node's list; `user` comes
+    # without the token, `tokenid` apart (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
     status = task.get("status")
-    if "endtime" not in task and status in (None, "running"):
+    if "endtime" not in task and status in (None, "running", "RUNNING"):
         status = "running"
+    user = task.get("user")
+    if user and task.get("tokenid"):
+        user = f"{user}!{task['tokenid']}"
     return {"upid": task["upid"], "node": task.get("node"), "type": task.get("type"), "id": task.get("id") or None,
-            "user": task.get("user"), "start": iso_time(task.get("starttime")), "status": status,
+            "user": user, "start": iso_time(task.get("starttime")), "status": status,
             "duration": human_duration((task.get("endtime") or 0) - task.get("starttime", 0))
             if task.get("endtime") else None}
 
@@ -149,15 +154,15 @@ def list_tasks(host: Host = None,
     """Recent tasks, newest first, with result."""
     client = pve_client(host)
     if node:
-        params: dict[str, Any] = {"limit": limit if not running else 0,
-                                  "source": "active" if running else "all", "errors": errors or None,
-                                  "vmid": vmid}
-        tasks = client.get(f"/nodes/{node}/tasks", **params) or []
+        # limit=0 lists nothing here; running tasks come from source=active, finished ones from
+        # the archive (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+        source = "active" if running else ("archive" if errors else "all")
+        tasks = client.get(f"/nodes/{node}/tasks", limit=limit, source=source, errors=errors or None, vmid=vmid) or []
     else:
         tasks = client.get("/cluster/tasks") or []
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
     rows = [r for r in rows if (vmid is None or r["id"] == str(vmid))
-            and (not errors or r["status"] not in ("OK", "running") and not str(r["status"]).startswith("WARNINGS"))
+            and (not errors or r["status"] != "running" and task_outcome(r["status"]) in ("failed", "unknown"))
             and (not running or r["status"] == "running")]
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 

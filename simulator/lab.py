@@ -136,6 +136,22 @@ class Token:
         return own | (self.owner.acl_paths() if self.owner else set())
 
 
+def escape_id(text: str) -> str:
+    """A PBS worker id as its UPID carries it, systemd-escaped: `/` becomes `-`, any other byte
+    outside [A-Za-z0-9_.] (and a leading `.`) `\\xNN` (proxmox-rs proxmox-schema/src/upid.rs, escape_id;
+    docs/PROXMOX-BEHAVIOUR.md#upids)."""
+    out = []
+    for index, byte in enumerate(text.encode()):
+        char = chr(byte)
+        if char == "/":
+            out.append("-")
+        elif (index == 0 and char == ".") or not (char.isascii() and (char.isalnum() or char in "_.")):
+            out.append(f"\\x{byte:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 @dataclass
 class Task:
     upid: str
@@ -444,7 +460,7 @@ class Lab:
             started = time.time() - (3600 if finished else 0)
             starttime = int(started)
             if product == "pbs":
-                worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
+                worker = escape_id(item)
                 upid = (f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:"
                         f"{kind}:{worker}:{user}:")
             else:  # PVE's UPID decoder allows no ':' in the worker id

@@ -281,6 +281,31 @@ def _pbs_task(call: Call, upid: str) -> Task:
     return task
 
 
+def _pbs_state_type(state: str) -> str:
+    """ok, warning, error or unknown (proxmox-backup src/api2/node/tasks.rs, tasktype)."""
+    if state == "OK":
+        return "ok"
+    if state.startswith("WARNINGS"):
+        return "warning"
+    return "unknown" if state == "unknown" else "error"
+
+
+def _pbs_task_listed(call: Call, task: Task, running: bool) -> bool:
+    """The filters of GET /nodes/{node}/tasks (proxmox-backup src/api2/node/tasks.rs, list_tasks):
+    `running` keeps running tasks only, `errors` drops only tasks that ended OK (running ones stay),
+    `statusfilter` keeps finished tasks of the states named (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+    if str(call.arg("running", "0")) in ("1", "true") and not running:
+        return False
+    if str(call.arg("errors", "0")) in ("1", "true") and not running and task.exitstatus == "OK":
+        return False
+    wanted = call.params.get("statusfilter")
+    if wanted is not None:
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        if running or _pbs_state_type(task.exitstatus) not in wanted:
+            return False
+    return not call.arg("typefilter") or call.arg("typefilter") in task.type
+
+
 def pbs_tasks(call: Call, **_: str) -> list:
     now = time.time()
     rows = []
@@ -288,33 +313,37 @@ def pbs_tasks(call: Call, **_: str) -> list:
         if not task.upid.startswith("UPID:pbs:") and task.node != "pbs":
             continue
         running = task.running(now)
-        if str(call.arg("running", "0")) == "1" and not running:
+        if not _pbs_task_listed(call, task, running):
             continue
-        if str(call.arg("errors", "0")) == "1" and (running or task.exitstatus == "OK"):
-            continue
-        row = {"upid": task.upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
+        # node is "localhost", user the full auth id, worker_id unescaped (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
+        row = {"upid": task.upid, "node": "localhost", "pid": 1000, "pstart": 41394, "starttime": int(task.started),
                "worker_type": task.type, "worker_id": task.id, "user": task.user}
         if not running:
             row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
-        rows.append(row)  # running tasks are listed too (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
+        rows.append(row)  # running tasks are listed too
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    return rows[start:start + limit] if limit else rows[start:]  # limit=0: all
 
 
 def pbs_task_status(call: Call, upid: str, **_: str) -> dict:
     task = _pbs_task(call, upid)
+    user, _, tokenid = task.user.partition("!")  # the token apart, as in PVE (src/api2/node/tasks.rs)
     row = {"upid": upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
-           "type": task.type, "id": task.id, "user": task.user}
+           "type": task.type, "id": task.id, "user": user}
+    if tokenid:
+        row["tokenid"] = tokenid
     if task.running(time.time()):
         return row | {"status": "running"}
     return row | {"status": "stopped", "exitstatus": task.exitstatus}
 
 
 def pbs_task_log(call: Call, upid: str, **_: str) -> list:
-    lines = _pbs_task(call, upid).log(time.time()) or ["no content"]
-    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    """Lines numbered from 1; `start` is 1-based (0 and 1 both begin at the first line), `limit=0`
+    means all, and an empty log is empty (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+    lines = _pbs_task(call, upid).log(time.time())
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines) if i + 1 >= start]
+    return rows[:limit] if limit else rows
 
 
 PBS_HANDLERS: dict[tuple[str, str], Callable] = {

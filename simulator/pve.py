@@ -238,9 +238,14 @@ def pve_node_storage(call: Call, node: str) -> list:
 
 
 def _task_row(task: Task, now: float) -> dict:
+    """A task as PVE lists it: `user` without the token, `tokenid` apart (pve-manager PVE/API2/Tasks.pm,
+    $convert_token_task); running tasks have no status or endtime (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
     parts = task.upid.split(":")
+    user, _, tokenid = task.user.partition("!")
     row = {"upid": task.upid, "node": task.node, "pid": int(parts[2], 16), "pstart": int(parts[3], 16),
-           "starttime": int(task.started), "type": task.type, "id": task.id, "user": task.user}
+           "starttime": int(task.started), "type": task.type, "id": task.id, "user": user}
+    if tokenid:
+        row["tokenid"] = tokenid
     if not task.running(now):
         row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
     return row
@@ -251,28 +256,49 @@ def _visible_task(call: Call, task: Task) -> bool:
     return task.user == call.token_id or call.can(f"/nodes/{task.node}", "Sys.Audit")
 
 
-def pve_tasks(call: Call, node: str) -> list:
-    _node(call, node)
-    now = time.time()
+def _status_type(status: str | None) -> str:
+    """ok, warning, error or unknown; a running task (no status) is unknown (pve-common src/PVE/UPID.pm,
+    normalize_status_type)."""
+    if not status or status == "unexpected status":
+        return "unknown"
+    if status == "OK":
+        return "ok"
+    return "warning" if re.fullmatch(r"WARNINGS: \d+", status) else "error"
+
+
+def _wanted_states(call: Call) -> set[str]:
+    """`errors=1` drops only tasks that ended OK; else `statusfilter` picks (pve-manager PVE/API2/Tasks.pm)."""
+    if str(call.arg("errors", "0")) == "1":
+        return {"warning", "error", "unknown"}
+    if call.arg("statusfilter"):
+        return {s.strip().lower() for s in re.split(r"[,;\s]+", str(call.arg("statusfilter"))) if s.strip()}
+    return {"ok", "warning", "error", "unknown"}
+
+
+def _task_selected(call: Call, task: Task, running: bool) -> bool:
     source = call.arg("source", "archive")
     vmid = call.arg("vmid")
-    errors_only = str(call.arg("errors", "0")) == "1"
+    if (source == "archive" and running) or (source == "active" and not running):
+        return False
+    if vmid is not None and task.id != str(vmid):
+        return False
+    if call.arg("typefilter") and task.type != call.arg("typefilter"):
+        return False
+    return _status_type(None if running else task.exitstatus) in _wanted_states(call)
+
+
+def pve_tasks(call: Call, node: str) -> list:
+    """GET /nodes/{node}/tasks: running tasks (source active or all) say RUNNING; `limit=0` lists
+    nothing, unlike the task log (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+    _node(call, node)
+    now = time.time()
     rows = []
     for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
         running = task.running(now)
-        if task.node != node or not _visible_task(call, task):
-            continue
-        if (source == "archive" and running) or (source == "active" and not running):
-            continue
-        if vmid is not None and task.id != str(vmid):
-            continue
-        if call.arg("typefilter") and task.type != call.arg("typefilter"):
-            continue
-        if errors_only and (running or task.exitstatus == "OK"):
-            continue
-        rows.append(_task_row(task, now))
+        if task.node == node and _visible_task(call, task) and _task_selected(call, task, running):
+            rows.append(_task_row(task, now) | ({"status": "RUNNING"} if running else {}))
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    return rows[start:start + limit] if limit > 0 else []
 
 
 def pve_cluster_tasks(call: Call) -> list:
@@ -286,7 +312,7 @@ def _task(call: Call, node: str, upid: str) -> Task:
     _node(call, node)
     task = call.lab.tasks.get(upid)
     if task is None or task.node != node:
-        raise ApiError(500, "no such task")
+        raise ApiError(400, "Parameter verification failed.", {"upid": "no such task"})
     if not _visible_task(call, task):
         raise ApiError(403, f"Permission check failed (/nodes/{node}, Sys.Audit)")
     return task

@@ -11,11 +11,12 @@ import pytest
 
 import config as config_module
 import pbs_tools
+import pve_tools
 import policy
 import proxmox_client
 import simulator
 import workflows
-from errors import ToolFailure
+from errors import ProxmoxError, ToolFailure
 
 LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
 
@@ -115,3 +116,85 @@ def test_unmounted_datastore_is_unavailable(sim, lab, tmp_path):
     assert stores["backup"]["unavailable"] == ""
     assert any("usb" in u["section"] and "not mounted" in u["reason"] for u in report["unavailable"])
     assert not [f for f in findings(report, "pbs") if "usb" in f]
+
+
+def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        jobs = {r["id"]: r for r in rows(pbs_tools.pbs_list_jobs())}
+        ran = pbs_tools.write_pbs_run_job("sync", "push-backup", wait_seconds=0)
+    assert jobs["push-backup"]["direction"] == "push" and jobs["s-backup"]["direction"] == "pull"
+    assert ran["status"] == "started"
+
+
+# ---------------------------------------------------------------- 4, 16, 18: task lists, logs and UPIDs
+
+def test_node_task_list_shows_running_tasks_and_failures_apart(sim, lab, tmp_path):
+    running = lab.start_task("pve1", "qmclone", "100", duration=600, user="root@pam!admin")
+    with tools_on(sim, tmp_path, pve_token="root@pam!admin"):
+        active = rows(pve_tools.list_tasks(node="pve1", running=True))
+        recent = {r["upid"]: r for r in rows(pve_tools.list_tasks(node="pve1"))}
+        failed = rows(pve_tools.list_tasks(node="pve1", errors=True))
+    assert [r["upid"] for r in active] == [running] and active[0]["status"] == "running"
+    assert recent[running]["status"] == "running" and recent[running]["user"] == "root@pam!admin"
+    assert [r["status"] for r in failed] == ["job errors"]  # the running task is no failure
+
+
+def test_pbs_task_list_errors_and_running(sim, lab, tmp_path):
+    running = lab.start_task("pbs", "verificationjob", "backup:v-backup", duration=600, product="pbs",
+                             user="mcp@pbs!reader")
+    failed = lab.start_task("pbs", "syncjob", "backup:s-backup", exitstatus="sync failed - remote unreachable",
+                            finished=True, product="pbs")
+    lab.start_task("pbs", "garbage_collection", "backup", finished=True, product="pbs")
+    with tools_on(sim, tmp_path):
+        errors = rows(pbs_tools.pbs_list_tasks(errors=True))
+        active = rows(pbs_tools.pbs_list_tasks(running=True))
+        task = pbs_tools.pbs_get_task(running)
+    assert [r["upid"] for r in errors] == [failed] and errors[0]["status"] == "sync failed - remote unreachable"
+    assert [r["upid"] for r in active] == [running] and active[0]["status"] == "running"
+    assert active[0]["user"] == "mcp@pbs!reader" and task["user"] == "mcp@pbs!reader"
+    assert task["id"] == "backup:v-backup"
+
+
+def test_pbs_task_log_pages_without_repeating_a_line(sim, lab, tmp_path):
+    upid = lab.start_task("pbs", "verify", "backup", finished=True, product="pbs",
+                          lines=[f"line {n}" for n in range(1, 8)])
+    with tools_on(sim, tmp_path):
+        first = pbs_tools.pbs_task_log(upid, limit=3)
+        second = pbs_tools.pbs_task_log(upid, start=first["next_start"], limit=3)
+        third = pbs_tools.pbs_task_log(upid, start=second["next_start"], limit=3)
+    assert first["lines"] + second["lines"] + third["lines"] == [f"line {n}" for n in range(1, 8)] + ["TASK OK"]
+    assert "next_start" not in third
+
+
+def test_pbs_worker_ids_are_systemd_escaped_and_decoded(sim, lab, tmp_path):
+    lab.datastores["backup"]["groups"][("", "vm", "100")][0]["verification"] = None
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        started = pbs_tools.write_pbs_verify("backup", backup_type="vm", backup_id="100", wait_seconds=0)
+        task = pbs_tools.pbs_get_task(started["upid"])
+    assert ":vm-100:" not in started["upid"] and "backup\\x3avm-100" in started["upid"]
+    assert task["id"] == "backup:vm/100"
+    parsed = proxmox_client.parse_upid(
+        "UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:syncjob:remote\\x2dstore\\x3aa-b:root@pam!x:", "pbs")
+    assert parsed["id"] == "remote-store:a/b" and parsed["user"] == "root@pam!x"
+
+
+@pytest.mark.parametrize("upid, product", [
+    ("UPID::000A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam:", "pve"),  # no node
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qm start:100:root@pam:", "pve"),  # a space in the type
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam", "pve"),  # no trailing colon
+    ("UPID:pve1:0A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam:", "pve"),  # short pid
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qmstart:1/0:root@pam:", "pve"),  # '/' in the id
+    ("UPID:-pbs:000003E8:0000A1B2:00000012:6745B3C1:verify:store:root@pam:", "pbs"),  # bad node
+    ("UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:ver ify:store:root@pam:", "pbs"),
+    ("UPID:pbs:000003E8:0000A1B2:012:6745B3C1:verify:store:root@pam:", "pbs"),  # short counter
+])
+def test_malformed_upids_are_refused(upid, product):
+    with pytest.raises(ProxmoxError, match="not a"):
+        proxmox_client.parse_upid(upid, product)
+
+
+def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
+    lab.task_seconds = 30
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
+    assert outcome["status"] == "still_running" and "pbs_get_task" in outcome["next"]
