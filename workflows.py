@@ -5,6 +5,7 @@ Resources and prompts for MCP clients are defined here too.
 """
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
@@ -246,17 +247,37 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _numbers(text: Any) -> set[int]:
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in _numbers(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in _numbers(job.get("exclude"))
+        return not excluded, excluded
+    return False, False
+
+
+def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        listed = {int(v) for v in str(job.get("vmid", "")).split(",") if v.strip().isdigit()}
-        excluded = {int(v) for v in str(job.get("exclude", "")).split(",") if v.strip().isdigit()}
-        if vmid in excluded:
-            excluding.append(job["id"])
-        elif str(job.get("all", 0)) == "1" or vmid in listed or (pool and job.get("pool") == pool):
+        selects, excludes = _job_selects(job, guest)
+        if selects:
             covering.append(job["id"])
+        elif excludes:
+            excluding.append(job["id"])
     return covering, excluding
 
 
@@ -268,8 +289,10 @@ class Coverage:
     max_age_hours: int
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[dict] | None = None  # None: the backup jobs could not be read
     pbs: ProxmoxClient | None = None
+    pbs_targets: set[tuple[str, str]] = field(default_factory=set)  # (datastore, namespace) read on PBS itself
+    read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     rows: list[dict] = field(default_factory=list)
@@ -286,8 +309,21 @@ class Coverage:
 
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
-    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup")) or []
+    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+
+
+def _pbs_storages(c: Coverage) -> None:
+    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
+    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
+    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    if c.pbs is None:
+        return
+    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
+    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
+        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
+            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
+            c.read_on_pbs.add(storage["storage"])
 
 
 def _pve_backups(c: Coverage) -> None:
@@ -295,7 +331,7 @@ def _pve_backups(c: Coverage) -> None:
     # is a different disk); PBS-backed storages through PBS itself when it is configured here.
     storages = {}
     for storage in (r for r in c.resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and not (c.pbs and r.get("plugintype") == "pbs")):
+                    and r.get("status") == "available" and r.get("storage") not in c.read_on_pbs):
         key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
         storages.setdefault(key, (storage["storage"], storage["node"]))
     for key, (name, node) in sorted(storages.items()):
@@ -311,14 +347,15 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    for ds in c.report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
-        for snap in c.report.section(f"pbs {ds['store']}", lambda s=ds["store"]: pbs.get(
-                f"/admin/datastore/{s}/snapshots")) or []:
+    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    for store, ns in sorted(c.pbs_targets):
+        where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
+        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
+                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
-                c.consider(vmid, snap["backup-time"], f"pbs:{ds['store']}",
-                           (snap.get("verification") or {}).get("state", "none"))
+                c.consider(vmid, snap["backup-time"], where, (snap.get("verification") or {}).get("state", "none"))
 
 
 def _guest_rows(c: Coverage) -> None:
@@ -330,7 +367,7 @@ def _guest_rows(c: Coverage) -> None:
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(vmid, guest.get("pool"), c.jobs)
+    covering, excluding = _jobs_for(guest, c.jobs or [])
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
@@ -338,7 +375,8 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         state = "verify_failed"
     if state != "ok":
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = "no job covers it" if not covering else f"covered by {', '.join(covering)}"
+        why = f"covered by {', '.join(covering)}" if covering else (
+            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")
@@ -357,7 +395,7 @@ def _orphan_groups(c: Coverage) -> None:
 
 
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
 
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,

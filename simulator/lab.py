@@ -242,6 +242,9 @@ class Lab:
             lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
         lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
+        # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
+        lab.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
+                                         "fingerprint": "AB:" * 31 + "AB"}
         lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
         presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
                    ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
@@ -331,6 +334,30 @@ class Lab:
                                                    "used": used})
         if node:
             entry["nodes"].append(node)
+
+    def pbs_volumes(self, storage: str) -> list[dict]:
+        """The backups a PVE storage of type pbs shows: the snapshots of its datastore's namespace
+        (root without `namespace`), named `<storage>:backup/<type>/<id>/<time>` (pve-storage
+        src/PVE/Storage/PBSPlugin.pm, list_volumes; docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+        config = self.storages[storage].get("config", {})
+        ds = self.datastores.get(config.get("datastore", ""))
+        if ds is None:
+            return []
+        volumes = []
+        for (ns, kind, item), snaps in sorted(ds["groups"].items()):
+            if ns != config.get("namespace", "") or kind not in ("vm", "ct") or not item.isdigit():
+                continue
+            for snap in snaps:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+                volume = {"volid": f"{storage}:backup/{kind}/{item}/{stamp}", "content": "backup",
+                          "format": f"pbs-{kind}", "size": snap["size"], "vmid": int(item),
+                          "ctime": snap["backup-time"], "subtype": "qemu" if kind == "vm" else "lxc"}
+                if snap["verification"]:
+                    volume["verification"] = snap["verification"]
+                if snap["protected"]:
+                    volume["protected"] = 1
+                volumes.append(volume)
+        return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
         return roles_for(product, self.pve_major if product == "pve" else 9)

@@ -211,11 +211,15 @@ def pve_guest_config(kind: str) -> Callable:
 
 
 def pve_storage_list(call: Call, **_: str) -> list:
+    """GET /storage: the storage configuration, a PBS storage's server, datastore and namespace
+    included (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
     rows = []
     for storage in call.lab.storages.values():
+        if call.arg("type") not in (None, storage["type"]):
+            continue
         if call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
             row = {"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
-                   "shared": storage["shared"], "digest": "0" * 40}
+                   "shared": storage["shared"], "digest": "0" * 40} | storage.get("config", {})
             if not storage["shared"]:
                 row["nodes"] = ",".join(storage["nodes"])
             rows.append(row)
@@ -422,6 +426,8 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
         raise ApiError(500, f"storage '{storage}' does not exist")
     rows = [v for v in call.lab.volumes.get(storage, []) if v.get("_node", node) == node]
     rows += call.lab.guest_disks(storage, node)
+    if entry["type"] == "pbs":
+        rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
     return [{k: val for k, val in v.items() if k != "_node"} for v in rows
             if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]

@@ -198,3 +198,70 @@ def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
     assert outcome["status"] == "still_running" and "pbs_get_task" in outcome["next"]
+
+
+# ---------------------------------------------------------------- 6, 16: backup coverage
+
+def coverage_rows(report: dict) -> dict[int, dict]:
+    return {r["vmid"]: r for r in rows(report["guests"])}
+
+
+def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
+    """This cluster backs up to namespace `namespace`; another cluster's guests, numbered alike,
+    sit in namespace `office` of the same datastore (103 included, which this cluster never backed up)."""
+    lab.volumes["nfs-backup"] = []
+    groups = lab.datastores["backup"]["groups"]
+    ours = {(kind, item): snaps for (ns, kind, item), snaps in groups.items() if ns == ""}
+    groups.clear()
+    now = int(time.time())
+    for (kind, item), snaps in ours.items():
+        groups[(namespace, kind, item)] = snaps
+    for kind, item in [("vm", "100"), ("ct", "103"), ("vm", "777")]:
+        groups[("office", kind, item)] = [lab.pbs_snapshot(now - 3600)]
+    lab.datastores["backup"]["namespaces"] = {"": "", namespace: "", "office": "the office cluster"}
+    lab.storages["pbs"]["config"]["namespace"] = namespace
+
+
+def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
+    assert guests[100]["where"] == "pbs:backup/homelab"
+    assert guests[103]["state"] == "missing"  # the office's ct/103 is another guest
+    assert report["orphan_pbs_groups"] == []  # the office's groups are not ours to call orphans
+
+
+def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    lab.storages["pbs"]["config"]["server"] = "pbs.elsewhere.example"
+    with tools_on(sim, tmp_path):
+        before = len(lab.requests)
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
+    assert guests[100]["where"] == "pbs" and guests[103]["state"] == "missing"
+    assert not [p for product, _, p in lab.requests[before:] if product == "pbs" and "snapshots" in p]
+
+
+def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
+    lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
+    assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
+    assert any(u["section"] == "backup jobs" for u in report["unavailable"])
+
+
+def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path):
+    lab.backup_jobs = [
+        {"id": "pve2-all", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1, "node": "pve2",
+         "storage": "nfs-backup"},
+        {"id": "listed", "type": "vzdump", "schedule": "03:00", "enabled": 1, "vmid": "103,105", "exclude": "103",
+         "storage": "nfs-backup"}]
+    with tools_on(sim, tmp_path):
+        guests = coverage_rows(workflows.backup_coverage())
+    assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
+    assert guests[100]["jobs"] == ""  # on pve1: not in a job limited to pve2
+    assert guests[103]["jobs"] == "listed" and guests[103]["excluded_by"] == ""  # exclude needs all=1
