@@ -318,6 +318,8 @@ class ProxmoxClient:
             try:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
+                if self.host.product == "pve":  # agent privileges depend on it (policy.version_privileges)
+                    policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)

@@ -19,8 +19,9 @@ from inventory import (backup_storages, bridges, check_node, guest_path, guest_r
                        resolve_guest, storage_node)
 from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_outcome, task_report
 
-EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
-              "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
+EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
+              "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
+              "token, or check server_info.")
 
 
 # ---------------------------------------------------------------- tools

@@ -265,3 +265,70 @@ def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path)
     assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
     assert guests[100]["jobs"] == ""  # on pve1: not in a job limited to pve2
     assert guests[103]["jobs"] == "listed" and guests[103]["excluded_by"] == ""  # exclude needs all=1
+
+
+# ---------------------------------------------------------------- 7, 14, 15: privileges as the version has them
+
+AGENT_OPS = "ops@pve!agent"
+
+
+def with_agent_token(lab: simulator.Lab) -> None:
+    """A token of ops@pve that may use the guest agent: PVEVMAdmin on the user and on the token."""
+    user = simulator.Token("", [("/", "PVEVMAdmin", True), ("/", "PVEAuditor", True)])
+    lab.pve_tokens[AGENT_OPS] = simulator.Token("77777777-6666-5555-4444-333333333333",
+                                                [("/", "PVEVMAdmin", True), ("/", "PVEAuditor", True)], owner=user)
+
+
+
+
+@pytest.mark.parametrize("pve_major", [8, 9])
+def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
+    lab = simulator.Lab.homelab(pve_major=pve_major)
+    with_agent_token(lab)
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pve_token=AGENT_OPS,
+                                                    PROXMOX_ALLOW_EXEC="true"):
+        import server
+        client = proxmox_client.pve_client()
+        client.ensure_permissions()
+        visibility = server.ToolVisibility()
+        visibility.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
+        assert visibility.hidden() == {}
+        info = pve_tools.guest_agent_info(100)
+    assert info["hostname"] == "web"
+
+
+def test_agent_refusal_names_the_privilege_the_version_has(tmp_path):
+    lab = simulator.Lab.homelab(pve_major=8)
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
+        before = len(lab.requests)
+        with pytest.raises(policy.PolicyError) as refused:
+            pve_tools.guest_agent_info(100)
+        sent = [p for _, _, p in lab.requests[before:] if "/agent/" in p]
+    text = str(refused.value)
+    assert "VM.Monitor" in text and "VM.GuestAgent" not in text and "--roles PVEVMAdmin" in text
+    assert sent == []  # refused before sending
+
+
+def test_a_token_holds_only_what_its_user_holds_too(sim, lab, tmp_path):
+    lab.pve_tokens["mcp@pve!reader"].owner.acl.clear()  # the token keeps PVEAuditor, its user has nothing
+    lab.pbs_tokens["mcp@pbs!reader"].owner.acl.clear()
+    with tools_on(sim, tmp_path):
+        guests = pve_tools.list_guests()
+        stores = pbs_tools.pbs_list_datastores()
+        assert policy.permissions_of(proxmox_client.pve_client().host) == {}
+    assert guests["rows"] == [] and "user" in guests["note"]
+    assert stores["rows"] == []
+
+
+def test_grant_hints_grant_the_user_and_the_token():
+    from types import SimpleNamespace
+    pve = SimpleNamespace(product="pve", label="p", token_id="mcp@pve!mcp")
+    pbs = SimpleNamespace(product="pbs", label="b", token_id="mcp@pbs!mcp")
+    hint = policy.grant_hint(pve, "VM.Audit", "/vms/100")
+    assert "pveum acl modify /vms/100 --users 'mcp@pve' --roles PVEAuditor" in hint
+    assert "pveum acl modify /vms/100 --tokens 'mcp@pve!mcp' --roles PVEAuditor" in hint
+    hint = policy.grant_hint(pbs, "Datastore.Audit|Datastore.Backup", "/datastore/backup")
+    assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs'" in hint
+    assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs!mcp'" in hint
+    assert "--tokens" not in policy.grant_hint(SimpleNamespace(product="pve", label="u", token_id="ops@pve"),
+                                               "VM.Audit", "/")  # a password login has no token
