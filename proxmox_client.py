@@ -435,7 +435,7 @@ class ProxmoxClient:
             text = f"{where} is not implemented by this {self.product.name} ({message}). Check the path."
         else:
             text = f"{where} failed ({status}): {message or response.reason}"
-            hint = _hint_for(message) if self.host.product == "pve" else None
+            hint = _hint_for(message, path) if self.host.product == "pve" else None
             if hint:
                 text += f". {hint}"
         return ProxmoxError(text, status=status, errors=errors)
@@ -576,9 +576,44 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
         policy.grant_hint(host, privileges, acl_path)
 
 
-# 500 messages with a known next step.
+# Locks no task holds (docs/PROXMOX-BEHAVIOUR.md#guest-status): what to do about each.
+PERSISTENT_LOCKS = {
+    "suspended": "The VM is hibernated (its memory saved to disk; no task holds this lock): start it to resume "
+                 "(write_guest_power action=start).",
+    "mounted": "The container's volumes are mounted on the host (pct mount; no task holds this lock): run "
+               "`pct unmount {vmid}` on its node.",
+}
+
+
+def lock_advice(lock: str, vmid: int | str = "<vmid>", kind: str = "qemu") -> str:
+    """What to do about a guest lock: persistent ones have their own way out; the others belong to
+    a task (backup, clone, migrate, snapshot-delete, ...) and are stale once it has ended."""
+    if lock in PERSISTENT_LOCKS:
+        return PERSISTENT_LOCKS[lock].format(vmid=vmid)
+    unlock = f"{'pct' if kind == 'lxc' else 'qm'} unlock {vmid}"
+    return (f"A '{lock}' task holds this lock: wait for it (list_tasks vmid={vmid}); if none is running, "
+            f"the lock is stale and `{unlock}` on the node removes it.")
+
+
+def _locked_hint(match: re.Match, message: str) -> str:
+    guest = re.search(r"(?:qemu|lxc)/(\d+)", message) or re.search(r"(?:VM|CT) (\d+)", message)
+    kind = "lxc" if match.group(1) == "CT" else "qemu"
+    return lock_advice(match.group(2), guest.group(1) if guest else "<vmid>", kind)
+
+
+def agent_result(answer: dict | None) -> tuple[Any, str | None]:
+    """An agent command's result, or its error: an agent error without a description comes back
+    as a success, `{"result": {"error": {...}}}` (docs/PROXMOX-BEHAVIOUR.md#guest-agent)."""
+    result = (answer or {}).get("result")
+    if isinstance(result, dict) and isinstance(result.get("error"), dict):
+        error = result["error"]
+        return None, str(error.get("desc") or error.get("class") or error)[:200]
+    return result, None
+
+
+# 500 messages with a known next step: a text with the match's groups, or a function of the match and message.
 HINTS = (
-    (r"is locked \((\w+)", "The guest is locked by a running {0} task; wait for it (list_tasks) before retrying."),
+    (r"(VM|CT) is locked \(([\w-]+)\)", _locked_hint),
     (r"guest agent is not running|No QEMU guest agent configured",
      "The QEMU guest agent is not available in this VM; install and start qemu-guest-agent and set agent=1."),
     (r"got timeout", "The guest agent did not answer in time; a VM that just booted can need a minute."),
@@ -587,11 +622,11 @@ HINTS = (
 )
 
 
-def _hint_for(message: str) -> str | None:
+def _hint_for(message: str, where: str = "") -> str | None:
     for pattern, hint in HINTS:
         match = re.search(pattern, message, re.IGNORECASE)
         if match:
-            return hint.format(*match.groups())
+            return hint(match, f"{where} {message}") if callable(hint) else hint.format(*match.groups())
     return None
 
 

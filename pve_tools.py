@@ -17,7 +17,8 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
                        resolve_guest, storage_node)
-from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_outcome, task_report
+from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
+                            task_report)
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -202,7 +203,9 @@ def node_status(node: str, host: Host = None,
             return sum(values) / len(values) if values else None
         result["rrd"] = compact({"timeframe": timeframe, "points": len(points), "cpu_pct": percent(mean("cpu"), 1),
                                  "mem_used": human_bytes(mean("memused")), "load": round(mean("loadavg") or 0, 2),
-                                 "net_in_bps": round(mean("netin") or 0), "net_out_bps": round(mean("netout") or 0),
+                                 # RRD netin/netout are bytes per second (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                                 "net_in": f"{human_bytes(mean('netin') or 0)}/s",
+                                 "net_out": f"{human_bytes(mean('netout') or 0)}/s",
                                  "iowait_pct": percent(mean("iowait"), 1)})
     return result
 
@@ -304,16 +307,22 @@ def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
         addresses = [compact({"iface": i["name"], "ipv4": i.get("inet"), "ipv6": i.get("inet6")})
                      for i in client.get(f"{base}/interfaces") or [] if i["name"] != "lo"]
         return {"vmid": vmid, "type": "lxc", "hostname": row.get("name"), "interfaces": addresses}
-    osinfo = (client.get(f"{base}/agent/get-osinfo") or {}).get("result", {})
-    hostname = (client.get(f"{base}/agent/get-host-name") or {}).get("result", {}).get("host-name")
+    answers, errors = {}, {}
+    for command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
+        answers[command], error = agent_result(client.get(f"{base}/agent/{command}"))
+        if error:
+            errors[command] = error
+    osinfo = answers["get-osinfo"] or {}
     interfaces = []
-    for iface in (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", []):
+    for iface in answers["network-get-interfaces"] or []:
         if iface.get("name") == "lo":
             continue
         ips = [f"{a['ip-address']}/{a.get('prefix')}" for a in iface.get("ip-addresses", [])]
         interfaces.append(compact({"iface": iface.get("name"), "mac": iface.get("hardware-address"), "ips": ips}))
-    return {"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
-            "kernel": osinfo.get("kernel-release"), "hostname": hostname, "interfaces": interfaces}
+    hostname = (answers["get-host-name"] or {}).get("host-name")
+    return compact({"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
+                    "kernel": osinfo.get("kernel-release"), "hostname": hostname,
+                    "agent_errors": errors}) | {"interfaces": interfaces}
 
 
 # ================================================================ writes

@@ -146,7 +146,8 @@ def _guest_states(h: Health) -> None:
     for guest in (r for r in h.resources if r.get("type") in ("qemu", "lxc")):
         if guest.get("lock"):
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
-                         {"vmid": guest["vmid"], "lock": guest["lock"]}, "check list_tasks for the task holding it")
+                         {"vmid": guest["vmid"], "lock": guest["lock"]},
+                         proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
         if guest.get("hastate") in ("error", "fence"):
             h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
                          {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
@@ -579,8 +580,8 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
                     if iface.get("name") != "lo" and iface.get("inet"):
                         return iface["inet"]
             else:
-                result = (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", [])
-                for iface in result:
+                result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
+                for iface in result or []:
                     for address in iface.get("ip-addresses", []):
                         if iface.get("name") != "lo" and address.get("ip-address-type") == "ipv4":
                             return address["ip-address"]

@@ -355,7 +355,9 @@ def pve_power(kind: str, action: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         error = "OK"
-        if guest["lock"] and str(call.arg("skiplock", "0")) != "1":
+        # a hibernated VM (lock `suspended`, no task) is resumed by a start (qemu-server QemuServer.pm, vm_start)
+        resumes = action == "start" and guest["lock"] == "suspended"
+        if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not resumes:
             error = f"{label} is locked ({guest['lock']})"
         elif action == "start" and guest["status"] == "running":
             error = f"{label} {vmid} already running"
@@ -367,6 +369,8 @@ def pve_power(kind: str, action: str) -> Callable:
         def apply() -> None:
             guest["status"] = POWER_RESULT[action]
             guest["uptime"] = 1 if guest["status"] == "running" else 0
+            if resumes:
+                guest["lock"] = None
         return call.lab.start_task(node, f"{prefix}{action}", vmid, user=call.token_id, exitstatus=error,
                                    on_done=apply)
     return handler
@@ -674,6 +678,9 @@ def pve_agent(command: str) -> Callable:
             raise ApiError(500, "No QEMU guest agent configured")
         if guest["status"] != "running":
             raise ApiError(500, f"VM {vmid} is not running")
+        # an agent error without `desc` comes back as a success (docs/PROXMOX-BEHAVIOUR.md#guest-agent)
+        if command in guest.get("agent_errors", {}):
+            return {"result": {"error": guest["agent_errors"][command]}}
         address = f"192.0.2.{100 + int(vmid) % 100}"
         answers = {
             "get-osinfo": {"result": {"id": "debian", "name": "Debian GNU/Linux",

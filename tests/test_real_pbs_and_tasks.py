@@ -332,3 +332,57 @@ def test_grant_hints_grant_the_user_and_the_token():
     assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs!mcp'" in hint
     assert "--tokens" not in policy.grant_hint(SimpleNamespace(product="pve", label="u", token_id="ops@pve"),
                                                "VM.Audit", "/")  # a password login has no token
+
+
+# ---------------------------------------------------------------- 18: locks, RRD, agent errors, file writes
+
+def test_persistent_locks_are_not_tasks(sim, lab, tmp_path):
+    lab.guests[100]["lock"] = "suspended"  # hibernated: no task holds it, a start resumes it
+    lab.guests[101]["lock"] = "snapshot-delete"
+    with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ACCESS="write"):
+        report = workflows.health_check()
+        with pytest.raises(ToolFailure) as refused:
+            pve_tools.write_guest_config(101, set={"description": "x"})
+        locks = {f["evidence"]["vmid"]: f for f in report["findings"] if f["area"] == "locks"}
+    assert "hibernated" in locks[100]["next"] and "list_tasks" not in locks[100]["next"]
+    assert "(snapshot-delete)" in locks[101]["finding"] and "snapshot-delete" in locks[101]["next"]
+    assert "snapshot-delete" in str(refused.value) and "qm unlock 101" in str(refused.value)
+
+
+def test_rrd_network_rates_are_bytes_per_second(sim, tmp_path):
+    with tools_on(sim, tmp_path):
+        rrd = pve_tools.node_status("pve1", timeframe="hour")["rrd"]
+    assert rrd["net_in"] == "1.2 KiB/s" and rrd["net_out"] == "800 B/s" and "net_in_bps" not in rrd
+
+
+def test_agent_errors_without_description_are_not_results(sim, lab, tmp_path):
+    lab.guests[100]["agent_errors"] = {"network-get-interfaces": {"class": "CommandDisabled"}}
+    with tools_on(sim, tmp_path):
+        info = pve_tools.guest_agent_info(100)
+        client = proxmox_client.pve_client()
+        address = workflows._wait_for_address(client, "/nodes/pve1/qemu/100", "qemu", 1)
+    assert info["hostname"] == "web" and info["interfaces"] == []
+    assert "CommandDisabled" in info["agent_errors"]["network-get-interfaces"]
+    assert address is None
+
+
+def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
+    import inspect
+
+    import shell_tools
+    from pydantic import TypeAdapter
+    schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file_write)
+                         .parameters["content"].annotation).json_schema()
+    assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
+    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})
+    try:
+        with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
+            written = shell_tools.write_guest_file_write(100, "/tmp/big", "x" * 46080)
+            before = len(lab.requests)
+            with pytest.raises(ToolFailure, match="46080 bytes"):
+                shell_tools.write_guest_file_write(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
+            sent = lab.requests[before:]
+    finally:
+        policy.CALL.reset(confirmed)
+    assert written["bytes"] == 46080 and lab.guests[100]["files"]["/tmp/big"] == "x" * 46080
+    assert not [r for r in sent if r[1] == "POST"]
