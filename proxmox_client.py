@@ -318,11 +318,19 @@ class ProxmoxClient:
             try:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
-                if self.host.product == "pve":  # agent privileges depend on it (policy.version_privileges)
-                    policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
+                if self.host.product == "pve":
+                    self._read_version()
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
+
+    def _read_version(self) -> None:
+        """The PVE version, which agent privileges depend on (policy.version_privileges); without it
+        the current version's privileges are assumed."""
+        try:
+            policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
+        except ProxmoxError as exc:
+            log.info("could not read the version of %s: %s", self.host.label, exc)
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         url = self.base + quote(path, safe="/:@!=,")
