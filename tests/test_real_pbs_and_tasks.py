@@ -386,3 +386,16 @@ def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
         policy.CALL.reset(confirmed)
     assert written["bytes"] == 46080 and lab.guests[100]["files"]["/tmp/big"] == "x" * 46080
     assert not [r for r in sent if r[1] == "POST"]
+
+
+def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
+    with tools_on(sim, tmp_path, PROXMOX_ACCESS="lifecycle"):
+        client = proxmox_client.pve_client()
+        client.ensure_permissions()
+        listed = policy.permissions_of(client.host)
+        before = len(lab.requests)
+        with pytest.raises(policy.PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
+            pve_tools.write_guest_power(100, "shutdown")
+        sent = [r for r in lab.requests[before:] if r[1] != "GET"]
+    assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)
+    assert listed["/vms/100"]["VM.Audit"] == 1 and sent == []  # /vms/100: a member of pool prod
