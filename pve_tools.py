@@ -19,10 +19,12 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
                        resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_report
+from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
+                            task_report)
 
-EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
-              "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
+EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
+              "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
+              "token, or check server_info.")
 
 
 # ---------------------------------------------------------------- tools
@@ -146,11 +148,16 @@ def list_storage(host: Host = None, node: Node = None) -> dict:
 
 
 def _task_row(task: dict) -> dict:
+    # a running task has no status in /cluster/tasks and RUNNING in a node's list; `user` comes
+    # without the token, `tokenid` apart (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
     status = task.get("status")
-    if "endtime" not in task and status in (None, "running"):
+    if "endtime" not in task and status in (None, "running", "RUNNING"):
         status = "running"
+    user = task.get("user")
+    if user and task.get("tokenid"):
+        user = f"{user}!{task['tokenid']}"
     return {"upid": task["upid"], "node": task.get("node"), "type": task.get("type"), "id": task.get("id") or None,
-            "user": task.get("user"), "start": iso_time(task.get("starttime")), "status": status,
+            "user": user, "start": iso_time(task.get("starttime")), "status": status,
             "duration": human_duration((task.get("endtime") or 0) - task.get("starttime", 0))
             if task.get("endtime") else None}
 
@@ -164,15 +171,15 @@ def list_tasks(host: Host = None,
     """Recent tasks, newest first, with result."""
     client = pve_client(host)
     if node:
-        params: dict[str, Any] = {"limit": limit if not running else 0,
-                                  "source": "active" if running else "all", "errors": errors or None,
-                                  "vmid": vmid}
-        tasks = client.get(f"/nodes/{node}/tasks", **params) or []
+        # limit=0 lists nothing here; running tasks come from source=active, finished ones from
+        # the archive (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+        source = "active" if running else ("archive" if errors else "all")
+        tasks = client.get(f"/nodes/{node}/tasks", limit=limit, source=source, errors=errors or None, vmid=vmid) or []
     else:
         tasks = client.get("/cluster/tasks") or []
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
     rows = [r for r in rows if (vmid is None or r["id"] == str(vmid))
-            and (not errors or r["status"] not in ("OK", "running") and not str(r["status"]).startswith("WARNINGS"))
+            and (not errors or r["status"] != "running" and task_outcome(r["status"]) in ("failed", "unknown"))
             and (not running or r["status"] == "running")]
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 
@@ -211,7 +218,9 @@ def node_status(node: str, host: Host = None,
             return sum(values) / len(values) if values else None
         result["rrd"] = compact({"timeframe": timeframe, "points": len(points), "cpu_pct": percent(mean("cpu"), 1),
                                  "mem_used": human_bytes(mean("memused")), "load": round(mean("loadavg") or 0, 2),
-                                 "net_in_bps": round(mean("netin") or 0), "net_out_bps": round(mean("netout") or 0),
+                                 # RRD netin/netout are bytes per second (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                                 "net_in": f"{human_bytes(mean('netin') or 0)}/s",
+                                 "net_out": f"{human_bytes(mean('netout') or 0)}/s",
                                  "iowait_pct": percent(mean("iowait"), 1)})
     return result
 
@@ -323,16 +332,22 @@ def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
         addresses = [compact({"iface": i["name"], "ipv4": i.get("inet"), "ipv6": i.get("inet6")})
                      for i in client.get(f"{base}/interfaces") or [] if i["name"] != "lo"]
         return {"vmid": vmid, "type": "lxc", "hostname": row.get("name"), "interfaces": addresses}
-    osinfo = (client.get(f"{base}/agent/get-osinfo") or {}).get("result", {})
-    hostname = (client.get(f"{base}/agent/get-host-name") or {}).get("result", {}).get("host-name")
+    answers, errors = {}, {}
+    for command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
+        answers[command], error = agent_result(client.get(f"{base}/agent/{command}"))
+        if error:
+            errors[command] = error
+    osinfo = answers["get-osinfo"] or {}
     interfaces = []
-    for iface in (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", []):
+    for iface in answers["network-get-interfaces"] or []:
         if iface.get("name") == "lo":
             continue
         ips = [f"{a['ip-address']}/{a.get('prefix')}" for a in iface.get("ip-addresses", [])]
         interfaces.append(compact({"iface": iface.get("name"), "mac": iface.get("hardware-address"), "ips": ips}))
-    return {"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
-            "kernel": osinfo.get("kernel-release"), "hostname": hostname, "interfaces": interfaces}
+    hostname = (answers["get-host-name"] or {}).get("host-name")
+    return compact({"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
+                    "kernel": osinfo.get("kernel-release"), "hostname": hostname,
+                    "agent_errors": errors}) | {"interfaces": interfaces}
 
 
 # ================================================================ writes

@@ -32,7 +32,10 @@ if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connect
     import paramiko
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
-MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
+MAX_FILE = 1024 * 1024  # bytes for guest file reads
+# file-write takes at most 61,440 characters of content, which we send base64-encoded: 46,080 bytes
+# (docs/PROXMOX-BEHAVIOUR.md#guest-agent)
+MAX_FILE_WRITE = 61440 * 3 // 4
 
 
 TARGETS: dict[tuple[str, str], SshTarget] = {}
@@ -444,12 +447,16 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_ru
 
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
-                           content: Annotated[str, Field(max_length=MAX_FILE)],
+                           content: Annotated[str, Field(max_length=MAX_FILE_WRITE)],
                            host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False) -> dict:
     """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":
+        if len(content.encode()) > MAX_FILE_WRITE:
+            raise InvalidArgument(f"The guest agent writes at most {MAX_FILE_WRITE} bytes per file; this content "
+                                  f"is {len(content.encode())} bytes (UTF-8). Nothing was sent; fetch the file "
+                                  f"inside the guest instead (write_vm_exec).")
         encoded = base64.b64encode(content.encode()).decode()
         client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
         return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

@@ -6,6 +6,7 @@ Resources and prompts for MCP clients are defined here too.
 import json
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
@@ -158,7 +159,8 @@ def _guest_states(h: Health) -> None:
     for guest in (r for r in h.resources if r.get("type") in ("qemu", "lxc")):
         if guest.get("lock"):
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
-                         {"vmid": guest["vmid"], "lock": guest["lock"]}, "check list_tasks for the task holding it")
+                         {"vmid": guest["vmid"], "lock": guest["lock"]},
+                         proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
         if guest.get("hastate") in ("error", "fence"):
             h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
                          {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
@@ -204,26 +206,41 @@ def _backup_server(h: Health) -> None:
         h.report.drop_checked("pbs host")
         return
     now = time.time()
-    for ds in h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []:
-        _datastore_health(h, ds, now)
+    usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
+    # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    for ds in usage:
+        _datastore_health(h, ds, gc_jobs, now)
     for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
         age = now - (job.get("last-run-endtime") or 0)
-        if age > h.limits["verify_max_days"] * 86400 or job.get("last-run-state") not in (None, "ok"):
+        state = job.get("last-run-state")
+        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
             h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'} with {job.get('last-run-state')}",
+                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
                          job, "write_pbs_run_job kind=verify")
 
 
-def _datastore_health(h: Health, ds: dict, now: float) -> None:
+def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+    # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    if ds.get("error"):
+        h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
+        return
     used = percent(ds.get("used"), ds.get("total")) or 0
     if used >= h.limits["storage_warn_pct"]:
         h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                      f"datastore {ds['store']} is {used}% full",
                      {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    last_gc = (ds.get("gc-status") or {}).get("last-run-endtime") or 0
-    if now - last_gc > h.limits["gc_max_days"] * 86400:
+    if gc_jobs is None:
+        return  # the GC jobs could not be read: listed as unavailable
+    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
+    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
+    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
+                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+                     "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
+    elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc)}, "write_pbs_gc, and schedule it")
+                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -244,17 +261,37 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _numbers(text: Any) -> set[int]:
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in _numbers(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in _numbers(job.get("exclude"))
+        return not excluded, excluded
+    return False, False
+
+
+def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        listed = {int(v) for v in str(job.get("vmid", "")).split(",") if v.strip().isdigit()}
-        excluded = {int(v) for v in str(job.get("exclude", "")).split(",") if v.strip().isdigit()}
-        if vmid in excluded:
-            excluding.append(job["id"])
-        elif str(job.get("all", 0)) == "1" or vmid in listed or (pool and job.get("pool") == pool):
+        selects, excludes = _job_selects(job, guest)
+        if selects:
             covering.append(job["id"])
+        elif excludes:
+            excluding.append(job["id"])
     return covering, excluding
 
 
@@ -266,8 +303,10 @@ class Coverage:
     max_age_hours: int
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[dict] | None = None  # None: the backup jobs could not be read
     pbs: ProxmoxClient | None = None
+    pbs_targets: set[tuple[str, str]] = field(default_factory=set)  # (datastore, namespace) read on PBS itself
+    read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     rows: list[dict] = field(default_factory=list)
@@ -284,8 +323,21 @@ class Coverage:
 
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
-    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup")) or []
+    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+
+
+def _pbs_storages(c: Coverage) -> None:
+    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
+    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
+    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    if c.pbs is None:
+        return
+    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
+    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
+        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
+            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
+            c.read_on_pbs.add(storage["storage"])
 
 
 def _pve_backups(c: Coverage) -> None:
@@ -293,7 +345,7 @@ def _pve_backups(c: Coverage) -> None:
     # is a different disk); PBS-backed storages through PBS itself when it is configured here.
     storages = {}
     for storage in (r for r in c.resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and not (c.pbs and r.get("plugintype") == "pbs")):
+                    and r.get("status") == "available" and r.get("storage") not in c.read_on_pbs):
         key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
         storages.setdefault(key, (storage["storage"], storage["node"]))
     for key, (name, node) in sorted(storages.items()):
@@ -309,14 +361,15 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    for ds in c.report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
-        for snap in c.report.section(f"pbs {ds['store']}", lambda s=ds["store"]: pbs.get(
-                f"/admin/datastore/{s}/snapshots")) or []:
+    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    for store, ns in sorted(c.pbs_targets):
+        where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
+        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
+                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
-                c.consider(vmid, snap["backup-time"], f"pbs:{ds['store']}",
-                           (snap.get("verification") or {}).get("state", "none"))
+                c.consider(vmid, snap["backup-time"], where, (snap.get("verification") or {}).get("state", "none"))
 
 
 def _guest_rows(c: Coverage) -> None:
@@ -328,7 +381,7 @@ def _guest_rows(c: Coverage) -> None:
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(vmid, guest.get("pool"), c.jobs)
+    covering, excluding = _jobs_for(guest, c.jobs or [])
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
@@ -336,7 +389,8 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         state = "verify_failed"
     if state != "ok":
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = "no job covers it" if not covering else f"covered by {', '.join(covering)}"
+        why = f"covered by {', '.join(covering)}" if covering else (
+            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")
@@ -355,7 +409,7 @@ def _orphan_groups(c: Coverage) -> None:
 
 
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
 
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
@@ -550,8 +604,8 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
                     if iface.get("name") != "lo" and iface.get("inet"):
                         return iface["inet"]
             else:
-                result = (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", [])
-                for iface in result:
+                result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
+                for iface in result or []:
                     for address in iface.get("ip-addresses", []):
                         if iface.get("name") != "lo" and address.get("ip-address-type") == "ipv4":
                             return address["ip-address"]

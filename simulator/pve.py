@@ -42,8 +42,12 @@ def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
 
 # ---------------------------------------------------------------- PVE handlers
 
-def pve_version(_call: Call, **_: str) -> dict:
-    return {"version": "9.2.1", "release": "9.2", "repoid": "0d3f1c6ba8d1e2a7"}
+PVE_VERSIONS = {8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}  # pve-manager version, release, by major
+
+
+def pve_version(call: Call, **_: str) -> dict:
+    version, release = PVE_VERSIONS[call.lab.pve_major]
+    return {"version": version, "release": release, "repoid": "0d3f1c6ba8d1e2a7"}
 
 
 def pve_cluster_status(call: Call, **_: str) -> list:
@@ -166,8 +170,9 @@ def pve_nodes(call: Call, **_: str) -> list:
 
 def pve_node_status(call: Call, node: str) -> dict:
     info = _node(call, node)
+    version = PVE_VERSIONS[call.lab.pve_major][0]
     return {"uptime": info["uptime"], "loadavg": info["loadavg"], "cpu": info["cpu"], "wait": 0.001,
-            "kversion": info["kversion"], "pveversion": "pve-manager/9.2.1/0d3f1c6ba8d1e2a7",
+            "kversion": info["kversion"], "pveversion": f"pve-manager/{version}/0d3f1c6ba8d1e2a7",
             "cpuinfo": {"cpus": info["maxcpu"], "model": "AMD Ryzen 7 5800U", "sockets": 1,
                         "cores": info["maxcpu"] // 2},
             "memory": {"total": info["maxmem"], "used": info["mem"], "free": info["maxmem"] - info["mem"]},
@@ -240,11 +245,15 @@ def pve_guest_pending(kind: str) -> Callable:
 
 
 def pve_storage_list(call: Call, **_: str) -> list:
+    """GET /storage: the storage configuration, a PBS storage's server, datastore and namespace
+    included (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
     rows = []
     for storage in call.lab.storages.values():
+        if call.arg("type") not in (None, storage["type"]):
+            continue
         if call.can(f"/storage/{storage['storage']}", "Datastore.Audit"):
             row = {"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
-                   "shared": storage["shared"], "digest": "0" * 40}
+                   "shared": storage["shared"], "digest": "0" * 40} | storage.get("config", {})
             if not storage["shared"]:
                 row["nodes"] = ",".join(storage["nodes"])
             rows.append(row)
@@ -270,9 +279,14 @@ def pve_node_storage(call: Call, node: str) -> list:
 
 
 def _task_row(task: Task, now: float) -> dict:
+    """A task as PVE lists it: `user` without the token, `tokenid` apart (pve-manager PVE/API2/Tasks.pm,
+    $convert_token_task); running tasks have no status or endtime (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
     parts = task.upid.split(":")
+    user, _, tokenid = task.user.partition("!")
     row = {"upid": task.upid, "node": task.node, "pid": int(parts[2], 16), "pstart": int(parts[3], 16),
-           "starttime": int(task.started), "type": task.type, "id": task.id, "user": task.user}
+           "starttime": int(task.started), "type": task.type, "id": task.id, "user": user}
+    if tokenid:
+        row["tokenid"] = tokenid
     if not task.running(now):
         row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
     return row
@@ -283,28 +297,49 @@ def _visible_task(call: Call, task: Task) -> bool:
     return task.user == call.token_id or call.can(f"/nodes/{task.node}", "Sys.Audit")
 
 
-def pve_tasks(call: Call, node: str) -> list:
-    _node(call, node)
-    now = time.time()
+def _status_type(status: str | None) -> str:
+    """ok, warning, error or unknown; a running task (no status) is unknown (pve-common src/PVE/UPID.pm,
+    normalize_status_type)."""
+    if not status or status == "unexpected status":
+        return "unknown"
+    if status == "OK":
+        return "ok"
+    return "warning" if re.fullmatch(r"WARNINGS: \d+", status) else "error"
+
+
+def _wanted_states(call: Call) -> set[str]:
+    """`errors=1` drops only tasks that ended OK; else `statusfilter` picks (pve-manager PVE/API2/Tasks.pm)."""
+    if str(call.arg("errors", "0")) == "1":
+        return {"warning", "error", "unknown"}
+    if call.arg("statusfilter"):
+        return {s.strip().lower() for s in re.split(r"[,;\s]+", str(call.arg("statusfilter"))) if s.strip()}
+    return {"ok", "warning", "error", "unknown"}
+
+
+def _task_selected(call: Call, task: Task, running: bool) -> bool:
     source = call.arg("source", "archive")
     vmid = call.arg("vmid")
-    errors_only = str(call.arg("errors", "0")) == "1"
+    if (source == "archive" and running) or (source == "active" and not running):
+        return False
+    if vmid is not None and task.id != str(vmid):
+        return False
+    if call.arg("typefilter") and task.type != call.arg("typefilter"):
+        return False
+    return _status_type(None if running else task.exitstatus) in _wanted_states(call)
+
+
+def pve_tasks(call: Call, node: str) -> list:
+    """GET /nodes/{node}/tasks: running tasks (source active or all) say RUNNING; `limit=0` lists
+    nothing, unlike the task log (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+    _node(call, node)
+    now = time.time()
     rows = []
     for task in sorted(call.lab.tasks.values(), key=lambda t: -t.started):
         running = task.running(now)
-        if task.node != node or not _visible_task(call, task):
-            continue
-        if (source == "archive" and running) or (source == "active" and not running):
-            continue
-        if vmid is not None and task.id != str(vmid):
-            continue
-        if call.arg("typefilter") and task.type != call.arg("typefilter"):
-            continue
-        if errors_only and (running or task.exitstatus == "OK"):
-            continue
-        rows.append(_task_row(task, now))
+        if task.node == node and _visible_task(call, task) and _task_selected(call, task, running):
+            rows.append(_task_row(task, now) | ({"status": "RUNNING"} if running else {}))
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    return rows[start:start + limit] if limit > 0 else []
 
 
 def pve_cluster_tasks(call: Call) -> list:
@@ -318,7 +353,7 @@ def _task(call: Call, node: str, upid: str) -> Task:
     _node(call, node)
     task = call.lab.tasks.get(upid)
     if task is None or task.node != node:
-        raise ApiError(500, "no such task")
+        raise ApiError(400, "Parameter verification failed.", {"upid": "no such task"})
     if not _visible_task(call, task):
         raise ApiError(403, f"Permission check failed (/nodes/{node}, Sys.Audit)")
     return task
@@ -361,8 +396,17 @@ def _apply_pending(call: Call, guest: dict) -> None:
         guest["config"]["digest"] = call.lab._digest(guest["vmid"])
 
 
+def _resumes(action: str, guest: dict) -> bool:
+    """A hibernated VM (lock `suspended`, no task) is resumed by a start (qemu-server QemuServer.pm, vm_start)."""
+    return action == "start" and guest["lock"] == "suspended"
+
+
 def _power_effect(call: Call, guest: dict, action: str) -> Callable[[], None]:
+    resumes = _resumes(action, guest)
+
     def apply() -> None:
+        if resumes:
+            guest["lock"] = None
         if action in ("start", "reboot", "reset", "resume"):
             guest["status"], guest["paused"] = "running", False
             if action in ("start", "reboot"):
@@ -398,7 +442,7 @@ def _refused_before_task(kind: str, action: str, guest: dict, call: Call) -> str
 
 def _in_task_error(kind: str, action: str, guest: dict, call: Call) -> str:
     label = "VM" if kind == "qemu" else "CT"
-    if guest["lock"] and str(call.arg("skiplock", "0")) != "1":
+    if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not _resumes(action, guest):
         return f"{label} is locked ({guest['lock']})"
     if action == "start" and guest["status"] == "running":
         return f"{label} {guest['vmid']} already running"
@@ -497,6 +541,8 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
         raise ApiError(500, f"storage '{storage}' does not exist")
     rows = [v for v in call.lab.volumes.get(storage, []) if v.get("_node", node) == node]
     rows += call.lab.guest_disks(storage, node)
+    if entry["type"] == "pbs":
+        rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
     return [{k: val for k, val in v.items() if k != "_node"} for v in rows
             if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
@@ -978,6 +1024,9 @@ def _windows(guest: dict) -> bool:
 def pve_agent(command: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> dict:
         guest = _agent_ready(call, node, vmid)
+        # an agent error without `desc` comes back as a success (docs/PROXMOX-BEHAVIOUR.md#guest-agent)
+        if command in guest.get("agent_errors", {}):
+            return {"result": {"error": guest["agent_errors"][command]}}
         address = f"192.0.2.{100 + int(vmid) % 100}"
         answers = {
             "get-osinfo": {"result": WINDOWS_OSINFO if _windows(guest) else LINUX_OSINFO},
@@ -1122,7 +1171,7 @@ def pve_nextid(call: Call, **_: str) -> str:
 
 
 def pve_permissions(call: Call, **_: str) -> dict:
-    return _permissions(call, lambda privs: {p: 1 for p in privs})
+    return _permissions(call, int)
 
 
 def pve_pools(call: Call, **_: str) -> list:

@@ -55,7 +55,9 @@ def test_guest_config_and_snapshots(ops, sim):
 
 def test_backups_storage_content_networks_pools(ops):
     backups = rows(ops.ok("list_backups", {"vmid": 100}))
-    assert len(backups) == 1 and backups[0]["storage"] == "nfs-backup" and backups[0]["size"] == "2.0 GiB"
+    on_nfs = [b for b in backups if b["storage"] == "nfs-backup"]
+    assert len(on_nfs) == 1 and on_nfs[0]["size"] == "2.0 GiB"
+    assert len([b for b in backups if b["storage"] == "pbs"]) == 3  # a PBS storage lists its datastore's snapshots
     isos = rows(ops.ok("storage_content", {"storage": "local", "content": "iso"}))
     assert [r["volid"] for r in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
     assert "Storages:" in ops.error("storage_content", {"storage": "nowhere"})
