@@ -66,14 +66,29 @@ def check_node(client: ProxmoxClient, node: str) -> str:
     return node
 
 
+def _segment(iface: dict, ports: list[str]) -> str:
+    """uplinked (a port), routed (no port but a host address: the host routes or NATs it),
+    isolated (neither), or sdn-vnet (an SDN vnet; its zone decides where it leads)."""
+    if iface.get("type") == "vnet":
+        return "sdn-vnet"
+    if ports:
+        return "uplinked"
+    addressed = any(iface.get(k) for k in ("cidr", "cidr6", "address", "address6", "gateway", "gateway6"))
+    return "routed" if addressed else "isolated"
+
+
 def bridges(client: ProxmoxClient, node: str) -> list[dict]:
-    """A node's bridges: uplink port or isolated, VLAN-aware or not, address."""
+    """What a NIC can attach to on a node: Linux and OVS bridges and SDN vnets, each with its
+    segment (docs/PROXMOX-BEHAVIOUR.md#networks). Other interface types are not bridges."""
     rows = []
     for iface in client.get(f"/nodes/{node}/network", type="any_bridge") or []:
+        if iface.get("type") not in ("bridge", "OVSBridge", "vnet"):
+            continue
         ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
         rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
-                     "segment": "uplinked" if ports else "isolated",
-                     "vlan_aware": bool(iface.get("bridge_vlan_aware")) or iface.get("type") == "OVSBridge",
+                     "segment": _segment(iface, ports),
+                     "vlan_aware": bool(iface.get("bridge_vlan_aware") or iface.get("vlanaware"))
+                     or iface.get("type") == "OVSBridge",
                      "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
                      "comment": (iface.get("comments") or "").strip() or None})
     return rows
@@ -101,10 +116,24 @@ def storage_node(client: ProxmoxClient, storage: str, node: str | None, content:
     return nodes[0]
 
 
-def backup_storages(client: ProxmoxClient) -> list[tuple[str, str]]:
-    """(storage, a node where it is available) for every storage holding backups, PBS included."""
-    seen: dict[str, str] = {}
-    for entry in client.get("/cluster/resources", type="storage") or []:
+def storage_rows(client: ProxmoxClient) -> list[dict]:
+    """One /cluster/resources row per storage and node (a storage that is not shared is a
+    different disk on each node: docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    return client.get("/cluster/resources", type="storage") or []
+
+
+def backup_storages(client: ProxmoxClient, rows: list[dict] | None = None) -> list[tuple[str, str, bool]]:
+    """(storage, node, shared) to read for backups, PBS included: a shared storage once, on a node
+    where it is available; a local one (each node's `local`) on every node where it is available."""
+    seen: dict[tuple[str, str], tuple[str, str, bool]] = {}
+    for entry in storage_rows(client) if rows is None else rows:
         if "backup" in (entry.get("content") or "").split(",") and entry.get("status") == "available":
-            seen.setdefault(entry["storage"], entry["node"])
-    return sorted(seen.items())
+            shared = bool(entry.get("shared"))
+            key = (entry["storage"], "" if shared else entry["node"])
+            seen.setdefault(key, (entry["storage"], entry["node"], shared))
+    return [seen[key] for key in sorted(seen)]
+
+
+def storages_on(rows: list[dict], node: str) -> dict[str, dict]:
+    """The storages available on a node, by name."""
+    return {r["storage"]: r for r in rows if r.get("node") == node and r.get("status") == "available"}

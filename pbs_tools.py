@@ -38,18 +38,24 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, estimated full date, last GC."""
+    """Datastores: size, use, fill %, estimated full date, last GC; offline ones unavailable."""
     client = pbs_client(host)
+    usage = client.get("/status/datastore-usage") or []
+    # gc-status has counters only; the last run's time and result are the GC job's, one read for
+    # every store (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc_jobs = {job.get("store"): job for job in client.get("/admin/gc") or []} if usage else {}
     rows = []
-    for ds in client.get("/status/datastore-usage") or []:
-        gc = ds.get("gc-status") or {}
-        full_by = ds.get("estimated-full-date", 0)
+    for ds in usage:
+        gc, counters = gc_jobs.get(ds["store"]) or {}, ds.get("gc-status") or {}
+        full_by = ds.get("estimated-full-date") or 0
+        # a store that cannot be opened (offline, unmounted) comes with `error` and no figures
         rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
                      "used_pct": percent(ds.get("used"), ds.get("total")),
                      "full_by": iso_time(full_by)[:10] if full_by > 0 else None,
-                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_freed": human_bytes(gc.get("removed-bytes")),
-                     "error": ds.get("error")})
-    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_freed", "error"], rows)
+                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_result": gc.get("last-run-state"),
+                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error")})
+    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_result", "gc_freed", "unavailable"],
+                 rows)
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
@@ -57,11 +63,13 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     client = pbs_client(host)
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
-    gc = status.get("gc-status") or {}
+    # the GC's times and result (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc = client.get(f"/admin/datastore/{store}/gc") or {}
     return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
                     "total": status.get("total"), "total_human": human_bytes(status.get("total")),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
                     "gc": compact({"state": gc.get("last-run-state"), "last_run": iso_time(gc.get("last-run-endtime")),
+                                   "next_run": iso_time(gc.get("next-run")),
                                    "freed": human_bytes(gc.get("removed-bytes")),
                                    "pending": human_bytes(gc.get("pending-bytes"))})})
 
@@ -109,20 +117,25 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
     return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
 
 
+# GET /admin/sync lists pull jobs only unless asked for both directions (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)
+JOB_LIST_PARAMS = {"sync": {"sync-direction": "all"}, "verify": {}, "prune": {}}
+
+
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
-    """Sync, verify, prune, GC jobs: schedule, last and next run."""
+    """Sync (pull and push), verify, prune, GC jobs: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
-    for kind in ("sync", "verify", "prune"):
-        for job in client.get(f"/admin/{kind}", store=store) or []:
+    for kind, params in JOB_LIST_PARAMS.items():
+        for job in client.get(f"/admin/{kind}", store=store, **params) or []:
             rows.append({"kind": kind, "id": job.get("id"), "store": job.get("store"), "schedule": job.get("schedule"),
+                         "direction": job.get("sync-direction", "pull") if kind == "sync" else None,
                          "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
                          "next_run": iso_time(job.get("next-run"))})
     for job in client.get("/admin/gc", store=store) or []:
         rows.append({"kind": "gc", "id": job.get("store"), "store": job.get("store"), "schedule": job.get("schedule"),
                      "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
                      "next_run": iso_time(job.get("next-run"))})
-    return table(["kind", "id", "store", "schedule", "last_run", "result", "next_run"], rows)
+    return table(["kind", "id", "store", "schedule", "direction", "last_run", "result", "next_run"], rows)
 
 
 def pbs_list_tasks(host: Host = None, errors: bool = False,
@@ -130,7 +143,10 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
                    limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
     """Recent PBS tasks, newest first."""
     client = pbs_client(host)
-    tasks = client.get("/nodes/localhost/tasks", limit=limit, errors=errors or None, running=running or None) or []
+    # errors=1 keeps running tasks and warnings; statusfilter keeps finished tasks of those states
+    # only (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks); limit=0 would mean all here
+    failed = ["error", "unknown"] if errors else None
+    tasks = client.get("/nodes/localhost/tasks", limit=limit, statusfilter=failed, running=running or None) or []
     rows = [{"upid": t["upid"], "type": t.get("worker_type"), "id": t.get("worker_id"), "user": t.get("user"),
              "start": iso_time(t.get("starttime")), "status": t.get("status") or "running"} for t in tasks]
     return table(["upid", "type", "id", "user", "start", "status"], rows)
@@ -241,7 +257,7 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a sync, verify or prune job now."""
     client = pbs_client(host)
-    jobs = [j.get("id") for j in client.get(f"/admin/{kind}") or []]
+    jobs = [j.get("id") for j in client.get(f"/admin/{kind}", **JOB_LIST_PARAMS[kind]) or []]
     if job_id not in jobs:
         raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
     return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")

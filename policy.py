@@ -412,7 +412,8 @@ def default_plan(host: Any, decision: Decision) -> dict:
 
 # ================================================================ privileges the token holds
 
-# A built-in role that holds each privilege, for the "grant it with" hint on a 403.
+# The least built-in role that holds each privilege, for the "grant it with" hint on a 403
+# (docs/PROXMOX-BEHAVIOUR.md#built-in-roles).
 ROLE_FOR_PRIVILEGE = {
     "Sys.Audit": "PVEAuditor", "VM.Audit": "PVEAuditor", "Datastore.Audit": "PVEAuditor",
     "Pool.Audit": "PVEAuditor", "SDN.Audit": "PVEAuditor", "Mapping.Audit": "PVEAuditor",
@@ -420,17 +421,40 @@ ROLE_FOR_PRIVILEGE = {
     "VM.Snapshot": "PVEVMAdmin", "VM.Snapshot.Rollback": "PVEVMAdmin", "VM.Clone": "PVEVMAdmin",
     "VM.Allocate": "PVEVMAdmin", "VM.Migrate": "PVEVMAdmin", "VM.Config.Disk": "PVEVMAdmin",
     "VM.Config.CPU": "PVEVMAdmin", "VM.Config.Memory": "PVEVMAdmin", "VM.Config.Network": "PVEVMAdmin",
-    "VM.Config.Options": "PVEVMAdmin", "VM.Config.HWType": "PVEVMAdmin", "VM.Config.Cloudinit": "PVEVMAdmin",
-    "VM.Config.CDROM": "PVEVMAdmin", "VM.GuestAgent.Audit": "PVEVMAdmin",
+    "VM.Config.Options": "PVEVMAdmin", "VM.Config.HWType": "PVEVMAdmin", "VM.Config.Cloudinit": "PVEVMUser",
+    "VM.Config.CDROM": "PVEVMUser", "VM.GuestAgent.Audit": "PVEAuditor", "VM.Replicate": "PVEVMAdmin",
+    "VM.GuestAgent.Unrestricted": "PVEVMAdmin", "VM.GuestAgent.FileRead": "PVEVMUser",
+    "VM.GuestAgent.FileWrite": "PVEVMUser", "VM.GuestAgent.FileSystemMgmt": "PVEVMUser",
+    "VM.Monitor": "PVEVMAdmin",  # PVE 8
     "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
-    "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "PVESysAdmin",
-    "Sys.PowerMgmt": "PVESysAdmin", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+    "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "Administrator",
+    "Sys.PowerMgmt": "Administrator", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
 }
 
 
 
 # (product, label, token id) -> {path: {privilege: propagate flag}}, from GET /access/permissions
 PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+
+
+# (product, label) -> major version, from GET /version when the privileges are read
+VERSIONS: dict[tuple[str, str], int] = {}
+
+
+def set_version(host: Any, version: str) -> None:
+    match = re.match(r"(\d+)\.", str(version))
+    if match:
+        VERSIONS[(host.product, host.label)] = int(match.group(1))
+
+
+def version_privileges(host: Any, privileges: list[str] | tuple[str, ...]) -> list[str]:
+    """The privileges a check names, as the host's version has them: PVE 8 checks VM.Monitor for
+    every guest agent call, and VM.GuestAgent.* exists from PVE 9 on
+    (docs/PROXMOX-BEHAVIOUR.md#agent-privileges-by-version). An unknown version counts as current."""
+    if host.product == "pve" and VERSIONS.get((host.product, host.label), 9) < 9 \
+            and any(p.startswith("VM.GuestAgent.") for p in privileges):
+        return ["VM.Monitor"]
+    return list(privileges)
 
 
 def permissions_of(host: Any) -> dict[str, dict[str, Any]] | None:
@@ -442,22 +466,21 @@ def set_permissions(host: Any, permissions: dict[str, dict[str, Any]]) -> None:
 
 
 def holds(host: Any, privilege: str, acl_path: str) -> bool | None:
-    """Whether the token holds a privilege on a path; None when it cannot be told (not loaded,
-    or pool ACLs that may grant it)."""
+    """Whether the token holds a privilege on a path; None when it cannot be told (not loaded).
+    The answer lists the token's effective privileges on every ACL path, every pool member and
+    the default paths (`/pool` among them), so the nearest listed path decides: on the path
+    itself any flag counts, from a parent only a propagating one
+    (docs/PROXMOX-BEHAVIOUR.md#permissions-paths)."""
     permissions = permissions_of(host)
     if permissions is None:
         return None
     parts = [p for p in acl_path.split("/") if p]
     for depth in range(len(parts), -1, -1):
-        level = "/" + "/".join(parts[:depth])
-        privileges = permissions.get(level)
-        if privileges and privilege in privileges:
-            flag = privileges[privilege]
-            # PVE: the number is the propagate flag, so 0 is still held on that exact path
-            if depth == len(parts) or flag in (1, True):
-                return True
-    if any(path.startswith(("/pool", "/pools")) for path in permissions):
-        return None
+        privileges = permissions.get("/" + "/".join(parts[:depth]))
+        if privileges is None:
+            continue
+        # PVE: the number is the propagate flag, so 0 is still held on that exact path
+        return privilege in privileges and (depth == len(parts) or privileges[privilege] in (1, True))
     return False
 
 
@@ -475,7 +498,7 @@ def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
     if "{" in acl_path:
         return
-    privileges = check[2]
+    privileges = version_privileges(host, check[2])
     verdicts = [holds(host, p, acl_path) for p in privileges]
     if "any" in check[3:]:
         missing = all(v is False for v in verdicts)
@@ -488,16 +511,32 @@ def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
                           + grant_hint(host, lacking, acl_path))
 
 
+# PBS: the least built-in role with each privilege (proxmox-backup pbs-api-types/src/acl.rs).
+PBS_ROLE_FOR_PRIVILEGE = {
+    "Sys.Audit": "Audit", "Datastore.Audit": "DatastoreAudit", "Datastore.Read": "DatastoreReader",
+    "Datastore.Verify": "DatastoreReader", "Datastore.Backup": "DatastoreBackup",
+    "Datastore.Prune": "DatastorePowerUser", "Datastore.Modify": "DatastoreAdmin",
+}
+
+
 def grant_hint(host: Any, privileges: str, acl_path: str) -> str:
-    """The command that grants a missing privilege, and the privsep reminder."""
-    first = privileges.split("|")[0]
+    """The commands that grant a missing privilege: to the user and to the token, since a token
+    holds only what both are granted (docs/PROXMOX-BEHAVIOUR.md#privilege-separation)."""
+    first = version_privileges(host, privileges.split("|")[:1])[0]
+    user, _, token = host.token_id.partition("!")
     if host.product == "pbs":
-        grant = f"proxmox-backup-manager acl update {acl_path} <role with {first}> --auth-id '{host.token_id}'"
+        role = PBS_ROLE_FOR_PRIVILEGE.get(first, f"<a role with {first}>")
+        grants = [f"proxmox-backup-manager acl update {acl_path} {role} --auth-id '{who}'"
+                  for who in (user, host.token_id if token else None) if who]
     else:
         role = ROLE_FOR_PRIVILEGE.get(first, f"<a role with {first}>")
-        grant = f"pveum acl modify {acl_path} --tokens '{host.token_id}' --roles {role}"
-    return (f"Grant it with: {grant}. A privilege-separated token needs the ACL on the token itself, "
-            f"not only on its user.")
+        grants = [f"pveum acl modify {acl_path} --users '{user}' --roles {role}"]
+        if token:
+            grants.append(f"pveum acl modify {acl_path} --tokens '{host.token_id}' --roles {role}")
+    if not token:
+        return f"Grant it with: {grants[0]}."
+    return (f"Grant it to the user and the token: {'; '.join(grants)}. A privilege-separated token holds only "
+            f"what both are granted.")
 
 
 

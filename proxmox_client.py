@@ -35,15 +35,26 @@ class Product:
     name: str
     default_port: int
     token_header: str  # format with id and secret
-    upid_fields: int  # fields between "UPID" and the trailing colon
+    upid: re.Pattern  # what a task id of this product looks like
     ticket_cookie: str  # the cookie that carries a password login's ticket
     task_tool: str  # the tool that follows one of its tasks
 
 
+# Task ids, as the products' own parsers accept them (docs/PROXMOX-BEHAVIOUR.md#upids): pve-common
+# src/PVE/UPID.pm (decode); proxmox-rs proxmox-schema/src/upid.rs (PROXMOX_UPID_REGEX), which adds a task
+# counter and allows `/` in the (systemd-escaped) fields.
+_NODE = r"(?P<node>[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)"
+PVE_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
+                      r"(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s/]+):(?P<id>[^:\s/]*):(?P<user>[^:\s/]+):")
+PBS_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
+                      r"(?P<task>[0-9A-Fa-f]{8,16}):(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s]+):(?P<id>[^:\s]*):"
+                      r"(?P<user>[^:\s]+):")
+
 # Differences between the products live here (the PBS header uses a colon: docs/PROXMOX-BEHAVIOUR.md#api-tokens).
 PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", 7, "PVEAuthCookie", "get_task"),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", 8, "PBSAuthCookie", "pbs_get_task"),
+    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, "PVEAuthCookie", "get_task"),
+    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, "PBSAuthCookie",
+                   "pbs_get_task"),
 }
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
 
@@ -106,27 +117,39 @@ def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
 
 # ---------------------------------------------------------------- UPIDs
 
+def unescape_id(text: str) -> str:
+    """A PBS worker id as written: `-` was `/`, `\\xNN` any other byte (proxmox-rs
+    proxmox-schema/src/upid.rs, unescape_id)."""
+    def byte(match: re.Match) -> bytes:
+        return b"/" if match.group(0) == b"-" else bytes([int(match.group(1).decode(), 16)])
+    return re.sub(rb"\\x([0-9A-Fa-f]{2})|-", byte, text.encode()).decode(errors="replace")
+
+
 def parse_upid(upid: str, product: str = "pve") -> dict:
-    """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user:
-    PBS has a task counter before starttime and systemd-escapes the worker id."""
-    parts = upid.split(":")
-    expected = PRODUCTS[product].upid_fields
-    if parts[0] != "UPID" or parts[-1] != "" or len(parts) != expected + 2:
+    """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
+    counter before starttime and systemd-escapes the worker id."""
+    match = PRODUCTS[product].upid.fullmatch(upid)
+    if not match:
         raise ProxmoxError(f"'{upid}' is not a {PRODUCTS[product].name} task id (UPID).")
-    fields = parts[1:-1]
-    if product == "pbs":
-        node, pid, pstart, _task, start, kind, worker, user = fields
-        worker = worker.replace("\\x3a", ":").replace("\\x2f", "/")
-    else:
-        node, pid, pstart, start, kind, worker, user = fields
-    try:
-        return {"node": node, "pid": int(pid, 16), "pstart": int(pstart, 16), "starttime": int(start, 16),
-                "type": kind, "id": worker, "user": user}
-    except ValueError:
-        raise ProxmoxError(f"'{upid}' is not a valid task id (UPID): bad hex field.") from None
+    worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
+    return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
+            "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
 
 
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
+
+
+def task_outcome(state: str | None) -> str | None:
+    """What a task state text means: "ok", "warnings" (a success), "unknown" or "failed"; None when
+    there is none (running, never ran). Both products write `OK`, `WARNINGS: <n>`, the error text,
+    or `unknown` / `unexpected status` (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs, #pve-tasks)."""
+    if not state:
+        return None
+    if state == "OK":
+        return "ok"
+    if re.fullmatch(r"WARNINGS: \d+", state):
+        return "warnings"
+    return "unknown" if state in ("unknown", "unexpected status") else "failed"
 
 
 # ---------------------------------------------------------------- the client
@@ -271,9 +294,19 @@ class ProxmoxClient:
             try:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
+                if self.host.product == "pve":
+                    self._read_version()
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
+
+    def _read_version(self) -> None:
+        """The PVE version, which agent privileges depend on (policy.version_privileges); without it
+        the current version's privileges are assumed."""
+        try:
+            policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
+        except ProxmoxError as exc:
+            log.info("could not read the version of %s: %s", self.host.label, exc)
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         url = self.base + quote(path, safe="/:@!=,")
@@ -386,7 +419,7 @@ class ProxmoxClient:
             text = f"{where} is not implemented by this {self.product.name} ({message}). Check the path."
         else:
             text = f"{where} failed ({status}): {message or response.reason}"
-            hint = _hint_for(message) if self.host.product == "pve" else None
+            hint = _hint_for(message, path) if self.host.product == "pve" else None
             if hint:
                 text += f". {hint}"
         return ProxmoxError(text, status=status, errors=errors)
@@ -400,7 +433,10 @@ class ProxmoxClient:
         return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/status")
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
+        """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+        first = start + 1 if self.host.product == "pbs" else start
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:
@@ -422,7 +458,7 @@ class ProxmoxClient:
                 on_progress(float(match.group(1)) if match else None, text or "running")
             if time.monotonic() + delay > deadline:
                 return {"status": "still_running", "upid": upid,
-                        "next": "call get_task with this upid and wait_seconds to keep waiting"}
+                        "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
             time.sleep(delay)  # polling a remote task, not synchronising tests
             delay = min(delay * 1.5, 2.0)
 
@@ -464,15 +500,16 @@ def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: 
         if outcome["status"] == "still_running":
             return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
     status = client.task_status(upid)
+    user = status.get("user")  # without the token, which comes as `tokenid` (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+    if user and status.get("tokenid"):
+        user = f"{user}!{status['tokenid']}"
     result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": status.get("user"), "status": status.get("status"),
+                      "id": status.get("id"), "user": user, "status": status.get("status"),
                       "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
     if log_lines:
         result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
     if status.get("status") == "stopped":
-        exit_status = status.get("exitstatus", "")
-        result["result"] = "ok" if exit_status == "OK" else (
-            "warnings" if exit_status.startswith("WARNINGS") else "failed")
+        result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
     return result
 
 
@@ -523,9 +560,44 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
         policy.grant_hint(host, privileges, acl_path)
 
 
-# 500 messages with a known next step.
+# Locks no task holds (docs/PROXMOX-BEHAVIOUR.md#guest-status): what to do about each.
+PERSISTENT_LOCKS = {
+    "suspended": "The VM is hibernated (its memory saved to disk; no task holds this lock): start it to resume "
+                 "(write_guest_power action=start).",
+    "mounted": "The container's volumes are mounted on the host (pct mount; no task holds this lock): run "
+               "`pct unmount {vmid}` on its node.",
+}
+
+
+def lock_advice(lock: str, vmid: int | str = "<vmid>", kind: str = "qemu") -> str:
+    """What to do about a guest lock: persistent ones have their own way out; the others belong to
+    a task (backup, clone, migrate, snapshot-delete, ...) and are stale once it has ended."""
+    if lock in PERSISTENT_LOCKS:
+        return PERSISTENT_LOCKS[lock].format(vmid=vmid)
+    unlock = f"{'pct' if kind == 'lxc' else 'qm'} unlock {vmid}"
+    return (f"A '{lock}' task holds this lock: wait for it (list_tasks vmid={vmid}); if none is running, "
+            f"the lock is stale and `{unlock}` on the node removes it.")
+
+
+def _locked_hint(match: re.Match, message: str) -> str:
+    guest = re.search(r"(?:qemu|lxc)/(\d+)", message) or re.search(r"(?:VM|CT) (\d+)", message)
+    kind = "lxc" if match.group(1) == "CT" else "qemu"
+    return lock_advice(match.group(2), guest.group(1) if guest else "<vmid>", kind)
+
+
+def agent_result(answer: dict | None) -> tuple[Any, str | None]:
+    """An agent command's result, or its error: an agent error without a description comes back
+    as a success, `{"result": {"error": {...}}}` (docs/PROXMOX-BEHAVIOUR.md#guest-agent)."""
+    result = (answer or {}).get("result")
+    if isinstance(result, dict) and isinstance(result.get("error"), dict):
+        error = result["error"]
+        return None, str(error.get("desc") or error.get("class") or error)[:200]
+    return result, None
+
+
+# 500 messages with a known next step: a text with the match's groups, or a function of the match and message.
 HINTS = (
-    (r"is locked \((\w+)", "The guest is locked by a running {0} task; wait for it (list_tasks) before retrying."),
+    (r"(VM|CT) is locked \(([\w-]+)\)", _locked_hint),
     (r"guest agent is not running|No QEMU guest agent configured",
      "The QEMU guest agent is not available in this VM; install and start qemu-guest-agent and set agent=1."),
     (r"got timeout", "The guest agent did not answer in time; a VM that just booted can need a minute."),
@@ -534,11 +606,11 @@ HINTS = (
 )
 
 
-def _hint_for(message: str) -> str | None:
+def _hint_for(message: str, where: str = "") -> str | None:
     for pattern, hint in HINTS:
         match = re.search(pattern, message, re.IGNORECASE)
         if match:
-            return hint.format(*match.groups())
+            return hint(match, f"{where} {message}") if callable(hint) else hint.format(*match.groups())
     return None
 
 

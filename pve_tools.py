@@ -6,21 +6,25 @@ answer as compact JSON and turns a ToolFailure into a tool error. Lists come as
 and storages are looked up by inventory.py.
 """
 import re
+import time
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
-                       resolve_guest, storage_node)
-from proxmox_client import ProxmoxClient, encode_params, log_page, pve_client, run_task, task_report
+                       resolve_guest, storage_node, storage_rows, storages_on)
+from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
+                            task_report)
 
-EMPTY_HINT = ("Nothing visible. A privilege-separated API token without its own ACLs sees empty lists: "
-              "grant the token a role (e.g. PVEAuditor on /) or check server_info.")
+EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
+              "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
+              "token, or check server_info.")
 
 
 # ---------------------------------------------------------------- tools
@@ -64,7 +68,7 @@ def list_guests(host: Host = None,
                 tag: str | None = None,
                 name: str | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """Every VM and container: vmid, name, type, node, status, memory, tags. Find vmids here."""
+    """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
     client = pve_client(host)
     rows = []
     for guest in sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"]):
@@ -75,9 +79,9 @@ def list_guests(host: Host = None,
             continue
         rows.append({"vmid": guest["vmid"], "name": guest.get("name"), "type": guest.get("type"),
                      "node": guest.get("node"), "status": guest.get("status"),
-                     "mem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
+                     "maxmem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
                      "lock": guest.get("lock"), "template": 1 if guest.get("template") else None})
-    columns = ["vmid", "name", "type", "node", "status", "mem", "tags"]
+    columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"]
     for optional in ("lock", "template"):
         if any(r[optional] for r in rows):
             columns.append(optional)
@@ -89,23 +93,36 @@ def list_guests(host: Host = None,
 
 GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "agent", "pid", "tags",
                        "running-qemu", "running-machine")
+PAUSED = ("paused", "suspended", "prelaunch")  # qmpstatus of a VM that is `running` but not running
+
+
+def _config_and_pending(rows: list[dict]) -> tuple[dict, dict]:
+    """GET .../pending as the current config and the changes waiting for a restart (a deletion
+    shows as "(delete)") (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    config = {r["key"]: r["value"] for r in rows if "value" in r}
+    pending = {r["key"]: r["pending"] for r in rows if "pending" in r}
+    pending |= {r["key"]: "(delete)" for r in rows if r.get("delete")}
+    return config, pending
 
 
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
-    """Status and config of one guest."""
+    """Status, config and pending changes of one guest."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
     status = client.get(f"{base}/status/current") or {}
-    config = client.get(f"{base}/config") or {}
+    config, pending = _config_and_pending(client.get(f"{base}/pending") or [])
     summary = {key: status.get(key) for key in GUEST_STATUS_FIELDS if key in status}
+    if not (status.get("ha") or {}).get("managed"):
+        summary.pop("ha", None)  # every guest has one; only an HA resource's says something
     summary |= {"vmid": vmid, "name": status.get("name") or row.get("name"), "type": row["type"],
                 "node": row["node"], "uptime": human_duration(status.get("uptime")),
+                "paused": True if status.get("qmpstatus") in PAUSED else None,
                 "cpu_pct": percent(status.get("cpu"), 1),
-                "mem": status.get("mem"), "mem_human": human_bytes(status.get("mem")),
+                "mem_used": status.get("mem"), "mem_used_human": human_bytes(status.get("mem")),
                 "maxmem": status.get("maxmem"), "maxmem_human": human_bytes(status.get("maxmem")),
                 "maxdisk": status.get("maxdisk"), "maxdisk_human": human_bytes(status.get("maxdisk"))}
-    return compact(summary) | {"config": config}
+    return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
 
 
 def list_storage(host: Host = None, node: Node = None) -> dict:
@@ -131,11 +148,16 @@ def list_storage(host: Host = None, node: Node = None) -> dict:
 
 
 def _task_row(task: dict) -> dict:
+    # a running task has no status in /cluster/tasks and RUNNING in a node's list; `user` comes
+    # without the token, `tokenid` apart (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
     status = task.get("status")
-    if "endtime" not in task and status in (None, "running"):
+    if "endtime" not in task and status in (None, "running", "RUNNING"):
         status = "running"
+    user = task.get("user")
+    if user and task.get("tokenid"):
+        user = f"{user}!{task['tokenid']}"
     return {"upid": task["upid"], "node": task.get("node"), "type": task.get("type"), "id": task.get("id") or None,
-            "user": task.get("user"), "start": iso_time(task.get("starttime")), "status": status,
+            "user": user, "start": iso_time(task.get("starttime")), "status": status,
             "duration": human_duration((task.get("endtime") or 0) - task.get("starttime", 0))
             if task.get("endtime") else None}
 
@@ -149,15 +171,15 @@ def list_tasks(host: Host = None,
     """Recent tasks, newest first, with result."""
     client = pve_client(host)
     if node:
-        params: dict[str, Any] = {"limit": limit if not running else 0,
-                                  "source": "active" if running else "all", "errors": errors or None,
-                                  "vmid": vmid}
-        tasks = client.get(f"/nodes/{node}/tasks", **params) or []
+        # limit=0 lists nothing here; running tasks come from source=active, finished ones from
+        # the archive (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+        source = "active" if running else ("archive" if errors else "all")
+        tasks = client.get(f"/nodes/{node}/tasks", limit=limit, source=source, errors=errors or None, vmid=vmid) or []
     else:
         tasks = client.get("/cluster/tasks") or []
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
     rows = [r for r in rows if (vmid is None or r["id"] == str(vmid))
-            and (not errors or r["status"] not in ("OK", "running") and not str(r["status"]).startswith("WARNINGS"))
+            and (not errors or r["status"] != "running" and task_outcome(r["status"]) in ("failed", "unknown"))
             and (not running or r["status"] == "running")]
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 
@@ -196,7 +218,9 @@ def node_status(node: str, host: Host = None,
             return sum(values) / len(values) if values else None
         result["rrd"] = compact({"timeframe": timeframe, "points": len(points), "cpu_pct": percent(mean("cpu"), 1),
                                  "mem_used": human_bytes(mean("memused")), "load": round(mean("loadavg") or 0, 2),
-                                 "net_in_bps": round(mean("netin") or 0), "net_out_bps": round(mean("netout") or 0),
+                                 # RRD netin/netout are bytes per second (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                                 "net_in": f"{human_bytes(mean('netin') or 0)}/s",
+                                 "net_out": f"{human_bytes(mean('netout') or 0)}/s",
                                  "iowait_pct": percent(mean("iowait"), 1)})
     return result
 
@@ -225,18 +249,28 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
     client = pve_client(host)
-    rows = []
-    for name, node in backup_storages(client):
+    rows, unread = [], []
+    everything = storage_rows(client)
+    for name, node, shared in backup_storages(client, everything):
         if storage and name != storage:
             continue
         for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
             rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
+                         "node": None if shared else node,  # each node's `local` is its own disk
                          "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
                          "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
                          "protected": 1 if volume.get("protected") else None,
                          "verify": (volume.get("verification") or {}).get("state")})
+    for entry in everything:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
+                and (not storage or entry["storage"] == storage):
+            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
     rows.sort(key=lambda r: -r["ctime"])
-    return table(["volid", "vmid", "storage", "size", "time", "notes", "protected", "verify"], rows, limit=limit)
+    result = table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
+                   limit=limit)
+    if unread:
+        result["not_read"] = unread
+    return result
 
 
 StorageContent = Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"]
@@ -257,7 +291,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges per node: uplink or isolated, VLAN-aware, CIDR. Check before NIC changes."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware, CIDR. Check before NIC changes."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     rows = [row for name in nodes for row in bridges(client, name)]
@@ -298,21 +332,65 @@ def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
         addresses = [compact({"iface": i["name"], "ipv4": i.get("inet"), "ipv6": i.get("inet6")})
                      for i in client.get(f"{base}/interfaces") or [] if i["name"] != "lo"]
         return {"vmid": vmid, "type": "lxc", "hostname": row.get("name"), "interfaces": addresses}
-    osinfo = (client.get(f"{base}/agent/get-osinfo") or {}).get("result", {})
-    hostname = (client.get(f"{base}/agent/get-host-name") or {}).get("result", {}).get("host-name")
+    answers, errors = {}, {}
+    for command in ("get-osinfo", "get-host-name", "network-get-interfaces"):
+        answers[command], error = agent_result(client.get(f"{base}/agent/{command}"))
+        if error:
+            errors[command] = error
+    osinfo = answers["get-osinfo"] or {}
     interfaces = []
-    for iface in (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", []):
+    for iface in answers["network-get-interfaces"] or []:
         if iface.get("name") == "lo":
             continue
         ips = [f"{a['ip-address']}/{a.get('prefix')}" for a in iface.get("ip-addresses", [])]
         interfaces.append(compact({"iface": iface.get("name"), "mac": iface.get("hardware-address"), "ips": ips}))
-    return {"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
-            "kernel": osinfo.get("kernel-release"), "hostname": hostname, "interfaces": interfaces}
+    hostname = (answers["get-host-name"] or {}).get("host-name")
+    return compact({"vmid": vmid, "type": "qemu", "os": osinfo.get("pretty-name") or osinfo.get("name"),
+                    "kernel": osinfo.get("kernel-release"), "hostname": hostname,
+                    "agent_errors": errors}) | {"interfaces": interfaces}
 
 
 # ================================================================ writes
 
 POWER_ACTIONS = ("start", "shutdown", "stop", "reboot", "reset", "suspend", "resume")
+STATE_AFTER = {"start": "running", "reboot": "running", "reset": "running", "resume": "running",
+               "stop": "stopped", "shutdown": "stopped", "suspend": "paused"}
+HA_ACTIONS = ("start", "stop", "shutdown")  # requests to the HA manager (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+
+
+def _guest_state(status: dict) -> str:
+    """running, stopped or paused: a paused VM is `running` with qmpstatus paused
+    (docs/PROXMOX-BEHAVIOUR.md#guest-status)."""
+    return "paused" if status.get("qmpstatus") in PAUSED else status.get("status", "unknown")
+
+
+def _ha_managed(row: dict) -> bool:
+    """A guest the HA manager acts for (an `ignored` resource is left to the API)."""
+    return row.get("hastate") not in (None, "ignored")
+
+
+def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -> dict:
+    """The guest's status/current, read until it is in `wanted` or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status = client.get(f"{base}/status/current") or {}
+        if _guest_state(status) == wanted or time.monotonic() >= deadline:
+            return status
+        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+
+
+def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
+    """An HA request ended OK at once; say so, and what the HA manager has done since."""
+    state = answer["guest_state"]
+    answer |= {"requested_through": "HA", "ha_state": (status.get("ha") or {}).get("state")}
+    if state != wanted:
+        return answer | {"result": "requested",
+                         "note": f"The HA manager has the request (HA state {answer['ha_state']}); the guest is "
+                                 f"{state} so far. get_guest shows when it is {wanted}."}
+    if action in ("stop", "shutdown"):
+        answer["note"] = ("Through HA the guest stays stopped until it is started again "
+                          "(write_guest_power action=start).")
+    return answer
 
 
 def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Field(
@@ -324,7 +402,19 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
         raise InvalidArgument("Containers have no reset; use action=reboot (or stop, then start).")
-    return run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
+    started = time.monotonic()
+    answer = run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
+    task = answer.pop("status", None)
+    if task in ("started", "still_running"):  # the task's own state, not the guest's
+        return answer | {"task": task}
+    answer["task"] = answer.pop("exitstatus", "OK")
+    ha = _ha_managed(row) and action in HA_ACTIONS
+    wanted = STATE_AFTER[action]
+    status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
+    answer["guest_state"] = _guest_state(status)
+    if ha:
+        return _ha_outcome(answer, status, action, wanted)
+    return answer
 
 
 def write_guest_config(vmid: Vmid, host: Host = None,
@@ -345,7 +435,17 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     if delete:
         params["delete"] = ",".join(delete)
     client.request("PUT", f"{base}/config", params)
-    return {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [], "result": "ok"}
+    # on a running guest what cannot be hot-plugged waits for a restart (docs/PROXMOX-BEHAVIOUR.md#pending-config)
+    _, pending = _config_and_pending(client.get(f"{base}/pending") or [])
+    touched = sorted({*changes, *(delete or [])})  # (`set` is the argument here)
+    waiting = {key: value for key, value in pending.items() if key in touched}
+    answer = {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [],
+              "applied": [key for key in touched if key not in waiting], "pending": waiting,
+              "result": "pending until restart" if waiting else "ok"}
+    if waiting:
+        answer["note"] = (f"Guest {vmid} runs with the old values of {', '.join(sorted(waiting))} until Proxmox "
+                          f"restarts it (write_guest_power action=reboot, or shutdown then start).")
+    return answer
 
 
 def _disk_gib(value: str) -> int | None:
@@ -421,7 +521,7 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
 
 
 def _backup_storage(client: ProxmoxClient, storage: str) -> None:
-    ok = [name for name, _ in backup_storages(client)]
+    ok = sorted({name for name, _, _ in backup_storages(client)})
     if storage not in ok:
         raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
@@ -473,9 +573,10 @@ def write_restore_backup(archive: Volid,
         node = node or row["node"]
     else:
         vmid = _free_vmid(client, vmid)
-    node = check_node(client, node) if node else node_names(client)[0]
+    node = _archive_node(client, archive, node)
+    # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
-                              "force": True if overwrite else None}
+                              "force": True if overwrite else None, "unique": None if overwrite else True}
     if kind == "qemu":
         params["archive"] = archive
     else:
@@ -484,39 +585,155 @@ def write_restore_backup(archive: Volid,
     return result | {"vmid": vmid, "node": node}
 
 
+def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
+    """The node to restore on: any for a shared storage; for a local one (each node's `local`)
+    the node whose disk holds the archive (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = archive.split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
+    if not rows or rows[0].get("shared"):
+        return check_node(client, node) if node else node_names(client)[0]
+    candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
+    for name in candidates:
+        volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
+        if any(v["volid"] == archive for v in volumes):
+            return name
+    holders = [r["node"] for r in rows if r["node"] not in candidates and any(
+        v["volid"] == archive for v in client.get(f"/nodes/{r['node']}/storage/{storage}/content",
+                                                  content="backup") or [])]
+    if holders:
+        raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
+                              f"node's own disk: restore it there (node={holders[0]}).")
+    raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
+
+
+VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
+
+
+def _volume_storages(config: dict, disks_only: bool = False) -> list[str]:
+    """The storages a guest's volumes are on (CD-ROM images too, unless disks_only)."""
+    found = []
+    for key, value in config.items():
+        volume = str(value).split(",")[0]
+        if VOLUME_KEY.fullmatch(key) and ":" in volume and not (disks_only and "media=cdrom" in str(value)):
+            found.append(volume.split(":", 1)[0])
+    return sorted(set(found))
+
+
+def _clone_target_check(client: ProxmoxClient, base: str, row: dict, storage: str | None) -> None:
+    """A clone to another node needs shared storage: for a VM all its volumes, for a container
+    the storage its copy goes to (docs/PROXMOX-BEHAVIOUR.md#clone)."""
+    shared = {r["storage"] for r in storage_rows(client) if r.get("shared")}
+    if storage and storage not in shared:
+        raise InvalidArgument(f"A clone to another node must go to a shared storage; '{storage}' is local to "
+                              f"each node. Shared: {', '.join(sorted(shared)) or 'none'}.")
+    used = [storage] if storage and row["type"] == "lxc" else _volume_storages(client.get(f"{base}/config") or {})
+    local = [s for s in used if s not in shared]
+    if local:
+        also = " or give a shared storage" if row["type"] == "lxc" else ""
+        raise InvalidArgument(f"Guest {row['vmid']} uses local storage ({', '.join(local)}), and Proxmox clones such "
+                              f"a guest only on its own node: leave target out (clone on {row['node']}), then "
+                              f"write_migrate_guest{also}.")
+
+
+def _clone_checks(client: ProxmoxClient, base: str, row: dict, full: bool | None, storage: str | None,
+                  snapshot: str | None, target: str | None) -> None:
+    """What Proxmox refuses, refused first with what to do instead (docs/PROXMOX-BEHAVIOUR.md#clone)."""
+    vmid = row["vmid"]
+    linked = full is False or (full is None and bool(row.get("template")))
+    if linked and not row.get("template"):
+        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one "
+                              f"(write_template, or full=true).")
+    if storage and linked:
+        raise InvalidArgument(f"storage applies to full clones only: guest {vmid} is a template, so its clone is "
+                              f"linked unless full=true. Give full=true to copy it to {storage}, or leave storage out.")
+    if snapshot:
+        _existing_snapshot(client, base, vmid, snapshot)
+    if row["type"] == "lxc" and not linked and row.get("status") == "running" and not snapshot:
+        raise InvalidArgument(f"Container {vmid} is running: Proxmox copies a running container only from a "
+                              f"snapshot. Take one (write_snapshot_create) and give snapshot=<name>, or shut it down.")
+    if target:
+        _clone_target_check(client, base, row, storage)
+
+
 def write_clone_guest(vmid: Vmid, host: Host = None,
                       newid: OptionalVmid = None,
                       name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
                       target: Annotated[str | None, Field(description="node")] = None,
-                      full: Annotated[bool, Field(description="false: linked")] = True,
+                      full: Annotated[bool | None, Field(description="default: linked if template")] = None,
                       storage: str | None = None,
+                      snapshot: str | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Clone a guest (full, or linked from a template)."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
-    if not full and not row.get("template"):
-        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one "
-                              f"(write_template, or full=true).")
-    newid = _free_vmid(client, newid)
+    base, row = guest_path(client, vmid, fresh=True)
+    target = None if target == row["node"] else target
     if target:
         check_node(client, target)
-    params = {"newid": newid, "target": target, "full": full if row["type"] == "qemu" else None, "storage": storage,
+    _clone_checks(client, base, row, full, storage, snapshot, target)
+    newid = _free_vmid(client, newid)
+    params = {"newid": newid, "target": target, "full": full, "storage": storage, "snapname": snapshot,
               ("name" if row["type"] == "qemu" else "hostname"): name}
     result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
     return result | {"newid": newid}
 
 
+def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
+                       target_storage: str | None) -> bool:
+    """Check the target has the guest's storages (or the given target_storage); True when disks
+    are on storage local to the node (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    config = client.get(f"{base}/config") or {}
+    rows = storage_rows(client)
+    on_target = storages_on(rows, target)
+    content = "images" if row["type"] == "qemu" else "rootdir"
+    fits = sorted(n for n, r in on_target.items() if content in (r.get("content") or "").split(","))
+    if target_storage and target_storage not in fits:
+        raise InvalidArgument(f"target_storage '{target_storage}' is not a storage for guest disks on {target}. "
+                              f"There: {', '.join(fits) or 'none'}.")
+    missing = [s for s in _volume_storages(config) if s not in on_target]
+    if missing and not target_storage:
+        raise InvalidArgument(f"Guest {row['vmid']} has disks on {', '.join(missing)}, which node {target} lacks. "
+                              f"Give target_storage, one of {target}'s storages for disks: "
+                              f"{', '.join(fits) or 'none'}.")
+    shared = {r["storage"] for r in rows if r.get("shared")}
+    return any(s not in shared for s in _volume_storages(config, disks_only=True))
+
+
+def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> dict:
+    """Where an HA resource is after its migration request, read until it is on target."""
+    deadline = time.monotonic() + seconds
+    while True:
+        node = next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
+        if node == target or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    answer = {"requested_through": "HA", "node": node}
+    if node != target:
+        answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "
+                                                  f"list_guests shows when it is on {target}."}
+    return answer
+
+
 def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="node")], host: Host = None,
+                        target_storage: Annotated[str | None, Field(description="if target lacks the storage")] = None,
                         wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Move a guest to another node (live VM, restarted CT)."""
+    """Move a guest to another node (live VM with its disks, restarted CT)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
     if target == row["node"]:
         raise InvalidArgument(f"Guest {vmid} is already on {target}.")
+    local_disks = _migration_storage(client, base, row, target, target_storage)
     running = row.get("status") == "running"
-    params = {"target": target, ("online" if row["type"] == "qemu" else "restart"): True if running else None}
-    return run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
+    if row["type"] == "qemu":  # a live migration copies local disks only when asked to
+        params = {"target": target, "online": running or None, "with-local-disks": (running and local_disks) or None,
+                  "targetstorage": target_storage}
+    else:  # a running container can only be restarted on the target
+        params = {"target": target, "restart": running or None, "target-storage": target_storage}
+    started = time.monotonic()
+    answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
+    if _ha_managed(row) and answer.get("result") == "ok":
+        answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
+    return answer
 
 
 def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -536,9 +753,10 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     """Delete a stopped guest and its disks (not backups)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
+    params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
+    policy.check(client.host, "DELETE", base, encode_params(params))  # "protected" before "stop it first"
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
-    params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
     return run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}")
 
 
@@ -603,7 +821,22 @@ def write_create_vm(name: GuestName,
                    "boot": "order=scsi0", "ipconfig0": ip, "ciuser": ciuser,
                    "sshkeys": quote(ssh_keys.strip(), safe="") if ssh_keys else None, "serial0": "socket"}
     result = run_task(client, "POST", f"/nodes/{node}/qemu", params, wait_seconds, ctx, f"create VM {vmid}")
-    return result | {"vmid": vmid, "node": node}
+    answer = result | {"vmid": vmid, "node": node}
+    if cloud_image:
+        answer["disk"] = _grow_imported_disk(client, f"/nodes/{node}/qemu/{vmid}", disk_gb, result, ctx)
+    return answer
+
+
+def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created: dict, ctx: Context | None) -> str:
+    """An imported disk has the image's size; grow it to disk_gb (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
+    if created.get("result") not in ("ok", "warnings"):
+        return f"scsi0 keeps the image's size; once the VM exists, grow it with write_resize_disk size={disk_gb}G"
+    size = _disk_gib(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
+    if size is None or disk_gb <= size:
+        return f"scsi0 is {size}G, the image's own size; disk_gb={disk_gb} would not grow it, so it was left"
+    run_task(client, "PUT", f"{base}/resize", {"disk": "scsi0", "size": f"{disk_gb}G"}, 120, ctx,
+             f"resize {base.rsplit('/', 1)[1]} scsi0")
+    return f"scsi0 grown from {size}G (the image) to {disk_gb}G"
 
 
 def write_create_lxc(hostname: GuestName,
@@ -634,6 +867,12 @@ def write_create_lxc(hostname: GuestName,
     return result | {"vmid": vmid, "node": node}
 
 
+# The names download-url accepts (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports).
+DOWNLOAD_NAMES = {
+    "iso": (re.compile(r"[^/]+\.(iso|img)", re.I), ".iso or .img"),
+    "vztmpl": (re.compile(r"[^/]+\.(tar|tar\.(gz|xz|zst|bz2))", re.I), ".tar, .tar.gz, .tar.xz, .tar.zst or .tar.bz2"),
+    "import": (re.compile(r"[A-Za-z0-9_.+=-]+\.(qcow2|raw|vmdk|ova)"), ".qcow2, .raw, .vmdk or .ova (lower case)"),
+}
 CHECKSUM_BY_LENGTH = {32: "md5", 40: "sha1", 56: "sha224", 64: "sha256", 96: "sha384", 128: "sha512"}
 
 
@@ -652,6 +891,11 @@ def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
         if not algorithm:
             raise InvalidArgument("checksum: give the hex digest of md5, sha1, sha224, sha256, sha384 or sha512 "
                                   "(the algorithm is told by its length).")
+    pattern, allowed = DOWNLOAD_NAMES[content]
+    if not pattern.fullmatch(filename):
+        hint = " A cloud image published as .img is usually qcow2: name it e.g. 'noble.qcow2'." \
+            if content == "import" else ""
+        raise InvalidArgument(f"filename '{filename}': Proxmox saves {content} downloads only as {allowed}.{hint}")
     client = pve_client(host)
     node = storage_node(client, storage, node, content)
     params = {"url": url, "content": content, "filename": filename, "checksum": checksum,

@@ -390,9 +390,10 @@ class ToolVisibility:
             hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
             if not hosts or any(policy.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
-            if not any(policy.holds_anywhere(h, p) for h in hosts for p in spec.needs):
+            if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
                 acl_path = "/datastore" if spec.product == "pbs" else "/"
-                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(spec.needs)}. "
+                needs = policy.version_privileges(hosts[0], spec.needs)
+                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "
                                                   + policy.grant_hint(hosts[0], spec.needs[0], acl_path))
         self._hidden = (seen, hidden)
         return hidden

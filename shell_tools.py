@@ -34,7 +34,10 @@ if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connect
     import paramiko
 
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
-MAX_FILE = 1024 * 1024  # bytes for guest file reads and writes
+MAX_FILE = 1024 * 1024  # bytes for guest file reads
+# file-write takes at most 61,440 characters of content, which we send base64-encoded: 46,080 bytes
+# (docs/PROXMOX-BEHAVIOUR.md#guest-agent)
+MAX_FILE_WRITE = 61440 * 3 // 4
 
 
 TARGETS: dict[tuple[str, str], SshTarget] = {}
@@ -343,6 +346,29 @@ def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Tim
     return result.answer(vmid=vmid, node=row["node"])
 
 
+# While a VM boots its agent is not up yet (docs/PROXMOX-BEHAVIOUR.md#guest-agent): worth waiting for.
+AGENT_STARTING = ("QEMU guest agent is not running", "got timeout")
+
+
+def _agent_call(call: Callable[[], Any], deadline: float) -> Any:
+    """An agent call, repeated while the agent is still starting, until the deadline."""
+    while True:
+        try:
+            return call()
+        except ProxmoxError as exc:
+            if not any(text in str(exc) for text in AGENT_STARTING) or time.monotonic() > deadline:
+                raise
+        time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+
+
+def _shell_wrapper(client: Any, base: str) -> list[str]:
+    """`cmd.exe /c` on Windows (the agent reports id mswindows), else `/bin/sh -c`; an agent
+    that answers with an error object instead of the OS gets the POSIX shell."""
+    info = (client.get(f"{base}/agent/get-osinfo") or {}).get("result")
+    windows = isinstance(info, dict) and info.get("id") == "mswindows"
+    return ["cmd.exe", "/c"] if windows else ["/bin/sh", "-c"]
+
+
 def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a shell command in a VM (guest agent)."""
@@ -350,15 +376,10 @@ def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Time
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
         raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
-    started = None
     deadline = time.monotonic() + timeout
-    while started is None:  # right after boot the agent answers guest-ping with a timeout for a while
-        try:
-            started = client.request("POST", f"{base}/agent/exec", {"command": ["/bin/sh", "-c", command]})
-        except ProxmoxError as exc:
-            if "got timeout" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+    wrapper = _agent_call(lambda: _shell_wrapper(client, base), deadline)
+    started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
+                          deadline)
     pid = started["pid"]
     delay = 0.2
     while True:
@@ -399,13 +420,17 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_ru
 
 
 def write_guest_file_write(vmid: Vmid, path: GuestPath,
-                           content: Annotated[str, Field(max_length=MAX_FILE)],
+                           content: Annotated[str, Field(max_length=MAX_FILE_WRITE)],
                            host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                            ctx: Context | None = None) -> dict:
     """Write (replace) a file in a guest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":
+        if len(content.encode()) > MAX_FILE_WRITE:
+            raise InvalidArgument(f"The guest agent writes at most {MAX_FILE_WRITE} bytes per file; this content "
+                                  f"is {len(content.encode())} bytes (UTF-8). Nothing was sent; fetch the file "
+                                  f"inside the guest instead (write_vm_exec).")
         encoded = base64.b64encode(content.encode()).decode()
         client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
         return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

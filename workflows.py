@@ -3,8 +3,10 @@ storage, PVE and PBS. A section that cannot be read is listed under `unavailable
 reason and never counts as healthy; thresholds are arguments and are echoed in the answer.
 Resources and prompts for MCP clients are defined here too.
 """
+import json
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
@@ -17,7 +19,7 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest
+from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -115,10 +117,13 @@ def _read_resources(h: Health) -> None:
 
 
 def _node_load(h: Health) -> None:
+    blind = []
     for node in (r for r in h.resources if r.get("type") == "node"):
         if node.get("status") != "online":
             continue
         h.online.append(node["node"])
+        if node.get("maxmem") is None:  # no figures without Sys.Audit (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+            blind.append(node["node"])
         load = percent(node.get("cpu"), 1)
         if load is not None and load >= h.limits["node_cpu_warn_pct"]:
             h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
@@ -129,9 +134,18 @@ def _node_load(h: Health) -> None:
             h.report.add("warning", "memory", f"node {node['node']} uses {used}% of its memory",
                          {"mem": human_bytes(node.get("mem")), "maxmem": human_bytes(node.get("maxmem"))},
                          "migrate or stop guests, or add memory")
+    if blind:
+        h.report.unavailable.append({"section": "node load", "reason": f"no CPU or memory figures for "
+                                     f"{', '.join(blind)}: the token lacks Sys.Audit on /nodes"})
 
 
 def _storage_fill(h: Health) -> None:
+    # a storage without usage is `unknown`, not healthy (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("node") in h.online
+                    and r.get("status") != "available"):
+        h.report.unavailable.append({"section": f"storage {storage['storage']} on {storage['node']}",
+                                     "reason": f"status {storage.get('status')}: the node reports no usage "
+                                               f"(storage offline, disabled or not mounted)"})
     for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
         used = percent(storage.get("disk"), storage.get("maxdisk"))
         if used >= h.limits["storage_warn_pct"]:
@@ -145,7 +159,8 @@ def _guest_states(h: Health) -> None:
     for guest in (r for r in h.resources if r.get("type") in ("qemu", "lxc")):
         if guest.get("lock"):
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
-                         {"vmid": guest["vmid"], "lock": guest["lock"]}, "check list_tasks for the task holding it")
+                         {"vmid": guest["vmid"], "lock": guest["lock"]},
+                         proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
         if guest.get("hastate") in ("error", "fence"):
             h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
                          {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
@@ -191,26 +206,41 @@ def _backup_server(h: Health) -> None:
         h.report.drop_checked("pbs host")
         return
     now = time.time()
-    for ds in h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []:
-        _datastore_health(h, ds, now)
+    usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
+    # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    for ds in usage:
+        _datastore_health(h, ds, gc_jobs, now)
     for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
         age = now - (job.get("last-run-endtime") or 0)
-        if age > h.limits["verify_max_days"] * 86400 or job.get("last-run-state") not in (None, "ok"):
+        state = job.get("last-run-state")
+        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
             h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'} with {job.get('last-run-state')}",
+                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
                          job, "write_pbs_run_job kind=verify")
 
 
-def _datastore_health(h: Health, ds: dict, now: float) -> None:
+def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+    # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    if ds.get("error"):
+        h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
+        return
     used = percent(ds.get("used"), ds.get("total")) or 0
     if used >= h.limits["storage_warn_pct"]:
         h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                      f"datastore {ds['store']} is {used}% full",
                      {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    last_gc = (ds.get("gc-status") or {}).get("last-run-endtime") or 0
-    if now - last_gc > h.limits["gc_max_days"] * 86400:
+    if gc_jobs is None:
+        return  # the GC jobs could not be read: listed as unavailable
+    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
+    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
+    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
+                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+                     "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
+    elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc)}, "write_pbs_gc, and schedule it")
+                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -231,17 +261,37 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _jobs_for(vmid: int, pool: str | None, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _numbers(text: Any) -> set[int]:
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in _numbers(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in _numbers(job.get("exclude"))
+        return not excluded, excluded
+    return False, False
+
+
+def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        listed = {int(v) for v in str(job.get("vmid", "")).split(",") if v.strip().isdigit()}
-        excluded = {int(v) for v in str(job.get("exclude", "")).split(",") if v.strip().isdigit()}
-        if vmid in excluded:
-            excluding.append(job["id"])
-        elif str(job.get("all", 0)) == "1" or vmid in listed or (pool and job.get("pool") == pool):
+        selects, excludes = _job_selects(job, guest)
+        if selects:
             covering.append(job["id"])
+        elif excludes:
+            excluding.append(job["id"])
     return covering, excluding
 
 
@@ -253,8 +303,10 @@ class Coverage:
     max_age_hours: int
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
-    jobs: list[dict] = field(default_factory=list)
+    jobs: list[dict] | None = None  # None: the backup jobs could not be read
     pbs: ProxmoxClient | None = None
+    pbs_targets: set[tuple[str, str]] = field(default_factory=set)  # (datastore, namespace) read on PBS itself
+    read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     rows: list[dict] = field(default_factory=list)
@@ -271,8 +323,21 @@ class Coverage:
 
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
-    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup")) or []
+    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+
+
+def _pbs_storages(c: Coverage) -> None:
+    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
+    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
+    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    if c.pbs is None:
+        return
+    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
+    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
+        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
+            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
+            c.read_on_pbs.add(storage["storage"])
 
 
 def _pve_backups(c: Coverage) -> None:
@@ -280,7 +345,7 @@ def _pve_backups(c: Coverage) -> None:
     # is a different disk); PBS-backed storages through PBS itself when it is configured here.
     storages = {}
     for storage in (r for r in c.resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and not (c.pbs and r.get("plugintype") == "pbs")):
+                    and r.get("status") == "available" and r.get("storage") not in c.read_on_pbs):
         key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
         storages.setdefault(key, (storage["storage"], storage["node"]))
     for key, (name, node) in sorted(storages.items()):
@@ -296,14 +361,15 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    for ds in c.report.section("pbs datastores", lambda: pbs.get("/admin/datastore")) or []:
-        for snap in c.report.section(f"pbs {ds['store']}", lambda s=ds["store"]: pbs.get(
-                f"/admin/datastore/{s}/snapshots")) or []:
+    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    for store, ns in sorted(c.pbs_targets):
+        where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
+        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
+                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
-                c.consider(vmid, snap["backup-time"], f"pbs:{ds['store']}",
-                           (snap.get("verification") or {}).get("state", "none"))
+                c.consider(vmid, snap["backup-time"], where, (snap.get("verification") or {}).get("state", "none"))
 
 
 def _guest_rows(c: Coverage) -> None:
@@ -315,7 +381,7 @@ def _guest_rows(c: Coverage) -> None:
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(vmid, guest.get("pool"), c.jobs)
+    covering, excluding = _jobs_for(guest, c.jobs or [])
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
@@ -323,7 +389,8 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         state = "verify_failed"
     if state != "ok":
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = "no job covers it" if not covering else f"covered by {', '.join(covering)}"
+        why = f"covered by {', '.join(covering)}" if covering else (
+            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")
@@ -342,7 +409,7 @@ def _orphan_groups(c: Coverage) -> None:
 
 
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
 
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
@@ -509,12 +576,23 @@ class Steps:
         self.steps.append({"step": step, "state": state} | {k: v for k, v in detail.items() if v is not None})
 
     def answer(self, ok: bool, **extra: Any) -> dict:
-        result = {"result": "ok" if ok else "failed", "steps": self.steps} | extra
+        result = {"result": "ok" if ok else "failed", "steps": self.steps}
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
                                                         else "Nothing was created."))
-        return result
+        return result | extra
+
+    def failure(self, what: str, **extra: Any) -> ProxmoxError:
+        """A failed recipe is a tool error (isError) that carries the whole step report."""
+        failed = next((s for s in reversed(self.steps) if s["state"] == "failed"), {})
+        done = [s["step"] for s in self.steps if s["state"] == "done"]
+        where = f" at '{failed['step']}'" if failed.get("step", "error") != "error" else \
+            (f" after '{done[-1]}'" if done else "")
+        answer = self.answer(False, **extra)
+        report = json.dumps(answer, separators=(",", ":"), default=str)
+        return ProxmoxError(f"{what} failed{where}: {str(failed.get('detail', '')).rstrip('.')}. {answer['note']} "
+                            f"Step report: {report}")
 
 
 def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int) -> str | None:
@@ -526,8 +604,8 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
                     if iface.get("name") != "lo" and iface.get("inet"):
                         return iface["inet"]
             else:
-                result = (client.get(f"{base}/agent/network-get-interfaces") or {}).get("result", [])
-                for iface in result:
+                result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
+                for iface in result or []:
                     for address in iface.get("ip-addresses", []):
                         if iface.get("name") != "lo" and address.get("ip-address-type") == "ipv4":
                             return address["ip-address"]
@@ -563,7 +641,7 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         return steps.answer(True, vmid=vmid, node=node, address=address)
     except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
-        return steps.answer(False)
+        raise steps.failure(f"Provisioning {kind}") from None
 
 
 def write_provision_lxc(hostname: GuestName,
@@ -636,9 +714,14 @@ def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
 
 
 def _restore(d: Drill) -> None:
-    node = _node_with_room(d.client, 512)
-    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=node,
+    # a backup on a node's own `local` restores on that node; one on shared storage where there is room
+    # (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+    storage = d.backup.split(":", 1)[0]
+    shared = any(r.get("shared") for r in storage_rows(d.client) if r["storage"] == storage)
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch,
+                                              node=_node_with_room(d.client, 512) if shared else None,
                                               wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
+    node = restored["node"]
     d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")
     d.node, d.base = node, f"/nodes/{node}/{d.kind}/{d.scratch}"
     d.timings["restore_s"] = round(time.monotonic() - d.started, 1)
@@ -663,6 +746,8 @@ def _cut_nics(config: dict, kind: str, isolated: list[str]) -> dict[str, Any]:
 
 def _cut_network(d: Drill) -> None:
     config = d.client.get(f"{d.base}/config") or {}
+    # only a bridge with neither ports nor a host address is cut off; routed bridges and SDN
+    # vnets lead somewhere (docs/PROXMOX-BEHAVIOUR.md#networks)
     isolated = [b["bridge"] for b in bridges(d.client, d.node) if b["segment"] == "isolated"]
     cut = _cut_nics(config, d.kind, isolated)
     if cut:
@@ -724,8 +809,13 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     if drill.base is not None:
         _destroy_scratch(drill)
     drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
-    return drill.steps.answer(drill.answered, vmid=vmid, backup=backup, scratch_vmid=drill.scratch,
-                              timings=drill.timings)
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings}
+    if not drill.answered:
+        left = drill.steps.created
+        note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
+                "The scratch guest was destroyed." if drill.base else "Nothing was created.")
+        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)
+    return drill.steps.answer(True, **facts)
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:
@@ -747,7 +837,6 @@ def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) ->
 # ---------------------------------------------------------------- resources and prompts
 
 def _json(data: Any) -> str:
-    import json
     return json.dumps(data, separators=(",", ":"), default=str)
 
 

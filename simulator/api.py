@@ -31,6 +31,9 @@ def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> N
         if not (any(held) if check.get("partial") else all(held)):
             raise ApiError(403, "permission check failed")
         return
+    if call.lab.pve_major < 9 and "VM.GuestAgent." in str(check):
+        # PVE 8 checks VM.Monitor for every agent call (docs/PROXMOX-BEHAVIOUR.md#agent-privileges-by-version)
+        check = ["perm", "/vms/{vmid}", ["VM.Monitor"]]
     failure = _evaluate(call, check, path_params | {k: str(v) for k, v in call.params.items()
                                                     if isinstance(v, (str, int))})
     if failure:

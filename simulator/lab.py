@@ -6,6 +6,7 @@ knows about HTTP: the handlers in `pve.py` and `pbs.py` read and change a `Lab`.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -18,22 +19,26 @@ import catalog
 
 GiB = 1024 ** 3
 
-# Built-in roles, reduced to the privileges the simulator checks.
+# Built-in roles, reduced to the privileges the simulator checks (PVE 9 names; PVE 8 in `roles_for`).
+# PVE's groups: pve-access-control src/PVE/AccessControl.pm ($privgroups); PBS's: pbs-api-types src/acl.rs.
 ROLES = {
     "Administrator": {"*"},
+    "NoAccess": set(),
     "PVEAuditor": {"Sys.Audit", "VM.Audit", "Datastore.Audit", "Pool.Audit", "SDN.Audit", "Mapping.Audit",
                    "VM.GuestAgent.Audit"},
     "PVEVMUser": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Config.CDROM",
-                  "VM.Config.Cloudinit", "Datastore.AllocateSpace", "Datastore.Audit"},
+                  "VM.Config.Cloudinit", "VM.GuestAgent.Audit", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileWrite",
+                  "VM.GuestAgent.FileSystemMgmt"},
     "PVEVMAdmin": {"VM.Audit", "VM.PowerMgmt", "VM.Console", "VM.Backup", "VM.Snapshot", "VM.Snapshot.Rollback",
                    "VM.Clone", "VM.Allocate", "VM.Migrate", "VM.Config.Disk", "VM.Config.CPU",
                    "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Config.HWType",
-                   "VM.Config.Cloudinit", "VM.Config.CDROM", "VM.GuestAgent.Audit",
-                   "VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileWrite"},
+                   "VM.Config.Cloudinit", "VM.Config.CDROM", "VM.GuestAgent.Audit", "VM.Replicate",
+                   "VM.GuestAgent.Unrestricted", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileWrite",
+                   "VM.GuestAgent.FileSystemMgmt"},
     "PVEDatastoreUser": {"Datastore.AllocateSpace", "Datastore.Audit"},
     "PVEDatastoreAdmin": {"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate",
                           "Datastore.Audit"},
-    "DatastoreReader": {"Datastore.Audit", "Datastore.Read"},
+    "DatastoreReader": {"Datastore.Audit", "Datastore.Read", "Datastore.Verify"},
     "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
                        "Datastore.Backup", "Datastore.Prune"},
     "Audit": {"Sys.Audit", "Datastore.Audit"},
@@ -41,7 +46,8 @@ ROLES = {
 }
 
 
-def all_privileges(product: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def all_privileges(product: str) -> frozenset[str]:
     """Every privilege the API's permission checks name: what Administrator holds."""
     found: set[str] = set()
 
@@ -59,30 +65,91 @@ def all_privileges(product: str) -> set[str]:
         walk(entry.get("check"))
     if product == "pve":  # named only in handler code, not in the schema's checks
         found |= {"VM.Backup", "VM.Replicate", "Permissions.Modify"}
-    return found
+    return frozenset(found)
+
+
+def _pve8(privileges: set[str] | frozenset[str]) -> set[str]:
+    """PVE 8 has no VM.GuestAgent.* privileges; its agent calls check VM.Monitor, which the
+    admin group (PVEVMAdmin, PVEAdmin) holds (docs/PROXMOX-BEHAVIOUR.md#agent-privileges-by-version)."""
+    kept = {p for p in privileges if not p.startswith("VM.GuestAgent.")}
+    return kept | {"VM.Monitor"} if "VM.GuestAgent.Unrestricted" in privileges else kept
+
+
+@functools.lru_cache(maxsize=None)
+def roles_for(product: str, pve_major: int = 9) -> dict[str, frozenset[str]]:
+    """The roles with Administrator's "*" spelled out, as one product and version has them."""
+    roles = {}
+    for name, privileges in ROLES.items():
+        held = all_privileges(product) if "*" in privileges else frozenset(privileges)
+        roles[name] = frozenset(_pve8(held)) if product == "pve" and pve_major < 9 else held
+    return roles
+
+
+Privileges = dict[str, bool]  # privilege -> whether it propagates to paths below
 
 
 @dataclass
 class Token:
+    """The rights of an API token (or a user: the `owner` of a token). A token holds, on each
+    path, what its own ACL grants intersected with what its owner holds; with `privsep` off
+    (PVE only), exactly what its owner holds. `owner` None stands for root@pam, who holds
+    everything (docs/PROXMOX-BEHAVIOUR.md#privilege-separation)."""
     secret: str
     acl: list[tuple[str, str, bool]] = field(default_factory=list)  # (path, role, propagate)
     privsep: bool = True
+    owner: "Token | None" = None
 
-    def privileges(self, path: str) -> set[str]:
-        """Privileges on a path: the most specific ACL level wins (exact path, then parents
-        with propagate)."""
+    def own_privileges(self, path: str, roles: dict[str, frozenset[str]], pool: str | None = None) -> Privileges:
+        """What this entry's own ACL grants on a path: the most specific level with an entry
+        wins (the exact path, else the nearest parent with propagate); roles of the guest's pool
+        add privileges that never propagate (pve-access-control RPCEnvironment.pm, $compile_acl_path)."""
         parts = [p for p in path.split("/") if p]
+        held: Privileges = {}
         for depth in range(len(parts), -1, -1):
             level = "/" + "/".join(parts[:depth])
-            roles = [role for acl_path, role, propagate in self.acl
-                     if ("/" + acl_path.strip("/")) == level and (propagate or depth == len(parts))]
-            if roles:
-                return set().union(*(ROLES[r] for r in roles))
-        return set()
+            entries = [(role, propagate) for acl_path, role, propagate in self.acl
+                       if ("/" + acl_path.strip("/")) == level and (propagate or depth == len(parts))]
+            if entries:
+                for role, propagate in entries:
+                    for privilege in roles[role]:
+                        held[privilege] = held.get(privilege, False) or bool(propagate)
+                break
+        if pool:
+            for privilege in self.own_privileges(pool, roles):
+                held.setdefault(privilege, False)
+        return held
 
-    def has(self, path: str, privilege: str) -> bool:
-        held = self.privileges(path)
-        return "*" in held or privilege in held
+    def privileges(self, path: str, roles: dict[str, frozenset[str]], pool: str | None = None) -> Privileges:
+        if self.owner is None:
+            return self.own_privileges(path, roles, pool)
+        of_owner = self.owner.privileges(path, roles, pool)
+        if not self.privsep:
+            return of_owner
+        own = self.own_privileges(path, roles, pool)
+        return {p: flag and of_owner[p] for p, flag in own.items() if p in of_owner}
+
+    def has(self, path: str, privilege: str, roles: dict[str, frozenset[str]], pool: str | None = None) -> bool:
+        return privilege in self.privileges(path, roles, pool)
+
+    def acl_paths(self) -> set[str]:
+        own = {"/" + path.strip("/") if path.strip("/") else "/" for path, _, _ in self.acl}
+        return own | (self.owner.acl_paths() if self.owner else set())
+
+
+def escape_id(text: str) -> str:
+    """A PBS worker id as its UPID carries it, systemd-escaped: `/` becomes `-`, any other byte
+    outside [A-Za-z0-9_.] (and a leading `.`) `\\xNN` (proxmox-rs proxmox-schema/src/upid.rs, escape_id;
+    docs/PROXMOX-BEHAVIOUR.md#upids)."""
+    out = []
+    for index, byte in enumerate(text.encode()):
+        char = chr(byte)
+        if char == "/":
+            out.append("-")
+        elif (index == 0 and char == ".") or not (char.isascii() and (char.isalnum() or char in "_.")):
+            out.append(f"\\x{byte:02x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 @dataclass
@@ -120,8 +187,9 @@ class Task:
 class Lab:
     """The simulated world: one PVE cluster and one PBS, plus tokens and faults."""
 
-    def __init__(self, *, cluster_name: str = "homelab", seed: int = 7):
+    def __init__(self, *, cluster_name: str = "homelab", seed: int = 7, pve_major: int = 9):
         self.cluster_name = cluster_name
+        self.pve_major = pve_major  # 8 or 9: the /version answer and the agent privileges follow it
         self.random = random.Random(seed)
         self.lock = threading.RLock()
         self.nodes: dict[str, dict] = {}
@@ -131,6 +199,8 @@ class Lab:
         self.tasks: dict[str, Task] = {}
         self.datastores: dict[str, dict] = {}
         self.networks: dict[str, list[dict]] = {}  # node -> interfaces
+        self.vnets: dict[str, dict] = {}  # SDN vnets on every node: name -> {zone, vlanaware, alias}
+        self.offline_storages: set[tuple[str, str]] = set()  # (node, storage) that report no usage
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
         self.backup_jobs: list[dict] = []  # /cluster/backup
@@ -147,6 +217,8 @@ class Lab:
         self.tickets: dict[str, tuple[str, str, str, float]] = {}  # ticket -> (product, userid, csrf, issued)
         self.ticket_lifetime = 7200.0  # real tickets expire after 2 h
         self.task_seconds = 0.6  # how long a simulated task runs
+        self.ha_seconds = 0.4  # how long the HA manager takes to act on a queued request
+        self.later: list[tuple[float, Callable[[], None]]] = []  # (when, effect): the HA manager's work
         # faults, switched on by tests
         self.down_nodes: set[str] = set()
         self.delay = 0.0
@@ -163,10 +235,10 @@ class Lab:
     # ------------------------------------------------------------ building state
 
     @classmethod
-    def homelab(cls, nodes: int = 3, guests: int = 6, seed: int = 7) -> "Lab":
+    def homelab(cls, nodes: int = 3, guests: int = 6, seed: int = 7, pve_major: int = 9) -> "Lab":
         """A small cluster: `nodes` nodes, `guests` guests (QEMU and LXC mixed), local and
         shared storage, a pool, finished tasks, a PBS with one datastore, and three tokens."""
-        lab = cls(seed=seed)
+        lab = cls(seed=seed, pve_major=pve_major)
         names = ["pve1", "pve2", "pve3"] if nodes == 3 else [f"pve{i + 1}" for i in range(nodes)]
         for index, name in enumerate(names):
             lab.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
@@ -175,6 +247,9 @@ class Lab:
             lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
         lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
+        # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
+        lab.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
+                                         "fingerprint": "AB:" * 31 + "AB"}
         lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
         presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
                    ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
@@ -184,8 +259,10 @@ class Lab:
             if i >= len(presets):
                 name = f"{name}-{i}"
                 status = lab.random.choice(["running", "running", "stopped"])
-            lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
-                          pool="prod" if "prod" in tags else None, memory_mib=memory)
+            guest = lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
+                                  pool="prod" if "prod" in tags else None, memory_mib=memory)
+            if name.startswith("win"):
+                guest["config"]["ostype"] = "win11"
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
@@ -216,23 +293,26 @@ class Lab:
                       "tokens": [{"tokenid": "reader", "privsep": 1, "expire": int(time.time()) + 180 * 86400},
                                  {"tokenid": "empty", "privsep": 1, "expire": int(time.time()) + 180 * 86400}]}]
         lab.acl = [{"path": "/", "type": "token", "ugid": "mcp@pve!reader", "roleid": "PVEAuditor", "propagate": 1},
+                   {"path": "/", "type": "user", "ugid": "mcp@pve", "roleid": "PVEAuditor", "propagate": 1},
                    {"path": "/", "type": "user", "ugid": "root@pam", "roleid": "Administrator", "propagate": 1}]
         lab.cert_days = {name: 300 for name in names}
+        # tokens hold what both they and their user are granted (docs/PROXMOX-BEHAVIOUR.md#privilege-separation)
+        mcp_pve = Token("", [("/", "PVEAuditor", True)])
         lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
-                                                 [("/", "PVEAuditor", True)])
+                                                 [("/", "PVEAuditor", True)], owner=mcp_pve)
         lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
                                                  [("/", "Administrator", True)], privsep=False)
-        lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [])
-        lab.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)],
-                                                 privsep=False)
+        lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
+        lab.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
+        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
         lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
-                                                 [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+                                                 [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
+                                                 owner=mcp_pbs)
         lab.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                            ("/", "PVEAuditor", True)]), False)
         lab.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
-        lab.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token("", [("/", "Audit", True),
-                                                                           ("/datastore", "DatastoreReader", True)]),
-                                        False)
+        lab.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token(
+            "", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)]), False)
         return lab
 
     def expire_tickets(self) -> None:
@@ -262,6 +342,39 @@ class Lab:
         if node:
             entry["nodes"].append(node)
 
+    def pbs_volumes(self, storage: str) -> list[dict]:
+        """The backups a PVE storage of type pbs shows: the snapshots of its datastore's namespace
+        (root without `namespace`), named `<storage>:backup/<type>/<id>/<time>` (pve-storage
+        src/PVE/Storage/PBSPlugin.pm, list_volumes; docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+        config = self.storages[storage].get("config", {})
+        ds = self.datastores.get(config.get("datastore", ""))
+        if ds is None:
+            return []
+        volumes = []
+        for (ns, kind, item), snaps in sorted(ds["groups"].items()):
+            if ns != config.get("namespace", "") or kind not in ("vm", "ct") or not item.isdigit():
+                continue
+            for snap in snaps:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+                volume = {"volid": f"{storage}:backup/{kind}/{item}/{stamp}", "content": "backup",
+                          "format": f"pbs-{kind}", "size": snap["size"], "vmid": int(item),
+                          "ctime": snap["backup-time"], "subtype": "qemu" if kind == "vm" else "lxc"}
+                if snap["verification"]:
+                    volume["verification"] = snap["verification"]
+                if snap["protected"]:
+                    volume["protected"] = 1
+                volumes.append(volume)
+        return volumes
+
+    def roles(self, product: str) -> dict[str, frozenset[str]]:
+        return roles_for(product, self.pve_major if product == "pve" else 9)
+
+    def pool_path(self, path: str) -> str | None:
+        """`/pool/<name>` when `path` is a guest in that pool: its roles reach the guest (PVE)."""
+        match = re.fullmatch(r"/vms/(\d+)", path)
+        guest = self.guests.get(int(match.group(1))) if match else None
+        return f"/pool/{guest['pool']}" if guest and guest.get("pool") else None
+
     def storage_nodes(self, storage: dict) -> list[str]:
         return list(self.nodes) if storage["shared"] else storage["nodes"]
 
@@ -281,8 +394,11 @@ class Lab:
                        "unprivileged": 1}
         if tags:
             config["tags"] = tags
+        # status is running or stopped only; a paused VM is running with `paused` set, an HA resource
+        # has `ha` {"state": ...}, and `pending` holds changes waiting for a restart
+        # (docs/PROXMOX-BEHAVIOUR.md#guest-status, #ha-managed-guests, #pending-config)
         guest = {"vmid": vmid, "type": kind, "node": node, "name": name, "status": status, "template": 0,
-                 "snapshots": [],
+                 "snapshots": [], "paused": False, "ha": None, "pending": {},
                  "tags": tags, "pool": pool, "lock": None, "config": config, "maxdisk": disk_gib * GiB,
                  "uptime": self.random.randint(600, 40 * 86400) if status == "running" else 0,
                  "cpu": round(self.random.uniform(0.0, 0.3), 4) if status == "running" else 0}
@@ -328,20 +444,35 @@ class Lab:
                 continue  # stopped guests have no backup: a finding for backup_coverage later
             kind = "vm" if guest["type"] == "qemu" else "ct"
             groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
+        # gc-status holds counters only; the last run's time and state are the GC job's
+        # (docs/PROXMOX-BEHAVIOUR.md#garbage-collection); `error` makes the store unavailable
+        gc_upid = f"UPID:pbs:000003E8:0000A1B2:{len(self.datastores):08X}:{now - 86400 - 300:08X}:" \
+                  f"garbage_collection:{name}:root@pam:"
         self.datastores[name] = {"store": name, "total": total, "used": used, "groups": groups,
                                  "namespaces": {"": "", "offsite": "copies from the office"},
-                                 "gc": {"last-run-state": "ok", "last-run-endtime": now - 86400,
-                                        "removed-bytes": 2 * GiB, "pending-bytes": 0, "disk-chunks": 51234}}
+                                 "gc": {"upid": gc_upid, "index-file-count": 120, "index-data-bytes": 90 * GiB,
+                                        "disk-bytes": used, "disk-chunks": 51234, "removed-bytes": 2 * GiB,
+                                        "removed-chunks": 812, "pending-bytes": 0, "pending-chunks": 0,
+                                        "removed-bad": 0, "still-bad": 0},
+                                 "gc_job": {"schedule": "daily", "last-run-state": "OK",
+                                            "last-run-endtime": now - 86400, "duration": 300,
+                                            "next-run": now + 3600},
+                                 "error": None}
+        # job states are the task state text: OK, WARNINGS: n, the error, unknown (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)
         self.pbs_jobs.setdefault("verify", []).append(
-            {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "ok",
+            {"id": f"v-{name}", "store": name, "schedule": "daily", "last-run-state": "OK",
              "last-run-endtime": now - 7200, "next-run": now + 79200})
         self.pbs_jobs.setdefault("prune", []).append(
             {"id": f"p-{name}", "store": name, "schedule": "hourly", "keep-last": 3, "keep-daily": 7,
-             "last-run-state": "ok", "last-run-endtime": now - 1800, "next-run": now + 1800})
+             "last-run-state": "OK", "last-run-endtime": now - 1800, "next-run": now + 1800})
         self.pbs_jobs.setdefault("sync", []).append(
             {"id": f"s-{name}", "store": name, "remote": "office", "remote-store": "backup", "schedule": "weekly",
              "last-run-state": "sync failed - remote unreachable", "last-run-endtime": now - 3 * 86400,
              "next-run": now + 4 * 86400})
+        self.pbs_jobs["sync"].append(
+            {"id": f"push-{name}", "store": name, "remote": "offsite", "remote-store": "copies", "schedule": "daily",
+             "sync-direction": "push", "last-run-state": "OK", "last-run-endtime": now - 5000,
+             "next-run": now + 80000})
 
     @staticmethod
     def pbs_snapshot(backup_time: int, *, size: int = 3 * GiB, protected: bool = False, state: str = "ok",
@@ -366,7 +497,7 @@ class Lab:
             started = time.time() - (3600 if finished else 0)
             starttime = int(started)
             if product == "pbs":
-                worker = item.replace(":", "\\x3a").replace("/", "\\x2f")
+                worker = escape_id(item)
                 upid = (f"UPID:{node}:{self._pid:08X}:0000A1B2:{len(self.tasks):08X}:{starttime:08X}:"
                         f"{kind}:{worker}:{user}:")
             else:  # PVE's UPID decoder allows no ':' in the worker id
@@ -387,10 +518,17 @@ class Lab:
                                     on_done, on_end)
             return upid
 
+    def schedule(self, seconds: float, effect: Callable[[], None]) -> None:
+        """An effect that happens later without a task of its own (the HA manager acting)."""
+        with self.lock:
+            self.later.append((time.time() + seconds, effect))
+
     def tick(self) -> None:
-        """Apply the effects of tasks that have finished."""
+        """Apply the effects of tasks that have finished, then those scheduled for now."""
         now = time.time()
         with self.lock:
+            due = [effect for when, effect in self.later if when <= now]
+            self.later = [(when, effect) for when, effect in self.later if when > now]
             for task in self.tasks.values():
                 if not task.done and not task.running(now):
                     task.done = True
@@ -399,3 +537,5 @@ class Lab:
                         task.on_end()
                     if task.on_done and succeeded:
                         task.on_done()
+            for effect in due:
+                effect()

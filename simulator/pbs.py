@@ -15,46 +15,60 @@ def pbs_version(_call: Call, **_: str) -> dict:
 
 
 def pbs_permissions(call: Call, **_: str) -> dict:
-    return _permissions(call, lambda privs: {p: True for p in privs})
+    return _permissions(call, bool)
 
 
-def _datastore(call: Call, store: str) -> dict:
+def _datastore(call: Call, store: str, *, opened: bool = True) -> dict:
+    """A datastore by name; `opened`: one that can be read (not offline or unmounted)."""
     found = call.lab.datastores.get(store)
     if found is None:
         raise ApiError(400, f"unable to get datastore '{store}' - datastore '{store}' does not exist")
+    if opened and found["error"]:
+        raise ApiError(400, found["error"])
     return found
 
 
+def _visible(call: Call, name: str) -> bool:
+    # stores the caller may Audit or Backup (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    return call.can(f"/datastore/{name}", "Datastore.Audit") or call.can(f"/datastore/{name}", "Datastore.Backup")
+
+
+def _mount_status(ds: dict) -> str:
+    return "notmounted" if ds["error"] else "nonremovable"
+
+
 def pbs_datastores(call: Call, **_: str) -> list:
-    # only stores the caller may Audit or Backup (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    return [{"store": name, "comment": ""} for name in call.lab.datastores
-            if call.can(f"/datastore/{name}", "Datastore.Audit") or call.can(f"/datastore/{name}", "Datastore.Backup")]
+    return [{"store": name, "comment": "", "mount-status": _mount_status(ds)}
+            for name, ds in call.lab.datastores.items() if _visible(call, name)]
 
 
 def pbs_datastore_usage(call: Call) -> list:
     now = int(time.time())
     rows = []
     for name, ds in call.lab.datastores.items():
-        if not call.can(f"/datastore/{name}", "Datastore.Audit"):
+        if not _visible(call, name):
+            continue
+        if ds["error"]:  # cannot be opened: a bare row (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+            rows.append({"store": name, "error": ds["error"], "mount-status": _mount_status(ds)})
             continue
         growth = 5 * GiB  # per day, so that an estimate exists
         rows.append({"store": name, "total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"],
                      "estimated-full-date": now + (ds["total"] - ds["used"]) // growth * 86400,
-                     "history-start": now - 30 * 86400, "history-delta": 86400,
-                     "gc-status": {k: v for k, v in ds["gc"].items() if k != "last-run-state"}})
+                     "history-start": now - 30 * 86400, "history-delta": 86400, "mount-status": _mount_status(ds),
+                     "backend-type": "filesystem", "gc-status": dict(ds["gc"])})
     return rows
 
 
 def pbs_datastore_status(call: Call, store: str) -> dict:
     ds = _datastore(call, store)
-    result = {"total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"]}
+    result = {"total": ds["total"], "used": ds["used"], "avail": ds["total"] - ds["used"], "backend-type": "filesystem"}
     if str(call.arg("verbose", "0")) == "1":
         counts: dict[str, dict] = {}
         for (_, kind, _), snaps in ds["groups"].items():
             entry = counts.setdefault(kind, {"groups": 0, "snapshots": 0})
             entry["groups"] += 1
             entry["snapshots"] += len(snaps)
-        result |= {"counts": counts, "gc-status": ds["gc"]}
+        result |= {"counts": counts, "gc-status": dict(ds["gc"])}
     return result
 
 
@@ -182,8 +196,14 @@ def pbs_set_notes(call: Call, store: str) -> None:
     _snapshot(call, _datastore(call, store))["comment"] = str(call.arg("notes")).split("\n")[0]
 
 
+def _gc_job(name: str, ds: dict) -> dict:
+    """GET /admin/gc row and GET /admin/datastore/{store}/gc: the counters and the job's times
+    (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)."""
+    return {"store": name, **ds["gc"], **ds["gc_job"]}
+
+
 def pbs_gc_status(call: Call, store: str) -> dict:
-    return dict(_datastore(call, store)["gc"], store=store)
+    return _gc_job(store, _datastore(call, store))
 
 
 def pbs_gc_start(call: Call, store: str) -> str:
@@ -192,10 +212,14 @@ def pbs_gc_start(call: Call, store: str) -> str:
         [f"marked {p}% ({p * 120 // 100} of 120 index files)" for p in (25, 50, 75, 100)] + \
         ["Start GC phase2 (sweep unused chunks)", "Removed garbage: 1.2 GiB", "Pending removals: 0 B"]
 
+    started: list[str] = []
+
     def apply() -> None:
-        ds["gc"] |= {"last-run-state": "ok", "last-run-endtime": int(time.time())}
-    return call.lab.start_task("pbs", "garbage_collection", store, user=call.token_id, lines=lines, on_done=apply,
-                               product="pbs")
+        ds["gc"]["upid"] = started[0]
+        ds["gc_job"] |= {"last-run-state": "OK", "last-run-endtime": int(time.time())}
+    started.append(call.lab.start_task("pbs", "garbage_collection", store, user=call.token_id, lines=lines,
+                                       on_done=apply, product="pbs"))
+    return started[0]
 
 
 def pbs_verify(call: Call, store: str) -> str:
@@ -217,10 +241,17 @@ def pbs_verify(call: Call, store: str) -> str:
     return call.lab.start_task("pbs", "verify", item, user=call.token_id, lines=lines, on_done=apply, product="pbs")
 
 
+def _direction_wanted(call: Call, kind: str, job: dict) -> bool:
+    """GET /admin/sync lists pull jobs unless sync-direction is push or all (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)."""
+    wanted = call.arg("sync-direction", "pull")
+    return kind != "sync" or wanted in ("all", job.get("sync-direction", "pull"))
+
+
 def pbs_jobs(kind: str) -> Callable:
     def handler(call: Call, **_: str) -> list:
         store = call.arg("store")
-        return [dict(job) for job in call.lab.pbs_jobs.get(kind, []) if store in (None, job["store"])]
+        return [dict(job) for job in call.lab.pbs_jobs.get(kind, [])
+                if store in (None, job["store"]) and _direction_wanted(call, kind, job)]
     return handler
 
 
@@ -235,7 +266,12 @@ def pbs_job_config(kind: str) -> Callable:
 
 
 def pbs_gc_jobs(call: Call, **_: str) -> list:
-    return [{"store": name, "schedule": "daily", **ds["gc"]} for name, ds in call.lab.datastores.items()]
+    """One row per visible store that can be opened; an offline store is left out (proxmox-backup
+    src/api2/admin/gc.rs: filter_map of garbage_collection_status)."""
+    store = call.arg("store")
+    if store:
+        return [_gc_job(store, _datastore(call, store))]
+    return [_gc_job(name, ds) for name, ds in call.lab.datastores.items() if _visible(call, name) and not ds["error"]]
 
 
 def pbs_run_job(kind: str) -> Callable:
@@ -255,6 +291,31 @@ def _pbs_task(call: Call, upid: str) -> Task:
     return task
 
 
+def _pbs_state_type(state: str) -> str:
+    """ok, warning, error or unknown (proxmox-backup src/api2/node/tasks.rs, tasktype)."""
+    if state == "OK":
+        return "ok"
+    if state.startswith("WARNINGS"):
+        return "warning"
+    return "unknown" if state == "unknown" else "error"
+
+
+def _pbs_task_listed(call: Call, task: Task, running: bool) -> bool:
+    """The filters of GET /nodes/{node}/tasks (proxmox-backup src/api2/node/tasks.rs, list_tasks):
+    `running` keeps running tasks only, `errors` drops only tasks that ended OK (running ones stay),
+    `statusfilter` keeps finished tasks of the states named (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+    if str(call.arg("running", "0")) in ("1", "true") and not running:
+        return False
+    if str(call.arg("errors", "0")) in ("1", "true") and not running and task.exitstatus == "OK":
+        return False
+    wanted = call.params.get("statusfilter")
+    if wanted is not None:
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        if running or _pbs_state_type(task.exitstatus) not in wanted:
+            return False
+    return not call.arg("typefilter") or call.arg("typefilter") in task.type
+
+
 def pbs_tasks(call: Call, **_: str) -> list:
     now = time.time()
     rows = []
@@ -262,33 +323,37 @@ def pbs_tasks(call: Call, **_: str) -> list:
         if not task.upid.startswith("UPID:pbs:") and task.node != "pbs":
             continue
         running = task.running(now)
-        if str(call.arg("running", "0")) == "1" and not running:
+        if not _pbs_task_listed(call, task, running):
             continue
-        if str(call.arg("errors", "0")) == "1" and (running or task.exitstatus == "OK"):
-            continue
-        row = {"upid": task.upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
+        # node is "localhost", user the full auth id, worker_id unescaped (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
+        row = {"upid": task.upid, "node": "localhost", "pid": 1000, "pstart": 41394, "starttime": int(task.started),
                "worker_type": task.type, "worker_id": task.id, "user": task.user}
         if not running:
             row |= {"endtime": int(task.started + task.duration), "status": task.exitstatus}
-        rows.append(row)  # running tasks are listed too (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
+        rows.append(row)  # running tasks are listed too
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    return rows[start:start + limit] if limit else rows[start:]  # limit=0: all
 
 
 def pbs_task_status(call: Call, upid: str, **_: str) -> dict:
     task = _pbs_task(call, upid)
+    user, _, tokenid = task.user.partition("!")  # the token apart, as in PVE (src/api2/node/tasks.rs)
     row = {"upid": upid, "node": task.node, "pid": 1000, "pstart": 41394, "starttime": int(task.started),
-           "type": task.type, "id": task.id, "user": task.user}
+           "type": task.type, "id": task.id, "user": user}
+    if tokenid:
+        row["tokenid"] = tokenid
     if task.running(time.time()):
         return row | {"status": "running"}
     return row | {"status": "stopped", "exitstatus": task.exitstatus}
 
 
 def pbs_task_log(call: Call, upid: str, **_: str) -> list:
-    lines = _pbs_task(call, upid).log(time.time()) or ["no content"]
-    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    """Lines numbered from 1; `start` is 1-based (0 and 1 both begin at the first line), `limit=0`
+    means all, and an empty log is empty (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+    lines = _pbs_task(call, upid).log(time.time())
     start, limit = int(call.arg("start", 0)), int(call.arg("limit", 50))
-    return rows[start:start + limit] if limit else rows[start:]
+    rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines) if i + 1 >= start]
+    return rows[:limit] if limit else rows
 
 
 PBS_HANDLERS: dict[tuple[str, str], Callable] = {

@@ -62,10 +62,12 @@ class Session:
 
 def requests_during(sim: Any, action: Any, *, writes: bool = False) -> tuple[Any, list]:
     """Run `action` and return its result with the requests the simulator received meanwhile
-    (only non-GET ones with writes=True). Background reads of token privileges are left out."""
+    (only non-GET ones with writes=True). Background reads of token privileges (and of the PVE
+    version they depend on) are left out."""
     before = len(sim.lab.requests)
     result = action()
-    sent = [r for r in sim.lab.requests[before:] if r[2] != "/access/permissions" and (not writes or r[1] != "GET")]
+    sent = [r for r in sim.lab.requests[before:] if r[2] not in ("/access/permissions", "/version")
+            and (not writes or r[1] != "GET")]
     return result, sent
 
 

@@ -45,7 +45,7 @@ def test_datastores_status_namespaces_groups(pbs):
     stores = rows(pbs.ok("pbs_list_datastores"))
     assert stores[0]["store"] == "backup" and stores[0]["used_pct"] == 30.0 and stores[0]["full_by"] > "2026"
     status = pbs.ok("pbs_datastore_status", {"store": "backup"})
-    assert status["counts"]["vm"]["groups"] == 3 and status["gc"]["state"] == "ok"
+    assert status["counts"]["vm"]["groups"] == 3 and status["gc"]["state"] == "OK"
     assert [r["ns"] for r in rows(pbs.ok("pbs_list_namespaces", {"store": "backup"}))] == ["", "offsite"]
     groups = {r["group"]: r for r in rows(pbs.ok("pbs_list_groups", {"store": "backup"}))}
     assert set(groups) == {"vm/100", "vm/101", "ct/102", "ct/105", "vm/200"} and groups["vm/100"]["count"] == 3
@@ -65,7 +65,7 @@ def test_snapshots_with_verify_protected_encrypted(pbs, sim):
 def test_jobs_and_tasks(pbs):
     jobs = {(r["kind"], r["id"]): r for r in rows(pbs.ok("pbs_list_jobs"))}
     assert jobs[("sync", "s-backup")]["result"].startswith("sync failed")
-    assert jobs[("gc", "backup")]["result"] == "ok" and ("verify", "v-backup") in jobs
+    assert jobs[("gc", "backup")]["result"] == "OK" and ("verify", "v-backup") in jobs
     progress = []
     gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
     assert gc["result"] == "ok" and progress

@@ -220,8 +220,14 @@ def test_privileges_decide_before_sending():
     assert policy.holds(host, "Sys.Audit", "/nodes/pve1") is True  # 0 is the propagate flag, still held
     assert policy.holds(host, "Sys.Audit", "/nodes/pve1/disks") is False  # not propagated
     assert policy.holds(host, "VM.Snapshot", "/vms/100") is False
-    policy.set_permissions(host, {"/pool/prod": {"VM.Snapshot": 1}})
-    assert policy.holds(host, "VM.Snapshot", "/vms/100") is None  # a pool may grant it: let Proxmox decide
+    # PVE lists /pool among its default paths and every pool member with the pool's privileges
+    # (flag 0: never propagated), so a listed /pool decides nothing by itself
+    policy.set_permissions(host, {"/pool": {"Pool.Audit": 1}, "/pool/prod": {"VM.Snapshot": 1},
+                                  "/vms/100": {"VM.Snapshot": 0, "VM.Audit": 1}, "/vms": {"VM.Audit": 1}})
+    assert policy.holds(host, "VM.Snapshot", "/vms/100") is True
+    assert policy.holds(host, "VM.Snapshot", "/vms/100/x") is False  # pool privileges do not propagate
+    assert policy.holds(host, "VM.Snapshot", "/vms/102") is False
+    assert policy.holds(host, "VM.Audit", "/vms/102") is True
 
 
 # ---------------------------------------------------------------- audit
@@ -472,7 +478,8 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
         tokens = dict(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:], strict=False))
         assert tokens[("pve", "POST", "/nodes/pve2/qemu/101/snapshot")] == "root@pam!admin"
         # every GET of host 'lab' used the read token (the other host reads its privileges in the background)
-        lab_reads = [t for (_, m, p), t in tokens.items() if m == "GET" and p != "/access/permissions"]
+        background = ("/access/permissions", "/version")
+        lab_reads = [t for (_, m, p), t in tokens.items() if m == "GET" and p not in background]
         assert all(t == "mcp@pve!reader" for t in lab_reads)
         info = session.ok("server_info")
         lab = next(h for h in info["hosts"] if h["host"] == "lab" and h["product"] == "pve")

@@ -55,7 +55,9 @@ def test_guest_config_and_snapshots(ops, sim):
 
 def test_backups_storage_content_networks_pools(ops):
     backups = rows(ops.ok("list_backups", {"vmid": 100}))
-    assert len(backups) == 1 and backups[0]["storage"] == "nfs-backup" and backups[0]["size"] == "2.0 GiB"
+    on_nfs = [b for b in backups if b["storage"] == "nfs-backup"]
+    assert len(on_nfs) == 1 and on_nfs[0]["size"] == "2.0 GiB"
+    assert len([b for b in backups if b["storage"] == "pbs"]) == 3  # a PBS storage lists its datastore's snapshots
     isos = rows(ops.ok("storage_content", {"storage": "local", "content": "iso"}))
     assert [r["volid"] for r in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
     assert "Storages:" in ops.error("storage_content", {"storage": "nowhere"})
@@ -99,8 +101,15 @@ def test_power_cycle_with_progress(ops, sim):
     assert stopped["result"] == "ok" and sim.lab.guests[104]["status"] == "stopped"
     message = ops.error("write_guest_power", {"vmid": 104, "action": "stop"})  # destructive: confirm
     assert "confirm=true" in message and "win11 (vmid 104)" in message
-    failed = ops.error("write_guest_power", {"vmid": 104, "action": "shutdown"})
-    assert "VM 104 not running" in failed and "TASK ERROR" in failed
+    # shutting down a stopped VM ends OK in Proxmox (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
+    assert ops.ok("write_guest_power", {"vmid": 104, "action": "shutdown"})["guest_state"] == "stopped"
+    assert "VM 104 not running" in ops.error("write_guest_power", {"vmid": 104, "action": "reboot"})
+    sim.lab.guests[104]["lock"] = "backup"
+    try:
+        failed = ops.error("write_guest_power", {"vmid": 104, "action": "start"})
+    finally:
+        sim.lab.guests[104]["lock"] = None
+    assert "VM is locked (backup)" in failed and "TASK ERROR" in failed
 
 
 def test_config_with_digest_and_nic(ops, sim):
@@ -134,8 +143,9 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
     volid = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 105)
     restored = ops.ok("write_restore_backup", {"archive": volid})
     assert restored["result"] == "ok" and sim.lab.guests[restored["vmid"]]["type"] == "lxc"
-    clone = ops.ok("write_clone_guest", {"vmid": 100, "name": "web-test", "target": "pve2"}, progress=progress)
-    assert clone["result"] == "ok" and sim.lab.guests[clone["newid"]]["node"] == "pve2"
+    # a guest on local storage clones on its own node only (docs/PROXMOX-BEHAVIOUR.md#clone)
+    clone = ops.ok("write_clone_guest", {"vmid": 100, "name": "web-test"}, progress=progress)
+    assert clone["result"] == "ok" and sim.lab.guests[clone["newid"]]["node"] == "pve1"
     assert sim.lab.guests[clone["newid"]]["name"] == "web-test"
     moved = ops.ok("write_migrate_guest", {"vmid": clone["newid"], "target": "pve3"})
     assert moved["result"] == "ok" and sim.lab.guests[clone["newid"]]["node"] == "pve3"

@@ -176,8 +176,9 @@ def test_nodes_down_or_misspelled(sim):
         assert {r["node"]: r["status"] for r in rows}["pve2"] == "offline"
     finally:
         sim.lab.down_nodes.clear()
-    # wrong case: 595 in the simulator, 500 on real Proxmox (docs/PROXMOX-BEHAVIOUR.md#node-names-and-forwarding)
-    assert raw(sim, "/nodes/PVE1/status").status_code == 595
+    # wrong case: DNS finds the member, pveproxy refuses the loop (docs/PROXMOX-BEHAVIOUR.md#node-names-and-forwarding)
+    misspelled = raw(sim, "/nodes/PVE1/status")
+    assert misspelled.status_code == 500 and "proxy loop detected" in misspelled.reason
     assert raw(sim, "/nodes/nowhere/status").status_code == 500
 
 
@@ -247,7 +248,8 @@ def test_403_names_privilege_path_and_the_grant(sim):
     before = len(sim.lab.requests)
     with pytest.raises(policy.PolicyError) as caught:  # refused before sending: its privileges are known
         empty.get("/cluster/status")
-    assert sim.lab.requests[before:] == [("pve", "GET", "/access/permissions")]
+    # the privileges, and the version whose privileges they are (agent calls: VM.Monitor before PVE 9)
+    assert sim.lab.requests[before:] == [("pve", "GET", "/access/permissions"), ("pve", "GET", "/version")]
     text = str(caught.value)
     assert "Sys.Audit" in text and "on /" in text
     assert "pveum acl modify / --tokens 'mcp@pve!empty' --roles PVEAuditor" in text
@@ -373,9 +375,11 @@ def test_power_actions_are_tasks_that_change_state(sim):
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"
         assert sim.lab.guests[103]["status"] == "running"
-        again = admin_request("POST", "/nodes/pve1/lxc/103/status/start")  # 200 + UPID, fails later
-        with pytest.raises(proxmox_client.TaskFailed, match="CT 103 already running"):
+        again = admin_request("POST", "/nodes/pve1/qemu/100/status/start")  # 200 + UPID, fails later
+        with pytest.raises(proxmox_client.TaskFailed, match="VM 100 already running"):
             admin.wait_task(again, timeout=20)
+        with pytest.raises(ProxmoxError, match="CT 103 already running"):  # a container refuses before any task
+            admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         sim.lab.guests[100]["lock"] = "backup"
         locked = admin_request("POST", "/nodes/pve1/qemu/100/status/shutdown")
         with pytest.raises(proxmox_client.TaskFailed, match=r"VM is locked \(backup\)"):

@@ -142,14 +142,20 @@ def test_provision_lxc_and_vm_in_one_call(ops, sim):
     assert vm["result"] == "ok" and vm["address"].startswith("192.0.2.")
 
 
+def step_report(message):
+    """A failed workflow is a tool error carrying its step report."""
+    return json.loads(message.split("Step report: ", 1)[1])
+
+
 def test_provision_failure_says_what_exists_and_deletes_nothing(ops, sim):
-    failed = ops.ok("write_provision_lxc", {"hostname": "x1", "template": "local:vztmpl/missing.tar.zst"})
+    failed = step_report(ops.error("write_provision_lxc", {"hostname": "x1",
+                                                           "template": "local:vztmpl/missing.tar.zst"}))
     assert failed["result"] == "failed" and failed["created"] == [] and "Nothing was created" in failed["note"]
     sim.lab.fail.append((r"/lxc/\d+/status/start$", 500, "startup for container failed"))
     before = set(sim.lab.guests)
     try:
-        half = ops.ok("write_provision_lxc", {"hostname": "half", "template":
-                                              "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"})
+        half = step_report(ops.error("write_provision_lxc", {"hostname": "half", "template":
+                                                             "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"}))
     finally:
         sim.lab.fail.clear()
     made = set(sim.lab.guests) - before
@@ -190,14 +196,14 @@ def test_restore_drill_failure_paths(ops, sim):
     before = set(sim.lab.guests)
     sim.lab.fail.append((r"/agent/ping$", 500, "QEMU guest agent is not running"))
     try:
-        silent = ops.ok("write_restore_drill", {"vmid": 100, "answer_seconds": 5, "confirm": True})
+        silent = step_report(ops.error("write_restore_drill", {"vmid": 100, "answer_seconds": 5, "confirm": True}))
     finally:
         sim.lab.fail.clear()
     assert silent["result"] == "failed" and set(sim.lab.guests) == before  # scratch destroyed anyway
     assert next(s for s in silent["steps"] if s["step"] == "guest answers")["state"] == "failed"
     sim.lab.fail.append((r"^/nodes/[^/]+/qemu$", 500, "restore failed - no space left on device"))
     try:
-        broken = ops.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+        broken = step_report(ops.error("write_restore_drill", {"vmid": 100, "confirm": True}))
     finally:
         sim.lab.fail.clear()
     assert broken["result"] == "failed" and "no space left" in broken["steps"][-1]["detail"]

@@ -1,0 +1,401 @@
+"""Real Proxmox behaviour around PBS, tasks and access (issue 15), each modelled in the simulator
+after the source cited in docs/PROXMOX-BEHAVIOUR.md and checked here through the tool functions,
+called in this process against a simulator of the test's own."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import pytest
+
+import config as config_module
+import pbs_tools
+import pve_tools
+import policy
+import proxmox_client
+import simulator
+import workflows
+from errors import ProxmoxError, ToolFailure
+
+LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
+
+
+@contextmanager
+def tools_on(sim: simulator.Simulator, tmp_path: Any, pve_token: str = "mcp@pve!reader",
+             pbs_token: str = "mcp@pbs!reader", **env: str) -> Iterator[None]:
+    """The tool functions of this process pointed at `sim` (host label `real`)."""
+    settings = config_module.load_config(sim.env(LABEL, pve_token=pve_token, pbs_token=pbs_token) | {
+        "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")} | env)
+    before = [h for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
+    original = policy.SETTINGS
+    proxmox_client.configure_hosts(settings.hosts)
+    policy.configure(settings.settings)
+    try:
+        yield
+    finally:
+        proxmox_client.configure_hosts(before)
+        policy.configure(original)
+        for kept in (policy.PERMISSIONS, getattr(policy, "VERSIONS", {})):
+            for key in [k for k in kept if k[1] == LABEL]:
+                kept.pop(key)
+
+
+def rows(answer: dict) -> list[dict]:
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
+
+
+@pytest.fixture()
+def lab() -> simulator.Lab:
+    return simulator.Lab.homelab()
+
+
+@pytest.fixture()
+def sim(lab: simulator.Lab) -> Iterator[simulator.Simulator]:
+    with simulator.Simulator(lab) as running:
+        yield running
+        assert running.lab.schema_rejections == [], running.lab.schema_rejections
+
+
+def findings(report: dict, area: str) -> list[str]:
+    return [f["finding"] for f in report["findings"] if f["area"] == area]
+
+
+# ---------------------------------------------------------------- 1, 2: PBS job states and garbage collection
+
+def test_healthy_verify_job_is_not_reported_failed(sim, tmp_path):
+    with tools_on(sim, tmp_path):
+        report = workflows.health_check()
+    assert not [f for f in findings(report, "pbs") if "verify job" in f], report["findings"]
+
+
+def test_failed_and_warning_verify_jobs(sim, lab, tmp_path):
+    job = lab.pbs_jobs["verify"][0]
+    with tools_on(sim, tmp_path):
+        job["last-run-state"] = "WARNINGS: 2"
+        assert not [f for f in findings(workflows.health_check(), "pbs") if "verify job" in f]
+        job["last-run-state"] = "verification failed - please check the log for details"
+        failed = [f for f in findings(workflows.health_check(), "pbs") if "verify job" in f]
+    assert failed and "verification failed" in failed[0]
+
+
+def test_gc_times_come_from_the_gc_job(sim, lab, tmp_path):
+    ran = lab.datastores["backup"]["gc_job"]["last-run-endtime"]
+    with tools_on(sim, tmp_path):
+        before = len(lab.requests)
+        stores = rows(pbs_tools.pbs_list_datastores())
+        asked = [path for _, _, path in lab.requests[before:] if path not in ("/access/permissions", "/version")]
+        status = pbs_tools.pbs_datastore_status("backup")
+        report = workflows.health_check()
+    assert stores[0]["last_gc"] == pbs_tools.iso_time(ran) and stores[0]["gc_result"] == "OK"
+    assert asked == ["/status/datastore-usage", "/admin/gc"]  # one extra read for every store
+    assert status["gc"]["last_run"] == pbs_tools.iso_time(ran) and status["gc"]["state"] == "OK"
+    assert status["gc"]["next_run"]
+    assert not [f for f in findings(report, "pbs") if "garbage collection" in f], report["findings"]
+
+
+def test_old_or_failed_gc_is_reported(sim, lab, tmp_path):
+    gc = lab.datastores["backup"]["gc_job"]
+    gc["last-run-endtime"] = int(time.time()) - 20 * 86400
+    with tools_on(sim, tmp_path):
+        assert [f for f in findings(workflows.health_check(), "pbs") if "garbage collection" in f]
+        gc |= {"last-run-endtime": int(time.time()) - 3600, "last-run-state": "TASK ERROR: out of space"}
+        failed = [f for f in findings(workflows.health_check(), "pbs") if "garbage collection" in f]
+    assert failed and "out of space" in failed[0]
+
+
+def test_unmounted_datastore_is_unavailable(sim, lab, tmp_path):
+    lab.add_datastore("usb", total=1000 * simulator.GiB, used=10 * simulator.GiB)
+    lab.datastores["usb"]["error"] = "datastore 'usb' is not mounted"
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin"):
+        stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
+        report = workflows.health_check()
+        with pytest.raises(ToolFailure, match="not mounted"):
+            pbs_tools.pbs_datastore_status("usb")
+    assert stores["usb"]["unavailable"] == "datastore 'usb' is not mounted" and stores["usb"]["used"] == ""
+    assert stores["backup"]["unavailable"] == ""
+    assert any("usb" in u["section"] and "not mounted" in u["reason"] for u in report["unavailable"])
+    assert not [f for f in findings(report, "pbs") if "usb" in f]
+
+
+def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        jobs = {r["id"]: r for r in rows(pbs_tools.pbs_list_jobs())}
+        ran = pbs_tools.write_pbs_run_job("sync", "push-backup", wait_seconds=0)
+    assert jobs["push-backup"]["direction"] == "push" and jobs["s-backup"]["direction"] == "pull"
+    assert ran["status"] == "started"
+
+
+# ---------------------------------------------------------------- 4, 16, 18: task lists, logs and UPIDs
+
+def test_node_task_list_shows_running_tasks_and_failures_apart(sim, lab, tmp_path):
+    running = lab.start_task("pve1", "qmclone", "100", duration=600, user="root@pam!admin")
+    with tools_on(sim, tmp_path, pve_token="root@pam!admin"):
+        active = rows(pve_tools.list_tasks(node="pve1", running=True))
+        recent = {r["upid"]: r for r in rows(pve_tools.list_tasks(node="pve1"))}
+        failed = rows(pve_tools.list_tasks(node="pve1", errors=True))
+    assert [r["upid"] for r in active] == [running] and active[0]["status"] == "running"
+    assert recent[running]["status"] == "running" and recent[running]["user"] == "root@pam!admin"
+    assert [r["status"] for r in failed] == ["job errors"]  # the running task is no failure
+
+
+def test_pbs_task_list_errors_and_running(sim, lab, tmp_path):
+    running = lab.start_task("pbs", "verificationjob", "backup:v-backup", duration=600, product="pbs",
+                             user="mcp@pbs!reader")
+    failed = lab.start_task("pbs", "syncjob", "backup:s-backup", exitstatus="sync failed - remote unreachable",
+                            finished=True, product="pbs")
+    lab.start_task("pbs", "garbage_collection", "backup", finished=True, product="pbs")
+    with tools_on(sim, tmp_path):
+        errors = rows(pbs_tools.pbs_list_tasks(errors=True))
+        active = rows(pbs_tools.pbs_list_tasks(running=True))
+        task = pbs_tools.pbs_get_task(running)
+    assert [r["upid"] for r in errors] == [failed] and errors[0]["status"] == "sync failed - remote unreachable"
+    assert [r["upid"] for r in active] == [running] and active[0]["status"] == "running"
+    assert active[0]["user"] == "mcp@pbs!reader" and task["user"] == "mcp@pbs!reader"
+    assert task["id"] == "backup:v-backup"
+
+
+def test_pbs_task_log_pages_without_repeating_a_line(sim, lab, tmp_path):
+    upid = lab.start_task("pbs", "verify", "backup", finished=True, product="pbs",
+                          lines=[f"line {n}" for n in range(1, 8)])
+    with tools_on(sim, tmp_path):
+        first = pbs_tools.pbs_task_log(upid, limit=3)
+        second = pbs_tools.pbs_task_log(upid, start=first["next_start"], limit=3)
+        third = pbs_tools.pbs_task_log(upid, start=second["next_start"], limit=3)
+    assert first["lines"] + second["lines"] + third["lines"] == [f"line {n}" for n in range(1, 8)] + ["TASK OK"]
+    assert "next_start" not in third
+
+
+def test_pbs_worker_ids_are_systemd_escaped_and_decoded(sim, lab, tmp_path):
+    lab.datastores["backup"]["groups"][("", "vm", "100")][0]["verification"] = None
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        started = pbs_tools.write_pbs_verify("backup", backup_type="vm", backup_id="100", wait_seconds=0)
+        task = pbs_tools.pbs_get_task(started["upid"])
+    assert ":vm-100:" not in started["upid"] and "backup\\x3avm-100" in started["upid"]
+    assert task["id"] == "backup:vm/100"
+    parsed = proxmox_client.parse_upid(
+        "UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:syncjob:remote\\x2dstore\\x3aa-b:root@pam!x:", "pbs")
+    assert parsed["id"] == "remote-store:a/b" and parsed["user"] == "root@pam!x"
+
+
+@pytest.mark.parametrize("upid, product", [
+    ("UPID::000A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam:", "pve"),  # no node
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qm start:100:root@pam:", "pve"),  # a space in the type
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam", "pve"),  # no trailing colon
+    ("UPID:pve1:0A1B2C:0000ABCD:6745B3C1:qmstart:100:root@pam:", "pve"),  # short pid
+    ("UPID:pve1:000A1B2C:0000ABCD:6745B3C1:qmstart:1/0:root@pam:", "pve"),  # '/' in the id
+    ("UPID:-pbs:000003E8:0000A1B2:00000012:6745B3C1:verify:store:root@pam:", "pbs"),  # bad node
+    ("UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:ver ify:store:root@pam:", "pbs"),
+    ("UPID:pbs:000003E8:0000A1B2:012:6745B3C1:verify:store:root@pam:", "pbs"),  # short counter
+])
+def test_malformed_upids_are_refused(upid, product):
+    with pytest.raises(ProxmoxError, match="not a"):
+        proxmox_client.parse_upid(upid, product)
+
+
+def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
+    lab.task_seconds = 30
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
+    assert outcome["status"] == "still_running" and "pbs_get_task" in outcome["next"]
+
+
+# ---------------------------------------------------------------- 6, 16: backup coverage
+
+def coverage_rows(report: dict) -> dict[int, dict]:
+    return {r["vmid"]: r for r in rows(report["guests"])}
+
+
+def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
+    """This cluster backs up to namespace `namespace`; another cluster's guests, numbered alike,
+    sit in namespace `office` of the same datastore (103 included, which this cluster never backed up)."""
+    lab.volumes["nfs-backup"] = []
+    groups = lab.datastores["backup"]["groups"]
+    ours = {(kind, item): snaps for (ns, kind, item), snaps in groups.items() if ns == ""}
+    groups.clear()
+    now = int(time.time())
+    for (kind, item), snaps in ours.items():
+        groups[(namespace, kind, item)] = snaps
+    for kind, item in [("vm", "100"), ("ct", "103"), ("vm", "777")]:
+        groups[("office", kind, item)] = [lab.pbs_snapshot(now - 3600)]
+    lab.datastores["backup"]["namespaces"] = {"": "", namespace: "", "office": "the office cluster"}
+    lab.storages["pbs"]["config"]["namespace"] = namespace
+
+
+def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
+    assert guests[100]["where"] == "pbs:backup/homelab"
+    assert guests[103]["state"] == "missing"  # the office's ct/103 is another guest
+    assert report["orphan_pbs_groups"] == []  # the office's groups are not ours to call orphans
+
+
+def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    lab.storages["pbs"]["config"]["server"] = "pbs.elsewhere.example"
+    with tools_on(sim, tmp_path):
+        before = len(lab.requests)
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
+    assert guests[100]["where"] == "pbs" and guests[103]["state"] == "missing"
+    assert not [p for product, _, p in lab.requests[before:] if product == "pbs" and "snapshots" in p]
+
+
+def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
+    lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
+    assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
+    assert any(u["section"] == "backup jobs" for u in report["unavailable"])
+
+
+def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path):
+    lab.backup_jobs = [
+        {"id": "pve2-all", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1, "node": "pve2",
+         "storage": "nfs-backup"},
+        {"id": "listed", "type": "vzdump", "schedule": "03:00", "enabled": 1, "vmid": "103,105", "exclude": "103",
+         "storage": "nfs-backup"}]
+    with tools_on(sim, tmp_path):
+        guests = coverage_rows(workflows.backup_coverage())
+    assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
+    assert guests[100]["jobs"] == ""  # on pve1: not in a job limited to pve2
+    assert guests[103]["jobs"] == "listed" and guests[103]["excluded_by"] == ""  # exclude needs all=1
+
+
+# ---------------------------------------------------------------- 7, 14, 15: privileges as the version has them
+
+AGENT_OPS = "ops@pve!agent"
+
+
+def with_agent_token(lab: simulator.Lab) -> None:
+    """A token of ops@pve that may use the guest agent: PVEVMAdmin on the user and on the token."""
+    user = simulator.Token("", [("/", "PVEVMAdmin", True), ("/", "PVEAuditor", True)])
+    lab.pve_tokens[AGENT_OPS] = simulator.Token("77777777-6666-5555-4444-333333333333",
+                                                [("/", "PVEVMAdmin", True), ("/", "PVEAuditor", True)], owner=user)
+
+
+
+
+@pytest.mark.parametrize("pve_major", [8, 9])
+def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
+    lab = simulator.Lab.homelab(pve_major=pve_major)
+    with_agent_token(lab)
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pve_token=AGENT_OPS,
+                                                    PROXMOX_ALLOW_EXEC="true"):
+        import server
+        client = proxmox_client.pve_client()
+        client.ensure_permissions()
+        visibility = server.ToolVisibility()
+        visibility.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
+        assert visibility.hidden() == {}
+        info = pve_tools.guest_agent_info(100)
+    assert info["hostname"] == "web"
+
+
+def test_agent_refusal_names_the_privilege_the_version_has(tmp_path):
+    lab = simulator.Lab.homelab(pve_major=8)
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
+        before = len(lab.requests)
+        with pytest.raises(policy.PolicyError) as refused:
+            pve_tools.guest_agent_info(100)
+        sent = [p for _, _, p in lab.requests[before:] if "/agent/" in p]
+    text = str(refused.value)
+    assert "VM.Monitor" in text and "VM.GuestAgent" not in text and "--roles PVEVMAdmin" in text
+    assert sent == []  # refused before sending
+
+
+def test_a_token_holds_only_what_its_user_holds_too(sim, lab, tmp_path):
+    lab.pve_tokens["mcp@pve!reader"].owner.acl.clear()  # the token keeps PVEAuditor, its user has nothing
+    lab.pbs_tokens["mcp@pbs!reader"].owner.acl.clear()
+    with tools_on(sim, tmp_path):
+        guests = pve_tools.list_guests()
+        stores = pbs_tools.pbs_list_datastores()
+        assert policy.permissions_of(proxmox_client.pve_client().host) == {}
+    assert guests["rows"] == [] and "user" in guests["note"]
+    assert stores["rows"] == []
+
+
+def test_grant_hints_grant_the_user_and_the_token():
+    from types import SimpleNamespace
+    pve = SimpleNamespace(product="pve", label="p", token_id="mcp@pve!mcp")
+    pbs = SimpleNamespace(product="pbs", label="b", token_id="mcp@pbs!mcp")
+    hint = policy.grant_hint(pve, "VM.Audit", "/vms/100")
+    assert "pveum acl modify /vms/100 --users 'mcp@pve' --roles PVEAuditor" in hint
+    assert "pveum acl modify /vms/100 --tokens 'mcp@pve!mcp' --roles PVEAuditor" in hint
+    hint = policy.grant_hint(pbs, "Datastore.Audit|Datastore.Backup", "/datastore/backup")
+    assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs'" in hint
+    assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs!mcp'" in hint
+    assert "--tokens" not in policy.grant_hint(SimpleNamespace(product="pve", label="u", token_id="ops@pve"),
+                                               "VM.Audit", "/")  # a password login has no token
+
+
+# ---------------------------------------------------------------- 18: locks, RRD, agent errors, file writes
+
+def test_persistent_locks_are_not_tasks(sim, lab, tmp_path):
+    lab.guests[100]["lock"] = "suspended"  # hibernated: no task holds it, a start resumes it
+    lab.guests[101]["lock"] = "snapshot-delete"
+    with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ACCESS="write"):
+        report = workflows.health_check()
+        with pytest.raises(ToolFailure) as refused:
+            pve_tools.write_guest_config(101, set={"description": "x"})
+        locks = {f["evidence"]["vmid"]: f for f in report["findings"] if f["area"] == "locks"}
+    assert "hibernated" in locks[100]["next"] and "list_tasks" not in locks[100]["next"]
+    assert "(snapshot-delete)" in locks[101]["finding"] and "snapshot-delete" in locks[101]["next"]
+    assert "snapshot-delete" in str(refused.value) and "qm unlock 101" in str(refused.value)
+
+
+def test_rrd_network_rates_are_bytes_per_second(sim, tmp_path):
+    with tools_on(sim, tmp_path):
+        rrd = pve_tools.node_status("pve1", timeframe="hour")["rrd"]
+    assert rrd["net_in"] == "1.2 KiB/s" and rrd["net_out"] == "800 B/s" and "net_in_bps" not in rrd
+
+
+def test_agent_errors_without_description_are_not_results(sim, lab, tmp_path):
+    lab.guests[100]["agent_errors"] = {"network-get-interfaces": {"class": "CommandDisabled"}}
+    with tools_on(sim, tmp_path):
+        info = pve_tools.guest_agent_info(100)
+        client = proxmox_client.pve_client()
+        address = workflows._wait_for_address(client, "/nodes/pve1/qemu/100", "qemu", 1)
+    assert info["hostname"] == "web" and info["interfaces"] == []
+    assert "CommandDisabled" in info["agent_errors"]["network-get-interfaces"]
+    assert address is None
+
+
+def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
+    import inspect
+
+    import shell_tools
+    from pydantic import TypeAdapter
+    schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file_write)
+                         .parameters["content"].annotation).json_schema()
+    assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
+    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})
+    try:
+        with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
+            written = shell_tools.write_guest_file_write(100, "/tmp/big", "x" * 46080)
+            before = len(lab.requests)
+            with pytest.raises(ToolFailure, match="46080 bytes"):
+                shell_tools.write_guest_file_write(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
+            sent = lab.requests[before:]
+    finally:
+        policy.CALL.reset(confirmed)
+    assert written["bytes"] == 46080 and lab.guests[100]["files"]["/tmp/big"] == "x" * 46080
+    assert not [r for r in sent if r[1] == "POST"]
+
+
+def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
+    with tools_on(sim, tmp_path, PROXMOX_ACCESS="lifecycle"):
+        client = proxmox_client.pve_client()
+        client.ensure_permissions()
+        listed = policy.permissions_of(client.host)
+        before = len(lab.requests)
+        with pytest.raises(policy.PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
+            pve_tools.write_guest_power(100, "shutdown")
+        sent = [r for r in lab.requests[before:] if r[1] != "GET"]
+    assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)
+    assert listed["/vms/100"]["VM.Audit"] == 1 and sent == []  # /vms/100: a member of pool prod
