@@ -316,10 +316,19 @@ PATTERNS = {
     r"^net\d+$": ("net and a number", "net0"),
     r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
 }
-# Examples for arguments whose schema gives no rule to derive one from.
-NAMED_EXAMPLES = {"node": "pve1", "target": "pve2", "storage": "local-lvm", "disk": "scsi0", "command": "uptime",
-                  "path": "/nodes", "method": "GET", "volume": "local:iso/debian-12.iso", "store": "backup",
-                  "query": "snapshot", "upid": "UPID:pve1:...", "template": "local:vztmpl/debian-12.tar.zst"}
+# Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
+NAMED_EXAMPLES = {
+    "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
+    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
+    "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
+    "upid": "UPID:pve1:...",
+    "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
+    "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
+    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
+    "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+}
+VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
     "missing": "is required", "string_too_short": "needs at least {min_length} characters",
     "string_too_long": "takes at most {max_length} characters", "greater_than_equal": "must be at least {ge}",
@@ -336,7 +345,8 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
     """A pydantic ValidationError as one readable line: each argument, the rule it breaks and an
     example (instead of the library's multi-line dump)."""
     problems = []
-    for item in error.errors(include_url=False)[:3]:
+    errors = sorted(error.errors(include_url=False), key=lambda e: e["type"] == "missing")  # given values first
+    for item in errors[:5]:
         name = str(item["loc"][0]) if item["loc"] else "arguments"
         prop = schema.get("properties", {}).get(name, {})
         pattern = next((v["pattern"] for v in prop.get("anyOf") or [prop] if "pattern" in v), None)
@@ -348,7 +358,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
         given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
         problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
                                                               else ""))
-    more = f" (and {len(error.errors()) - 3} more)" if len(error.errors()) > 3 else ""
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return policy.mask(f"{tool}: {'; '.join(problems)}{more}. Nothing was sent.")
 
 
@@ -362,12 +372,16 @@ def example_for(name: str, prop: dict, pattern: str | None) -> Any:
         if "enum" in variant:
             return variant["enum"][0]
         if variant.get("type") == "integer":
-            return variant.get("minimum", variant.get("maximum", 100 if "vmid" in name else 1))
+            return NAMED_EXAMPLES.get(name, variant.get("minimum", variant.get("maximum", 1)))
         if variant.get("type") == "boolean":
             return True
+    if prop.get("default") not in (None, "", False):
+        return prop["default"]
     described = prop.get("description", "")
     if "e.g. " in described:
         return described.split("e.g. ", 1)[1].split(",")[0].split(" ")[0].rstrip(".")
+    if described == "volid" or name == "volid":
+        return VOLID_EXAMPLE
     return NAMED_EXAMPLES.get(name)
 
 
@@ -477,9 +491,8 @@ class ToolVisibility:
                 from mcp_types import CallToolResult, TextContent
                 return CallToolResult(content=[TextContent(type="text", text=refusal)], is_error=True)
         result = await call_next(ctx)
-        if ctx.method == "tools/call" and getattr(result, "is_error", False):
-            result = self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"),
-                                                  result)
+        if ctx.method == "tools/call":
+            self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
         if ctx.method == "tools/list":
             tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
             kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
@@ -490,19 +503,27 @@ class ToolVisibility:
             self.notified[ctx.session] = tuple(sorted(hidden))
         return result
 
-    def readable_argument_error(self, name: str, arguments: Any, result: Any) -> Any:
-        """An error result from the SDK's argument validation, as one line naming the argument, the
-        rule and an example (argument_error); any other result unchanged."""
+    def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
+        """Rewrite an error result of the SDK's argument validation as one line naming the argument,
+        the rule and an example (argument_error); any other result is left as it is."""
         from pydantic import ValidationError
-        text = result.content[0].text if result.content else ""
+        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
+        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
+        block = content[0]
+        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
         metadata = self.arguments.get(name)
-        if metadata is None or not text.startswith(f"Error executing tool {name}: ") or "validation error" not in text:
-            return result
+        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
+                or "validation error" not in text:
+            return
         try:
             metadata.validate_arguments(arguments or {})
+            return
         except ValidationError as exc:
-            result.content[0].text = argument_error(name, exc, metadata.arg_model.model_json_schema())
-        return result
+            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
+        if isinstance(block, dict):
+            block["text"] = readable
+        else:
+            block.text = readable
 
     def refresh(self) -> None:
         """After privileges were read: tell each session whose list is now stale."""
@@ -869,8 +890,6 @@ def demo_environment() -> dict[str, str]:
     protected = state / "protected-vms.json"
     protected.write_text(json.dumps([{"host": "demo", "vmid": 101, "name": "db",
                                       "reason": "demo: the production database"}]))
-    print(f"demo lab: PVE {sim.pve_url}, PBS {sim.pbs_url} (simulated, nothing real is touched); "
-          f"guest 101 is protected", file=sys.stderr)
     return sim.env(label="demo", pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
         "PROXMOX_AUDIT_LOG": str(state / "audit.jsonl")}
@@ -886,17 +905,20 @@ def demo_http_token(env: dict[str, str], bind_host: str) -> dict[str, str]:
 
 
 def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
-    """The line a person starting the server reads on stderr: where it serves, and the client
-    command that connects to it (Claude Code's; other clients in README)."""
+    """The line a person starting the server reads on stderr: what it serves, where, and the client
+    command that connects to it (Claude Code's; README has the others)."""
+    what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
+        else "proxmox-mcp"
+    name = "proxmox-demo" if args.demo else "proxmox"
     if args.http:
         url = f"http://{bind_host}:{args.port or config.http_port}/mcp"
         bearer = DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
-        return (f"serving MCP over HTTP at {url}; connect a client with:\n"
-                f"  claude mcp add --transport http proxmox{'-demo' * args.demo} {url}{header}")
+        return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
+                f"  claude mcp add --transport http {name} {url}{header}")
     command = f"{sys.executable} {INSTALL_DIR / 'server.py'}{' --demo' * args.demo}"
-    return (f"serving MCP on stdio, waiting for a client to start this command; connect one with: "
-            f"claude mcp add proxmox{'-demo' * args.demo} -- {command}")
+    return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
+            f"connect one with: claude mcp add {name} -- {command}")
 
 
 # ================================================================ main
@@ -988,7 +1010,7 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
     server = build_server(config)
     load_permissions_in_background()
     if args.demo or args.http or sys.stdin.isatty():  # say what is happening and how to connect
-        print(f"proxmox-mcp: {how_to_connect(args, config, bind_host)}", file=sys.stderr)
+        print(how_to_connect(args, config, bind_host), file=sys.stderr)
     if not args.http:
         server.run("stdio")
         return 0
