@@ -911,7 +911,8 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
         else "proxmox-mcp"
     name = "proxmox-demo" if args.demo else "proxmox"
     if args.http:
-        url = f"http://{bind_host}:{args.port or config.http_port}/mcp"
+        reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
+        url = f"http://{reach}:{args.port or config.http_port}/mcp"
         bearer = DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
