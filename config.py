@@ -6,7 +6,6 @@ Parsing has no side effects: the secrets it finds are carried in `Config.secrets
 """
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -296,6 +295,7 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
+    import difflib  # only when a name is unknown: not at every start
     warnings = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)

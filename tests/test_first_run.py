@@ -210,7 +210,6 @@ def test_http_on_the_tls_port_says_the_port_speaks_tls(sim):
 
 
 def test_an_unreachable_address_is_tried_once_and_named(monkeypatch):
-    import policy
     import proxmox_client
     import urllib3.util.connection
     tried = []
@@ -221,11 +220,9 @@ def test_an_unreachable_address_is_tried_once_and_named(monkeypatch):
 
     monkeypatch.setattr(urllib3.util.connection, "create_connection", no_route)
     monkeypatch.setattr(proxmox_client, "SLOW_CONNECT_FAILURE", 0.0)  # every failure counts as slow here
-    settings = load_config({"PROXMOX_X_URL": "https://192.0.2.77:8006", "PROXMOX_X_TOKEN": "a@pve!b=c"})
-    proxmox_client.configure_hosts(settings.hosts)
-    policy.configure(settings.settings)
+    host = load_config({"PROXMOX_X_URL": "https://192.0.2.77:8006", "PROXMOX_X_TOKEN": "a@pve!b=c"}).hosts[0]
     with pytest.raises(proxmox_client.ProxmoxError, match="no route to host") as caught:
-        proxmox_client.pve_client().get("/cluster/resources")  # the privilege read first, then the request
+        proxmox_client.ProxmoxClient(host).get("/cluster/resources")  # the privilege read first, then the request
     assert len(tried) == 1, tried  # neither retried nor tried again by the request after the privilege read
     assert "192.0.2.77" in str(caught.value)
 
