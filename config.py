@@ -216,9 +216,13 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
     env = dict(os.environ if environ is None else environ)
     files = []
     for path in dict.fromkeys(((cwd or Path.cwd()) / ".env", INSTALL_DIR / ".env")):
-        if path.is_file():
+        try:
+            values = dotenv_values(path) if path.is_file() else None
+        except OSError as exc:
+            raise ConfigError(f"{path} cannot be read: {exc.strerror}.") from None
+        if values is not None:
             files.append(path)
-            env = {k: v for k, v in dotenv_values(path).items() if v is not None} | env
+            env = {k: v for k, v in values.items() if v is not None} | env
     return env, files
 
 
