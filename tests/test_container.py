@@ -63,8 +63,11 @@ def build(tmp: Path) -> None:
                                       + (f"index-url = {os.environ['PIP_INDEX_URL']}\n"
                                          if os.environ.get("PIP_INDEX_URL") else ""))
         mounts = ["-v", f"{bundle}:{bundle}:ro", "-v", f"{tmp / 'pip.conf'}:/etc/pip.conf:ro"]
+    before = podman("image", "inspect", "--format", "{{.Id}}", IMAGE, check=False).stdout.strip()
     podman("build", "--network", "host", "--format", "docker", "--build-arg", f"BASE={BASE}", *mounts,
            "-t", IMAGE, str(ROOT), timeout=600)
+    if before and before != podman("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip():
+        podman("rmi", before, check=False)  # the previous build: its layers stay as the cache of this one
 
 
 def compose_settings() -> str:
