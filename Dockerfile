@@ -1,13 +1,21 @@
-# proxmox-mcp in HTTP mode: non-root, works with a read-only root filesystem; audit and state
-# live under the /data volume, the protected-guest list is mounted read-only at /config.
-FROM python:3.12-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# proxmox-mcp in HTTP mode: non-root, works with a read-only root filesystem; the audit log lives
+# under the /data volume, the protected-guest list is mounted read-only at /config.
+# BASE: any Debian-like image with python3 >= 3.10 and its venv module; the official slim image
+# by default (the tests build on a debootstrapped Debian, see .ci/run).
+ARG BASE=python:3.12-slim
+FROM ${BASE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/venv/bin:$PATH
 WORKDIR /app
 COPY requirements.txt .
-RUN pip install --no-cache-dir -r requirements.txt
+RUN python3 -m venv /venv && /venv/bin/pip install --quiet -r requirements.txt
 COPY *.py protected-vms.json ./
 COPY catalog/ catalog/
-RUN useradd --system --uid 10001 --home-dir /data --no-create-home mcp && mkdir -p /data /config \
+COPY simulator/ simulator/
+# Compiled here: at run time the root is read-only (and PYTHONDONTWRITEBYTECODE is set), so
+# otherwise every start would compile the modules again.
+RUN /venv/bin/python -m compileall -q /app \
+    && useradd --system --uid 10001 --home-dir /data --no-create-home mcp && mkdir -p /data /config \
     && chown mcp /data && cp protected-vms.json /config/protected-vms.json
 USER mcp
 WORKDIR /data
@@ -15,6 +23,6 @@ VOLUME /data
 ENV MCP_HTTP_HOST=0.0.0.0 MCP_HTTP_PORT=8765 \
     PROXMOX_AUDIT_LOG=/data/audit.jsonl PROXMOX_PROTECTED_VMS_FILE=/config/protected-vms.json
 EXPOSE 8765
-HEALTHCHECK --interval=30s --timeout=5s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8765/health', timeout=3)"]
+HEALTHCHECK --interval=30s --timeout=5s CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['MCP_HTTP_PORT']}/health\", timeout=3)"]
 ENTRYPOINT ["python", "/app/server.py"]
 CMD ["--http"]

@@ -76,6 +76,69 @@ INSTALL_DIR = Path(__file__).resolve().parent
 
 HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
 
+# Variables the other Proxmox MCP servers read (from their READMEs), and what to set here instead.
+# Each is answered with one start-up line; none is honoured, so a name that would open writes, exec
+# or turn TLS off never does so here. {value} is shown only for names that hold no secret.
+FOREIGN = {
+    # pve-mcp
+    "PVE_HOST": ("pve-mcp", "PROXMOX_URL={value}"),
+    "PVE_TOKEN_ID": ("pve-mcp", "PROXMOX_TOKEN={value}=<the PVE_TOKEN_SECRET value> (one variable: id=secret)"),
+    "PVE_TOKEN_SECRET": ("pve-mcp", "PROXMOX_TOKEN=<the PVE_TOKEN_ID value>=<this secret> (one variable)"),
+    "PVE_VERIFY_SSL": ("pve-mcp", "PROXMOX_FINGERPRINT=<the node's certificate SHA-256> for a self-signed "
+                                  "certificate (README: certificate fingerprint)"),
+    "PVE_MCP_READ_ONLY": ("pve-mcp", "nothing: read-only is the default; PROXMOX_ACCESS=lifecycle, write or "
+                                     "destructive opens more"),
+    "PVE_MCP_ENABLE_EXEC": ("pve-mcp", "PROXMOX_ALLOW_EXEC=true, if you mean the agent to run commands in guests"),
+    "PVE_TIMEOUT": ("pve-mcp", "PROXMOX_READ_TIMEOUT={value}"),
+    "PVE_MCP_TASK_WAIT": ("pve-mcp", "nothing: each write tool takes wait_seconds"),
+    # Proxmox MCP Server
+    "PVE_URL": ("Proxmox MCP Server", "PROXMOX_URL={value}"),
+    "PVE_TOKEN": ("Proxmox MCP Server", "PROXMOX_TOKEN=<the same user@realm!tokenid=secret>"),
+    "PVE_USER": ("Proxmox MCP Server", "PROXMOX_USER={value} (an API token in PROXMOX_TOKEN is safer)"),
+    "PVE_PASSWORD": ("Proxmox MCP Server", "PROXMOX_PASSWORD=<the same password> (or PROXMOX_PASSWORD_FILE)"),
+    "PVE_READONLY": ("Proxmox MCP Server", "nothing: read-only is the default; PROXMOX_ACCESS=lifecycle, write or "
+                                           "destructive opens more"),
+    "MCP_HTTP_TOKEN": ("Proxmox MCP Server", "MCP_AUTH_TOKEN=<the same token>: every HTTP request needs it"),
+    "MCP_OAUTH": ("Proxmox MCP Server", "MCP_AUTH_TOKEN: HTTP mode takes a static bearer token, no OAuth"),
+    "MCP_PUBLIC_URL": ("Proxmox MCP Server", "MCP_ALLOWED_HOSTS=<the name clients use>"),
+    "PROXMOX_MCP_CONFIG": ("Proxmox MCP Server", "one set of variables per host: PROXMOX_<LABEL>_URL, _TOKEN"),
+    "PROXMOX_SERVER": ("Proxmox MCP Server", "nothing: tools take host=<label> (see list_hosts)"),
+    # proxmox-ve-mcp
+    "MCP_HOST": ("proxmox-ve-mcp", "MCP_HTTP_HOST={value}"),
+    "MCP_PORT": ("proxmox-ve-mcp", "MCP_HTTP_PORT={value}"),
+    # pvemcp
+    "PROXMOX_ALLOW_WRITES": ("pvemcp", "PROXMOX_ACCESS=write (or lifecycle, or destructive): the highest tier a "
+                                       "request may reach"),
+    "PROXMOX_ALLOW_SSH": ("pvemcp", "PROXMOX_SSH_NODES=pve1=10.0.0.11,... with PROXMOX_SSH_FINGERPRINTS for the "
+                                    "SSH tools, and PROXMOX_ALLOW_EXEC=true to run commands"),
+    "PROXMOX_PROTECTED_VMIDS": ("pvemcp", "PROXMOX_PROTECTED_VMS={protected} (label:vmid; * is every host), or "
+                                          "list them in protected-vms.json"),
+    "PROXMOX_CREDENTIALS_FILE": ("pvemcp", "PROXMOX_TOKEN_FILE={value} (the file holds one line "
+                                           "user@realm!tokenid=secret)"),
+    "PROXMOX_DEFAULT_NODE": ("pvemcp", "nothing: tools find a guest's node from its vmid, or take node="),
+    "PROXMOX_USERNAME": ("pvemcp", "PROXMOX_USER={value}"),
+    "PROXMOX_MCP_TOKEN": ("pvemcp", "MCP_AUTH_TOKEN=<the same token>"),
+    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS"),
+    "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
+    "PROXMOX_LOCAL_DIR": ("pvemcp", "nothing: files move with write_guest_file_read and write_guest_file_write"),
+    # PVEHub-MCP
+    "PVEHUB_MCP_AUTH_TOKEN": ("PVEHub-MCP", "MCP_AUTH_TOKEN=<the same token>"),
+    "PVEHUB_MCP_AUTH_REQUIRED": ("PVEHub-MCP", "MCP_AUTH_REQUIRED={value}"),
+    "PVEHUB_ALLOWED_HOSTS": ("PVEHub-MCP", "MCP_ALLOWED_HOSTS={value}"),
+    "PVEHUB_TRANSPORT": ("PVEHub-MCP", "nothing: stdio is the default, `python server.py --http` serves HTTP"),
+    "PVEHUB_AUDIT_INCLUDE_RESULTS": ("PVEHub-MCP", "nothing: the audit log records each write's UPID or error"),
+}
+# Foreign names that only narrow what the agent may do, and are honoured while they are warned about.
+NARROWING = ("PROXMOX_PROTECTED_VMIDS", "PVE_MCP_READ_ONLY", "PVE_READONLY")
+# Whole families of foreign names, by prefix: (prefix, server, what to set instead).
+FOREIGN_PREFIXES = (
+    ("PVEHUB_", "PVEHub-MCP", "PROXMOX_<LABEL>_URL and _TOKEN (PBS_<LABEL>_... for a Backup Server); "
+                              "PROXMOX_ACCESS and PROXMOX_ALLOW_* for the policy"),
+    ("PROXMOX_GUEST_SSH_", "pvemcp", "nothing: commands reach guests through write_vm_exec and write_lxc_exec"),
+    ("PVE_", "another Proxmox MCP server", "PROXMOX_<LABEL>_URL and _TOKEN (this server reads PROXMOX_*, PBS_* "
+                                           "and MCP_* names)"),
+)
+
 
 @dataclass
 class SshTarget:
@@ -116,6 +179,7 @@ class Config:
     log_level: str = "INFO"
     warnings: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
+    env_files: list[Path] = field(default_factory=list)  # the .env files read (read_env_files), for --check
 
 
 # ================================================================ the whole configuration
@@ -125,6 +189,10 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     The server then checks what only it knows: check_tool_names, and check_http_auth in HTTP mode."""
     env = dict(os.environ if env is None else env)
     config = Config()
+    foreign = {name: value for name, value in env.items() if foreign_server(name) is not None}
+    config.warnings += foreign_variables(foreign)
+    env = {name: value for name, value in env.items() if name not in foreign}
+    honour_narrowing(foreign, env)
     read_global_settings(env, config)
     read_protected_guests(env, config)
     read_tool_choice(env, config)
@@ -135,11 +203,30 @@ def load_config(env: dict[str, str] | None = None) -> Config:
         config.warnings += [f"PROTECTED GUEST LIST: {problem}."
                             for problem in config.settings.protected.problems({h.label for h in config.hosts})]
     read_http_settings(env, config)
+    check_read_only_flags(foreign, config)
     config.warnings += unknown_variables(env)
     if not config.hosts:
         config.warnings.append("No Proxmox host is configured: set PROXMOX_<LABEL>_URL and _TOKEN, "
                                "or try `python server.py --demo`.")
     return config
+
+
+def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], list[Path]]:
+    """The variables the server sees, and the .env files they came from. Order: the real environment,
+    then `.env` in the working directory, then `.env` beside server.py (a GUI client such as Claude
+    Desktop starts servers in `/`, where no .env is). An earlier source wins."""
+    from dotenv import dotenv_values
+    env = dict(os.environ if environ is None else environ)
+    files = []
+    for path in dict.fromkeys(((cwd or Path.cwd()) / ".env", INSTALL_DIR / ".env")):
+        try:
+            values = dotenv_values(path) if path.is_file() else None
+        except OSError as exc:
+            raise ConfigError(f"{path} cannot be read: {exc.strerror}.") from None
+        if values is not None:
+            files.append(path)
+            env = {k: v for k, v in values.items() if v is not None} | env
+    return env, files
 
 
 def read_global_settings(env: dict[str, str], config: Config) -> None:
@@ -162,7 +249,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.settings.dry_run = flag(env, "PROXMOX_DRY_RUN", "false")
     config.settings.elicit = flag(env, "PROXMOX_ELICIT", "true")
     config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
-        else default_audit_path()
+        else default_audit_path(env)
 
 
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
@@ -206,12 +293,67 @@ def read_http_settings(env: dict[str, str], config: Config) -> None:
 
 
 def unknown_variables(env: dict[str, str]) -> list[str]:
-    """A warning for each PROXMOX_, PBS_ or MCP_ variable that is not ours (a typo?)."""
+    """A warning for each PROXMOX_, PBS_ or MCP_ variable that is not ours, with the closest known
+    name when there is one (a typo)."""
     known_suffix = tuple("_" + s for s in HOST_SUFFIXES)
     unlabelled = ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN", "PBS_TOKEN")
-    return [f"Unknown variable {name} ignored (a typo?)." for name in env
-            if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS
-            and not name.endswith(known_suffix) and name not in unlabelled]
+    unknown = [name for name in env if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS
+               and not name.endswith(known_suffix) and name not in unlabelled]
+    labels = {(product, label) for product, label in host_variables(env)} | {("pve", "default"), ("pbs", "default")}
+    known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
+                             + (f"{label.upper()}_" if label != "default" else "") + suffix
+                             for product, label in labels for suffix in HOST_SUFFIXES]
+    import difflib  # only when a name is unknown: not at every start
+    warnings = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}?" if close else "a typo? .env.example lists every name."
+        warnings.append(f"Unknown variable {name} ignored ({hint})")
+    return warnings
+
+
+def foreign_server(name: str) -> str | None:
+    """The other Proxmox MCP server a variable name belongs to, if it is one of theirs."""
+    if name in FOREIGN:
+        return FOREIGN[name][0]
+    return next((server for prefix, server, _ in FOREIGN_PREFIXES if name.startswith(prefix)), None)
+
+
+def foreign_variables(env: dict[str, str]) -> list[str]:
+    """One line per variable of another Proxmox MCP server: what to set here instead."""
+    lines = []
+    for name in sorted(env):
+        advice = FOREIGN[name][1] if name in FOREIGN else next(a for p, _, a in FOREIGN_PREFIXES if name.startswith(p))
+        value = env[name].strip()
+        protected = ",".join(f"*:{v.strip()}" for v in value.split(",") if v.strip())
+        honoured = "honoured meanwhile, as it only narrows" if name in NARROWING else "not read here"
+        lines.append(f"{name} is {foreign_server(name)}'s setting ({honoured}). Set instead: "
+                     f"{advice.format(value=value, protected=protected)}.")
+    if lines:
+        lines.append("README, 'Coming from another Proxmox MCP server', maps every such variable.")
+    return lines
+
+
+def honour_narrowing(foreign: dict[str, str], env: dict[str, str]) -> None:
+    """The foreign names that only narrow what the agent may do keep doing so: PROXMOX_PROTECTED_VMIDS
+    joins PROXMOX_PROTECTED_VMS in `env` (every host)."""
+    vmids = [v.strip() for v in foreign.get("PROXMOX_PROTECTED_VMIDS", "").split(",") if v.strip()]
+    if not all(v.isdigit() and int(v) >= 100 for v in vmids):
+        raise ConfigError(f"PROXMOX_PROTECTED_VMIDS={foreign['PROXMOX_PROTECTED_VMIDS']!r} is not a comma list of "
+                          f"vmids; set PROXMOX_PROTECTED_VMS=*:100,*:101 instead.")
+    if vmids:
+        env["PROXMOX_PROTECTED_VMS"] = ",".join([env.get("PROXMOX_PROTECTED_VMS", "")] + [f"*:{v}" for v in vmids])
+
+
+def check_read_only_flags(foreign: dict[str, str], config: Config) -> None:
+    """A foreign read-only flag contradicted by this server's own variables stops the server."""
+    for name in ("PVE_MCP_READ_ONLY", "PVE_READONLY"):
+        if foreign.get(name, "").strip().lower() not in TRUE:
+            continue
+        rules = [config.default_rules, *config.settings.hosts.values()]
+        if any(r.access != "read" or r.allow & {"exec", "elevated"} for r in rules):
+            raise ConfigError(f"{name}={foreign[name]} asks for read-only, but PROXMOX_ACCESS or a PROXMOX_ALLOW_* "
+                              f"variable opens more; remove one of them (read-only is the default here).")
 
 
 # ================================================================ one host
@@ -423,6 +565,9 @@ def parse_url(name: str, value: str, product: str) -> str:
         raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
                           f"(scheme, host and optional port; no path).")
     port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
+    if match.group(1) == "http" and int(port) in (8006, 8007):  # docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port
+        raise ConfigError(f"{name}={value!r}: port {port} speaks TLS (Proxmox redirects plain HTTP to https); "
+                          f"use https://{match.group(2)}:{port}.")
     return f"{match.group(1)}://{match.group(2)}:{port}"
 
 
@@ -524,13 +669,13 @@ def read_secret_file(name: str, path: str) -> str:
         raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror}.") from None
 
 
-def default_audit_path() -> Path:
-    """Under the working directory, but never inside the install (it may be read-only or shared)."""
-    cwd = Path.cwd().resolve()
-    if cwd == INSTALL_DIR or INSTALL_DIR in cwd.parents:
-        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        return state / "proxmox-mcp" / "audit.jsonl"
-    return cwd / "proxmox-mcp-audit.jsonl"
+def default_audit_path(env: dict[str, str] | None = None) -> Path:
+    """The user's state directory ($XDG_STATE_HOME, else ~/.local/state; %LOCALAPPDATA% on Windows):
+    never the working directory, which a GUI client sets to `/` (Claude Desktop) or anywhere."""
+    env = dict(os.environ) | (env or {})
+    state = env.get("XDG_STATE_HOME") or (os.name == "nt" and env.get("LOCALAPPDATA")) \
+        or Path.home() / ".local" / "state"
+    return Path(state) / "proxmox-mcp" / "audit.jsonl"
 
 
 # ================================================================ checks the server makes with what only it knows

@@ -57,6 +57,16 @@ PRODUCTS = {
                    "pbs_get_task"),
 }
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
+# Why a connection could not be made, by the operating system's words in the error, and what it means.
+CONNECT_CAUSES = (
+    ("no route to host", "no route to host (nothing answers at that address: a wrong IP, the machine is off, or "
+                         "a firewall drops it)"),
+    ("network is unreachable", "network unreachable (this machine has no route to that network)"),
+    ("refused", "connection refused (nothing listens on that port: is the port right, is the service running?)"),
+    ("name or service not known|nodename nor servname|getaddrinfo failed|name resolution|no address associated",
+     "the name does not resolve (DNS)"),
+)
+SLOW_CONNECT_FAILURE = 1.0  # seconds: a connect failure this slow is not tried again within the connect timeout
 
 @dataclass
 class HostConfig:
@@ -125,6 +135,14 @@ def unescape_id(text: str) -> str:
     return re.sub(rb"\\x([0-9A-Fa-f]{2})|-", byte, text.encode()).decode(errors="replace")
 
 
+def never_connected(exc: Exception) -> bool:
+    """True when the connection was never made (refused, no route, DNS, connect timeout), as opposed
+    to one dropped during the request, which an idempotent GET may retry."""
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+    reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else exc
+    return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
+
+
 def parse_upid(upid: str, product: str = "pve") -> dict:
     """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
     counter before starttime and systemd-escapes the worker id."""
@@ -186,6 +204,7 @@ class ProxmoxClient:
         self._permissions_retry = 0.0
         self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
         self._kept_lock = threading.Lock()
+        self._slow_failure: tuple[float, ProxmoxError] | None = None  # (when, error) of the last slow connect failure
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
@@ -219,11 +238,12 @@ class ProxmoxClient:
             try:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
-                    timeout=(host.connect_timeout, host.read_timeout), verify=self.verify)
+                    timeout=(host.connect_timeout, host.read_timeout), verify=self.verify, allow_redirects=False)
             except requests.exceptions.SSLError:
                 raise self._tls_error() from None
             except requests.exceptions.RequestException as exc:
                 raise self._connection_error(exc) from None
+            self._refuse_redirect(response)
             if response.status_code == 401:
                 raise ProxmoxError(f"Login as {host.user} on host '{host.label}' failed: wrong user or password. "
                                    f"Check {prefix}_USER (user@realm) and {prefix}_PASSWORD.", status=401)
@@ -314,14 +334,18 @@ class ProxmoxClient:
         attempts = 3 if method == "GET" else 1
         read_timeout = timeout or self.host.read_timeout
         renewed = login_again = use_ticket = False
+        failed = self._slow_failure  # a host that just took the whole connect timeout to fail is not tried again
+        if failed and time.monotonic() - failed[0] < self.host.connect_timeout:
+            raise failed[1]
         for attempt in range(attempts + 2):
             headers = self._auth_headers(method, renew=login_again, ticket=use_ticket)
             login_again = False
+            started = time.monotonic()
             try:
                 response = self.session.request(
                     method, url, headers=headers,
                     timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
-                    **send_as)
+                    allow_redirects=False, **send_as)
                 if response.status_code == 401 and self.host.password and not renewed \
                         and (use_ticket or not self.host.token_secret):
                     renewed = login_again = True  # the ticket expired or the server restarted: retry once
@@ -334,15 +358,19 @@ class ProxmoxClient:
             except requests.exceptions.SSLError:
                 raise self._tls_error() from None
             except requests.exceptions.ConnectionError as exc:
-                if attempt + 1 < attempts and not isinstance(exc, requests.exceptions.ConnectTimeout):
+                if attempt + 1 < attempts and not never_connected(exc):
                     time.sleep(0.2 * (attempt + 1))  # retry an idempotent GET after a dropped connection
                     continue
-                raise self._connection_error(exc) from None
+                error = self._connection_error(exc)
+                if never_connected(exc) and time.monotonic() - started >= SLOW_CONNECT_FAILURE:
+                    self._slow_failure = (time.monotonic(), error)
+                raise error from None
             except requests.exceptions.Timeout:
                 raise ProxmoxError(
                     f"Host '{self.host.label}' did not answer {method} {path} within "
                     f"{read_timeout:g} s. The node may be overloaded; retry later or raise "
                     f"PROXMOX_READ_TIMEOUT.") from None
+        self._refuse_redirect(response)
         if response.status_code >= 400:
             raise self._http_error(method, path, response)
         try:
@@ -370,13 +398,35 @@ class ProxmoxClient:
     # ------------------------------------------------------------ errors
 
     def _connection_error(self, exc: Exception) -> ProxmoxError:
-        text = str(exc)
-        reason = "connection refused" if "refused" in text.lower() else "cannot connect"
-        if "timed out" in text.lower():
-            reason = f"no connection within {self.host.connect_timeout:g} s"
+        """Why the host could not be reached, in the operating system's terms, and what to check."""
+        text = str(exc).lower()
+        reason = next((meaning for words, meaning in CONNECT_CAUSES if re.search(words, text)), "cannot connect")
+        if isinstance(exc, requests.exceptions.ConnectTimeout) or "timed out" in text:
+            reason = (f"no answer within {self.host.connect_timeout:g} s (PROXMOX_CONNECT_TIMEOUT): the machine is "
+                      f"off, the address is wrong, or a firewall drops the packets")
+        elif self.host.url.startswith("http://") and not never_connected(exc):
+            reason = ("the connection was closed at once, as a port that speaks TLS does to plain HTTP: the URL "
+                      "should start with https://")
         return ProxmoxError(
             f"Host '{self.host.label}' ({self.host.url}) is unreachable: {reason}. Check that the URL and "
             f"port are right (PVE 8006, PBS 8007) and that the service is running.")
+
+    def _refuse_redirect(self, response: requests.Response) -> None:
+        """Proxmox answers plain HTTP on its TLS port with a redirect to https (301, or 308 for other
+        methods: docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port). It is never followed: the
+        token would go on in the clear, or be dropped on the way."""
+        if response.status_code not in (301, 302, 303, 307, 308):
+            return
+        location = response.headers.get("Location", "")
+        prefix = ("PROXMOX" if self.host.product == "pve" else "PBS") + (
+            f"_{self.host.label.upper()}" if self.host.label != "default" else "")
+        if self.host.url.startswith("http://") and location.startswith("https://"):
+            raise ProxmoxError(
+                f"Host '{self.host.label}': port {urlsplit(self.host.url).port} speaks TLS, so {self.host.url} answers "
+                f"with a redirect to https. Set {prefix}_URL={'https://' + self.host.url[len('http://'):]} (and pin "
+                f"its certificate with {prefix}_FINGERPRINT).")
+        raise ProxmoxError(f"Host '{self.host.label}' ({self.host.url}) answered with a redirect to "
+                           f"{location[:200]!r}; set the URL of the Proxmox API itself.")
 
     def _tls_error(self) -> ProxmoxError:
         label = self.host.label.upper()

@@ -16,7 +16,6 @@ import hmac
 import inspect
 import json
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -33,8 +32,8 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import workflows
-from config import (INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, load_config,
-                    tool_matches)
+from config import (INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, is_loopback,
+                    load_config, read_env_files, tool_matches)
 from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
@@ -319,6 +318,89 @@ def as_tool(function: Callable) -> Callable:
     return tool
 
 
+# ---------------------------------------------------------------- arguments that fail validation
+
+# What each argument pattern of the tools means, in words, with an example (a test walks every
+# tool and fails when a pattern is missing here).
+PATTERNS = {
+    r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$": ("2 to 40 letters, digits, _ or -, starting with a letter", "before_upgrade"),
+    r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$": ("a DNS name: letters, digits, . and -, at most 63", "web01"),
+    r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$": ("letters, digits, ., _ and -", "100"),
+    r"^[A-Za-z0-9][A-Za-z0-9._\-]*$": ("a file name: letters, digits, ., _ and -", "debian-12.iso"),
+    r"^https?://\S+$": ("an http or https URL", "https://example.org/debian-12.iso"),
+    r"^\+?\d+G$": ("a size in G, or +G to grow by", "+10G"),
+    r"^net\d+$": ("net and a number", "net0"),
+    r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
+}
+# Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
+NAMED_EXAMPLES = {
+    "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
+    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
+    "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
+    "upid": "UPID:pve1:...",
+    "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
+    "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
+    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
+    "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+}
+VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
+RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
+    "missing": "is required", "string_too_short": "needs at least {min_length} characters",
+    "string_too_long": "takes at most {max_length} characters", "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}", "greater_than": "must be more than {gt}",
+    "less_than": "must be less than {lt}", "int_parsing": "must be a whole number",
+    "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number", "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false", "literal_error": "must be one of {expected}", "string_type": "must be text",
+    "dict_type": "must be an object", "list_type": "must be a list", "float_parsing": "must be a number",
+}
+
+
+def argument_error(tool: str, error: Any, schema: dict) -> str:
+    """A pydantic ValidationError as one readable line: each argument, the rule it breaks and an
+    example (instead of the library's multi-line dump)."""
+    problems = []
+    errors = sorted(error.errors(include_url=False), key=lambda e: e["type"] == "missing")  # given values first
+    for item in errors[:5]:
+        name = str(item["loc"][0]) if item["loc"] else "arguments"
+        prop = schema.get("properties", {}).get(name, {})
+        pattern = next((v["pattern"] for v in prop.get("anyOf") or [prop] if "pattern" in v), None)
+        rule = RULES[item["type"]].format(**item.get("ctx", {})) if item["type"] in RULES \
+            else item["msg"][:1].lower() + item["msg"][1:]
+        if item["type"] == "string_pattern_mismatch":
+            rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"
+        example = example_for(name, prop, pattern)
+        given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
+        problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
+                                                              else ""))
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return policy.mask(f"{tool}: {'; '.join(problems)}{more}. Nothing was sent.")
+
+
+def example_for(name: str, prop: dict, pattern: str | None) -> Any:
+    """A valid value for an argument: from its pattern, its choices, its bounds, its description or
+    its name; None when nothing says."""
+    if pattern:
+        return PATTERNS.get(pattern, (None, None))[1]
+    variants = [v for v in prop.get("anyOf") or [prop] if v.get("type") != "null"]
+    for variant in variants:
+        if "enum" in variant:
+            return variant["enum"][0]
+        if variant.get("type") == "integer":
+            return NAMED_EXAMPLES.get(name, variant.get("minimum", variant.get("maximum", 1)))
+        if variant.get("type") == "boolean":
+            return True
+    if prop.get("default") not in (None, "", False):
+        return prop["default"]
+    described = prop.get("description", "")
+    if "e.g. " in described:
+        return described.split("e.g. ", 1)[1].split(",")[0].split(" ")[0].rstrip(".")
+    if described == "volid" or name == "volid":
+        return VOLID_EXAMPLE
+    return NAMED_EXAMPLES.get(name)
+
+
 # ---------------------------------------------------------------- which tools are offered
 
 def host_rules(config: Config, product: str) -> list[policy.HostPolicy]:
@@ -365,6 +447,7 @@ class ToolVisibility:
         self.specs: list[ToolSpec] = []
         self.config: Config | None = None
         self.accepted: dict[str, set[str]] = {}  # tool -> the argument names it takes
+        self.arguments: dict[str, Any] = {}  # tool -> its argument model (the SDK's FuncMetadata), for errors
         self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw
         self.token: Any = None
         self.lock = threading.Lock()
@@ -425,6 +508,8 @@ class ToolVisibility:
                 from mcp_types import CallToolResult, TextContent
                 return CallToolResult(content=[TextContent(type="text", text=refusal)], is_error=True)
         result = await call_next(ctx)
+        if ctx.method == "tools/call":
+            self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
         if ctx.method == "tools/list":
             tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
             kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
@@ -434,6 +519,28 @@ class ToolVisibility:
                 result["tools"] = kept
             self.notified[ctx.session] = tuple(sorted(hidden))
         return result
+
+    def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
+        """Rewrite an error result of the SDK's argument validation as one line naming the argument,
+        the rule and an example (argument_error); any other result is left as it is."""
+        from pydantic import ValidationError
+        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
+        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
+        block = content[0]
+        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
+        metadata = self.arguments.get(name)
+        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
+                or "validation error" not in text:
+            return
+        try:
+            metadata.validate_arguments(arguments or {})
+            return
+        except ValidationError as exc:
+            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
+        if isinstance(block, dict):
+            block["text"] = readable
+        else:
+            block.text = readable
 
     def refresh(self) -> None:
         """After privileges were read: tell each session whose list is now stale."""
@@ -511,6 +618,7 @@ def build_server(config: Config):
                                   description=" ".join((spec.function.__doc__ or "").split()),
                                   annotations=annotations_for(spec), structured_output=False)
         slim_schema(tool.parameters, needless_params(config, spec))
+        VISIBILITY.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
     server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY])
     for uri, function in workflows.RESOURCES:
@@ -637,6 +745,9 @@ def check_hosts(config: Config) -> int:
     tools. Exit 1 when a host fails."""
     failures = 0
     VISIBILITY.offer(config)
+    read = ", ".join(str(f) for f in config.env_files) or "none found"
+    print(f"settings: the environment first, then .env in the working directory ({Path.cwd()}), then .env "
+          f"beside server.py ({INSTALL_DIR}); the first that sets a variable wins. .env files read: {read}")
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
         rules = config.settings.hosts[(host.product, host.label)]
@@ -714,6 +825,36 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+class AllowedHostsHint:
+    """ASGI middleware: the SDK's `421 Invalid Host header` (DNS-rebinding protection) names the
+    Host the client used and the variable that allows it."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")[:200]
+        body = json.dumps({"error": "invalid_host", "detail": f"this server does not answer to the name {host!r}; "
+                           f"add it to MCP_ALLOWED_HOSTS (comma list) and restart"}).encode()
+        refused = False
+
+        async def hinted(message: dict) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 421:
+                refused = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in (b"content-length",
+                                                                                               b"content-type")]
+                message = message | {"headers": headers + [(b"content-type", b"application/json"),
+                                                           (b"content-length", str(len(body)).encode())]}
+            elif message["type"] == "http.response.body" and refused:
+                message = {"type": "http.response.body", "body": body if message.get("more_body") is not True
+                           else b"", "more_body": message.get("more_body", False)}
+            await send(message)
+        await self.app(scope, receive, hinted)
+
+
 def bearer_ok(scope: dict, token: bytes | None) -> bool:
     if token is None:
         return False
@@ -747,7 +888,7 @@ def http_app(config: Config, server, bind_host: str):
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
                                          allowed_origins=origins)
     app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=bind_host)
-    return BearerAuth(app, config.auth_token)
+    return BearerAuth(AllowedHostsHint(app), config.auth_token)
 
 
 def host_reachability() -> dict[str, str]:
@@ -821,23 +962,55 @@ def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS)
 
 def serve_http(config: Config, server, bind_host: str, port: int) -> None:
     app = http_app(config, server, bind_host)
-    log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
     http_server(app, bind_host, port).run()
 
 
 # ================================================================ demo
 
+DEMO: dict[str, Any] = {}  # the running lab, held for the life of the process (its directory holds the demo's files)
+
+
 def demo_environment() -> dict[str, str]:
-    """Start the simulated lab in this process and return the variables that point at it."""
+    """Start the simulated lab in this process and return the variables that point at it: admin
+    tokens on both products, every tier open, guest 101 protected, and the audit log in the lab's
+    own temporary directory (never the user's)."""
     import simulator
     sim = simulator.Simulator(simulator.Lab.homelab()).start()
-    env = sim.env(label="demo", pve_token="root@pam!admin")
-    protected = Path(sim.state_dir) / "protected-vms.json"
+    DEMO["simulator"] = sim
+    state = Path(sim.state_dir)
+    protected = state / "protected-vms.json"
     protected.write_text(json.dumps([{"host": "demo", "vmid": 101, "name": "db",
                                       "reason": "demo: the production database"}]))
-    print(f"demo lab: PVE {sim.pve_url}, PBS {sim.pbs_url} (simulated, nothing real is touched); "
-          f"guest 101 is protected", file=sys.stderr)
-    return env | {"PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected)}
+    return sim.env(label="demo", pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
+        "PROXMOX_AUDIT_LOG": str(state / "audit.jsonl")}
+
+
+def demo_http_token(env: dict[str, str], bind_host: str) -> dict[str, str]:
+    """--demo --http on loopback just works: a bearer token is made up unless one is configured."""
+    if env.get("MCP_AUTH_TOKEN") or env.get("MCP_AUTH_TOKEN_FILE") or not is_loopback(bind_host):
+        return {}
+    import secrets
+    DEMO["token"] = secrets.token_urlsafe(24)
+    return {"MCP_AUTH_TOKEN": DEMO["token"]}
+
+
+def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
+    """The line a person starting the server reads on stderr: what it serves, where, and the client
+    command that connects to it (Claude Code's; README has the others)."""
+    what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
+        else "proxmox-mcp"
+    name = "proxmox-demo" if args.demo else "proxmox"
+    if args.http:
+        reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
+        url = f"http://{reach}:{args.port or config.http_port}/mcp"
+        bearer = DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
+        header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
+        return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
+                f"  claude mcp add --transport http {name} {url}{header}")
+    command = f"{sys.executable} {INSTALL_DIR / 'server.py'}{' --demo' * args.demo}"
+    return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
+            f"connect one with: claude mcp add {name} -- {command}")
 
 
 # ================================================================ main
@@ -873,15 +1046,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def configuration(args: argparse.Namespace) -> tuple[Config, str]:
-    """This run's configuration (.env, then the environment or the demo lab), checked, its
+    """This run's configuration (the environment, then .env files, or the demo lab), checked, its
     secrets registered for masking; and the address to bind in HTTP mode."""
-    from dotenv import load_dotenv
-    load_dotenv(Path.cwd() / ".env", override=False)  # the real environment wins
-    env = dict(os.environ)
+    env, env_files = read_env_files()
     if args.demo:
         env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
         env |= demo_environment()
+        if args.http:
+            env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
     config = load_config(env)
+    config.env_files = env_files
     for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
         policy.register_secret(secret)
     check_tool_names(config, TOOL_NAMES)
@@ -918,20 +1092,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.verify_audit:
         return verify_audit_command(config)
     cannot_audit = open_audit_log(config)
-    if cannot_audit:
+    if cannot_audit:  # a server that would write cannot audit: it does not start
         print(cannot_audit, file=sys.stderr)
         return 2
+    return serve(args, config, bind_host)
+
+
+def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
+    """Serve MCP on stdio or HTTP until the client (or a signal) ends it."""
+    if args.demo:  # the lab answers at once: the first tool list already reflects the tokens' privileges
+        for host in config.hosts:
+            proxmox_client.client_for(host.product, host.label).ensure_permissions()
     server = build_server(config)
     load_permissions_in_background()
-    if args.http:
-        workflows.RUNTIME["transport"] = "http"
-        try:
-            serve_http(config, server, bind_host, args.port or config.http_port)
-        except ConfigError as exc:
-            print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
-            return 2
-    else:
+    if args.demo or args.http or sys.stdin.isatty():  # say what is happening and how to connect
+        print(how_to_connect(args, config, bind_host), file=sys.stderr)
+    if not args.http:
         server.run("stdio")
+        return 0
+    workflows.RUNTIME["transport"] = "http"
+    try:
+        serve_http(config, server, bind_host, args.port or config.http_port)
+    except ConfigError as exc:
+        print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

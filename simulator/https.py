@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import ssl
 import tempfile
 import threading
@@ -33,6 +34,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         pass
 
     def _respond(self) -> None:
+        if not isinstance(self.connection, ssl.SSLSocket):
+            return self._redirect_to_https()
         parts = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -64,6 +67,18 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
             body_out["total"] = len(data)
         self._send(200, "OK", body_out)
+
+    def _redirect_to_https(self) -> None:
+        """Plain HTTP on the TLS port: 301 for GET and HEAD, 308 for the rest, to https on the same
+        Host; PVE keeps the path, PBS does not (docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port)."""
+        status = 301 if self.command in ("GET", "HEAD") else 308
+        location = "https://" + (self.headers.get("Host") or "") + (self.path if self.product == "pve" else "")
+        self.send_response(status, "Moved Permanently" if status == 301 else "Permanent Redirect")
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
     def _send_error(self, exc: ApiError) -> None:
         reason = exc.message.splitlines()[0]  # only the first line reaches the reason phrase
@@ -127,7 +142,23 @@ def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[P
 
 
 class _Server(ThreadingHTTPServer):
+    """TLS and plain HTTP on one port, told apart by the first byte (a TLS handshake starts with 0x16):
+    plain HTTP is answered with a redirect to https, as both products do
+    (docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port)."""
     daemon_threads = True
+    tls: ssl.SSLContext
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(10)
+            first = request.recv(1, socket.MSG_PEEK)
+            request.settimeout(None)
+            if first == b"\x16":
+                request = self.tls.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return  # a client that hung up or failed the handshake
+        super().finish_request(request, client_address)
+        request.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hung up (a timeout test) is not an error of the simulator
@@ -154,7 +185,7 @@ class Simulator:
             attributes = {"lab": self.lab, "product": product, "schema_dir": self.schema_dir}
             handler = type(f"{product}Handler", (_RequestHandler,), attributes)
             server = _Server((self.host, 0), handler)
-            server.socket = self._context.wrap_socket(server.socket, server_side=True)
+            server.tls = self._context
             threading.Thread(target=server.serve_forever, daemon=True, name=f"sim-{product}").start()
             self._servers[product] = server
         return self

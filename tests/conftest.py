@@ -92,6 +92,19 @@ def stdio_session(env: dict[str, str], *, mode: str = "legacy", log_name: str = 
             yield Session(portal, client)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_state_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers started by tests keep their default audit log in a temporary state directory, never
+    in the user's ~/.local/state."""
+    before = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = before
+
+
 @pytest.fixture(scope="module")
 def sim() -> Iterator[simulator.Simulator]:
     with simulator.Simulator(simulator.Lab.homelab()) as running:

@@ -125,7 +125,8 @@ def test_the_exec_allow_list_holds_for_every_way_into_a_guest(sim, tmp_path):
         for tool, arguments in attempts:
             message, sent = requests_during(sim, lambda t=tool, a=arguments: s.error(t, a | {"confirm": True}))
             assert "PROXMOX_EXEC_ALLOWED_VMIDS" in message, (tool, message)
-            assert not any("/agent/" in r[2] for r in sent), (tool, sent)
+            assert not any(r[2].endswith(("/agent/exec", "/agent/file-write", "/agent/file-read"))
+                           for r in sent), (tool, sent)
 
 
 # ---------------------------------------------------------------- legitimate calls still work

@@ -188,8 +188,8 @@ def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):
     monkeypatch.chdir(INSTALL_DIR)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert default_audit_path() == tmp_path / "proxmox-mcp" / "audit.jsonl"
-    monkeypatch.chdir(tmp_path)
-    assert default_audit_path() == tmp_path.resolve() / "proxmox-mcp-audit.jsonl"
+    monkeypatch.chdir(tmp_path)  # never the working directory: a GUI client may start the server in /
+    assert default_audit_path() == tmp_path / "proxmox-mcp" / "audit.jsonl"
 
 
 def test_parsing_has_no_side_effects_and_carries_the_secrets(tmp_path):

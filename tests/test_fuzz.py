@@ -73,7 +73,7 @@ def test_fuzz_every_tool(fuzzed, sim):
         if result.is_error:
             if text.strip() in (f"Error executing tool {tool.name}", ""):
                 crashes.append((tool.name, args))
-            elif "validation error" in text and sent:
+            elif ("validation error" in text or text.startswith(f"{tool.name}: argument '")) and sent:
                 leaked.append((tool.name, args, sent))
         elif not text:
             silent.append((tool.name, args))

@@ -42,7 +42,7 @@ def sim():
     lab.add_volume("local", LOCAL_CT_BACKUP, "backup", GiB, vmid=105, ctime=now - 300, node="pve2")
     lab.add_volume("local", "local:import/noble.qcow2", "import", 3 * GiB, node="pve1")
     lab.pve_tokens["mcp@pve!nosys"] = simulator.Token("12121212-3434-5656-7878-909090909090",
-                                                      [("/", "PVEVMUser", True)])
+                                                      [("/", "PVEVMUser", True), ("/", "PVEDatastoreUser", True)])
     with simulator.Simulator(lab) as running:
         yield running
         assert running.lab.schema_rejections == []
@@ -94,7 +94,9 @@ def test_list_backups_reads_every_nodes_own_local(ops):
     found = rows(ops.ok("list_backups", {"vmid": 104}))
     assert [(r["volid"], r["storage"], r["node"]) for r in found] == [(LOCAL_VM_BACKUP, "local", "pve2")]
     shared = rows(ops.ok("list_backups", {"vmid": 100}))
-    assert [r["node"] for r in shared] == [""]  # a shared storage is read once, on any node
+    # shared storages (NFS, PBS) are read once, on any node: no volume twice, no node named
+    assert {r["storage"] for r in shared} == {"nfs-backup", "pbs"} and {r["node"] for r in shared} == {""}
+    assert len({r["volid"] for r in shared}) == len(shared)
 
 
 def test_restore_happens_on_the_node_that_holds_the_archive(ops, sim):

@@ -66,10 +66,12 @@ def sshd():
     fake_root = base / "guests"
     (fake_root / "102" / "etc").mkdir(parents=True)
     (fake_root / "102" / "etc" / "hostname").write_text("dns\n")
+    created = False
     try:
         pwd.getpwnam("mcpdash")
     except KeyError:  # a user whose login shell is dash, for the injection corpus
         subprocess.run(["useradd", "-M", "-s", "/usr/bin/dash", "mcpdash"], check=True)
+        created = True
     subprocess.run(["usermod", "-p", "*", "mcpdash"], check=True)  # no password, but not locked (sshd refuses "!")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -109,6 +111,8 @@ LogLevel ERROR
     info["process"].wait(timeout=10)
     log.close()
     shutil.rmtree(base, ignore_errors=True)
+    if created:  # leave no system user behind
+        subprocess.run(["userdel", "mcpdash"], check=False)
 
 
 def ssh_env(sim, sshd, tmp, user="root", **extra):
