@@ -85,10 +85,11 @@ def test_curated_tools_ask_the_user_too(asking, sim):
 
 
 def test_a_client_that_cannot_ask_needs_confirm_true(plain, sim):
-    stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
-    message, sent = requests_during(sim, lambda: plain.error("write_api_call", stop))
+    sim.lab.guests[103]["snapshots"].append({"name": "admission", "snaptime": 1})
+    delete = {"method": "DELETE", "path": "/nodes/pve1/lxc/103/snapshot/admission"}
+    message, sent = requests_during(sim, lambda: plain.error("write_api_call", delete))
     assert "Confirmation needed" in message and "confirm=true" in message and writes(sent) == []
-    assert plain.ok("write_api_call", stop | {"confirm": True})["data"].startswith("UPID:")
+    assert plain.ok("write_api_call", delete | {"confirm": True})["data"].startswith("UPID:")
 
 
 def test_elevated_calls_are_confirmed(plain, sim):
