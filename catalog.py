@@ -240,10 +240,19 @@ def entry_for(product: str, method: str, template: str) -> dict | None:
     return _by_template(product).get((method.upper(), template))
 
 
-def item_templates(product: str, template: str) -> list[str]:
+@lru_cache(maxsize=None)
+def _items(product: str) -> dict[str, tuple[str, ...]]:
+    index: dict[str, list[str]] = {}
+    for method, path in _by_template(product):
+        parent, _, last = path.rpartition("/")
+        if method == "GET" and re.fullmatch(r"\{[\w-]+\}", last):
+            index.setdefault(parent, []).append(path)
+    return {parent: tuple(paths) for parent, paths in index.items()}
+
+
+def item_templates(product: str, template: str) -> tuple[str, ...]:
     """The templates one level below `template` that name an item (`/config/s3` -> `/config/s3/{id}`)."""
-    return [path for (method, path) in _by_template(product)
-            if method == "GET" and re.fullmatch(re.escape(template) + r"/\{[\w-]+\}", path)]
+    return _items(product).get(template, ())
 
 
 # ---------------------------------------------------------------- parameter checks

@@ -17,6 +17,7 @@ Gates, from harmless to dangerous (a call can need several, e.g. elevated + dest
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, Callable
 
 import catalog
@@ -207,18 +208,19 @@ def _rule_for(method: str, template: str) -> tuple[str, str]:
     raise AssertionError("the last rule matches everything")
 
 
-def _secret_read(product: str | None, template: str) -> list[str]:
+@lru_cache(maxsize=None)
+def _secret_read(product: str | None, template: str) -> tuple[str, ...]:
     """The secrets a GET returns: its own (derived from the schema at build time: catalog.py), or
     those its item endpoint is gated for (a list carries what its items carry)."""
     products = [product] if product else list(catalog.PRODUCTS)
     for name in products:
         entry = catalog.entry_for(name, "GET", template) or {}
         if entry.get("secrets"):
-            return entry["secrets"]
+            return tuple(entry["secrets"])
         for item in catalog.item_templates(name, template):
             if _rule_for("GET", item)[0] == "sensitive" or (catalog.entry_for(name, "GET", item) or {}).get("secrets"):
-                return [f"what {item} returns"]
-    return []
+                return (f"what {item} returns",)
+    return ()
 
 
 def method_gate(method: str, template: str, product: str | None = None) -> str:

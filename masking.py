@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 import catalog
@@ -49,9 +50,10 @@ def mask(text: str) -> str:
     return text
 
 
-def _answer_secret_names() -> set[str]:
-    return {name for product in catalog.PRODUCTS for entry in catalog.methods(product)
-            for name in entry.get("secrets", ())}
+@lru_cache(maxsize=None)
+def _answer_secret_names() -> frozenset[str]:
+    return frozenset({name for product in catalog.PRODUCTS for entry in catalog.methods(product)
+            for name in entry.get("secrets", ())})
 
 
 def secret_param(name: str) -> bool:

@@ -256,12 +256,11 @@ def confirmer(confirmed: bool, ctx: Any) -> Callable:
     ask its user (elicitation), the user is always asked and their answer decides, whatever
     confirm says; confirm=true stands in only for clients that cannot ask (or PROXMOX_ELICIT=false)."""
     def confirm(host: Any, decision: policy.Decision) -> None:
-        message = describe_request(host, decision)
         if policy.SETTINGS.elicit and ctx is not None and can_elicit(ctx):
-            ask_user(ctx, message)
+            ask_user(ctx, describe_request(host, decision))
         elif not confirmed:
-            raise ConfirmationNeeded(f"Confirmation needed: {message} Ask the user; if they agree, call again with "
-                                     f"confirm=true.")
+            raise ConfirmationNeeded(f"Confirmation needed: {describe_request(host, decision)} Ask the user; if they "
+                                     f"agree, call again with confirm=true.")
     return confirm
 
 

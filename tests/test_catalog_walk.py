@@ -115,6 +115,12 @@ def walker(sim, tmp_path_factory):
     (tmp / "protected.json").write_text("[]")
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
+    # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)
+    sim.lab.backup_jobs.append({"id": "walk1", "type": "vzdump", "vmid": "103", "storage": "local",
+                                "schedule": "daily"})
+    for kind in ("sync", "prune"):
+        sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
+    sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
