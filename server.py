@@ -319,6 +319,7 @@ PATTERNS = {
 # Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
 NAMED_EXAMPLES = {
     "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
+    "target_storage": "local-zfs",
     "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
     "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
     "upid": "UPID:pve1:...",
