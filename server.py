@@ -790,14 +790,28 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     if args.demo:
         env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
         env |= demo_environment()
-    config = load_config(env)
-    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
-        policy.register_secret(secret)
-    check_tool_names(config, TOOL_NAMES)
+    config = load_configuration(env)
     bind_host = args.host or config.http_host
     if args.http:
         check_http_auth(config, bind_host)
     return config, bind_host
+
+
+def load_configuration(env: dict[str, str]) -> Config:
+    """The configuration these variables give, checked, its secrets registered for masking
+    (main starts here, and so does the tests' in-process layer)."""
+    config = load_config(env)
+    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
+        policy.register_secret(secret)
+    check_tool_names(config, TOOL_NAMES)
+    return config
+
+
+def apply_configuration(config: Config) -> None:
+    """Point the client, the policy and the shell tools at this configuration."""
+    proxmox_client.configure_hosts(config.hosts)
+    policy.configure(config.settings)
+    shell_tools.configure(config.ssh, config.exec_allowed_vmids)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -810,9 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log_level)
     for warning in config.warnings:
         log.warning(warning)
-    proxmox_client.configure_hosts(config.hosts)
-    policy.configure(config.settings)
-    shell_tools.configure(config.ssh, config.exec_allowed_vmids)
+    apply_configuration(config)
 
     if args.write_docs:
         return write_docs()
