@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -289,8 +290,34 @@ def session(sim: simulator.Simulator, request: pytest.FixtureRequest) -> Iterato
         yield running
 
 
+FORK_SERVER: subprocess.Popen | None = None  # tests/fork_server.py, started on first use
+
+
 def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run `server.py` with arguments to completion (for --list-tools, --check, bad config)."""
-    return subprocess.run([sys.executable, str(ROOT / "server.py"), *args], env=server_env(env),
-                          cwd=str(LOG_DIR if LOG_DIR.exists() else ROOT), capture_output=True, text=True,
-                          timeout=timeout)
+    """`python server.py ARGS` to completion (for --list-tools, --check, bad config): a process of
+    its own with a clean environment, its stdout, stderr and exit code. It is forked from one that
+    imported server.py once (tests/fork_server.py), as the imports cost more than the run."""
+    global FORK_SERVER
+    if FORK_SERVER is None:
+        FORK_SERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py")], env=server_env({}),
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        out.touch()
+        err.touch()
+        request = {"args": args, "env": server_env(env), "cwd": str(LOG_DIR if LOG_DIR.exists() else ROOT),
+                   "stdout": str(out), "stderr": str(err), "timeout": timeout}
+        FORK_SERVER.stdin.write(json.dumps(request) + "\n")
+        FORK_SERVER.stdin.flush()
+        reply = json.loads(FORK_SERVER.stdout.readline())
+        if reply["timed_out"]:
+            raise subprocess.TimeoutExpired(["server.py", *args], timeout)
+        return subprocess.CompletedProcess(["server.py", *args], reply["returncode"], out.read_text(), err.read_text())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server_ends() -> Iterator[None]:
+    yield
+    if FORK_SERVER is not None:
+        FORK_SERVER.stdin.close()
+        FORK_SERVER.wait(timeout=10)
