@@ -176,8 +176,9 @@ def in_process(env: dict[str, str], *, log_name: str = "in-process") -> Iterator
 
 
 class ToolSession:
-    """A module's server, in process for its tests, and over MCP (a stdio server started on first
-    use) for its tests marked @pytest.mark.mcp (progress, elicitation, resources, prompts)."""
+    """A module's server, in process for its tests, and over MCP for its tests marked
+    @pytest.mark.mcp (progress, elicitation, resources, prompts): a stdio server with the same
+    variables, started before the first such test runs."""
 
     def __init__(self, env: dict[str, str], log_name: str, stack: ExitStack):
         self.env, self.log_name, self.stack = env, log_name, stack
