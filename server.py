@@ -334,6 +334,7 @@ PATTERNS = {
 # Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
 NAMED_EXAMPLES = {
     "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
+    "target_storage": "local-zfs",
     "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
     "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
     "upid": "UPID:pve1:...",
@@ -1053,15 +1054,29 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str]:
         env |= demo_environment()
         if args.http:
             env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
-    config = load_config(env)
+    config = load_configuration(env)
     config.env_files = env_files
-    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
-        policy.register_secret(secret)
-    check_tool_names(config, TOOL_NAMES)
     bind_host = args.host or config.http_host
     if args.http:
         check_http_auth(config, bind_host)
     return config, bind_host
+
+
+def load_configuration(env: dict[str, str]) -> Config:
+    """The configuration these variables give, checked, its secrets registered for masking
+    (main starts here, and so does the tests' in-process layer)."""
+    config = load_config(env)
+    for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
+        policy.register_secret(secret)
+    check_tool_names(config, TOOL_NAMES)
+    return config
+
+
+def apply_configuration(config: Config) -> None:
+    """Point the client, the policy and the shell tools at this configuration."""
+    proxmox_client.configure_hosts(config.hosts)
+    policy.configure(config.settings)
+    shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1074,9 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log_level)
     for warning in config.warnings:
         log.warning(warning)
-    proxmox_client.configure_hosts(config.hosts)
-    policy.configure(config.settings)
-    shell_tools.configure(config.ssh)
+    apply_configuration(config)
 
     if args.write_docs:
         return write_docs()

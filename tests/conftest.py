@@ -1,8 +1,18 @@
-"""Shared fixtures: one simulator and one MCP server session per test module.
+"""Shared fixtures: one simulator per test module, and two ways to reach the server's tools.
 
-Tests talk to the server the way a user's client does: the SDK's `Client` over stdio (or
-HTTP), the server in its own process, Proxmox simulated by the `simulator` package in this process
-so that tests can change its state and count the requests it received.
+- `stdio_session`: the way a user's client does, the SDK's `Client` over stdio (HTTP in
+  test_http.py), the server in its own process. For what only MCP has (progress
+  notifications, elicitation, resources, prompts, the tool list a client sees) and the
+  end-to-end suites.
+- `in_process`: the same interface (`call`, `ok`, `error`, `tools`) in this process, for domain
+  behaviour (filters, messages, multi-step writes): the configuration comes from the same
+  variables through the same steps as `server.main`, and each call goes through the same edge
+  (tool-list middleware, the SDK's argument model, `server.as_tool`), without a process and a
+  transport per module.
+
+Proxmox is simulated by the `simulator` package in this process, so that tests can change its
+state and count the requests it received. Its tasks finish at once unless a test asks for
+running tasks (the `running_tasks` fixture, or `duration=` on `lab.start_task`).
 """
 from __future__ import annotations
 
@@ -10,8 +20,10 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
+import tempfile
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -19,10 +31,28 @@ from anyio.from_thread import start_blocking_portal
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The simulator is on loopback: never through a proxy, and requests then skips reading the proxy
+# variables of the environment on every request (about a quarter of its cost).
+os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy") or os.environ.get("NO_PROXY"),
+                                                "127.0.0.1", "localhost"]))
 
+import api_tools  # noqa: E402
+import policy  # noqa: E402
+import proxmox_client  # noqa: E402
+import server  # noqa: E402
+import shell_tools  # noqa: E402
 import simulator  # noqa: E402
+import workflows  # noqa: E402
 
 LOG_DIR = ROOT / "tests" / ".logs"  # every server's stderr, scanned for secrets at the end
+STATE_DIR: Path | None = None  # this run's temporary state (audit logs), set by the state_dir fixture
+
+
+def record(result: Any) -> None:
+    """Keep a tool's answer for test_zz_secrets, which scans every answer for secrets."""
+    with open(LOG_DIR / "tool-outputs.log", "a") as log:
+        for block in result.content:
+            log.write(getattr(block, "text", "") + "\n")
 
 
 class Session:
@@ -38,9 +68,7 @@ class Session:
             async def callback(done: float, total: float | None, message: str | None) -> None:
                 progress.append((done, total, message))
         result = self.portal.call(lambda: self.client.call_tool(name, arguments or {}, progress_callback=callback))
-        with open(LOG_DIR / "tool-outputs.log", "a") as record:  # scanned for secrets by test_zz_secrets
-            for block in result.content:
-                record.write(getattr(block, "text", "") + "\n")
+        record(result)
         return result
 
     def ok(self, name: str, arguments: dict | None = None, **kw: Any) -> Any:
@@ -60,6 +88,160 @@ class Session:
         return self.portal.call(self.client.list_tools).tools
 
 
+class InProcess(Session):
+    """Session's interface (call, ok, error, tools) on tools in this process; see in_process.
+    Each call takes the steps a call over MCP takes in the server: the arguments as JSON, the
+    tool-list middleware (hidden tools, unknown arguments), the SDK's argument model of the tool
+    build_server registered, server.as_tool (dry run, confirmation, masking, the ToolError edge),
+    the answer as JSON."""
+
+    def __init__(self, portal: Any, state: dict):
+        self.portal = portal
+        self.state = state  # this server's module state, installed around each call
+        self.server: Any = None
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """This server's module state in place while a call runs; what was there before after."""
+        outside = {key: getattr(*key) for key in self.state}
+        for (module, name), value in self.state.items():
+            setattr(module, name, value)
+        try:
+            yield
+        finally:
+            for key in self.state:  # the configure functions rebind some of them
+                self.state[key] = getattr(*key)
+            for (module, name), value in outside.items():
+                setattr(module, name, value)
+
+    def call(self, name: str, arguments: dict | None = None, progress: list | None = None) -> Any:
+        from mcp_types import CallToolResult
+        assert progress is None, "progress notifications are an MCP feature: mark the test @pytest.mark.mcp"
+        params = {"name": name, "arguments": json.loads(json.dumps(arguments or {}))}  # as a client sends them
+        with self.installed():
+            result = self.portal.call(self._request, "tools/call", params)
+        result = CallToolResult.model_validate_json(result.model_dump_json(by_alias=True, exclude_none=True))
+        record(result)
+        return result
+
+    def tools(self) -> list:
+        with self.installed():
+            return self.portal.call(self._request, "tools/list", None).tools
+
+    async def _request(self, method: str, params: dict | None) -> Any:
+        """One request through the server's middleware (server.VISIBILITY) to its handler."""
+        request = SimpleNamespace(method=method, params=params, session=self)
+        return await self.state[(server, "VISIBILITY")](request, self._handle)
+
+    async def _handle(self, request: Any) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CallToolResult, ListToolsResult, TextContent
+        if request.method == "tools/list":
+            return ListToolsResult(tools=await self.server.list_tools())
+        try:
+            return await self.server.call_tool(request.params["name"], request.params["arguments"])
+        except MCPError:
+            raise
+        except Exception as exc:  # what MCPServer._handle_call_tool answers for a failed call
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+
+
+def server_state() -> dict:
+    """The module state a server process holds for itself, as it is at start. Each in-process
+    server keeps its own, so that several can be open at once (add new module state here)."""
+    return {(proxmox_client, "_hosts"): {"pve": {}, "pbs": {}}, (proxmox_client, "_clients"): {},
+            (policy, "SETTINGS"): policy.Settings(), (policy, "PERMISSIONS"): {},
+            (shell_tools, "TARGETS"): {},
+            (shell_tools, "_connections"): {}, (api_tools, "_docs"): {},
+            (server, "VISIBILITY"): server.ToolVisibility(), (workflows, "RUNTIME"): {"transport": "stdio"}}
+
+
+@contextmanager
+def in_process(env: dict[str, str], *, log_name: str = "in-process") -> Iterator[InProcess]:
+    """The tools of a server configured by `env`, in this process: configured as server.main
+    does (load_configuration, apply_configuration, build_server), the privileges main reads in
+    the background read before the first call, the audit log in this run's temporary state
+    unless `env` names one."""
+    variables = server_env({"PROXMOX_AUDIT_LOG": str(STATE_DIR / f"{log_name}-audit.jsonl")} | env)
+    with start_blocking_portal() as portal:
+        session = InProcess(portal, server_state())
+        with session.installed():
+            config = server.load_configuration(variables)
+            server.apply_configuration(config)
+            session.server = server.build_server(config)
+            for product in ("pve", "pbs"):
+                for label in proxmox_client.configured(product):
+                    proxmox_client.client_for(product, label).ensure_permissions()
+        yield session
+
+
+class ToolSession:
+    """A module's server, in process for its tests, and over MCP for its tests marked
+    @pytest.mark.mcp (progress, elicitation, resources, prompts): a stdio server with the same
+    variables, started before the first such test runs."""
+
+    def __init__(self, env: dict[str, str], log_name: str, stack: ExitStack):
+        self.env, self.log_name, self.stack = env, log_name, stack
+        self.local = stack.enter_context(in_process(env, log_name=log_name))
+        self.remote: Session | None = None
+
+    def current(self) -> Session:
+        if not OVER_MCP:
+            return self.local
+        if self.remote is None:
+            self.remote = self.stack.enter_context(stdio_session(self.env, log_name=self.log_name))
+        return self.remote
+
+    def __getattr__(self, name: str) -> Any:  # call, ok, error, tools (and portal, client over MCP)
+        return getattr(self.current(), name)
+
+
+@contextmanager
+def tool_session(env: dict[str, str], *, log_name: str) -> Iterator[ToolSession]:
+    """The fixture most test modules use: see ToolSession."""
+    with ExitStack() as stack:
+        opened = ToolSession(env, log_name, stack)
+        OPEN.append(opened)
+        try:
+            yield opened
+        finally:
+            OPEN.remove(opened)
+
+
+OVER_MCP = False  # whether the running test is marked @pytest.mark.mcp
+OPEN: list[ToolSession] = []  # the tool sessions of the running module
+
+
+@pytest.fixture(autouse=True)
+def _transport(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked mcp talk to their module's servers over MCP, started before the test runs
+    (the module's fixtures, of a higher scope, are set up already)."""
+    global OVER_MCP
+    OVER_MCP = request.node.get_closest_marker("mcp") is not None
+    if OVER_MCP:
+        for opened in OPEN:
+            opened.current()
+    yield
+    OVER_MCP = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary state: in-process audit logs, and XDG_STATE_HOME of every server
+    process, so that no test writes into the user's own audit log."""
+    global STATE_DIR
+    STATE_DIR = tmp_path_factory.mktemp("state")
+    return STATE_DIR
+
+
+@pytest.fixture()
+def running_tasks(sim: simulator.Simulator) -> Iterator[None]:
+    """Tasks the tools start run for a while (0.6 s), for tests about progress and waiting."""
+    before, sim.lab.task_seconds = sim.lab.task_seconds, 0.6
+    yield
+    sim.lab.task_seconds = before
+
+
 def requests_during(sim: Any, action: Any, *, writes: bool = False) -> tuple[Any, list]:
     """Run `action` and return its result with the requests the simulator received meanwhile
     (only non-GET ones with writes=True). Background reads of token privileges (and of the PVE
@@ -74,6 +256,8 @@ def requests_during(sim: Any, action: Any, *, writes: bool = False) -> tuple[Any
 def server_env(extra: dict[str, str]) -> dict[str, str]:
     """A clean environment for a server process: no PROXMOX_/PBS_/MCP_ variables from outside."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXMOX_", "PBS_", "MCP_"))}
+    if STATE_DIR is not None:
+        env["XDG_STATE_HOME"] = str(STATE_DIR)  # the default audit log goes there, not to the user's
     return env | extra
 
 
@@ -92,36 +276,51 @@ def stdio_session(env: dict[str, str], *, mode: str = "legacy", log_name: str = 
             yield Session(portal, client)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def own_state_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Servers started by tests keep their default audit log in a temporary state directory, never
-    in the user's ~/.local/state."""
-    before = os.environ.get("XDG_STATE_HOME")
-    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
-    yield
-    if before is None:
-        os.environ.pop("XDG_STATE_HOME", None)
-    else:
-        os.environ["XDG_STATE_HOME"] = before
-
-
 @pytest.fixture(scope="module")
 def sim() -> Iterator[simulator.Simulator]:
-    with simulator.Simulator(simulator.Lab.homelab()) as running:
+    lab = simulator.Lab.homelab()
+    lab.task_seconds = 0  # tasks finish at once; see running_tasks
+    with simulator.Simulator(lab) as running:
         yield running
         # every request the project sent must be one the official schema allows
         assert running.lab.schema_rejections == [], running.lab.schema_rejections
 
 
 @pytest.fixture(scope="module")
-def session(sim: simulator.Simulator, request: pytest.FixtureRequest) -> Iterator[Session]:
-    """The server over stdio, pointed at the module's simulator with the reader tokens."""
-    with stdio_session(sim.env(), log_name=request.module.__name__) as running:
+def session(sim: simulator.Simulator, request: pytest.FixtureRequest) -> Iterator[ToolSession]:
+    """The server pointed at the module's simulator with the reader tokens (see ToolSession)."""
+    with tool_session(sim.env(), log_name=request.module.__name__) as running:
         yield running
 
 
+FORK_SERVER: subprocess.Popen | None = None  # tests/fork_server.py, started on first use
+
+
 def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run `server.py` with arguments to completion (for --list-tools, --check, bad config)."""
-    return subprocess.run([sys.executable, str(ROOT / "server.py"), *args], env=server_env(env),
-                          cwd=str(LOG_DIR if LOG_DIR.exists() else ROOT), capture_output=True, text=True,
-                          timeout=timeout)
+    """`python server.py ARGS` to completion (for --list-tools, --check, bad config): a process of
+    its own with a clean environment, its stdout, stderr and exit code. It is forked from one that
+    imported server.py once (tests/fork_server.py), as the imports cost more than the run."""
+    global FORK_SERVER
+    if FORK_SERVER is None:
+        FORK_SERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py")], env=server_env({}),
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        out.touch()
+        err.touch()
+        request = {"args": args, "env": server_env(env), "cwd": str(LOG_DIR if LOG_DIR.exists() else ROOT),
+                   "stdout": str(out), "stderr": str(err), "timeout": timeout}
+        FORK_SERVER.stdin.write(json.dumps(request) + "\n")
+        FORK_SERVER.stdin.flush()
+        reply = json.loads(FORK_SERVER.stdout.readline())
+        if reply["timed_out"]:
+            raise subprocess.TimeoutExpired(["server.py", *args], timeout)
+        return subprocess.CompletedProcess(["server.py", *args], reply["returncode"], out.read_text(), err.read_text())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server_ends() -> Iterator[None]:
+    yield
+    if FORK_SERVER is not None:
+        FORK_SERVER.stdin.close()
+        FORK_SERVER.wait(timeout=10)

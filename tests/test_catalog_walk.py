@@ -33,6 +33,9 @@ CANDIDATES = ["walk1", "1", "pve1", "100", "a1b2", "vm", "local", "192.0.2.5", "
               "pve", "pbs", "AAAA", "w.example.com", "10", "abcdefghij", "dir", "/dev/sda", "sda", "100-0", "acl",
               "/", "walkpass1", "docker.io/library/debian:13", "192.0.2.5:8089", "8086:1234", "0000:01:00.0",
               "pve1c-0123456789", '[{"method": "GET", "path": "status"}]']
+# Tried first for these parameters: the OCI reference pattern backtracks for minutes on other
+# candidates (a UUID), see catalog._matches.
+NAMED_CANDIDATES = {"reference": ["docker.io/library/debian:13", "docker.io/library/debian"]}
 
 
 def value_for(name: str, spec: dict, entry: dict):
@@ -54,7 +57,7 @@ def value_for(name: str, spec: dict, entry: dict):
         parts += [f"{k}={value_for(k, fmt[k], entry)}" for k in required]
         if parts:
             return ",".join(parts)
-    for candidate in CANDIDATES:
+    for candidate in NAMED_CANDIDATES.get(name, []) + CANDIDATES:
         if catalog.check_params({"params": {name: spec}}, {name: candidate}) == {}:
             return candidate
     return "walk1"
@@ -113,6 +116,9 @@ def call_api(session, product: str, entry: dict, path: str, params: dict):
 def walker(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("walk")
     (tmp / "protected.json").write_text("[]")
+    # tasks that run a while, as the walk was written for: the clone's lock keeps guest 100 from
+    # being migrated away from under the methods that follow
+    sim.lab.task_seconds = 0.6
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)

@@ -1,16 +1,21 @@
-"""Fuzz every tool through the MCP client: arguments generated from its input schema plus
-hostile values (wrong types, huge strings, negative and huge ids, unicode, path tricks), with a
-fixed seed. No call may crash (an unexplained "Error executing tool X"), every failure carries
-a message, and arguments the tool rejects by its schema send nothing to the simulator.
-Writes run under PROXMOX_DRY_RUN, so nothing is changed and no task is waited for."""
+"""Fuzz every tool: arguments generated from its input schema plus hostile values (wrong types,
+huge strings, negative and huge ids, unicode, path tricks), with a fixed seed. No call may crash
+(an unexplained "Error executing tool X"), every failure carries a message, and arguments the
+tool rejects by its schema send nothing to the simulator. Writes run under PROXMOX_DRY_RUN, so
+nothing is changed and no task is waited for.
+
+The calls go through the in-process layer (the server's own request path: middleware, the SDK's
+argument model, the tool edge, JSON both ways); the first MCP_CALLS of them also go through the
+MCP client over stdio, which must answer each exactly as the in-process layer did."""
 import json
 import random
 
 import pytest
 
-from conftest import stdio_session
+from conftest import in_process, stdio_session
 
 CALLS = 10_500
+MCP_CALLS = 1_050  # the first of them, over stdio too (about 6 ms each there, the transport's cost)
 HOSTILE = [None, True, -1, 0, 99, 10 ** 12, -10 ** 12, 3.5, "", " ", "x" * 20000, "../../etc/passwd",
            "/nodes/pve1/../../access", "%2e%2e%2f", "vm:100", "100-0", "local-lvm:vm-100-disk-0", "'; rm -rf / #",
            "$(reboot)", "`id`", "ünïcödé 日本語 🙂", "\u202e", "\x00", "\n", [], {}, [1, 2], {"a": 1}, "PVE1", "pve1",
@@ -48,13 +53,17 @@ def arguments(rng: random.Random, schema: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fuzzed(sim, tmp_path_factory):
+def fuzz_env(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "fuzz"}]))
-    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_DRY_RUN": "true",
         "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
-    with stdio_session(env, log_name="fuzz") as session:
+
+
+@pytest.fixture(scope="module")
+def fuzzed(fuzz_env):
+    with in_process(fuzz_env, log_name="fuzz") as session:
         yield session
 
 
@@ -84,3 +93,19 @@ def test_fuzz_every_tool(fuzzed, sim):
     assert silent == [], silent[:5]
     assert leaked == [], leaked[:5]
     assert sim.lab.schema_rejections == []
+
+
+def test_fuzz_over_mcp_answers_as_in_process(fuzzed, fuzz_env):
+    rng = random.Random(20261129)
+    with stdio_session(fuzz_env, log_name="fuzz") as over_mcp:
+        tools = over_mcp.tools()
+        assert [(t.name, t.input_schema) for t in tools] == [(t.name, t.input_schema) for t in fuzzed.tools()]
+        for index in range(MCP_CALLS):
+            tool = tools[index % len(tools)]
+            args = arguments(rng, tool.input_schema)
+            wire, local = over_mcp.call(tool.name, args), fuzzed.call(tool.name, args)
+            assert wire.is_error == local.is_error and len(wire.content) == len(local.content) == 1, (tool.name, args)
+            if wire.is_error:  # an answer may hold the time; an error says the same over both
+                assert wire.content[0].text == local.content[0].text, (tool.name, args)
+            else:
+                assert json.loads(wire.content[0].text).keys() == json.loads(local.content[0].text).keys()

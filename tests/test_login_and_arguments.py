@@ -5,7 +5,7 @@ import time
 import pytest
 
 import proxmox_client
-from conftest import requests_during, run_server, stdio_session
+from conftest import in_process, requests_during, run_server, stdio_session, tool_session
 
 PASSWORD_ENV = {"PROXMOX_ACCESS": "lifecycle"}
 
@@ -144,7 +144,7 @@ def test_indexed_options_as_a_nested_object(admin_dry, sim):
 @pytest.fixture(scope="module")
 def admin_dry(sim):
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": "write"}
-    with stdio_session(env, log_name="test_login_admin") as running:
+    with tool_session(env, log_name="test_login_admin") as running:
         yield running
 
 
@@ -152,7 +152,7 @@ def admin_dry(sim):
 
 def test_server_info_says_why_each_tool_is_hidden(sim):
     env = sim.env() | {"PROXMOX_TOOLSETS": "guests,workflows", "PROXMOX_DENY_TOOLS": "security_audit"}
-    with stdio_session(env, log_name="test_login_hidden") as session:
+    with in_process(env, log_name="test_login_hidden") as session:
         hidden = session.ok("server_info")["hidden_tools"]
         listed = {t.name for t in session.tools()}
     assert "lifecycle gate is closed" in hidden["write_guest_power"] and "PROXMOX_ACCESS" in hidden["write_guest_power"]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import requests_during, stdio_session
+from conftest import in_process, requests_during, tool_session
 from simulator import Lab
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -25,7 +25,7 @@ def pbs(sim, tmp_path_factory):
     history = [Lab.pbs_snapshot(day(9, 21) + n * 86400) for n in range(70)]
     next(s for s in history if s["backup-time"] == day(10, 15))["protected"] = True
     sim.lab.datastores["backup"]["groups"][("", "vm", "200")] = history
-    with stdio_session(env, log_name="pbs") as session:
+    with tool_session(env, log_name="pbs") as session:
         yield session
 
 
@@ -62,6 +62,8 @@ def test_snapshots_with_verify_protected_encrypted(pbs, sim):
     assert [s["time"] for s in protected] == [day(10, 15)]
 
 
+@pytest.mark.mcp  # progress notifications
+@pytest.mark.usefixtures("running_tasks")
 def test_jobs_and_tasks(pbs):
     jobs = {(r["kind"], r["id"]): r for r in rows(pbs.ok("pbs_list_jobs"))}
     assert jobs[("sync", "s-backup")]["result"].startswith("sync failed")
@@ -125,6 +127,8 @@ def test_protected_guest_backups_cannot_be_pruned_or_forgotten(pbs, sim):
 
 # ---------------------------------------------------------------- the other writes
 
+@pytest.mark.mcp  # progress notifications
+@pytest.mark.usefixtures("running_tasks")
 def test_forget_protect_notes_verify_run_job(pbs, sim):
     group = sim.lab.datastores["backup"]["groups"][("", "ct", "105")]
     oldest, newest = group[-1]["backup-time"], group[0]["backup-time"]
@@ -173,7 +177,7 @@ def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
     for tier in ("read", "lifecycle", "write"):
         env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
-        with stdio_session(env, log_name=f"pbs-tier-{tier}") as session:
+        with in_process(env, log_name=f"pbs-tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools() if t.name.startswith("write_pbs")}
     assert offered["read"] == set()
     assert offered["lifecycle"] == {"write_pbs_gc", "write_pbs_verify", "write_pbs_run_job"}

@@ -11,7 +11,7 @@ import audit
 import catalog
 import policy
 import simulator
-from conftest import requests_during, run_server, stdio_session
+from conftest import in_process, requests_during, run_server, stdio_session, tool_session
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="mcp@pbs!t", write_token_id=None)
@@ -285,7 +285,7 @@ def write_env(sim, tmp: Path, **extra) -> dict:
 @pytest.fixture(scope="module")
 def admin(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("admin")
-    with stdio_session(write_env(sim, tmp), log_name="policy-admin") as session:
+    with tool_session(write_env(sim, tmp), log_name="policy-admin") as session:
         session.tmp = tmp
         yield session
 
@@ -381,7 +381,7 @@ def test_elicit_off_requires_confirm(sim, tmp_path):
 
 
 def test_global_dry_run(sim, tmp_path):
-    with stdio_session(write_env(sim, tmp_path, PROXMOX_DRY_RUN="true"), log_name="dry") as session:
+    with in_process(write_env(sim, tmp_path, PROXMOX_DRY_RUN="true"), log_name="dry") as session:
         before = len([r for r in sim.lab.requests if r[1] != "GET"])
         plan = session.ok("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/101/status/reboot"})
         assert plan["dry_run"] is True
@@ -418,7 +418,7 @@ def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
          "info": {"POST": {"method": "POST", "name": "vm_start", "description": "Boots guest 4711 of the test."}}}]}]
     (tmp_path / "pve-api.json").write_text(json.dumps(viewer))
     with simulator.Simulator(simulator.Lab.homelab(), schema_dir=tmp_path) as own:
-        with stdio_session(own.env(), log_name="policy-viewer") as session:
+        with in_process(own.env(), log_name="policy-viewer") as session:
             assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
 
 
@@ -467,7 +467,7 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
                                        "PROXMOX_LAB_TOKEN": reader, "PROXMOX_LAB_WRITE_TOKEN": admin,
                                        "PROXMOX_OTHER_URL": sim.pve_url, "PROXMOX_OTHER_FINGERPRINT": sim.fingerprint,
                                        "PROXMOX_OTHER_TOKEN": admin}
-    with stdio_session(env, log_name="per-host") as session:
+    with in_process(env, log_name="per-host") as session:
         assert "write_api_call" in {t.name for t in session.tools()}  # open on one host
         call = {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "split"}}
         message = session.error("write_api_call", call | {"host": "other", "product": "pve"})

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 
-from conftest import requests_during, stdio_session
+from conftest import in_process, requests_during, tool_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "write_resize_disk",
@@ -24,7 +24,7 @@ def ops(sim, tmp_path_factory):
     env = sim.env(pve_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
-    with stdio_session(env, log_name="pve-ops") as session:
+    with tool_session(env, log_name="pve-ops") as session:
         yield session
 
 
@@ -93,6 +93,7 @@ def test_guest_agent_info(ops):
 
 # ---------------------------------------------------------------- writes that work
 
+@pytest.mark.mcp  # progress notifications
 def test_power_cycle_with_progress(ops, sim):
     progress = []
     started = ops.ok("write_guest_power", {"vmid": 104, "action": "start"}, progress=progress)
@@ -135,6 +136,8 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert sim.lab.guests[100]["snapshots"] == []
 
 
+@pytest.mark.mcp  # progress notifications
+@pytest.mark.usefixtures("running_tasks")
 def test_backup_restore_clone_migrate_template_delete(ops, sim):
     progress = []
     backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "nfs-backup", "notes": "before the move"},
@@ -228,7 +231,7 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
         # the admin token: only the gates decide here, not privileges read in the background
         env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
-        with stdio_session(env, log_name=f"tier-{tier}") as session:
+        with in_process(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
     assert offered["read"] == set()
     assert offered["lifecycle"] == {"write_guest_power", "write_snapshot_create", "write_backup_guest"}
@@ -238,7 +241,7 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
 def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
-    with stdio_session(env, log_name="tier-stop") as session:
+    with in_process(env, log_name="tier-stop") as session:
         stop = partial(session.error, "write_guest_power", {"vmid": 100, "action": "stop", "confirm": True})
         message, sent = requests_during(sim, stop, writes=True)
         assert "destructive" in message and "PROXMOX_ACCESS=destructive" in message and sent == []
@@ -317,6 +320,8 @@ def test_dry_run_of_tool_writes(ops, sim):
     assert plan["gate"] == "destructive" and plan["needs_confirmation"] is True and sent == []
 
 
+@pytest.mark.mcp  # progress notifications
+@pytest.mark.usefixtures("running_tasks")
 def test_still_running_then_get_task_continues(ops, sim):
     sim.lab.task_seconds = 4
     try:

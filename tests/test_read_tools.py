@@ -3,7 +3,7 @@ from functools import partial
 
 import pytest
 
-from conftest import requests_during, stdio_session
+from conftest import in_process, requests_during, stdio_session
 
 READ_TOOLS = {"list_hosts", "cluster_status", "list_nodes", "list_guests", "get_guest", "list_storage",
               "list_tasks", "get_task"}
@@ -117,6 +117,7 @@ def test_list_tasks_and_failures(session):
     assert {row[1] for row in on_node["rows"]} == {"pve2"}
 
 
+@pytest.mark.mcp  # progress notifications
 def test_get_task_waits_with_progress(session, sim):
     upid = sim.lab.start_task("pve1", "qmclone", "100", duration=1.5)
     progress = []
@@ -160,7 +161,7 @@ def test_node_down_is_a_clear_error_and_the_server_keeps_serving(session, sim):
 
 def test_empty_inventory_hints_at_permissions(sim):
     env = sim.env(pve_token="mcp@pve!empty", pbs=False)
-    with stdio_session(env, log_name="empty-token") as empty:
+    with in_process(env, log_name="empty-token") as empty:
         guests = empty.ok("list_guests")
         assert guests["rows"] == [] and "privilege-separated" in guests["note"]
         message = empty.error("cluster_status")

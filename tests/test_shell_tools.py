@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOG_DIR, run_server, stdio_session
+from conftest import LOG_DIR, in_process, run_server, stdio_session
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) and not os.environ.get("CI"),
@@ -87,7 +87,7 @@ PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 AllowUsers root mcpdash
-SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root}
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root} HOME={base}
 LogLevel ERROR
 """)
     Path("/run/sshd").mkdir(exist_ok=True)
@@ -178,7 +178,7 @@ def test_unverifiable_host_keys_stop_the_server(sim, sshd, tmp_path):
 
 def test_exec_tools_need_the_gate_and_ssh(sim, sshd, tmp_path):
     def offered(env):
-        with stdio_session(env, log_name="shell-offered") as session:
+        with in_process(env, log_name="shell-offered") as session:
             return {t.name for t in session.tools()}
     base = ssh_env(sim, sshd, tmp_path)
     closed = offered(base | {"PROXMOX_ALLOW_EXEC": "false"})

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import simulator
-from conftest import requests_during, stdio_session
+from conftest import in_process, requests_during, tool_session
 
 GiB = 1024 ** 3
 
@@ -15,6 +15,7 @@ GiB = 1024 ** 3
 @pytest.fixture(scope="module")
 def sim():
     lab = simulator.Lab.homelab()
+    lab.task_seconds = 0  # as in conftest's sim
     now = int(time.time())
     lab.storages["nfs-backup"]["used"] = 1900 * GiB  # 95 %: a full storage
     lab.acl.append({"path": "/", "type": "user", "ugid": "ops@pve", "roleid": "Administrator", "propagate": 1})
@@ -43,7 +44,7 @@ def ops(sim, tmp_path_factory):
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
-    with stdio_session(env, log_name="workflows") as session:
+    with tool_session(env, log_name="workflows") as session:
         yield session
 
 
@@ -122,6 +123,7 @@ def test_security_audit(ops):
     assert "two-factor authentication of users" in report["not_checked"]
 
 
+@pytest.mark.mcp  # progress notifications
 def test_wait_task_for_both_products(ops, sim):
     pve = sim.lab.start_task("pve2", "qmstart", "101", duration=0.5)
     pbs = sim.lab.start_task("pbs", "verify", "backup", duration=0.5, product="pbs")
@@ -180,7 +182,7 @@ def test_restore_drill_proves_a_protected_guests_backup(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS": "lab:100",
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
-    with stdio_session(env, log_name="workflows-protected") as session:
+    with in_process(env, log_name="workflows-protected") as session:
         config_before = dict(sim.lab.guests[100]["config"]) if "config" in sim.lab.guests[100] else None
         drill = session.ok("write_restore_drill", {"vmid": 100, "confirm": True})
         assert drill["result"] == "ok"
@@ -210,6 +212,7 @@ def test_restore_drill_failure_paths(ops, sim):
     assert broken["created"] == [] and set(sim.lab.guests) == before
 
 
+@pytest.mark.mcp  # resources and prompts
 def test_resources_and_prompts(ops):
     resources = ops.portal.call(ops.client.list_resource_templates)
     uris = {t.uri_template for t in resources.resource_templates}
@@ -228,7 +231,7 @@ def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
     for tier in ("lifecycle", "write"):
         env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                       "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
-        with stdio_session(env, log_name=f"workflows-{tier}") as session:
+        with in_process(env, log_name=f"workflows-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()}
     assert not {"write_provision_lxc", "write_provision_vm", "write_restore_drill"} & offered["lifecycle"]
     assert {"write_provision_lxc", "write_provision_vm"} <= offered["write"]

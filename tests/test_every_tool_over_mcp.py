@@ -1,0 +1,113 @@
+"""Every tool once over MCP: one stdio server with every gate open, each tool called with valid
+arguments through the SDK's client, and it answers. Domain behaviour is tested in process
+(conftest.in_process); this is the MCP edge of each tool: registered, offered, its arguments
+accepted as a client sends them, its answer carried back. The SSH tools are called over MCP by
+test_shell_tools.py, next to the sshd they need."""
+import json
+
+import pytest
+
+import server
+from conftest import stdio_session
+
+DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"
+DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
+CLOUD_IMAGE = "local:import/debian-13.qcow2"
+SSH_TOOLS = {spec.function.__name__ for spec in server.TOOLS if spec.ssh}
+
+
+def pbs_snapshot(lab, vmid: str, index: int) -> dict:
+    time = lab.datastores["backup"]["groups"][("", "vm", vmid)][index]["backup-time"]
+    return {"store": "backup", "backup_type": "vm", "backup_id": vmid, "backup_time": time}
+
+
+def pve_backup(lab, vmid: int) -> str:
+    return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
+
+
+# (tool, arguments or a function of the lab giving them), in the order they run: reads, then
+# writes on guests and volumes that later calls do not need, destructive ones last.
+CALLS = [
+    ("list_hosts", {}), ("server_info", {}), ("cluster_status", {}), ("list_nodes", {}), ("list_guests", {}),
+    ("get_guest", {"vmid": 100}), ("list_storage", {}), ("list_tasks", {}),
+    ("get_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
+    ("task_log", lambda lab: {"upid": lab.mcp_upids["pve"]}),
+    ("cluster_log", {}), ("node_status", {"node": "pve1"}), ("guest_config", {"vmid": 100}),
+    ("list_snapshots", {"vmid": 100}), ("guest_agent_info", {"vmid": 100}), ("list_backups", {}),
+    ("storage_content", {"storage": "local"}), ("list_networks", {}), ("list_pools", {}),
+    ("pbs_list_datastores", {}), ("pbs_datastore_status", {"store": "backup"}),
+    ("pbs_list_namespaces", {"store": "backup"}), ("pbs_list_groups", {"store": "backup"}),
+    ("pbs_list_snapshots", {"store": "backup", "backup_type": "vm", "backup_id": "100"}),
+    ("pbs_list_jobs", {}), ("pbs_list_tasks", {}),
+    ("pbs_get_task", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
+    ("pbs_task_log", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
+    ("wait_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
+    ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}),
+    ("api_search", {"query": "snapshot rollback"}),
+    ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
+    ("api_read", {"path": "/version"}),
+    ("write_guest_power", {"vmid": 104, "action": "start"}),
+    ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
+    ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
+    ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
+    ("write_set_nic", {"vmid": 103, "vlan": 30}),
+    ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+1G"}),
+    ("write_clone_guest", {"vmid": 100, "newid": 150, "name": "mcp-clone"}),
+    ("write_migrate_guest", {"vmid": 150, "target": "pve3"}),
+    ("write_template", {"vmid": 150}),
+    ("write_restore_backup", lambda lab: {"archive": pve_backup(lab, 100), "vmid": 151}),
+    ("write_create_vm", {"name": "mcp-vm", "iso": DEBIAN_ISO}),
+    ("write_create_lxc", {"hostname": "mcp-ct", "template": DEBIAN_TEMPLATE}),
+    ("write_download_url", {"url": "https://cloud.debian.org/debian-13-genericcloud-amd64.qcow2",
+                            "storage": "local", "filename": "debian-13.qcow2", "content": "import"}),
+    ("write_provision_lxc", {"hostname": "mcp-prov", "template": DEBIAN_TEMPLATE}),
+    ("write_provision_vm", {"name": "mcp-prov-vm", "cloud_image": CLOUD_IMAGE}),
+    ("write_vm_exec", {"vmid": 100, "command": "true", "confirm": True}),
+    ("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "over mcp\n", "confirm": True}),
+    ("write_guest_file_read", {"vmid": 100, "path": "/etc/motd", "confirm": True}),
+    ("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "mcp2"}}),
+    ("write_pbs_gc", {"store": "backup"}), ("write_pbs_verify", {"store": "backup"}),
+    ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
+    ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),
+    ("write_pbs_set_notes", lambda lab: pbs_snapshot(lab, "100", 0) | {"notes": "over mcp"}),
+    ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
+                         "confirm": True}),
+    ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),
+    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_snapshot_delete", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_delete_guest", {"vmid": 151, "confirm": True}),
+    ("write_delete_volume", {"volid": CLOUD_IMAGE, "confirm": True}),
+    ("write_restore_drill", {"vmid": 100, "confirm": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def admin(sim, tmp_path_factory):
+    """One server over stdio with every gate open and no SSH, as an operator's would be."""
+    tmp = tmp_path_factory.mktemp("every-tool")
+    (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 105, "reason": "not used here"}]))
+    sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
+                         "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
+    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
+        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    with stdio_session(env, log_name="every-tool") as session:
+        yield session
+
+
+def test_every_tool_but_the_ssh_ones_is_called_once():
+    names = [name for name, _ in CALLS]
+    assert len(names) == len(set(names))
+    assert set(names) == set(server.TOOL_NAMES) - SSH_TOOLS
+
+
+def test_the_list_offers_them(admin):
+    assert {t.name for t in admin.tools()} == set(server.TOOL_NAMES) - SSH_TOOLS
+
+
+@pytest.mark.parametrize("name, arguments", CALLS, ids=[name for name, _ in CALLS])
+def test_tool_answers_over_mcp(admin, sim, name, arguments):
+    answer = admin.ok(name, arguments(sim.lab) if callable(arguments) else arguments)
+    assert isinstance(answer, dict) and answer.get("result") != "failed", answer
+    assert sim.lab.schema_rejections == []
