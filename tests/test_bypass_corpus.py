@@ -1,7 +1,9 @@
 """The bypass corpus: every way found to reach a protected guest, destroy backups below the
 destructive gate, read secrets at the read gate or touch the host without the elevated gate.
-Each entry is refused twice: by the policy in-process (nothing reaches `send`) and through the
-generic tools of a real server against the simulator, with no change request sent.
+Each entry is refused twice: by the policy's admission step (nothing reaches `send`), and through
+the generic tools of a server configured as `server.main` configures it (the in-process layer of
+conftest: the same tool edge and middleware as over MCP) against the simulator, with no change
+request sent. tests/test_admission.py meets the same admission over real MCP sessions.
 
 Sessions (the operator's configuration each entry is tried in):
   open       destructive tier, exec, elevated and sensitive open; guests 100, 101, 102 protected
@@ -17,7 +19,7 @@ from urllib.parse import unquote
 import pytest
 
 import policy
-from conftest import requests_during, stdio_session
+from conftest import in_process, requests_during
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="root@pam!admin", write_token_id=None)
@@ -258,7 +260,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
         assert expected in message, message
 
 
-# ---------------------------------------------------------------- through a real server
+# ---------------------------------------------------------------- through the server's tools
 
 def session_env(sim, tmp, session: str) -> dict:
     access, gates, protected, allowed = SESSIONS[session]
@@ -274,13 +276,14 @@ def session_env(sim, tmp, session: str) -> dict:
 
 @pytest.fixture(scope="module")
 def servers(sim, tmp_path_factory):
-    """One server per session, against the module's simulator (whose lab holds the stored jobs)."""
+    """One server per session (in process), against the module's simulator, whose lab holds the
+    stored jobs."""
     sim.lab.pbs_jobs["sync"].append({"id": "s-remove", "store": "backup", "remote": "office",
                                      "remote-store": "backup", "schedule": "daily", "remove-vanished": True})
     from contextlib import ExitStack
     with ExitStack() as stack:
-        yield {name: stack.enter_context(stdio_session(session_env(sim, tmp_path_factory.mktemp(name), name),
-                                                       log_name=f"corpus-{name}"))
+        yield {name: stack.enter_context(in_process(session_env(sim, tmp_path_factory.mktemp(name), name),
+                                                    log_name=f"corpus-{name}"))
                for name in SESSIONS}
 
 
