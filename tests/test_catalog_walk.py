@@ -63,13 +63,21 @@ def value_for(name: str, spec: dict, entry: dict):
     return "walk1"
 
 
-# Methods that need another guest than the default: a running container, or one whose
-# migration must not move the guest the rest of the walk uses.
+# Guests the walk adds for methods Proxmox refuses before any task when the guest is in the wrong
+# state (docs/PROXMOX-BEHAVIOUR.md#power-and-locks, #migrate): template path -> (vmid, kind, node, state).
+WALK_GUESTS = {"/nodes/{node}/lxc/{vmid}/status/reboot": (110, "lxc", "pve1", "running"),
+               "/nodes/{node}/lxc/{vmid}/status/resume": (111, "lxc", "pve1", "paused"),
+               "/nodes/{node}/lxc/{vmid}/status/shutdown": (112, "lxc", "pve1", "running"),
+               "/nodes/{node}/lxc/{vmid}/status/stop": (113, "lxc", "pve1", "running"),
+               "/nodes/{node}/lxc/{vmid}/status/suspend": (114, "lxc", "pve1", "running"),
+               "/nodes/{node}/qemu/{vmid}/migrate": (115, "qemu", "pve1", "stopped"),  # not the guest others use
+               "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped")}  # a running CT needs restart
+# Methods that need another guest than the default.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
-                  "/nodes/{node}/lxc/{vmid}/migrate": {"node": "pve3", "vmid": "105"},
                   "/nodes/{node}/qemu/{vmid}/template": {"node": "pve2", "vmid": "104"},  # a stopped VM
                   "/admin/prune/{id}/run": {"id": "p-backup"}, "/admin/sync/{id}/run": {"id": "s-backup"},
                   "/admin/verify/{id}/run": {"id": "v-backup"}}
+PATH_OVERRIDES |= {path: {"node": node, "vmid": str(vmid)} for path, (vmid, _, node, _) in WALK_GUESTS.items()}
 PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
 
 
@@ -99,6 +107,8 @@ def call_for(product: str, entry: dict, upid: str):
     if product == "pbs":
         fresh |= PBS_SNAPSHOT
     params.update({k: v for k, v in fresh.items() if k in params})
+    if entry["path"].endswith("/download-url"):  # the name must fit the content type (#downloads-and-imports)
+        params["filename"] = "walk1.iso"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
     return path, params
@@ -119,6 +129,10 @@ def walker(sim, tmp_path_factory):
     # tasks that run a while, as the walk was written for: the clone's lock keeps guest 100 from
     # being migrated away from under the methods that follow
     sim.lab.task_seconds = 0.6
+    for vmid, kind, node, state in WALK_GUESTS.values():
+        status = "stopped" if state == "stopped" else "running"
+        guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)
+        guest["paused"] = state == "paused"
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)
