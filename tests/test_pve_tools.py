@@ -323,7 +323,7 @@ def test_dry_run_of_tool_writes(ops, sim):
 @pytest.mark.mcp  # progress notifications
 @pytest.mark.usefixtures("running_tasks")
 def test_still_running_then_get_task_continues(ops, sim):
-    sim.lab.task_seconds = 4
+    before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
     try:
         first = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow", "wait_seconds": 1})
         assert first["status"] == "still_running" and first["upid"].startswith("UPID:pve3:")
@@ -333,4 +333,4 @@ def test_still_running_then_get_task_continues(ops, sim):
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)
         assert done["result"] == "ok" and progress
     finally:
-        sim.lab.task_seconds = 0.6
+        sim.lab.task_seconds = before

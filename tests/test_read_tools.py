@@ -128,7 +128,7 @@ def test_get_task_waits_with_progress(session, sim):
 
 
 def test_get_task_still_running_then_continued(session, sim):
-    upid = sim.lab.start_task("pve2", "qmmigrate", "101", duration=4)
+    upid = sim.lab.start_task("pve2", "qmmigrate", "101", duration=1.6)  # outlasts the first call's 1 s wait
     first = session.ok("get_task", {"upid": upid, "wait_seconds": 1})
     assert first["status"] == "still_running" and first["upid"] == upid and "wait_seconds" in first["next"]
     done = session.ok("get_task", {"upid": upid, "wait_seconds": 60})
