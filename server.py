@@ -11,6 +11,14 @@ config.py; this file is the MCP edge: the TOOLS table, registration, visibility,
 """
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":  # started as the server (a test that imports this file keeps its collector)
+    # Importing the SDK builds about 490 pydantic models: some 80,000 objects that live until exit.
+    # The collector would walk them again and again while they are made; it waits until the
+    # imports are done (frozen below; collecting again before serving: see collect_from_now_on).
+    gc.disable()
+
 import argparse
 import hmac
 import inspect
@@ -728,10 +736,66 @@ def host_reachability() -> dict[str, str]:
 
 
 def serve_http(config: Config, server, bind_host: str, port: int) -> None:
+    import asyncio
+
     import uvicorn
-    app = http_app(config, server, bind_host)
+    app = Answering(http_app(config, server, bind_host))
     log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
-    uvicorn.run(app, host=bind_host.strip("[]"), port=port, log_level="warning")
+    http = uvicorn.Server(uvicorn.Config(app, host=bind_host.strip("[]"), port=port, log_level="warning"))
+    try:
+        asyncio.run(serve_until_stopped(http, app))
+    except asyncio.CancelledError:
+        return  # stopped by SIGTERM or Ctrl-C
+    if not http.started:  # as uvicorn.run: the application did not start (uvicorn logged why)
+        sys.exit(3)
+
+
+class Answering:
+    """ASGI wrapper that counts the POSTs being answered (every MCP request is one; the GET
+    stream of server notifications is not), so that a stop lets them finish."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        counted = scope["type"] == "http" and scope["method"] == "POST"
+        self.count += counted
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count -= counted
+
+
+async def serve_until_stopped(http: Any, app: Answering) -> None:
+    """Serve until SIGTERM (a container stop) or Ctrl-C, then stop at once: no new connections,
+    the requests being answered finish (a tool call and its answer), the application closes its
+    sessions (the lifespan shutdown uvicorn sends too), and the serving task is cancelled. A second
+    signal skips the wait. uvicorn's own stop would notice the signal on its next 0.1 s tick and
+    then sleep 0.1 s before closing anything: issue 17 asks for an exit within 0.1 s."""
+    import asyncio
+    loop, serving = asyncio.get_running_loop(), asyncio.current_task()
+    signals: list[int] = []
+    stopping: list[asyncio.Task] = []  # a reference, so the task is not collected while it runs
+
+    async def stop() -> None:
+        for listener in getattr(http, "servers", []):
+            listener.close()
+        while app.count:
+            await asyncio.sleep(0.01)
+        if hasattr(http, "lifespan"):  # absent only while uvicorn is still starting
+            await http.lifespan.shutdown()
+        serving.cancel()
+
+    def on_signal(number: int, _frame: Any) -> None:
+        signals.append(number)
+        if len(signals) > 1:  # asked twice: stop without waiting
+            loop.call_soon_threadsafe(serving.cancel)
+        else:
+            loop.call_soon_threadsafe(lambda: stopping.append(loop.create_task(stop())))
+
+    http.handle_exit = on_signal  # uvicorn installs it for SIGTERM and SIGINT while it serves
+    await http.serve()
 
 
 # ================================================================ demo
@@ -827,6 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verify_audit:
         return verify_audit_command(config)
     server = build_server(config)
+    collect_from_now_on()
     load_permissions_in_background()
     if args.http:
         workflows.RUNTIME["transport"] = "http"
@@ -840,5 +905,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def collect_from_now_on() -> None:
+    """Before serving: what exists now (the SDK, our modules, the built server) lives until exit.
+    gc.freeze() puts it out of the collector's reach, so no collection walks it again, the one
+    the interpreter makes at exit included: the exit after stdin closes falls from about 0.3 s
+    to a few hundredths (bench/side_by_side.py). Then the collector runs as usual."""
+    gc.freeze()
+    gc.enable()
+
+
 if __name__ == "__main__":
+    gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
