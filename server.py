@@ -361,6 +361,7 @@ class ToolVisibility:
         self.token: Any = None
         self.lock = threading.Lock()
         self._hidden: tuple[int, dict[str, str]] = (-1, {})  # (privileges read so far, hidden tools)
+        self.listed = threading.Event()  # a tools/list was answered (see load_permissions_in_background)
 
     def offer(self, config: Config) -> None:
         """The tools this configuration offers, and the argument names each takes."""
@@ -424,6 +425,7 @@ class ToolVisibility:
             else:
                 result["tools"] = kept
             self.notified[ctx.session] = tuple(sorted(hidden))
+            self.listed.set()
         return result
 
     def refresh(self) -> None:
@@ -442,14 +444,18 @@ class ToolVisibility:
 VISIBILITY = ToolVisibility()
 
 
-def load_permissions_in_background() -> None:
-    """Read every token's privileges at start without delaying anything; then refresh the list."""
-    def load(client: proxmox_client.ProxmoxClient) -> None:
-        client.ensure_permissions()
+def load_permissions_in_background(after: float = 1.0) -> None:
+    """Read every token's privileges without delaying anything; then refresh the list. The reads
+    start once the first tools/list is answered, or after `after` seconds: a client that asks for
+    the list at once has it before they could finish, and running beside it they only slowed it
+    down (importing requests, TLS handshakes; see docs/BENCHMARKS.md)."""
+    def load(product: str, label: str) -> None:
+        VISIBILITY.listed.wait(timeout=after)
+        proxmox_client.client_for(product, label).ensure_permissions()  # the client imports requests
         VISIBILITY.refresh()
     for product in ("pve", "pbs"):
         for label in proxmox_client.configured(product):
-            threading.Thread(target=load, args=(proxmox_client.client_for(product, label),), daemon=True,
+            threading.Thread(target=load, args=(product, label), daemon=True,
                              name=f"permissions-{product}-{label}").start()
 
 

@@ -68,41 +68,53 @@ def server_env(extra: dict[str, str], workdir: str) -> dict[str, str]:
     return env | {"PROXMOX_AUDIT_LOG": str(Path(workdir) / "audit.jsonl")} | extra
 
 
-def start_and_list(command: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
-    """(seconds from launch to the tools/list answer, seconds from closing stdin to exit)."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used so far, all threads (user + system; 10 ms resolution). Less
+    sensitive than wall time to what else runs on the machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_and_list(command: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, float]:
+    """(seconds from launch to the tools/list answer, the server's CPU seconds until then,
+    seconds from closing stdin to exit)."""
     with StdioServer(command, env, cwd) as server:
         server.initialize()
         server.request("tools/list")
         started = time.perf_counter() - server.started
-        return started, server.close()
+        cpu = cpu_seconds(server.process.pid)
+        return started, cpu, server.close()
+
+
+def subprocess_seconds(code: str) -> tuple[float, float, float]:
+    """Wall seconds of `python -c code`, as start_and_list answers (no CPU or exit figure)."""
+    return timed(lambda: subprocess.run([PYTHON, "-c", code], check=True)), 0.0, 0.0
 
 
 def start_and_exit(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
     """Each round runs all four, the order turned around every other round."""
     env = server_env(sim.env(), workdir)
-    runs: dict[str, Callable[[], tuple[float, float]]] = {
-        "python_alone": lambda: (timed(lambda: subprocess.run([PYTHON, "-c", "pass"], check=True)), 0.0),
-        "import_sdk": lambda: (timed(lambda: subprocess.run([PYTHON, "-c", "import mcp.server.mcpserver"],
-                                                            check=True)), 0.0),
+    runs: dict[str, Callable[[], tuple[float, float, float]]] = {
+        "python_alone": lambda: subprocess_seconds("pass"),
+        "import_sdk": lambda: subprocess_seconds("import mcp.server.mcpserver"),
         "baseline": lambda: start_and_list(BASELINE, env, workdir),
         "project": lambda: start_and_list(PROJECT, env, workdir),
     }
-    starts: dict[str, list[float]] = {name: [] for name in runs}
-    exits: dict[str, list[float]] = {name: [] for name in runs}
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
     for index in range(rounds):
         for name in list(runs)[::-1 if index % 2 else 1]:
-            start, exit_ = runs[name]()
-            starts[name].append(start)
-            exits[name].append(exit_)
-    start = {name: median_ms(values) for name, values in starts.items()}
+            samples[name].append(runs[name]())
+    start, cpu, exit_ = ({name: median_ms([sample[part] for sample in values]) for name, values in samples.items()}
+                         for part in range(3))
     return {"rounds": rounds,
             "floor_ms": {"python alone": start["python_alone"], "import mcp.server.mcpserver": start["import_sdk"],
                          "one-tool server (bench/baseline_server.py) to tools/list": start["baseline"]},
             "project_to_tools_list_ms": start["project"],
             "start_ratio": round(start["project"] / start["baseline"], 3),
-            "exit_after_stdin_closes_ms": {"project": median_ms(exits["project"]),
-                                           "baseline": median_ms(exits["baseline"])},
-            "exit_s": round(statistics.median(exits["project"]), 3)}
+            "server_cpu_to_tools_list_ms": {"project": cpu["project"], "baseline": cpu["baseline"]},
+            "start_cpu_ratio": round(cpu["project"] / cpu["baseline"], 3),
+            "exit_after_stdin_closes_ms": {"project": exit_["project"], "baseline": exit_["baseline"]},
+            "exit_s": round(exit_["project"] / 1000, 3)}
 
 
 def no_request_call(sim: simulator.Simulator, workdir: str, calls: int) -> dict:
@@ -117,12 +129,16 @@ def no_request_call(sim: simulator.Simulator, workdir: str, calls: int) -> dict:
             for _ in range(20):  # warm: worker threads started, code paths run once
                 server.ok(tool)
         samples: dict[str, list[float]] = {"list_hosts": [], "noop": []}
+        cpu = {tool: -cpu_seconds(server.process.pid) for server, tool in pairs}
         for index in range(calls):
             for server, tool in pairs[::-1 if index % 2 else 1]:
                 samples[tool].append(timed(lambda s=server, t=tool: s.ok(t)))
+        cpu = {tool: (cpu[tool] + cpu_seconds(server.process.pid)) / calls * 1000 for server, tool in pairs}
     project_ms, baseline_ms = median_ms(samples["list_hosts"]), median_ms(samples["noop"])
     return {"calls": calls, "project_list_hosts_ms": project_ms, "baseline_noop_ms": baseline_ms,
-            "no_request_ratio": round(project_ms / baseline_ms, 3)}
+            "no_request_ratio": round(project_ms / baseline_ms, 3),
+            "server_cpu_per_call_ms": {"project": round(cpu["list_hosts"], 3), "baseline": round(cpu["noop"], 3)},
+            "cpu_ratio": round(cpu["list_hosts"] / cpu["noop"], 3)}
 
 
 class PinnedAdapter(HTTPAdapter):
@@ -217,6 +233,8 @@ def print_ratios(figures: dict) -> None:
     for key, verdict in figures["targets"].items():
         print(f"{key:<18} {verdict['measured']:>7}  (at most {verdict['at_most']}: "
               f"{'met' if verdict['met'] else 'NOT MET'})")
+    start, call = figures["start_and_exit"], figures["no_request_tool"]
+    print(f"server CPU: to tools/list x{start['start_cpu_ratio']}, per no-request call x{call['cpu_ratio']}")
     read = figures["read_tool"]
     print("read tool / direct GET: " + ", ".join(f"x{read[f'read_ratio_{d}ms']} at {d} ms" for d in DELAYS_MS))
 
