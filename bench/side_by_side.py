@@ -5,7 +5,8 @@ imports the SDK; the simulator serves in this process.
 - start: launch to the tools/list answer (initialize, initialized, tools/list), the project
   against bench/baseline_server.py, a one-tool server on the same SDK; with the floor under
   both (Python alone, importing mcp.server.mcpserver);
-- exit: stdin closed to the process gone, for both;
+- exit: stdin closed to the process gone, for both; and for the project over HTTP with a
+  session open, SIGTERM (a container stop) to the process gone;
 - a tool that sends no request: the project's list_hosts against the baseline's noop;
 - a read tool: the project's cluster_status against the same GET /cluster/status made directly
   (requests.Session, keep-alive, the same pinned certificate), at a simulator answer delay of
@@ -18,6 +19,8 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import simulator  # noqa: E402
-from clients import StdioServer  # noqa: E402
+from clients import HttpSession, StdioServer  # noqa: E402
 
 PYTHON = sys.executable
 BASELINE = [PYTHON, str(ROOT / "bench" / "baseline_server.py")]
 PROJECT = [PYTHON, str(ROOT / "server.py")]
 DELAYS_MS = (0, 10, 20)
 # issue 17's targets: (figure, the most it may be)
-TARGETS = {"start_ratio": 1.10, "exit_s": 0.1, "no_request_ratio": 1.15, "read_ratio_10ms": 1.5}
+TARGETS = {"start_ratio": 1.10, "exit_s": 0.1, "http_exit_s": 0.1, "no_request_ratio": 1.15, "read_ratio_10ms": 1.5}
 
 
 def median_ms(samples: list[float]) -> float:
@@ -86,17 +89,24 @@ def start_and_list(command: list[str], env: dict[str, str], cwd: str) -> tuple[f
         return started, cpu, server.close()
 
 
-def subprocess_seconds(code: str) -> tuple[float, float, float]:
-    """Wall seconds of `python -c code`, as start_and_list answers (no CPU or exit figure)."""
-    return timed(lambda: subprocess.run([PYTHON, "-c", code], check=True)), 0.0, 0.0
+def python_alone() -> tuple[float, float, float]:
+    """Wall seconds of `python -c pass`, start to exit (as start_and_list answers; no CPU or exit figure)."""
+    return timed(lambda: subprocess.run([PYTHON, "-c", "pass"], check=True)), 0.0, 0.0
+
+
+def import_sdk() -> tuple[float, float, float]:
+    """Seconds the import of mcp.server.mcpserver takes, timed inside a fresh interpreter."""
+    code = "import time; t = time.perf_counter(); import mcp.server.mcpserver; print(time.perf_counter() - t)"
+    out = subprocess.run([PYTHON, "-c", code], check=True, capture_output=True, text=True).stdout
+    return float(out), 0.0, 0.0
 
 
 def start_and_exit(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
     """Each round runs all four, the order turned around every other round."""
     env = server_env(sim.env(), workdir)
     runs: dict[str, Callable[[], tuple[float, float, float]]] = {
-        "python_alone": lambda: subprocess_seconds("pass"),
-        "import_sdk": lambda: subprocess_seconds("import mcp.server.mcpserver"),
+        "python_alone": python_alone,
+        "import_sdk": import_sdk,
         "baseline": lambda: start_and_list(BASELINE, env, workdir),
         "project": lambda: start_and_list(PROJECT, env, workdir),
     }
@@ -107,7 +117,8 @@ def start_and_exit(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
     start, cpu, exit_ = ({name: median_ms([sample[part] for sample in values]) for name, values in samples.items()}
                          for part in range(3))
     return {"rounds": rounds,
-            "floor_ms": {"python alone": start["python_alone"], "import mcp.server.mcpserver": start["import_sdk"],
+            "floor_ms": {"python alone (start to exit)": start["python_alone"],
+                         "import mcp.server.mcpserver (inside the process)": start["import_sdk"],
                          "one-tool server (bench/baseline_server.py) to tools/list": start["baseline"]},
             "project_to_tools_list_ms": start["project"],
             "start_ratio": round(start["project"] / start["baseline"], 3),
@@ -115,6 +126,49 @@ def start_and_exit(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
             "start_cpu_ratio": round(cpu["project"] / cpu["baseline"], 3),
             "exit_after_stdin_closes_ms": {"project": exit_["project"], "baseline": exit_["baseline"]},
             "exit_s": round(exit_["project"] / 1000, 3)}
+
+
+def http_stop(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
+    """server.py --http with a session open: SIGTERM (what a container stop sends) to exit."""
+    token = "bench-bearer-token-0123456789abcdef"
+    samples = []
+    for _ in range(rounds):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        process = subprocess.Popen([*PROJECT, "--http", "--port", str(port)], cwd=workdir,
+                                   env=server_env(sim.env() | {"MCP_AUTH_TOKEN": token}, workdir),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until_serving(base, process)
+            session = HttpSession(base, token)
+            session.initialize()
+            session.call("list_hosts")
+            stopped = time.perf_counter()
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+            samples.append(time.perf_counter() - stopped)
+            session.close()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return {"rounds": rounds, "http_exit_s": round(statistics.median(samples), 3)}
+
+
+def wait_until_serving(base: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError("the HTTP server exited")
+        try:
+            requests.get(base + "/health", timeout=1)
+            return
+        except requests.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def no_request_call(sim: simulator.Simulator, workdir: str, calls: int) -> dict:
@@ -216,6 +270,7 @@ def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-") as workdir, \
             simulator.Simulator(simulator.Lab.homelab()) as sim:
         figures["start_and_exit"] = start_and_exit(sim, workdir, 5 if quick else 15)
+        figures["http_stop"] = http_stop(sim, workdir, 5 if quick else 11)
         figures["no_request_tool"] = no_request_call(sim, workdir, 200 if quick else 1000)
         figures["read_tool"] = read_tool(sim, workdir, 100 if quick else 400)
     figures["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
