@@ -223,8 +223,10 @@ def direct_get(sim: simulator.Simulator) -> Callable[[], object]:
     return get
 
 
-def read_tool(sim: simulator.Simulator, workdir: str, calls: int) -> dict:
-    """cluster_status against the same GET made directly, each delay and each side in turn."""
+def read_tool(sim: simulator.Simulator, workdir: str, calls: int, blocks: int = 5) -> dict:
+    """cluster_status against the same GET made directly, the two sides call by call in turn.
+    The delays take turns in blocks, not call by call: on this VM the first call after a 10-20 ms
+    idle wait is slower (CPUs wake up), more so for the tool's several thread and process hops."""
     get = direct_get(sim)
     samples = {delay: {"tool": [], "direct": []} for delay in DELAYS_MS}
     with StdioServer(PROJECT, server_env(sim.env(), workdir), workdir) as project:
@@ -233,11 +235,12 @@ def read_tool(sim: simulator.Simulator, workdir: str, calls: int) -> dict:
         for _ in range(20):
             for action in actions.values():
                 action()
-        for index in range(calls):
-            for delay in DELAYS_MS:
+        for block in range(blocks):
+            for delay in DELAYS_MS[::-1 if block % 2 else 1]:
                 sim.answer_delay = delay / 1000
-                for side in list(actions)[::-1 if index % 2 else 1]:
-                    samples[delay][side].append(timed(actions[side]))
+                for index in range(calls // blocks):
+                    for side in list(actions)[::-1 if index % 2 else 1]:
+                        samples[delay][side].append(timed(actions[side]))
     sim.answer_delay = 0.0
     result: dict = {"calls": calls}
     for delay, sides in samples.items():
