@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -444,13 +445,15 @@ class ToolVisibility:
 VISIBILITY = ToolVisibility()
 
 
-def load_permissions_in_background(after: float = 1.0) -> None:
+def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> None:
     """Read every token's privileges without delaying anything; then refresh the list. The reads
-    start once the first tools/list is answered, or after `after` seconds: a client that asks for
-    the list at once has it before they could finish, and running beside it they only slowed it
-    down (importing requests, TLS handshakes; see docs/BENCHMARKS.md)."""
+    start `settle` seconds after the first tools/list was answered (its answer is written by
+    then), or after `after` seconds: a client that asks for the list at once has it before they
+    could finish anyway, and running beside it (importing requests, TLS handshakes) they made
+    start to tools/list 4-7 % slower (docs/BENCHMARKS.md)."""
     def load(product: str, label: str) -> None:
-        VISIBILITY.listed.wait(timeout=after)
+        if VISIBILITY.listed.wait(timeout=after):
+            time.sleep(settle)
         proxmox_client.client_for(product, label).ensure_permissions()  # the client imports requests
         VISIBILITY.refresh()
     for product in ("pve", "pbs"):
