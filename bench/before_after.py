@@ -38,13 +38,19 @@ def tree(revision: str, into: Path) -> Path:
     return into
 
 
-def without_gc_lines(into: Path) -> Path:
-    """A copy of the working tree whose server.py never touches the collector."""
-    for path in [*ROOT.glob("*.py"), *ROOT.glob("catalog/*.json"), ROOT / "protected-vms.json"]:
+def copy_tree(into: Path) -> Path:
+    """A copy of the working tree's server (and bench/), to change and run."""
+    for path in [*ROOT.glob("*.py"), *ROOT.glob("catalog/*.json"), *ROOT.glob("bench/*.py"),
+                 ROOT / "protected-vms.json"]:
         target = into / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
-    server = into / "server.py"
+    return into
+
+
+def without_gc_lines(into: Path) -> Path:
+    """A copy of the working tree whose server.py never touches the collector."""
+    server = copy_tree(into) / "server.py"
     text = server.read_text()
     for line, replacement in GC_LINES.items():
         assert text.count(line) == 1, f"server.py no longer has {line!r}"
