@@ -41,10 +41,11 @@ TOKEN = "bench-bearer-token-0123456789abcdef"
 
 # ---------------------------------------------------------------- what the model pays for
 
-def tool_list_bytes(env: dict[str, str], workdir: str) -> int:
+def tool_list(env: dict[str, str], workdir: str) -> dict:
+    """`server.py --list-tools --json`: each tool's bytes and the whole list's."""
     out = subprocess.run([*PROJECT, "--list-tools", "--json"], env=server_env(env, workdir), cwd=workdir,
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["total_bytes"]
+    return json.loads(out)
 
 
 def tool_list_sizes(workdir: str) -> dict:
@@ -64,7 +65,10 @@ def tool_list_sizes(workdir: str) -> dict:
         # with two PVE hosts every PVE tool takes `host` (left out when there is only one)
         "default, two PVE hosts": hosts | second_pve,
     }
-    return {name: tool_list_bytes(env, workdir) for name, env in configurations.items()}
+    lists = {name: tool_list(env, workdir) for name, env in configurations.items()}
+    largest = max(lists["everything (all gates, PVE+PBS+SSH)"]["tools"], key=lambda tool: tool["bytes"])
+    return {name: listed["total_bytes"] for name, listed in lists.items()} | {
+        "largest tool": f"{largest['name']} {largest['bytes']}"}
 
 
 def answer_bytes(result: dict) -> int:
