@@ -16,16 +16,17 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
-import requests
 from mcp.server.mcpserver import Context
-from requests.adapters import HTTPAdapter
 
 import policy
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
+
+if TYPE_CHECKING:
+    import requests  # imported where it is used: a server's start and first tools/list never need it
 
 log = logging.getLogger("proxmox-mcp")
 
@@ -97,16 +98,16 @@ def auth_method(host: HostConfig) -> str:
 
 # ---------------------------------------------------------------- TLS
 
-class _PinnedAdapter(HTTPAdapter):
-    """Accepts exactly the certificate with the pinned SHA-256 fingerprint (urllib3 checks it)."""
+def _pinned_adapter(fingerprint: str) -> Any:
+    """A requests transport that accepts exactly the certificate with the pinned SHA-256
+    fingerprint (urllib3 checks it)."""
+    from requests.adapters import HTTPAdapter
 
-    def __init__(self, fingerprint: str, **kwargs: Any):
-        self._fingerprint = fingerprint
-        super().__init__(**kwargs)
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["assert_fingerprint"] = self._fingerprint
-        super().init_poolmanager(*args, **kwargs)
+    class PinnedAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["assert_fingerprint"] = fingerprint
+            super().init_poolmanager(*args, **kwargs)
+    return PinnedAdapter()
 
 
 def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
@@ -193,6 +194,7 @@ def encode_params(params: dict[str, Any] | None) -> dict[str, Any]:
 
 class ProxmoxClient:
     def __init__(self, host: HostConfig):
+        import requests
         self.host = host
         self.product = PRODUCTS[host.product]
         self.base = host.url.rstrip("/") + "/api2/json"
@@ -208,7 +210,7 @@ class ProxmoxClient:
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
-            self.session.mount(host.url, _PinnedAdapter(host.fingerprint))
+            self.session.mount(host.url, _pinned_adapter(host.fingerprint))
             self.verify = False  # the pin replaces CA verification; urllib3 still checks the fingerprint
         elif host.ca_file:
             self.verify = host.ca_file
@@ -229,6 +231,7 @@ class ProxmoxClient:
 
     def _login(self, renew: bool) -> tuple[str, str, float]:
         """POST /access/ticket with the user and password; the ticket is kept and reused."""
+        import requests
         with self._login_lock:
             current = self._ticket
             if current and not renew and time.monotonic() - current[2] < TICKET_RENEW_AFTER:
@@ -329,6 +332,7 @@ class ProxmoxClient:
             log.info("could not read the version of %s: %s", self.host.label, exc)
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+        import requests
         url = self.base + quote(path, safe="/:@!=,")
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
         attempts = 3 if method == "GET" else 1

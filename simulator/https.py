@@ -10,6 +10,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     lab: Lab
     product: str
     schema_dir: Path | None = None  # where {product}-api.json, the viewer's data, is kept
+    front: "Simulator"  # the running simulator, for settings that may change while it serves
 
     def log_message(self, *args: Any) -> None:  # keep test output clean
         pass
@@ -98,6 +100,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, reason: str, body: Any, raw: bool = False) -> None:
         payload = (body if raw else json.dumps(body)).encode() if body is not None else b""
+        if self.front.answer_delay:  # the host's own answer time, for bench/ (see Simulator)
+            time.sleep(self.front.answer_delay)
         self.send_response(status, reason)
         self.send_header("Content-Type", "application/json;charset=UTF-8")
         self.send_header("Content-Length", str(len(payload)))
@@ -167,11 +171,16 @@ class _Server(ThreadingHTTPServer):
 class Simulator:
     """Serves a Lab as PVE and PBS over HTTPS on ephemeral loopback ports."""
 
-    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1", schema_dir: str | Path | None = None):
+    def __init__(self, lab: Lab | None = None, host: str = "127.0.0.1", schema_dir: str | Path | None = None,
+                 answer_delay: float = 0.0):
         """`schema_dir` holds pve-api.json/pbs-api.json, served as each product's API viewer
-        data (apidoc.js); without it the viewer answers 404, as on a host that has none."""
+        data (apidoc.js); without it the viewer answers 404, as on a host that has none.
+        `answer_delay`: seconds every answer waits before it is sent (this simulator alone answers
+        in well under a millisecond; bench/ compares at 0, 10 and 20 ms); may be changed while
+        serving. A slow-server fault for tests is `Lab.delay` / `Lab.slow_paths` instead."""
         self.lab = lab or Lab.homelab()
         self.host = host
+        self.answer_delay = answer_delay
         self.schema_dir = Path(schema_dir) if schema_dir is not None else None
         self._dir = tempfile.TemporaryDirectory(prefix="pve-sim-")
         self.state_dir = self._dir.name
@@ -182,7 +191,7 @@ class Simulator:
 
     def start(self) -> "Simulator":
         for product in ("pve", "pbs"):
-            attributes = {"lab": self.lab, "product": product, "schema_dir": self.schema_dir}
+            attributes = {"lab": self.lab, "product": product, "schema_dir": self.schema_dir, "front": self}
             handler = type(f"{product}Handler", (_RequestHandler,), attributes)
             server = _Server((self.host, 0), handler)
             server.tls = self._context
