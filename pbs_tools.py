@@ -38,7 +38,7 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, estimated full date, last GC; offline ones unavailable."""
+    """Datastores: size, use, fill %, full date, last GC; offline ones unavailable."""
     client = pbs_client(host)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
@@ -122,7 +122,7 @@ JOB_LIST_PARAMS = {"sync": {"sync-direction": "all"}, "verify": {}, "prune": {}}
 
 
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
-    """Sync (pull and push), verify, prune, GC jobs: schedule, last and next run."""
+    """Sync, verify, prune, GC jobs: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
     for kind, params in JOB_LIST_PARAMS.items():

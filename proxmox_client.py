@@ -139,6 +139,7 @@ def unescape_id(text: str) -> str:
 def never_connected(exc: Exception) -> bool:
     """True when the connection was never made (refused, no route, DNS, connect timeout), as opposed
     to one dropped during the request, which an idempotent GET may retry."""
+    import requests
     from urllib3.exceptions import MaxRetryError, NewConnectionError
     reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else exc
     return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
@@ -403,6 +404,7 @@ class ProxmoxClient:
 
     def _connection_error(self, exc: Exception) -> ProxmoxError:
         """Why the host could not be reached, in the operating system's terms, and what to check."""
+        import requests
         text = str(exc).lower()
         reason = next((meaning for words, meaning in CONNECT_CAUSES if re.search(words, text)), "cannot connect")
         if isinstance(exc, requests.exceptions.ConnectTimeout) or "timed out" in text:

@@ -291,7 +291,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware, CIDR. Check before NIC changes."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware; CIDR."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     rows = [row for name in nodes for row in bridges(client, name)]
@@ -659,11 +659,11 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
                       newid: OptionalVmid = None,
                       name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
                       target: Annotated[str | None, Field(description="node")] = None,
-                      full: Annotated[bool | None, Field(description="default: linked if template")] = None,
+                      full: bool | None = None,
                       storage: str | None = None,
                       snapshot: str | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Clone a guest (full, or linked from a template)."""
+    """Clone a guest: full, or linked (a template's default)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     target = None if target == row["node"] else target
@@ -714,9 +714,9 @@ def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> 
 
 
 def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="node")], host: Host = None,
-                        target_storage: Annotated[str | None, Field(description="if target lacks the storage")] = None,
+                        target_storage: str | None = None,
                         wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Move a guest to another node (live VM with its disks, restarted CT)."""
+    """Move a guest to another node (live VM, restarted CT)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
