@@ -1,11 +1,12 @@
-"""The built-in HTTP server's limits (server.HTTP_LIMITS, applied by server.http_server, which
-serve_http uses): a half-sent request is closed, and connections beyond the cap get 503."""
+"""The built-in HTTP server's limits (http_transport.HTTP_LIMITS, applied by
+http_transport.http_server, which serve_http uses): a half-sent request is closed, and connections
+beyond the cap get 503."""
 import socket
 import threading
 import time
 from contextlib import contextmanager
 
-import server
+import http_transport
 
 
 async def app(scope, receive, send):
@@ -23,7 +24,7 @@ def running(**limits):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    uvicorn_server = server.http_server(app, "127.0.0.1", port, server.HTTP_LIMITS | limits)
+    uvicorn_server = http_transport.http_server(app, "127.0.0.1", port, http_transport.HTTP_LIMITS | limits)
     thread = threading.Thread(target=uvicorn_server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -46,11 +47,11 @@ def closed_by_server(sock: socket.socket) -> bool:
 
 
 def test_the_server_uses_the_limits():
-    uvicorn_server = server.http_server(app, "127.0.0.1", 1, server.HTTP_LIMITS)
+    uvicorn_server = http_transport.http_server(app, "127.0.0.1", 1, http_transport.HTTP_LIMITS)
     config = uvicorn_server.config
-    assert config.timeout_keep_alive == server.HTTP_LIMITS["idle_seconds"]
-    assert config.limit_concurrency == server.HTTP_LIMITS["connections"]
-    assert config.h11_max_incomplete_event_size == server.HTTP_LIMITS["header_bytes"]
+    assert config.timeout_keep_alive == http_transport.HTTP_LIMITS["idle_seconds"]
+    assert config.limit_concurrency == http_transport.HTTP_LIMITS["connections"]
+    assert config.h11_max_incomplete_event_size == http_transport.HTTP_LIMITS["header_bytes"]
     assert config.http.__name__ == "TimedH11Protocol"
 
 

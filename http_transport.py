@@ -1,0 +1,237 @@
+"""The HTTP transport: Streamable HTTP at /mcp behind a static bearer token, with DNS-rebinding
+protection, /health, limits on slow and idle connections, and a stop within 0.1 s of SIGTERM
+that lets the calls being answered finish. server.py builds the MCP server; this serves it.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+import policy
+import proxmox_client
+from config import Config
+from errors import ToolFailure
+
+log = logging.getLogger("proxmox-mcp")
+
+
+class BearerAuth:
+    """Pure ASGI middleware (SSE streams pass unbuffered): every HTTP request but GET /health
+    needs `Authorization: Bearer <MCP_AUTH_TOKEN>`, compared in constant time."""
+
+    def __init__(self, app: Any, token: str | None):
+        self.app = app
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        if not bearer_ok(scope, self.token):
+            body = b'{"error":"unauthorized","detail":"send Authorization: Bearer <MCP_AUTH_TOKEN>"}'
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+class AllowedHostsHint:
+    """ASGI middleware: the SDK's `421 Invalid Host header` (DNS-rebinding protection) names the
+    Host the client used and the variable that allows it."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")[:200]
+        body = json.dumps({"error": "invalid_host", "detail": f"this server does not answer to the name {host!r}; "
+                           f"add it to MCP_ALLOWED_HOSTS (comma list) and restart"}).encode()
+        refused = False
+
+        async def hinted(message: dict) -> None:
+            nonlocal refused
+            if message["type"] == "http.response.start" and message["status"] == 421:
+                refused = True
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in (b"content-length",
+                                                                                               b"content-type")]
+                message = message | {"headers": headers + [(b"content-type", b"application/json"),
+                                                           (b"content-length", str(len(body)).encode())]}
+            elif message["type"] == "http.response.body" and refused:
+                message = {"type": "http.response.body", "body": body if message.get("more_body") is not True
+                           else b"", "more_body": message.get("more_body", False)}
+            await send(message)
+        await self.app(scope, receive, hinted)
+
+
+def bearer_ok(scope: dict, token: bytes | None) -> bool:
+    if token is None:
+        return False
+    header = dict(scope.get("headers") or []).get(b"authorization", b"")
+    scheme, _, presented = header.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), token)
+
+
+def http_app(config: Config, server, bind_host: str):
+    from mcp.server.transport_security import TransportSecuritySettings
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    token = config.auth_token.encode() if config.auth_token else None
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(request: Request) -> JSONResponse:
+        body: dict[str, Any] = {"status": "ok", "version": server.version}
+        if bearer_ok(request.scope, token):  # host reachability only for a bearer holder
+            import anyio
+            body["hosts"] = await anyio.to_thread.run_sync(host_reachability)
+        return JSONResponse(body)
+
+    loopback_names = ["127.0.0.1", "localhost", "[::1]"]
+    allowed = [f"{name}:*" for name in loopback_names] + loopback_names
+    for name in config.allowed_hosts:
+        allowed += [name] if ":" in name.strip("[]").split("]")[-1] else [name, f"{name}:*"]
+    origins = [f"{scheme}://{name.split(':')[0] if not name.startswith('[') else name}:*"
+               for scheme in ("http", "https") for name in loopback_names + config.allowed_hosts]
+    origins += [f"{scheme}://{name}" for scheme in ("http", "https") for name in loopback_names + config.allowed_hosts]
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
+                                         allowed_origins=origins)
+    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=bind_host)
+    return BearerAuth(AllowedHostsHint(app), config.auth_token)
+
+
+def host_reachability() -> dict[str, str]:
+    result = {}
+    for product in ("pve", "pbs"):
+        for label in proxmox_client.configured(product):
+            try:
+                version = proxmox_client.client_for(product, label).get("/version") or {}
+                result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
+            except ToolFailure as exc:
+                result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
+    return result
+
+
+# Limits of the built-in HTTP server (slow or half-sent requests, idle and too many connections):
+# a request must arrive whole within `request_seconds` of its first byte (or of the connection),
+# a kept-alive connection closes after `idle_seconds` without a request, at most `connections`
+# are served at once (more get 503), and a request's headers may take `header_bytes`.
+HTTP_LIMITS = {"request_seconds": 10.0, "idle_seconds": 5, "connections": 64, "header_bytes": 16 * 1024}
+
+
+def timed_protocol(request_seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request (headers and body) has not fully
+    arrived `request_seconds` after it began: uvicorn arms no timer before the first request."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _request_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._request_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm()  # the next request on a kept-alive connection begins
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+                self._disarm()  # the whole request arrived (or the connection is closing)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._request_timer = self.loop.call_later(request_seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._request_timer is not None:
+                self._request_timer.cancel()
+                self._request_timer = None
+
+        def _too_slow(self) -> None:
+            self._request_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
+def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS) -> Any:
+    """The uvicorn server for `app`, with HTTP_LIMITS."""
+    import uvicorn
+    config = uvicorn.Config(app, host=bind_host.strip("[]"), port=port, log_level="warning",
+                            http=timed_protocol(limits["request_seconds"]),
+                            timeout_keep_alive=limits["idle_seconds"], limit_concurrency=limits["connections"],
+                            h11_max_incomplete_event_size=limits["header_bytes"])
+    return uvicorn.Server(config)
+
+
+
+def serve_http(config: Config, server, bind_host: str, port: int) -> None:
+    import asyncio
+
+    app = Answering(http_app(config, server, bind_host))
+    log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
+    http = http_server(app, bind_host, port)
+    try:
+        asyncio.run(serve_until_stopped(http, app))
+    except asyncio.CancelledError:
+        return  # stopped by SIGTERM or Ctrl-C
+    if not http.started:  # as uvicorn.run: the application did not start (uvicorn logged why)
+        sys.exit(3)
+
+
+class Answering:
+    """ASGI wrapper that counts the POSTs being answered (every MCP request is one; the GET
+    stream of server notifications is not), so that a stop lets them finish."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        counted = scope["type"] == "http" and scope["method"] == "POST"
+        self.count += counted
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count -= counted
+
+
+async def serve_until_stopped(http: Any, app: Answering) -> None:
+    """Serve until SIGTERM (a container stop) or Ctrl-C, then stop at once: no new connections,
+    the requests being answered finish (a tool call and its answer), the application closes its
+    sessions (the lifespan shutdown uvicorn sends too), and the serving task is cancelled. A second
+    signal skips the wait. uvicorn's own stop would notice the signal on its next 0.1 s tick and
+    then sleep 0.1 s before closing anything: issue 17 asks for an exit within 0.1 s."""
+    import asyncio
+    loop, serving = asyncio.get_running_loop(), asyncio.current_task()
+    signals: list[int] = []
+    stopping: list[asyncio.Task] = []  # a reference, so the task is not collected while it runs
+
+    async def stop() -> None:
+        for listener in getattr(http, "servers", []):
+            listener.close()
+        while app.count:
+            await asyncio.sleep(0.01)
+        if hasattr(http, "lifespan"):  # absent only while uvicorn is still starting
+            await http.lifespan.shutdown()
+        serving.cancel()
+
+    def on_signal(number: int, _frame: Any) -> None:
+        signals.append(number)
+        if len(signals) > 1:  # asked twice: stop without waiting
+            loop.call_soon_threadsafe(serving.cancel)
+        else:
+            loop.call_soon_threadsafe(lambda: stopping.append(loop.create_task(stop())))
+
+    http.handle_exit = on_signal  # uvicorn installs it for SIGTERM and SIGINT while it serves
+    await http.serve()
