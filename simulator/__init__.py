@@ -18,12 +18,13 @@ where it matters, and that file lists where the simulator still differs.
 
 Layout: a package, split by product like the tools, each module importing only the ones
 above it in this list (no cycles):
-    lab.py    the state: Lab, Token, Task, roles
-    call.py   what a handler receives (Call) and raises (ApiError)
-    pve.py    Proxmox VE handlers and PVE_HANDLERS
-    pbs.py    Backup Server handlers and PBS_HANDLERS
-    api.py    one request as the API daemon handles it: auth, tickets, routing, checks
-    https.py  the HTTPS servers, certificate and `Simulator`
+    lab.py         the state: Lab, Token, Task, roles
+    call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
+    pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
+    pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
+    pbs.py         Backup Server handlers and PBS_HANDLERS
+    api.py         one request as the API daemon handles it: auth, tickets, routing, checks
+    https.py       the HTTPS servers, certificate and `Simulator`
 A package rather than flat `simulator_*.py` files keeps the top level to the server's own
 domains, keeps `import simulator` working unchanged, and gives `python -m simulator`.
 The front is `https.py`, not `http.py`: a module named `http` would hide the standard

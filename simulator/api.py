@@ -13,10 +13,10 @@ from urllib.parse import unquote
 
 import catalog
 
-from .call import ApiError, Call
+from .call import ApiError, Call, _node
 from .lab import Lab, Token
 from .pbs import PBS_HANDLERS
-from .pve import PVE_HANDLERS, _node
+from .pve import PVE_HANDLERS
 
 
 def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:

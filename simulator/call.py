@@ -1,5 +1,6 @@
-"""What every handler receives (`Call`) and raises (`ApiError`), and the privilege tree
-that GET /access/permissions answers in both products."""
+"""What every handler receives (`Call`) and raises (`ApiError`), the privilege tree
+that GET /access/permissions answers in both products, and the Proxmox VE node and guest
+a path names (`_node`, `_guest`: used by `pve.py`, `pve_guests.py` and `api.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,3 +65,29 @@ def _permissions(call: Call, render: Callable[[bool], Any]) -> dict:
         if held:
             answer[path] = {privilege: render(flag) for privilege, flag in sorted(held.items())}
     return answer
+
+
+# ---- Proxmox VE: the node and the guest a path names
+
+def _node(call: Call, name: str) -> dict:
+    """Resolve a node as pveproxy does: a down node gives 595; a wrong-case name resolves through
+    DNS to a member and is refused as a proxy loop; an unknown one fails its hostname lookup
+    (docs/PROXMOX-BEHAVIOUR.md#node-names-and-forwarding)."""
+    lab = call.lab
+    if name in lab.nodes:
+        if name in lab.down_nodes:
+            raise ApiError(595, "Connection refused")
+        return lab.nodes[name]
+    if name.lower() in {n.lower() for n in lab.nodes}:
+        raise ApiError(500, "proxy loop detected")
+    raise ApiError(500, f"hostname lookup '{name}' failed - failed to get address info for: {name}: "
+                        f"Name or service not known")
+
+
+def _guest(call: Call, node: str, vmid: str, kind: str) -> dict:
+    _node(call, node)
+    guest = call.lab.guests.get(int(vmid))
+    if not guest or guest["node"] != node or guest["type"] != kind:
+        folder = "qemu-server" if kind == "qemu" else "lxc"
+        raise ApiError(500, f"Configuration file 'nodes/{node}/{folder}/{vmid}.conf' does not exist")
+    return guest

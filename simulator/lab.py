@@ -2,7 +2,7 @@
 
 `Lab` holds the state behind both products; `Token` carries an ACL and answers privilege
 questions; `Task` is a running or finished task with a real UPID and a log. Nothing here
-knows about HTTP: the handlers in `pve.py` and `pbs.py` read and change a `Lab`.
+knows about HTTP: the handlers in `pve.py`, `pve_guests.py` and `pbs.py` read and change a `Lab`.
 """
 from __future__ import annotations
 
@@ -240,80 +240,104 @@ class Lab:
         shared storage, a pool, finished tasks, a PBS with one datastore, and three tokens."""
         lab = cls(seed=seed, pve_major=pve_major)
         names = ["pve1", "pve2", "pve3"] if nodes == 3 else [f"pve{i + 1}" for i in range(nodes)]
-        for index, name in enumerate(names):
-            lab.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
-        for name in names:
-            lab.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
-            lab.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
-        lab.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
-        lab.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
-        # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
-        lab.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
-                                         "fingerprint": "AB:" * 31 + "AB"}
-        lab.pools["prod"] = {"poolid": "prod", "comment": "production"}
-        presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
-                   ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
-                   ("win11", "qemu", "stopped", "", 8192), ("ci-runner", "lxc", "running", "ci", 4096)]
-        for i in range(guests):
-            name, kind, status, tags, memory = presets[i % len(presets)]
-            if i >= len(presets):
-                name = f"{name}-{i}"
-                status = lab.random.choice(["running", "running", "stopped"])
-            guest = lab.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
-                                  pool="prod" if "prod" in tags else None, memory_mib=memory)
-            if name.startswith("win"):
-                guest["config"]["ostype"] = "win11"
+        lab._add_homelab_nodes(names)
+        lab._add_homelab_guests(names, guests)
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
         lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
+        lab._add_homelab_networks(names)
+        lab._add_homelab_volumes()
+        lab._add_homelab_users()
+        lab.cert_days = {name: 300 for name in names}
+        lab._add_homelab_tokens()
+        return lab
+
+    def _add_homelab_nodes(self, names: list[str]) -> None:
+        """The nodes, each with `local` and `local-lvm`, and the shared NFS and PBS storages."""
         for index, name in enumerate(names):
-            lab.networks[name] = [
+            self.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
+        for name in names:
+            self.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
+            self.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
+        self.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
+        self.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
+        # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
+        self.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
+                                          "fingerprint": "AB:" * 31 + "AB"}
+
+    def _add_homelab_guests(self, names: list[str], count: int) -> None:
+        """The `prod` pool and `count` guests from the presets, spread over the nodes."""
+        self.pools["prod"] = {"poolid": "prod", "comment": "production"}
+        presets = [("web", "qemu", "running", "prod;web", 4096), ("db", "qemu", "running", "prod", 8192),
+                   ("dns", "lxc", "running", "infra", 512), ("media", "lxc", "stopped", "", 2048),
+                   ("win11", "qemu", "stopped", "", 8192), ("ci-runner", "lxc", "running", "ci", 4096)]
+        for i in range(count):
+            name, kind, status, tags, memory = presets[i % len(presets)]
+            if i >= len(presets):
+                name = f"{name}-{i}"
+                status = self.random.choice(["running", "running", "stopped"])
+            guest = self.add_guest(100 + i, kind, names[i % len(names)], name, status=status, tags=tags,
+                                   pool="prod" if "prod" in tags else None, memory_mib=memory)
+            if name.startswith("win"):
+                guest["config"]["ostype"] = "win11"
+
+    def _add_homelab_networks(self, names: list[str]) -> None:
+        """Each node's uplink, VLAN-aware bridge and isolated bridge."""
+        for index, name in enumerate(names):
+            self.networks[name] = [
                 {"iface": "eno1", "type": "eth", "active": 1, "autostart": 1},
                 {"iface": "vmbr0", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "eno1",
                  "bridge_vlan_aware": 1, "cidr": f"192.0.2.{11 + index}/24", "gateway": "192.0.2.1"},
                 {"iface": "vmbr1", "type": "bridge", "active": 1, "autostart": 1, "bridge_ports": "",
                  "comments": "isolated lab segment\n"},
             ]
+
+    def _add_homelab_volumes(self) -> None:
+        """An ISO, a container template, last night's backup of every running guest, and its job."""
         now = int(time.time())
-        lab.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
-        lab.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
-        for vmid, guest in lab.guests.items():
+        self.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
+        self.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
+        for vmid, guest in self.guests.items():
             if guest["status"] == "running":
                 kind = "qemu" if guest["type"] == "qemu" else "lxc"
                 stamp = time.strftime("%Y_%m_%d-02_00_01", time.gmtime(now - 86400))
-                lab.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
-                               if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
-                               "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
-        lab.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
-                            "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
-        lab.users = [{"userid": "root@pam", "enable": 1, "expire": 0,
-                      "tokens": [{"tokenid": "admin", "privsep": 0, "expire": 0}]},
-                     {"userid": "mcp@pve", "enable": 1, "expire": 0,
-                      "tokens": [{"tokenid": "reader", "privsep": 1, "expire": int(time.time()) + 180 * 86400},
-                                 {"tokenid": "empty", "privsep": 1, "expire": int(time.time()) + 180 * 86400}]}]
-        lab.acl = [{"path": "/", "type": "token", "ugid": "mcp@pve!reader", "roleid": "PVEAuditor", "propagate": 1},
-                   {"path": "/", "type": "user", "ugid": "mcp@pve", "roleid": "PVEAuditor", "propagate": 1},
-                   {"path": "/", "type": "user", "ugid": "root@pam", "roleid": "Administrator", "propagate": 1}]
-        lab.cert_days = {name: 300 for name in names}
+                self.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
+                                if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
+                                "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
+        self.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
+                             "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
+
+    def _add_homelab_users(self) -> None:
+        """The users and ACL entries that /access/users and /access/acl list."""
+        self.users = [{"userid": "root@pam", "enable": 1, "expire": 0,
+                       "tokens": [{"tokenid": "admin", "privsep": 0, "expire": 0}]},
+                      {"userid": "mcp@pve", "enable": 1, "expire": 0,
+                       "tokens": [{"tokenid": "reader", "privsep": 1, "expire": int(time.time()) + 180 * 86400},
+                                  {"tokenid": "empty", "privsep": 1, "expire": int(time.time()) + 180 * 86400}]}]
+        self.acl = [{"path": "/", "type": "token", "ugid": "mcp@pve!reader", "roleid": "PVEAuditor", "propagate": 1},
+                    {"path": "/", "type": "user", "ugid": "mcp@pve", "roleid": "PVEAuditor", "propagate": 1},
+                    {"path": "/", "type": "user", "ugid": "root@pam", "roleid": "Administrator", "propagate": 1}]
+
+    def _add_homelab_tokens(self) -> None:
+        """The API tokens and password logins the simulated servers accept."""
         # tokens hold what both they and their user are granted (docs/PROXMOX-BEHAVIOUR.md#privilege-separation)
         mcp_pve = Token("", [("/", "PVEAuditor", True)])
-        lab.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
-                                                 [("/", "PVEAuditor", True)], owner=mcp_pve)
-        lab.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
-                                                 [("/", "Administrator", True)], privsep=False)
-        lab.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
-        lab.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
+        self.pve_tokens["mcp@pve!reader"] = Token("11111111-2222-3333-4444-555555555555",
+                                                  [("/", "PVEAuditor", True)], owner=mcp_pve)
+        self.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+                                                  [("/", "Administrator", True)], privsep=False)
+        self.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
+        self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
         mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
-        lab.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
-                                                 [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
-                                                 owner=mcp_pbs)
-        lab.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
-                                                                           ("/", "PVEAuditor", True)]), False)
-        lab.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
-        lab.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token(
+        self.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
+                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
+                                                  owner=mcp_pbs)
+        self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
+                                                                            ("/", "PVEAuditor", True)]), False)
+        self.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
+        self.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token(
             "", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)]), False)
-        return lab
 
     def expire_tickets(self) -> None:
         """Make every ticket issued so far older than its lifetime (two hours pass)."""
