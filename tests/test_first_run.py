@@ -252,7 +252,9 @@ def test_every_tool_explains_every_argument_it_refuses():
             except ValidationError as exc:
                 message = server.argument_error(tool.name, exc, schema)
                 named = next(part for part in message.split("; ") if f"argument '{name}'" in part)
-                assert "\n" not in message and "e.g." in named, message
+                assert "\n" not in message and "e.g." in named, (
+                    f"{message} -- give '{name}' a description with 'e.g. <value>' (or add the name to "
+                    f"server.NAMED_EXAMPLES) so that a refusal can show a valid value")
 
 
 def breaking(prop: dict, bad: dict):
