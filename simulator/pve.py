@@ -169,6 +169,7 @@ def pve_guest_list(kind: str) -> Callable:
             if guest["node"] == node and guest["type"] == kind and call.can(f"/vms/{vmid}", "VM.Audit"):
                 row = _guest_row(guest)
                 row.pop("id"), row.pop("node")
+                row["cpus"] = row.pop("maxcpu")  # vmstatus names it cpus (docs/PROXMOX-BEHAVIOUR.md#guest-status)
                 if kind == "lxc":
                     row["vmid"] = str(vmid) if call.lab.legacy_errors else vmid  # PVE < 8.2 sent a string
                 rows.append(row)
@@ -183,6 +184,7 @@ def pve_guest_status(kind: str) -> Callable:
         guest = _guest(call, node, vmid, kind)
         row = _guest_row(guest)
         row.pop("id"), row.pop("node"), row.pop("hastate", None)
+        row["cpus"] = row.pop("maxcpu")  # vmstatus names it cpus (docs/PROXMOX-BEHAVIOUR.md#guest-status)
         if kind == "qemu":
             row["qmpstatus"] = "paused" if guest["paused"] else guest["status"]
         if kind == "qemu" and guest["config"].get("agent"):

@@ -267,6 +267,12 @@ def test_memory_is_named_for_what_it_is(ops):
     assert "mem_used" in guest and "mem" not in guest and guest["maxmem"] == 512 * 1024 ** 2
 
 
+def test_guest_status_counts_cpus_as_proxmox_names_them(ops, sim):
+    # status/current has `cpus`, not the /cluster/resources `maxcpu` (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+    guest = ops.ok("get_guest", {"vmid": 102})
+    assert guest["cpus"] == int(sim.lab.guests[102]["config"].get("cores", 1)) and "maxcpu" not in guest
+
+
 def test_protected_running_guest_is_refused_as_protected(ops, sim):
     assert sim.lab.guests[101]["status"] == "running"
     message, sent = writes(sim, lambda: ops.error("write_delete_guest", {"vmid": 101, "confirm": True}))
