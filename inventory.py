@@ -99,12 +99,13 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
 def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
     """A node where a storage is available (the given one, checked), or a clear error; with
     `content`, the storage must accept that content type."""
-    entries = [e for e in client.get("/cluster/resources", type="storage") or [] if e.get("storage") == storage]
-    if entries and content and content not in (entries[0].get("content") or "").split(","):
-        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+    rows = storage_rows(client)
+    entries = [e for e in rows if e.get("storage") == storage]
     if not entries:
-        names = sorted({e["storage"] for e in client.get("/cluster/resources", type="storage") or []})
+        names = sorted({e["storage"] for e in rows})
         raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
+    if content and content not in (entries[0].get("content") or "").split(","):
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
     nodes = [e["node"] for e in entries if e.get("status") == "available"]
     if node:
         if node not in [e["node"] for e in entries]:
