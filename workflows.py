@@ -19,7 +19,7 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
+from inventory import backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -343,12 +343,9 @@ def _pbs_storages(c: Coverage) -> None:
 def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
     # is a different disk); PBS-backed storages through PBS itself when it is configured here.
-    storages = {}
-    for storage in (r for r in c.resources if r.get("type") == "storage" and "backup" in (r.get("content") or "")
-                    and r.get("status") == "available" and r.get("storage") not in c.read_on_pbs):
-        key = storage["storage"] if storage.get("shared") else f"{storage['storage']}@{storage['node']}"
-        storages.setdefault(key, (storage["storage"], storage["node"]))
-    for key, (name, node) in sorted(storages.items()):
+    rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
+    for name, node, shared in backup_storages(c.client, rows):
+        key = name if shared else f"{name}@{node}"
         for volume in c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
                 f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
             if volume.get("vmid"):
