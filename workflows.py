@@ -169,8 +169,9 @@ def _guest_states(h: Health) -> None:
 def _failed_tasks(h: Health) -> None:
     since = time.time() - h.limits["failed_task_hours"] * 3600
     for task in h.report.section("tasks", lambda: h.client.get("/cluster/tasks")) or []:
-        if task.get("starttime", 0) >= since and task.get("status") not in (None, "OK", "running") \
-                and not str(task.get("status")).startswith("WARNINGS"):
+        # running rows have no status (docs/PROXMOX-BEHAVIOUR.md#pve-tasks); warnings are a success
+        if task.get("starttime", 0) >= since \
+                and proxmox_client.task_outcome(task.get("status")) in ("failed", "unknown"):
             h.report.add("warning", "tasks", f"{task.get('type')} {task.get('id') or ''} on {task.get('node')} failed",
                          {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
                          "read it with task_log")
