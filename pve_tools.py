@@ -293,9 +293,19 @@ def storage_content(storage: str, host: Host = None,
 def list_networks(host: Host = None, node: Node = None) -> dict:
     """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware; CIDR."""
     client = pve_client(host)
-    nodes = [check_node(client, node)] if node else node_names(client)
-    rows = [row for name in nodes for row in bridges(client, name)]
-    return table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+    if node:
+        rows, not_read = bridges(client, check_node(client, node)), []
+    else:  # a node that is down must not hide the others' networks
+        rows, not_read = [], []
+        for name in node_names(client):
+            try:
+                rows += bridges(client, name)
+            except ProxmoxError as exc:
+                not_read.append(str(exc)[:200])
+    result = table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+    if not_read:
+        result["not_read"] = not_read
+    return result
 
 
 def list_pools(host: Host = None) -> dict:

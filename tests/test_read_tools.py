@@ -159,6 +159,16 @@ def test_node_down_is_a_clear_error_and_the_server_keeps_serving(session, sim):
     assert session.ok("get_guest", {"vmid": 102})["status"] == "running"
 
 
+def test_networks_of_the_nodes_that_answer_when_one_is_down(session, sim):
+    sim.lab.down_nodes.add("pve3")
+    try:
+        networks = session.ok("list_networks")
+        assert {row[0] for row in networks["rows"]} == {"pve1", "pve2"}
+        assert "pve3" in networks["not_read"][0] and "unreachable" in networks["not_read"][0]
+    finally:
+        sim.lab.down_nodes.clear()
+
+
 def test_empty_inventory_hints_at_permissions(sim):
     env = sim.env(pve_token="mcp@pve!empty", pbs=False)
     with in_process(env, log_name="empty-token") as empty:
