@@ -56,6 +56,14 @@ def node_names(client: ProxmoxClient) -> list[str]:
     return client.cached("nodes", lambda: sorted(n["node"] for n in client.get("/nodes") or []), KEEP_SECONDS)
 
 
+def online_node(client: ProxmoxClient) -> str:
+    """A node to act on when the caller names none: the first one that is online."""
+    online = sorted(n["node"] for n in client.get("/nodes") or [] if n.get("status") == "online")
+    if not online:
+        raise ProxmoxError("No node is online (cluster_status shows which are down).")
+    return online[0]
+
+
 def check_node(client: ProxmoxClient, node: str) -> str:
     """A node name exactly as the cluster spells it; a wrong one is refused before any write."""
     names = node_names(client)

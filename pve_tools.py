@@ -18,7 +18,7 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
-                       resolve_guest, storage_node, storage_rows, storages_on)
+                       online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
                             task_report)
 
@@ -601,7 +601,7 @@ def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
     storage = archive.split(":", 1)[0]
     rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
     if not rows or rows[0].get("shared"):
-        return check_node(client, node) if node else node_names(client)[0]
+        return check_node(client, node) if node else online_node(client)
     candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
     for name in candidates:
         volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
@@ -816,7 +816,7 @@ def write_create_vm(name: GuestName,
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
-    node = check_node(client, node) if node else node_names(client)[0]
+    node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
     net = f"virtio,bridge={bridge}" + (f",tag={vlan}" if vlan else "")
@@ -864,7 +864,7 @@ def write_create_lxc(hostname: GuestName,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Create a container from a template."""
     client = pve_client(host)
-    node = check_node(client, node) if node else node_names(client)[0]
+    node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
     _volume_exists(client, node, template, "vztmpl")

@@ -184,6 +184,16 @@ def test_provisioning(ops, sim):
     assert removed["result"] == "ok"
 
 
+def test_create_without_a_node_picks_one_that_is_online(ops, sim):
+    sim.lab.down_nodes.add("pve1")
+    try:
+        ct = ops.ok("write_create_lxc", {"hostname": "elsewhere", "template": DEBIAN_TEMPLATE})
+        assert ct["result"] == "ok" and ct["node"] != "pve1"
+    finally:
+        sim.lab.down_nodes.clear()
+    ops.ok("write_delete_guest", {"vmid": ct["vmid"], "confirm": True})
+
+
 # ---------------------------------------------------------------- refused by the policy
 
 GUEST_WRITES = [
