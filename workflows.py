@@ -808,8 +808,8 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         _destroy_scratch(drill)
     drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
     facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings}
-    if not drill.answered:
-        left = drill.steps.created
+    left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
+    if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
                 "The scratch guest was destroyed." if drill.base else "Nothing was created.")
         raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)

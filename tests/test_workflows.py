@@ -212,6 +212,21 @@ def test_restore_drill_failure_paths(ops, sim):
     assert broken["created"] == [] and set(sim.lab.guests) == before
 
 
+def test_restore_drill_that_cannot_destroy_its_scratch_guest_is_an_error(ops, sim):
+    before = set(sim.lab.guests)
+    sim.lab.fail.append((r"/qemu/\d+$", 500, "unable to remove the disk"))  # the DELETE of the scratch VM
+    try:
+        stuck = step_report(ops.error("write_restore_drill", {"vmid": 100, "confirm": True}))
+    finally:
+        sim.lab.fail.clear()
+    left = set(sim.lab.guests) - before
+    for vmid in left:
+        ops.ok("write_delete_guest", {"vmid": vmid, "confirm": True})
+    assert stuck["result"] == "failed" and len(left) == 1 and f"qemu {left.pop()}" in stuck["created"][0]
+    assert stuck["steps"][-1] == {"step": "destroy scratch", "state": "failed",
+                                  "detail": stuck["steps"][-1]["detail"]} and "Left behind" in stuck["note"]
+
+
 @pytest.mark.mcp  # resources and prompts
 def test_resources_and_prompts(ops):
     resources = ops.portal.call(ops.client.list_resource_templates)
