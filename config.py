@@ -299,11 +299,13 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     unlabelled = ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN", "PBS_TOKEN")
     unknown = [name for name in env if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS
                and not name.endswith(known_suffix) and name not in unlabelled]
+    if not unknown:
+        return []
     labels = {(product, label) for product, label in host_variables(env)} | {("pve", "default"), ("pbs", "default")}
     known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
-    import difflib  # only when a name is unknown: not at every start
+    import difflib  # only when a name is unknown (above): not at every start
     warnings = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
