@@ -162,7 +162,6 @@ class Config:
     settings: policy.Settings = field(default_factory=policy.Settings)
     default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
     ssh: list[SshTarget] = field(default_factory=list)
-    exec_allowed_vmids: set[int] | None = None
     # what every host takes unless its own variables say otherwise
     verify_tls: bool = True
     connect_timeout: float = 5.0
@@ -237,8 +236,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.verify_tls = flag(env, "PROXMOX_VERIFY_TLS", "true")
     config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
     config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
-    config.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
-    config.settings.exec_allowed_vmids = config.exec_allowed_vmids
+    config.settings.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
