@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import sys
 from typing import Any, Callable
 
@@ -14,8 +13,6 @@ import policy
 import proxmox_client
 from config import Config
 from errors import ToolFailure
-
-log = logging.getLogger("proxmox-mcp")
 
 
 class BearerAuth:
@@ -178,7 +175,6 @@ def serve_http(config: Config, server, bind_host: str, port: int) -> None:
     import asyncio
 
     app = Answering(http_app(config, server, bind_host))
-    log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
     http = http_server(app, bind_host, port)
     try:
         asyncio.run(serve_until_stopped(http, app))
