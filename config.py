@@ -162,7 +162,6 @@ class Config:
     settings: policy.Settings = field(default_factory=policy.Settings)
     default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
     ssh: list[SshTarget] = field(default_factory=list)
-    exec_allowed_vmids: set[int] | None = None
     # what every host takes unless its own variables say otherwise
     verify_tls: bool = True
     connect_timeout: float = 5.0
@@ -237,8 +236,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.verify_tls = flag(env, "PROXMOX_VERIFY_TLS", "true")
     config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
     config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
-    config.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
-    config.settings.exec_allowed_vmids = config.exec_allowed_vmids
+    config.settings.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
@@ -299,11 +297,13 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     unlabelled = ("PROXMOX_URL", "PBS_URL", "PROXMOX_TOKEN", "PBS_TOKEN")
     unknown = [name for name in env if name.startswith(("PROXMOX_", "PBS_", "MCP_")) and name not in GLOBALS
                and not name.endswith(known_suffix) and name not in unlabelled]
+    if not unknown:
+        return []
     labels = {(product, label) for product, label in host_variables(env)} | {("pve", "default"), ("pbs", "default")}
     known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
-    import difflib  # only when a name is unknown: not at every start
+    import difflib  # only when a name is unknown (above): not at every start
     warnings = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import sys
 from typing import Any, Callable
 
@@ -15,16 +14,14 @@ import proxmox_client
 from config import Config
 from errors import ToolFailure
 
-log = logging.getLogger("proxmox-mcp")
-
 
 class BearerAuth:
     """Pure ASGI middleware (SSE streams pass unbuffered): every HTTP request but GET /health
     needs `Authorization: Bearer <MCP_AUTH_TOKEN>`, compared in constant time."""
 
-    def __init__(self, app: Any, token: str | None):
+    def __init__(self, app: Any, token: bytes | None):
         self.app = app
-        self.token = token.encode() if token else None
+        self.token = token
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
@@ -102,7 +99,7 @@ def http_app(config: Config, server, bind_host: str):
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
                                          allowed_origins=origins)
     app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=bind_host)
-    return BearerAuth(AllowedHostsHint(app), config.auth_token)
+    return BearerAuth(AllowedHostsHint(app), token)
 
 
 def host_reachability() -> dict[str, str]:
@@ -174,12 +171,10 @@ def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS)
     return uvicorn.Server(config)
 
 
-
 def serve_http(config: Config, server, bind_host: str, port: int) -> None:
     import asyncio
 
     app = Answering(http_app(config, server, bind_host))
-    log.info("serving MCP over HTTP at http://%s:%d/mcp", bind_host, port)
     http = http_server(app, bind_host, port)
     try:
         asyncio.run(serve_until_stopped(http, app))

@@ -13,7 +13,6 @@ The measuring process speaks MCP through bench/clients.py and never imports the 
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
@@ -32,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 import side_by_side  # noqa: E402
 import simulator  # noqa: E402
 from clients import HttpSession, StdioServer  # noqa: E402
-from side_by_side import PROJECT, server_env  # noqa: E402
+from side_by_side import PROJECT, free_port, server_env, wait_until_serving  # noqa: E402
 from test_faults import FAULTS, READ_TIMEOUT, arguments_for, fault_envs  # noqa: E402
 
 PIN = "SHA256:" + "A" * 43
@@ -168,12 +166,6 @@ def scale(workdir: str) -> dict:
 
 # ---------------------------------------------------------------- HTTP
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def http_server(env: dict[str, str], workdir: str) -> Iterator[tuple[subprocess.Popen, str]]:
     """server.py --http with the bearer token; yields the process and its base URL once it answers."""
@@ -183,15 +175,7 @@ def http_server(env: dict[str, str], workdir: str) -> Iterator[tuple[subprocess.
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(base + "/health", timeout=1)
-                break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_until_serving(base, process)
         yield process, base
     finally:
         process.terminate()

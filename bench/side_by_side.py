@@ -133,9 +133,7 @@ def http_stop(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
     token = "bench-bearer-token-0123456789abcdef"
     samples = []
     for _ in range(rounds):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         process = subprocess.Popen([*PROJECT, "--http", "--port", str(port)], cwd=workdir,
                                    env=server_env(sim.env() | {"MCP_AUTH_TOKEN": token}, workdir),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -155,6 +153,12 @@ def http_stop(sim: simulator.Simulator, workdir: str, rounds: int) -> dict:
                 process.kill()
                 process.wait()
     return {"rounds": rounds, "http_exit_s": round(statistics.median(samples), 3)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_until_serving(base: str, process: subprocess.Popen) -> None:

@@ -48,6 +48,16 @@ LOG_DIR = ROOT / "tests" / ".logs"  # every server's stderr, scanned for secrets
 STATE_DIR: Path | None = None  # this run's temporary state (audit logs), set by the state_dir fixture
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every server process the tests start reads the .env beside server.py (config.read_env_files),
+    where the README tells users to keep their settings: its hosts would join the simulator's and
+    be contacted. Stop before any test runs, naming the file."""
+    if (ROOT / ".env").is_file():
+        raise pytest.UsageError(f"{ROOT / '.env'} would be read by every server the tests start (its hosts "
+                                f"would be contacted): move it out of the tree while the tests run, e.g. "
+                                f"`mv .env ../proxmox-mcp.env`.")
+
+
 def record(result: Any) -> None:
     """Keep a tool's answer for test_zz_secrets, which scans every answer for secrets."""
     with open(LOG_DIR / "tool-outputs.log", "a") as log:
