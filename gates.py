@@ -197,6 +197,9 @@ DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
      "removes what the source no longer has"),
     (r"remove_job", None, lambda v: v == "full", "also removes the replicated volumes"),
 ]
+
+
+@lru_cache(maxsize=None)  # one answer per catalog method; asked for every request
 def _rule_for(method: str, template: str) -> tuple[str, str]:
     for methods, pattern, gate, why in RULES:
         if (methods == "*" or method in methods.split("|")) and re.fullmatch(pattern, template):
