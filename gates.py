@@ -147,10 +147,6 @@ def absolute_path(value: str) -> bool:
     return value.strip().startswith("/")
 
 
-def enabled(value: str) -> bool:
-    return value.strip().lower() in ("1", "yes", "on", "true")
-
-
 # Arguments that raise a call's gate: (path regex, parameter regex, test on the value, gate, why).
 ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*", r"hookscript", any_value, "elevated", "a hookscript runs on the host"),
@@ -172,7 +168,7 @@ PART_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*", r"import-from", absolute_path, "elevated", "imports a file from the host's file system"),
     (r"usb\d+", r"host", lambda v: v.strip().lower() != "spice", "elevated", "passes a host USB device through"),
     (r"usb\d+", r"mapping", any_value, "elevated", "passes a mapped host USB device through"),
-    (r"features", r"keyctl|mknod|fuse|force_rw_sys", enabled, "elevated",
+    (r"features", r"keyctl|mknod|fuse|force_rw_sys", truthy, "elevated",
      "the container may use host keyrings, device nodes, FUSE or a writable /sys"),
     (r"features", r"mount", any_value, "elevated", "the container may mount file systems"),
     (r"virtiofs\d+", r"dirid", any_value, "elevated", "shares a host directory with the guest"),
@@ -201,6 +197,9 @@ DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
      "removes what the source no longer has"),
     (r"remove_job", None, lambda v: v == "full", "also removes the replicated volumes"),
 ]
+
+
+@lru_cache(maxsize=None)  # one answer per catalog method; asked for every request
 def _rule_for(method: str, template: str) -> tuple[str, str]:
     for methods, pattern, gate, why in RULES:
         if (methods == "*" or method in methods.split("|")) and re.fullmatch(pattern, template):

@@ -35,7 +35,7 @@ import audit as audit_log
 import catalog
 import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
-from gates import (CONFIRMED, DELETING_PARAMS, GATES, RULES, SEVERITY, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
+from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
                    call_gate, call_gates, combine, deleting, method_gate)
 from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
                      register_secret)
@@ -158,7 +158,8 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     guests: list[int] = field(default_factory=list)  # named or reached: protection, exec allow-list
     scope: Scope = field(default_factory=Scope)  # guests reached without being listed
-    entry: dict | None = None  # the catalog method (privileges, secrets)
+    entry: dict | None = None  # the catalog method (privileges)
+    secrets: tuple[str, ...] = ()  # properties of the answer that are masked (nested calls' too)
     path_params: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # parameters the schema refuses
     audit_params: dict[str, Any] | None = None  # what the audit line shows instead of `params`
@@ -201,7 +202,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     gates, reasons = call_gates(host.product, method, template, params)
     decision = Decision(method, clean, params, template, gates, reasons,
                         sorted(named_guests(host.product, template, path_params, params, entry)), entry=entry,
-                        path_params=path_params)
+                        secrets=tuple(entry.get("secrets", ())), path_params=path_params)
     decision.errors = catalog.check_params(entry, params, path_params=path_params, product=host.product)
     deletes = bool(deleting(entry, params)) or bool(re.fullmatch(DELETES_BACKUPS, template))
     decision.scope = protection.bulk_scope(template, params, deletes)
@@ -255,6 +256,7 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any) -> No
         decision.gates = combine(set(decision.gates) | set(inner.gates))
         decision.reasons += [f"{inner.method} {inner.path}: {r}" for r in inner.reasons]
         decision.guests = sorted(set(decision.guests) | set(inner.guests))
+        decision.secrets += tuple(s for s in inner.secrets if s not in decision.secrets)  # each answer is returned
         decision.scope.bulk = decision.scope.bulk or inner.scope.bulk
         decision.scope.all_except += inner.scope.all_except
 
@@ -274,7 +276,7 @@ def judge(host: Any, decision: Decision) -> None:
             k: str(v) for k, v in decision.params.items() if isinstance(v, (str, int))})
     if decision.method not in ("GET", "SSH"):
         for name, value in decision.params.items():
-            if any(marker in str(value) for marker in (MASK, "**********")):
+            if MASK in str(value):  # ours, or Proxmox's own ********** (cipassword)
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
 
@@ -358,7 +360,7 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
         audit(host, method, path, params, "refused", error=str(exc))
         raise
     if decision.gates == ("read",) or decision.follow_up:
-        return mask_answer(send(decision), (decision.entry or {}).get("secrets", ()))
+        return mask_answer(send(decision), decision.secrets)
     audited = decision.audit_params if decision.audit_params is not None else decision.params
     if current_call().get("dry_run") or SETTINGS.dry_run:
         audit(host, decision.method, decision.path, audited, "dry_run")
@@ -392,7 +394,7 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
         _audit_after(host, decision, audited, "failed", error=str(exc), started=started)
         raise
     _audit_after(host, decision, audited, "sent", result=result if isinstance(result, str) else "ok", started=started)
-    return mask_answer(result, (decision.entry or {}).get("secrets", ()))
+    return mask_answer(result, decision.secrets)
 
 
 def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict: str, **details: Any) -> None:

@@ -165,7 +165,8 @@ BACKUP_SELECTION = r"/nodes/\{node\}/vzdump|/cluster/backup(/\{id\})?"
 
 
 def truthy(value: Any) -> bool:
-    return str(value) in ("1", "True", "true", "yes", "on")
+    """A boolean's true spellings, in any case (PBS: proxmox-schema `parse_boolean`; PVE property strings)."""
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from mcp.server.mcpserver import Context
 
+import catalog
 import policy
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
@@ -297,11 +298,12 @@ class ProxmoxClient:
         return plan
 
     def _current_state(self, decision: policy.Decision) -> Any:
-        """What a write would change, where one GET can show it (the guest, or the same path)."""
+        """What a write would change, where one GET can show it (the guest, or the same path); only
+        GETs the API has are tried (one it lacks would be refused, and logged as refused)."""
         match = re.match(r"(/nodes/[^/]+/(?:qemu|lxc)/\d+)", decision.path)
         candidates = [match.group(1) + "/status/current"] if match else []
         candidates.append(decision.path)
-        for path in candidates:
+        for path in (p for p in candidates if catalog.find_method(self.host.product, "GET", p)):
             try:
                 return self.get(path)
             except ToolFailure:

@@ -280,10 +280,11 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
 def ssh_check(where: Where, host: Host = None) -> dict:
     """Test SSH to a node or PBS: verified host key, user, version."""
     target, node = _where(where, host)
-    client = connect(target, node)
+    client = connect(target, node)  # the handshake verifies the host key; it runs nothing
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
-    version = "proxmox-backup-manager versions" if target.product == "pbs" else "pveversion"
-    result = run(target, node, f"id -un; {version}", timeout=20)
+    command = "id -un; " + ("proxmox-backup-manager versions" if target.product == "pbs" else "pveversion")
+    result = admitted(target.product, target.label, ("read",), f"node {node}: {command}", [],
+                      lambda: run(target, node, command, timeout=20))
     lines = result.stdout.splitlines()
     return {"node": node, "fingerprint": fingerprint, "user": lines[0] if lines else None,
             "version": " ".join(lines[1:])[:300] or result.stderr[:300], "exit_code": result.exit_code,
@@ -308,7 +309,8 @@ else echo 'smartctl not installed'; fi
 def node_diagnostics(where: Where, host: Host = None) -> dict:
     """Fixed SSH checks on a node or PBS: disks, ZFS, failed units, journal errors, SMART."""
     target, node = _where(where, host)
-    result = run(target, node, DIAGNOSTICS, timeout=60)
+    result = admitted(target.product, target.label, ("read",), f"node {node}: diagnostics", [],
+                      lambda: run(target, node, DIAGNOSTICS, timeout=60))
     sections: dict[str, str] = {}
     current = "output"
     for line in result.stdout.splitlines():

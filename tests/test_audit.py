@@ -71,6 +71,23 @@ def test_sending_and_sent_lines_bracket_every_request(audited):
     assert audit.verify(audited) == (2, None, "2 lines, chain intact, head matches")
 
 
+def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
+    """The dry-run plan shows the current state with GETs the catalog has; it never makes up a GET
+    that the policy then refuses (and logs as refused)."""
+    import proxmox_client
+    host = proxmox_client.HostConfig("lab", "pve", "https://127.0.0.1:9", "dry@pam!run", "secret")
+    client = proxmox_client.ProxmoxClient(host)
+    client._send = lambda *_args, **_kwargs: {}  # the privileges read first, and the preview's reads
+    policy.CALL.get()["dry_run"] = True
+    try:
+        with pytest.raises(policy.DryRun):
+            client.request("POST", "/nodes/pve1/vzdump", {"vmid": "103", "storage": "local"})
+    finally:
+        policy.PERMISSIONS.pop(("pve", "lab", "dry@pam!run"), None)
+    lines = [json.loads(line) for line in audited.read_text().splitlines()]
+    assert [(line["method"], line["verdict"]) for line in lines] == [("POST", "dry_run")]
+
+
 def test_a_write_enabled_server_that_cannot_write_its_log_does_not_start(sim, tmp_path):
     (tmp_path / "file").write_text("")
     env = sim.env() | {"PROXMOX_ACCESS": "write", "PROXMOX_AUDIT_LOG": str(tmp_path / "file" / "audit.jsonl"),

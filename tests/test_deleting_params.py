@@ -72,3 +72,10 @@ def test_a_default_that_deletes_counts_when_the_parameter_is_left_out():
 def test_look_alikes_do_not_delete(product, method, path, params):
     entry = catalog.entry_for(product, method, path)
     assert policy.deleting(entry, params) == []
+
+
+@pytest.mark.parametrize("spelling", ["TRUE", "Yes", "on", " 1"])
+def test_every_spelling_of_true_deletes(spelling):
+    """PBS accepts 1/on/yes/true in any case (docs/PROXMOX-BEHAVIOUR.md#request-encoding)."""
+    entry = catalog.entry_for("pbs", "DELETE", "/config/datastore/{name}")
+    assert policy.deleting(entry, {"destroy-data": spelling})

@@ -127,3 +127,23 @@ def test_secret_parameters_are_masked_in_dry_runs_and_audit_lines():
     assert {k for k, v in shown.items() if v == masking.MASK} == {"data", "client-key", "access-key", "secret-key",
                                                                  "key", "password"}
     assert masking.audit_view(params)["data"] == masking.MASK
+
+
+def test_secrets_of_calls_nested_in_execute_are_masked():
+    """POST /nodes/{node}/execute answers each nested call's data (docs/PROXMOX-BEHAVIOUR.md#nested-execute):
+    a nested GET's secrets are masked as they are in the GET's own answer."""
+    import json
+    from types import SimpleNamespace
+    host = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
+    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    original = policy.SETTINGS
+    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
+    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, _decision: None})
+    commands = json.dumps([{"method": "GET", "path": "subscription"}])
+    try:
+        answer = policy.admit(host, "POST", "/nodes/pve1/execute", {"commands": commands},
+                              lambda _: [{"status": 200, "data": {"key": "pve2c-0123456789", "status": "active"}}])
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    assert answer == [{"status": 200, "data": {"key": masking.MASK, "status": "active"}}]
