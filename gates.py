@@ -159,6 +159,14 @@ ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
      "runs a script or writes to a host path"),
     (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", any_value, "write", "restores a backup"),
 ]
+# Arguments whose absence raises a call's gate, because Proxmox then takes the dangerous value:
+# (method, path regex, parameter, unless (the call's params -> bool), gate, why).
+MISSING_RULES: list[tuple[str, str, str, Callable[[dict], bool], str, str]] = [
+    # a container created without `unprivileged` is privileged before pve-container 6.0 (PVE 8); a
+    # restore keeps the backup's own setting (docs/PROXMOX-BEHAVIOUR.md#restore)
+    ("POST", r"/nodes/\{node\}/lxc", "unprivileged", lambda p: truthy(p.get("restore", "0")), "elevated",
+     "unprivileged left out: a privileged container on PVE 8, root inside is root on the host"),
+]
 # Parts of property strings (`scsi1: "/dev/sda"`, `mp0: "backup=1,volume=/etc,mp=/mnt"`) that
 # raise a call's gate, whatever part of the string they are: (parameter regex, part regex, test,
 # gate, why). `file` and `volume` are the disk or mount volume of every disk and mount point
@@ -307,6 +315,8 @@ def call_gates(product: str, method: str, template: str, params: dict[str, Any])
         return ("read",), ["prune with dry-run only lists what would be removed"]
     entry = catalog.entry_for(product, method, template) or {}
     raised = _argument_gates(template, params, entry) + [("destructive", r) for r in deleting(entry, params)]
+    raised += [(gate, why) for methods, pattern, name, unless, gate, why in MISSING_RULES
+               if method == methods and re.fullmatch(pattern, template) and name not in params and not unless(params)]
     gates.update(g for g, _ in raised)
     reasons += [r for _, r in raised]
     return combine(gates), reasons

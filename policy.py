@@ -309,11 +309,25 @@ def require_gates(host: Any, gates: tuple[str, ...], what: str, reasons: list[st
                           f"{'; '.join(how_to_open(gate, host.label, host.product) for gate in closed)}.")
 
 
+# On PBS a protected guest's backups are guarded against what deletes them (the destructive gate)
+# and against what leaves them to deletion: taking a snapshot's protection off (prune then removes
+# it) and giving the group to another owner, who may then prune or forget it. (path regex, test on
+# the call's params; docs/PROXMOX-BEHAVIOUR.md#prune-and-forget)
+PBS_EXPOSING = [(r"/admin/datastore/\{store\}/protected", lambda params: not truthy(params.get("protected", "0"))),
+                (r"/admin/datastore/\{store\}/change-owner", lambda _params: True)]
+
+
+def guarded_on_pbs(decision: Decision) -> bool:
+    """Whether a PBS call can cost a guest its backups (see PBS_EXPOSING)."""
+    return "destructive" in decision.gates or decision.method != "GET" and any(
+        re.fullmatch(pattern, decision.template) and exposes(decision.params) for pattern, exposes in PBS_EXPOSING)
+
+
 def check_protected(host: Any, decision: Decision) -> None:
     """Refuse a request that names a protected guest or reaches guests it does not list on a host
     with protected ones; refuse every guest-changing request while the list is unreadable."""
-    if host.product == "pbs" and "destructive" not in decision.gates:
-        return  # on PBS only what deletes backups is guarded
+    if host.product == "pbs" and not guarded_on_pbs(decision):
+        return  # on PBS only what can cost a guest its backups is guarded
     protected, scope = SETTINGS.protected, decision.scope
     if protected.error and (decision.guests or scope.bulk or scope.all_except):
         raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "

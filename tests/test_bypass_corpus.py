@@ -208,6 +208,14 @@ CORPUS = [
      "PROXMOX_ACCESS=write"),
     ("read", "pbs", "GET", "/config/acme/tos", {"directory": "https://203.0.113.9/directory"},
      "PROXMOX_ACCESS=write"),
+    # ---- found in review: a default that is the dangerous value, and a protected guest's backups
+    # left to deletion without deleting them (docs/PROXMOX-BEHAVIOUR.md#restore, #prune-and-forget)
+    ("write", "pve", "POST", "/nodes/pve1/lxc",
+     {"vmid": 950, "ostemplate": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pbs", "PUT", "/admin/datastore/backup/protected",
+     {"backup-type": "vm", "backup-id": "101", "backup-time": 1, "protected": 0}, "protected"),
+    ("write", "pbs", "POST", "/admin/datastore/backup/change-owner",
+     {"backup-type": "ct", "backup-id": "102", "new-owner": "someone@pbs"}, "protected"),
 ]
 CORPUS_BEFORE = 51  # entries in stage 1's corpus (tests/test_policy.py BYPASSES)
 
@@ -300,3 +308,29 @@ def test_refused_through_the_generic_tools_with_nothing_sent(servers, sim, entry
     assert expected in message, message
     refused = (method, unquote(path))  # the reads the policy makes to decide (a job's stored config) may pass
     assert [r for r in sent if r[1] != "GET" or r[1:] == refused] == []
+
+
+# The legitimate neighbours of the review's entries: they pass the same admission step.
+ALLOWED = [
+    ("write", "pve", "POST", "/nodes/pve1/lxc",
+     {"vmid": 950, "ostemplate": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "unprivileged": 1}),
+    ("write", "pbs", "PUT", "/admin/datastore/backup/protected",
+     {"backup-type": "vm", "backup-id": "101", "backup-time": 1, "protected": 1}),  # protecting more is fine
+    ("write", "pbs", "POST", "/admin/datastore/backup/change-owner",
+     {"backup-type": "vm", "backup-id": "103", "new-owner": "someone@pbs"}),  # not a protected guest
+]
+
+
+@pytest.mark.parametrize("entry", ALLOWED, ids=entry_id)
+def test_their_legitimate_neighbours_pass(entry):
+    session, product, method, path, params = entry
+    sent = []
+    original = policy.SETTINGS
+    policy.configure(settings_for(session))
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda _host, _decision: None})
+    try:
+        policy.admit(PBS if product == "pbs" else PVE, method, path, dict(params), sent.append, read=STORED.get)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    assert len(sent) == 1
