@@ -154,10 +154,14 @@ def pve_snapshot_create(kind: str) -> Callable:
     return handler
 
 
+def _has_snapshot(guest: dict, snapname: str) -> bool:
+    return any(s["name"] == snapname for s in guest["snapshots"])
+
+
 def pve_snapshot_delete(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
         guest = _guest(call, node, vmid, kind)
-        if not any(s["name"] == snapname for s in guest["snapshots"]):
+        if not _has_snapshot(guest, snapname):
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
 
         def apply() -> None:
@@ -280,7 +284,7 @@ def pve_resize(kind: str) -> Callable:
 def pve_rollback(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
         guest = _guest(call, node, vmid, kind)
-        if not any(s["name"] == snapname for s in guest["snapshots"]):
+        if not _has_snapshot(guest, snapname):
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
         return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
                                    exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
@@ -424,7 +428,7 @@ def _clone_refusal(call: Call, kind: str, source: dict, target: str | None, full
         return f"can't clone to non-shared storage '{storage}'"
     if storage and not full:
         return "parameter 'storage' not allowed for linked clones"
-    if snapname and not any(s["name"] == snapname for s in source["snapshots"]):
+    if snapname and not _has_snapshot(source, snapname):
         return f"snapshot '{snapname}' does not exist"
     if kind == "lxc" and full and source["status"] == "running" and not snapname:
         return "Full clone of a running container is only possible from a snapshot"

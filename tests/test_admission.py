@@ -8,17 +8,14 @@ import json
 
 import pytest
 
-from conftest import requests_during, run_server, stdio_session
+from conftest import everything_open, requests_during, run_server, stdio_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 
 
 def env_for(sim, tmp, **extra) -> dict:
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
-    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
-        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
-        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+    return everything_open(sim, tmp, **extra)
 
 
 def writes(sent: list) -> list:

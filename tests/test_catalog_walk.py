@@ -8,7 +8,7 @@ import pytest
 
 import catalog
 import policy
-from conftest import stdio_session
+from conftest import everything_open, stdio_session
 
 # Values for path parameters that exist in the simulated lab.
 PATH_VALUES = {
@@ -143,10 +143,7 @@ def walker(sim, tmp_path_factory):
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
-    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
-        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
-        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    env = everything_open(sim, tmp)
     with stdio_session(env, log_name="walk") as session:
         yield session
 

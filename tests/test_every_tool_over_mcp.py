@@ -8,7 +8,7 @@ import json
 import pytest
 
 import server
-from conftest import stdio_session
+from conftest import everything_open, stdio_session
 
 DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"
 DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
@@ -88,10 +88,7 @@ def admin(sim, tmp_path_factory):
     (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 105, "reason": "not used here"}]))
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
-    env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
-        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
-        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session
 
