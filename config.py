@@ -37,10 +37,13 @@ HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE"
                  "SSH_NODES", "SSH_HOST", "SSH_USER", "SSH_KEY_FILE", "SSH_KEY_PASSPHRASE", "SSH_SUDO",
                  "SSH_KNOWN_HOSTS", "SSH_FINGERPRINTS", "SSH_FINGERPRINT")
 GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
-# PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "compact" (the generic API
-# tools plus the workflows) and "all".
+# PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
+# PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
 TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
-TOOLSET_NAMES = TOOLSET_GROUPS + ("compact", "all")
+# The groups a first conversation needs; the others are opt-in, so that the default tool list,
+# paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
+DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
+TOOLSET_NAMES = TOOLSET_GROUPS + ("default", "compact", "all")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Variables that apply to everything; the strings say what is accepted.
 GLOBALS = {
@@ -167,7 +170,7 @@ class Config:
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     ssh_timeout: float = 30.0
-    toolsets: tuple[str, ...] = ("all",)
+    toolsets: tuple[str, ...] = ("default",)
     allow_tools: tuple[str, ...] = ()  # names or prefixes ending in *; empty: no allow list
     deny_tools: tuple[str, ...] = ()
     auth_token: str | None = field(default=None, repr=False)
@@ -266,7 +269,7 @@ def read_protected_guests(env: dict[str, str], config: Config) -> None:
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:
     """PROXMOX_TOOLSETS, PROXMOX_ALLOW_TOOLS and PROXMOX_DENY_TOOLS (whose names check_tool_names checks)."""
-    config.toolsets = parse_toolsets(env.get("PROXMOX_TOOLSETS", "all"))
+    config.toolsets = parse_toolsets(env.get("PROXMOX_TOOLSETS", "default"))
     config.allow_tools = parse_list(env.get("PROXMOX_ALLOW_TOOLS", ""))
     config.deny_tools = parse_list(env.get("PROXMOX_DENY_TOOLS", ""))
 

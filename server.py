@@ -41,8 +41,8 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import workflows
-from config import (INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names, is_loopback,
-                    load_config, read_env_files, tool_matches)
+from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
+                    is_loopback, load_config, read_env_files, tool_matches)
 from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
@@ -219,6 +219,7 @@ TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
 # PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
 TOOLSETS = {group: tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == group)
             for group in TOOLSET_GROUPS}
+TOOLSETS["default"] = tuple(name for group in DEFAULT_GROUPS for name in TOOLSETS[group])
 TOOLSETS["compact"] = TOOLSETS["api"] + TOOLSETS["workflows"]  # the whole API in few tools
 TOOLSETS["all"] = tuple(name for group in TOOLSET_GROUPS for name in TOOLSETS[group])
 ALWAYS_ON = tuple(spec.function.__name__ for spec in TOOLS if spec.toolset == "always")

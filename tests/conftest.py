@@ -272,11 +272,12 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def everything_open(sim: Any, tmp: Path, **extra: str) -> dict[str, str]:
-    """An operator's env with every tier and gate open and the admin tokens; the protected list and
-    the audit log are `tmp`'s (the test writes protected.json there)."""
+    """An operator's env with every tier, gate and toolset open and the admin tokens; the protected
+    list and the audit log are `tmp`'s (the test writes protected.json there)."""
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
-        "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+        "PROXMOX_TOOLSETS": "all", "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true",
+        "PROXMOX_ALLOW_ELEVATED": "true", "PROXMOX_ALLOW_SENSITIVE": "true",
+        "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
 
 
