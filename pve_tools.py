@@ -17,8 +17,8 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
-                       online_node, resolve_guest, storage_node, storage_rows, storages_on)
+from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
+                       node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
                             task_report)
 
@@ -583,7 +583,7 @@ def write_restore_backup(archive: Volid,
         node = node or row["node"]
     else:
         vmid = _free_vmid(client, vmid)
-    node = _archive_node(client, archive, node)
+    node = archive_node(client, archive, node)
     # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
                               "force": True if overwrite else None, "unique": None if overwrite else True}
@@ -593,27 +593,6 @@ def write_restore_backup(archive: Volid,
         params |= {"ostemplate": archive, "restore": True}
     result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
     return result | {"vmid": vmid, "node": node}
-
-
-def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
-    """The node to restore on: any for a shared storage; for a local one (each node's `local`)
-    the node whose disk holds the archive (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
-    storage = archive.split(":", 1)[0]
-    rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
-    if not rows or rows[0].get("shared"):
-        return check_node(client, node) if node else online_node(client)
-    candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
-    for name in candidates:
-        volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
-        if any(v["volid"] == archive for v in volumes):
-            return name
-    holders = [r["node"] for r in rows if r["node"] not in candidates and any(
-        v["volid"] == archive for v in client.get(f"/nodes/{r['node']}/storage/{storage}/content",
-                                                  content="backup") or [])]
-    if holders:
-        raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
-                              f"node's own disk: restore it there (node={holders[0]}).")
-    raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
 
 
 VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")

@@ -282,7 +282,7 @@ def everything_open(sim: Any, tmp: Path, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def stdio_session(env: dict[str, str], *, mode: str = "legacy", log_name: str = "server",
+def stdio_session(env: dict[str, str], *, mode: str = "auto", log_name: str = "server",
                   args: list[str] | None = None, **client_kw: Any) -> Iterator[Session]:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
