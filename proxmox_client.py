@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
@@ -380,6 +381,14 @@ class ProxmoxClient:
         self._refuse_redirect(response)
         if response.status_code >= 400:
             raise self._http_error(method, path, response)
+        return self._data(method, path, response)
+
+    def _data(self, method: str, path: str, response: requests.Response) -> Any:
+        """The `data` of a JSON answer; of a file download (file-restore, pxar) only its size: its
+        bytes never go into an answer (write_restore_file saves them)."""
+        if response.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            return {"download": f"a file of {len(response.content)} bytes, not shown",
+                    "next": "write_restore_file saves files from backups"}
         try:
             return response.json().get("data")
         except ValueError:
@@ -388,6 +397,38 @@ class ProxmoxClient:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
+
+    def download(self, path: str, params: dict[str, Any], destination: Path, max_bytes: int,
+                 also: tuple[str, str] | None = None) -> int:
+        """A file Proxmox streams instead of JSON (file-restore, pxar downloads), admitted like any
+        request, written to `destination` (which must not exist) and never beyond `max_bytes`;
+        the byte count. `also` (gate, why) raises the call's gates: saving to disk is the tool's
+        own act."""
+        params = encode_params(params)
+        self.ensure_permissions()
+        decision = policy.classify(self.host, "GET", path, params, self.get)
+        if also:
+            decision.gates = policy.combine(set(decision.gates) | {also[0]})
+            decision.reasons.append(also[1])
+        return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
+                            read=self.get, plan=self._dry_run_plan, decision=decision)
+
+    def _stream(self, decision: policy.Decision, destination: Path, max_bytes: int) -> int:
+        import requests
+        url = self.base + quote(decision.path, safe="/:@!=,")
+        try:
+            response = self.session.get(url, params=decision.params, headers=self._auth_headers("GET"),
+                                        timeout=(self.host.connect_timeout, self.host.read_timeout),
+                                        verify=self.verify, allow_redirects=False, stream=True)
+        except requests.exceptions.SSLError:
+            raise self._tls_error() from None
+        except requests.exceptions.RequestException as exc:
+            raise self._connection_error(exc) from None
+        with response:
+            self._refuse_redirect(response)
+            if response.status_code >= 400:
+                raise self._http_error("GET", decision.path, response)
+            return _save(response, destination, max_bytes, f"{decision.path} on host '{self.host.label}'")
 
     def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
                until_write: bool = False) -> Any:
@@ -533,6 +574,32 @@ class ProxmoxClient:
 
 
 # ---------------------------------------------------------------- tasks, as the tools answer them
+
+def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
+    """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
+    broken transfer leaves no file behind."""
+    import requests
+    partial = destination.with_name(destination.name + ".part")
+    written = 0
+    out = open(partial, "xb")  # a file of the same name is never written over
+    try:
+        with out:
+            for chunk in response.iter_content(chunk_size=1 << 16):
+                written += len(chunk)
+                if written > max_bytes:
+                    raise ProxmoxError(f"{what} is larger than the {max_bytes // 1024 ** 2} MiB cap "
+                                       f"(PROXMOX_RESTORE_MAX_MB); nothing was kept.")
+                out.write(chunk)
+        partial.replace(destination)
+    except requests.exceptions.RequestException as exc:
+        partial.unlink(missing_ok=True)
+        raise ProxmoxError(f"The download of {what} broke off after {written} bytes ({exc}); nothing was "
+                           f"kept.") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return written
+
 
 def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
              ctx: Context | None, action: str) -> dict:
