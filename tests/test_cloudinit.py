@@ -96,6 +96,7 @@ def test_a_vm_without_a_cloudinit_drive(ops, sim):
         sim.lab.guests[104]["config"]["ide2"] = drive
 
 
+@pytest.mark.mcp  # the refusal as a client sees it, over stdio
 def test_refused_by_the_policy(ops, sim):
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_cloudinit",
                                                                                {"vmid": 101, "user": "x"}))

@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 
+import config
 from conftest import requests_during, tool_session
 from simulator.lab import Token
 
@@ -94,6 +95,7 @@ def test_backups_that_cannot_be_browsed_are_explained(restorer, sim, backup, exp
     assert expected in message and sent == []
 
 
+@pytest.mark.mcp  # the refusal as a client sees it, over stdio
 def test_a_protected_guests_backup_is_refused_through_pve(restorer, sim):
     message, sent = requests_during(sim, action=lambda: restorer.error("backup_files",
                                                                        {"backup": newest(sim, "ct", 105)}))
@@ -177,3 +179,21 @@ def test_restore_needs_the_folder_and_the_write_gate(sim, tokens, tmp_path):
     with tool_session(base | {"PROXMOX_RESTORE_DIR": str(tmp_path / "r")}, log_name="file-restore-read") as session:
         offered = {t.name for t in session.tools()}
         assert "backup_files" in offered and "write_restore_file" not in offered  # the write gate is closed
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"PROXMOX_RESTORE_DIR": "restored"}, "PROXMOX_RESTORE_DIR='restored' is not an absolute path"),
+    ({"PROXMOX_RESTORE_MAX_MB": "lots"}, "PROXMOX_RESTORE_MAX_MB='lots' is not a number of megabytes"),
+    ({"PROXMOX_RESTORE_MAX_MB": "0"}, "is not a number of megabytes (1 to 1048576)"),
+])
+def test_restore_settings_are_checked_at_start(variables, expected):
+    with pytest.raises(config.ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        config.load_config(variables)
+
+
+def test_restore_settings_are_read(tmp_path):
+    loaded = config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "r"), "PROXMOX_RESTORE_MAX_MB": "5"})
+    assert loaded.restore_dir == tmp_path / "r" and loaded.restore_max_bytes == 5 * 1024 ** 2
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(config.ConfigError, match="exists and is not a folder"):
+        config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "file")})

@@ -4,9 +4,13 @@ from them, and the create options nesting, features and onboot; each write refus
 (closed gate, protected guest, missing privilege) and on bad input with nothing sent."""
 import json
 
+from types import SimpleNamespace
+
 import pytest
 
+import policy
 import simulator
+import templates
 from conftest import requests_during, tool_session
 from simulator.lab import Token
 
@@ -131,6 +135,7 @@ def test_pull_oci_refuses_bad_input_with_nothing_sent(writer, sim, arguments, ex
     assert expected in message and sent == []
 
 
+@pytest.mark.mcp  # the refusal as a client sees it, over stdio
 def test_pull_oci_says_which_pve_is_too_old():
     """PVE 8 (and 9.0) has no oci-registry-pull: refused before sending, with the version."""
     lab = simulator.Lab.homelab(pve_major=8)
@@ -143,6 +148,14 @@ def test_pull_oci_says_which_pve_is_too_old():
                 "write_pull_oci", {"reference": "docker.io/library/nginx:1.29"}))
             assert "runs Proxmox VE 8.4; pulling OCI images needs 9.1 or later" in message and sent == []
         assert old.lab.schema_rejections == []
+
+
+@pytest.mark.parametrize("version, supported", [("9.1.2", True), ("9.2.1", True), ("9.0.11", False),
+                                                ("8.4.14", False)])
+def test_oci_pulls_need_pve_9_1(version, supported):
+    host = SimpleNamespace(product="pve", label="oci-version")
+    policy.set_version(host, version)
+    assert policy.version_at_least(host, templates.OCI_SINCE) is supported
 
 
 def test_pull_oci_needs_sys_accessnetwork_on_the_node(sim):
