@@ -160,8 +160,9 @@ def _destination(folder: Path, source: Source, path: str, directory: bool, creat
     existing name. `create` makes the folders (not for a dry run)."""
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.label.split(":", 1)[-1]).strip("_")
     parent = folder / label
-    if create:
-        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if create:  # backup contents: readable by this server's user only
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        parent.mkdir(exist_ok=True, mode=0o700)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.rstrip("/").rsplit("/", 1)[-1]) or "backup"
     suffix = ".zip" if directory else ""
     candidate, number = parent / f"{name}{suffix}", 1

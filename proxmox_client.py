@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import socket
 import ssl
@@ -581,7 +582,8 @@ def _save(response: requests.Response, destination: Path, max_bytes: int, what: 
     import requests
     partial = destination.with_name(destination.name + ".part")
     written = 0
-    out = open(partial, "xb")  # a file of the same name is never written over
+    # never over a file of the same name; readable by this server's user only (backup contents)
+    out = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
     try:
         with out:
             for chunk in response.iter_content(chunk_size=1 << 16):

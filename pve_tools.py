@@ -1152,18 +1152,21 @@ def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_
         raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
                               f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
     params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
-    if params:
-        client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
     changed = {key: policy.MASK if key == "cipassword" else params[key] for key in sorted(params)}
-    # on a running VM the drive still holds the old values; GET .../cloudinit shows them
-    # (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
     waiting = {r["key"]: "(deleted)" if r.get("delete") else policy.MASK if r["key"] == "cipassword" else r["pending"]
                for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
-    client.request("PUT", f"{base}/cloudinit", {})
+    try:
+        if params:
+            client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
+        client.request("PUT", f"{base}/cloudinit", {})
+    except policy.DryRun as dry:  # a dry run shows the diff too
+        dry.plan |= {"would_change": changed, "drive_lacks": waiting}
+        raise
     running = row.get("status") == "running"
     answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"}
     if waiting:
-        answer["was_pending"] = waiting  # what the drive lacked until now
+        answer["also_applied"] = waiting  # earlier changes the drive lacked until now
     answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
                       f"its next boot (write_guest_power action=reboot)." if running else
                       f"VM {vmid} is stopped: the changes apply when it starts.")

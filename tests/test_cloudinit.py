@@ -35,6 +35,8 @@ def cloudinit_drives(sim):
 
 
 def test_cloudinit_on_a_running_vm(ops, sim):
+    # a change made elsewhere on the running VM: the drive still has the old value
+    ops.ok("write_guest_config", {"vmid": 100, "set": {"searchdomain": "old.example"}})
     answer = ops.ok("write_cloudinit", {"vmid": 100, "user": "debian", "ssh_keys": KEY, "password": PASSWORD,
                                         "ip": {"net0": "192.0.2.50/24,gw=192.0.2.1"}, "dns": "192.0.2.1 example.org",
                                         "upgrade": False})
@@ -42,8 +44,8 @@ def test_cloudinit_on_a_running_vm(ops, sim):
     assert answer["changed"]["cipassword"] == "***" and answer["changed"]["ipconfig0"] == \
         "ip=192.0.2.50/24,gw=192.0.2.1"
     assert answer["changed"]["nameserver"] == "192.0.2.1" and answer["changed"]["searchdomain"] == "example.org"
-    # what the drive lacked, from GET .../cloudinit, before it was made anew
-    assert answer["was_pending"]["ciuser"] == "debian" and answer["was_pending"]["cipassword"] == "***"
+    # what the drive lacked before this call, from GET .../cloudinit, now in it as well
+    assert answer["also_applied"] == {"searchdomain": "old.example"}
     assert "next boot" in answer["next"] and "write_guest_power action=reboot" in answer["next"]
     config = sim.lab.guests[100]["config"]
     assert unquote(config["sshkeys"]) == KEY and "%20" in config["sshkeys"]  # URL-encoded, as qemu-server stores it
@@ -55,7 +57,7 @@ def test_cloudinit_on_a_running_vm(ops, sim):
 def test_a_stopped_vm_applies_at_start(ops, sim):
     answer = ops.ok("write_cloudinit", {"vmid": 104, "ip": {"0": "dhcp"}})
     assert answer["changed"] == {"ipconfig0": "ip=dhcp"} and "apply when it starts" in answer["next"]
-    assert "was_pending" not in answer  # a stopped VM's drive is made at each start anyway
+    assert "also_applied" not in answer  # a stopped VM's drive is made at each start anyway
 
 
 def test_regenerate_only(ops, sim):
@@ -63,11 +65,14 @@ def test_regenerate_only(ops, sim):
     assert answer["changed"] == {} and sent == [("pve", "PUT", "/nodes/pve1/qemu/100/cloudinit")]
 
 
-def test_dry_run_masks_the_password_and_sends_nothing(ops, sim):
+def test_dry_run_shows_the_diff_masks_the_password_and_sends_nothing(ops, sim):
+    ops.ok("write_guest_config", {"vmid": 100, "set": {"ciuser": "someone"}})  # the drive lacks this now
     plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok(
         "write_cloudinit", {"vmid": 100, "password": "another-secret-99", "dry_run": True}))
     assert plan["dry_run"] is True and plan["request"]["params"]["cipassword"] == "***" and sent == []
+    assert plan["would_change"] == {"cipassword": "***"} and plan["drive_lacks"]["ciuser"] == "someone"
     assert "another-secret-99" not in json.dumps(plan)
+    ops.ok("write_cloudinit", {"vmid": 100})  # regenerated: nothing lacking any more
 
 
 @pytest.mark.parametrize("arguments, expected", [

@@ -125,6 +125,7 @@ def test_restore_a_small_file(restorer, sim):
     answer = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname"})
     saved = restorer.folder / volid.split(":", 1)[1].replace("/", "_").replace(":", "_") / "hostname"
     assert answer["result"] == "ok" and answer["saved"] == str(saved) and saved.read_bytes() == b"dns\n"
+    assert saved.stat().st_mode & 0o777 == 0o600 and saved.parent.stat().st_mode & 0o777 == 0o700
     assert answer["content"] == "dns\n" and answer["untrusted"] is True  # small text, at the sensitive gate
     again = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname"})
     assert again["saved"].endswith("hostname-1")  # never over an earlier file
