@@ -671,13 +671,16 @@ def _error_text(response: requests.Response) -> tuple[str, dict]:
 
 
 def _permission_message(where: str, message: str, host: HostConfig) -> str:
+    # PBS names privileges first: `missing permissions 'A|B' on '/x'` (cached_user_info.rs) or, for
+    # namespaced reads, `permission check failed - missing A|B on /x` (hierarchy.rs check_ns_privs_full)
     match = re.search(r"Permission check failed \(([^,]+), ([^)]+)\)", message) or \
-        re.search(r"missing permissions '([^']+)' on '([^']+)'", message)
+        re.search(r"missing permissions '([^']+)' on '([^']+)'", message) or \
+        re.search(r"missing ([\w.|]+) on (/\S*)", message)
     if not match:
         if "API token" in message:
             return f"{where} refused: {message} This endpoint needs a user login, not a token."
         return f"Permission denied for {where}: {message}"
-    if message.startswith("missing"):  # PBS: privileges first, then path
+    if "missing" in message:  # PBS: privileges first, then path
         privileges, acl_path = match.group(1), match.group(2)
     else:
         acl_path, privileges = match.group(1), match.group(2)

@@ -113,6 +113,19 @@ def test_the_readers_privileges_are_not_enough(sim, tmp_path):
         assert "lacks Datastore.AllocateSpace on /storage/pbs" in message and "pveum acl modify" in message
 
 
+def test_a_pbs_token_without_datastore_read_is_told_the_grant(sim, tmp_path):
+    """PBS reads a snapshot's catalog for Datastore.Read (or Datastore.Backup on an owned group); an
+    auditing token gets 403 and the two commands that grant it."""
+    owner = Token("", [("/", "Audit", True)])
+    sim.lab.pbs_tokens["audit@pbs!files"] = Token("audit-pbs-secret-0000000000", owner.acl, owner=owner)
+    env = sim.env(pbs_token="audit@pbs!files") | {"PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
+                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with tool_session(env, log_name="file-restore-pbs-audit") as session:
+        message = session.error("backup_files", {"backup": "backup:ct/102"})
+        assert "lacks Datastore.Read|Datastore.Backup on /datastore/backup" in message
+        assert "proxmox-backup-manager acl update /datastore/backup DatastoreReader" in message
+
+
 def test_without_the_sensitive_gate_backup_contents_are_not_offered(sim):
     with tool_session(sim.env() | {"PROXMOX_TOOLSETS": "backups"}, log_name="file-restore-closed") as closed:
         assert not {"backup_files", "write_restore_file"} & {t.name for t in closed.tools()}
