@@ -534,6 +534,7 @@ ROLE_FOR_PRIVILEGE = {
     "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
     "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "Administrator",
     "Sys.PowerMgmt": "Administrator", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+    "Sys.AccessNetwork": "Administrator",
 }
 
 
@@ -544,12 +545,21 @@ PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
 
 # (product, label) -> major version, from GET /version when the privileges are read
 VERSIONS: dict[tuple[str, str], int] = {}
+# (product, label) -> (major, minor), read at the same time, for methods newer than a major release
+RELEASES: dict[tuple[str, str], tuple[int, int]] = {}
 
 
 def set_version(host: Any, version: str) -> None:
-    match = re.match(r"(\d+)\.", str(version))
+    match = re.match(r"(\d+)\.(\d+)", str(version))
     if match:
         VERSIONS[(host.product, host.label)] = int(match.group(1))
+        RELEASES[(host.product, host.label)] = (int(match.group(1)), int(match.group(2)))
+
+
+def version_at_least(host: Any, release: tuple[int, int]) -> bool | None:
+    """Whether the host runs `release` (major, minor) or later; None when its version is not known."""
+    known = RELEASES.get((host.product, host.label))
+    return None if known is None else known >= release
 
 
 def version_privileges(host: Any, privileges: list[str] | tuple[str, ...]) -> list[str]:
@@ -596,24 +606,43 @@ def holds_anywhere(host: Any, privilege: str) -> bool:
 
 def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     check = entry.get("check")
-    if not check or host.product != "pve" or check[0] != "perm":
-        return  # only plain privilege checks are decided here; Proxmox decides the rest
+    if not check or host.product != "pve":
+        return  # only privilege checks are decided here; Proxmox decides the rest
     if entry["method"] != "GET" and getattr(host, "write_token_id", None):
         return  # writes go with the write token, whose privileges were not read
+    missing = _missing(host, check, values)
+    if missing:
+        acl_path, lacking = missing
+        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
+                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
+                          + grant_hint(host, lacking, acl_path))
+
+
+def _missing(host: Any, check: list, values: dict[str, str]) -> tuple[str, str] | None:
+    """(ACL path, privileges) a schema permission check finds missing, or None: `perm` checks,
+    and `and`/`or` of them as PVE evaluates them (e.g. oci-registry-pull needs
+    Datastore.AllocateTemplate on the storage and Sys.AccessNetwork on the node); other kinds
+    are left to Proxmox."""
+    if check[0] in ("and", "or"):
+        found = [_missing(host, sub, values) for sub in check[1:] if isinstance(sub, list)]
+        failed = [f for f in found if f]
+        if check[0] == "and":
+            return failed[0] if failed else None
+        return failed[0] if found and len(failed) == len(found) else None
+    if check[0] != "perm":
+        return None
     acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
     if "{" in acl_path:
-        return
+        return None
     privileges = version_privileges(host, check[2])
     verdicts = [holds(host, p, acl_path) for p in privileges]
     if "any" in check[3:]:
         missing = all(v is False for v in verdicts)
     else:
         missing = any(v is False for v in verdicts)
-    if missing:
-        lacking = "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
-        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
-                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
-                          + grant_hint(host, lacking, acl_path))
+    if not missing:
+        return None
+    return acl_path, "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
 
 
 # PBS: the least built-in role with each privilege (proxmox-backup pbs-api-types/src/acl.rs).

@@ -38,9 +38,11 @@ import inventory
 import policy
 import proxmox_client
 import api_tools
+import file_restore
 import pbs_tools
 import pve_tools
 import shell_tools
+import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
                     is_loopback, load_config, read_env_files, tool_matches)
@@ -80,6 +82,7 @@ class ToolSpec:
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
+    setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -165,6 +168,7 @@ TOOLS = [
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
     ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
     ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
@@ -211,6 +215,12 @@ TOOLS = [
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(templates.list_templates, "read", "pve", "templates"),
+    ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),
+    ToolSpec(templates.write_pull_oci, "write", "pve", "templates", ("Sys.AccessNetwork",)),
+    ToolSpec(file_restore.backup_files, "sensitive", "", "backups"),
+    ToolSpec(file_restore.write_restore_file, "write", "", "backups", also=("sensitive",),
+             setting="PROXMOX_RESTORE_DIR"),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
@@ -439,14 +449,18 @@ PATTERNS = {
 NAMED_EXAMPLES = {
     "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
     "target_storage": "local-zfs",
-    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
+    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "method": "GET", "store": "backup",
     "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
     "upid": "UPID:pve1:...",
     "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
     "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
-    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
+    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": {"net0": "dhcp"},
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
-    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "path": "/root.pxar.didx/etc/hostname",
+    "search": "debian", "template": "debian-13-standard_13.1-2_amd64.tar.zst", "features": "keyctl=1",
+    "reference": "docker.io/library/nginx:latest", "user": "debian", "password": "a long passphrase",
+    "dns": "192.0.2.1 example.org", "cloudinit": {"user": "debian", "ip": {"net0": "dhcp"}},
+    "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
 }
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
@@ -528,6 +542,8 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
         return f"no {proxmox_client.PRODUCTS[spec.product].name} host is configured"
     if spec.ssh and not config.ssh:
         return "no SSH access is configured (PROXMOX_<LABEL>_SSH_NODES or PBS_<LABEL>_SSH_HOST)"
+    if spec.setting and not getattr(config, spec.setting.removeprefix("PROXMOX_").lower()):
+        return f"{spec.setting} is not set"
     if not any(all(policy.gate_open(rules, gate) for gate in (spec.gate, *spec.also))
                for rules in host_rules(config, spec.product)):
         closed = [g for g in (spec.gate, *spec.also) if not all(
@@ -723,6 +739,8 @@ def slim_schema(schema: dict, needless: set[str] = frozenset()) -> dict:
             prop.update(next(v for v in variants if v != {"type": "null"}))
         for key in ("title", "minimum", "maximum", "minLength", "maxLength", "pattern", "default"):
             prop.pop(key, None)
+        if prop.get("additionalProperties") is True:  # JSON Schema's default for an object: says nothing
+            del prop["additionalProperties"]
         if name in COMMON_PARAMS:
             prop.pop("description", None)
     return schema
@@ -1041,6 +1059,7 @@ def apply_configuration(config: Config) -> None:
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
     shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
+    file_restore.configure(config.restore_dir, config.restore_max_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

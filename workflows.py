@@ -649,14 +649,16 @@ def write_provision_lxc(hostname: GuestName,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
                         bridge: str | None = None,
-                        ssh_keys: str | None = None, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                        ctx: Context | None = None) -> dict:
+                        ssh_keys: str | None = None,
+                        onboot: bool = False,
+                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Create and start a DHCP container in one call; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
                                           cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
-                                          ssh_keys=ssh_keys, wait_seconds=wait_seconds, ctx=ctx)
+                                          ssh_keys=ssh_keys, onboot=onboot,
+                                          wait_seconds=wait_seconds, ctx=ctx)
     return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
 
 
