@@ -37,6 +37,7 @@ import inventory
 import policy
 import proxmox_client
 import api_tools
+import dashboard
 import pbs_tools
 import pve_tools
 import shell_tools
@@ -79,6 +80,7 @@ class ToolSpec:
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
+    view: Path | None = None  # an MCP Apps view (HTML) that draws its answer: view_uri(view) in the tool's _meta
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -210,6 +212,7 @@ TOOLS = [
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(dashboard.dashboard, "read", "pve", "monitor", view=dashboard.VIEW_HTML),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
@@ -309,7 +312,7 @@ def as_tool(function: Callable) -> Callable:
     from mcp.server.mcpserver.exceptions import ToolError
 
     @functools.wraps(function)
-    def tool(*args: Any, **kwargs: Any) -> str:
+    def tool(*args: Any, **kwargs: Any) -> Any:
         call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
@@ -321,10 +324,23 @@ def as_tool(function: Callable) -> Callable:
             raise ToolError(policy.mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
+        view_data = None
+        if isinstance(result, answers.View):
+            result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        return text if view_data is None else view_result(text, result | view_data)
     return tool
+
+
+def view_result(text: str, data: dict) -> Any:
+    """The result of a tool with a view, for a client that renders it: the compact answer as text (what
+    the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
+    hosts hand the view the whole result and keep structuredContent out of the model's context)."""
+    from mcp_types import CallToolResult, TextContent
+    structured = json.loads(policy.mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
 # ---------------------------------------------------------------- arguments that fail validation
@@ -626,12 +642,33 @@ def slim_schema(schema: dict, needless: set[str] = frozenset()) -> dict:
 
 
 def make_tool(spec: ToolSpec):
-    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, the
-    MCP edge around its function (as_tool); the schema still in full (slim_schema trims it)."""
+    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
+    view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
+    still in full (slim_schema trims it)."""
     from mcp.server.mcpserver.tools import Tool
     return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                               description=" ".join((spec.function.__doc__ or "").split()),
-                              annotations=annotations_for(spec), structured_output=False)
+                              annotations=annotations_for(spec), structured_output=False,
+                              meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
+
+
+def view_uri(html: Path) -> str:
+    return f"ui://proxmox/{html.name}"
+
+
+def views_extension(specs: list[ToolSpec]) -> list:
+    """The MCP Apps extension (mcp.server.apps) serving the views of the offered tools as ui://
+    resources (text/html;profile=mcp-app), or nothing when no offered tool has one. The views need no
+    network: no CSP domains are declared, so hosts apply the extension's most restrictive policy."""
+    from mcp.server.apps import Apps
+    views = sorted({spec.view for spec in specs if spec.view})
+    if not views:
+        return []
+    apps = Apps()
+    for html in views:
+        apps.add_html_resource(view_uri(html), html.read_text(), name=html.stem, prefers_border=True,
+                               description=f"the view of the {html.stem} tool")
+    return [apps]
 
 
 def build_server(config: Config):
@@ -644,7 +681,8 @@ def build_server(config: Config):
         slim_schema(tool.parameters, needless_params(config, spec))
         VISIBILITY.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY])
+    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
+                       extensions=views_extension(VISIBILITY.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -703,14 +741,17 @@ def tool_catalog_markdown() -> str:
         full = json.loads(json.dumps(tool.parameters))  # defaults and bounds, for people reading the docs
         slim_schema(tool.parameters)
         listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
-                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)}
+                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)} | (
+                      {"_meta": tool.meta} if tool.meta else {})
         hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
                   f"- gate: {gates}; toolset: {spec.toolset}; "
                   f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
-                  f"- annotations: {hints}",
-                  f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
+                  f"- annotations: {hints}"]
+        if spec.view:
+            lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`")
+        lines.append(f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}")
         required = set(tool.parameters.get("required", []))
         for name, prop in tool.parameters.get("properties", {}).items():
             kind = prop.get("type") or "/".join(v.get("type", "?") for v in prop.get("anyOf", []))

@@ -42,7 +42,7 @@ CALLS = [
     ("pbs_get_task", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
     ("pbs_task_log", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
     ("wait_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
-    ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}),
+    ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}), ("dashboard", {}),
     ("api_search", {"query": "snapshot rollback"}),
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
     ("api_read", {"path": "/version"}),

@@ -1,0 +1,166 @@
+"""The dashboard: one picture of a cluster (node CPU, memory and storage; the busiest guests'
+charts; backup coverage; health findings). Clients that render MCP Apps views draw it with
+dashboard.html; every client gets the same content as compact JSON. It composes the answers of
+health_check and backup_coverage and one read of /cluster/resources, and is bounded at any size:
+each part shows its first rows and says how many more there are.
+"""
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver import Context
+
+import workflows
+from answers import Host, OptionalVmid, View, human_bytes, human_duration, percent, renders_views
+from inventory import resolve_guest
+from proxmox_client import pve_client
+
+VIEW_URI = "ui://proxmox/dashboard.html"
+VIEW_HTML = Path(__file__).with_name("dashboard.html")
+# How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
+# at a thousand guests (tests/test_dashboard.py).
+SHOWN = {"nodes": 16, "storages": 24, "guests": 4, "backups": 20, "jobs": 6, "findings": 10, "orphans": 5}
+# Backup states as backup_coverage names them, those that need attention first.
+BACKUP_ORDER = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 3}
+
+
+def _more(total: int, shown: int) -> dict[str, int]:
+    return {"more": total - shown} if total > shown else {}
+
+
+def _rows(table: dict) -> list[dict]:
+    """A {"columns", "rows"} answer of another tool as dicts."""
+    return [dict(zip(table.get("columns", []), row, strict=True)) for row in table.get("rows", [])]
+
+
+# ---------------------------------------------------------------- nodes and storage
+
+def _nodes(resources: list[dict]) -> dict:
+    nodes = sorted((r for r in resources if r.get("type") == "node"), key=lambda r: r["node"])
+    rows = [[n["node"], n.get("status") or "unknown", percent(n.get("cpu"), 1), n.get("maxcpu"),
+             percent(n.get("mem"), n.get("maxmem")), human_bytes(n.get("mem")), human_bytes(n.get("maxmem")),
+             human_duration(n.get("uptime"))] for n in nodes[:SHOWN["nodes"]]]
+    # a node without Sys.Audit comes without figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    rows = [["" if cell is None else cell for cell in row] for row in rows]
+    return {"columns": ["node", "status", "cpu_pct", "cores", "mem_pct", "mem", "maxmem", "uptime"], "rows": rows,
+            "total": len(nodes)} | _more(len(nodes), SHOWN["nodes"])
+
+
+def _storages(resources: list[dict]) -> dict:
+    """Each storage once: a shared one under "(shared)", a local one per node (each node's `local`
+    is its own disk: docs/PROXMOX-BEHAVIOUR.md#per-node-storages). Fullest first."""
+    merged: dict[tuple[str, str], dict] = {}
+    for entry in (r for r in resources if r.get("type") == "storage"):
+        where = "(shared)" if entry.get("shared") else entry.get("node", "")
+        row = merged.setdefault((where, entry["storage"]), dict(entry))
+        if entry.get("status") != "available":  # seen unavailable anywhere: shown so
+            row["status"] = entry.get("status")
+    def fill(item: tuple[tuple[str, str], dict]) -> tuple[float, str, str]:
+        (where, name), entry = item
+        return -(percent(entry.get("disk"), entry.get("maxdisk")) or -1), where, name
+    ordered = sorted(merged.items(), key=fill)
+    rows = [[name, where, entry.get("plugintype") or "", entry.get("status") or "unknown",
+             percent(entry.get("disk"), entry.get("maxdisk")) if entry.get("status") == "available" else "",
+             human_bytes(entry.get("disk")) or "", human_bytes(entry.get("maxdisk")) or ""]
+            for (where, name), entry in ordered[:SHOWN["storages"]]]
+    rows = [["" if cell is None else cell for cell in row] for row in rows]
+    return {"columns": ["storage", "node", "type", "status", "used_pct", "used", "total"], "rows": rows,
+            "total": len(ordered)} | _more(len(ordered), SHOWN["storages"])
+
+
+# ---------------------------------------------------------------- guests
+
+def _cores_in_use(guest: dict) -> float:
+    # a guest's `cpu` is a share of its own cores (docs/PROXMOX-BEHAVIOUR.md#guest-cpu-figures)
+    return (guest.get("cpu") or 0) * (guest.get("maxcpu") or 0)
+
+
+def _picked_guests(client: Any, resources: list[dict], vmid: int | None) -> tuple[str, list[dict]]:
+    if vmid is not None:
+        return f"vmid {vmid}", [resolve_guest(client, vmid)]
+    running = [r for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running"
+               and not r.get("template")]
+    return "busiest by CPU now", sorted(running, key=lambda g: (-_cores_in_use(g), int(g["vmid"])))[:SHOWN["guests"]]
+
+
+def _guest_row(guest: dict) -> list:
+    row = [int(guest["vmid"]), guest.get("name") or "", guest.get("type"), guest.get("node"),
+           guest.get("status"), percent(guest.get("cpu"), 1), guest.get("maxcpu"),
+           percent(guest.get("mem"), guest.get("maxmem")), human_bytes(guest.get("mem"))]
+    return ["" if cell is None else cell for cell in row]
+
+
+def _guests(client: Any, resources: list[dict], vmid: int | None) -> dict:
+    picked, guests = _picked_guests(client, resources, vmid)
+    running = sum(1 for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running")
+    total = sum(1 for r in resources if r.get("type") in ("qemu", "lxc"))
+    return {"picked": picked, "running": running, "total": total,
+            "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
+            "rows": [_guest_row(g) for g in guests]}
+
+
+# ---------------------------------------------------------------- backups: the coverage matrix
+
+def _job_cell(row: dict, job: str) -> str:
+    if job in row.get("jobs", "").split(","):
+        return "covers"
+    return "excludes" if job in row.get("excluded_by", "").split(",") else ""
+
+
+def _backups(coverage: dict) -> dict:
+    """backup_coverage as a matrix: a row per guest (those that need attention first), its state,
+    newest backup and where it is, and a column per backup job (covers, excludes or nothing)."""
+    rows = sorted(_rows(coverage.get("guests") or {}),
+                  key=lambda r: (BACKUP_ORDER.get(r.get("state"), 0), int(r["vmid"])))
+    jobs = sorted({job for r in rows for job in (r.get("jobs", "") + "," + r.get("excluded_by", "")).split(",")
+                   if job})
+    shown_jobs = jobs[:SHOWN["jobs"]]
+    columns = ["vmid", "name", "state", "age_h", "where", "verify", *shown_jobs]
+    matrix = [[r["vmid"], r.get("name") or "", r.get("state"), r.get("age_h", ""), r.get("where", ""),
+               r.get("verify", ""), *(_job_cell(r, job) for job in shown_jobs)] for r in rows[:SHOWN["backups"]]]
+    states = {state: sum(r.get("state") == state for r in rows) for state in BACKUP_ORDER}
+    orphans = coverage.get("orphan_pbs_groups") or []
+    answer = {"summary": {s: n for s, n in states.items() if n}, "columns": columns, "rows": matrix,
+              "total": len(rows)} | _more(len(rows), SHOWN["backups"])
+    if len(jobs) > len(shown_jobs):
+        answer["more_jobs"] = len(jobs) - len(shown_jobs)
+    if orphans:
+        answer["orphan_pbs_groups"] = orphans[:SHOWN["orphans"]] + ([f"+{len(orphans) - SHOWN['orphans']} more"]
+                                                                     if len(orphans) > SHOWN["orphans"] else [])
+    return answer | _unread(coverage)
+
+
+# ---------------------------------------------------------------- health
+
+def _unread(report: dict) -> dict:
+    """The sections a workflow could not read, by name (its own answer has the reasons)."""
+    sections = [u["section"] for u in report.get("unavailable") or []]
+    return {"unavailable": sections[:SHOWN["findings"]] + _more_text(len(sections), SHOWN["findings"])} \
+        if sections else {}
+
+
+def _more_text(total: int, shown: int) -> list[str]:
+    return [f"+{total - shown} more"] if total > shown else []
+
+
+def _health(report: dict) -> dict:
+    findings = report.get("findings") or []
+    rows = [[f["severity"], f["area"], f["finding"]] for f in findings[:SHOWN["findings"]]]
+    return {"summary": report.get("summary") or {}, "columns": ["severity", "area", "finding"], "rows": rows,
+            "total": len(findings)} | _more(len(findings), SHOWN["findings"]) | _unread(report)
+
+
+# ---------------------------------------------------------------- the tool
+
+def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = None,
+              ctx: Context | None = None) -> View:
+    """Cluster picture: node CPU/memory/storage, busiest guests (or vmid), backup coverage by job,
+    health findings. Clients with MCP Apps draw it; others get it as JSON."""
+    client = pve_client(host)
+    resources = client.get("/cluster/resources") or []
+    answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
+              "guests": _guests(client, resources, vmid),
+              "backups": _backups(workflows.backup_coverage(host=host, pbs_host=pbs_host)),
+              "health": _health(workflows.health_check(host=host, pbs_host=pbs_host)),
+              "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "
+                      "and list_guests list everything"}
+    return View(answer, {} if renders_views(ctx) else None)
