@@ -245,6 +245,8 @@ class Lab:
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
+        for name in names:  # pveupdate's daily package list refresh (docs/PROXMOX-BEHAVIOUR.md#pending-updates)
+            lab.start_task(name, "aptupdate", "", finished=True)
         lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
         lab._add_homelab_networks(names)
         lab._add_homelab_volumes()
