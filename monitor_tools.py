@@ -171,9 +171,10 @@ JOURNAL_LINE = re.compile(r"^\w{3} \d{2} \d{2}:\d{2}:\d{2} \S+ ([^\s\[:]+)")  # 
 RELATIVE = re.compile(r"^(\d+)([mhd])$")
 ABSOLUTE = {10: "%Y-%m-%d", 16: "%Y-%m-%d %H:%M", 19: "%Y-%m-%d %H:%M:%S"}
 SYSLOG_GRANT = ("needs Sys.Syslog on /nodes/{node}, which PVEAuditor lacks (pve-manager PVE/API2/Nodes.pm and "
-                "pve-firewall check it). Grant only that, to the user and the token: pveum role add LogReader "
-                "--privs Sys.Syslog; pveum acl modify /nodes --users '{user}' --roles LogReader; pveum acl modify "
-                "/nodes --tokens '{token}' --roles LogReader.")
+                "pve-firewall check it). Grant a role holding only that, on / beside PVEAuditor (an entry on a "
+                "deeper path would replace it there), to the user and the token: pveum role add LogReader --privs "
+                "Sys.Syslog; pveum acl modify / --users '{user}' --roles LogReader; pveum acl modify / --tokens "
+                "'{token}' --roles LogReader.")
 
 
 def _node_offset(client: ProxmoxClient, node: str) -> int:
@@ -333,7 +334,7 @@ def _refused(exc: ToolFailure, node: str, client: ProxmoxClient) -> ToolFailure:
         return exc
     user, _, token = client.host.token_id.partition("!")
     return ProxmoxError(f"Reading the log of node '{node}' " + SYSLOG_GRANT.format(
-        node=node, user=user, token=client.host.token_id if token else user) + " Nothing else needs it.")
+        node=node, user=user, token=client.host.token_id if token else user))
 
 
 def node_logs(node: Node = None, host: Host = None,
@@ -344,7 +345,8 @@ def node_logs(node: Node = None, host: Host = None,
               cursor: str | None = None) -> dict:
     """A node's syslog, journal or firewall log (a guest's with vmid), newest first; cursor pages back."""
     client = pve_client(host)
-    ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid}
+    ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid,
+                                    "position": None}
     if ask["vmid"]:
         node = resolve_guest(client, ask["vmid"])["node"]
     elif not node:
@@ -362,8 +364,9 @@ def node_logs(node: Node = None, host: Host = None,
         position = READERS[ask["source"]](client, node, ask, page)
     except ToolFailure as exc:
         raise _refused(exc, node, client) from None
-    answer = compact({"node": node, "source": ask["source"], "vmid": ask["vmid"], "lines": page.lines,
-                      "next_cursor": _as_cursor(ask, position) if position is not None else None}) | {"untrusted": True}
+    answer = compact({"node": node, "source": ask["source"], "vmid": ask["vmid"],
+                      "next_cursor": _as_cursor(ask, position) if position is not None else None}) | {
+        "lines": page.lines, "untrusted": True}
     if not page.lines:
         answer["note"] = "nothing matched in this range" if page.filtering else "the log is empty in this range"
     return answer
@@ -434,7 +437,8 @@ def _pool_rows(pools: list[dict], details: list[Any]) -> list[dict]:
         else:
             bad = [compact({"name": d["name"], "state": d.get("state"), "read": d.get("read"), "write": d.get("write"),
                             "cksum": d.get("cksum"), "msg": d.get("msg")})
-                   for d in _vdevs(detail) if d.get("state") not in (None, "ONLINE") or d.get("cksum")]
+                   for d in _vdevs(detail) if not d.get("children")
+                   and (d.get("state") not in (None, "ONLINE") or d.get("read") or d.get("write") or d.get("cksum"))]
             row |= compact({"errors": detail.get("errors"), "scan": detail.get("scan"), "action": detail.get("action"),
                             "problem": pool_problem(detail), "bad_devices": bad[:6]})
         rows.append(compact(row))

@@ -210,6 +210,8 @@ class Lab:
         self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
         self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
         self.replication: dict[str, list[dict]] = {}  # node -> replication job states
+        # roles an admin made (pveum role add NAME --privs ...): product -> name -> privileges
+        self.custom_roles: dict[str, dict[str, frozenset[str]]] = {"pve": {}, "pbs": {}}
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         # password logins: product -> userid -> (password, the user's rights, needs a second factor)
@@ -393,7 +395,8 @@ class Lab:
         return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
-        return roles_for(product, self.pve_major if product == "pve" else 9)
+        built_in = roles_for(product, self.pve_major if product == "pve" else 9)
+        return built_in | self.custom_roles[product] if self.custom_roles[product] else built_in
 
     def pool_path(self, path: str) -> str | None:
         """`/pool/<name>` when `path` is a guest in that pool: its roles reach the guest (PVE)."""
