@@ -38,6 +38,7 @@ import policy
 import proxmox_client
 import api_tools
 import dashboard
+import monitor_tools
 import pbs_tools
 import pve_tools
 import shell_tools
@@ -212,6 +213,10 @@ TOOLS = [
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(monitor_tools.metrics, "read", "pve", "monitor", ("VM.Audit", "Sys.Audit", "Datastore.Audit")),
+    ToolSpec(monitor_tools.node_logs, "read", "pve", "monitor"),  # offered without Sys.Syslog: it names the grant
+    ToolSpec(monitor_tools.node_disks, "read", "pve", "monitor", ("Sys.Audit",)),
+    ToolSpec(monitor_tools.node_updates, "read", "pve", "monitor", ("Sys.Audit",)),
     ToolSpec(dashboard.dashboard, "read", "pve", "monitor", view=dashboard.VIEW_HTML),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
@@ -369,6 +374,7 @@ NAMED_EXAMPLES = {
     "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
     "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+    "until": "1h", "grep": "error", "service": "pvedaemon", "cursor": "syslog|812||||", "smart": "/dev/sda",
 }
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)

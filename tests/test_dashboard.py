@@ -3,6 +3,7 @@ backup coverage by job, health findings), that it stays bounded as the cluster g
 Apps wiring (the tool's _meta.ui.resourceUri, the ui:// resource, structuredContent only for
 clients that render views). How the view draws it: tests/test_dashboard_view.py."""
 import json
+import re
 import time
 from contextlib import contextmanager
 
@@ -128,6 +129,18 @@ def test_bounded_as_the_cluster_grows():
     assert answer["backups"]["total"] == 1000 and len(answer["backups"]["rows"]) == 20
     assert answer["backups"]["more"] == 980
     assert len(answer["guests"]["rows"]) == dashboard.SHOWN["guests"]
+
+
+def test_the_view_is_one_file_that_loads_nothing_and_writes_no_markup():
+    """dashboard.html reaches nothing (the frame has no network) and puts Proxmox's strings in as
+    text only; tests/test_dashboard_view.py shows the same in a browser."""
+    html = dashboard.VIEW_HTML.read_text()
+    loads = ("fetch(", "XMLHttpRequest", "WebSocket", "EventSource", "sendBeacon", "import(", "importScripts",
+             "<link", " src=", " href=", "url(", "@import", "<iframe", "<object", "<embed", "<img")
+    assert [vector for vector in loads if vector in html] == []
+    assert re.findall(r"https?://[^\s\"'<>)]*", html) == ["http://www.w3.org/2000/svg"]  # a name, not fetched
+    markup = ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function")
+    assert [sink for sink in markup if sink in html] == []
 
 
 # ---------------------------------------------------------------- MCP Apps, over MCP

@@ -6,6 +6,7 @@ import pytest
 
 import api_tools
 import dashboard
+import monitor_tools
 import pbs_tools
 import policy
 import pve_tools
@@ -15,7 +16,7 @@ import workflows
 from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
 
-TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, dashboard)
+TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, monitor_tools, dashboard)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.
