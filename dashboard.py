@@ -1,24 +1,29 @@
 """The dashboard: one picture of a cluster (node CPU, memory and storage; the busiest guests'
 charts; backup coverage; health findings). Clients that render MCP Apps views draw it with
 dashboard.html; every client gets the same content as compact JSON. It composes the answers of
-health_check and backup_coverage and one read of /cluster/resources, and is bounded at any size:
-each part shows its first rows and says how many more there are.
+health_check, backup_coverage and metrics with one read of /cluster/resources, and is bounded at
+any size: each part shows its first rows and says how many more there are.
 """
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context
 
+import monitor_tools
 import workflows
 from answers import Host, OptionalVmid, View, human_bytes, human_duration, percent, renders_views
+from errors import ToolFailure
 from inventory import resolve_guest
-from proxmox_client import pve_client
+from proxmox_client import in_parallel, pve_client
 
 VIEW_URI = "ui://proxmox/dashboard.html"
 VIEW_HTML = Path(__file__).with_name("dashboard.html")
 # How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
 # at a thousand guests (tests/test_dashboard.py).
-SHOWN = {"nodes": 16, "storages": 24, "guests": 4, "backups": 20, "jobs": 6, "findings": 10, "orphans": 5}
+SHOWN = {"nodes": 16, "storages": 16, "guests": 4, "backups": 20, "jobs": 6, "findings": 10, "orphans": 5}
+# The guest history shown: metrics' series (per point: cpu_pct, mem in bytes, rates in bytes/s).
+HISTORY = ("cpu", "mem", "netin", "netout")
 # Backup states as backup_coverage names them, those that need attention first.
 BACKUP_ORDER = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 3}
 
@@ -89,13 +94,59 @@ def _guest_row(guest: dict) -> list:
     return ["" if cell is None else cell for cell in row]
 
 
-def _guests(client: Any, resources: list[dict], vmid: int | None) -> dict:
+def _summary(series: dict) -> dict[str, str]:
+    """metrics' series in a line each: CPU and memory now, their peak, trend and sparkline; the
+    network's two directions now and at their peak."""
+    lines = {name: f"{series[name]['last']} now, max {series[name]['max']}, {series[name]['trend']} "
+                   f"{series[name]['spark']}" for name in ("cpu", "mem") if name in series}
+    if "netin" in series and "netout" in series:
+        lines["net"] = (f"in {series['netin']['last']}, out {series['netout']['last']} now; max in "
+                        f"{series['netin']['max']}, out {series['netout']['max']}")
+    return lines
+
+
+def _points(raw: dict, guest: dict) -> dict[str, list]:
+    """metrics' raw points (newest first) as series oldest first; memory as a share of the guest's."""
+    rows = [dict(zip(raw["columns"], row, strict=True)) for row in reversed(raw["rows"])]
+    top = guest.get("maxmem")
+    def value(row: dict, name: str) -> float | None:
+        if name == "cpu":
+            return row.get("cpu_pct")
+        if name == "mem":
+            return percent(row["mem"], top) if isinstance(row.get("mem"), (int, float)) and top else None
+        return row.get(name)
+    return {name: [value(row, name) for row in rows] for name in HISTORY}
+
+
+def _history(host: Host, guests: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The last hour of each shown guest, read side by side: its summary line per series (for every
+    client) and its points (for the view). A guest whose history cannot be read says why."""
+    calls = [partial(monitor_tools.metrics, vmid=int(g["vmid"]), host=host, raw=raw) for g in guests
+             for raw in (False, True)]
+    answers = in_parallel(calls)
+    lines, charts = [], []
+    for guest, summary, raw in zip(guests, answers[::2], answers[1::2], strict=True):
+        vmid = int(guest["vmid"])
+        if isinstance(summary, ToolFailure) or isinstance(raw, ToolFailure):
+            lines.append({"vmid": vmid, "unavailable": str(summary if isinstance(summary, ToolFailure) else raw)})
+            continue
+        series = summary.get("series") or {}
+        lines.append({"vmid": vmid} | _summary(series) | ({"note": summary["note"]} if summary.get("note") else {}))
+        charts.append({"vmid": vmid, "timeframe": summary["timeframe"], "step_s": summary.get("step_s"),
+                       "last": {name: series[name]["last"] for name in HISTORY if name in series},
+                       "series": _points(raw, guest)})
+    return lines, charts
+
+
+def _guests(client: Any, host: Host, resources: list[dict], vmid: int | None) -> tuple[dict, list[dict]]:
+    """The busiest or the chosen guests with their last hour, and the points the view draws."""
     picked, guests = _picked_guests(client, resources, vmid)
     running = sum(1 for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running")
     total = sum(1 for r in resources if r.get("type") in ("qemu", "lxc"))
+    lines, charts = _history(host, guests)
     return {"picked": picked, "running": running, "total": total,
             "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
-            "rows": [_guest_row(g) for g in guests]}
+            "rows": [_guest_row(g) for g in guests], "last_hour": lines}, charts
 
 
 # ---------------------------------------------------------------- backups: the coverage matrix
@@ -153,14 +204,14 @@ def _health(report: dict) -> dict:
 
 def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = None,
               ctx: Context | None = None) -> View:
-    """Cluster picture: node CPU/memory/storage, busiest guests (or vmid), backup coverage by job,
-    health findings. Clients with MCP Apps draw it; others get it as JSON."""
+    """Cluster picture: nodes' CPU/memory/storage, the busiest guests' last hour (or vmid's), backup
+    coverage by job, health findings. MCP Apps clients draw it; others get JSON."""
     client = pve_client(host)
     resources = client.get("/cluster/resources") or []
+    guests, charts = _guests(client, host, resources, vmid)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
-              "guests": _guests(client, resources, vmid),
-              "backups": _backups(workflows.backup_coverage(host=host, pbs_host=pbs_host)),
+              "guests": guests, "backups": _backups(workflows.backup_coverage(host=host, pbs_host=pbs_host)),
               "health": _health(workflows.health_check(host=host, pbs_host=pbs_host)),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "
                       "and list_guests list everything"}
-    return View(answer, {} if renders_views(ctx) else None)
+    return View(answer, {"charts": charts} if renders_views(ctx) else None)

@@ -80,9 +80,26 @@ def test_the_busiest_guests_are_those_using_most_host_cores(session):
                                      "cpu_pct": 50.0, "cores": 4, "mem_pct": rows[0]["mem_pct"], "mem": ""}
 
 
+def test_each_shown_guest_with_its_last_hour(session, sim):
+    """metrics' summary of each shown guest, read side by side: CPU and memory with their sparkline,
+    the network's two directions."""
+    guests, sent = requests_during(sim, lambda: session.ok("dashboard")["guests"])
+    lines = guests["last_hour"]
+    assert [line["vmid"] for line in lines] == [g["vmid"] for g in as_dicts(guests)]
+    for line in lines:
+        assert set(line) == {"vmid", "cpu", "mem", "net"}, line
+        assert re.fullmatch(r"\d+\.\d% now, max \d+\.\d%, (rising|falling|steady) [▁▂▃▄▅▆▇█ ]+", line["cpu"]), line
+        assert re.fullmatch(r"in \S+ \S+/s, out \S+ \S+/s now; max in \S+ \S+/s, out \S+ \S+/s", line["net"]), line
+    history = [path for _, method, path in sent if path.endswith("/rrddata")]
+    assert sorted(set(history)) == sorted(f"/nodes/{g['node']}/{g['type']}/{g['vmid']}/rrddata"
+                                          for g in as_dicts(guests))
+
+
 def test_a_chosen_guest_instead_of_the_busiest(session):
     guests = session.ok("dashboard", {"vmid": 103})["guests"]
     assert guests["picked"] == "vmid 103" and [g["vmid"] for g in as_dicts(guests)] == [103]
+    assert guests["last_hour"] == [{"vmid": 103, "note": "No CPU, memory or I/O values: the guest was not running "
+                                                         "in this timeframe."}]  # 103 is stopped
     assert "No guest with vmid 990" in session.error("dashboard", {"vmid": 990})
 
 
@@ -125,7 +142,7 @@ def test_bounded_as_the_cluster_grows():
         assert big.lab.schema_rejections == []
     assert len(text.encode()) <= 6000, len(text.encode())
     assert answer["nodes"]["total"] == 20 and answer["nodes"]["more"] == 4 and len(answer["nodes"]["rows"]) == 16
-    assert answer["storage"]["more"] == answer["storage"]["total"] - 24
+    assert answer["storage"]["more"] == answer["storage"]["total"] - dashboard.SHOWN["storages"]
     assert answer["backups"]["total"] == 1000 and len(answer["backups"]["rows"]) == 20
     assert answer["backups"]["more"] == 980
     assert len(answer["guests"]["rows"]) == dashboard.SHOWN["guests"]
@@ -174,8 +191,15 @@ def test_a_client_that_renders_views_gets_the_answer_and_the_view_data(host_with
     result = host_with_apps.call("dashboard")
     assert not result.is_error
     answer = json.loads(result.content[0].text)
-    assert result.structured_content is not None
-    assert {k: v for k, v in result.structured_content.items() if k in answer} == answer
+    data = result.structured_content
+    assert {k: v for k, v in data.items() if k in answer} == answer and set(data) - set(answer) == {"charts"}
+    assert [c["vmid"] for c in data["charts"]] == [g["vmid"] for g in as_dicts(answer["guests"])]
+    for chart in data["charts"]:
+        assert chart["timeframe"] == "hour" and chart["step_s"] == 60 and set(chart["last"]) >= {"cpu", "mem"}
+        assert set(chart["series"]) == {"cpu", "mem", "netin", "netout"}
+        assert {len(values) for values in chart["series"].values()} == {60}  # the hour, oldest first
+        assert all(0 <= v <= 100 for v in chart["series"]["cpu"] + chart["series"]["mem"])  # shares in %
+    assert "charts" not in answer  # the points never reach the model
 
 
 def test_a_client_without_apps_gets_the_same_answer_as_text_only(sim, host_with_apps):

@@ -162,11 +162,21 @@ def test_nodes_with_cpu_memory_and_storage_bars(browser, drawn, tmp_path):
     assert "lvl-crit" in level  # 95 % full
 
 
+CHARTS = """return [...document.querySelectorAll('.guest[data-vmid]')].map(g => ({
+    vmid: Number(g.dataset.vmid),
+    charts: Object.fromEntries([...g.querySelectorAll('svg.chart')].map(c => [c.dataset.chart,
+        [...c.querySelectorAll('path.line')].map(p => p.getAttribute('d').split('L').length)]))}))"""
+
+
 def test_the_busiest_guests_with_their_charts(browser, drawn, tmp_path):
     view, result, answer = drawn
     show(browser, host_page(tmp_path, view, result))
-    shown = browser.run("return [...document.querySelectorAll('.guest[data-vmid]')].map(g => Number(g.dataset.vmid))")
-    assert shown == [g["vmid"] for g in rows(answer["guests"])] and len(shown) == 4
+    cards = browser.run(CHARTS)
+    assert [c["vmid"] for c in cards] == [g["vmid"] for g in rows(answer["guests"])] and len(cards) == 4
+    points = {c["vmid"]: c["series"] for c in result["structuredContent"]["charts"]}
+    for card in cards:
+        # a line through every point of the hour: CPU, memory, and the network in and out
+        assert card["charts"] == {"cpu": [len(points[card["vmid"]]["cpu"])], "mem": [60], "net": [60, 60]}, card
     heading = browser.run("return document.querySelector('#guests h2').textContent")
     assert "busiest by CPU now" in heading and "4 of 6 running" in heading
 
@@ -234,6 +244,10 @@ def test_a_text_only_result_is_drawn_the_same(browser, drawn, tmp_path):
     show(browser, host_page(tmp_path, view, text_only))
     assert browser.run("return [...document.querySelectorAll('.node[data-node]')].map(c => c.dataset.node)") == \
         [n["node"] for n in rows(answer["nodes"])]
+    # no points: CPU and memory drawn from the answer's sparklines, a point per character
+    sparks = [{name: [len(line[name].split(" ")[-1])] for name in ("cpu", "mem")} for line in
+              answer["guests"]["last_hour"]]
+    assert [c["charts"] for c in browser.run(CHARTS)] == sparks and sparks[0]["cpu"][0] > 10
 
 
 def test_a_failed_call_is_shown_as_the_error(browser, drawn, tmp_path):
