@@ -138,15 +138,17 @@ def _history(host: Host, guests: list[dict]) -> tuple[list[dict], list[dict]]:
     return lines, charts
 
 
-def _guests(client: Any, host: Host, resources: list[dict], vmid: int | None) -> tuple[dict, list[dict]]:
-    """The busiest or the chosen guests with their last hour, and the points the view draws."""
+def _guests(client: Any, host: Host, vmid: int | None) -> tuple[list[dict], dict, list[dict]]:
+    """The inventory (one read of /cluster/resources), the busiest or the chosen guests with their
+    last hour, and the points the view draws."""
+    resources = client.get("/cluster/resources") or []
     picked, guests = _picked_guests(client, resources, vmid)
     running = sum(1 for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running")
     total = sum(1 for r in resources if r.get("type") in ("qemu", "lxc"))
     lines, charts = _history(host, guests)
-    return {"picked": picked, "running": running, "total": total,
-            "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
-            "rows": [_guest_row(g) for g in guests], "last_hour": lines}, charts
+    return resources, {"picked": picked, "running": running, "total": total,
+                       "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
+                       "rows": [_guest_row(g) for g in guests], "last_hour": lines}, charts
 
 
 # ---------------------------------------------------------------- backups: the coverage matrix
@@ -207,11 +209,16 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     """Cluster picture: nodes' CPU/memory/storage, the busiest guests' last hour (or vmid's), backup
     coverage by job, health findings. MCP Apps clients draw it; others get JSON."""
     client = pve_client(host)
-    resources = client.get("/cluster/resources") or []
-    guests, charts = _guests(client, host, resources, vmid)
+    if vmid is not None:
+        resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read
+    # the three parts side by side: the inventory and the guests' history, health, backup coverage
+    parts = in_parallel([partial(_guests, client, host, vmid), partial(workflows.health_check, host=host,
+                         pbs_host=pbs_host), partial(workflows.backup_coverage, host=host, pbs_host=pbs_host)])
+    for failed in (part for part in parts if isinstance(part, ToolFailure)):
+        raise failed
+    (resources, guests, charts), health, coverage = parts
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
-              "guests": guests, "backups": _backups(workflows.backup_coverage(host=host, pbs_host=pbs_host)),
-              "health": _health(workflows.health_check(host=host, pbs_host=pbs_host)),
+              "guests": guests, "backups": _backups(coverage), "health": _health(health),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "
                       "and list_guests list everything"}
     return View(answer, {"charts": charts} if renders_views(ctx) else None)

@@ -95,12 +95,14 @@ def test_each_shown_guest_with_its_last_hour(session, sim):
                                           for g in as_dicts(guests))
 
 
-def test_a_chosen_guest_instead_of_the_busiest(session):
+def test_a_chosen_guest_instead_of_the_busiest(session, sim):
     guests = session.ok("dashboard", {"vmid": 103})["guests"]
     assert guests["picked"] == "vmid 103" and [g["vmid"] for g in as_dicts(guests)] == [103]
     assert guests["last_hour"] == [{"vmid": 103, "note": "No CPU, memory or I/O values: the guest was not running "
                                                          "in this timeframe."}]  # 103 is stopped
-    assert "No guest with vmid 990" in session.error("dashboard", {"vmid": 990})
+    error, sent = requests_during(sim, lambda: session.error("dashboard", {"vmid": 990}))
+    assert "No guest with vmid 990" in error and "Closest existing" in error
+    assert {path for _, _, path in sent} <= {"/cluster/resources"}  # only the guest list was read
 
 
 def test_backup_coverage_as_a_matrix_of_guests_and_jobs(session):
