@@ -15,7 +15,8 @@ from pydantic import Field
 import policy
 from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, PolicyError, ProxmoxError, ToolFailure
-from inventory import check_node, node_names, resolve_guest, storage_node
+from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
+                       wearout_left)
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 
 # ================================================================ metrics
@@ -374,55 +375,10 @@ def node_logs(node: Node = None, host: Host = None,
 
 # ================================================================ disks
 
-HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
-WEAROUT_LEFT_WARN = 20  # percent of rated life left
-
-
-def _wearout_left(disk: dict) -> float | None:
-    """An SSD's `wearout`: the percent of life left (100 new), a number or a string; `N/A` for
-    disks without one (pve-storage src/PVE/Diskmanage.pm, get_wear_leveling_info)."""
-    try:
-        return float(disk.get("wearout"))
-    except (TypeError, ValueError):
-        return None
-
-
-def disk_problem(disk: dict) -> str | None:
-    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
-    health = str(disk.get("health") or "UNKNOWN")
-    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
-        return f"SMART health {health}"
-    left = _wearout_left(disk)
-    if left is not None and left < WEAROUT_LEFT_WARN:
-        return f"{left:g}% of its rated life left"
-    return None
-
-
-def pool_problem(pool: dict) -> str | None:
-    """Why a ZFS pool needs attention: a state other than ONLINE, or errors `zpool status` reports
-    (anything but "No known data errors"), or a device with read, write or checksum errors."""
-    state = str(pool.get("state") or pool.get("health") or "")
-    errors = str(pool.get("errors") or "No known data errors")
-    if state and state != "ONLINE":
-        return f"state {state}" + (f": {pool.get('status')}" if pool.get("status") else "")
-    if not errors.startswith("No known data errors"):
-        return f"errors: {errors}"
-    bad = [d["name"] for d in _vdevs(pool) if d.get("read") or d.get("write") or d.get("cksum")]
-    return f"device errors on {', '.join(bad[:4])}" if bad else None
-
-
-def _vdevs(node: dict) -> list[dict]:
-    found = []
-    for child in node.get("children") or []:
-        found.append(child)
-        found += _vdevs(child)
-    return found
-
-
 def _disk_rows(disks: list[dict]) -> dict:
     rows = [{"disk": d.get("devpath"), "type": d.get("type"), "size": human_bytes(d.get("size")),
              "model": d.get("model"), "health": d.get("health"),
-             "life_left_pct": _wearout_left(d), "used": d.get("used"), "problem": disk_problem(d)} for d in disks]
+             "life_left_pct": wearout_left(d), "used": d.get("used"), "problem": disk_problem(d)} for d in disks]
     columns = ["disk", "type", "size", "model", "health", "life_left_pct", "used"]
     return table(columns + (["problem"] if any(r["problem"] for r in rows) else []), rows)
 
@@ -437,7 +393,7 @@ def _pool_rows(pools: list[dict], details: list[Any]) -> list[dict]:
         else:
             bad = [compact({"name": d["name"], "state": d.get("state"), "read": d.get("read"), "write": d.get("write"),
                             "cksum": d.get("cksum"), "msg": d.get("msg")})
-                   for d in _vdevs(detail) if not d.get("children")
+                   for d in vdevs(detail) if not d.get("children")
                    and (d.get("state") not in (None, "ONLINE") or d.get("read") or d.get("write") or d.get("cksum"))]
             row |= compact({"errors": detail.get("errors"), "scan": detail.get("scan"), "action": detail.get("action"),
                             "problem": pool_problem(detail), "bad_devices": bad[:6]})
@@ -504,20 +460,6 @@ def node_disks(node: str, host: Host = None,
 
 # ================================================================ updates
 
-KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+-pve)(?:-signed)?$")
-
-
-def _kernels(versions: list[dict]) -> dict:
-    """The running kernel (proxmox-ve's RunningKernel) against the newest installed one: APT.pm's
-    `versions` lists installed kernel packages newest first."""
-    running = next((p.get("RunningKernel") for p in versions if p.get("RunningKernel")), None)
-    installed = [m.group(1) for p in versions if p.get("CurrentState") == "Installed"
-                 and (m := KERNEL_PACKAGE.match(str(p.get("Package", ""))))]
-    newest = installed[0] if installed else None
-    return compact({"kernel_running": running, "kernel_newest": newest,
-                    "reboot_for_kernel": bool(running and newest and running != newest) or None})
-
-
 def _pending(packages: list[dict]) -> dict:
     by_origin: dict[str, int] = {}
     for package in packages:
@@ -550,7 +492,7 @@ def node_update_status(client: ProxmoxClient, node: str) -> dict:
     for result in (versions, *everything):
         if isinstance(result, ToolFailure):
             raise result
-    row = {"node": node} | _kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
+    row = {"node": node} | kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
     if full:
         return row | _pending(everything[0]) | {"security": SECURITY_UNKNOWN}
     proxmox = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]

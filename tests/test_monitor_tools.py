@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import inventory
 import monitor_tools
 import simulator
 from conftest import requests_during, tool_session
@@ -237,14 +238,14 @@ def test_disks_without_zfs_tools_and_a_bad_smart_path(session, sim):
 
 
 def test_pool_problem_reads_real_zpool_status_shapes():
-    assert monitor_tools.pool_problem({"state": "ONLINE", "errors": "No known data errors"}) is None
-    assert monitor_tools.pool_problem({"state": "ONLINE", "errors": "2 data errors, use '-v' for a list"}) \
+    assert inventory.pool_problem({"state": "ONLINE", "errors": "No known data errors"}) is None
+    assert inventory.pool_problem({"state": "ONLINE", "errors": "2 data errors, use '-v' for a list"}) \
         == "errors: 2 data errors, use '-v' for a list"
     online_with_cksum = {"state": "ONLINE", "errors": "No known data errors", "children": [
         {"name": "rpool", "state": "ONLINE", "children": [{"name": "/dev/sda3", "state": "ONLINE", "cksum": 4}]}]}
-    assert monitor_tools.pool_problem(online_with_cksum) == "device errors on /dev/sda3"
-    assert monitor_tools.disk_problem({"health": "OK", "wearout": "100"}) is None  # SAS says OK
-    assert monitor_tools.disk_problem({"health": "UNKNOWN", "wearout": "N/A"}) is None  # no SMART: not judged
+    assert inventory.pool_problem(online_with_cksum) == "device errors on /dev/sda3"
+    assert inventory.disk_problem({"health": "OK", "wearout": "100"}) is None  # SAS says OK
+    assert inventory.disk_problem({"health": "UNKNOWN", "wearout": "N/A"}) is None  # no SMART: not judged
 
 
 # ---------------------------------------------------------------- updates
