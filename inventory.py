@@ -200,7 +200,9 @@ def vdevs(node: dict) -> list[dict]:
     return found
 
 
-KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+-pve)(?:-signed)?$")
+# proxmox-kernel-6.8.12-4-pve-signed, pve-kernel-5.15.158-2-pve, proxmox-kernel-6.14.8-2-bpo12-pve-signed; not the
+# meta packages (proxmox-kernel-6.8) or proxmox-kernel-helper
+KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+(?:-[a-z0-9]+)*-pve)(?:-signed)?$")
 
 
 def kernels(versions: list[dict]) -> dict:

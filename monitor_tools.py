@@ -90,7 +90,7 @@ def summarize(points: list[dict], kind: str, *, skip_disk: bool = False) -> dict
                  "spark": sparkline(column)}
         top = next((p.get(ceiling) for p in reversed(points) if p.get(ceiling)), None) if ceiling else None
         if top:
-            entry["of"] = f"{int(top)} cores" if unit == "cores" else human_bytes(top)
+            entry["of"] = f"{top:g} cores" if unit == "cores" else human_bytes(top)  # a CT may have 1.5
             if unit == "bytes":
                 entry["last_pct"] = percent(values[-1], top)
         series[name] = entry
@@ -344,7 +344,7 @@ def node_logs(node: Node = None, host: Host = None,
               since: Annotated[str | None, Field(description="2h or YYYY-MM-DD HH:MM")] = None,
               until: str | None = None, service: str | None = None, grep: str | None = None,
               cursor: str | None = None) -> dict:
-    """A node's syslog, journal or firewall log (a guest's with vmid), newest first; cursor pages back."""
+    """Syslog, journal or firewall log of a node (or guest: vmid), newest first; cursor pages back."""
     client = pve_client(host)
     ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid,
                                     "position": None}
@@ -430,8 +430,7 @@ def _smart(client: ProxmoxClient, node: str, disk: str) -> dict:
 
 def node_disks(node: str, host: Host = None,
                smart: str | None = None) -> dict:
-    """A node's disks with SMART health and life left, ZFS pools, LVM and thin pools; smart=/dev/sdX:
-    its SMART values."""
+    """A node's disks (SMART health, life left), ZFS pools, LVM, thin pools; smart=/dev/sdX: its attributes."""
     client = pve_client(host)
     node = check_node(client, node)
     base = f"/nodes/{node}/disks"
@@ -439,6 +438,8 @@ def node_disks(node: str, host: Host = None,
     reads = in_parallel([lambda: client.get(f"{base}/list"), lambda: client.get(f"{base}/zfs"),
                          lambda: client.get(f"{base}/lvm"), lambda: client.get(f"{base}/lvmthin")])
     got = dict(zip(names, reads, strict=True))
+    if all(isinstance(value, ToolFailure) for value in reads):
+        raise reads[0]  # nothing could be read (the node is down, say): one clear error
     answer: dict[str, Any] = {"node": node}
     unread = {name: str(value)[:200] for name, value in got.items() if isinstance(value, ToolFailure)}
     if "disks" not in unread:
@@ -503,7 +504,7 @@ SECURITY_UNKNOWN = "not told: each package names its origin (Debian, Proxmox), n
 
 
 def node_updates(node: Node = None, host: Host = None) -> dict:
-    """Per node: pending updates, running vs newest kernel, last package list refresh."""
+    """Per node: pending updates, running vs newest kernel, list refresh time."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes])
