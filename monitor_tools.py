@@ -15,7 +15,8 @@ from pydantic import Field
 import policy
 from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, PolicyError, ProxmoxError, ToolFailure
-from inventory import check_node, node_names, resolve_guest, storage_node
+from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
+                       wearout_left)
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 
 # ================================================================ metrics
@@ -89,7 +90,7 @@ def summarize(points: list[dict], kind: str, *, skip_disk: bool = False) -> dict
                  "spark": sparkline(column)}
         top = next((p.get(ceiling) for p in reversed(points) if p.get(ceiling)), None) if ceiling else None
         if top:
-            entry["of"] = f"{int(top)} cores" if unit == "cores" else human_bytes(top)
+            entry["of"] = f"{top:g} cores" if unit == "cores" else human_bytes(top)  # a CT may have 1.5
             if unit == "bytes":
                 entry["last_pct"] = percent(values[-1], top)
         series[name] = entry
@@ -343,7 +344,7 @@ def node_logs(node: Node = None, host: Host = None,
               since: Annotated[str | None, Field(description="2h or YYYY-MM-DD HH:MM")] = None,
               until: str | None = None, service: str | None = None, grep: str | None = None,
               cursor: str | None = None) -> dict:
-    """A node's syslog, journal or firewall log (a guest's with vmid), newest first; cursor pages back."""
+    """Syslog, journal or firewall log of a node (or guest: vmid), newest first; cursor pages back."""
     client = pve_client(host)
     ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid,
                                     "position": None}
@@ -374,55 +375,10 @@ def node_logs(node: Node = None, host: Host = None,
 
 # ================================================================ disks
 
-HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
-WEAROUT_LEFT_WARN = 20  # percent of rated life left
-
-
-def _wearout_left(disk: dict) -> float | None:
-    """An SSD's `wearout`: the percent of life left (100 new), a number or a string; `N/A` for
-    disks without one (pve-storage src/PVE/Diskmanage.pm, get_wear_leveling_info)."""
-    try:
-        return float(disk.get("wearout"))
-    except (TypeError, ValueError):
-        return None
-
-
-def disk_problem(disk: dict) -> str | None:
-    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
-    health = str(disk.get("health") or "UNKNOWN")
-    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
-        return f"SMART health {health}"
-    left = _wearout_left(disk)
-    if left is not None and left < WEAROUT_LEFT_WARN:
-        return f"{left:g}% of its rated life left"
-    return None
-
-
-def pool_problem(pool: dict) -> str | None:
-    """Why a ZFS pool needs attention: a state other than ONLINE, or errors `zpool status` reports
-    (anything but "No known data errors"), or a device with read, write or checksum errors."""
-    state = str(pool.get("state") or pool.get("health") or "")
-    errors = str(pool.get("errors") or "No known data errors")
-    if state and state != "ONLINE":
-        return f"state {state}" + (f": {pool.get('status')}" if pool.get("status") else "")
-    if not errors.startswith("No known data errors"):
-        return f"errors: {errors}"
-    bad = [d["name"] for d in _vdevs(pool) if d.get("read") or d.get("write") or d.get("cksum")]
-    return f"device errors on {', '.join(bad[:4])}" if bad else None
-
-
-def _vdevs(node: dict) -> list[dict]:
-    found = []
-    for child in node.get("children") or []:
-        found.append(child)
-        found += _vdevs(child)
-    return found
-
-
 def _disk_rows(disks: list[dict]) -> dict:
     rows = [{"disk": d.get("devpath"), "type": d.get("type"), "size": human_bytes(d.get("size")),
              "model": d.get("model"), "health": d.get("health"),
-             "life_left_pct": _wearout_left(d), "used": d.get("used"), "problem": disk_problem(d)} for d in disks]
+             "life_left_pct": wearout_left(d), "used": d.get("used"), "problem": disk_problem(d)} for d in disks]
     columns = ["disk", "type", "size", "model", "health", "life_left_pct", "used"]
     return table(columns + (["problem"] if any(r["problem"] for r in rows) else []), rows)
 
@@ -437,7 +393,7 @@ def _pool_rows(pools: list[dict], details: list[Any]) -> list[dict]:
         else:
             bad = [compact({"name": d["name"], "state": d.get("state"), "read": d.get("read"), "write": d.get("write"),
                             "cksum": d.get("cksum"), "msg": d.get("msg")})
-                   for d in _vdevs(detail) if not d.get("children")
+                   for d in vdevs(detail) if not d.get("children")
                    and (d.get("state") not in (None, "ONLINE") or d.get("read") or d.get("write") or d.get("cksum"))]
             row |= compact({"errors": detail.get("errors"), "scan": detail.get("scan"), "action": detail.get("action"),
                             "problem": pool_problem(detail), "bad_devices": bad[:6]})
@@ -474,8 +430,7 @@ def _smart(client: ProxmoxClient, node: str, disk: str) -> dict:
 
 def node_disks(node: str, host: Host = None,
                smart: str | None = None) -> dict:
-    """A node's disks with SMART health and life left, ZFS pools, LVM and thin pools; smart=/dev/sdX:
-    its SMART values."""
+    """A node's disks (SMART health, life left), ZFS pools, LVM, thin pools; smart=/dev/sdX: its attributes."""
     client = pve_client(host)
     node = check_node(client, node)
     base = f"/nodes/{node}/disks"
@@ -483,6 +438,8 @@ def node_disks(node: str, host: Host = None,
     reads = in_parallel([lambda: client.get(f"{base}/list"), lambda: client.get(f"{base}/zfs"),
                          lambda: client.get(f"{base}/lvm"), lambda: client.get(f"{base}/lvmthin")])
     got = dict(zip(names, reads, strict=True))
+    if all(isinstance(value, ToolFailure) for value in reads):
+        raise reads[0]  # nothing could be read (the node is down, say): one clear error
     answer: dict[str, Any] = {"node": node}
     unread = {name: str(value)[:200] for name, value in got.items() if isinstance(value, ToolFailure)}
     if "disks" not in unread:
@@ -503,20 +460,6 @@ def node_disks(node: str, host: Host = None,
 
 
 # ================================================================ updates
-
-KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+-pve)(?:-signed)?$")
-
-
-def _kernels(versions: list[dict]) -> dict:
-    """The running kernel (proxmox-ve's RunningKernel) against the newest installed one: APT.pm's
-    `versions` lists installed kernel packages newest first."""
-    running = next((p.get("RunningKernel") for p in versions if p.get("RunningKernel")), None)
-    installed = [m.group(1) for p in versions if p.get("CurrentState") == "Installed"
-                 and (m := KERNEL_PACKAGE.match(str(p.get("Package", ""))))]
-    newest = installed[0] if installed else None
-    return compact({"kernel_running": running, "kernel_newest": newest,
-                    "reboot_for_kernel": bool(running and newest and running != newest) or None})
-
 
 def _pending(packages: list[dict]) -> dict:
     by_origin: dict[str, int] = {}
@@ -550,7 +493,7 @@ def node_update_status(client: ProxmoxClient, node: str) -> dict:
     for result in (versions, *everything):
         if isinstance(result, ToolFailure):
             raise result
-    row = {"node": node} | _kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
+    row = {"node": node} | kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
     if full:
         return row | _pending(everything[0]) | {"security": SECURITY_UNKNOWN}
     proxmox = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
@@ -561,7 +504,7 @@ SECURITY_UNKNOWN = "not told: each package names its origin (Debian, Proxmox), n
 
 
 def node_updates(node: Node = None, host: Host = None) -> dict:
-    """Per node: pending updates, running vs newest kernel, last package list refresh."""
+    """Per node: pending updates, running vs newest kernel, list refresh time."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes])

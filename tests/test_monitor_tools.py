@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import inventory
 import monitor_tools
 import simulator
 from conftest import requests_during, tool_session
@@ -237,14 +238,14 @@ def test_disks_without_zfs_tools_and_a_bad_smart_path(session, sim):
 
 
 def test_pool_problem_reads_real_zpool_status_shapes():
-    assert monitor_tools.pool_problem({"state": "ONLINE", "errors": "No known data errors"}) is None
-    assert monitor_tools.pool_problem({"state": "ONLINE", "errors": "2 data errors, use '-v' for a list"}) \
+    assert inventory.pool_problem({"state": "ONLINE", "errors": "No known data errors"}) is None
+    assert inventory.pool_problem({"state": "ONLINE", "errors": "2 data errors, use '-v' for a list"}) \
         == "errors: 2 data errors, use '-v' for a list"
     online_with_cksum = {"state": "ONLINE", "errors": "No known data errors", "children": [
         {"name": "rpool", "state": "ONLINE", "children": [{"name": "/dev/sda3", "state": "ONLINE", "cksum": 4}]}]}
-    assert monitor_tools.pool_problem(online_with_cksum) == "device errors on /dev/sda3"
-    assert monitor_tools.disk_problem({"health": "OK", "wearout": "100"}) is None  # SAS says OK
-    assert monitor_tools.disk_problem({"health": "UNKNOWN", "wearout": "N/A"}) is None  # no SMART: not judged
+    assert inventory.pool_problem(online_with_cksum) == "device errors on /dev/sda3"
+    assert inventory.disk_problem({"health": "OK", "wearout": "100"}) is None  # SAS says OK
+    assert inventory.disk_problem({"health": "UNKNOWN", "wearout": "N/A"}) is None  # no SMART: not judged
 
 
 # ---------------------------------------------------------------- updates
@@ -271,3 +272,31 @@ def test_updates_with_sys_modify_list_everything_and_a_pending_kernel(sim):
     assert row["pending"] == 2 and row["by_origin"] == {"Debian": 1, "Proxmox": 1}
     assert row["security"].startswith("not told") and "covers" not in row
     assert row["kernel_newest"] == "6.14.11-3-pve" and row["reboot_for_kernel"] is True
+
+
+# ---------------------------------------------------------------- a node that is down
+
+def test_a_node_that_is_down_is_one_clear_error_and_does_not_hide_the_others(session, sim):
+    sim.lab.down_nodes.add("pve3")
+    try:
+        for tool, arguments in (("metrics", {"node": "pve3"}), ("node_disks", {"node": "pve3"})):
+            message = session.error(tool, arguments)
+            assert "Node 'pve3' is unreachable" in message and "\n" not in message
+        answer = session.ok("node_updates", {})
+        assert [row["node"] for row in answer["nodes"]] == ["pve1", "pve2"]
+        assert "unreachable" in answer["unavailable"]["pve3"]
+    finally:
+        sim.lab.down_nodes.discard("pve3")
+
+
+def test_kernels_from_a_real_shaped_versions_answer():
+    """APT.pm `versions`: proxmox-ve carries RunningKernel; kernel packages come newest first, meta
+    packages and proxmox-kernel-helper among them."""
+    versions = [{"Package": "proxmox-ve", "CurrentState": "Installed", "RunningKernel": "6.8.12-4-pve"},
+                {"Package": "pve-manager", "CurrentState": "Installed", "ManagerVersion": "8.3.2"},
+                {"Package": "proxmox-kernel-helper", "CurrentState": "Installed"},
+                {"Package": "proxmox-kernel-6.8.12-5-pve-signed", "CurrentState": "Installed"},
+                {"Package": "proxmox-kernel-6.8", "CurrentState": "Installed"},
+                {"Package": "proxmox-kernel-6.8.12-4-pve-signed", "CurrentState": "Installed"}]
+    assert inventory.kernels(versions) == {"kernel_running": "6.8.12-4-pve", "kernel_newest": "6.8.12-5-pve",
+                                           "reboot_for_kernel": True}
