@@ -21,11 +21,9 @@ VIEW_URI = "ui://proxmox/dashboard.html"
 VIEW_HTML = Path(__file__).with_name("dashboard.html")
 # How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
 # at a thousand guests (tests/test_dashboard.py).
-SHOWN = {"nodes": 16, "storages": 16, "guests": 4, "backups": 20, "jobs": 6, "findings": 10, "orphans": 5}
+SHOWN = {"nodes": 16, "storages": 16, "guests": 4, "backups": 20, "jobs": 6, "findings": 10}
 # The guest history shown: metrics' series (per point: cpu_pct, mem in bytes, rates in bytes/s).
 HISTORY = ("cpu", "mem", "netin", "netout")
-# Backup states as backup_coverage names them, those that need attention first.
-BACKUP_ORDER = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 3}
 
 
 def _more(total: int, shown: int) -> dict[str, int]:
@@ -160,42 +158,39 @@ def _job_cell(row: dict, job: str) -> str:
 
 
 def _backups(coverage: dict) -> dict:
-    """backup_coverage as a matrix: a row per guest (those that need attention first), its state,
-    newest backup and where it is, and a column per backup job (covers, excludes or nothing)."""
-    rows = sorted(_rows(coverage.get("guests") or {}),
-                  key=lambda r: (BACKUP_ORDER.get(r.get("state"), 0), int(r["vmid"])))
+    """backup_coverage as a matrix: its counts by state, then a row per guest as it ranks them (those
+    that need attention first): state, newest backup and where it is, and a column per backup job of
+    those guests (covers, excludes or nothing)."""
+    page = coverage.get("guests") or {}
+    rows = _rows(page)[:SHOWN["backups"]]
     jobs = sorted({job for r in rows for job in (r.get("jobs", "") + "," + r.get("excluded_by", "")).split(",")
                    if job})
     shown_jobs = jobs[:SHOWN["jobs"]]
     columns = ["vmid", "name", "state", "age_h", "where", "verify", *shown_jobs]
     matrix = [[r["vmid"], r.get("name") or "", r.get("state"), r.get("age_h", ""), r.get("where", ""),
-               r.get("verify", ""), *(_job_cell(r, job) for job in shown_jobs)] for r in rows[:SHOWN["backups"]]]
-    states = {state: sum(r.get("state") == state for r in rows) for state in BACKUP_ORDER}
-    orphans = coverage.get("orphan_pbs_groups") or []
-    answer = {"summary": {s: n for s, n in states.items() if n}, "columns": columns, "rows": matrix,
-              "total": len(rows)} | _more(len(rows), SHOWN["backups"])
+               r.get("verify", ""), *(_job_cell(r, job) for job in shown_jobs)] for r in rows]
+    total = page.get("total", len(rows))
+    answer = {"summary": coverage.get("states") or {}, "columns": columns, "rows": matrix,
+              "total": total} | _more(total, len(rows))
     if len(jobs) > len(shown_jobs):
         answer["more_jobs"] = len(jobs) - len(shown_jobs)
-    if orphans:
-        answer["orphan_pbs_groups"] = orphans[:SHOWN["orphans"]] + ([f"+{len(orphans) - SHOWN['orphans']} more"]
-                                                                     if len(orphans) > SHOWN["orphans"] else [])
+    if coverage.get("orphan_pbs_groups"):  # cut by backup_coverage itself, with a "+N more" entry
+        answer["orphan_pbs_groups"] = coverage["orphan_pbs_groups"]
     return answer | _unread(coverage)
 
 
 # ---------------------------------------------------------------- health
 
 def _unread(report: dict) -> dict:
-    """The sections a workflow could not read, by name (its own answer has the reasons)."""
+    """The sections a workflow could not read, by name (its own answer has the reasons; it cuts the
+    list with a "+N more" entry)."""
     sections = [u["section"] for u in report.get("unavailable") or []]
-    return {"unavailable": sections[:SHOWN["findings"]] + _more_text(len(sections), SHOWN["findings"])} \
-        if sections else {}
-
-
-def _more_text(total: int, shown: int) -> list[str]:
-    return [f"+{total - shown} more"] if total > shown else []
+    return {"unavailable": sections} if sections else {}
 
 
 def _health(report: dict) -> dict:
+    """health_check's counts and its first findings, worst first (findings alike come folded into one
+    that counts them: health_check's answer)."""
     findings = report.get("findings") or []
     rows = [[f["severity"], f["area"], f["finding"]] for f in findings[:SHOWN["findings"]]]
     return {"summary": report.get("summary") or {}, "columns": ["severity", "area", "finding"], "rows": rows,
@@ -211,12 +206,11 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     client = pve_client(host)
     if vmid is not None:
         resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read
-    # the three parts side by side: the inventory and the guests' history, health, backup coverage
-    parts = in_parallel([partial(_guests, client, host, vmid), partial(workflows.health_check, host=host,
-                         pbs_host=pbs_host), partial(workflows.backup_coverage, host=host, pbs_host=pbs_host)])
-    for failed in (part for part in parts if isinstance(part, ToolFailure)):
-        raise failed
-    (resources, guests, charts), health, coverage = parts
+    # One part after the other, each reading side by side within (in_parallel): run inside one of its
+    # reads, the workflows' own reads of every node would go one by one.
+    resources, guests, charts = _guests(client, host, vmid)
+    health = workflows.health_check(host=host, pbs_host=pbs_host)
+    coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
               "guests": guests, "backups": _backups(coverage), "health": _health(health),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "

@@ -118,6 +118,21 @@ def test_backup_coverage_as_a_matrix_of_guests_and_jobs(session):
     assert rows[2]["where"] == "pbs:backup" and rows[2]["age_h"] > 100
 
 
+def test_what_could_not_be_read_is_said_not_shown_as_healthy(session, sim):
+    """A node that is down and a Backup Server datastore that fails: the node is shown as it is and
+    the sections that could not be read are named."""
+    sim.lab.down_nodes.add("pve3")
+    sim.lab.fail.append((r"^/admin/datastore/backup/snapshots", 500, "datastore 'backup' is not mounted"))
+    try:
+        answer = session.ok("dashboard")
+    finally:
+        sim.lab.down_nodes.discard("pve3")
+        sim.lab.fail.pop()
+    assert {n["node"]: n["status"] for n in as_dicts(answer["nodes"])}["pve3"] != "online"
+    assert "pbs:backup" in answer["backups"]["unavailable"]
+    assert answer["health"]["summary"]["critical"] >= 1
+
+
 def test_the_same_findings_as_health_check(session):
     health = session.ok("health_check")
     shown = session.ok("dashboard")["health"]

@@ -257,6 +257,20 @@ def test_a_failed_call_is_shown_as_the_error(browser, drawn, tmp_path):
     assert browser.run("return document.getElementById('error').textContent") == "No guest with vmid 990 on host 'lab'."
 
 
+def test_what_was_not_read_and_what_is_down_are_shown(browser, drawn, tmp_path):
+    view, result, _ = drawn
+    changed = json.loads(json.dumps(result))
+    data = changed["structuredContent"]
+    data["nodes"]["rows"][2][1] = "offline"  # pve3
+    data["backups"]["unavailable"] = ["pbs:backup", "+3 more"]
+    data["backups"]["more"] = 7
+    show(browser, host_page(tmp_path, view, changed))
+    assert browser.run("return document.querySelector('[data-node=\"pve3\"] .status circle').getAttribute('class')") \
+        == "dot-crit"
+    notes = browser.run("return [...document.querySelectorAll('#backups .note')].map(n => n.textContent)")
+    assert "Not read: pbs:backup, +3 more" in notes and "+7 more guests (backup_coverage pages through them)" in notes
+
+
 def test_text_from_proxmox_is_never_markup(browser, drawn, tmp_path):
     """A guest name or finding that looks like HTML is shown as text: nothing it holds runs."""
     view, result, _ = drawn
