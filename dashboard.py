@@ -107,12 +107,12 @@ def _points(raw: dict, guest: dict) -> dict[str, list]:
     """metrics' raw points (newest first) as series oldest first; memory as a share of the guest's."""
     rows = [dict(zip(raw["columns"], row, strict=True)) for row in reversed(raw["rows"])]
     top = guest.get("maxmem")
-    def value(row: dict, name: str) -> float | None:
+    def value(row: dict, name: str) -> float | None:  # as precise as a chart 200 points wide can show
         if name == "cpu":
-            return row.get("cpu_pct")
+            return round(row["cpu_pct"], 1) if isinstance(row.get("cpu_pct"), (int, float)) else None
         if name == "mem":
             return percent(row["mem"], top) if isinstance(row.get("mem"), (int, float)) and top else None
-        return row.get(name)
+        return round(row[name]) if isinstance(row.get(name), (int, float)) else None
     return {name: [value(row, name) for row in rows] for name in HISTORY}
 
 
