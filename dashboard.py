@@ -17,8 +17,7 @@ from errors import ToolFailure
 from inventory import resolve_guest
 from proxmox_client import in_parallel, pve_client
 
-VIEW_URI = "ui://proxmox/dashboard.html"
-VIEW_HTML = Path(__file__).with_name("dashboard.html")
+VIEW_HTML = Path(__file__).with_name("dashboard.html")  # served as ui://proxmox/dashboard.html (server.view_uri)
 # How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
 # at a thousand guests (tests/test_dashboard.py).
 SHOWN = {"nodes": 16, "storages": 16, "guests": 4, "backups": 20, "jobs": 6, "findings": 10}
@@ -214,5 +213,5 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
               "guests": guests, "backups": _backups(coverage), "health": _health(health),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "
-                      "and list_guests list everything"}
+                      "(by offset) and list_guests show the rest"}
     return View(answer, {"charts": charts} if renders_views(ctx) else None)
