@@ -954,8 +954,8 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     """This run's configuration (the environment, then .env files, or the demo lab), checked, its
     secrets registered for masking; and the address to bind in HTTP mode."""
     env, env_files = read_env_files()
-    if args.demo:
-        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
+    if args.demo:  # no host of the user's is reached; which tools are offered stays theirs to choose
+        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_")) or k == "PROXMOX_TOOLSETS"}
         env |= demo_environment()
         if args.http:
             env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))

@@ -235,3 +235,10 @@ def test_the_server_declares_the_extension_where_the_protocol_carries_it(sim):
         assert APPS in (modern.client.server_capabilities.extensions or {})
         result = modern.call("dashboard")
         assert result.structured_content is not None and not result.is_error
+
+
+def test_the_demo_offers_it_with_the_monitor_toolset():
+    """`PROXMOX_TOOLSETS=default,monitor python server.py --demo`: the README's way to see it."""
+    with stdio_session(MONITOR, args=["--demo"], log_name="dashboard-demo") as demo:
+        answer = demo.ok("dashboard")
+        assert answer["host"] == "demo" and answer["nodes"]["total"] == 3 and answer["guests"]["rows"]
