@@ -300,3 +300,21 @@ def test_kernels_from_a_real_shaped_versions_answer():
                 {"Package": "proxmox-kernel-6.8.12-4-pve-signed", "CurrentState": "Installed"}]
     assert inventory.kernels(versions) == {"kernel_running": "6.8.12-4-pve", "kernel_newest": "6.8.12-5-pve",
                                            "reboot_for_kernel": True}
+
+
+# ---------------------------------------------------------------- list_guests sort_by
+
+def test_list_guests_sorted_by_what_uses_the_most_now(session, sim):
+    before, sim.lab.guests[105]["cpu"] = sim.lab.guests[105]["cpu"], 0.9  # ci-runner is busy
+    try:
+        answer = session.ok("list_guests", {"sort_by": "cpu", "limit": 3})
+    finally:
+        sim.lab.guests[105]["cpu"] = before
+    assert answer["columns"][-1] == "cpu_pct" and answer["rows"][0][0] == 105 and answer["rows"][0][-1] == 90.0
+    cpu = [row[-1] for row in answer["rows"]]
+    assert cpu == sorted(cpu, reverse=True)
+    by_memory = session.ok("list_guests", {"sort_by": "mem"})
+    assert by_memory["columns"][-1] == "mem" and by_memory["rows"][0][-1].endswith("GiB")
+    by_traffic = session.ok("list_guests", {"sort_by": "netin"})
+    assert "since each guest started" in by_traffic["note"]  # /cluster/resources counts, not rates
+    assert "cpu_pct" not in session.ok("list_guests")["columns"]
