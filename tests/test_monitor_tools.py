@@ -318,3 +318,15 @@ def test_list_guests_sorted_by_what_uses_the_most_now(session, sim):
     by_traffic = session.ok("list_guests", {"sort_by": "netin"})
     assert "since each guest started" in by_traffic["note"]  # /cluster/resources counts, not rates
     assert "cpu_pct" not in session.ok("list_guests")["columns"]
+
+
+def test_logs_refused_by_proxmox_name_the_grant_too(sim):
+    """When the token's privileges could not be read, Proxmox's 403 is answered the same way."""
+    sim.lab.fail.append((r"^/access/permissions$", 500, "pvedaemon busy"))
+    try:
+        with tool_session(sim.env() | {"PROXMOX_TOOLSETS": "monitor"}, log_name="monitor-unknown") as unknown:
+            message, sent = requests_during(sim, lambda: unknown.error("node_logs", {"node": "pve2"}))
+    finally:
+        sim.lab.fail.clear()
+    assert any(path == "/nodes/pve2/syslog" for _, _, path in sent)  # it had to ask
+    assert "needs Sys.Syslog on /nodes/pve2" in message and "pveum role add LogReader" in message
