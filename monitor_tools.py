@@ -14,7 +14,7 @@ from pydantic import Field
 
 import policy
 from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
-from errors import InvalidArgument, PolicyError, ProxmoxError, ToolFailure
+from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
                        wearout_left)
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
@@ -328,14 +328,16 @@ def _as_cursor(ask: dict, position: Any) -> str:
     return "|".join("" if values.get(k) is None else str(values[k]) for k in CURSOR_FIELDS)
 
 
-def _refused(exc: ToolFailure, node: str, client: ProxmoxClient) -> ToolFailure:
-    """A log read the token may not do, said with the one grant it needs."""
-    refused = isinstance(exc, PolicyError) or (isinstance(exc, ProxmoxError) and exc.status == 403)
-    if not refused or "Sys.Syslog" not in str(exc):
-        return exc
+def _syslog_grant(client: ProxmoxClient, node: str) -> ProxmoxError:
     user, _, token = client.host.token_id.partition("!")
     return ProxmoxError(f"Reading the log of node '{node}' " + SYSLOG_GRANT.format(
-        node=node, user=user, token=client.host.token_id if token else user))
+        node=node, user=user, token=client.host.token_id if token else user), status=403)
+
+
+def _needs_syslog(client: ProxmoxClient, ask: dict) -> bool:
+    """Every log read needs Sys.Syslog on the node, but a guest's firewall log read through the
+    guest's own endpoint (VM.Console) (docs/PROXMOX-BEHAVIOUR.md#system-logs)."""
+    return not (ask["vmid"] and policy.holds(client.host, "VM.Console", f"/vms/{ask['vmid']}") is not False)
 
 
 def node_logs(node: Node = None, host: Host = None,
@@ -361,10 +363,14 @@ def node_logs(node: Node = None, host: Host = None,
     if ask["source"] == "journal" and ask["service"]:  # this API's journal takes no service: its identifier
         wanted = ask["service"].removesuffix(".service")
         page.keep = lambda text: (m := JOURNAL_LINE.match(text)) is not None and m.group(1) == wanted  # noqa: E731
+    if _needs_syslog(client, ask) and policy.holds(client.host, "Sys.Syslog", f"/nodes/{node}") is False:
+        raise _syslog_grant(client, node)  # known before sending: say the one grant it takes
     try:
         position = READERS[ask["source"]](client, node, ask, page)
-    except ToolFailure as exc:
-        raise _refused(exc, node, client) from None
+    except ProxmoxError as exc:
+        if exc.status == 403 and _needs_syslog(client, ask):  # privileges not read: Proxmox refused
+            raise _syslog_grant(client, node) from None
+        raise
     answer = compact({"node": node, "source": ask["source"], "vmid": ask["vmid"],
                       "next_cursor": _as_cursor(ask, position) if position is not None else None}) | {
         "lines": page.lines, "untrusted": True}

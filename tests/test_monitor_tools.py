@@ -300,3 +300,33 @@ def test_kernels_from_a_real_shaped_versions_answer():
                 {"Package": "proxmox-kernel-6.8.12-4-pve-signed", "CurrentState": "Installed"}]
     assert inventory.kernels(versions) == {"kernel_running": "6.8.12-4-pve", "kernel_newest": "6.8.12-5-pve",
                                            "reboot_for_kernel": True}
+
+
+# ---------------------------------------------------------------- list_guests sort_by
+
+def test_list_guests_sorted_by_what_uses_the_most_now(session, sim):
+    before, sim.lab.guests[105]["cpu"] = sim.lab.guests[105]["cpu"], 0.9  # ci-runner is busy
+    try:
+        answer = session.ok("list_guests", {"sort_by": "cpu", "limit": 3})
+    finally:
+        sim.lab.guests[105]["cpu"] = before
+    assert answer["columns"][-1] == "cpu_pct" and answer["rows"][0][0] == 105 and answer["rows"][0][-1] == 90.0
+    cpu = [row[-1] for row in answer["rows"]]
+    assert cpu == sorted(cpu, reverse=True)
+    by_memory = session.ok("list_guests", {"sort_by": "mem"})
+    assert by_memory["columns"][-1] == "mem" and by_memory["rows"][0][-1].endswith("GiB")
+    by_traffic = session.ok("list_guests", {"sort_by": "netin"})
+    assert "since each guest started" in by_traffic["note"]  # /cluster/resources counts, not rates
+    assert "cpu_pct" not in session.ok("list_guests")["columns"]
+
+
+def test_logs_refused_by_proxmox_name_the_grant_too(sim):
+    """When the token's privileges could not be read, Proxmox's 403 is answered the same way."""
+    sim.lab.fail.append((r"^/access/permissions$", 500, "pvedaemon busy"))
+    try:
+        with tool_session(sim.env() | {"PROXMOX_TOOLSETS": "monitor"}, log_name="monitor-unknown") as unknown:
+            message, sent = requests_during(sim, lambda: unknown.error("node_logs", {"node": "pve2"}))
+    finally:
+        sim.lab.fail.clear()
+    assert any(path == "/nodes/pve2/syslog" for _, _, path in sent)  # it had to ask
+    assert "needs Sys.Syslog on /nodes/pve2" in message and "pveum role add LogReader" in message
