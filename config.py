@@ -39,7 +39,8 @@ HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE"
 GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
-TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups")
+TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
+                  "monitor")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")

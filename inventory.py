@@ -1,11 +1,15 @@
 """What exists on a Proxmox VE cluster, as the tools look it up: guests by vmid, nodes by name,
 the next free vmid, a node's bridges, where a storage is. Names are checked here before a tool
-sends anything, and an unknown one is answered with the names that exist.
+sends anything, and an unknown one is answered with the names that exist. Also how a node's
+disks, ZFS pools and kernel are judged (node_disks, node_updates and health_check share it).
 
 Guests and node names are kept a few seconds on the client (ProxmoxClient.cached); any write
 drops the guests, as it may have created, moved or deleted one.
 """
 
+import re
+
+from answers import compact
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
 
@@ -167,3 +171,67 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
         raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
                               f"node's own disk: restore it there (node={holders[0]}).")
     raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
+
+
+# ---------------------------------------------------------------- node hardware and packages, judged
+# (node_disks and node_updates show these; health_check reports them: docs/PROXMOX-BEHAVIOUR.md#node-monitoring)
+
+HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
+WEAROUT_LEFT_WARN = 20  # percent of rated life left
+
+
+def wearout_left(disk: dict) -> float | None:
+    """An SSD's `wearout`: the percent of life left (100 new), a number or a string; `N/A` for
+    disks without one (pve-storage src/PVE/Diskmanage.pm, get_wear_leveling_info)."""
+    try:
+        return float(disk.get("wearout"))
+    except (TypeError, ValueError):
+        return None
+
+
+def disk_problem(disk: dict) -> str | None:
+    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
+    health = str(disk.get("health") or "UNKNOWN")
+    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
+        return f"SMART health {health}"
+    left = wearout_left(disk)
+    if left is not None and left < WEAROUT_LEFT_WARN:
+        return f"{left:g}% of its rated life left"
+    return None
+
+
+def pool_problem(pool: dict) -> str | None:
+    """Why a ZFS pool needs attention: a state other than ONLINE, or errors `zpool status` reports
+    (anything but "No known data errors"), or a device with read, write or checksum errors."""
+    state = str(pool.get("state") or pool.get("health") or "")
+    errors = str(pool.get("errors") or "No known data errors")
+    if state and state != "ONLINE":
+        return f"state {state}" + (f": {pool.get('status')}" if pool.get("status") else "")
+    if not errors.startswith("No known data errors"):
+        return f"errors: {errors}"
+    bad = [d["name"] for d in vdevs(pool) if d.get("read") or d.get("write") or d.get("cksum")]
+    return f"device errors on {', '.join(bad[:4])}" if bad else None
+
+
+def vdevs(node: dict) -> list[dict]:
+    found = []
+    for child in node.get("children") or []:
+        found.append(child)
+        found += vdevs(child)
+    return found
+
+
+# proxmox-kernel-6.8.12-4-pve-signed, pve-kernel-5.15.158-2-pve, proxmox-kernel-6.14.8-2-bpo12-pve-signed; not the
+# meta packages (proxmox-kernel-6.8) or proxmox-kernel-helper
+KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+(?:-[a-z0-9]+)*-pve)(?:-signed)?$")
+
+
+def kernels(versions: list[dict]) -> dict:
+    """The running kernel (proxmox-ve's RunningKernel) against the newest installed one: APT.pm's
+    `versions` lists installed kernel packages newest first."""
+    running = next((p.get("RunningKernel") for p in versions if p.get("RunningKernel")), None)
+    installed = [m.group(1) for p in versions if p.get("CurrentState") == "Installed"
+                 and (m := KERNEL_PACKAGE.match(str(p.get("Package", ""))))]
+    newest = installed[0] if installed else None
+    return compact({"kernel_running": running, "kernel_newest": newest,
+                    "reboot_for_kernel": bool(running and newest and running != newest) or None})

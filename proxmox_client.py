@@ -8,6 +8,7 @@ are waited for here too (`wait_task`), and answered as the tools answer them (`r
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import os
@@ -71,6 +72,10 @@ CONNECT_CAUSES = (
      "the name does not resolve (DNS)"),
 )
 SLOW_CONNECT_FAILURE = 1.0  # seconds: a connect failure this slow is not tried again within the connect timeout
+# Reads that do not depend on each other go side by side: at most this many nodes (or storages) at
+# once, each node's own reads together (in_parallel); the connections kept per host cover that.
+AT_ONCE = 8
+POOL_SIZE = 48  # urllib3's default keeps 10 and opens (and then drops) a new TLS connection beyond them
 
 @dataclass
 class HostConfig:
@@ -110,7 +115,64 @@ def _pinned_adapter(fingerprint: str) -> Any:
         def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
             kwargs["assert_fingerprint"] = fingerprint
             super().init_poolmanager(*args, **kwargs)
-    return PinnedAdapter()
+    return PinnedAdapter(pool_maxsize=POOL_SIZE)
+
+
+def in_parallel(calls: list[Callable[[], Any]], limit: int = AT_ONCE) -> list[Any]:
+    """Run independent reads side by side, at most `limit` at once, on threads kept for the next
+    time (starting 40 threads per call cost more than the reads on a busy machine), each in a copy
+    of the caller's context (the policy's call state). The results come in the order of `calls`; a
+    call that failed with a ToolFailure leaves that exception in its place (anything else raises).
+    Called from inside such a read, the calls run one after another: a worker never waits for
+    workers, so the shared threads cannot all end up waiting."""
+    if len(calls) < 2 or limit < 2 or getattr(_worker_state, "busy", False):
+        return [_outcome(call) for call in calls]
+    from concurrent.futures import FIRST_COMPLETED, wait
+    pool, results = _executor(), [None] * len(calls)
+    waiting = iter(enumerate(calls))
+    running: dict[Any, int] = {}
+
+    def start_next() -> None:
+        for index, call in waiting:
+            running[pool.submit(_in_worker, contextvars.copy_context(), call)] = index
+            return
+    for _ in range(min(limit, len(calls))):
+        start_next()
+    while running:
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[running.pop(future)] = future.result()
+            start_next()
+    return results
+
+
+POOL_THREADS = 64  # shared by every tool call: also the bound on reads in flight from this server
+_worker_state = threading.local()
+_pool: list[Any] = []
+_pool_lock = threading.Lock()
+
+
+def _executor() -> Any:
+    with _pool_lock:
+        if not _pool:
+            from concurrent.futures import ThreadPoolExecutor
+            _pool.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="read"))
+        return _pool[0]
+
+
+def _in_worker(context: contextvars.Context, call: Callable[[], Any]) -> Any:
+    _worker_state.busy = True
+    try:
+        return context.run(_outcome, call)
+    finally:
+        _worker_state.busy = False
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ToolFailure as exc:
+        return exc
 
 
 def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
@@ -199,11 +261,18 @@ def encode_params(params: dict[str, Any] | None) -> dict[str, Any]:
 class ProxmoxClient:
     def __init__(self, host: HostConfig):
         import requests
+        from requests.adapters import HTTPAdapter
         self.host = host
         self.product = PRODUCTS[host.product]
         self.base = host.url.rstrip("/") + "/api2/json"
+        # One session per host, shared by the reads that run side by side (in_parallel): each request
+        # passes its own headers, timeouts and TLS setting, Proxmox sets no cookies on API answers, and
+        # urllib3's connection pool is thread-safe (docs/BENCHMARKS.md#reading-nodes-side-by-side).
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "proxmox-mcp"
+        for scheme in ("https://", "http://"):
+            self.session.mount(scheme, HTTPAdapter(pool_maxsize=POOL_SIZE))
+        self._envelope = threading.local()  # the last answer's `total` in this thread (get_counted)
         self._permissions_lock = threading.Lock()
         self._ticket: tuple[str, str, float] | None = None  # (ticket, CSRF token, when it was issued)
         self._login_lock = threading.Lock()
@@ -398,7 +467,9 @@ class ProxmoxClient:
             return {"download": f"a file of {len(response.content)} bytes, not shown",
                     "next": "write_restore_file saves files from backups"}
         try:
-            return response.json().get("data")
+            body = response.json()
+            self._envelope.total = body.get("total")
+            return body.get("data")
         except ValueError:
             raise ProxmoxError(f"Host '{self.host.label}' sent a non-JSON answer to {method} {path}; "
                                f"is {self.host.url} really {self.product.name}?") from None
@@ -437,6 +508,11 @@ class ProxmoxClient:
             if response.status_code >= 400:
                 raise self._http_error("GET", decision.path, response)
             return _save(response, destination, max_bytes, f"{decision.path} on host '{self.host.label}'")
+
+    def get_counted(self, path: str, **params: Any) -> tuple[Any, int | None]:
+        """A GET and the `total` its answer's envelope carries (logs count every line, shown or not)."""
+        self._envelope.total = None
+        return self.get(path, **params), self._envelope.total
 
     def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
                until_write: bool = False) -> Any:

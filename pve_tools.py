@@ -67,11 +67,15 @@ def list_guests(host: Host = None,
                 status: str | None = None,
                 tag: str | None = None,
                 name: str | None = None,
+                sort_by: Literal["cpu", "mem", "disk", "netin", "netout"] | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
     """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
     client = pve_client(host)
     rows = []
-    for guest in sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"]):
+    guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
+    if sort_by:  # busiest first
+        guests.sort(key=lambda g: -(g.get(sort_by) or 0))
+    for guest in guests:
         tags = (guest.get("tags") or "").split(";")
         if (node and guest.get("node") != node) or (type and guest.get("type") != type) \
                 or (status and guest.get("status") != status) or (tag and tag not in tags) \
@@ -80,15 +84,28 @@ def list_guests(host: Host = None,
         rows.append({"vmid": guest["vmid"], "name": guest.get("name"), "type": guest.get("type"),
                      "node": guest.get("node"), "status": guest.get("status"),
                      "maxmem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
-                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None})
-    columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"]
+                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None}
+                    | _usage(guest, sort_by))
+    columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"] + list(_usage({}, sort_by))
     for optional in ("lock", "template"):
         if any(r[optional] for r in rows):
             columns.append(optional)
     result = table(columns, rows, limit=limit, offset=offset)
     if not rows and not any((node, type, status, tag, name)):
         result["note"] = EMPTY_HINT
+    elif sort_by in ("netin", "netout"):
+        result["note"] = f"{sort_by}: bytes since each guest started; metrics gives the rate over time."
     return result
+
+
+def _usage(guest: dict, sort_by: str | None) -> dict:
+    """The column list_guests sorts by: CPU as a share of the guest's cores, the rest in bytes
+    (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
+    if not sort_by:
+        return {}
+    if sort_by == "cpu":
+        return {"cpu_pct": percent(guest.get("cpu"), 1)}
+    return {sort_by: human_bytes(guest.get(sort_by))}
 
 
 GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "agent", "pid", "tags",

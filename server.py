@@ -39,6 +39,8 @@ import policy
 import proxmox_client
 import api_tools
 import file_restore
+import dashboard
+import monitor_tools
 import pbs_tools
 import pve_tools
 import shell_tools
@@ -83,6 +85,7 @@ class ToolSpec:
     ssh: bool = False  # offered only when SSH access is configured
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
     setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
+    view: Path | None = None  # an MCP Apps view (HTML) that draws its answer: view_uri(view) in the tool's _meta
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -221,6 +224,11 @@ TOOLS = [
     ToolSpec(file_restore.backup_files, "sensitive", "", "backups"),
     ToolSpec(file_restore.write_restore_file, "write", "", "backups", also=("sensitive",),
              setting="PROXMOX_RESTORE_DIR"),
+    ToolSpec(monitor_tools.metrics, "read", "pve", "monitor", ("VM.Audit", "Sys.Audit", "Datastore.Audit")),
+    ToolSpec(monitor_tools.node_logs, "read", "pve", "monitor"),  # offered without Sys.Syslog: it names the grant
+    ToolSpec(monitor_tools.node_disks, "read", "pve", "monitor", ("Sys.Audit",)),
+    ToolSpec(monitor_tools.node_updates, "read", "pve", "monitor", ("Sys.Audit",)),
+    ToolSpec(dashboard.dashboard, "read", "pve", "monitor", view=dashboard.VIEW_HTML),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
@@ -410,7 +418,7 @@ def as_tool(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
-             **kwargs: Any) -> str:
+             **kwargs: Any) -> Any:
         call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
@@ -423,12 +431,25 @@ def as_tool(function: Callable) -> Callable:
             raise ToolError(policy.mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
+        view_data = None
+        if isinstance(result, answers.View):
+            result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:
         return with_confirmation(tool, function)
     return tool
+
+
+def view_result(text: str, data: dict) -> Any:
+    """The result of a tool with a view, for a client that renders it: the compact answer as text (what
+    the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
+    hosts hand the view the whole result and keep structuredContent out of the model's context)."""
+    from mcp_types import CallToolResult, TextContent
+    structured = json.loads(policy.mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
 # ---------------------------------------------------------------- arguments that fail validation
@@ -461,6 +482,8 @@ NAMED_EXAMPLES = {
     "reference": "docker.io/library/nginx:latest", "user": "debian", "password": "a long passphrase",
     "dns": "192.0.2.1 example.org", "cloudinit": {"user": "debian", "ip": {"net0": "dhcp"}},
     "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
+    "since": "2h", "until": "1h", "grep": "error", "service": "pvedaemon", "cursor": "syslog|812||||",
+    "smart": "/dev/sda",
 }
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
@@ -747,12 +770,33 @@ def slim_schema(schema: dict, needless: set[str] = frozenset()) -> dict:
 
 
 def make_tool(spec: ToolSpec):
-    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, the
-    MCP edge around its function (as_tool); the schema still in full (slim_schema trims it)."""
+    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
+    view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
+    still in full (slim_schema trims it)."""
     from mcp.server.mcpserver.tools import Tool
     return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                               description=" ".join((spec.function.__doc__ or "").split()),
-                              annotations=annotations_for(spec), structured_output=False)
+                              annotations=annotations_for(spec), structured_output=False,
+                              meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
+
+
+def view_uri(html: Path) -> str:
+    return f"ui://proxmox/{html.name}"
+
+
+def views_extension(specs: list[ToolSpec]) -> list:
+    """The MCP Apps extension (mcp.server.apps) serving the views of the offered tools as ui://
+    resources (text/html;profile=mcp-app), or nothing when no offered tool has one. The views need no
+    network: no CSP domains are declared, so hosts apply the extension's most restrictive policy."""
+    from mcp.server.apps import Apps
+    views = sorted({spec.view for spec in specs if spec.view})
+    if not views:
+        return []
+    apps = Apps()
+    for html in views:
+        apps.add_html_resource(view_uri(html), html.read_text(), name=html.stem, prefers_border=True,
+                               description=f"the view of the {html.stem} tool")
+    return [apps]
 
 
 def build_server(config: Config):
@@ -768,7 +812,7 @@ def build_server(config: Config):
     from mcp.server.subscriptions import InMemorySubscriptionBus
     VISIBILITY.bus = InMemorySubscriptionBus()
     server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
-                       subscriptions=VISIBILITY.bus)
+                       subscriptions=VISIBILITY.bus, extensions=views_extension(VISIBILITY.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -827,14 +871,17 @@ def tool_catalog_markdown() -> str:
         full = json.loads(json.dumps(tool.parameters))  # defaults and bounds, for people reading the docs
         slim_schema(tool.parameters)
         listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
-                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)}
+                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)} | (
+                      {"_meta": tool.meta} if tool.meta else {})
         hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
                   f"- gate: {gates}; toolset: {spec.toolset}; "
                   f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
-                  f"- annotations: {hints}",
-                  f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
+                  f"- annotations: {hints}"]
+        if spec.view:
+            lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`")
+        lines.append(f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}")
         required = set(tool.parameters.get("required", []))
         for name, prop in tool.parameters.get("properties", {}).items():
             kind = prop.get("type") or "/".join(v.get("type", "?") for v in prop.get("anyOf", []))
@@ -1031,8 +1078,8 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     """This run's configuration (the environment, then .env files, or the demo lab), checked, its
     secrets registered for masking; and the address to bind in HTTP mode."""
     env, env_files = read_env_files()
-    if args.demo:
-        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
+    if args.demo:  # no host of the user's is reached; which tools are offered stays theirs to choose
+        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_")) or k == "PROXMOX_TOOLSETS"}
         env |= demo_environment()
         if args.http:
             env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))

@@ -16,12 +16,12 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
-                     iso_time, percent)
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
+                     human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest,
-                       storage_rows)
-from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
+from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, kernels,
+                       next_vmid, pool_problem, resolve_guest, storage_rows, wearout_left)
+from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
@@ -44,11 +44,22 @@ class Report:
         """Run one section; a failure is recorded as unavailable, never as healthy."""
         try:
             result = read()
-            self.checked.append(name)
-            return result
         except ToolFailure as exc:
-            self.unavailable.append({"section": name, "reason": str(exc)[:300]})
+            result = exc
+        return self._record(name, result)
+
+    def sections(self, reads: list[tuple[str, Callable[[], Any]]], limit: int = AT_ONCE) -> list[Any]:
+        """Sections that do not depend on each other, read side by side (at most `limit` at once) and
+        recorded in the order given, as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
+        results = in_parallel([read for _, read in reads], limit)
+        return [self._record(name, result) for (name, _), result in zip(reads, results, strict=True)]
+
+    def _record(self, name: str, result: Any) -> Any:
+        if isinstance(result, ToolFailure):
+            self.unavailable.append({"section": name, "reason": str(result)[:300]})
             return None
+        self.checked.append(name)
+        return result
 
     def drop_checked(self, name: str) -> None:
         """A section that found nothing to read (no PBS host configured) was not checked."""
@@ -56,10 +67,51 @@ class Report:
             self.checked.remove(name)
 
     def answer(self, **extra: Any) -> dict:
+        """Counts first, then the findings worst first; findings alike (same severity and area) beyond
+        the first few are folded into one, and long lists are cut, so that the answer
+        stays small however large the cluster (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
         findings = sorted(self.findings, key=lambda f: SEVERITY[f["severity"]])
         counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITY}
-        return {"summary": counts | {"unavailable": len(self.unavailable)}, "findings": findings,
-                "unavailable": self.unavailable, "checked": self.checked, "thresholds": self.thresholds} | extra
+        return {"summary": counts | {"unavailable": len(self.unavailable)}, "findings": folded(findings),
+                "unavailable": self.unavailable[:LIST_CAP] + more(self.unavailable, {"section": "..."}),
+                "checked": self.checked[:LIST_CAP] + more(self.checked, ""), "thresholds": self.thresholds} | extra
+
+
+FOLD_AFTER = 3  # findings alike shown one by one before the rest are counted
+LIST_CAP = 12  # names of sections checked or unavailable shown
+
+
+# Where the findings folded away can be seen one by one.
+FOLDED_NEXT = {"locks": "list_guests shows every guest's lock", "backups": "backup_coverage pages through every guest",
+               "tasks": "list_tasks errors=true lists every failed task", "disks": "node_disks shows every disk",
+               "zfs": "node_disks shows every pool"}
+
+
+def folded(findings: list[dict]) -> list[dict]:
+    """Findings of the same severity and area keep their first FOLD_AFTER; the rest become one
+    finding that counts them and names the first few."""
+    shown: list[dict] = []
+    rest: dict[tuple[str, str], list[dict]] = {}
+    for finding in findings:
+        key = (finding["severity"], finding["area"])
+        if sum(1 for f in shown if (f["severity"], f["area"]) == key) < FOLD_AFTER:
+            shown.append(finding)
+        else:
+            rest.setdefault(key, []).append(finding)
+    for (severity, area), group in rest.items():
+        position = max(i for i, f in enumerate(shown) if (f["severity"], f["area"]) == (severity, area))
+        shown.insert(position + 1, {"severity": severity, "area": area, "finding": f"{len(group)} more like these",
+                                    "evidence": [f["finding"][:60] for f in group[:5]],
+                                    "next": FOLDED_NEXT.get(area, "the evidence names the first few")})
+    return shown
+
+
+def more(items: list, filler: Any) -> list:
+    """What a list cut at LIST_CAP says about the rest: one entry naming how many."""
+    if len(items) <= LIST_CAP:
+        return []
+    count = f"+{len(items) - LIST_CAP} more"
+    return [filler | {"section": count} if isinstance(filler, dict) else count]
 
 
 def _pbs(label: str | None) -> ProxmoxClient | None:
@@ -178,28 +230,110 @@ def _failed_tasks(h: Health) -> None:
                          "read it with task_log")
 
 
-def _replication(h: Health, node: str) -> None:
-    for job in h.report.section(f"replication {node}", lambda: h.client.get(f"/nodes/{node}/replication")) or []:
+def _replication(h: Health, node: str, jobs: list[dict]) -> None:
+    for job in jobs:
         if job.get("error") or job.get("fail_count"):
             h.report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
                          {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
                          "check the target node and storage; run it again from the web UI")
 
 
-def _certificates(h: Health, node: str) -> None:
-    certs = h.report.section(f"certificates {node}", lambda: h.client.get(f"/nodes/{node}/certificates/info")) or []
+# Certificates that renew themselves: pveupdate renews pve-ssl.pem from 14 days before it expires
+# and an ACME pveproxy-ssl.pem from 30 (pve-manager bin/pveupdate; docs/PROXMOX-BEHAVIOUR.md#node-certificates)
+SELF_RENEWING = {"pve-ssl.pem": 14}
+
+
+def _certificates(h: Health, node: str, certs: list[dict]) -> None:
     for cert in certs:
         days = (cert.get("notafter", 0) - time.time()) / 86400
-        if days < h.limits["cert_warn_days"]:
-            h.report.add("critical" if days < 7 else "warning", "certificates",
-                         f"{cert.get('filename')} on {node} expires in {int(days)} days",
-                         {"notafter": iso_time(cert.get("notafter"))}, "renew it (ACME or pvecm updatecerts)")
+        if days >= h.limits["cert_warn_days"]:
+            continue
+        name = cert.get("filename")
+        renews_at = SELF_RENEWING.get(name)
+        if renews_at and days >= renews_at:
+            h.report.add("info", "certificates", f"{name} on {node} expires in {int(days)} days",
+                         {"notafter": iso_time(cert.get("notafter")), "renews_itself_at_days": renews_at},
+                         "nothing yet: pveupdate renews it daily from 14 days before it expires")
+            continue
+        h.report.add("critical" if days < 7 else "warning", "certificates",
+                     f"{name} on {node} expires in {int(days)} days",
+                     {"notafter": iso_time(cert.get("notafter"))} | (
+                         {"renews_itself_at_days": renews_at} if renews_at else {}),
+                     "its automatic renewal failed: run pvecm updatecerts --force on the node" if renews_at
+                     else "renew it (ACME: pvenode acme cert renew; a custom one: upload the new one)")
+
+
+def _disks(h: Health, node: str, disks: list[dict]) -> None:
+    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life
+    (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    for disk in disks:
+        problem = disk_problem(disk)
+        if problem:
+            failing = problem.startswith("SMART")
+            h.report.add("critical" if failing else "warning", "disks", f"{disk.get('devpath')} on {node}: {problem}",
+                         {"model": disk.get("model"), "health": disk.get("health"),
+                          "life_left_pct": wearout_left(disk), "used": disk.get("used")},
+                         "replace the disk soon; node_disks smart=<disk> shows its SMART values" if failing
+                         else "plan its replacement; node_disks shows the others")
+
+
+def _pools(h: Health, node: str, details: list[dict]) -> None:
+    """ZFS pools not ONLINE, with data errors, or with device errors (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    for pool in details:
+        problem = pool_problem(pool)
+        if problem:
+            h.report.add("warning" if problem.startswith("device errors") else "critical", "zfs",
+                         f"pool {pool.get('name')} on {node}: {problem}",
+                         {k: pool.get(k) for k in ("state", "errors", "action", "scan") if pool.get(k)},
+                         "node_disks shows the devices; replace a faulted one (zpool replace) or clear errors")
+
+
+def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] | None) -> None:
+    """Pending updates (the whole list with Sys.Modify, Proxmox's packages without) and a newer
+    kernel installed than the one running (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    booted = kernels(versions)
+    if booted.get("reboot_for_kernel"):
+        h.report.add("warning", "updates", f"{node} runs kernel {booted['kernel_running']}, "
+                     f"{booted['kernel_newest']} is installed", booted,
+                     "reboot the node (migrate its guests first) to run the newest kernel")
+    pending = everything if everything is not None else [
+        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    if pending:
+        origins: dict[str, int] = {}
+        for package in pending:
+            origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
+        h.report.add("info", "updates", f"{len(pending)} package updates pending on {node}",
+                     {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
+                      "security": "not told apart by Proxmox's update list",
+                      "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},
+                     "node_updates lists them; apply them (apt full-upgrade) in a quiet hour")
+
+
+NODE_READS = {  # what health_check reads from every online node, side by side
+    "replication": "/nodes/{node}/replication", "certificates": "/nodes/{node}/certificates/info",
+    "disks": "/nodes/{node}/disks/list", "zfs": "/nodes/{node}/disks/zfs", "updates": "/nodes/{node}/apt/versions"}
 
 
 def _node_services(h: Health) -> None:
+    """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
+    the ZFS pools' details; then the findings, node by node in order."""
+    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()]
+    # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
+    reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
+              if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
+    results = h.report.sections([(f"{name} {node}", lambda p=path: h.client.get(p) or [])
+                                 for node, name, path in reads], limit=AT_ONCE * len(NODE_READS))
+    got = {(node, name): result for (node, name, _), result in zip(reads, results, strict=True)}
+    pools = [(node, pool["name"]) for node in h.online for pool in got.get((node, "zfs")) or [] if pool.get("name")]
+    details = h.report.sections([(f"zfs {name} on {node}", lambda n=node, p=name: h.client.get(
+        f"/nodes/{n}/disks/zfs/{p}") or {}) for node, name in pools], limit=AT_ONCE * len(NODE_READS))
     for node in h.online:
-        _replication(h, node)
-        _certificates(h, node)
+        _replication(h, node, got.get((node, "replication")) or [])
+        _certificates(h, node, got.get((node, "certificates")) or [])
+        _disks(h, node, got.get((node, "disks")) or [])
+        _pools(h, node, [d for (n, _), d in zip(pools, details, strict=True) if n == node and d])
+        if got.get((node, "updates")) is not None:
+            _updates(h, node, got[(node, "updates")], got.get((node, "all updates")))
 
 
 def _backup_server(h: Health) -> None:
@@ -344,12 +478,15 @@ def _pbs_storages(c: Coverage) -> None:
 
 def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here.
+    # is a different disk); PBS-backed storages through PBS itself when it is configured here. The
+    # reads go side by side (Report.sections).
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
-    for name, node, shared in backup_storages(c.client, rows):
-        key = name if shared else f"{name}@{node}"
-        for volume in c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
-                f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
+    keys = [(name if shared else f"{name}@{node}", name, node)
+            for name, node, shared in backup_storages(c.client, rows)]
+    listings = c.report.sections([(f"storage {key}", lambda n=node, s=name: c.client.get(
+        f"/nodes/{n}/storage/{s}/content", content="backup")) for key, name, node in keys])
+    for (key, _, _), volumes in zip(keys, listings, strict=True):
+        for volume in volumes or []:
             if volume.get("vmid"):
                 c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
                            (volume.get("verification") or {}).get("state"))
@@ -361,10 +498,11 @@ def _pbs_backups(c: Coverage) -> None:
         c.report.drop_checked("pbs host")
         return
     # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    for store, ns in sorted(c.pbs_targets):
-        where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
-        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
-                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
+    targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
+    listings = c.report.sections([(where, lambda s=store, n=ns: pbs.get(
+        f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
+    for (where, _, _), snapshots in zip(targets, listings, strict=True):
+        for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
@@ -411,15 +549,25 @@ COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
     _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
 
 
+COVERAGE_PAGE = 25  # guests per answer, those needing attention first
+STATE_RANK = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 9}  # other states between
+
+
 def backup_coverage(host: Host = None, pbs_host: Host = None,
-                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
+                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26, offset: Offset = 0) -> dict:
     """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
     columns = ["vmid", "name", "newest", "age_h", "where", "verify", "jobs", "excluded_by", "state"]
-    return coverage.report.answer(guests={"columns": columns, "rows": [[r[c] for c in columns] for r in coverage.rows]},
-                                  orphan_pbs_groups=coverage.orphans)
+    # counts first, then the guests worst first, a page at a time (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)
+    states: dict[str, int] = {}
+    for row in coverage.rows:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    ranked = sorted(coverage.rows, key=lambda r: (STATE_RANK.get(r["state"], 5), r["vmid"]))
+    guests = table(columns, ranked, limit=COVERAGE_PAGE, offset=offset)
+    orphans = coverage.orphans[:LIST_CAP] + more(coverage.orphans, "")
+    return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans)
 
 
 # ---------------------------------------------------------------- security

@@ -21,6 +21,7 @@ above it in this list (no cycles):
     lab.py         the state: Lab, Token, Task, roles
     call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
     pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
+    pve_monitor.py Proxmox VE node monitoring: RRD history, logs, disks, ZFS, LVM, packages, clock
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks

@@ -70,6 +70,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         body_out: dict[str, Any] = {"data": data}
         if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
             body_out["total"] = len(data)
+        elif getattr(data, "total", None) is not None:  # the logs count every line, shown or not
+            body_out["total"] = data.total
         self._send(200, "OK", body_out)
 
     def _redirect_to_https(self) -> None:

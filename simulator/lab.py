@@ -212,6 +212,8 @@ class Lab:
         self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
         self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
         self.replication: dict[str, list[dict]] = {}  # node -> replication job states
+        # roles an admin made (pveum role add NAME --privs ...): product -> name -> privileges
+        self.custom_roles: dict[str, dict[str, frozenset[str]]] = {"pve": {}, "pbs": {}}
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         # password logins: product -> userid -> (password, the user's rights, needs a second factor)
@@ -247,6 +249,8 @@ class Lab:
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
+        for name in names:  # pveupdate's daily package list refresh (docs/PROXMOX-BEHAVIOUR.md#pending-updates)
+            lab.start_task(name, "aptupdate", "", finished=True)
         lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
         lab._add_homelab_networks(names)
         lab._add_homelab_volumes()
@@ -393,7 +397,8 @@ class Lab:
         return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
-        return roles_for(product, self.pve_major if product == "pve" else 9)
+        built_in = roles_for(product, self.pve_major if product == "pve" else 9)
+        return built_in | self.custom_roles[product] if self.custom_roles[product] else built_in
 
     def pool_path(self, path: str) -> str | None:
         """`/pool/<name>` when `path` is a guest in that pool: its roles reach the guest (PVE)."""

@@ -16,6 +16,7 @@ from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
 from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
+from .pve_monitor import MONITOR_HANDLERS, monitor
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
@@ -425,19 +426,22 @@ def pve_cluster_log(call: Call) -> list:
     return rows[:limit]
 
 
-def pve_rrddata(call: Call, node: str) -> list:
-    info = _node(call, node)
-    now = int(time.time())
-    return [{"time": now - 60 * i, "cpu": info["cpu"], "maxcpu": info["maxcpu"], "memused": info["mem"],
-             "memtotal": info["maxmem"], "loadavg": float(info["loadavg"][0]), "netin": 1200.5, "netout": 800.25,
-             "iowait": 0.01} for i in range(5)]
-
-
 def pve_certificates(call: Call, node: str) -> list:
+    """The cluster CA, the node's pve-ssl.pem and, when one is installed, pveproxy-ssl.pem (custom
+    or ACME) (pve-manager PVE/API2/Certificates.pm, info)."""
     _node(call, node)
-    notafter = int(time.time()) + call.lab.cert_days.get(node, 300) * 86400
-    return [{"filename": "pve-ssl.pem", "subject": f"/CN={node}.lab", "notafter": notafter,
-             "notbefore": notafter - 730 * 86400, "fingerprint": "AB:" * 31 + "AB"}]
+    now = int(time.time())
+
+    def cert(filename: str, days: int, lifetime: int, issuer: str) -> dict:
+        return {"filename": filename, "subject": f"/CN={node}.lab" if filename != "pve-root-ca.pem" else
+                "/CN=Proxmox Virtual Environment", "issuer": issuer, "notafter": now + days * 86400,
+                "notbefore": now + days * 86400 - lifetime * 86400, "fingerprint": "AB:" * 31 + "AB"}
+    ca = "/CN=Proxmox Virtual Environment"
+    certs = [cert("pve-root-ca.pem", 3000, 3650, ca), cert("pve-ssl.pem", call.lab.cert_days.get(node, 300), 730, ca)]
+    proxy_days = monitor(call.lab).proxy_certs.get(node)
+    if proxy_days is not None:
+        certs.append(cert("pveproxy-ssl.pem", proxy_days, 90, "/C=US/O=Let's Encrypt/CN=R11"))
+    return certs
 
 
 def pve_replication(call: Call, node: str) -> list:
@@ -541,7 +545,6 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/firewall/options"): pve_firewall_options("node"),
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
     ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
-    ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
 }
 PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
@@ -567,3 +570,4 @@ for _kind in ("qemu", "lxc"):
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/migrate")] = pve_migrate(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/template")] = pve_template(_kind)
     PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}")] = pve_destroy(_kind)
+PVE_HANDLERS |= MONITOR_HANDLERS  # metrics, logs, disks, packages, the node's clock (pve_monitor.py)

@@ -10,6 +10,7 @@ import pytest
 import catalog
 import policy
 from conftest import everything_open, stdio_session
+from simulator.pve_monitor import add_pool
 
 # Values for path parameters that exist in the simulated lab.
 PATH_VALUES = {
@@ -152,6 +153,7 @@ def walker(sim, tmp_path_factory):
     for kind in ("sync", "prune"):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
+    add_pool(sim.lab, "pve1", "walk1")  # a ZFS pool whose status the walk reads
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     hostname = base64.b64encode(b"/root.pxar.didx/etc/hostname").decode()

@@ -48,6 +48,8 @@ CALLS = [
     ("pbs_task_log", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
     ("wait_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
     ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}),
+    ("metrics", {"vmid": 100}), ("node_logs", {"node": "pve1"}), ("node_disks", {"node": "pve1"}),
+    ("node_updates", {}), ("dashboard", {}),
     ("api_search", {"query": "snapshot rollback"}),
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
     ("api_read", {"path": "/version"}),

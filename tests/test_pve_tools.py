@@ -39,7 +39,7 @@ def rows(answer):
 def test_node_status_with_rrd(ops):
     status = ops.ok("node_status", {"node": "pve1", "timeframe": "hour"})
     assert status["version"].startswith("pve-manager/9") and status["mem_total"] == "64.0 GiB"
-    assert status["rrd"]["points"] == 5 and "cpu_pct" in status["rrd"]
+    assert status["rrd"]["points"] == 60 and "cpu_pct" in status["rrd"]  # an hour at one-minute steps (PVE::RRD)
     assert "Nodes: pve1, pve2, pve3" in ops.error("node_status", {"node": "pve9"})
     assert "did you mean 'pve1'" in ops.error("node_status", {"node": "PVE1"})
 

@@ -6,6 +6,8 @@ import pytest
 
 import api_tools
 import file_restore
+import dashboard
+import monitor_tools
 import pbs_tools
 import policy
 import pve_tools
@@ -16,7 +18,8 @@ import workflows
 from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
 
-TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore)
+TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
+                dashboard)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.

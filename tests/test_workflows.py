@@ -8,6 +8,7 @@ import pytest
 
 import simulator
 from conftest import in_process, requests_during, tool_session
+from simulator.pve_monitor import add_pool, monitor
 
 GiB = 1024 ** 3
 
@@ -35,6 +36,13 @@ def sim():
     with simulator.Simulator(lab) as running:
         yield running
         assert running.lab.schema_rejections == []
+
+
+@pytest.fixture(scope="module")
+def reader(sim):
+    """The README's read-only token (PVEAuditor), as a first conversation has it."""
+    with tool_session(sim.env(), log_name="workflows-reader") as session:
+        yield session
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +75,41 @@ def test_health_check_reports_what_is_wrong_and_only_that(ops, sim):
     assert [f["severity"] for f in report["findings"]] == sorted(
         (f["severity"] for f in report["findings"]), key=["critical", "warning", "info"].index)
     pve_requests = [r for r in sent if r[0] == "pve"]
-    assert len(pve_requests) <= 3 + 2 * 3
+    # status, resources, tasks; then per node replication, certificates, disks, ZFS pools, package
+    # versions and, as this token holds Sys.Modify, the whole update list
+    assert len(pve_requests) <= 3 + 6 * 3
+
+
+def test_health_check_reports_disks_pools_kernels_certificates_and_updates(reader, sim):
+    world = monitor(sim.lab)
+    world.disks["pve1"].append({"devpath": "/dev/sdb", "type": "hdd", "size": 4 * 10 ** 12, "model": "WDC WD40EFRX",
+                                "health": "FAILED!", "wearout": "N/A", "used": "ZFS"})
+    world.disks["pve2"][0]["wearout"] = "15"
+    add_pool(sim.lab, "pve3", "tank", state="DEGRADED", bad_disk="/dev/disk/by-id/ata-WDC_2-part1")
+    healthy = add_pool(sim.lab, "pve3", "rpool")
+    healthy["_detail"]["children"][0]["children"][0]["children"][0]["cksum"] = 3  # ONLINE, yet a device errs
+    world.kernels["pve2"].insert(0, "6.14.11-3-pve")
+    world.proxy_certs["pve2"] = 20  # an ACME certificate that did not renew at 30 days
+    sim.lab.cert_days["pve1"] = 20  # pve-ssl.pem: renews itself at 14 days
+    try:
+        report = reader.ok("health_check")
+    finally:
+        world.disks["pve1"].pop()
+        world.disks["pve2"][0]["wearout"] = "98"
+        world.zfs["pve3"].clear()
+        world.kernels["pve2"].pop(0)
+        world.proxy_certs.clear()
+        sim.lab.cert_days["pve1"] = 300
+    found = areas(report)
+    assert ("critical", "disks", "/dev/sdb on pve1: SMART health FAILED!") in found
+    assert ("warning", "disks", "/dev/sda on pve2: 15% of its rated life left") in found
+    assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
+    assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
+    assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found
+    assert ("info", "updates", "1 package updates pending on pve1") in found  # Proxmox's: no Sys.Modify
+    assert any(f[:2] == ("warning", "certificates") and f[2].startswith("pveproxy-ssl.pem on pve2") for f in found)
+    assert any(f[:2] == ("info", "certificates") and f[2].startswith("pve-ssl.pem on pve1") for f in found)
+    assert report["summary"]["unavailable"] == 0 and "disks pve1" in report["checked"]
 
 
 def test_unreadable_sections_are_unavailable_not_healthy(ops, sim):
