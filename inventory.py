@@ -6,6 +6,8 @@ Guests and node names are kept a few seconds on the client (ProxmoxClient.cached
 drops the guests, as it may have created, moved or deleted one.
 """
 
+from typing import Any
+
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
 
@@ -146,3 +148,27 @@ def backup_storages(client: ProxmoxClient, rows: list[dict] | None = None) -> li
 def storages_on(rows: list[dict], node: str) -> dict[str, dict]:
     """The storages available on a node, by name."""
     return {r["storage"]: r for r in rows if r.get("node") == node and r.get("status") == "available"}
+
+
+# ---------------------------------------------------------------- backup jobs
+
+def vmid_set(text: Any) -> set[int]:
+    """The vmids of a `pve-vmid-list` ("100,101")."""
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in vmid_set(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in vmid_set(job.get("exclude"))
+        return not excluded, excluded
+    return False, False

@@ -33,6 +33,7 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import catalog
+import firewall_guard
 import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
@@ -107,6 +108,7 @@ class Settings:
     elicit: bool = True
     audit_path: Path | None = None
     exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
+    source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
 
 SETTINGS = Settings()
@@ -212,6 +214,10 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
         _judge_with_job(host, decision, path_params, read)
+    if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
+        require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
+        _refuse_invalid(decision)
+        firewall_guard.check(host, decision, read, SETTINGS.source_address)
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"))
     return decision

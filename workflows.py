@@ -19,7 +19,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
+from inventory import (backup_storages, bridges, check_node, guest_resources, job_selects, next_vmid, resolve_guest,
+                       storage_rows)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -262,33 +263,12 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _numbers(text: Any) -> set[int]:
-    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
-
-
-def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
-    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
-    `exclude` (which applies with all only); `node` limits any of them to that node's guests
-    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
-    vmid = int(guest["vmid"])
-    if job.get("node") and job["node"] != guest.get("node"):
-        return False, False
-    if job.get("pool"):
-        return guest.get("pool") == job["pool"], False
-    if job.get("vmid"):
-        return vmid in _numbers(job["vmid"]), False
-    if str(job.get("all", 0)) == "1":
-        excluded = vmid in _numbers(job.get("exclude"))
-        return not excluded, excluded
-    return False, False
-
-
 def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        selects, excludes = _job_selects(job, guest)
+        selects, excludes = job_selects(job, guest)
         if selects:
             covering.append(job["id"])
         elif excludes:
