@@ -63,6 +63,10 @@ def _rule(entry: dict) -> dict:
     return {k: entry[k] for k in RULE_FIELDS if k in entry}
 
 
+def _entry(entry: dict) -> dict:
+    return {"cidr": str(entry.get("cidr")), "nomatch": int(entry.get("nomatch") or 0)}
+
+
 def read_firewall(read: Callable[..., Any], node: str | None) -> Firewall:
     """The cluster's firewall and that of `node` (None: every online node)."""
     fw = Firewall(options=read("/cluster/firewall/options") or {},
@@ -71,7 +75,7 @@ def read_firewall(read: Callable[..., Any], node: str | None) -> Firewall:
     for group in read("/cluster/firewall/groups") or []:
         fw.groups[group["group"]] = [_rule(r) for r in read(f"/cluster/firewall/groups/{group['group']}") or []]
     for ipset in read("/cluster/firewall/ipset") or []:
-        fw.ipsets[ipset["name"]] = read(f"/cluster/firewall/ipset/{ipset['name']}") or []
+        fw.ipsets[ipset["name"]] = [_entry(e) for e in read(f"/cluster/firewall/ipset/{ipset['name']}") or []]
     for member in read("/cluster/status") or []:
         if member.get("type") == "node" and member.get("online") and node in (None, member["name"]):
             fw.hosts[member["name"]] = _read_host(read, member["name"], member.get("ip"))
@@ -145,10 +149,13 @@ def _edit_rules(rules: list[dict], method: str, pos: str | None, params: dict[st
 
 
 def _set_options(options: dict, params: dict[str, Any]) -> None:
-    """`delete` first, then the given values (Cluster.pm and Host.pm set_options)."""
+    """`delete` first, then the given values; `enable` as a number (Cluster.pm and Host.pm set_options:
+    a node's is 0 or 1, the cluster's above 1 a time stamp that keeps it on for a minute)."""
     for key in re.split(r"[,;\s]+", str(params.get("delete", ""))):
         options.pop(key, None)
     options.update({k: v for k, v in params.items() if k not in ("delete", "digest")})
+    if "enable" in params:
+        options["enable"] = int(params["enable"])
 
 
 def _edit_groups(fw: Firewall, method: str, where: dict[str, str], params: dict[str, Any]) -> None:
@@ -186,13 +193,13 @@ def _edit_ipsets(fw: Firewall, method: str, where: dict[str, str], params: dict[
         if method == "DELETE":
             fw.ipsets.pop(name, None)
         else:
-            entries.append({"cidr": params.get("cidr"), "nomatch": params.get("nomatch", 0)})
+            entries.append(_entry(params))
         return
     for entry in [e for e in entries if e.get("cidr") == cidr]:
         if method == "DELETE":
             entries.remove(entry)
         elif "nomatch" in params:
-            entry["nomatch"] = params["nomatch"]
+            entry["nomatch"] = int(params["nomatch"])
 
 
 def _edit_aliases(fw: Firewall, method: str, where: dict[str, str], params: dict[str, Any]) -> None:
@@ -215,6 +222,8 @@ def apply(fw: Firewall, method: str, template: str, where: dict[str, str], param
     tail = template.split("/firewall/", 1)[1]
     if tail == "options":
         _set_options(host["options"] if "node" in where else after.options, params)
+        if "node" in where and "enable" in params:
+            host["options"]["enable"] = min(host["options"]["enable"], 1)
     elif tail.startswith("rules"):
         _edit_rules(host["rules"] if "node" in where else after.rules, method, where.get("pos"), params)
     elif tail.startswith("groups"):

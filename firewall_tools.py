@@ -73,7 +73,7 @@ def _rules_table(rules: list[dict]) -> dict:
 
 def _sets(client: ProxmoxClient, base: str) -> dict:
     """IP sets (a `!` marks a nomatch entry) and aliases of the cluster or a guest."""
-    ipsets = {s["name"]: [("!" if s.get("nomatch") else "") + e["cidr"]
+    ipsets = {s["name"]: [("!" if e.get("nomatch") else "") + e["cidr"]
                           for e in client.get(f"{base}/ipset/{s['name']}") or []]
               for s in client.get(f"{base}/ipset") or []}
     aliases = {a["name"]: a["cidr"] for a in client.get(f"{base}/aliases") or []}
@@ -110,6 +110,9 @@ def _checked_rule(rule: dict | None, needed: bool) -> dict[str, Any]:
     if unknown:
         raise InvalidArgument(f"Unknown rule field(s) {', '.join(unknown)}; a rule has {', '.join(RULE_KEYS)} "
                               f"(and, to update, `delete` to drop fields or `moveto` to move it).")
+    if rule.get("type", "in") != "group" and rule.get("action", "ACCEPT") not in ("ACCEPT", "DROP", "REJECT"):
+        raise InvalidArgument(f"Rule action {rule['action']!r}: an in/out rule takes ACCEPT, DROP or REJECT "
+                              f"(type group takes a security group's name).")
     return {k: int(v) if isinstance(v, bool) else v for k, v in rule.items()}
 
 
@@ -162,7 +165,7 @@ def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host
     client = pve_client(host)
     base, level, _ = _level(client, node, vmid)
     base += "/rules"
-    fields = _checked_rule(rule, action in ("add", "update", "move"))
+    fields = _checked_rule(rule, action in ("add", "update"))
     moveto = fields.pop("moveto", None)
     if action != "add" and pos is None:
         raise InvalidArgument(f"`pos` is needed to {action} a rule; firewall_rules lists them with their pos.")

@@ -215,8 +215,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         _refuse_invalid(decision)
         _judge_with_job(host, decision, path_params, read)
     if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
-        require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
-        _refuse_invalid(decision)
+        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
         firewall_guard.check(host, decision, read, SETTINGS.source_address)
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"))

@@ -20,7 +20,7 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_resources, job_selects, next_vmid, resolve_guest,
-                       storage_rows)
+                       storage_rows, vmid_set)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -292,6 +292,7 @@ class Coverage:
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
 
     @property
     def guests(self) -> list[dict]:
@@ -386,8 +387,49 @@ def _orphan_groups(c: Coverage) -> None:
                      "keep it as an archive or prune it (write_pbs_prune)")
 
 
+def _fits(job: dict, guest: dict) -> bool:
+    return str(job.get("enabled", 1)) != "0" and job.get("node") in (None, "", guest.get("node"))
+
+
+def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
+    """The one job change that covers a guest: take it out of an all-job's exclude, else add it to a
+    vmid job, else a new job (with the schedule and storage the jobs use). Changes of one job merge."""
+    vmid, jobs = int(guest["vmid"]), c.jobs or []
+    excluding = next((j for j in jobs if _fits(j, guest) and job_selects(j, guest)[1]), None)
+    listing = next((j for j in jobs if _fits(j, guest) and j.get("vmid") and not j.get("pool")), None)
+    if excluding is not None:
+        change = changes.setdefault(excluding["id"], {"write_backup_job": {
+            "action": "update", "job_id": excluding["id"], "all_except": sorted(vmid_set(excluding.get("exclude")))},
+            "covers": []})
+        change["write_backup_job"]["all_except"].remove(vmid)
+    elif listing is not None:
+        change = changes.setdefault(listing["id"], {"write_backup_job": {
+            "action": "update", "job_id": listing["id"], "vmids": sorted(vmid_set(listing["vmid"]))}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    else:
+        model = next((j for j in jobs if j.get("storage")), {})
+        storage = model.get("storage") or next((name for name, _, _ in backup_storages(c.client)), None)
+        change = changes.setdefault("", {"write_backup_job": {
+            "action": "create", "job_id": "backup-uncovered", "vmids": [], "schedule": model.get("schedule") or
+            "02:00", "storage": storage}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    change["covers"].append(vmid)
+
+
+def _job_changes(c: Coverage) -> None:
+    """For the guests no enabled job selects, the write_backup_job arguments that cover them (try them
+    with dry_run first); the policy judges each when it is sent."""
+    if c.jobs is None:
+        return
+    changes: dict[str, dict] = {}
+    for guest in sorted(c.guests, key=lambda g: int(g["vmid"])):
+        if not any(_fits(j, guest) and job_selects(j, guest)[0] for j in c.jobs):
+            _job_change(c, guest, changes)
+    c.job_changes = list(changes.values())
+
+
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups, _job_changes]
 
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
@@ -398,7 +440,7 @@ def backup_coverage(host: Host = None, pbs_host: Host = None,
         step(coverage)
     columns = ["vmid", "name", "newest", "age_h", "where", "verify", "jobs", "excluded_by", "state"]
     return coverage.report.answer(guests={"columns": columns, "rows": [[r[c] for c in columns] for r in coverage.rows]},
-                                  orphan_pbs_groups=coverage.orphans)
+                                  orphan_pbs_groups=coverage.orphans, job_changes=coverage.job_changes)
 
 
 # ---------------------------------------------------------------- security
