@@ -2,6 +2,7 @@
 it, the guests no job selects, and changes to one job. Every change passes the policy, which judges
 the job as the edit leaves it (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune).
 """
+import re
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
@@ -112,8 +113,15 @@ def _check_names(client: ProxmoxClient, params: dict[str, Any], storage: str | N
         raise InvalidArgument(f"No guest with vmid {', '.join(map(str, unknown))}; list_guests shows them.")
 
 
+KEEP = re.compile(r"keep-(all|last|hourly|daily|weekly|monthly|yearly)=\d+")  # the prune-backups format
+
+
 def _job_params(schedule: str | None, storage: str | None, mode: str | None, keep: str | None,
                 notes: str | None) -> dict[str, Any]:
+    if keep and not all(KEEP.fullmatch(part.strip()) for part in keep.split(",")):
+        raise InvalidArgument(f"keep={keep!r}: give keep-last, keep-hourly, keep-daily, keep-weekly, keep-monthly or "
+                              f"keep-yearly with a count, comma separated (e.g. keep-daily=7,keep-weekly=4), or "
+                              f"keep-all=1.")
     params = compact({"schedule": schedule, "storage": storage, "mode": mode, "notes-template": notes})
     if keep:
         params["prune-backups"] = keep
