@@ -5,7 +5,9 @@ anything is sent, and runs the same sequence for both:
 
   1. classify   what the request is: its catalog method, its parameters checked against the
                 schema, its gates (the method's, raised by dangerous arguments, nested calls
-                and the jobs it runs), the guests it names or reaches, the secrets it returns
+                and the jobs it runs), the guests it names or reaches, the secrets it returns;
+                a firewall write of the cluster or a node is refused if it would lock this server
+                out (firewall_guard.py)
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it

@@ -263,15 +263,13 @@ def _every_level(call: Call) -> list[dict]:
 
 
 def fw_group_delete(call: Call, group: str) -> None:
-    """A group still referenced, or holding rules, cannot be deleted (Groups.pm delete_security_group)."""
+    """Only an empty group can be deleted; rules that still name it are not checked
+    (API2/Firewall/Rules.pm GroupRules delete_security_group)."""
     groups = call.lab.firewall["cluster"]["groups"]
     if group not in groups:
-        return
+        raise ApiError(500, f"no such security group '{group}'")
     if groups[group]:
-        raise ApiError(500, "Security group is not empty")
-    if any(r.get("type") == "group" and r.get("action") == group for level in _every_level(call)
-           for r in level["rules"]):
-        raise ApiError(500, f"Security group '{group}' is referenced by rules and cannot be deleted")
+        raise ApiError(500, f"Security group '{group}' is not empty")
     del groups[group]
     call.lab.firewall["cluster"]["group_comments"].pop(group, None)
 
