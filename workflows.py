@@ -434,8 +434,8 @@ COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups; the job
-    changes (write_backup_job arguments) that cover the uncovered."""
+    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups; job
+    changes that cover the uncovered."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
