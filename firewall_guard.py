@@ -368,7 +368,7 @@ def verdict(fw: Firewall, node: str, source: Any, port: int) -> tuple[bool, str]
     host = fw.hosts[node]
     if not int(fw.options.get("enable") or 0):
         return True, "the cluster firewall is off"
-    if str(host["options"].get("enable", 1)) in ("0", "false"):
+    if str(host["options"].get("enable", 1)).lower() in ("0", "false"):
         return True, f"node {node}'s firewall is off"
     if source.is_loopback or source == _address(host.get("ip")):
         return True, "the node's own traffic (lo)"
@@ -421,16 +421,14 @@ def candidate_sources(host: Any, configured: str | None, states: list[Firewall])
         "is unknown; set PROXMOX_SOURCE_ADDRESS to judge for that one)")
 
 
-def node_ports(fw: Firewall, node: str) -> dict[int, str]:
-    """8006 and 22; 8007 where a configured Backup Server has the node's name or address."""
+def backup_server_hosts() -> set[str]:
+    """The names and addresses of the configured Backup Servers (each resolved once per check)."""
     import proxmox_client  # at call time: proxmox_client imports policy, which imports this module
-    ports = dict(PORTS)
-    ip = fw.hosts[node].get("ip")
+    found: set[str] = set()
     for pbs in proxmox_client.configured("pbs").values():
         name = (urlsplit(pbs.url).hostname or "").lower()
-        if name in (node.lower(), ip) or ip in _resolve(name):
-            ports[PBS_PORT[0]] = PBS_PORT[1]
-    return ports
+        found |= {name} | _resolve(name)
+    return found
 
 
 def _resolve(name: str) -> set[str]:
@@ -438,6 +436,14 @@ def _resolve(name: str) -> set[str]:
         return {info[4][0] for info in socket.getaddrinfo(name, None)}
     except OSError:
         return set()
+
+
+def node_ports(fw: Firewall, node: str, backup_servers: set[str]) -> dict[int, str]:
+    """8006 and 22; 8007 where a configured Backup Server has the node's name or address."""
+    ports = dict(PORTS)
+    if {node.lower(), fw.hosts[node].get("ip")} & backup_servers:
+        ports[PBS_PORT[0]] = PBS_PORT[1]
+    return ports
 
 
 def fixing_rule(source: Any, port: int) -> dict:
@@ -458,8 +464,9 @@ def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_
                           f"would lock this server out ({exc}); nothing was sent.") from None
     after = apply(before, decision.method, decision.template, where, decision.params)
     sources, who = candidate_sources(host, configured_source, [before, after])
+    backup_servers = backup_server_hosts()
     for node in sorted(after.hosts):
-        for port, name in node_ports(after, node).items():
+        for port, name in node_ports(after, node, backup_servers).items():
             for source in sources:
                 open_before, why_before = verdict(before, node, source, port)
                 open_after, why_after = verdict(after, node, source, port)

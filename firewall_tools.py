@@ -35,7 +35,7 @@ def _level(client: ProxmoxClient, node: str | None, vmid: int | None) -> tuple[s
 
 
 def _on(value: Any, default: int) -> bool:
-    return str(value if value is not None else default) not in ("0", "false", "")
+    return str(value if value is not None else default).lower() not in ("0", "false", "")
 
 
 def _filtering(client: ProxmoxClient, base: str, options: dict, row: dict | None) -> dict:
@@ -58,13 +58,27 @@ def _filtering(client: ProxmoxClient, base: str, options: dict, row: dict | None
     return state
 
 
+def _why_not(level: str, state: dict) -> str | None:
+    """Why a level's rules filter nothing now, in words; None when they filter."""
+    if state["filters"]:
+        return None
+    missing = [] if state["cluster"] else ["the cluster firewall is off (write_firewall_options enable=true)"]
+    if state.get("node") is False:
+        missing.append(f"{level}'s firewall is off")
+    if state.get("guest") is False:
+        missing.append(f"{level}'s option enable is off")
+    if "nics" in state and not any(state["nics"].values()):
+        missing.append("no NIC has firewall=1 (write_set_nic firewall=true)")
+    return f"The firewall of {level} filters nothing now: {'; '.join(missing)}."
+
+
 def _rule_row(rule: dict) -> dict:
     match = rule.get("macro") or " ".join(str(rule[k]) for k in ("proto", "dport") if rule.get(k)) or "any"
     if rule.get("sport"):
         match += f" sport {rule['sport']}"
     if rule.get("icmp-type"):
         match += f" {rule['icmp-type']}"
-    return {**rule, "match": match, "enable": int(rule.get("enable") or 0)}
+    return {k: v for k, v in rule.items() if k != "digest"} | {"match": match, "enable": int(rule.get("enable") or 0)}
 
 
 def _rules_table(rules: list[dict]) -> dict:
@@ -163,8 +177,8 @@ def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host
     """Add (at pos; default top), update, move (rule.moveto) or delete a firewall rule of the cluster, a
     node or a guest; digest from firewall_rules. Refuses lockouts."""
     client = pve_client(host)
-    base, level, _ = _level(client, node, vmid)
-    base += "/rules"
+    firewall, level, row = _level(client, node, vmid)
+    base = f"{firewall}/rules"
     fields = _checked_rule(rule, action in ("add", "update"))
     moveto = fields.pop("moveto", None)
     if action != "add" and pos is None:
@@ -184,8 +198,9 @@ def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host
     else:
         client.request("PUT", f"{base}/{pos}", fields | {"digest": now})
     after = client.get(base) or []
-    return {"level": level, "pos": pos, "rule": _rule_row(after[pos]) if pos < len(after) else None,
-            "rules": len(after), "result": "ok"}
+    note = _why_not(level, _filtering(client, firewall, client.get(f"{firewall}/options") or {}, row))
+    return compact({"level": level, "pos": pos, "rule": _rule_row(after[pos]) if pos < len(after) else None,
+                    "rules": len(after), "result": "ok", "note": note})
 
 
 def write_firewall_options(host: Host = None, node: Node = None, vmid: OptionalVmid = None,
@@ -205,5 +220,6 @@ def write_firewall_options(host: Host = None, node: Node = None, vmid: OptionalV
     before = client.get(f"{base}/options") or {}
     client.request("PUT", f"{base}/options", changes | {"digest": before.get("digest")})
     after = client.get(f"{base}/options") or {}
-    return {"level": level, "changed": changes, "options": {k: v for k, v in after.items() if k != "digest"},
-            "filtering": _filtering(client, base, after, row), "result": "ok"}
+    state = _filtering(client, base, after, row)
+    return compact({"level": level, "changed": changes, "options": {k: v for k, v in after.items() if k != "digest"},
+                    "filtering": state, "result": "ok", "note": _why_not(level, state)})

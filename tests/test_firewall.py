@@ -104,6 +104,8 @@ def test_add_update_move_and_delete_a_guest_rule(admin, sim):
     web = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80", "comment": "web"}
     added = admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": web})
     assert added["pos"] == 0 and added["rule"]["enable"] == 1  # Proxmox would add it disabled
+    assert added["note"] == ("The firewall of guest 100 filters nothing now: guest 100's option enable is off; "
+                             "no NIC has firewall=1 (write_set_nic firewall=true).")
     admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": web | {"dport": "443"}})
     rules = sim.lab.firewall["guests"][100]["rules"]
     assert [r["dport"] for r in rules] == ["443", "80"]  # a new rule goes on top
@@ -382,7 +384,8 @@ def test_port_8007_is_guarded_where_a_backup_server_runs_on_the_node(monkeypatch
     import proxmox_client
     monkeypatch.setattr(proxmox_client, "configured", lambda product: {
         "pbs": {"home": SimpleNamespace(url="https://192.0.2.11:8007")}}.get(product, {}))
-    assert firewall_guard.node_ports(firewall(), "pve1") == {8006: "the API (8006)", 22: "SSH (22)",
-                                                             8007: "the Backup Server (8007)"}
-    monkeypatch.setattr(proxmox_client, "configured", lambda _product: {})
-    assert 8007 not in firewall_guard.node_ports(firewall(), "pve1")
+    servers = firewall_guard.backup_server_hosts()
+    assert firewall_guard.node_ports(firewall(), "pve1", servers) == {8006: "the API (8006)", 22: "SSH (22)",
+                                                                      8007: "the Backup Server (8007)"}
+    assert 8007 not in firewall_guard.node_ports(firewall(), "pve1", {"pbs.example", "192.0.2.99"})
+    assert 8007 in firewall_guard.node_ports(firewall(), "pve1", {"pve1"})  # by the node's name
