@@ -446,6 +446,64 @@ def node_ports(fw: Firewall, node: str, backup_servers: set[str]) -> dict[int, s
     return ports
 
 
+def _names(rule: dict) -> set[str]:
+    """The security group, IP sets and aliases a rule uses, as `group:`, `ipset:` and `alias:` names."""
+    found = {f"group:{rule.get('action')}"} if rule.get("type") == "group" else set()
+    for value in (rule.get("source"), rule.get("dest")):
+        ipset = re.fullmatch(r"\+(?:dc/)?(\S+)", str(value or ""))
+        alias = re.fullmatch(r"(?:dc/)?([A-Za-z][A-Za-z0-9\-_]+)", str(value or ""))
+        found |= {f"ipset:{ipset.group(1)}"} if ipset else {f"alias:{alias.group(1).lower()}"} if alias else set()
+    return found
+
+
+SHARED = {"groups": "group", "ipset": "ipset", "aliases": "alias"}  # cluster objects guests' rules name
+
+
+def _touched(decision: Any) -> str | None:
+    """What a cluster-level edit changes that a guest's firewall may use: `group:`, `ipset:` or
+    `alias:` and its name, or `enable` when it may turn the cluster firewall off; None for the rest."""
+    tail, where, params = decision.template.split("/firewall/", 1)[1], decision.path_params, decision.params
+    if "node" in where:
+        return None
+    if tail == "options":
+        off = "enable" in params and not int(params["enable"]) or "enable" in str(params.get("delete", ""))
+        return "enable" if off else None
+    kind = SHARED.get(tail.split("/")[0])
+    name = str(where.get("group") or where.get("name") or params.get("rename") or "")
+    if kind is None or not name:
+        return None
+    return f"{kind}:{name.lower() if kind == 'alias' else name}"
+
+
+def protected_reached(decision: Any, read: Callable[..., Any], vmids: list[int]) -> set[int]:
+    """The protected guests whose firewall a cluster-level edit changes: a security group, IP set or
+    alias their rules use, or the cluster firewall turned off while theirs is on (every guest's
+    firewall needs the cluster's: docs/PROXMOX-BEHAVIOUR.md#firewall)."""
+    touched = _touched(decision)
+    if touched is None or not vmids:
+        return set()
+    try:
+        return _reached(read, touched, vmids)
+    except ToolFailure as exc:
+        raise PolicyError(f"{decision.method} {decision.path} changes what guests' firewalls use, but the "
+                          f"protected guests' firewalls could not be read ({exc}); nothing was sent.") from None
+
+
+def _reached(read: Callable[..., Any], touched: str, vmids: list[int]) -> set[int]:
+    reached = set()
+    for guest in read("/cluster/resources", type="vm") or []:
+        if int(guest["vmid"]) not in vmids:
+            continue
+        base = f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}/firewall"
+        if touched == "enable":
+            hit = str((read(f"{base}/options") or {}).get("enable", 0)).lower() in ("1", "true")
+        else:
+            hit = any(touched in _names(rule) for rule in read(f"{base}/rules") or [])
+        if hit:
+            reached.add(int(guest["vmid"]))
+    return reached
+
+
 def fixing_rule(source: Any, port: int) -> dict:
     return {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": str(port), "source": str(source), "enable": 1}
 

@@ -219,6 +219,8 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
         judge(host, decision)  # read the firewall only for a call the rest of the policy allows
         firewall_guard.check(host, decision, read, SETTINGS.source_address)
+        protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+        decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"))
     return decision

@@ -247,6 +247,24 @@ def test_a_protected_guests_firewall_is_refused(admin, sim):
         assert "Guest 101 (db) is protected" in message and sent == []
 
 
+def test_what_a_protected_guests_firewall_uses_is_protected(admin, sim):
+    fw = sim.lab.firewall
+    fw["cluster"]["groups"] |= {"dbaccess": [], "web": []}
+    fw["cluster"]["aliases"]["dbclients"] = {"name": "dbclients", "cidr": "192.0.2.0/28"}
+    fw["guests"][101] = {"options": {"enable": 1}, "ipsets": {}, "aliases": {}, "rules": [
+        {"type": "group", "action": "dbaccess", "enable": 1},
+        {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "5432", "source": "dbclients", "enable": 1}]}
+    rule = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}
+    for call in ({"method": "POST", "path": "/cluster/firewall/groups/dbaccess", "params": rule},
+                 {"method": "PUT", "path": "/cluster/firewall/aliases/dbclients", "params": {"cidr": "0.0.0.0/1"}}):
+        message, sent = writes(sim, lambda c=call: admin.error("write_api_call", c | {"confirm": True}))
+        assert "Guest 101 (db) is protected" in message and sent == []
+    message = admin.error("write_firewall_options", {"enable": False, "confirm": True})  # its firewall needs this
+    assert "Guest 101 (db) is protected" in message and fw["cluster"]["options"]["enable"] == 1
+    admin.ok("write_api_call", {"method": "POST", "path": "/cluster/firewall/groups/web", "params": rule,
+                                "confirm": True})  # a group it does not use
+
+
 def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
     # ops@pve holds PVEVMAdmin (VM.Config.Network: the tool is offered) and PVEAuditor, not Sys.Modify
     env = {"PROXMOX_LAB_URL": sim.pve_url, "PROXMOX_LAB_USER": "ops@pve", "PROXMOX_LAB_PASSWORD":
