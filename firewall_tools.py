@@ -175,7 +175,7 @@ def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host
                         rule: dict | None = None, digest: str | None = None,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Add (at pos; default top), update, move (rule.moveto) or delete a firewall rule of the cluster, a
-    node or a guest; digest from firewall_rules. Refuses lockouts."""
+    node or a guest; digest from firewall_rules."""
     client = pve_client(host)
     firewall, level, row = _level(client, node, vmid)
     base = f"{firewall}/rules"
@@ -207,7 +207,7 @@ def write_firewall_options(host: Host = None, node: Node = None, vmid: OptionalV
                            enable: bool | None = None, policy_in: Policy | None = None,
                            policy_out: Policy | None = None, dry_run: DryRunArg = False,
                            confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Enable or disable the firewall of the cluster, a node or a guest; set policies. Refuses lockouts."""
+    """Enable or disable the firewall of the cluster, a node or a guest, or set its policies."""
     client = pve_client(host)
     base, level, row = _level(client, node, vmid)
     if node is not None and vmid is None and (policy_in or policy_out):
