@@ -270,6 +270,8 @@ NAMED_FORMATS = {
     "pve-userid": r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+",
     # no leading zeros, 3 to 9 digits (docs/PROXMOX-BEHAVIOUR.md#vmids): 0000000101 is not guest 101
     "pve-vmid": r"[1-9][0-9]{2,8}",
+    # sshkeys: URL-encoded text (pve-common JSONSchema.pm, pve_verify_urlencoded)
+    "urlencoded": r"[-%a-zA-Z0-9_.!~*'()]*",
 }
 LIST_SEPARATORS = re.compile(r"[,;\s]+")  # PVE's split_list (a NUL byte separates too)
 

@@ -39,7 +39,8 @@ HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE"
 GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
-TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "firewall", "backups")
+TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
+                  "firewall")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
@@ -62,6 +63,8 @@ GLOBALS = {
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
+    "PROXMOX_RESTORE_MAX_MB": "megabytes one restored file may have, e.g. 1024",
     "PROXMOX_SOURCE_ADDRESS": "the IP address the Proxmox nodes see this server connect from, e.g. 192.0.2.50",
     "PROXMOX_TOOLSETS": "comma list of " + ", ".join(TOOLSET_NAMES),
     "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
@@ -183,6 +186,8 @@ class Config:
     warnings: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
     env_files: list[Path] = field(default_factory=list)  # the .env files read (read_env_files), for --check
+    restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
+    restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
 
 
 # ================================================================ the whole configuration
@@ -253,6 +258,25 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.settings.elicit = flag(env, "PROXMOX_ELICIT", "true")
     config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
         else default_audit_path(env)
+    read_restore_settings(env, config)
+
+
+def read_restore_settings(env: dict[str, str], config: Config) -> None:
+    """PROXMOX_RESTORE_DIR and PROXMOX_RESTORE_MAX_MB: where files restored from backups go, and
+    how large one may be. The folder must be an absolute path (after ~); it is created on first use."""
+    folder = env.get("PROXMOX_RESTORE_DIR", "").strip()
+    if folder:
+        path = Path(folder).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} is not an absolute path; give e.g. "
+                              f"{Path.home() / 'restored'}.")
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} exists and is not a folder.")
+        config.restore_dir = path
+    megabytes = env.get("PROXMOX_RESTORE_MAX_MB", "1024").strip()
+    if not megabytes.isdigit() or not 1 <= int(megabytes) <= 1024 * 1024:
+        raise ConfigError(f"PROXMOX_RESTORE_MAX_MB={megabytes!r} is not a number of megabytes (1 to 1048576).")
+    config.restore_max_bytes = int(megabytes) * 1024 ** 2
 
 
 def read_protected_guests(env: dict[str, str], config: Config) -> None:

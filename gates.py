@@ -158,6 +158,10 @@ ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", any_value, "elevated",
      "runs a script or writes to a host path"),
     (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", any_value, "write", "restores a backup"),
+    # snippets are files on the host's storage that only root can place; the API checks no access to
+    # them (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    (r".*/qemu(/\{vmid\}/config)?", r"cicustom", any_value, "elevated",
+     "cicustom feeds snippet files from the host's storage into the guest"),
 ]
 # Arguments whose absence raises a call's gate, because Proxmox then takes the dangerous value:
 # (method, path regex, parameter, unless (the call's params -> bool), gate, why).

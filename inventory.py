@@ -150,6 +150,27 @@ def storages_on(rows: list[dict], node: str) -> dict[str, dict]:
     return {r["storage"]: r for r in rows if r.get("node") == node and r.get("status") == "available"}
 
 
+def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
+    """The node to restore on: any for a shared storage; for a local one (each node's `local`)
+    the node whose disk holds the archive (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = archive.split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
+    if not rows or rows[0].get("shared"):
+        return check_node(client, node) if node else online_node(client)
+    candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
+    for name in candidates:
+        volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
+        if any(v["volid"] == archive for v in volumes):
+            return name
+    holders = [r["node"] for r in rows if r["node"] not in candidates and any(
+        v["volid"] == archive for v in client.get(f"/nodes/{r['node']}/storage/{storage}/content",
+                                                  content="backup") or [])]
+    if holders:
+        raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
+                              f"node's own disk: restore it there (node={holders[0]}).")
+    raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
+
+
 # ---------------------------------------------------------------- backup jobs
 
 def vmid_set(text: Any) -> set[int]:

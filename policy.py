@@ -12,7 +12,8 @@ anything is sent, and runs the same sequence for both:
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
   4. confirm    destructive, exec and elevated calls: the user is asked when the client can
-                ask; confirm=true stands in only for clients that cannot
+                ask (before the call runs, about the whole plan: see plan_call and plan_steps);
+                confirm=true stands in only for clients that cannot
   5. audit      one line before sending (if it cannot be written, nothing is sent), one after
   6. send       and mask the secrets the answer carries
 
@@ -25,6 +26,8 @@ The gates themselves, and which a call needs, are gates.py.
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import json
 import posixpath
 import re
 import time
@@ -46,11 +49,14 @@ from protection import Protected, Scope, load_protected, named_guests, truthy  #
 
 
 class DryRun(Exception):
-    """Raised instead of sending a write when dry run is on; carries the exact request."""
+    """Raised instead of sending a write when dry run (or planning) is on; carries the exact
+    request as the answer shows it (`plan`) and the judged requests (`decisions`)."""
 
-    def __init__(self, plan: dict):
+    def __init__(self, plan: dict, decisions: list[tuple[Any, "Decision"]] | None = None, summary: str = ""):
         super().__init__("dry run")
         self.plan = plan
+        self.decisions = decisions or []
+        self.summary = summary  # a declared plan's steps in words (plan_steps)
 
 
 # Reads that follow a confirmed call (judged, but neither confirmed nor audited again): (template regex, why).
@@ -167,6 +173,7 @@ class Decision:
     path_params: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # parameters the schema refuses
     audit_params: dict[str, Any] | None = None  # what the audit line shows instead of `params`
+    basis: Any = None  # what the request was judged with beyond itself (a stored job), for the user's yes
 
     @property
     def gate(self) -> str:
@@ -238,6 +245,7 @@ def _judge_with_job(host: Any, decision: Decision, path_params: dict[str, str],
         raise PolicyError(f"{decision.method} {decision.path} depends on the job {config_path}, which could not "
                           f"be read ({exc}); nothing was sent.") from None
     stored = stored if isinstance(stored, dict) else {}
+    decision.basis = stored  # the user's yes is for the job as it was read
     if decision.template == "/cluster/backup/{id}":
         listed = protection.selection_scope(stored, decision.scope)
         if not (stored.get("vmid") or stored.get("pool") or truthy(stored.get("all", "0"))):
@@ -384,21 +392,102 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
         raise
     if decision.gates == ("read",) or decision.follow_up:
         return mask_answer(send(decision), decision.secrets)
-    audited = decision.audit_params if decision.audit_params is not None else decision.params
+    if current_call().get("planning"):  # the plan the user is asked about: nothing is sent
+        raise DryRun({}, [(host, decision)])
+    audited = _audited(decision)
     if current_call().get("dry_run") or SETTINGS.dry_run:
         audit(host, decision.method, decision.path, audited, "dry_run")
-        raise DryRun(plan(decision) if plan else default_plan(host, decision))
-    try:
-        if decision.confirm:
-            confirm = current_call().get("confirm")
-            if confirm is None:
-                raise ConfirmationNeeded(f"{decision.method} {decision.path} is {decision.gate} and needs the "
-                                         f"user's confirmation, which this caller cannot give.")
-            confirm(host, decision)
-    except PolicyError as exc:
-        audit(host, decision.method, decision.path, audited, "refused", error=str(exc))
-        raise
+        raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
+    _confirm(host, [decision])
     return _send_audited(host, decision, audited, send)
+
+
+def _audited(decision: Decision) -> dict[str, Any]:
+    return decision.audit_params if decision.audit_params is not None else decision.params
+
+
+# ================================================================ 4. confirmation: plan, ask, apply
+
+def approval_key(host: Any, decision: Decision) -> str:
+    """What the user's yes is pinned to: the host, the method, the path and every parameter, and
+    what the decision was judged with (a stored job), so that a changed request is asked again."""
+    return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, decision.params,
+                                      decision.basis], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
+    """A short name for a whole plan, shown in the question: another plan is another question."""
+    return hashlib.sha256("".join(approval_key(h, d) for h, d in plan).encode()).hexdigest()[:10]
+
+
+def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
+    """Step 4: the requests that need the user's yes and were not in the plan the user approved
+    are put to the call's confirmation step (server.confirmer); a refusal is audited."""
+    approved = current_call().get("approved", ())
+    pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved]
+    if not pending:
+        return
+    try:
+        confirm = current_call().get("confirm")
+        if confirm is None:
+            raise ConfirmationNeeded(f"{pending[0].method} {pending[0].path} is {pending[0].gate} and needs the "
+                                     f"user's confirmation, which this caller cannot give.")
+        confirm(host, pending, summary)
+    except PolicyError as exc:
+        for decision in pending:
+            audit(host, decision.method, decision.path, _audited(decision), "refused", error=str(exc))
+        raise
+    current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
+
+
+def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary: str,
+               read: Callable[[str], Any] | None = None) -> list[Decision]:
+    """A tool that sends several requests declares, before the first, those it can name already
+    (the restore drill: the start, stop and delete of its scratch guest) and the whole plan in
+    words: they are judged now, a dry run shows them, and those that need the user's yes are asked
+    together, once, before anything is sent."""
+    decisions = []
+    for method, path, params in steps:
+        try:
+            decisions.append(check(host, method, path, params, read))
+        except PolicyError as exc:
+            audit(host, method, path, params, "refused", error=str(exc))
+            raise
+    writes = [d for d in decisions if d.gates != ("read",) and not d.follow_up]
+    if current_call().get("planning"):
+        raise DryRun({}, [(host, d) for d in writes], summary)
+    if current_call().get("dry_run") or SETTINGS.dry_run:
+        for decision in writes:
+            audit(host, decision.method, decision.path, _audited(decision), "dry_run")
+        raise DryRun({"dry_run": True, "host": host.label, "plan": summary,
+                      "steps": [default_plan(host, d) for d in writes],
+                      "needs_confirmation": any(d.confirm for d in writes)}, [(host, d) for d in writes], summary)
+    _confirm(host, writes, summary)
+    return decisions
+
+
+@dataclass
+class Plan:
+    """What a call would send that needs the user's yes, found before it runs (plan_call)."""
+    decisions: list[tuple[Any, Decision]] = field(default_factory=list)
+    summary: str = ""
+
+
+def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str) -> Plan:
+    """Run a tool as far as its first write (or its declared plan_steps) without sending it: the
+    requests it would send that need the user's yes. Nothing is sent but reads, nothing audited;
+    a call that fails before its first write needs no question (it fails again when it runs)."""
+    token = CALL.set({"tool": tool, "planning": True})
+    try:
+        function(**arguments)
+    except DryRun as planned:
+        confirmed = [(host, decision) for host, decision in planned.decisions if decision.confirm]
+        return Plan(confirmed, planned.summary if confirmed else "")
+    except ToolFailure:
+        return Plan()
+    finally:
+        CALL.reset(token)
+    return Plan()
 
 
 def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: Callable[[Decision], Any]) -> Any:
@@ -454,6 +543,7 @@ ROLE_FOR_PRIVILEGE = {
     "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
     "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "Administrator",
     "Sys.PowerMgmt": "Administrator", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+    "Sys.AccessNetwork": "Administrator",
 }
 
 
@@ -464,12 +554,21 @@ PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
 
 # (product, label) -> major version, from GET /version when the privileges are read
 VERSIONS: dict[tuple[str, str], int] = {}
+# (product, label) -> (major, minor), read at the same time, for methods newer than a major release
+RELEASES: dict[tuple[str, str], tuple[int, int]] = {}
 
 
 def set_version(host: Any, version: str) -> None:
-    match = re.match(r"(\d+)\.", str(version))
+    match = re.match(r"(\d+)\.(\d+)", str(version))
     if match:
         VERSIONS[(host.product, host.label)] = int(match.group(1))
+        RELEASES[(host.product, host.label)] = (int(match.group(1)), int(match.group(2)))
+
+
+def version_at_least(host: Any, release: tuple[int, int]) -> bool | None:
+    """Whether the host runs `release` (major, minor) or later; None when its version is not known."""
+    known = RELEASES.get((host.product, host.label))
+    return None if known is None else known >= release
 
 
 def version_privileges(host: Any, privileges: list[str] | tuple[str, ...]) -> list[str]:
@@ -516,24 +615,43 @@ def holds_anywhere(host: Any, privilege: str) -> bool:
 
 def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     check = entry.get("check")
-    if not check or host.product != "pve" or check[0] != "perm":
-        return  # only plain privilege checks are decided here; Proxmox decides the rest
+    if not check or host.product != "pve":
+        return  # only privilege checks are decided here; Proxmox decides the rest
     if entry["method"] != "GET" and getattr(host, "write_token_id", None):
         return  # writes go with the write token, whose privileges were not read
+    missing = _missing(host, check, values)
+    if missing:
+        acl_path, lacking = missing
+        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
+                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
+                          + grant_hint(host, lacking, acl_path))
+
+
+def _missing(host: Any, check: list, values: dict[str, str]) -> tuple[str, str] | None:
+    """(ACL path, privileges) a schema permission check finds missing, or None: `perm` checks,
+    and `and`/`or` of them as PVE evaluates them (e.g. oci-registry-pull needs
+    Datastore.AllocateTemplate on the storage and Sys.AccessNetwork on the node); other kinds
+    are left to Proxmox."""
+    if check[0] in ("and", "or"):
+        found = [_missing(host, sub, values) for sub in check[1:] if isinstance(sub, list)]
+        failed = [f for f in found if f]
+        if check[0] == "and":
+            return failed[0] if failed else None
+        return failed[0] if found and len(failed) == len(found) else None
+    if check[0] != "perm":
+        return None
     acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
     if "{" in acl_path:
-        return
+        return None
     privileges = version_privileges(host, check[2])
     verdicts = [holds(host, p, acl_path) for p in privileges]
     if "any" in check[3:]:
         missing = all(v is False for v in verdicts)
     else:
         missing = any(v is False for v in verdicts)
-    if missing:
-        lacking = "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
-        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
-                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
-                          + grant_hint(host, lacking, acl_path))
+    if not missing:
+        return None
+    return acl_path, "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
 
 
 # PBS: the least built-in role with each privilege (proxmox-backup pbs-api-types/src/acl.rs).
@@ -572,7 +690,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
           result: str | None = None, error: str | None = None, started: float | None = None) -> None:
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
     hash (see audit.py for the file). With `strict` a failure to write raises OSError."""
-    if SETTINGS.audit_path is None:
+    if SETTINGS.audit_path is None or current_call().get("planning"):
         return
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),

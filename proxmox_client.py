@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import socket
 import ssl
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
@@ -276,6 +278,13 @@ class ProxmoxClient:
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
                             read=self.get, plan=self._dry_run_plan)
 
+    def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str) -> None:
+        """Declare the requests a multi-step tool will send, before its first (policy.plan_steps):
+        judged now, shown together by a dry run, confirmed together once."""
+        self.ensure_permissions()
+        policy.plan_steps(self.host, [(m.upper(), path, encode_params(params)) for m, path, params in steps],
+                          summary, read=self.get)
+
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
         """Send what the policy admitted; a write drops the reads kept meanwhile."""
         data = self._send(decision.method, decision.path, decision.params, timeout)
@@ -380,6 +389,14 @@ class ProxmoxClient:
         self._refuse_redirect(response)
         if response.status_code >= 400:
             raise self._http_error(method, path, response)
+        return self._data(method, path, response)
+
+    def _data(self, method: str, path: str, response: requests.Response) -> Any:
+        """The `data` of a JSON answer; of a file download (file-restore, pxar) only its size: its
+        bytes never go into an answer (write_restore_file saves them)."""
+        if response.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            return {"download": f"a file of {len(response.content)} bytes, not shown",
+                    "next": "write_restore_file saves files from backups"}
         try:
             return response.json().get("data")
         except ValueError:
@@ -388,6 +405,38 @@ class ProxmoxClient:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
+
+    def download(self, path: str, params: dict[str, Any], destination: Path, max_bytes: int,
+                 also: tuple[str, str] | None = None) -> int:
+        """A file Proxmox streams instead of JSON (file-restore, pxar downloads), admitted like any
+        request, written to `destination` (which must not exist) and never beyond `max_bytes`;
+        the byte count. `also` (gate, why) raises the call's gates: saving to disk is the tool's
+        own act."""
+        params = encode_params(params)
+        self.ensure_permissions()
+        decision = policy.classify(self.host, "GET", path, params, self.get)
+        if also:
+            decision.gates = policy.combine(set(decision.gates) | {also[0]})
+            decision.reasons.append(also[1])
+        return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
+                            read=self.get, plan=self._dry_run_plan, decision=decision)
+
+    def _stream(self, decision: policy.Decision, destination: Path, max_bytes: int) -> int:
+        import requests
+        url = self.base + quote(decision.path, safe="/:@!=,")
+        try:
+            response = self.session.get(url, params=decision.params, headers=self._auth_headers("GET"),
+                                        timeout=(self.host.connect_timeout, self.host.read_timeout),
+                                        verify=self.verify, allow_redirects=False, stream=True)
+        except requests.exceptions.SSLError:
+            raise self._tls_error() from None
+        except requests.exceptions.RequestException as exc:
+            raise self._connection_error(exc) from None
+        with response:
+            self._refuse_redirect(response)
+            if response.status_code >= 400:
+                raise self._http_error("GET", decision.path, response)
+            return _save(response, destination, max_bytes, f"{decision.path} on host '{self.host.label}'")
 
     def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
                until_write: bool = False) -> Any:
@@ -534,6 +583,33 @@ class ProxmoxClient:
 
 # ---------------------------------------------------------------- tasks, as the tools answer them
 
+def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
+    """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
+    broken transfer leaves no file behind."""
+    import requests
+    partial = destination.with_name(destination.name + ".part")
+    written = 0
+    # never over a file of the same name; readable by this server's user only (backup contents)
+    out = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+    try:
+        with out:
+            for chunk in response.iter_content(chunk_size=1 << 16):
+                written += len(chunk)
+                if written > max_bytes:
+                    raise ProxmoxError(f"{what} is larger than the {max_bytes // 1024 ** 2} MiB cap "
+                                       f"(PROXMOX_RESTORE_MAX_MB); nothing was kept.")
+                out.write(chunk)
+        partial.replace(destination)
+    except requests.exceptions.RequestException as exc:
+        partial.unlink(missing_ok=True)
+        raise ProxmoxError(f"The download of {what} broke off after {written} bytes ({exc}); nothing was "
+                           f"kept.") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return written
+
+
 def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
              ctx: Context | None, action: str) -> dict:
     """Send a write and, when it starts a task, wait for it with progress notifications.
@@ -602,13 +678,16 @@ def _error_text(response: requests.Response) -> tuple[str, dict]:
 
 
 def _permission_message(where: str, message: str, host: HostConfig) -> str:
+    # PBS names privileges first: `missing permissions 'A|B' on '/x'` (cached_user_info.rs) or, for
+    # namespaced reads, `permission check failed - missing A|B on /x` (hierarchy.rs check_ns_privs_full)
     match = re.search(r"Permission check failed \(([^,]+), ([^)]+)\)", message) or \
-        re.search(r"missing permissions '([^']+)' on '([^']+)'", message)
+        re.search(r"missing permissions '([^']+)' on '([^']+)'", message) or \
+        re.search(r"missing ([\w.|]+) on (/\S*)", message)
     if not match:
         if "API token" in message:
             return f"{where} refused: {message} This endpoint needs a user login, not a token."
         return f"Permission denied for {where}: {message}"
-    if message.startswith("missing"):  # PBS: privileges first, then path
+    if "missing" in message:  # PBS: privileges first, then path
         privileges, acl_path = match.group(1), match.group(2)
     else:
         acl_path, privileges = match.group(1), match.group(2)

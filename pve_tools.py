@@ -17,8 +17,8 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
-                       online_node, resolve_guest, storage_node, storage_rows, storages_on)
+from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
+                       node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
                             task_report)
 
@@ -583,7 +583,7 @@ def write_restore_backup(archive: Volid,
         node = node or row["node"]
     else:
         vmid = _free_vmid(client, vmid)
-    node = _archive_node(client, archive, node)
+    node = archive_node(client, archive, node)
     # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
                               "force": True if overwrite else None, "unique": None if overwrite else True}
@@ -593,27 +593,6 @@ def write_restore_backup(archive: Volid,
         params |= {"ostemplate": archive, "restore": True}
     result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
     return result | {"vmid": vmid, "node": node}
-
-
-def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
-    """The node to restore on: any for a shared storage; for a local one (each node's `local`)
-    the node whose disk holds the archive (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
-    storage = archive.split(":", 1)[0]
-    rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
-    if not rows or rows[0].get("shared"):
-        return check_node(client, node) if node else online_node(client)
-    candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
-    for name in candidates:
-        volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
-        if any(v["volid"] == archive for v in volumes):
-            return name
-    holders = [r["node"] for r in rows if r["node"] not in candidates and any(
-        v["volid"] == archive for v in client.get(f"/nodes/{r['node']}/storage/{storage}/content",
-                                                  content="backup") or [])]
-    if holders:
-        raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
-                              f"node's own disk: restore it there (node={holders[0]}).")
-    raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
 
 
 VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
@@ -672,6 +651,7 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
                       full: bool | None = None,
                       storage: str | None = None,
                       snapshot: str | None = None,
+                      cloudinit: dict[str, Any] | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Clone a guest: full, or linked (a template's default)."""
     client = pve_client(host)
@@ -680,11 +660,39 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     if target:
         check_node(client, target)
     _clone_checks(client, base, row, full, storage, snapshot, target)
+    if cloudinit:
+        _clone_cloudinit_checks(client, base, row, cloudinit)
     newid = _free_vmid(client, newid)
     params = {"newid": newid, "target": target, "full": full, "storage": storage, "snapname": snapshot,
               ("name" if row["type"] == "qemu" else "hostname"): name}
     result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
-    return result | {"newid": newid}
+    answer = result | {"newid": newid}
+    if cloudinit and result.get("result") in ("ok", "warnings"):
+        answer["cloudinit"] = write_cloudinit(newid, host=host, **cloudinit)
+    elif cloudinit:
+        answer["cloudinit"] = f"not applied yet: the clone is still running; when it ends, call write_cloudinit " \
+                              f"vmid={newid} with the same settings"
+    return answer
+
+
+def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, settings: dict[str, Any]) -> None:
+    """Cloud-init settings for a clone, checked before anything is cloned: a VM with a cloud-init
+    drive, write_cloudinit's own arguments and values."""
+    unknown = sorted(set(settings) - set(CLOUDINIT_ARGS))
+    if unknown:
+        raise InvalidArgument(f"cloudinit takes {', '.join(CLOUDINIT_ARGS)}; not {', '.join(unknown)}. Nothing was "
+                              f"sent.")
+    if row["type"] != "qemu":
+        raise InvalidArgument("cloudinit applies to VM clones only. Nothing was sent.")
+    config = client.get(f"{base}/config") or {}
+    if _cloudinit_drive(config) is None:
+        raise InvalidArgument(f"VM {row['vmid']} has no cloud-init drive, so its clone would have none: add one "
+                              f"(write_guest_config set={{\"ide2\": \"local-lvm:cloudinit\"}}) or leave cloudinit "
+                              f"out. Nothing was sent.")
+    try:
+        _cloudinit_params(config, **settings)
+    except TypeError as exc:
+        raise InvalidArgument(f"cloudinit: {exc}. Nothing was sent.") from None
 
 
 def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
@@ -849,6 +857,46 @@ def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created:
     return f"scsi0 grown from {size}G (the image) to {disk_gb}G"
 
 
+LXC_FEATURES = ("nesting", "keyctl", "fuse", "mknod", "force_rw_sys", "mount")
+
+
+def _lxc_features(client: ProxmoxClient, unprivileged: bool, features: str | None) -> str | None:
+    """The `features` of a new container: nesting=1 for an unprivileged one unless features say
+    nesting=0, as the GUI's create wizard sends it; other flags only where Proxmox allows them:
+    root@pam logged in with its password (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
+    parts: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (features or "").split(","))):
+        key, _, value = part.partition("=")
+        if key not in LXC_FEATURES or not value:
+            raise InvalidArgument(f"features: '{part}' is not flag=value of {', '.join(LXC_FEATURES)} "
+                                  f"(e.g. keyctl=1,fuse=1).")
+        parts[key] = value
+    nesting = unprivileged and parts.pop("nesting", "1") not in ("0", "no", "off", "false")
+    parts = ({"nesting": "1"} if nesting else {}) | parts
+    host = client.host
+    as_root = host.user == "root@pam" and not host.token_secret
+    if parts and not unprivileged and not as_root:
+        raise InvalidArgument("Proxmox lets only root@pam (logged in with its password) set feature flags on a "
+                              "privileged container; leave nesting and features out, or keep it unprivileged.")
+    others = [k for k in parts if k != "nesting"]
+    if others and not as_root:
+        raise InvalidArgument(f"Proxmox lets only root@pam (logged in with its password, not a token) set "
+                              f"{', '.join(others)}; an API token gets 403. Leave them out and set them on the node "
+                              f"afterwards (pct set <vmid> --features ...), or use nesting alone.")
+    return ",".join(f"{k}={v}" for k, v in parts.items()) or None
+
+
+def _oci_note(client: ProxmoxClient, node: str, vmid: int) -> str | None:
+    """An OCI application image brings its own entry point; Proxmox then manages the network from
+    the host (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
+    config = client.get(f"/nodes/{node}/lxc/{vmid}/config") or {}
+    if not config.get("entrypoint"):
+        return None
+    return (f"Application container from an OCI image: it runs `{config['entrypoint']}` instead of an init system, "
+            f"and its network is host-managed (the host brings it up on start). Its environment is in `env` "
+            f"(guest_config).")
+
+
 def write_create_lxc(hostname: GuestName,
                      template: Volid,
                      host: Host = None, node: Node = None,
@@ -860,10 +908,12 @@ def write_create_lxc(hostname: GuestName,
                      gateway: str | None = None,
                      ssh_keys: str | None = None,
                      unprivileged: bool = True,
+                     features: str | None = None, onboot: bool = False,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Create a container from a template."""
     client = pve_client(host)
+    flags = _lxc_features(client, unprivileged, features)
     node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
@@ -871,10 +921,13 @@ def write_create_lxc(hostname: GuestName,
     net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "")
     net += f",tag={vlan}" if vlan else ""
     params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
-              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged,
-              "ssh-public-keys": ssh_keys, "start": start or None}
+              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged, "features": flags,
+              "onboot": onboot or None, "ssh-public-keys": ssh_keys, "start": start or None}
     result = run_task(client, "POST", f"/nodes/{node}/lxc", params, wait_seconds, ctx, f"create CT {vmid}")
-    return result | {"vmid": vmid, "node": node}
+    answer = result | {"vmid": vmid, "node": node}
+    if template.endswith(".tar") and result.get("result") in ("ok", "warnings"):
+        answer["note"] = _oci_note(client, node, vmid)
+    return {k: v for k, v in answer.items() if v is not None}
 
 
 # The names download-url accepts (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports).
@@ -971,3 +1024,129 @@ def write_set_nic(vmid: Vmid, host: Host = None,
     value = ",".join(f"{k}={v}" if v != "" else k for k, v in parts.items())
     client.request("PUT", f"{base}/config", {nic: value, "digest": config.get("digest")})
     return {"vmid": vmid, nic: value, "was": config[nic], "result": "ok"}
+
+
+# ---------------------------------------------------------------- cloud-init
+
+CLOUDINIT_ARGS = ("user", "ssh_keys", "password", "ip", "dns", "upgrade")
+PUBLIC_KEY = re.compile(r"(ssh-(rsa|dss|ed25519)|ecdsa-sha2-\S+|sk-\S+@openssh\.com)\s+[A-Za-z0-9+/=]+(\s.*)?")
+
+
+def _ssh_keys(text: str) -> str:
+    """Public keys as qemu-server stores `sshkeys`: one per line, URL-encoded (it URI-unescapes them
+    to check and to write the drive: docs/PROXMOX-BEHAVIOUR.md#cloud-init). Plain keys are taken; an
+    already encoded value is decoded first."""
+    from urllib.parse import unquote
+    if "%" in text and " " not in text:
+        text = unquote(text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if any("PRIVATE KEY" in line for line in lines):
+        raise InvalidArgument("ssh_keys holds a private key; give the public key (the .pub file). Nothing was sent.")
+    bad = [line[:40] for line in lines if not PUBLIC_KEY.fullmatch(line)]
+    if bad or not lines:
+        raise InvalidArgument(f"ssh_keys: '{bad[0] if bad else text[:40]}' is not an OpenSSH public key line "
+                              f"(e.g. ssh-ed25519 AAAA... me@laptop). Nothing was sent.")
+    return quote("\n".join(lines), safe="")
+
+
+def _ip_config(nic: str, value: str) -> str:
+    """One NIC's ipconfig: dhcp, a CIDR with an optional gw, or Proxmox's own ip=...,gw=... form."""
+    import ipaddress
+    text = value.strip()
+    if text in ("dhcp", "auto", "dhcp6"):
+        return {"dhcp": "ip=dhcp", "dhcp6": "ip6=dhcp", "auto": "ip6=auto"}[text]
+    if "=" not in text.split(",")[0]:
+        text = "ip=" + text
+    parts = dict(part.partition("=")[::2] for part in text.split(","))
+    try:
+        for key, address in parts.items():
+            if key not in ("ip", "gw", "ip6", "gw6"):
+                raise ValueError(f"'{key}' is not ip, gw, ip6 or gw6")
+            if key.startswith("ip") and address not in ("dhcp", "auto"):
+                if "/" not in address:
+                    raise ValueError(f"{address} needs its prefix length, e.g. {address}/24")
+                ipaddress.ip_interface(address)
+            elif key.startswith("gw"):
+                ipaddress.ip_address(address)
+    except ValueError as exc:
+        raise InvalidArgument(f"ip for {nic}: {exc} (give dhcp, or e.g. 192.0.2.10/24,gw=192.0.2.1). "
+                              f"Nothing was sent.") from None
+    return text
+
+
+def _dns(text: str) -> dict[str, str]:
+    """`dns` as Proxmox keeps it: the addresses are name servers, the names search domains."""
+    import ipaddress
+    servers, domains = [], []
+    for item in filter(None, re.split(r"[,;\s]+", text.strip())):
+        try:
+            servers.append(str(ipaddress.ip_address(item)))
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
+                                item):
+                raise InvalidArgument(f"dns: '{item}' is neither an address nor a domain name (e.g. "
+                                      f"192.0.2.1 example.org). Nothing was sent.") from None
+            domains.append(item)
+    return {"nameserver": " ".join(servers) or None, "searchdomain": " ".join(domains) or None}
+
+
+def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | None = None, password: str | None = None,
+                      ip: dict[str, str] | None = None, dns: str | None = None,
+                      upgrade: bool | None = None) -> dict[str, Any]:
+    """The config keys a cloud-init change sets, checked against the VM's NICs."""
+    params: dict[str, Any] = {"ciuser": user, "ciupgrade": upgrade,
+                              "sshkeys": _ssh_keys(ssh_keys) if ssh_keys else None}
+    if password is not None:
+        if len(password) < 8:
+            raise InvalidArgument("password: use at least 8 characters (or ssh_keys). Nothing was sent.")
+        policy.register_secret(password)  # never shown again, wherever it would appear
+        params["cipassword"] = password
+    params |= _dns(dns) if dns else {}
+    nics = sorted(k for k in config if re.fullmatch(r"net\d+", k))
+    for nic, value in (ip or {}).items():
+        name = f"net{nic}" if str(nic).isdigit() else str(nic)
+        if name not in nics:
+            raise InvalidArgument(f"ip: the VM has no NIC {name}; its NICs: {', '.join(nics) or 'none'}.")
+        params[f"ipconfig{name[3:]}"] = _ip_config(name, str(value))
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _cloudinit_drive(config: dict) -> str | None:
+    return next((k for k, v in config.items() if re.fullmatch(r"(ide|sata|scsi|virtio)\d+", k)
+                 and "cloudinit" in str(v)), None)
+
+
+def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
+                    password: str | None = None, ip: dict[str, Any] | None = None, dns: str | None = None,
+                    upgrade: bool | None = None, dry_run: DryRunArg = False) -> dict:
+    """Set a VM's cloud-init (ip per NIC: dhcp or CIDR,gw=IP) and regenerate its drive."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] != "qemu":
+        raise InvalidArgument(f"Guest {vmid} is a container; cloud-init is for VMs (containers take ssh_keys at "
+                              f"write_create_lxc, and their network from write_set_nic/write_guest_config).")
+    config = client.get(f"{base}/config") or {}
+    drive = _cloudinit_drive(config)
+    if drive is None:
+        raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
+                              f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
+    params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
+    changed = {key: policy.MASK if key == "cipassword" else params[key] for key in sorted(params)}
+    # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    waiting = {r["key"]: "(deleted)" if r.get("delete") else policy.MASK if r["key"] == "cipassword" else r["pending"]
+               for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
+    try:
+        if params:
+            client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
+        client.request("PUT", f"{base}/cloudinit", {})
+    except policy.DryRun as dry:  # a dry run shows the diff too
+        dry.plan |= {"would_change": changed, "drive_lacks": waiting}
+        raise
+    running = row.get("status") == "running"
+    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"}
+    if waiting:
+        answer["also_applied"] = waiting  # earlier changes the drive lacked until now
+    answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
+                      f"its next boot (write_guest_power action=reboot)." if running else
+                      f"VM {vmid} is stopped: the changes apply when it starts.")
+    return answer

@@ -26,9 +26,10 @@ import logging
 import sys
 import threading
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import answers
 import audit
@@ -39,9 +40,11 @@ import proxmox_client
 import api_tools
 import backup_jobs
 import firewall_tools
+import file_restore
 import pbs_tools
 import pve_tools
 import shell_tools
+import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
                     is_loopback, load_config, read_env_files, tool_matches)
@@ -81,6 +84,7 @@ class ToolSpec:
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
+    setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -166,6 +170,7 @@ TOOLS = [
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
     ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
     ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
@@ -219,6 +224,12 @@ TOOLS = [
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(templates.list_templates, "read", "pve", "templates"),
+    ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),
+    ToolSpec(templates.write_pull_oci, "write", "pve", "templates", ("Sys.AccessNetwork",)),
+    ToolSpec(file_restore.backup_files, "sensitive", "", "backups"),
+    ToolSpec(file_restore.write_restore_file, "write", "", "backups", also=("sensitive",),
+             setting="PROXMOX_RESTORE_DIR"),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
@@ -260,31 +271,111 @@ class Confirmation(BaseModel):
 
 
 def can_elicit(ctx: Any) -> bool:
-    """Elicitation works only when the client declared it and the connection can reach it."""
-    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+    """Whether the user can be asked: the client declared elicitation, and the connection can
+    carry the question (on 2026-07-28 inside the call's input-required round trip; before it as a
+    request to the client in the middle of the call). See docs/SECURITY.md#confirmation."""
     try:
         capabilities = ctx.client_capabilities
-        return bool(capabilities and capabilities.elicitation) and \
-            ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.session.can_send_request
+        return bool(policy.SETTINGS.elicit and capabilities and capabilities.elicitation) and \
+            (asks_by_round_trip(ctx) or ctx.session.can_send_request)
     except (AttributeError, ValueError):
         return False
 
 
+def asks_by_round_trip(ctx: Any) -> bool:
+    """Whether the call speaks 2026-07-28 or later (questions and notifications travel otherwise)."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+    return getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
+
+
+def plan_resolver(function: Callable) -> Callable:
+    """Before a tool that can need confirmation runs, for a client that can ask its user: the
+    requests it would send (policy.plan_call), recomputed on every round of the call."""
+    def plan(ctx: Any, **arguments: Any) -> policy.Plan:
+        if arguments.get("dry_run") or policy.SETTINGS.dry_run or not can_elicit(ctx):
+            return policy.Plan()
+        return policy.plan_call(function, arguments | {"ctx": None}, function.__name__)
+    return _resolver(plan, function, f"plan_{function.__name__}")
+
+
+def approval_resolver(function: Callable, plan: Callable) -> Callable:
+    """The question about the whole plan; on 2026-07-28 the SDK carries it in the input-required
+    round trip and, on the retry, takes the answer only if the question (the plan, with its
+    digest) is unchanged; before that revision it asks in the middle of the call."""
+    from mcp.server.mcpserver.resolve import Elicit, Resolve
+
+    def approval(found: Annotated[policy.Plan, Resolve(plan)]) -> Any:
+        return Elicit(describe_plan(found.decisions, found.summary), Confirmation) if found.decisions else None
+    approval.__annotations__ = {"found": Annotated[policy.Plan, Resolve(plan)]}
+    approval.__qualname__ = approval.__name__ = f"approve_{function.__name__}"
+    return approval
+
+
+def _resolver(body: Callable, function: Callable, name: str) -> Callable:
+    """`body` with the tool's own arguments by name (how the SDK hands resolvers a call's arguments)."""
+    from mcp.server.mcpserver import Context
+    names = [n for n in inspect.signature(function).parameters if n != "ctx"]
+    body.__signature__ = inspect.Signature(
+        [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names])
+    body.__annotations__ = {"ctx": Context}
+    body.__qualname__ = body.__name__ = name
+    return body
+
+
+def with_confirmation(tool: Callable, function: Callable) -> Callable:
+    """A tool that can need the user's yes gets two parameters the SDK fills before it runs and
+    that are not in its input schema: the plan and the user's answer to it."""
+    from mcp.server.elicitation import ElicitationResult
+    from mcp.server.mcpserver.resolve import Resolve
+    plan = plan_resolver(function)
+    signature = inspect.signature(tool)
+    answer = Annotated[ElicitationResult[Confirmation], Resolve(approval_resolver(function, plan))]
+    extra = [inspect.Parameter("confirmation_plan", inspect.Parameter.KEYWORD_ONLY,
+                               annotation=Annotated[policy.Plan, Resolve(plan)]),
+             inspect.Parameter("user_answer", inspect.Parameter.KEYWORD_ONLY, annotation=answer)]
+    tool.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])
+    tool.__annotations__ = typing.get_type_hints(function, include_extras=True) | {
+        "confirmation_plan": Annotated[policy.Plan, Resolve(plan)], "user_answer": answer}
+    return tool
+
+
+def approved(plan: policy.Plan | None, answer: Any) -> set[str]:
+    """The approval keys of a plan the user said yes to; a refusal of it raises (and is audited)."""
+    if plan is None or not plan.decisions:
+        return set()
+    data = getattr(answer, "data", None)
+    if getattr(answer, "action", None) == "accept" and isinstance(data, Confirmation) and data.confirm:
+        return {policy.approval_key(host, decision) for host, decision in plan.decisions}
+    why = f"The user did not confirm ({getattr(answer, 'action', 'no answer')}); nothing was done."
+    for host, decision in plan.decisions:
+        policy.audit(host, decision.method, decision.path, decision.params, "refused", error=why)
+    raise policy.PolicyError(why)
+
+
 def confirmer(confirmed: bool, ctx: Any) -> Callable:
-    """The policy's confirmation step (destructive, exec and elevated calls). When the client can
-    ask its user (elicitation), the user is always asked and their answer decides, whatever
-    confirm says; confirm=true stands in only for clients that cannot ask (or PROXMOX_ELICIT=false)."""
-    def confirm(host: Any, decision: policy.Decision) -> None:
-        if policy.SETTINGS.elicit and ctx is not None and can_elicit(ctx):
-            ask_user(ctx, describe_request(host, decision))
+    """The policy's confirmation step for requests that need the user's yes and were not in the
+    plan the user approved before the call ran. A client that can ask is never answered by
+    confirm=true: before 2026-07-28 the user is asked now, in the middle of the call; on
+    2026-07-28 the question can only come before the call runs, so the request is refused and
+    the next call asks. confirm=true stands in only for clients that cannot ask (or
+    PROXMOX_ELICIT=false)."""
+    def confirm(host: Any, decisions: list[policy.Decision], summary: str = "") -> None:
+        question = describe_plan([(host, d) for d in decisions], summary)
+        if ctx is not None and can_elicit(ctx):
+            if asks_by_round_trip(ctx):
+                raise ConfirmationNeeded(f"Not sent: the user confirmed another plan than this one, which came up "
+                                         f"while the call ran ({question}). Call the tool again: the user is "
+                                         f"asked about the plan as it is now.")
+            ask_user(ctx, question)
         elif not confirmed:
-            raise ConfirmationNeeded(f"Confirmation needed: {describe_request(host, decision)} Ask the user; if they "
-                                     f"agree, call again with confirm=true.")
+            raise ConfirmationNeeded(f"Confirmation needed: {question} Ask the user; if they agree, call again "
+                                     f"with confirm=true.")
     return confirm
 
 
 def ask_user(ctx: Any, message: str) -> None:
-    """Ask the user through the client (elicitation); anything but a yes refuses."""
+    """Ask the user in the middle of a call (before 2026-07-28); anything but a yes refuses."""
     import anyio.from_thread
     try:
         answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
@@ -294,8 +385,17 @@ def ask_user(ctx: Any, message: str) -> None:
         raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
 
 
+def describe_plan(plan: list[tuple[Any, policy.Decision]], summary: str = "") -> str:
+    """The question: the plan in words when the tool declared one, each request that needs the
+    yes by its exact target (name and vmid) and consequence, and the plan's digest (another plan
+    is another question)."""
+    lines = [describe_request(host, decision) for host, decision in plan]
+    text = lines[0] if len(lines) == 1 else " ".join(f"{n}) {line}" for n, line in enumerate(lines, 1))
+    return f"{summary + ' ' if summary else ''}{text} (plan {policy.plan_digest(plan)})"
+
+
 def describe_request(host: Any, decision: policy.Decision) -> str:
-    """The confirmation text: the exact target by name and vmid, and the consequence."""
+    """One request in words: the exact target by name and vmid, and the consequence."""
     names = {}
     if decision.guests and host.product == "pve":
         try:
@@ -306,23 +406,25 @@ def describe_request(host: Any, decision: policy.Decision) -> str:
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
     on = f" on {targets}" if targets else ""
     gates = " + ".join(g.upper() for g in decision.gates if g not in ("read", "sensitive", "lifecycle", "write"))
-    return (f"{gates}: {decision.path}{on}, host '{host.label}'. "
+    return (f"{gates or decision.gate.upper()}: {decision.method} {decision.path}{on}, host '{host.label}'. "
             f"Consequence: {'; '.join(decision.reasons)}.")
 
 
 def as_tool(function: Callable) -> Callable:
-    """The MCP edge of a tool: compact JSON out; dry run and confirmation set up for the policy;
-    every failure a ToolError with a masked message."""
+    """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
+    confirmation set up for the policy; every failure a ToolError with a masked message."""
     import functools
 
     from mcp.server.mcpserver.exceptions import ToolError
 
     @functools.wraps(function)
-    def tool(*args: Any, **kwargs: Any) -> str:
+    def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
+             **kwargs: Any) -> str:
         call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
         try:
+            call["approved"] = approved(confirmation_plan, user_answer)
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
             result = dry.plan
@@ -333,6 +435,8 @@ def as_tool(function: Callable) -> Callable:
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
         return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+    if "confirm" in inspect.signature(function).parameters:
+        return with_confirmation(tool, function)
     return tool
 
 
@@ -354,14 +458,18 @@ PATTERNS = {
 NAMED_EXAMPLES = {
     "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
     "target_storage": "local-zfs",
-    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
+    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "method": "GET", "store": "backup",
     "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
     "upid": "UPID:pve1:...",
     "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
     "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
-    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
+    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": {"net0": "dhcp"},
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
-    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "path": "/root.pxar.didx/etc/hostname",
+    "search": "debian", "template": "debian-13-standard_13.1-2_amd64.tar.zst", "features": "keyctl=1",
+    "reference": "docker.io/library/nginx:latest", "user": "debian", "password": "a long passphrase",
+    "dns": "192.0.2.1 example.org", "cloudinit": {"user": "debian", "ip": {"net0": "dhcp"}},
+    "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
     "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": "192.0.2.0/24"},
     "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
     "keep": "keep-daily=7,keep-weekly=4",
@@ -446,6 +554,8 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
         return f"no {proxmox_client.PRODUCTS[spec.product].name} host is configured"
     if spec.ssh and not config.ssh:
         return "no SSH access is configured (PROXMOX_<LABEL>_SSH_NODES or PBS_<LABEL>_SSH_HOST)"
+    if spec.setting and not getattr(config, spec.setting.removeprefix("PROXMOX_").lower()):
+        return f"{spec.setting} is not set"
     if not any(all(policy.gate_open(rules, gate) for gate in (spec.gate, *spec.also))
                for rules in host_rules(config, spec.product)):
         closed = [g for g in (spec.gate, *spec.also) if not all(
@@ -470,7 +580,9 @@ class ToolVisibility:
         self.config: Config | None = None
         self.accepted: dict[str, set[str]] = {}  # tool -> the argument names it takes
         self.arguments: dict[str, Any] = {}  # tool -> its argument model (the SDK's FuncMetadata), for errors
-        self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw
+        self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw (before 2026-07-28)
+        self.bus: Any = None  # the server's subscriptions/listen bus (2026-07-28 clients listen there)
+        self.published: tuple | None = None  # the hidden set the bus was last told about
         self.token: Any = None
         self.lock = threading.Lock()
         self._hidden: tuple[int, dict[str, str]] = (-1, {})  # (privileges read so far, hidden tools)
@@ -540,7 +652,10 @@ class ToolVisibility:
                 result.tools = kept
             else:
                 result["tools"] = kept
-            self.notified[ctx.session] = tuple(sorted(hidden))
+            if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
+                self.published = self.published or tuple(sorted(hidden))
+            else:
+                self.notified[ctx.session] = tuple(sorted(hidden))
             self.listed.set()
         return result
 
@@ -570,6 +685,10 @@ class ToolVisibility:
         """After privileges were read: tell each session whose list is now stale."""
         import anyio.from_thread
         current = tuple(sorted(self.hidden()))
+        if self.published is not None and self.published != current and self.token is not None:
+            from mcp.shared.subscriptions import ToolsListChanged
+            anyio.from_thread.run(self.bus.publish, ToolsListChanged(), token=self.token)
+            self.published = current
         for session, seen in list(self.notified.items()):
             if seen != current and self.token is not None:
                 try:
@@ -632,6 +751,8 @@ def slim_schema(schema: dict, needless: set[str] = frozenset()) -> dict:
             prop.update(next(v for v in variants if v != {"type": "null"}))
         for key in ("title", "minimum", "maximum", "minLength", "maxLength", "pattern", "default"):
             prop.pop(key, None)
+        if prop.get("additionalProperties") is True:  # JSON Schema's default for an object: says nothing
+            del prop["additionalProperties"]
         if name in COMMON_PARAMS:
             prop.pop("description", None)
     return schema
@@ -656,7 +777,10 @@ def build_server(config: Config):
         slim_schema(tool.parameters, needless_params(config, spec))
         VISIBILITY.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY])
+    from mcp.server.subscriptions import InMemorySubscriptionBus
+    VISIBILITY.bus = InMemorySubscriptionBus()
+    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
+                       subscriptions=VISIBILITY.bus)
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -947,6 +1071,7 @@ def apply_configuration(config: Config) -> None:
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
     shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
+    file_restore.configure(config.restore_dir, config.restore_max_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_resources, job_selects, next_vmid, resolve_guest,
-                       storage_rows, vmid_set)
+from inventory import (archive_node, backup_storages, bridges, check_node, guest_resources, job_selects, next_vmid,
+                       resolve_guest, storage_rows, vmid_set)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -671,14 +671,16 @@ def write_provision_lxc(hostname: GuestName,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
                         bridge: str | None = None,
-                        ssh_keys: str | None = None, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                        ctx: Context | None = None) -> dict:
+                        ssh_keys: str | None = None,
+                        onboot: bool = False,
+                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Create and start a DHCP container in one call; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
                                           cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
-                                          ssh_keys=ssh_keys, wait_seconds=wait_seconds, ctx=ctx)
+                                          ssh_keys=ssh_keys, onboot=onboot,
+                                          wait_seconds=wait_seconds, ctx=ctx)
     return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
 
 
@@ -735,18 +737,31 @@ def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
 
 
 def _restore(d: Drill) -> None:
-    # a backup on a node's own `local` restores on that node; one on shared storage where there is room
-    # (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
-    storage = d.backup.split(":", 1)[0]
-    shared = any(r.get("shared") for r in storage_rows(d.client) if r["storage"] == storage)
-    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch,
-                                              node=_node_with_room(d.client, 512) if shared else None,
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=d.node,
                                               wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
-    node = restored["node"]
-    d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")
-    d.node, d.base = node, f"/nodes/{node}/{d.kind}/{d.scratch}"
+    d.steps.created.append(f"{d.kind} {d.scratch} on {d.node} (scratch)")
+    d.base = f"/nodes/{d.node}/{d.kind}/{d.scratch}"
     d.timings["restore_s"] = round(time.monotonic() - d.started, 1)
-    d.steps.record("restore", "done", vmid=d.scratch, node=node, backup=d.backup, upid=restored.get("upid"))
+    d.steps.record("restore", "done", vmid=d.scratch, node=d.node, backup=d.backup, upid=restored.get("upid"))
+
+
+def _drill_node(client: ProxmoxClient, backup: str) -> str:
+    """Where the scratch guest is restored: a backup on a node's own `local` on that node; one on
+    shared storage where there is room (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = backup.split(":", 1)[0]
+    shared = any(r.get("shared") for r in storage_rows(client) if r["storage"] == storage)
+    return archive_node(client, backup, _node_with_room(client, 512) if shared else None)
+
+
+def _declare_drill(d: Drill, vmid: int) -> None:
+    """The whole drill is put to the user before its first step: the restore, and the start, stop
+    and delete of the scratch guest (docs/SECURITY.md#confirmation)."""
+    base = f"/nodes/{d.node}/{d.kind}/{d.scratch}"
+    d.client.plan([("POST", f"{base}/status/start", {}), ("POST", f"{base}/status/stop", {}),
+                   ("DELETE", base, {"purge": True})],
+                  f"Restore drill of guest {vmid}: restore {d.backup} as scratch guest {d.scratch} on {d.node}, take "
+                  f"it off the network, start it, wait up to {d.answer_seconds} s for it to answer, then stop and "
+                  f"delete the scratch guest.")
 
 
 def _cut_nics(config: dict, kind: str, isolated: list[str]) -> dict[str, Any]:
@@ -820,7 +835,9 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     kind = resolve_guest(client, vmid)["type"]
     if backup is None:
         backup = _newest_backup(host, vmid)
-    drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx)
+    drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx,
+                  node=_drill_node(client, backup))
+    _declare_drill(drill, vmid)
     try:
         for step in DRILL_STEPS:
             step(drill)

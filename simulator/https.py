@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .api import handle
-from .call import ApiError
+from .call import ApiError, Download
 from .lab import Lab
 
 API_VIEWER = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
@@ -65,6 +65,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                           cookie=self.headers.get("Cookie", ""), csrf=self.headers.get("CSRFPreventionToken", ""))
         except ApiError as exc:
             return self._send_error(exc)
+        if isinstance(data, Download):  # a file: the bytes themselves, no JSON envelope
+            return self._send(200, "OK", data.data, raw=True, content_type="application/octet-stream")
         body_out: dict[str, Any] = {"data": data}
         if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
             body_out["total"] = len(data)
@@ -98,12 +100,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
             body["message"] = exc.message + "\n"
         self._send(exc.status, reason, body)
 
-    def _send(self, status: int, reason: str, body: Any, raw: bool = False) -> None:
-        payload = (body if raw else json.dumps(body)).encode() if body is not None else b""
+    def _send(self, status: int, reason: str, body: Any, raw: bool = False,
+              content_type: str = "application/json;charset=UTF-8") -> None:
+        payload = (body if raw else json.dumps(body)) if body is not None else b""
+        payload = payload.encode() if isinstance(payload, str) else payload
         if self.front.answer_delay:  # the host's own answer time, for bench/ (see Simulator)
             time.sleep(self.front.answer_delay)
         self.send_response(status, reason)
-        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)

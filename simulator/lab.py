@@ -65,6 +65,8 @@ def all_privileges(product: str) -> frozenset[str]:
         walk(entry.get("check"))
     if product == "pve":  # named only in handler code, not in the schema's checks
         found |= {"VM.Backup", "VM.Replicate", "Permissions.Modify"}
+    else:  # likewise (pbs-api-types src/acl.rs PRIV_DATASTORE_*)
+        found |= {"Datastore.Read", "Datastore.Verify", "Datastore.Prune"}
     return frozenset(found)
 
 

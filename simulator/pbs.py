@@ -7,6 +7,7 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _permissions
+from .file_restore import PBS_FILE_HANDLERS
 from .lab import GiB, Task
 
 
@@ -385,3 +386,4 @@ PBS_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/tasks/{upid}/status"): pbs_task_status,
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pbs_task_log,
 }
+PBS_HANDLERS |= PBS_FILE_HANDLERS

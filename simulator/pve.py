@@ -13,13 +13,16 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node, _permissions
+from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
 from .pve_backup_jobs import BACKUP_JOB_HANDLERS
+from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
 from .pve_firewall import FIREWALL_HANDLERS
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
                          pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template, pve_vzdump)
+from .pve_templates import PVE_TEMPLATE_HANDLERS
 
 
 # ---------------------------------------------------------------- PVE handlers
@@ -341,7 +344,7 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
     if entry["type"] == "pbs":
         rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
-    return [{k: val for k, val in v.items() if k != "_node"} for v in rows
+    return [{k: val for k, val in v.items() if not k.startswith("_")} for v in rows  # _node, _oci: the lab's own
             if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
 
 
@@ -531,6 +534,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/access/acl"): pve_acl,
     ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
 }
+PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
 PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,

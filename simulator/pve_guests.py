@@ -10,6 +10,8 @@ from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
 from .lab import GiB
+from .pve_cloudinit import FAST_PLUG, hide_password, record_change, regenerated, stored_password
+from .pve_templates import OCI_LOG, lxc_create, oci_config
 
 
 # ---- guest power: async tasks that fail later, as the real ones do (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
@@ -44,6 +46,7 @@ def _power_effect(call: Call, guest: dict, action: str) -> Callable[[], None]:
             guest["status"], guest["paused"] = "running", False
             if action in ("start", "reboot"):
                 _apply_pending(call, guest)
+                regenerated(guest)  # a start makes the cloud-init drive anew (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
         elif action in ("stop", "shutdown"):
             guest["status"], guest["paused"] = "stopped", False
         elif action == "suspend":
@@ -188,7 +191,7 @@ def pve_guest_config(kind: str) -> Callable:
                     config.pop(key, None)
                 else:
                     config[key] = value
-        return config
+        return hide_password(config) if kind == "qemu" else config
     return handler
 
 
@@ -205,7 +208,7 @@ def pve_guest_pending(kind: str) -> Callable:
             rows.append(row)
         rows += [{"key": key, "pending": value} for key, value in guest["pending"].items()
                  if key not in guest["config"] and value is not None]
-        return rows
+        return hide_password(rows) if kind == "qemu" else rows
     return handler
 
 
@@ -226,7 +229,7 @@ CONFIG_CALL_KEYS = ("delete", "digest", "skiplock", "revert", "background_delay"
 
 
 def _hot_pluggable(kind: str, guest: dict, key: str) -> bool:
-    if HOTPLUG[kind].fullmatch(key):
+    if HOTPLUG[kind].fullmatch(key) or (kind == "qemu" and FAST_PLUG.fullmatch(key)):
         return True
     if kind != "qemu":
         return False
@@ -246,11 +249,16 @@ def pve_config_update(kind: str) -> Callable:
         changes: dict[str, object] = {key: None for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if key}
         changes |= {key: value[0] if isinstance(value, list) and len(value) == 1 else value
                     for key, value in call.params.items() if key not in CONFIG_CALL_KEYS}
+        if "cipassword" in changes and changes["cipassword"] is not None:
+            changes["cipassword"] = stored_password(changes["cipassword"])
         running = guest["status"] == "running"
         for key, value in changes.items():
             if running and not _hot_pluggable(kind, guest, key):
                 guest["pending"][key] = value
-            elif value is None:
+                continue
+            if running and kind == "qemu":  # the drive keeps the old value (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+                record_change(guest, key, config.get(key), value)
+            if value is None:
                 config.pop(key, None)
             else:
                 config[key] = value
@@ -318,7 +326,7 @@ def pve_vzdump(call: Call, node: str) -> str:
 
 # The create parameters the simulated guest keeps in its config.
 CREATE_KEEPS = re.compile(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs"
-                          r"|unprivileged|description")
+                          r"|unprivileged|description|features|onboot|searchdomain|ciupgrade|cicustom|citype|cpu")
 DISK_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
 MAC = re.compile(r"(?i)\b([0-9a-f]{2}:){5}[0-9a-f]{2}\b")
 
@@ -390,6 +398,7 @@ def pve_create(kind: str) -> Callable:
         exists = vmid in call.lab.guests
         if exists and not (archive and str(call.arg("force", "0")) == "1"):
             raise ApiError(500, f"unable to create {label} {vmid}: config file already exists")
+        oci = lxc_create(call, archive) if kind == "lxc" else None  # refuses what create_vm refuses
         missing = archive and not _archive_here(call, archive, node)
         if missing and kind == "qemu":  # a backup on another node's `local` is not here
             raise ApiError(500, f"can't find file '{archive}'")  # docs/PROXMOX-BEHAVIOUR.md#restore
@@ -408,12 +417,15 @@ def pve_create(kind: str) -> Callable:
                     guest["config"][key] = value
             # a restore keeps the backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)
             guest["config"] |= disks | nics
+            if oci:  # an application image brings its entry point (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)
+                guest["config"] |= oci_config(guest["config"])
             sizes = [int(m.group(1)) for v in disks.values() if (m := re.search(r"size=(\d+)G", v))]
             guest["maxdisk"] = sizes[0] * GiB if sizes else guest["maxdisk"]
             if str(call.arg("start", "0")) == "1":
                 guest["status"] = "running"
         prefix = "qm" if kind == "qemu" else "vz"
         lines = [f"restore {archive}"] + [f"progress {p}%" for p in (25, 50, 75, 100)] if archive else None
+        lines = OCI_LOG if oci else lines
         return call.lab.start_task(node, f"{prefix}{'restore' if archive else 'create'}", str(vmid),
                                    user=call.token_id, lines=lines, on_done=apply,
                                    exitstatus=f"can't find file '{archive}'" if missing else "OK")

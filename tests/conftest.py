@@ -37,6 +37,7 @@ os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy") or os
                                                 "127.0.0.1", "localhost"]))
 
 import api_tools  # noqa: E402
+import file_restore  # noqa: E402
 import policy  # noqa: E402
 import proxmox_client  # noqa: E402
 import server  # noqa: E402
@@ -163,6 +164,7 @@ def server_state() -> dict:
             (policy, "SETTINGS"): policy.Settings(), (policy, "PERMISSIONS"): {},
             (shell_tools, "TARGETS"): {},
             (shell_tools, "_connections"): {}, (api_tools, "_docs"): {},
+            (file_restore, "RESTORE"): file_restore.RestoreSettings(),
             (server, "VISIBILITY"): server.ToolVisibility(), (workflows, "RUNTIME"): {"transport": "stdio"}}
 
 
@@ -278,11 +280,11 @@ def everything_open(sim: Any, tmp: Path, **extra: str) -> dict[str, str]:
         "PROXMOX_TOOLSETS": "all", "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true",
         "PROXMOX_ALLOW_ELEVATED": "true", "PROXMOX_ALLOW_SENSITIVE": "true",
         "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
-        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl"), "PROXMOX_RESTORE_DIR": str(tmp / "restored")} | extra
 
 
 @contextmanager
-def stdio_session(env: dict[str, str], *, mode: str = "legacy", log_name: str = "server",
+def stdio_session(env: dict[str, str], *, mode: str = "auto", log_name: str = "server",
                   args: list[str] | None = None, **client_kw: Any) -> Iterator[Session]:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client

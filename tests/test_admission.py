@@ -22,11 +22,16 @@ def writes(sent: list) -> list:
     return [r for r in sent if r[1] != "GET"]
 
 
-@pytest.fixture(scope="module")
-def plain(sim, tmp_path_factory):
+# Every confirmation test runs on both protocol revisions: the SDK client's default (2026-07-28)
+# and the initialize handshake.
+REVISIONS = ["auto", "legacy"]
+
+
+@pytest.fixture(scope="module", params=REVISIONS)
+def plain(request, sim, tmp_path_factory):
     """A client that cannot ask its user (no elicitation): confirm=true stands in."""
     tmp = tmp_path_factory.mktemp("plain")
-    with stdio_session(env_for(sim, tmp), log_name="admission-plain") as session:
+    with stdio_session(env_for(sim, tmp), mode=request.param, log_name="admission-plain") as session:
         session.tmp = tmp
         yield session
 
@@ -45,12 +50,12 @@ class User:
         return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
 
 
-@pytest.fixture(scope="module")
-def asking(sim, tmp_path_factory):
+@pytest.fixture(scope="module", params=REVISIONS)
+def asking(request, sim, tmp_path_factory):
     """A client that asks its user (elicitation)."""
     user = User()
-    with stdio_session(env_for(sim, tmp_path_factory.mktemp("asking")), log_name="admission-asking",
-                       elicitation_callback=user) as session:
+    with stdio_session(env_for(sim, tmp_path_factory.mktemp("asking")), mode=request.param,
+                       log_name="admission-asking", elicitation_callback=user) as session:
         session.user = user
         yield session
 
@@ -66,6 +71,8 @@ def test_an_asking_client_asks_even_with_confirm_true_and_the_user_decides(askin
     asking.user.answers = ["accept"]
     done, sent = requests_during(sim, lambda: asking.ok("write_api_call", stop))
     assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve3/lxc/105/status/stop") in sent
+    sim.lab.tick()  # the stop is done; then 105 runs again, as it was, for the other revision's run
+    sim.lab.guests[105]["status"] = "running"
 
 
 def test_curated_tools_ask_the_user_too(asking, sim):
@@ -138,7 +145,17 @@ def test_an_acme_plugin_is_read_with_the_sensitive_gate_open_its_credentials_mas
     assert listed[0]["data"] == "***" and "cf-secret-4711" not in json.dumps(listed)
 
 
-def test_a_prune_with_confirmation(plain, sim):
+@pytest.fixture()
+def snapshots_kept(sim):
+    """The datastore's snapshots as they were, after a test that prunes them."""
+    groups = sim.lab.datastores["backup"]["groups"]
+    kept = {key: list(snapshots) for key, snapshots in groups.items()}
+    yield
+    groups.clear()
+    groups.update(kept)
+
+
+def test_a_prune_with_confirmation(plain, sim, snapshots_kept):
     prune = {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 1}
     preview = plain.ok("write_pbs_prune", prune)
     assert preview["removed"] == 0 and len(preview["remove"]) >= 1 and "confirm=true" in preview["next"]

@@ -26,7 +26,7 @@ OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitiv
 def audited(tmp_path):
     original = policy.SETTINGS
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
-    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, _decision: None})
+    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     yield tmp_path / "audit.jsonl"
     policy.CALL.reset(token)
     policy.configure(original)

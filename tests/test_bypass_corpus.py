@@ -252,7 +252,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     sent = []
     original = policy.SETTINGS
     policy.configure(settings_for(session))
-    confirm = None if expected == "confirm=true" else (lambda _host, _decision: None)  # confirm=true elsewhere
+    confirm = None if expected == "confirm=true" else (lambda *_: None)  # confirm=true elsewhere
     token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
     try:
         with pytest.raises(policy.PolicyError) as refused:
@@ -327,7 +327,7 @@ def test_their_legitimate_neighbours_pass(entry):
     sent = []
     original = policy.SETTINGS
     policy.configure(settings_for(session))
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda _host, _decision: None})
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
     try:
         policy.admit(PBS if product == "pbs" else PVE, method, path, dict(params), sent.append, read=STORED.get)
     finally:

@@ -2,6 +2,7 @@
 once with valid parameters and passes; every blocked method, and every method whose gate is
 closed, is refused with nothing sent."""
 import copy
+import base64
 import json
 import re
 
@@ -73,7 +74,8 @@ WALK_GUESTS = {"/nodes/{node}/lxc/{vmid}/status/reboot": (110, "lxc", "pve1", "r
                "/nodes/{node}/lxc/{vmid}/status/suspend": (114, "lxc", "pve1", "running"),
                "/nodes/{node}/qemu/{vmid}/migrate": (115, "qemu", "pve1", "stopped"),  # not the guest others use
                "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped"),  # a running CT needs restart
-               # 103 is started earlier in the walk: whether its start task has ended by then is timing
+               # stopped containers of their own: 103 may be running again by then, depending on how
+               # long the walk's earlier start took (a test must not depend on the machine's load)
                "/nodes/{node}/lxc/{vmid}/template": (117, "lxc", "pve1", "stopped"),
                "/nodes/{node}/lxc/{vmid}/clone": (118, "lxc", "pve1", "stopped")}
 # Methods that need another guest than the default.
@@ -82,7 +84,12 @@ PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid"
                   "/admin/prune/{id}/run": {"id": "p-backup"}, "/admin/sync/{id}/run": {"id": "s-backup"},
                   "/admin/verify/{id}/run": {"id": "v-backup"}}
 PATH_OVERRIDES |= {path: {"node": node, "vmid": str(vmid)} for path, (vmid, _, node, _) in WALK_GUESTS.items()}
+PATH_OVERRIDES |= {"/nodes/{node}/storage/{storage}/file-restore/list": {"storage": "pbs"},
+                   "/nodes/{node}/storage/{storage}/file-restore/download": {"storage": "pbs"}}
 PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
+# Parameters of methods that only succeed on what exists (docs/PROXMOX-BEHAVIOUR.md#backup-file-restore,
+# #templates-and-oci-images): (method, path template) -> parameters, set by the fixture from the lab.
+WALK_PARAMS: dict[tuple[str, str], dict] = {}
 
 
 def path_value(product: str, name: str, entry: dict, upid: str) -> str:
@@ -111,6 +118,7 @@ def call_for(product: str, entry: dict, upid: str):
     if product == "pbs":
         fresh |= PBS_SNAPSHOT
     params.update({k: v for k, v in fresh.items() if k in params})
+    params.update(WALK_PARAMS.get((entry["method"], entry["path"]), {}))
     if entry["path"].endswith("/download-url"):  # the name must fit the content type (#downloads-and-imports)
         params["filename"] = "walk1.iso"
     if entry["path"].endswith("/resize"):
@@ -185,6 +193,17 @@ def walker(sim, tmp_path_factory):
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
+    hostname = base64.b64encode(b"/root.pxar.didx/etc/hostname").decode()
+    container = {"backup-type": "ct", "backup-id": "102",  # a file archive: a VM backup has no catalog
+                 "backup-time": sim.lab.datastores["backup"]["groups"][("", "ct", "102")][0]["backup-time"]}
+    volume = next(v["volid"] for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 102)
+    WALK_PARAMS.update({
+        ("GET", "/nodes/{node}/storage/{storage}/file-restore/list"): {"volume": volume, "filepath": "/"},
+        ("GET", "/nodes/{node}/storage/{storage}/file-restore/download"): {"volume": volume, "filepath": hostname},
+        ("GET", "/admin/datastore/{store}/catalog"): container | {"filepath": "/"},
+        ("GET", "/admin/datastore/{store}/pxar-file-download"): container | {"filepath": hostname},
+        ("POST", "/nodes/{node}/aplinfo"): {"storage": "local",
+                                            "template": "debian-12-standard_12.12-1_amd64.tar.zst"}})
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="walk") as session:
         yield session

@@ -21,6 +21,11 @@ def pbs_snapshot(lab, vmid: str, index: int) -> dict:
     return {"store": "backup", "backup_type": "vm", "backup_id": vmid, "backup_time": time}
 
 
+def pbs_backed(lab, vmid: int) -> str:
+    """The newest backup of a guest on the PVE storage `pbs`."""
+    return max((v for v in lab.pbs_volumes("pbs") if v["vmid"] == vmid), key=lambda v: v["ctime"])["volid"]
+
+
 def pve_backup(lab, vmid: int) -> str:
     return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
 
@@ -46,6 +51,7 @@ CALLS = [
     ("api_search", {"query": "snapshot rollback"}),
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
     ("api_read", {"path": "/version"}), ("firewall_rules", {}), ("backup_jobs", {}),
+    ("list_templates", {}), ("backup_files", lambda lab: {"backup": pbs_backed(lab, 102)}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
     ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
@@ -61,6 +67,10 @@ CALLS = [
     ("write_download_url", {"url": "https://cloud.debian.org/debian-13-genericcloud-amd64.qcow2",
                             "storage": "local", "filename": "debian-13.qcow2", "content": "import"}),
     ("write_provision_lxc", {"hostname": "mcp-prov", "template": DEBIAN_TEMPLATE}),
+    ("write_download_template", {"template": "debian-12-standard_12.12-1_amd64.tar.zst"}),
+    ("write_pull_oci", {"reference": "docker.io/library/nginx:1.29"}),
+    ("write_cloudinit", {"vmid": 100, "user": "debian", "ip": {"net0": "dhcp"}}),
+    ("write_restore_file", lambda lab: {"backup": pbs_backed(lab, 102), "path": "/root.pxar.didx/etc/hostname"}),
     ("write_provision_vm", {"name": "mcp-prov-vm", "cloud_image": CLOUD_IMAGE}),
     ("write_vm_exec", {"vmid": 100, "command": "true", "confirm": True}),
     ("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "over mcp\n", "confirm": True}),
@@ -91,6 +101,7 @@ def admin(sim, tmp_path_factory):
     """One server over stdio with every gate open and no SSH, as an operator's would be."""
     tmp = tmp_path_factory.mktemp("every-tool")
     (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 105, "reason": "not used here"}]))
+    sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
     env = everything_open(sim, tmp)

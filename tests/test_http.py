@@ -10,7 +10,7 @@ import pytest
 import requests
 from anyio.from_thread import start_blocking_portal
 
-from conftest import LOG_DIR, ROOT, Session, run_server, server_env
+from conftest import LOG_DIR, ROOT, Session, everything_open, requests_during, run_server, server_env
 
 TOKEN = "test-bearer-token-0123456789abcdef"
 
@@ -52,7 +52,7 @@ def http(sim):
 
 
 @contextmanager
-def http_session(url: str, token: str = TOKEN, mode: str = "legacy"):
+def http_session(url: str, token: str = TOKEN, mode: str = "auto", **client_kw):
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -60,7 +60,7 @@ def http_session(url: str, token: str = TOKEN, mode: str = "legacy"):
     with start_blocking_portal() as portal:
         transport = streamable_http_client(url, http_client=create_mcp_http_client(
             headers={"Authorization": f"Bearer {token}"}))
-        with portal.wrap_async_context_manager(Client(transport, mode=mode)) as client:
+        with portal.wrap_async_context_manager(Client(transport, mode=mode, **client_kw)) as client:
             yield Session(portal, client)
 
 
@@ -102,6 +102,25 @@ def test_tools_over_http_in_both_eras(http):
             assert "list_guests" in {t.name for t in session.tools()}
             assert session.ok("list_guests", {"status": "running"})["total"] == 4
             assert "No guest with vmid 999" in session.error("get_guest", {"vmid": 999})
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_the_user_is_asked_over_http_on_both_revisions(sim, tmp_path, mode):
+    """docs/SECURITY.md#confirmation: over HTTP too, an eliciting client's user decides, whatever
+    confirm says (2026-07-28: the input-required round trip; before: a request mid-call)."""
+    from mcp_types import ElicitResult
+    asked = []
+
+    async def user(_context, params):
+        asked.append(params.message)
+        return ElicitResult(action="decline")
+    (tmp_path / "protected.json").write_text("[]")
+    with http_server(everything_open(sim, tmp_path) | {"MCP_AUTH_TOKEN": TOKEN}) as base:
+        with http_session(base + "/mcp", mode=mode, elicitation_callback=user) as session:
+            stop = {"vmid": 105, "action": "stop", "confirm": True}
+            message, sent = requests_during(sim, lambda: session.error("write_guest_power", stop))
+    assert "did not confirm" in message and [r for r in sent if r[1] != "GET"] == []
+    assert len(asked) == 1 and "ci-runner (vmid 105)" in asked[0]
 
 
 def test_progress_over_http(http, sim):

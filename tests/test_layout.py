@@ -12,7 +12,8 @@ import pytest
 import server
 from conftest import ROOT
 
-TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "firewall_tools", "backup_jobs")
+TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
+                "firewall_tools", "backup_jobs")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
                   "firewall_guard", "protection", "masking", "config", "http_transport")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}

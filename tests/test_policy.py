@@ -352,7 +352,8 @@ def test_destructive_needs_confirmation_without_elicitation(admin, sim):
     assert done["data"].startswith("UPID:")
 
 
-def test_elicitation_asks_the_user(sim, tmp_path):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_elicitation_asks_the_user(sim, tmp_path, mode):
     from mcp_types import ElicitResult
     answers, asked = ["decline", "accept"], []
 
@@ -361,21 +362,24 @@ def test_elicitation_asks_the_user(sim, tmp_path):
         action = answers.pop(0)
         return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
 
-    with stdio_session(write_env(sim, tmp_path), log_name="elicit", elicitation_callback=answer) as session:
+    with stdio_session(write_env(sim, tmp_path), mode=mode, log_name="elicit", elicitation_callback=answer) as session:
         call = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
         assert "did not confirm" in session.error("write_api_call", call)
         assert session.ok("write_api_call", call)["data"].startswith("UPID:")
         assert len(asked) == 2 and "ci-runner (vmid 105)" in asked[0] and "DESTRUCTIVE" in asked[0]
         assert session.ok("write_api_call", call | {"dry_run": True})["needs_confirmation"] is True
         assert len(asked) == 2  # a dry run asks nobody
+    sim.lab.tick()  # the stop is done; then 105 runs again, as it was, for the other revision's run
+    sim.lab.guests[105]["status"] = "running"
 
 
-def test_elicit_off_requires_confirm(sim, tmp_path):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_elicit_off_requires_confirm(sim, tmp_path, mode):
     async def answer(context, params):
         raise AssertionError("must not be asked")
 
     env = write_env(sim, tmp_path, PROXMOX_ELICIT="false")
-    with stdio_session(env, log_name="no-elicit", elicitation_callback=answer) as session:
+    with stdio_session(env, mode=mode, log_name="no-elicit", elicitation_callback=answer) as session:
         stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
         assert "confirm=true" in session.error("write_api_call", stop)
 
@@ -432,7 +436,10 @@ def test_api_read_reads_any_path(admin):
 
 # ---------------------------------------------------------------- rights, hosts, tokens, reports
 
-def test_tools_no_token_can_use_are_hidden_and_clients_told(sim):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_tools_no_token_can_use_are_hidden_and_clients_told(sim, mode):
+    """Told as each revision tells: a notification on the session before 2026-07-28, an event on
+    the subscriptions/listen stream the client opened on 2026-07-28."""
     import threading as _threading
     changed = _threading.Event()
 
@@ -440,10 +447,21 @@ def test_tools_no_token_can_use_are_hidden_and_clients_told(sim):
         if getattr(getattr(message, "root", message), "method", "") == "notifications/tools/list_changed":
             changed.set()
 
+    async def listen(client, ready):
+        async with client.listen(tools_list_changed=True) as subscription:
+            ready.set()
+            async for _event in subscription:
+                changed.set()
+                return
+
     sim.lab.slow_paths[r"^/access/permissions$"] = 1.5  # the list is answered before privileges are known
     try:
         env = sim.env(pve_token="mcp@pve!empty", pbs=False)
-        with stdio_session(env, log_name="hidden", message_handler=on_message) as session:
+        with stdio_session(env, mode=mode, log_name="hidden", message_handler=on_message) as session:
+            if mode == "auto":
+                ready = _threading.Event()
+                session.portal.start_task_soon(listen, session.client, ready)
+                assert ready.wait(timeout=30)
             assert {"cluster_status", "get_guest"} <= {t.name for t in session.tools()}
             assert changed.wait(timeout=30), "no notifications/tools/list_changed"
             names = {t.name for t in session.tools()}

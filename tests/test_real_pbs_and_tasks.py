@@ -374,7 +374,7 @@ def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
     schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file_write)
                          .parameters["content"].annotation).json_schema()
     assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
-    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})
+    confirmed = policy.CALL.set({"confirm": lambda *_: None})
     try:
         with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
             written = shell_tools.write_guest_file_write(100, "/tmp/big", "x" * 46080)

@@ -138,7 +138,7 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     original = policy.SETTINGS
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
-    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, _decision: None})
+    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     commands = json.dumps([{"method": "GET", "path": "subscription"}])
     try:
         answer = policy.admit(host, "POST", "/nodes/pve1/execute", {"commands": commands},

@@ -339,7 +339,7 @@ def test_403_from_the_server_when_privileges_were_not_read(sim):
     policy.PERMISSIONS.pop(("pve", "lab", READER), None)
     original = policy.SETTINGS
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
-    token = policy.CALL.set({"confirm": lambda _client, _decision: None})
+    token = policy.CALL.set({"confirm": lambda *_: None})
     try:
         with pytest.raises(ProxmoxError, match=r"lacks VM.PowerMgmt on /vms/100"):
             reader.request("POST", "/nodes/pve1/qemu/100/status/stop")
@@ -370,7 +370,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     import policy as policy_module
     original = policy_module.SETTINGS
     policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
-    confirmed = policy_module.CALL.set({"confirm": lambda _client, _decision: None})
+    confirmed = policy_module.CALL.set({"confirm": lambda *_: None})
     try:
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"

@@ -7,16 +7,19 @@ import pytest
 import api_tools
 import backup_jobs
 import firewall_tools
+import file_restore
 import pbs_tools
 import policy
 import pve_tools
 import server
 import shell_tools
+import templates
 import workflows
 from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
 
-TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, firewall_tools, backup_jobs)
+TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, firewall_tools,
+                backup_jobs)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.

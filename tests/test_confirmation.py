@@ -1,0 +1,186 @@
+"""The user's yes on every protocol revision (docs/SECURITY.md#confirmation): a client that can ask
+its user is never answered by the model's confirm=true. Before the call runs, the tool is planned
+as far as its first write (or its declared steps) and the user is asked about exactly that plan:
+in the middle of the call up to protocol 2025-11-25, through the input-required round trip on
+2026-07-28 (the SDK client's default mode). A plan that changes before it is sent is asked again;
+the restore drill asks once, before its first step, for the whole drill.
+
+Every test here runs on both revisions: `auto` is the SDK client's default (2026-07-28 against
+this server), `legacy` the initialize handshake today's desktop clients speak."""
+import json
+
+import pytest
+
+import server
+from conftest import everything_open, requests_during, stdio_session
+
+PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
+
+
+def writes(sent: list) -> list:
+    return [r for r in sent if r[1] != "GET"]
+
+
+class User:
+    """The person behind an eliciting client: answers each question from a script; `on_question`
+    lets a test change the world while the user reads."""
+
+    def __init__(self):
+        self.answers: list[str] = []
+        self.asked: list[str] = []
+        self.on_question = None
+
+    async def __call__(self, _context, params):
+        from mcp_types import ElicitResult
+        self.asked.append(params.message)
+        if self.on_question:
+            self.on_question(len(self.asked))
+        action = self.answers.pop(0) if self.answers else "decline"
+        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
+
+
+@pytest.fixture(scope="module", params=["auto", "legacy"])
+def asking(request, sim, tmp_path_factory):
+    """A client that asks its user (it declares elicitation), in the SDK client's default mode and
+    in the older handshake. Every gate is open: the tests are about the user's yes, not the tiers."""
+    tmp = tmp_path_factory.mktemp(f"asking-{request.param}")
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    user = User()
+    with stdio_session(everything_open(sim, tmp), mode=request.param, log_name=f"confirm-{request.param}",
+                       elicitation_callback=user) as session:
+        session.user, session.mode, session.tmp = user, request.param, tmp
+        yield session
+
+
+@pytest.fixture(scope="module", params=["auto", "legacy"])
+def plain(request, sim, tmp_path_factory):
+    """A client that cannot ask its user: confirm=true stands in."""
+    tmp = tmp_path_factory.mktemp(f"plain-{request.param}")
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    with stdio_session(everything_open(sim, tmp), mode=request.param, log_name=f"confirm-plain-{request.param}") \
+            as session:
+        yield session
+
+
+@pytest.fixture()
+def user(asking):
+    asking.user.answers, asking.user.on_question = [], None
+    asked = len(asking.user.asked)
+    yield asking.user
+    asking.user.answers, asking.user.on_question = [], None
+    asking.user.asked = asking.user.asked[:asked]
+
+
+def test_the_session_speaks_the_revision_it_is_named_for(asking):
+    assert (asking.client.protocol_version == "2026-07-28") == (asking.mode == "auto"), asking.client.protocol_version
+
+
+def test_confirm_true_never_stands_in_for_a_client_that_can_ask(asking, user, sim):
+    """The README's demo example: "stop guest 105" with confirm=true asks the user, whose no wins."""
+    stop = {"vmid": 105, "action": "stop", "confirm": True}
+    user.answers = ["decline"]
+    message, sent = requests_during(sim, lambda: asking.error("write_guest_power", stop))
+    assert "did not confirm" in message and writes(sent) == []
+    assert len(user.asked) == 1 and "ci-runner (vmid 105)" in user.asked[0] and "DESTRUCTIVE" in user.asked[0]
+    user.answers = ["accept"]
+    done, sent = requests_during(sim, lambda: asking.ok("write_guest_power", stop))
+    assert done["guest_state"] == "stopped" and ("pve", "POST", "/nodes/pve3/lxc/105/status/stop") in sent
+    assert len(user.asked) == 2  # one question per call, about the request that was sent
+    sim.lab.guests[105]["status"] = "running"
+
+
+def test_a_refusal_is_audited_and_a_dry_run_asks_nobody(asking, user, sim):
+    delete = {"vmid": 104, "confirm": True}
+    user.answers = ["cancel"]
+    assert "did not confirm (cancel)" in asking.error("write_delete_guest", delete)
+    last = json.loads((asking.tmp / "audit.jsonl").read_text().splitlines()[-1])
+    assert last["verdict"] == "refused" and last["path"] == "/nodes/pve2/qemu/104" and last["tool"] == \
+        "write_delete_guest"
+    plan = asking.ok("write_delete_guest", delete | {"dry_run": True})
+    assert plan["needs_confirmation"] is True and len(user.asked) == 1 and 104 in sim.lab.guests
+
+
+def test_a_plan_that_changes_before_it_is_sent_is_asked_again(asking, user, sim):
+    """The user says yes to a job edit; meanwhile someone excludes another guest from the job.
+    The edit is judged with the job as stored, so the yes no longer covers it: asked again (on
+    2026-07-28 the retry finds another plan; before it, the call finds it when it sends)."""
+    job = sim.lab.backup_jobs[0]
+    stored = dict(job)
+    job["exclude"] = "101,104"  # the protected guest stays out of the job
+    edit = {"method": "PUT", "path": f"/cluster/backup/{job['id']}", "params": {"prune-backups": "keep-last=3"}}
+
+    def someone_edits_the_job(question: int) -> None:
+        if question == 1:
+            job["exclude"] = "101,104,102"
+    user.on_question, user.answers = someone_edits_the_job, ["accept", "accept"]
+    try:
+        done, sent = requests_during(sim, lambda: asking.ok("write_api_call", edit))
+        assert len(user.asked) == 2 and user.asked[0] != user.asked[1]  # another plan, another question
+        assert writes(sent) == [("pve", "PUT", f"/cluster/backup/{job['id']}")], done
+    finally:
+        job.clear()
+        job.update(stored)
+
+
+def test_the_restore_drill_asks_for_the_whole_drill_before_its_first_step(asking, user, sim):
+    user.answers = ["decline"]
+    message, sent = requests_during(sim, lambda: asking.error("write_restore_drill", {"vmid": 100}))
+    assert "did not confirm" in message and writes(sent) == []  # nothing restored, nothing booted
+    question = user.asked[0]
+    assert "Restore drill of guest 100" in question and "delete the scratch guest" in question
+    assert "DELETE" in question and "/status/stop" in question
+    user.answers = ["accept"]
+    before = set(sim.lab.guests)
+    done = asking.ok("write_restore_drill", {"vmid": 100, "answer_seconds": 5})
+    assert done["result"] == "ok" and set(sim.lab.guests) == before  # restored, booted, deleted
+    assert len(user.asked) == 2  # asked once for the whole drill
+
+
+def test_without_a_yes_the_drill_sends_nothing(plain, sim):
+    """Before, a drill without confirmation restored and booted a copy, then stopped at the delete
+    and left it running."""
+    before = set(sim.lab.guests)
+    message, sent = requests_during(sim, lambda: plain.error("write_restore_drill", {"vmid": 100}))
+    assert "Confirmation needed" in message and "confirm=true" in message and "Restore drill" in message
+    assert writes(sent) == [] and set(sim.lab.guests) == before
+
+
+def test_the_drills_dry_run_shows_the_whole_plan(plain, sim):
+    plan, sent = requests_during(sim, lambda: plain.ok("write_restore_drill", {"vmid": 100, "dry_run": True}))
+    assert plan["needs_confirmation"] is True and "Restore drill of guest 100" in plan["plan"]
+    start, stop, delete = (step["run"] for step in plan["steps"])
+    assert start.endswith("/status/start") and stop == start.replace("start", "stop") and stop.startswith(delete)
+    assert [step["needs_confirmation"] for step in plan["steps"]] == [False, True, True]
+    assert writes(sent) == []
+
+
+def test_a_client_that_cannot_ask_needs_confirm_true(plain, sim):
+    stop = {"vmid": 105, "action": "stop"}
+    message, sent = requests_during(sim, lambda: plain.error("write_guest_power", stop))
+    assert "Confirmation needed" in message and "confirm=true" in message and writes(sent) == []
+    assert plain.ok("write_guest_power", stop | {"confirm": True})["guest_state"] == "stopped"
+    sim.lab.guests[105]["status"] = "running"
+
+
+class Capabilities:
+    elicitation = True
+
+
+class ModernContext:
+    """What a tool sees of a 2026-07-28 call from a client that declared elicitation."""
+    client_capabilities = Capabilities()
+    protocol_version = "2026-07-28"
+
+
+def test_on_2026_07_28_a_request_the_user_did_not_see_is_not_sent():
+    """A request that needs the yes and was not in the plan the user approved (it came up while the
+    call ran) cannot be asked about in the middle of a 2026-07-28 call: refused, and confirm=true
+    does not stand in."""
+    from types import SimpleNamespace
+
+    import policy
+    host = SimpleNamespace(product="pbs", label="lab")
+    decision = policy.Decision("DELETE", "/admin/datastore/backup/snapshots", gates=("read", "destructive"),
+                               reasons=["deletes a backup snapshot"])
+    with pytest.raises(server.ConfirmationNeeded, match="Call the tool again"):
+        server.confirmer(True, ModernContext())(host, [decision])
