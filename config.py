@@ -40,7 +40,7 @@ GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITI
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
 TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
-                  "monitor")
+                  "monitor", "firewall")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
@@ -65,6 +65,7 @@ GLOBALS = {
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
     "PROXMOX_RESTORE_MAX_MB": "megabytes one restored file may have, e.g. 1024",
+    "PROXMOX_SOURCE_ADDRESS": "the IP address the Proxmox nodes see this server connect from, e.g. 192.0.2.50",
     "PROXMOX_TOOLSETS": "comma list of " + ", ".join(TOOLSET_NAMES),
     "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
     "PROXMOX_DENY_TOOLS": "comma list of tool names or prefixes like write_*",
@@ -245,6 +246,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
     config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
     config.settings.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
+    config.settings.source_address = parse_address("PROXMOX_SOURCE_ADDRESS", env.get("PROXMOX_SOURCE_ADDRESS", ""))
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
@@ -634,6 +636,16 @@ def parse_exec_vmids(value: str) -> set[int] | None:
     if not all(v.isdigit() and 100 <= int(v) <= 999999999 for v in items):
         raise ConfigError("PROXMOX_EXEC_ALLOWED_VMIDS must be a comma list of vmids (100-999999999).")
     return {int(v) for v in items}
+
+
+def parse_address(name: str, value: str) -> str | None:
+    """An IP address (the firewall guard judges for it: docs/PROXMOX-BEHAVIOUR.md#firewall-lockout); None when unset."""
+    if not value.strip():
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an IP address (e.g. 192.0.2.50 or 2001:db8::5).") from None
 
 
 def parse_protected_vms(value: str) -> list[dict]:

@@ -8,6 +8,7 @@ drops the guests, as it may have created, moved or deleted one.
 """
 
 import re
+from typing import Any
 
 from answers import compact
 from errors import InvalidArgument, ProxmoxError
@@ -235,3 +236,25 @@ def kernels(versions: list[dict]) -> dict:
     newest = installed[0] if installed else None
     return compact({"kernel_running": running, "kernel_newest": newest,
                     "reboot_for_kernel": bool(running and newest and running != newest) or None})
+# ---------------------------------------------------------------- backup jobs
+
+def vmid_set(text: Any) -> set[int]:
+    """The vmids of a `pve-vmid-list` ("100,101")."""
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in vmid_set(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in vmid_set(job.get("exclude"))
+        return not excluded, excluded
+    return False, False

@@ -5,7 +5,9 @@ anything is sent, and runs the same sequence for both:
 
   1. classify   what the request is: its catalog method, its parameters checked against the
                 schema, its gates (the method's, raised by dangerous arguments, nested calls
-                and the jobs it runs), the guests it names or reaches, the secrets it returns
+                and the jobs it runs), the guests it names or reaches, the secrets it returns;
+                a firewall write of the cluster or a node is refused if it would lock this server
+                out (firewall_guard.py)
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
@@ -36,6 +38,7 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import catalog
+import firewall_guard
 import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
@@ -113,6 +116,7 @@ class Settings:
     elicit: bool = True
     audit_path: Path | None = None
     exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
+    source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
 
 SETTINGS = Settings()
@@ -219,6 +223,11 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
         _judge_with_job(host, decision, path_params, read)
+    if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
+        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
+        firewall_guard.check(host, decision, read, SETTINGS.source_address)
+        protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+        decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"))
     return decision

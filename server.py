@@ -38,6 +38,8 @@ import inventory
 import policy
 import proxmox_client
 import api_tools
+import backup_jobs
+import firewall_tools
 import file_restore
 import dashboard
 import monitor_tools
@@ -211,6 +213,13 @@ TOOLS = [
     ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell", also=("sensitive",)),
     ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
     ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
+    ToolSpec(firewall_tools.firewall_rules, "read", "pve", "firewall", ("Sys.Audit", "VM.Audit")),
+    ToolSpec(firewall_tools.write_firewall_rule, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify"),
+             may_destroy=True),  # delete; the cluster's and nodes' firewall is elevated too
+    ToolSpec(firewall_tools.write_firewall_options, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify")),
+    ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
+    ToolSpec(backup_jobs.write_backup_job, "write", "pve", "backups", ("Sys.Modify",),
+             may_destroy=True),  # delete, and a retention that prunes
     ToolSpec(workflows.health_check, "read", "pve", "workflows"),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
@@ -484,6 +493,9 @@ NAMED_EXAMPLES = {
     "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
     "since": "2h", "until": "1h", "grep": "error", "service": "pvedaemon", "cursor": "syslog|812||||",
     "smart": "/dev/sda",
+    "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": "192.0.2.0/24"},
+    "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
+    "keep": "keep-daily=7,keep-weekly=4",
 }
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)

@@ -19,8 +19,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, kernels,
-                       next_vmid, pool_problem, resolve_guest, storage_rows, wearout_left)
+from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, job_selects,
+                       kernels, next_vmid, pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -397,33 +397,12 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _numbers(text: Any) -> set[int]:
-    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
-
-
-def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
-    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
-    `exclude` (which applies with all only); `node` limits any of them to that node's guests
-    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
-    vmid = int(guest["vmid"])
-    if job.get("node") and job["node"] != guest.get("node"):
-        return False, False
-    if job.get("pool"):
-        return guest.get("pool") == job["pool"], False
-    if job.get("vmid"):
-        return vmid in _numbers(job["vmid"]), False
-    if str(job.get("all", 0)) == "1":
-        excluded = vmid in _numbers(job.get("exclude"))
-        return not excluded, excluded
-    return False, False
-
-
 def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        selects, excludes = _job_selects(job, guest)
+        selects, excludes = job_selects(job, guest)
         if selects:
             covering.append(job["id"])
         elif excludes:
@@ -447,6 +426,7 @@ class Coverage:
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
 
     @property
     def guests(self) -> list[dict]:
@@ -545,8 +525,49 @@ def _orphan_groups(c: Coverage) -> None:
                      "keep it as an archive or prune it (write_pbs_prune)")
 
 
+def _fits(job: dict, guest: dict) -> bool:
+    return str(job.get("enabled", 1)) != "0" and job.get("node") in (None, "", guest.get("node"))
+
+
+def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
+    """The one job change that covers a guest: take it out of an all-job's exclude, else add it to a
+    vmid job, else a new job (with the schedule and storage the jobs use). Changes of one job merge."""
+    vmid, jobs = int(guest["vmid"]), c.jobs or []
+    excluding = next((j for j in jobs if _fits(j, guest) and job_selects(j, guest)[1]), None)
+    listing = next((j for j in jobs if _fits(j, guest) and j.get("vmid") and not j.get("pool")), None)
+    if excluding is not None:
+        change = changes.setdefault(excluding["id"], {"write_backup_job": {
+            "action": "update", "job_id": excluding["id"], "all_except": sorted(vmid_set(excluding.get("exclude")))},
+            "covers": []})
+        change["write_backup_job"]["all_except"].remove(vmid)
+    elif listing is not None:
+        change = changes.setdefault(listing["id"], {"write_backup_job": {
+            "action": "update", "job_id": listing["id"], "vmids": sorted(vmid_set(listing["vmid"]))}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    else:
+        model = next((j for j in jobs if j.get("storage")), {})
+        storage = model.get("storage") or next((name for name, _, _ in backup_storages(c.client)), None)
+        change = changes.setdefault("", {"write_backup_job": {
+            "action": "create", "job_id": "backup-uncovered", "vmids": [], "schedule": model.get("schedule") or
+            "02:00", "storage": storage}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    change["covers"].append(vmid)
+
+
+def _job_changes(c: Coverage) -> None:
+    """For the guests no enabled job selects, the write_backup_job arguments that cover them (try them
+    with dry_run first); the policy judges each when it is sent."""
+    if c.jobs is None:
+        return
+    changes: dict[str, dict] = {}
+    for guest in sorted(c.guests, key=lambda g: int(g["vmid"])):
+        if not any(_fits(j, guest) and job_selects(j, guest)[0] for j in c.jobs):
+            _job_change(c, guest, changes)
+    c.job_changes = list(changes.values())
+
+
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups, _job_changes]
 
 
 COVERAGE_PAGE = 25  # guests per answer, those needing attention first
@@ -555,7 +576,8 @@ STATE_RANK = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 9}  # other st
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26, offset: Offset = 0) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
+    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups; job
+    changes that cover the uncovered."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
@@ -567,7 +589,8 @@ def backup_coverage(host: Host = None, pbs_host: Host = None,
     ranked = sorted(coverage.rows, key=lambda r: (STATE_RANK.get(r["state"], 5), r["vmid"]))
     guests = table(columns, ranked, limit=COVERAGE_PAGE, offset=offset)
     orphans = coverage.orphans[:LIST_CAP] + more(coverage.orphans, "")
-    return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans)
+    return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans,
+                                  job_changes=coverage.job_changes)
 
 
 # ---------------------------------------------------------------- security

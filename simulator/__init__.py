@@ -22,6 +22,8 @@ above it in this list (no cycles):
     call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
     pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
     pve_monitor.py Proxmox VE node monitoring: RRD history, logs, disks, ZFS, LVM, packages, clock
+    pve_firewall.py     Proxmox VE firewall: options, rules, security groups, IP sets, aliases
+    pve_backup_jobs.py  Proxmox VE backup jobs: create, update, delete
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks

@@ -209,7 +209,9 @@ class Lab:
         self.acme_plugins: list[dict] = []  # /cluster/acme/plugins, DNS API credentials in `data`
         self.acl: list[dict] = []  # /access/acl as the access system holds it
         self.users: list[dict] = []  # /access/users?full=1, tokens included
-        self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
+        # the firewall of the cluster, of each node and of each guest (simulator/pve_firewall.py)
+        self.firewall: dict[str, Any] = {"cluster": {"options": {}, "rules": [], "groups": {}, "group_comments": {},
+                                                     "ipsets": {}, "aliases": {}}, "hosts": {}, "guests": {}}
         self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
         self.replication: dict[str, list[dict]] = {}  # node -> replication job states
         # roles an admin made (pveum role add NAME --privs ...): product -> name -> privileges
@@ -256,6 +258,7 @@ class Lab:
         lab._add_homelab_volumes()
         lab._add_homelab_users()
         lab.cert_days = {name: 300 for name in names}
+        lab.firewall["cluster"]["options"]["enable"] = 1  # on, with no rules: the management IP set lets the LAN in
         lab._add_homelab_tokens()
         return lab
 

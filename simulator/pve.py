@@ -15,8 +15,10 @@ from typing import Callable
 from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
+from .pve_backup_jobs import BACKUP_JOB_HANDLERS
 from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
 from .pve_monitor import MONITOR_HANDLERS, monitor
+from .pve_firewall import FIREWALL_HANDLERS
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
@@ -480,13 +482,6 @@ def pve_acl(call: Call) -> list:
     return [dict(entry) for entry in call.lab.acl]
 
 
-def pve_firewall_options(scope: str) -> Callable:
-    def handler(call: Call, node: str | None = None, vmid: str | None = None) -> dict:
-        key = "cluster" if scope == "cluster" else (vmid if vmid else node)
-        return {"enable": call.lab.firewall.get(key, 0), "policy_in": "DROP" if scope == "cluster" else "ACCEPT"}
-    return handler
-
-
 def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
@@ -541,12 +536,9 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/replication"): pve_replication,
     ("GET", "/access/users"): pve_users,
     ("GET", "/access/acl"): pve_acl,
-    ("GET", "/cluster/firewall/options"): pve_firewall_options("cluster"),
-    ("GET", "/nodes/{node}/firewall/options"): pve_firewall_options("node"),
-    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
-    ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
 }
 PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
+PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,
                  ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,

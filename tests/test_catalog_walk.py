@@ -1,6 +1,7 @@
 """The whole API through the generic tools: every non-blocked method of both schemas is called
 once with valid parameters and passes; every blocked method, and every method whose gate is
 closed, is refused with nothing sent."""
+import copy
 import base64
 import json
 import re
@@ -123,7 +124,45 @@ def call_for(product: str, entry: dict, upid: str):
         params["filename"] = "walk1.iso"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
+    if "/firewall/" in entry["path"] and params.get("type") == "in":  # an in rule's action (verify_rule)
+        params["action"] = "ACCEPT"
+    if product == "pve" and entry["path"] == "/cluster/backup" and entry["method"] == "POST":  # create_job
+        params.update(id="walk2", schedule="daily", vmid="103", storage="local")
+    if product == "pve" and entry["path"] == "/cluster/backup/{id}" and entry["method"] == "PUT":  # not empty
+        params["mode"] = "snapshot"
     return path, params
+
+
+def seed_firewall(lab, entry: dict) -> None:
+    """The firewall objects the walk names, before each firewall call (the walk deletes them too):
+    security group g1, IP set and alias walk1, a harmless rule at pos 0 of every level and the group;
+    none of the object a call creates, an empty one where Proxmox deletes only empty ones
+    (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
+    method, template = entry["method"], entry["path"]
+    harmless = {"type": "in", "action": "DROP", "proto": "udp", "dport": "9", "enable": 1}
+    emptied = method == "DELETE" and template.endswith(("/groups/{group}", "/ipset/{name}"))
+    ipsets = {"walk1": {"entries": [] if emptied else [{"cidr": "10.0.0.0/24"}]}}
+    aliases = {"walk1": {"name": "walk1", "cidr": "192.0.2.0/24"}}
+    lab.firewall = {"cluster": {"options": {"enable": 1}, "rules": [dict(harmless)],
+                                "groups": {"g1": [] if emptied else [dict(harmless)]}, "group_comments": {},
+                                "ipsets": copy.deepcopy(ipsets), "aliases": copy.deepcopy(aliases)},
+                    "hosts": {"pve1": {"options": {}, "rules": [dict(harmless)]}},
+                    "guests": {vmid: {"options": {}, "rules": [dict(harmless)], "ipsets": copy.deepcopy(ipsets),
+                                      "aliases": copy.deepcopy(aliases)} for vmid in (100, 103)}}
+    if method == "POST":  # the collection a call creates in holds no object of that name yet
+        for level in [lab.firewall["cluster"], *lab.firewall["guests"].values()]:
+            if template.endswith("/firewall/groups"):
+                level.get("groups", {}).pop("g1", None)
+            if template.endswith("/firewall/ipset"):
+                level["ipsets"].pop("walk1")
+            if template.endswith("/firewall/aliases"):
+                level["aliases"].pop("walk1")
+
+
+def seed_backup_job(lab) -> None:
+    """Backup job walk1 before each backup job call (the walk deletes it too); walk2 is what it creates."""
+    lab.backup_jobs[:] = [j for j in lab.backup_jobs if j["id"] not in ("walk1", "walk2")]
+    lab.backup_jobs.append({"id": "walk1", "type": "vzdump", "vmid": "103", "storage": "local", "schedule": "daily"})
 
 
 def call_api(session, product: str, entry: dict, path: str, params: dict):
@@ -182,6 +221,10 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
                 re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}", e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(entry["method"], entry["path"])
+            if product == "pve" and "/firewall/" in entry["path"]:
+                seed_firewall(sim.lab, entry)
+            if product == "pve" and entry["path"].startswith("/cluster/backup"):
+                seed_backup_job(sim.lab)
             before = len(sim.lab.requests)
             result = call_api(walker, product, entry, path, params)
             text = result.content[0].text if result.content else ""

@@ -5,6 +5,8 @@ import inspect
 import pytest
 
 import api_tools
+import backup_jobs
+import firewall_tools
 import file_restore
 import dashboard
 import monitor_tools
@@ -19,7 +21,7 @@ from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
-                dashboard)
+                dashboard, firewall_tools, backup_jobs)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.
