@@ -36,7 +36,7 @@ import catalog
 import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
-                   call_gate, call_gates, combine, deleting, method_gate)
+                   call_gate, call_gates, combine, deleting, inside_guest, method_gate)
 from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
                      register_secret)
 from protection import Protected, Scope, load_protected, named_guests, truthy  # noqa: F401 (re-exported)
@@ -50,8 +50,10 @@ class DryRun(Exception):
         self.plan = plan
 
 
-# Reads that follow a confirmed call (judged, but neither confirmed nor audited again): (template regex, why).
-FOLLOW_UPS = {r".*/agent/exec-status": "reads the output of an exec the user confirmed"}
+# Reads that follow a confirmed call in the same tool call (judged, but neither confirmed nor audited
+# again): the follow-up's template regex -> the confirmed call's template regex. Only a read of the
+# very exec the user said yes to (same host, same guest, its pid) is a follow-up; any other is exec.
+FOLLOW_UPS = {r".*/agent/exec-status": r".*/agent/exec"}
 
 # Jobs whose effect is in their stored configuration: a run (or an edit) is judged with it.
 # (method, template) -> the job's configuration path; `{id}` is filled from the request.
@@ -169,13 +171,9 @@ class Decision:
         return self.gates[-1]
 
     @property
-    def follow_up(self) -> bool:
-        return self.method == "GET" and any(re.fullmatch(p, self.template) for p in FOLLOW_UPS)
-
-    @property
     def confirm(self) -> bool:
-        """Destructive, exec and elevated calls need the user's yes."""
-        return bool(set(self.gates) & set(CONFIRMED)) and not self.follow_up
+        """Destructive, exec, elevated and unblocked calls need the user's yes."""
+        return bool(set(self.gates) & set(CONFIRMED))
 
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
@@ -349,9 +347,10 @@ def check_protected(host: Any, decision: Decision) -> None:
 
 
 def _check_exec_allowed(decision: Decision) -> None:
-    """PROXMOX_EXEC_ALLOWED_VMIDS: exec and guest file access reach only the listed guests."""
+    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access and the unblocked methods that act inside a
+    guest (gates.INSIDE_GUEST) reach only the listed guests."""
     allowed = SETTINGS.exec_allowed_vmids
-    if allowed is None or "exec" not in decision.gates:
+    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)):
         return
     for vmid in decision.guests:
         if vmid not in allowed:
@@ -373,7 +372,7 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     except PolicyError as exc:
         audit(host, method, path, params, "refused", error=str(exc))
         raise
-    if decision.gates == ("read",) or decision.follow_up:
+    if decision.gates == ("read",) or follows_confirmed(host, decision):
         return mask_answer(send(decision), decision.secrets)
     audited = decision.audit_params if decision.audit_params is not None else decision.params
     if current_call().get("dry_run") or SETTINGS.dry_run:
@@ -389,7 +388,27 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     except PolicyError as exc:
         audit(host, decision.method, decision.path, audited, "refused", error=str(exc))
         raise
-    return _send_audited(host, decision, audited, send)
+    result = _send_audited(host, decision, audited, send)
+    if decision.confirm and CALL.get() is not None:  # what a follow-up in this call may read
+        confirmed = (host.product, host.label, decision.path, (result or {}).get("pid") if isinstance(result, dict)
+                     else None)
+        current_call().setdefault("confirmed", []).append(confirmed)
+    return result
+
+
+def follows_confirmed(host: Any, decision: Decision) -> bool:
+    """A read that follows a call the user confirmed in this same tool call (FOLLOW_UPS): the output
+    of that exec, on the same host and guest, by its pid."""
+    if decision.method != "GET":
+        return False
+    for pattern, confirmed_pattern in FOLLOW_UPS.items():
+        if not re.fullmatch(pattern, decision.template):
+            continue
+        guest = decision.path.rsplit("/agent/", 1)[0]
+        return any(product == host.product and label == host.label and re.fullmatch(confirmed_pattern, path)
+                   and path.rsplit("/agent/", 1)[0] == guest and str(pid) == str(decision.params.get("pid"))
+                   for product, label, path, pid in current_call().get("confirmed", []))
+    return False
 
 
 def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: Callable[[Decision], Any]) -> Any:

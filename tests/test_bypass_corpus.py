@@ -11,6 +11,8 @@ Sessions (the operator's configuration each entry is tried in):
   elevated   write tier and elevated open (the destructive tier closed)
   read       the default: read tier, nothing else open
   exec_list  everything open, PROXMOX_EXEC_ALLOWED_VMIDS=105, only guest 101 protected
+  unblocked  write tier and exec open, the QEMU monitor, sendkey and the agent's set-user-password
+             opened by PROXMOX_UNBLOCK, PROXMOX_EXEC_ALLOWED_VMIDS=104, only guest 101 protected
 """
 import json
 from types import SimpleNamespace
@@ -27,12 +29,15 @@ PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family w
              {"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
              {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"}]
 ALL = frozenset({"exec", "elevated", "sensitive"})
-SESSIONS = {  # name -> (access tier, extra gates, protected vmids, exec allow-list)
-    "open": ("destructive", ALL, (100, 101, 102), None),
-    "write": ("write", frozenset({"exec", "sensitive"}), (100, 101, 102), None),
-    "elevated": ("write", frozenset({"elevated"}), (100, 101, 102), None),
-    "read": ("read", frozenset(), (100, 101, 102), None),
-    "exec_list": ("destructive", ALL, (101,), {105}),
+UNBLOCKED = ("POST /nodes/{node}/qemu/{vmid}/monitor", "PUT /nodes/{node}/qemu/{vmid}/sendkey",
+             "POST /nodes/{node}/qemu/{vmid}/agent/set-user-password")
+SESSIONS = {  # name -> (access tier, extra gates, protected vmids, exec allow-list, PROXMOX_UNBLOCK)
+    "open": ("destructive", ALL, (100, 101, 102), None, ()),
+    "write": ("write", frozenset({"exec", "sensitive"}), (100, 101, 102), None, ()),
+    "elevated": ("write", frozenset({"elevated"}), (100, 101, 102), None, ()),
+    "read": ("read", frozenset(), (100, 101, 102), None, ()),
+    "exec_list": ("destructive", ALL, (101,), {105}, ()),
+    "unblocked": ("write", frozenset({"exec"}), (101,), {104}, UNBLOCKED),
 }
 PBS_VOLUME = "pbs:backup/vm/101/2026-11-28T02:00:01Z"
 REBOOT_VIA_EXECUTE = json.dumps([{"method": "POST", "path": "qemu/101/status/stop"}])
@@ -216,6 +221,27 @@ CORPUS = [
      {"backup-type": "vm", "backup-id": "101", "backup-time": 1, "protected": 0}, "protected"),
     ("write", "pbs", "POST", "/admin/datastore/backup/change-owner",
      {"backup-type": "ct", "backup-id": "102", "new-owner": "someone@pbs"}, "protected"),
+    # ---- issue 20 section 4: host devices and paths in every spelling
+    # (docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths)
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"cdrom": "/dev/sda"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"cdrom": "cdrom"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"ide2": "cdrom,media=cdrom"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve2/qemu", {"vmid": 953, "cdrom": "file=/dev/sr0"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve1/lxc", {"vmid": 951, "ostemplate": "/etc/pve/priv/authkey.key",
+                                                 "unprivileged": 1}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve1/qemu", {"vmid": 952, "archive": "/root/stolen.vma"},
+     "PROXMOX_ALLOW_ELEVATED"),
+    # ... a Ceph OSD wipes its devices; blocked methods opened by PROXMOX_UNBLOCK are confirmed, and
+    # those that reach inside a guest count as exec for the allow-list; an exec-status read alone is exec
+    ("elevated", "pve", "POST", "/nodes/pve1/ceph/osd", {"dev": "/dev/sdb"}, "PROXMOX_ACCESS=destructive"),
+    ("unblocked", "pve", "POST", "/nodes/pve2/qemu/104/monitor", {"command": "info status"}, "confirm=true"),
+    ("unblocked", "pve", "PUT", "/nodes/pve1/qemu/103/sendkey", {"key": "ctrl-alt-delete"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("unblocked", "pve", "POST", "/nodes/pve1/qemu/103/agent/set-user-password",
+     {"username": "root", "password": "new-root-pw-1"}, "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("unblocked", "pve", "POST", "/nodes/pve1/qemu/103/monitor", {"command": "info status"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("open", "pve", "GET", "/nodes/pve2/qemu/104/agent/exec-status", {"pid": 1}, "confirm=true"),
 ]
 CORPUS_BEFORE = 51  # entries in stage 1's corpus (tests/test_policy.py BYPASSES)
 
@@ -225,8 +251,8 @@ def entry_id(entry) -> str:
 
 
 def settings_for(session: str) -> policy.Settings:
-    access, gates, protected, allowed = SESSIONS[session]
-    rules = policy.HostPolicy(access, gates)
+    access, gates, protected, allowed, unblocked = SESSIONS[session]
+    rules = policy.HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
     return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
                            protected=policy.Protected([e for e in PROTECTED if e["vmid"] in protected]),
                            exec_allowed_vmids=allowed)
@@ -271,7 +297,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
 # ---------------------------------------------------------------- through the server's tools
 
 def session_env(sim, tmp, session: str) -> dict:
-    access, gates, protected, allowed = SESSIONS[session]
+    access, gates, protected, allowed, unblocked = SESSIONS[session]
     (tmp / "protected.json").write_text(json.dumps([e for e in PROTECTED if e["vmid"] in protected]))
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": access, "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
@@ -279,6 +305,8 @@ def session_env(sim, tmp, session: str) -> dict:
     env |= {f"PROXMOX_ALLOW_{gate.upper()}": "true" for gate in gates}
     if allowed:
         env["PROXMOX_EXEC_ALLOWED_VMIDS"] = ",".join(map(str, sorted(allowed)))
+    if unblocked:
+        env["PROXMOX_UNBLOCK"] = ",".join(unblocked)
     return env
 
 

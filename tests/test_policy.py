@@ -127,6 +127,17 @@ def test_gate_of_method(product, method, path, gate):
     ("POST", "/nodes/{node}/qemu/{vmid}/move_disk", {"disk": "scsi0"}, "write"),
     ("POST", "/nodes/{node}/lxc/{vmid}/migrate", {"target": "pve2", "force": 1}, "destructive"),
     ("POST", "/admin/datastore/{store}/prune", {"dry-run": 1}, "read"),
+    # `cdrom` names its format (pve-qm-ide) and is parsed like ide[n]; `cdrom` as a volume is the node's drive
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "/dev/sda"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "cdrom"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"sata1": "cdrom,media=cdrom"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "local:iso/debian.iso"}, "write"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "none"}, "write"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "ostemplate": "/var/lib/vz/template/cache/x.tar.zst",
+                                   "unprivileged": 1}, "elevated"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "ostemplate": "local:vztmpl/x.tar.zst", "unprivileged": 1}, "write"),
+    ("POST", "/nodes/{node}/qemu", {"vmid": 200, "archive": "/mnt/x.vma"}, "elevated"),
+    ("POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"}, "destructive"),
 ])
 def test_arguments_raise_the_gate(method, path, params, gate):
     assert policy.call_gate(method, path, params)[0] == gate
@@ -166,6 +177,30 @@ def test_bad_parameters_are_refused_before_sending(open_policy):
         policy.check(PVE, "GET", "/nodes/pve1/qemu/abc/config", {})
     with pytest.raises(policy.PolicyError, match="not defined in schema"):
         policy.check(PVE, "POST", "/nodes/pve1/qemu/101/status/start", {"now": 1})
+
+
+def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_policy):
+    """An exec-status read skips confirmation only as the follow-up of the exec the user confirmed
+    in this tool call (same host, guest and pid); any other read of a guest's exec output is exec."""
+    asked = []
+    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, decision: asked.append(decision.path)})
+    try:
+        assert policy.admit(PVE, "POST", "/nodes/pve2/qemu/104/agent/exec", {"command": ["id"]},
+                            lambda _: {"pid": 7}) == {"pid": 7}
+        status = "/nodes/pve2/qemu/104/agent/exec-status"
+        policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})
+        assert asked == ["/nodes/pve2/qemu/104/agent/exec"]
+        policy.admit(PVE, "GET", status, {"pid": 8}, lambda _: {"exited": 1})  # another process
+        policy.admit(PVE, "GET", "/nodes/pve2/qemu/103/agent/exec-status", {"pid": 7}, lambda _: {})  # another guest
+        assert asked[1:] == [status, "/nodes/pve2/qemu/103/agent/exec-status"]
+    finally:
+        policy.CALL.reset(token)
+    token = policy.CALL.set({"tool": "other", "confirm": None})  # the next call starts with nothing confirmed
+    try:
+        with pytest.raises(policy.ConfirmationNeeded):
+            policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})
+    finally:
+        policy.CALL.reset(token)
 
 
 def test_masked_values_are_never_written_back(open_policy):
