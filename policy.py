@@ -61,6 +61,10 @@ JOB_CONFIG = {("POST", "/admin/sync/{id}/run"): "/config/sync/{id}",
               ("PUT", "/cluster/backup/{id}"): "/cluster/backup/{id}",
               ("DELETE", "/cluster/backup/{id}"): "/cluster/backup/{id}"}
 EXECUTE = "/nodes/{node}/execute"
+# Files a host serves beside its API, fetched through the same admission step as a plain read:
+# (product, path) -> what it is.
+DOCUMENTS = {("pve", "/pve-docs/api-viewer/apidoc.js"): "the host's API viewer (method descriptions)",
+             ("pbs", "/docs/api-viewer/apidoc.js"): "the host's API viewer (method descriptions)"}
 DELETES_BACKUPS = r"/admin/datastore/\{store\}/prune(-datastore)?|/admin/prune/\{id\}/run"  # by what they are
 
 
@@ -174,6 +178,14 @@ class Decision:
     def confirm(self) -> bool:
         """Destructive, exec, elevated and unblocked calls need the user's yes."""
         return bool(set(self.gates) & set(CONFIRMED))
+
+
+def document_decision(product: str, path: str) -> Decision:
+    """A file the host serves beside its API (DOCUMENTS) as a read Decision; any other is refused."""
+    why = DOCUMENTS.get((product, path))
+    if why is None:
+        raise PolicyError(f"{path} is not a file this server reads from a {product.upper()} host.")
+    return Decision("GET", path, {}, "", ("read",), [why])
 
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,

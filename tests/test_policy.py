@@ -452,9 +452,23 @@ def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
         {"path": "/nodes/{node}/qemu/{vmid}/status/start", "text": "start", "leaf": 1,
          "info": {"POST": {"method": "POST", "name": "vm_start", "description": "Boots guest 4711 of the test."}}}]}]
     (tmp_path / "pve-api.json").write_text(json.dumps(viewer))
+    admitted = []
+    admit = policy.admit
+
+    def recording(host, method, path, params, send, **kw):
+        admitted.append((method, path))
+        return admit(host, method, path, params, send, **kw)
+
     with simulator.Simulator(simulator.Lab.homelab(), schema_dir=tmp_path) as own:
         with in_process(own.env(), log_name="policy-viewer") as session:
-            assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
+            policy.admit = recording  # the viewer file is fetched through the admission step too
+            try:
+                assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
+            finally:
+                policy.admit = admit
+    assert ("GET", "/pve-docs/api-viewer/apidoc.js") in admitted
+    with pytest.raises(policy.PolicyError, match="not a file"):
+        policy.document_decision("pve", "/pve-docs/../../etc/passwd")
 
 
 def test_api_read_reads_any_path(admin):
