@@ -219,7 +219,7 @@ DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
     (r"keep-(last|hourly|daily|weekly|monthly|yearly)", None, any_value,
      "removes the backups its keep rules do not keep"),
     (r"prune-backups", None, lambda v: not re.fullmatch(r"\s*keep-all=(1|yes|on|true)\s*", v), "prunes backups"),
-    (r"remove-vanished", None, lambda v: v not in ("", "0", "false", "no", "off"),
+    (r"remove-vanished", None, truthy,
      "removes what the source no longer has"),
     (r"remove_job", None, lambda v: v == "full", "also removes the replicated volumes"),
 ]

@@ -33,6 +33,7 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import catalog
+import job_edits
 import protection
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
@@ -55,11 +56,6 @@ class DryRun(Exception):
 # very exec the user said yes to (same host, same guest, its pid) is a follow-up; any other is exec.
 FOLLOW_UPS = {r".*/agent/exec-status": r".*/agent/exec"}
 
-# Jobs whose effect is in their stored configuration: a run (or an edit) is judged with it.
-# (method, template) -> the job's configuration path; `{id}` is filled from the request.
-JOB_CONFIG = {("POST", "/admin/sync/{id}/run"): "/config/sync/{id}",
-              ("PUT", "/cluster/backup/{id}"): "/cluster/backup/{id}",
-              ("DELETE", "/cluster/backup/{id}"): "/cluster/backup/{id}"}
 EXECUTE = "/nodes/{node}/execute"
 # Files a host serves beside its API, fetched through the same admission step as a plain read:
 # (product, path) -> what it is.
@@ -164,6 +160,9 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     guests: list[int] = field(default_factory=list)  # named or reached: protection, exec allow-list
     scope: Scope = field(default_factory=Scope)  # guests reached without being listed
+    # protected guests a job, rule or group edit changes without naming them, and how (job_edits);
+    # None when the request edits no such object
+    changed: dict[int, str] | None = None
     entry: dict | None = None  # the catalog method (privileges)
     secrets: tuple[str, ...] = ()  # properties of the answer that are masked (nested calls' too)
     path_params: dict[str, str] = field(default_factory=dict)
@@ -210,49 +209,36 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
     entry = entries[method]
     gates, reasons = call_gates(host.product, method, template, params)
+    judged_by_job = job_edits.operation(host.product, method, template)  # its selection is judged there
+    named = {k: v for k, v in params.items() if not (judged_by_job and k in judged_by_job[0].selection)}
     decision = Decision(method, clean, params, template, gates, reasons,
-                        sorted(named_guests(host.product, template, path_params, params, entry)), entry=entry,
+                        sorted(named_guests(host.product, template, path_params, named, entry)), entry=entry,
                         secrets=tuple(entry.get("secrets", ())), path_params=path_params)
     decision.errors = catalog.check_params(entry, params, path_params=path_params, product=host.product)
     deletes = bool(deleting(entry, params)) or bool(re.fullmatch(DELETES_BACKUPS, template))
     decision.scope = protection.bulk_scope(template, params, deletes)
-    if re.fullmatch(protection.BACKUP_SELECTION, template):
-        decision.guests = sorted(set(decision.guests) | protection.selection_scope(params, decision.scope))
-    if (method, template) in JOB_CONFIG:  # read the job only for a valid call whose own gates are open
+    if judged_by_job:  # read the stored object only for a valid call whose own gates are open
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
-        _judge_with_job(host, decision, path_params, read)
+        _judge_as_after(host, decision, read)
     if template == EXECUTE and not decision.errors:
-        _merge_nested(host, decision, path_params["node"], params.get("commands"))
+        _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
     return decision
 
 
-def _judge_with_job(host: Any, decision: Decision, path_params: dict[str, str],
-                    read: Callable[[str], Any] | None) -> None:
-    """A job edit or run judged with the job as stored: a backup job's guests before and after the
-    edit; a sync job run that removes vanished backups deletes them."""
-    config_path = re.sub(r"\{([\w-]+)\}", lambda m: path_params[m.group(1)],
-                         JOB_CONFIG[(decision.method, decision.template)])
-    try:
-        stored = read(config_path) if read else None
-    except ToolFailure as exc:
-        raise PolicyError(f"{decision.method} {decision.path} depends on the job {config_path}, which could not "
-                          f"be read ({exc}); nothing was sent.") from None
-    stored = stored if isinstance(stored, dict) else {}
-    if decision.template == "/cluster/backup/{id}":
-        listed = protection.selection_scope(stored, decision.scope)
-        if not (stored.get("vmid") or stored.get("pool") or truthy(stored.get("all", "0"))):
-            decision.scope.bulk = "edits a backup job whose guests could not be read"
-        decision.guests = sorted(set(decision.guests) | listed)
-        return
-    reasons = deleting(catalog.entry_for(host.product, "PUT", config_path.rsplit("/", 1)[0] + "/{id}") or {}, stored)
-    if reasons:
-        decision.gates = combine(set(decision.gates) | {"destructive"})
-        decision.reasons += [f"the job's {r}" for r in reasons]
-        decision.scope.bulk = "removes backups of every group the sync covers"
+def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
+    """A job, rule or group created, edited, deleted or run (and a one-shot vzdump) is judged as the
+    object will be after the request (job_edits): the deletion it adds, the protected guests it changes."""
+    protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+    verdict = job_edits.judge(host.product, decision.method, decision.template, decision.path_params,
+                              decision.params, read, protected, f"{decision.method} {decision.path}")
+    decision.gates = combine(set(decision.gates) | verdict.gates)
+    decision.reasons += verdict.reasons
+    decision.scope.bulk = decision.scope.bulk or verdict.whole_scope
+    decision.changed = verdict.changed
 
 
-def _merge_nested(host: Any, decision: Decision, node: str, commands: Any) -> None:
+def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read: Callable[[str], Any] | None) -> None:
     """POST /nodes/{node}/execute runs each command as an API call on that node
     (docs/PROXMOX-BEHAVIOUR.md#nested-execute): each is classified, and the batch needs all their gates."""
     batch = catalog.command_batch(commands) if isinstance(commands, str) else None
@@ -261,14 +247,15 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any) -> No
                           "nothing was sent.")
     for command in batch:
         inner = classify(host, command["method"], f"/nodes/{node}/{command['path'].lstrip('/')}",
-                         command.get("args") or {})
+                         command.get("args") or {}, read)
         _refuse_invalid(inner)
         decision.gates = combine(set(decision.gates) | set(inner.gates))
         decision.reasons += [f"{inner.method} {inner.path}: {r}" for r in inner.reasons]
         decision.guests = sorted(set(decision.guests) | set(inner.guests))
         decision.secrets += tuple(s for s in inner.secrets if s not in decision.secrets)  # each answer is returned
         decision.scope.bulk = decision.scope.bulk or inner.scope.bulk
-        decision.scope.all_except += inner.scope.all_except
+        if inner.changed is not None:
+            decision.changed = (decision.changed or {}) | inner.changed
 
 
 # ================================================================ 2. judge
@@ -339,7 +326,7 @@ def check_protected(host: Any, decision: Decision) -> None:
     if host.product == "pbs" and not guarded_on_pbs(decision):
         return  # on PBS only what can cost a guest its backups is guarded
     protected, scope = SETTINGS.protected, decision.scope
-    if protected.error and (decision.guests or scope.bulk or scope.all_except):
+    if protected.error and (decision.guests or scope.bulk or decision.changed is not None):
         raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "
                           f"request that changes a guest is refused. Fix the file and restart.")
     for vmid in decision.guests:
@@ -348,14 +335,19 @@ def check_protected(host: Any, decision: Decision) -> None:
             name = f" ({entry['name']})" if entry.get("name") else ""
             raise PolicyError(f"Guest {vmid}{name} is protected on host '{host.label}': "
                               f"{entry.get('reason', 'no reason given')}. This request is refused.")
-    for excluded in scope.all_except:
-        left = [e for e in protected.for_host(host.label, host.product) if e["vmid"] not in excluded]
-        if left:
-            raise PolicyError(f"{decision.method} {decision.path} selects all guests (all=1), which includes "
-                              f"protected guest {left[0]['vmid']} on host '{host.label}'. Add it to exclude.")
+    for vmid, how in (decision.changed or {}).items():
+        entry = protected.find(host.label, vmid, host.product) or {}
+        name = f" ({entry['name']})" if entry.get("name") else ""
+        raise PolicyError(f"{decision.method} {decision.path} changes protected guest {vmid}{name} without naming "
+                          f"it: {how}. Host '{host.label}' protects it: {entry.get('reason', 'no reason given')}. "
+                          f"This request is refused{BACKUP_HINT if 'back' in how else ''}.")
     if scope.bulk and protected.for_host(host.label, host.product):
         raise PolicyError(f"{decision.method} {decision.path} {scope.bulk}, and host '{host.label}' has protected "
                           f"guests. List the guests explicitly, leaving out the protected ones.")
+
+
+BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remove=0 (a VM, or a container whose "
+               "volumes can snapshot), which changes nothing on it")
 
 
 def _check_exec_allowed(decision: Decision) -> None:

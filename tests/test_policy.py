@@ -137,10 +137,15 @@ def test_gate_of_method(product, method, path, gate):
                                    "unprivileged": 1}, "elevated"),
     ("POST", "/nodes/{node}/lxc", {"vmid": 200, "ostemplate": "local:vztmpl/x.tar.zst", "unprivileged": 1}, "write"),
     ("POST", "/nodes/{node}/qemu", {"vmid": 200, "archive": "/mnt/x.vma"}, "elevated"),
-    ("POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"}, "destructive"),
 ])
 def test_arguments_raise_the_gate(method, path, params, gate):
     assert policy.call_gate(method, path, params)[0] == gate
+
+
+def test_a_ceph_osd_wipes_its_devices():
+    """pve-manager API2/Ceph/OSD.pm createosd wipes the device first: destructive on top of elevated."""
+    gates = policy.call_gates("pve", "POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"})[0]
+    assert gates == ("destructive", "elevated")
 
 
 def test_closed_gates_name_the_variable_that_opens_them():
