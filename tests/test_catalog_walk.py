@@ -117,8 +117,9 @@ def call_for(product: str, entry: dict, upid: str):
 def call_api(session, product: str, entry: dict, path: str, params: dict):
     """One method through the generic tools: api_read for GET, write_api_call otherwise."""
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
-    if entry["method"] == "GET":  # a guest file read needs the user's yes like exec
-        return session.call("api_read", arguments | {"confirm": True} if "file-read" in path else arguments)
+    if entry["method"] == "GET":  # a guest file read, or an exec's output read alone, needs the user's yes like exec
+        asks = "file-read" in path or "exec-status" in path
+        return session.call("api_read", arguments | {"confirm": True} if asks else arguments)
     return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
 
 
@@ -141,6 +142,8 @@ def walker(sim, tmp_path_factory):
     for kind in ("sync", "prune"):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
+    sim.lab.ha_rules["r1"] = {"type": "node-affinity", "resources": "vm:103", "nodes": "pve1"}
+    sim.lab.ha_groups["g1"] = {"nodes": "pve1"}
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     env = everything_open(sim, tmp)
@@ -153,9 +156,9 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        # deleting the walk's guests comes last, so that every other method still finds them
+        # deleting the walk's guests and HA rules comes last, so that every other method still finds them
         for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
-                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}", e["path"]))):
+                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}|/cluster/ha/(rules|groups)/\{\w+\}", e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(entry["method"], entry["path"])
             before = len(sim.lab.requests)
