@@ -379,7 +379,9 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     if decision.gates == ("read",) or follows_confirmed(host, decision):
         return mask_answer(send(decision), decision.secrets)
     audited = decision.audit_params if decision.audit_params is not None else decision.params
-    if current_call().get("dry_run") or SETTINGS.dry_run:
+    # a dry run holds back what changes something or needs the user's yes; a sensitive read changes
+    # nothing (and the preview of a dry run reads the current state that way)
+    if (current_call().get("dry_run") or SETTINGS.dry_run) and (decision.method != "GET" or decision.confirm):
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision))
     try:

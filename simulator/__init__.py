@@ -23,6 +23,7 @@ above it in this list (no cycles):
     pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
     pve_ha.py      Proxmox VE HA rules, groups and resources (HA_HANDLERS)
+    stored_secrets.py  configuration whose answers hold secrets no schema shows, and token creation
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks
     https.py       the HTTPS servers, certificate and `Simulator`
