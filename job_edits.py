@@ -157,13 +157,20 @@ def backup_covers(job: dict, vmid: int, _world: World, _ident: str) -> bool:
     return truthy(job.get("all", "0")) and vmid not in numbers(job.get("exclude", ""))
 
 
+def property_string(value: Any) -> str:
+    """A property string in one spelling: PUT takes `keep-last=1,keep-daily=7`, GET answers the same
+    as an object (pve-manager PVE/API2/Backup.pm: `prune-backups`, `fleecing`, `performance`)."""
+    parts = value.items() if isinstance(value, dict) else (p.partition("=")[::2] for p in str(value).split(","))
+    return ",".join(sorted(f"{k.strip()}={v}" for k, v in parts if k.strip()))
+
+
 def backup_prunes(job: dict) -> list[str]:
     """vzdump prunes after the backup with the job's `prune-backups` unless remove=0 or keep-all
     (PVE/VZDump.pm `new`, `exec_backup_task`). The storage's own retention is the operator's choice
     (gates.UNCERTAIN), not counted here."""
-    retention = str(job.get("prune-backups") or "")
-    if not retention or re.fullmatch(r"\s*keep-all=(1|yes|on|true)\s*", retention) or \
-            not truthy(job.get("remove", "1")):
+    retention = property_string(job.get("prune-backups") or "")
+    keep_all = any(part.startswith("keep-all=") and truthy(part.partition("=")[2]) for part in retention.split(","))
+    if not retention or keep_all or not truthy(job.get("remove", "1")):
         return []
     return [f"prune-backups={retention}: prunes the backups of every guest it backs up"]
 
@@ -329,16 +336,21 @@ def _types(kind: Kind) -> dict[str, str]:
     return types
 
 
+PROPERTY_STRINGS = ("prune-backups", "fleecing", "performance")
+
+
 def _normal(kind: Kind, obj: dict, leave_out: frozenset[str]) -> frozenset:
     """The object's fields but `leave_out`, as comparable values: booleans 0/1 (a stored JSON false
-    equals a form 0), numbers as numbers, lists in order."""
+    equals a form 0), numbers as numbers, lists in order, property strings in one spelling."""
     types = _types(kind)
     items = []
     for name, value in obj.items():
         if name in leave_out or value is None:
             continue
         kind_of = types.get(name)
-        if kind_of == "boolean" or isinstance(value, bool):
+        if name in PROPERTY_STRINGS:
+            value = property_string(value)
+        elif kind_of == "boolean" or isinstance(value, bool):
             value = int(truthy(value))
         elif kind_of == "integer" and str(value).lstrip("-").isdigit():
             value = int(value)

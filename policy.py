@@ -4,19 +4,20 @@
 anything is sent, and runs the same sequence for both:
 
   1. classify   what the request is: its catalog method, its parameters checked against the
-                schema, its gates (the method's, raised by dangerous arguments, nested calls
-                and the jobs it runs), the guests it names or reaches, the secrets it returns
+                schema, its gates (the method's, raised by dangerous arguments, nested calls,
+                and the job, rule or group it edits or runs as it will be after it), the guests
+                it names or reaches, the secrets it returns
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
-  4. confirm    destructive, exec and elevated calls: the user is asked when the client can
-                ask; confirm=true stands in only for clients that cannot
+  4. confirm    destructive, exec, elevated and unblocked calls: the user is asked when the
+                client can ask; confirm=true stands in only for clients that cannot
   5. audit      one line before sending (if it cannot be written, nothing is sent), one after
   6. send       and mask the secrets the answer carries
 
 Refusals raise PolicyError (ConfirmationNeeded when only the user's yes is missing); nothing is
-sent then. Which guests a request reaches is protection.py; masking is masking.py; the
-hash-chained audit file is audit.py.
+sent then. Which guests a request reaches is protection.py; what a job, rule or group edit will
+do is job_edits.py; masking is masking.py; the hash-chained audit file is audit.py.
 
 The gates themselves, and which a call needs, are gates.py.
 """

@@ -76,6 +76,13 @@ RESOURCES = [{"type": "qemu", "vmid": 100, "node": "pve1"}, {"type": "qemu", "vm
     ({"enabled": 1, "vmid": "103", "prune-backups": "keep-last=1"}, {"vmid": "104"}, {"destructive"}),
     ({"enabled": 1, "vmid": "103", "prune-backups": "keep-last=1"}, {"remove": 0}, set()),  # stops pruning
     ({"enabled": 1, "vmid": "103"}, {"prune-backups": "keep-all=1"}, set()),
+    # GET answers prune-backups as an object, PUT takes a property string (Backup.pm: "proper objects
+    # when they are returned from the API"): the same retention either way
+    ({"enabled": 0, "vmid": "103", "prune-backups": {"keep-all": 1}}, {"enabled": 1}, set()),
+    ({"enabled": 1, "vmid": "103", "prune-backups": {"keep-last": 2, "keep-daily": 7}},
+     {"prune-backups": "keep-daily=7,keep-last=2"}, set()),
+    ({"enabled": 1, "vmid": "103", "prune-backups": {"keep-last": 2}}, {"prune-backups": "keep-last=1"},
+     {"destructive"}),
 ])
 def test_a_backup_edit_deletes_when_what_the_job_prunes_changes(stored, params, gates):
     found = verdict("PUT", "/cluster/backup/j", params, {"/cluster/backup/j": stored}, protected=())
