@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,7 +185,7 @@ class Config:
     log_level: str = "INFO"
     warnings: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
-    env_files: list[Path] = field(default_factory=list)  # the .env files read (read_env_files), for --check
+    env_origins: EnvOrigins = field(default_factory=lambda: EnvOrigins())  # read_env_files, for --check
     restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
     restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
 
@@ -219,22 +219,126 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     return config
 
 
-def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], list[Path]]:
-    """The variables the server sees, and the .env files they came from. Order: the real environment,
-    then `.env` in the working directory, then `.env` beside server.py (a GUI client such as Claude
-    Desktop starts servers in `/`, where no .env is). An earlier source wins."""
+@dataclass
+class EnvOrigins:
+    """Where each variable came from (read_env_files), for the start-up warning and --check."""
+    files: list[Path] = field(default_factory=list)  # the .env files read
+    set_by: dict[str, str] = field(default_factory=dict)  # variable -> "the environment" or a file
+    ignored: dict[str, Path] = field(default_factory=dict)  # variable -> the working-directory file it was ignored from
+
+    def warning(self) -> str | None:
+        if not self.ignored:
+            return None
+        files = ", ".join(sorted({str(path) for path in self.ignored.values()}))
+        return (f"{files} (the working directory) may only narrow access; ignored from it: "
+                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in the .env beside server.py.")
+
+    def report(self) -> list[str]:
+        """One line per source: the names of the variables it set (never their values)."""
+        by_source: dict[str, list[str]] = {}
+        for name, source in sorted(self.set_by.items()):
+            if name.startswith(("PROXMOX_", "PBS_", "MCP_")):
+                by_source.setdefault(source, []).append(name)
+        lines = [f"set by {source}: {', '.join(names)}" for source, names in by_source.items()]
+        return lines + ([f"ignored: {self.warning()}"] if self.ignored else [])
+
+
+def _lower_tier(current: str | None, value: str) -> str | None:
+    tiers = policy.TIERS
+    low = value.strip().lower()
+    return value if low in tiers and tiers.index(low) <= tiers.index((current or "read").strip().lower()) else None
+
+
+def _only_false(_current: str | None, value: str) -> str | None:
+    return value if value.strip().lower() in FALSE else None
+
+
+def _only_true(_current: str | None, value: str) -> str | None:
+    return value if value.strip().lower() in TRUE else None
+
+
+def _joined(current: str | None, value: str) -> str | None:
+    return ",".join(filter(None, [(current or "").strip(" ,"), value.strip(" ,")])) or None
+
+
+def _fewer_vmids(current: str | None, value: str) -> str | None:
+    now, wanted = set(parse_list(current or "")), set(parse_list(value))
+    return value if wanted and (not now or wanted <= now) else None
+
+
+def _fewer_tools(current: str | None, value: str) -> str | None:
+    now, wanted = set(parse_list(current or "")), set(parse_list(value))
+    return value if wanted and (not now or wanted <= now) else None
+
+
+# What a .env in the working directory may set: each variable's rule, (the value from the
+# environment and the operator's .env, the file's value) -> the value to use, or None when it would
+# widen access. A client's working directory can be a repository the agent edits (Claude Code):
+# its .env must not raise the tier, open a gate, stop asking, empty the protected list or move the
+# audit log. Per-host variables follow the same rules (HOST_NARROWING).
+NARROWING: dict[str, Callable[[str | None, str], str | None]] = {
+    "PROXMOX_ACCESS": _lower_tier, "PROXMOX_ALLOW_EXEC": _only_false, "PROXMOX_ALLOW_ELEVATED": _only_false,
+    "PROXMOX_ALLOW_SENSITIVE": _only_false, "PROXMOX_DRY_RUN": _only_true, "PROXMOX_ELICIT": _only_true,
+    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_DENY_TOOLS": _joined, "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
+    "PROXMOX_ALLOW_TOOLS": _fewer_tools,
+}
+HOST_NARROWING = {"ACCESS": _lower_tier, "ALLOW_EXEC": _only_false, "ALLOW_ELEVATED": _only_false,
+                  "ALLOW_SENSITIVE": _only_false}
+
+
+def _narrowing_rule(name: str, env: dict[str, str]) -> tuple[Callable[[str | None, str], str | None], str | None]:
+    """The rule for a working-directory variable, and the value it narrows (a host's falls back to the global one)."""
+    if name in NARROWING:
+        return NARROWING[name], env.get(name)
+    match = re.fullmatch(r"(PROXMOX|PBS)_([A-Z0-9_]+?)_(ACCESS|ALLOW_EXEC|ALLOW_ELEVATED|ALLOW_SENSITIVE)", name)
+    if match:
+        return HOST_NARROWING[match.group(3)], env.get(name, env.get(f"PROXMOX_{match.group(3)}"))
+    return (lambda _current, _value: None), None
+
+
+def _narrowed(env: dict[str, str], values: dict[str, str], path: Path, origins: EnvOrigins) -> dict[str, str]:
+    """The working-directory file's variables that narrow access, with the values to use; the others
+    are recorded as ignored."""
+    taken = {}
+    for name, value in values.items():
+        rule, current = _narrowing_rule(name, env)
+        if current is not None and value.strip() == current.strip():
+            continue  # says what is already in force
+        narrowed = rule(current, value)
+        if narrowed is None:
+            origins.ignored[name] = path
+        else:
+            taken[name] = narrowed
+    return taken
+
+
+def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], EnvOrigins]:
+    """The variables the server sees, and where they came from. Order: the real environment, then
+    the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
+    where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
+    narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
     from dotenv import dotenv_values
     env = dict(os.environ if environ is None else environ)
-    files = []
-    for path in dict.fromkeys(((cwd or Path.cwd()) / ".env", INSTALL_DIR / ".env")):
+    origins = EnvOrigins(set_by={name: "the environment" for name in env})
+    install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
+    for path in dict.fromkeys((install, working)):
         try:
             values = dotenv_values(path) if path.is_file() else None
         except OSError as exc:
             raise ConfigError(f"{path} cannot be read: {exc.strerror}.") from None
-        if values is not None:
-            files.append(path)
-            env = {k: v for k, v in values.items() if v is not None} | env
-    return env, files
+        if values is None:
+            continue
+        origins.files.append(path)
+        values = {k: v for k, v in values.items() if v is not None and origins.set_by.get(k) != "the environment"}
+        where = f"{path} (beside server.py)"
+        if path == install:
+            values = {k: v for k, v in values.items() if k not in env}
+        else:  # it may narrow what the operator's file says, never widen it
+            values = _narrowed(env, values, path, origins)
+            where = f"{path} (the working directory)"
+        env |= values
+        origins.set_by |= {name: where for name in values}
+    return env, origins
 
 
 def read_global_settings(env: dict[str, str], config: Config) -> None:

@@ -949,9 +949,12 @@ def check_hosts(config: Config) -> int:
     tools. Exit 1 when a host fails."""
     failures = 0
     VISIBILITY.offer(config)
-    read = ", ".join(str(f) for f in config.env_files) or "none found"
-    print(f"settings: the environment first, then .env in the working directory ({Path.cwd()}), then .env "
-          f"beside server.py ({INSTALL_DIR}); the first that sets a variable wins. .env files read: {read}")
+    read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
+    print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
+          f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
+          f".env files read: {read}")
+    for line in config.env_origins.report():
+        print(f"  {line}")
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
         rules = config.settings.hosts[(host.product, host.label)]
@@ -1089,14 +1092,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     """This run's configuration (the environment, then .env files, or the demo lab), checked, its
     secrets registered for masking; and the address to bind in HTTP mode."""
-    env, env_files = read_env_files()
+    env, origins = read_env_files()
     if args.demo:  # no host of the user's is reached; which tools are offered stays theirs to choose
         env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_")) or k == "PROXMOX_TOOLSETS"}
         env |= demo_environment()
         if args.http:
             env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
     config = load_configuration(env)
-    config.env_files = env_files
+    config.env_origins = origins
+    config.warnings += [origins.warning()] if origins.ignored else []
     bind_host = args.host or config.http_host
     if args.http:
         check_http_auth(config, bind_host)

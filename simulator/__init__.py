@@ -25,6 +25,8 @@ above it in this list (no cycles):
     pve_firewall.py     Proxmox VE firewall: options, rules, security groups, IP sets, aliases
     pve_backup_jobs.py  Proxmox VE backup jobs: create, update, delete
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
+    pve_ha.py      Proxmox VE HA rules, groups and resources (HA_HANDLERS)
+    stored_secrets.py  configuration whose answers hold secrets no schema shows, and token creation
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks
     https.py       the HTTPS servers, certificate and `Simulator`

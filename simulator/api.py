@@ -17,6 +17,8 @@ from .call import ApiError, Call, _node
 from .lab import Lab, Token
 from .pbs import PBS_HANDLERS
 from .pve import PVE_HANDLERS
+from .pve_ha import HA_HANDLERS
+from .stored_secrets import STORED_SECRET_HANDLERS
 
 
 def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
@@ -60,7 +62,8 @@ def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str
     return None if call.can("/access", "Sys.Audit") or call.can("/", "Sys.Audit") else ("/access", "Sys.Audit")
 
 
-HANDLERS = {"pve": PVE_HANDLERS, "pbs": PBS_HANDLERS}
+HANDLERS = {"pve": PVE_HANDLERS | HA_HANDLERS | STORED_SECRET_HANDLERS["pve"],
+            "pbs": PBS_HANDLERS | STORED_SECRET_HANDLERS["pbs"]}
 TOKEN_HEADER = {"pve": re.compile(r"^PVEAPIToken=(?P<id>[^=\s]+)=(?P<secret>\S+)$"),
                 "pbs": re.compile(r"^PBSAPIToken=(?P<id>[^:\s]+):(?P<secret>\S+)$")}
 

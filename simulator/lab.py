@@ -206,6 +206,12 @@ class Lab:
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
         self.backup_jobs: list[dict] = []  # /cluster/backup
+        self.ha_rules: dict[str, dict] = {}  # /cluster/ha/rules (PVE 9): rule id -> its config
+        self.ha_groups: dict[str, dict] = {}  # /cluster/ha/groups (PVE 8): group -> its config
+        self.sdn_ipams: list[dict] = []  # /cluster/sdn/ipams, their API tokens included
+        self.sdn_dns: list[dict] = []  # /cluster/sdn/dns, their API keys included
+        self.metric_servers: dict[str, dict] = {}  # /cluster/metrics/server/{id}, as status.cfg holds them
+        self.created_tokens: list[str] = []  # the secrets of API tokens created through the API
         self.acme_plugins: list[dict] = []  # /cluster/acme/plugins, DNS API credentials in `data`
         self.acl: list[dict] = []  # /access/acl as the access system holds it
         self.users: list[dict] = []  # /access/users?full=1, tokens included

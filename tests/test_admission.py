@@ -190,6 +190,19 @@ def test_a_backup_that_prunes_its_own_guest(plain, sim):
     assert plain.ok("write_api_call", backup | {"confirm": True})["data"].startswith("UPID:")
 
 
+def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(plain, sim):
+    """Issue 25: a snapshot-mode backup that never prunes (remove=0) changes nothing on a protected VM;
+    any other backup of it is refused, saying what would pass (docs/PROXMOX-BEHAVIOUR.md#job-edits)."""
+    backup = {"method": "POST", "path": "/nodes/pve2/vzdump",
+              "params": {"vmid": "101", "storage": "nfs-backup", "mode": "snapshot", "remove": 0}}
+    done, sent = requests_during(sim, lambda: plain.ok("write_api_call", backup))
+    assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve2/vzdump") in sent
+    for params in ({"mode": "stop", "remove": 0}, {"mode": "snapshot"}, {}):
+        call = backup | {"params": {"vmid": "101", "storage": "nfs-backup"} | params}
+        message, sent = requests_during(sim, lambda c=call: plain.error("write_api_call", c))
+        assert "protected guest 101" in message and "mode=snapshot and remove=0" in message and writes(sent) == []
+
+
 def test_dry_run_shows_every_gate_and_sends_nothing(plain, sim):
     call = {"method": "DELETE", "path": "/config/datastore/backup", "params": {"destroy-data": 1},
             "product": "pbs", "dry_run": True}

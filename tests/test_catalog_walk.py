@@ -75,10 +75,9 @@ WALK_GUESTS = {"/nodes/{node}/lxc/{vmid}/status/reboot": (110, "lxc", "pve1", "r
                "/nodes/{node}/lxc/{vmid}/status/suspend": (114, "lxc", "pve1", "running"),
                "/nodes/{node}/qemu/{vmid}/migrate": (115, "qemu", "pve1", "stopped"),  # not the guest others use
                "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped"),  # a running CT needs restart
-               # stopped containers of their own: 103 may be running again by then, depending on how
-               # long the walk's earlier start took (a test must not depend on the machine's load)
-               "/nodes/{node}/lxc/{vmid}/template": (117, "lxc", "pve1", "stopped"),
-               "/nodes/{node}/lxc/{vmid}/clone": (118, "lxc", "pve1", "stopped")}
+               # started apart from 103, which the walk makes a template and clones later: a running
+               # container is neither (the start's task ends while the walk goes on: load decided it)
+               "/nodes/{node}/lxc/{vmid}/status/start": (117, "lxc", "pve1", "stopped")}
 # Methods that need another guest than the default.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
                   "/nodes/{node}/qemu/{vmid}/template": {"node": "pve2", "vmid": "104"},  # a stopped VM
@@ -168,8 +167,9 @@ def seed_backup_job(lab) -> None:
 def call_api(session, product: str, entry: dict, path: str, params: dict):
     """One method through the generic tools: api_read for GET, write_api_call otherwise."""
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
-    if entry["method"] == "GET":  # a guest file read needs the user's yes like exec
-        return session.call("api_read", arguments | {"confirm": True} if "file-read" in path else arguments)
+    if entry["method"] == "GET":  # a guest file read, or an exec's output read alone, needs the user's yes like exec
+        asks = "file-read" in path or "exec-status" in path
+        return session.call("api_read", arguments | {"confirm": True} if asks else arguments)
     return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
 
 
@@ -193,6 +193,11 @@ def walker(sim, tmp_path_factory):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
     add_pool(sim.lab, "pve1", "walk1")  # a ZFS pool whose status the walk reads
+    sim.lab.ha_rules["r1"] = {"type": "node-affinity", "resources": "vm:103", "nodes": "pve1"}
+    sim.lab.ha_groups["g1"] = {"nodes": "pve1"}
+    sim.lab.metric_servers["walk1"] = {"type": "influxdb", "server": "192.0.2.50", "port": 8089}
+    sim.lab.sdn_ipams.append({"ipam": "pve", "type": "pve"})
+    sim.lab.sdn_dns.append({"dns": "d1", "type": "powerdns", "url": "https://dns.example", "key": "walk"})
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     hostname = base64.b64encode(b"/root.pxar.didx/etc/hostname").decode()
@@ -216,9 +221,9 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        # deleting the walk's guests comes last, so that every other method still finds them
+        # deleting the walk's guests and HA rules comes last, so that every other method still finds them
         for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
-                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}", e["path"]))):
+                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}|/cluster/ha/(rules|groups)/\{\w+\}", e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(entry["method"], entry["path"])
             if product == "pve" and "/firewall/" in entry["path"]:
@@ -253,7 +258,7 @@ def test_closed_gates_refuse_with_nothing_sent(sim, tmp_path):
         for product in catalog.PRODUCTS:
             for entry in catalog.methods(product):
                 path, params = call_for(product, entry, "UPID:pve1:00000001:00000001:00000001:x::root@pam:")
-                gate, _ = policy.call_gate(entry["method"], entry["path"], params)
+                gate, _ = policy.call_gate(entry["method"], entry["path"], params, product)
                 if gate in ("read", "lifecycle"):
                     continue
                 before = len(sim.lab.requests)

@@ -91,16 +91,90 @@ def test_bad_config_exits_with_one_line_naming_the_variable():
 
 
 def test_dotenv_is_loaded_and_the_real_environment_wins(tmp_path):
-    (tmp_path / ".env").write_text("PROXMOX_DOT_URL=https://from-dotenv:8006\nPROXMOX_DOT_TOKEN=" + TOKEN + "\n"
-                                   "PROXMOX_READ_TIMEOUT=soon\n")
+    """A working-directory .env is read (it may narrow), and the real environment wins over it."""
+    (tmp_path / ".env").write_text("PROXMOX_READ_TIMEOUT=soon\nPROXMOX_DRY_RUN=maybe\n")
     import subprocess
     import sys
     from conftest import ROOT, server_env
     result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools", "--json"], cwd=tmp_path,
-                            env=server_env({"PROXMOX_READ_TIMEOUT": "12"}), capture_output=True, text=True,
+                            env=server_env({"PROXMOX_DRY_RUN": "true"}), capture_output=True, text=True,
                             timeout=60)
-    assert result.returncode == 0, result.stderr  # the bad .env timeout lost to the real one
+    assert result.returncode == 0, result.stderr  # the bad .env values lost to the real one, or were ignored
     assert json.loads(result.stdout)["tools"]
+
+
+# ---------------------------------------------------------------- .env files: the operator's wins
+
+@pytest.fixture()
+def env_files(tmp_path, monkeypatch):
+    """An operator's .env beside server.py and a working directory (the repository an agent edits)."""
+    import config
+    install, work = tmp_path / "install", tmp_path / "work"
+    install.mkdir()
+    work.mkdir()
+    monkeypatch.setattr(config, "INSTALL_DIR", install)
+    (install / ".env").write_text("PROXMOX_LAB_URL=https://pve.lab:8006\nPROXMOX_LAB_TOKEN=" + TOKEN + "\n"
+                                  "PROXMOX_ACCESS=write\nPROXMOX_ALLOW_EXEC=true\nPROXMOX_ELICIT=true\n"
+                                  "PROXMOX_PROTECTED_VMS=lab:100\nPROXMOX_EXEC_ALLOWED_VMIDS=104,105\n")
+
+    def read(working_env: str, environment: dict | None = None):
+        (work / ".env").write_text(working_env)
+        return config.read_env_files(environment or {}, cwd=work)
+    return read
+
+
+@pytest.mark.parametrize("working, variable, effective, ignored", [
+    # a working-directory file cannot raise the tier, open a gate, stop asking, empty the protected
+    # list, point the audit log or the protected file elsewhere, add hosts or turn TLS off ...
+    ("PROXMOX_ACCESS=destructive", "PROXMOX_ACCESS", "write", True),
+    ("PROXMOX_LAB_ACCESS=destructive", "PROXMOX_LAB_ACCESS", None, True),
+    ("PROXMOX_ALLOW_ELEVATED=true", "PROXMOX_ALLOW_ELEVATED", None, True),
+    ("PROXMOX_ELICIT=false", "PROXMOX_ELICIT", "true", True),
+    ("PROXMOX_PROTECTED_VMS_FILE=/dev/null", "PROXMOX_PROTECTED_VMS_FILE", None, True),
+    ("PROXMOX_AUDIT_LOG=/tmp/elsewhere.jsonl", "PROXMOX_AUDIT_LOG", None, True),
+    ("PROXMOX_EVIL_URL=https://evil:8006", "PROXMOX_EVIL_URL", None, True),
+    ("PROXMOX_LAB_URL=https://evil:8006", "PROXMOX_LAB_URL", "https://pve.lab:8006", True),
+    ("PROXMOX_VERIFY_TLS=false", "PROXMOX_VERIFY_TLS", None, True),
+    ("PROXMOX_UNBLOCK=PUT /nodes/{node}/qemu/{vmid}/sendkey", "PROXMOX_UNBLOCK", None, True),
+    ("PROXMOX_EXEC_ALLOWED_VMIDS=100,104", "PROXMOX_EXEC_ALLOWED_VMIDS", "104,105", True),
+    # ... it may narrow: a lower tier, a gate closed, dry run, asking, more protected guests,
+    # fewer guests for exec, more tools denied
+    ("PROXMOX_ACCESS=read", "PROXMOX_ACCESS", "read", False),
+    ("PROXMOX_LAB_ACCESS=lifecycle", "PROXMOX_LAB_ACCESS", "lifecycle", False),
+    ("PROXMOX_ALLOW_EXEC=false", "PROXMOX_ALLOW_EXEC", "false", False),
+    ("PROXMOX_DRY_RUN=true", "PROXMOX_DRY_RUN", "true", False),
+    ("PROXMOX_PROTECTED_VMS=lab:101", "PROXMOX_PROTECTED_VMS", "lab:100,lab:101", False),
+    ("PROXMOX_EXEC_ALLOWED_VMIDS=105", "PROXMOX_EXEC_ALLOWED_VMIDS", "105", False),
+    ("PROXMOX_DENY_TOOLS=write_*", "PROXMOX_DENY_TOOLS", "write_*", False),
+])
+def test_a_working_directory_env_may_only_narrow_access(env_files, working, variable, effective, ignored):
+    env, origins = env_files(working + "\n")
+    assert env.get(variable) == effective
+    assert (variable in origins.ignored) == ignored
+    if not ignored:
+        assert "working directory" in origins.set_by[variable]
+
+
+def test_the_real_environment_still_wins_and_check_says_who_set_what(env_files):
+    env, origins = env_files("PROXMOX_ACCESS=read\nPROXMOX_ALLOW_ELEVATED=true\n", {"PROXMOX_ACCESS": "lifecycle"})
+    assert env["PROXMOX_ACCESS"] == "lifecycle" and origins.set_by["PROXMOX_ACCESS"] == "the environment"
+    assert origins.set_by["PROXMOX_LAB_TOKEN"].endswith("install/.env (beside server.py)")
+    lines = origins.report()
+    assert any("PROXMOX_LAB_TOKEN" in line and "beside server.py" in line for line in lines)
+    assert any("ignored" in line and "PROXMOX_ALLOW_ELEVATED" in line for line in lines)
+    assert TOKEN.split("=")[1] not in " ".join(lines)  # names, never values
+
+
+def test_ignored_working_directory_settings_are_warned_about_at_start(tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT, server_env
+    (tmp_path / ".env").write_text("PROXMOX_ACCESS=destructive\nPROXMOX_ALLOW_EXEC=true\n")
+    result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools"], cwd=tmp_path,
+                            env=server_env({}), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "may only narrow access" in line]
+    assert len(warned) == 1 and "PROXMOX_ACCESS" in warned[0] and "PROXMOX_ALLOW_EXEC" in warned[0]
 
 
 def test_list_tools_without_any_host_connects_nowhere():

@@ -97,22 +97,24 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
 
 # ---------------------------------------------------------------- settings found where users put them
 
-def test_env_files_are_read_from_the_working_directory_then_beside_server_py(tmp_path, monkeypatch):
+def test_env_files_are_read_beside_server_py_then_from_the_working_directory(tmp_path, monkeypatch):
+    """The operator's .env beside server.py wins; a .env in the working directory (for Claude Code,
+    the repository the agent edits) may only narrow access (tests/test_config.py has the rules)."""
     install, work = tmp_path / "install", tmp_path / "work"
     install.mkdir()
     work.mkdir()
-    (install / ".env").write_text("A=install\nB=install\nC=install\n")
-    (work / ".env").write_text("A=work\nB=work\n")
+    (install / ".env").write_text("A=install\nPROXMOX_ACCESS=write\n")
+    (work / ".env").write_text("A=work\nPROXMOX_ACCESS=read\n")
     monkeypatch.setattr(config, "INSTALL_DIR", install)
-    env, files = config.read_env_files({"A": "environment"}, cwd=work)
-    assert (env["A"], env["B"], env["C"]) == ("environment", "work", "install")
-    assert files == [work / ".env", install / ".env"]
+    env, origins = config.read_env_files({"B": "environment"}, cwd=work)
+    assert (env["A"], env["B"], env["PROXMOX_ACCESS"]) == ("install", "environment", "read")
+    assert origins.files == [install / ".env", work / ".env"]
 
 
 def test_check_states_the_order_of_settings(sim):
     result = run_server(["--check"], sim.env())
-    assert "the environment first, then .env in the working directory" in result.stdout
-    assert "then .env beside server.py" in result.stdout
+    assert "the environment first, then .env beside server.py" in result.stdout
+    assert ".env in the working directory" in result.stdout and "may only narrow access" in result.stdout
 
 
 def test_a_misspelt_variable_gets_the_closest_name():

@@ -15,7 +15,7 @@ from conftest import ROOT
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
-                  "firewall_guard", "protection", "masking", "config", "http_transport")
+                  "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
