@@ -157,6 +157,15 @@ def parse_upid(upid: str, product: str = "pve") -> dict:
             "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
 
 
+def parse_release(answer: dict) -> tuple[int, ...] | None:
+    """GET /version as numbers: PVE's `version` is the full one (9.2.1; 7.x wrote 7.4-3), PBS's is
+    major.minor with the patch number in `release` (proxmox-backup src/api2/version.rs)."""
+    numbers = [int(n) for n in re.findall(r"\d+", str(answer.get("version") or "").split("-")[0])]
+    if len(numbers) == 2 and str(answer.get("release", "")).isdigit():
+        numbers.append(int(answer["release"]))
+    return tuple(numbers) or None
+
+
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
 
 
@@ -209,6 +218,9 @@ class ProxmoxClient:
         self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
         self._kept_lock = threading.Lock()
         self._slow_failure: tuple[float, ProxmoxError] | None = None  # (when, error) of the last slow connect failure
+        self._release: tuple[int, ...] | None = None  # the product's version as numbers, read once (release())
+        self._release_read = False
+        self._release_lock = threading.Lock()
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
@@ -321,18 +333,27 @@ class ProxmoxClient:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
                 if self.host.product == "pve":
-                    self._read_version()
+                    self.release()
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
 
-    def _read_version(self) -> None:
-        """The PVE version, which agent privileges depend on (policy.version_privileges); without it
-        the current version's privileges are assumed."""
-        try:
-            policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
-        except ProxmoxError as exc:
-            log.info("could not read the version of %s: %s", self.host.label, exc)
+    def release(self) -> tuple[int, ...] | None:
+        """The product's version as numbers, read once: PVE 9.2.1 is (9, 2, 1), PBS 3.2.7 (`version` 3.2,
+        `release` 7) is (3, 2, 7). PVE's agent privileges depend on it (policy.version_privileges), and
+        what older Backup Servers offer (pbs_tools.SINCE). None when it cannot be read: callers then
+        assume the current release."""
+        with self._release_lock:
+            if not self._release_read:
+                self._release_read = True
+                try:
+                    answer = self._send("GET", "/version", {}, timeout=5) or {}
+                except ProxmoxError as exc:
+                    log.info("could not read the version of %s: %s", self.host.label, exc)
+                    return None
+                self._release = parse_release(answer)
+                policy.set_version(self.host, answer.get("version"))
+        return self._release
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         import requests

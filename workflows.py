@@ -16,8 +16,8 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
-                     iso_time, percent)
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, compact,
+                     human_bytes, iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
@@ -209,19 +209,34 @@ def _backup_server(h: Health) -> None:
     now = time.time()
     usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    runs = h.report.section("pbs garbage collection", lambda: pbs_tools.gc_runs(pbs, usage)) if usage else ({}, None)
     for ds in usage:
-        _datastore_health(h, ds, gc_jobs, now)
-    for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
-        age = now - (job.get("last-run-endtime") or 0)
-        state = job.get("last-run-state")
-        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
-            h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
-                         job, "write_pbs_run_job kind=verify")
+        _datastore_health(h, ds, runs[0] if runs else None, now)
+    for kind in pbs_tools.JOB_KINDS:
+        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_tools.jobs_of(pbs, k)) or []:
+            _pbs_job_health(h, kind, job, now)
 
 
-def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
+    """A sync, verify or prune job whose last run failed, with that run's evidence; a verify job that has
+    not run for too long. A job that is running now has no last result yet (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)."""
+    result = pbs_tools.job_result(job)
+    ended = iso_time(job.get("last-run-endtime"))
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"{kind} job {job['id']} failed: {result}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended, "result": result,
+                              "upid": job.get("last-run-upid")}),
+                     f"read its log (pbs_get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
+                     f"job_id={job['id']}")
+    elif kind == "verify" and now - (job.get("last-run-endtime") or 0) > h.limits["verify_max_days"] * 86400:
+        h.report.add("warning", "pbs", f"verify job {job['id']} last ran {ended or 'never'}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended,
+                              "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify")
+
+
+def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float) -> None:
     # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     if ds.get("error"):
         h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
@@ -231,17 +246,20 @@ def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: floa
         h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                      f"datastore {ds['store']} is {used}% full",
                      {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    if gc_jobs is None:
+    if runs is None:
         return  # the GC jobs could not be read: listed as unavailable
-    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
-    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
-    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
-        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
-                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+    run = runs.get(ds["store"]) or {}
+    result, last_gc = run.get("result"), run.get("ended") or run.get("started") or 0
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
+                     {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
                      "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
+                     compact({"last_gc": iso_time(last_gc), "schedule": run.get("schedule")}),
+                     "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [

@@ -190,6 +190,8 @@ class Lab:
     def __init__(self, *, cluster_name: str = "homelab", seed: int = 7, pve_major: int = 9):
         self.cluster_name = cluster_name
         self.pve_major = pve_major  # 8 or 9: the /version answer and the agent privileges follow it
+        # the Backup Server's release; older ones lack what pbs.SINCE names (docs/PROXMOX-BEHAVIOUR.md#pbs-releases)
+        self.pbs_release: tuple[int, int, int] = (4, 1, 11)
         self.random = random.Random(seed)
         self.lock = threading.RLock()
         self.nodes: dict[str, dict] = {}

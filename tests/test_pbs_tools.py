@@ -1,6 +1,7 @@
 """The PBS tools through the MCP client against the simulated Backup Server."""
 import calendar
 import json
+import time
 
 import pytest
 
@@ -70,7 +71,8 @@ def test_jobs_and_tasks(pbs):
     assert jobs[("gc", "backup")]["result"] == "OK" and ("verify", "v-backup") in jobs
     progress = []
     gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
-    assert gc["result"] == "ok" and progress
+    assert gc["task"] == "ok" and progress
+    assert gc["freed"] == "1.2 GiB" and gc["removed_chunks"] == 612 and gc["pending"] == "0 B"  # the run's counters
     tasks = rows(pbs.ok("pbs_list_tasks"))
     assert tasks[0]["type"] == "garbage_collection" and tasks[0]["status"] == "OK"
     task = pbs.ok("pbs_get_task", {"upid": gc["upid"]})
@@ -146,9 +148,11 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     assert forgotten["result"] == "ok" and len(group) == 2
     group[-1]["verification"] = {"state": "failed", "upid": ""}
     progress = []
+    # a verify the user asks for checks again what was verified before, the failed snapshot too
     verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
                       progress=progress)
-    assert verified["result"] == "ok" and group[-1]["verification"]["state"] == "ok" and progress
+    assert verified["task"] == "ok" and verified["checked"] == 2 and verified["failed"] == [] and progress
+    assert group[-1]["verification"]["state"] == "ok"
     assert pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})["result"] == "ok"
 
 
@@ -187,3 +191,19 @@ def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
 def test_generic_api_reaches_pbs(pbs):
     usage = pbs.ok("api_read", {"path": "/status/datastore-usage", "host": "lab", "product": "pbs"})
     assert usage["data"][0]["store"] == "backup"
+
+
+@pytest.mark.usefixtures("running_tasks")
+def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
+    group = sim.lab.datastores["backup"]["groups"][("", "vm", "100")]
+    group[0]["corrupt"] = True  # its chunks are damaged: verifying it fails
+    rechecked = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
+    name = "vm/100/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group[0]["backup-time"]))
+    assert rechecked["task"] == "failed" and rechecked["checked"] == 3 and rechecked["ok"] == 2
+    assert rechecked["failed"] == [name] and "do not restore" in rechecked["next"]
+    assert group[0]["verification"]["state"] == "failed"
+    # without reverify PBS skips what was verified before, and the answer says so
+    skipped = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100",
+                                          "reverify": False})
+    assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
+
