@@ -245,7 +245,10 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
     keeps = (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)
     options = {name.replace("_", "-"): value for name, value in zip(KEEP_OPTIONS, keeps, strict=True) if value}
     params = _group_params(backup_type, backup_id, ns) | options
+    # PBS answers oldest first (the order it deletes in); the lists read newest first
+    # (docs/PROXMOX-BEHAVIOUR.md#prune-and-forget)
     preview = client.request("POST", f"/admin/datastore/{store}/prune", params | {"dry-run": True}) or []
+    preview = sorted(preview, key=lambda p: -p["backup-time"])
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]
     removed = [iso_time(p["backup-time"]) for p in preview if not p.get("keep")]
     result: dict[str, Any] = {"group": f"{backup_type}/{backup_id}", "options": options or "none: keeps everything",

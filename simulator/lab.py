@@ -192,6 +192,7 @@ class Lab:
         self.pve_major = pve_major  # 8 or 9: the /version answer and the agent privileges follow it
         # the Backup Server's release; older ones lack what pbs.SINCE names (docs/PROXMOX-BEHAVIOUR.md#pbs-releases)
         self.pbs_release: tuple[int, int, int] = (4, 1, 11)
+        self.pbs_timezone = "UTC"  # the Backup Server's local time, in which prune counts its periods
         self.random = random.Random(seed)
         self.lock = threading.RLock()
         self.nodes: dict[str, dict] = {}

@@ -4,7 +4,9 @@ handler."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Callable
+from zoneinfo import ZoneInfo
 
 from .call import ApiError, Call, _permissions
 from .lab import GiB, Lab, Task
@@ -203,17 +205,18 @@ PRUNE_PERIODS = (("keep-last", None), ("keep-hourly", "%Y/%m/%d/%H"), ("keep-dai
                  ("keep-weekly", "%G/%V"), ("keep-monthly", "%Y/%m"), ("keep-yearly", "%Y"))
 
 
-def _period_of(snap: dict, period: str | None) -> str:
-    """The period a snapshot falls in for one keep option; with keep-last each snapshot is its own."""
+def _period_of(snap: dict, period: str | None, zone: str) -> str:
+    """The period a snapshot falls in for one keep option, in the server's local time (prune.rs:
+    strftime_local); with keep-last each snapshot is its own."""
     moment = snap["backup-time"]
-    return str(moment) if period is None else time.strftime(period, time.gmtime(moment))
+    return str(moment) if period is None else datetime.fromtimestamp(moment, ZoneInfo(zone)).strftime(period)
 
 
-def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str]:
+def prune_marks(snapshots: list[dict], options: dict[str, int], zone: str = "UTC") -> dict[int, str]:
     """PBS's prune selection (proxmox-backup, prune.rs): newest first; each keep option keeps
-    the newest snapshot of its next N periods, skipping periods an earlier option already
-    covered and snapshots already marked; protected snapshots are always kept; with no keep
-    option everything is kept. Returns backup-time -> keep | remove | protected."""
+    the newest snapshot of its next N periods of local time in `zone`, skipping periods an earlier
+    option already covered and snapshots already marked; protected snapshots are always kept; with
+    no keep option everything is kept. Returns backup-time -> keep | remove | protected, oldest first."""
     ordered = sorted(snapshots, key=lambda x: -x["backup-time"])
     if not any(options.get(name) for name, _ in PRUNE_PERIODS):
         return {x["backup-time"]: "protected" if x["protected"] else "keep" for x in ordered}
@@ -222,7 +225,7 @@ def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str
         keep = options.get(name)
         if not keep:
             continue
-        already = {_period_of(x, period) for x in ordered if mark.get(x["backup-time"]) == "keep"}
+        already = {_period_of(x, period, zone) for x in ordered if mark.get(x["backup-time"]) == "keep"}
         included: set[str] = set()
         for snap in ordered:
             if snap["backup-time"] in mark:
@@ -230,7 +233,7 @@ def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str
             if snap["protected"]:
                 mark[snap["backup-time"]] = "protected"
                 continue
-            selected = _period_of(snap, period)
+            selected = _period_of(snap, period, zone)
             if selected in already:
                 continue
             if selected not in included:
@@ -240,14 +243,17 @@ def prune_marks(snapshots: list[dict], options: dict[str, int]) -> dict[int, str
                 mark[snap["backup-time"]] = "keep"
             else:
                 mark[snap["backup-time"]] = "remove"
-    return {x["backup-time"]: "protected" if x["protected"] else mark.get(x["backup-time"], "remove") for x in ordered}
+    return {x["backup-time"]: "protected" if x["protected"] else mark.get(x["backup-time"], "remove")
+            for x in reversed(ordered)}
 
 
 def pbs_prune(call: Call, store: str) -> list | str:
+    """The group's snapshots with their marks, oldest first as PBS deletes them (datastore.rs prune:
+    `prune_info.reverse()`; docs/PROXMOX-BEHAVIOUR.md#prune-and-forget)."""
     ds = _datastore(call, store)
     snaps = _group(call, ds)
     options = {name: int(call.arg(name)) for name, _ in PRUNE_PERIODS if call.arg(name) is not None}
-    marks = prune_marks(snaps, options)
+    marks = prune_marks(snaps, options, call.lab.pbs_timezone)
     rows = [{"backup-type": call.arg("backup-type"), "backup-id": call.arg("backup-id"), "backup-time": t,
              "keep": verdict != "remove", "protected": verdict == "protected"} for t, verdict in marks.items()]
     if str(call.arg("dry-run", "0")) != "1":

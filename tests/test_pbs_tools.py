@@ -104,6 +104,21 @@ def test_prune_follows_pbs_keep_rules_on_70_days(pbs, sim):
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "200")]) == 70
 
 
+def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
+    # 22:30 and 23:30 UTC on New Year's Day are two days in Berlin (23:30, and 00:30 on the 2nd)
+    moments = [calendar.timegm((2026, 1, 1, 22, 30, 0)), calendar.timegm((2026, 1, 1, 23, 30, 0)),
+               calendar.timegm((2025, 12, 31, 12, 0, 0))]
+    sim.lab.datastores["backup"]["groups"][("", "vm", "300")] = [Lab.pbs_snapshot(t) for t in moments]
+    sim.lab.pbs_timezone = "Europe/Berlin"
+    try:
+        answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "300",
+                                            "keep_daily": 2, "dry_run": True})
+    finally:
+        sim.lab.pbs_timezone = "UTC"
+    assert answer["keep"] == ["2026-01-01T23:30:00Z", "2026-01-01T22:30:00Z"]
+    assert answer["remove"] == ["2025-12-31T12:00:00Z"]  # in UTC it would be kept, and 22:30 removed
+
+
 def test_prune_without_keep_options_keeps_everything(pbs):
     answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "200"})
     assert answer["remove"] == [] and len(answer["keep"]) == 70 and answer["options"].startswith("none")
