@@ -4,6 +4,7 @@ writes around them (prune, forget, protect, notes, garbage collection, verify, r
 Same shape as pve_tools: plain functions returning dicts, one client, the policy in front.
 """
 import re
+import time
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
@@ -11,7 +12,7 @@ from pydantic import Field
 
 from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent,
                      progress_reporter, table)
-from errors import ConfirmationNeeded, InvalidArgument, ProxmoxError, TaskFailed
+from errors import ConfirmationNeeded, InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from proxmox_client import ProxmoxClient, log_page, parse_upid, pbs_client, run_task, task_report
 
 Store = str
@@ -24,7 +25,7 @@ KEEP_OPTIONS = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_m
 
 # What older Backup Servers lack, by the first release that has it (docs/PROXMOX-BEHAVIOUR.md#pbs-releases):
 # GET /admin/gc and the job times of a store's GC; the sync-direction parameter (push sync jobs).
-SINCE = {"gc-jobs": (3, 2, 0), "sync-direction": (3, 2, 11)}
+SINCE = {"gc-jobs": (3, 2, 0), "sync-direction": (3, 2, 11), "s3": (4, 0, 0)}
 
 
 def offers(client: ProxmoxClient, feature: str) -> bool:
@@ -63,6 +64,37 @@ def gc_runs(client: ProxmoxClient, usage: list[dict]) -> tuple[dict[str, dict], 
                  f"collection started."
 
 
+S3_BACKEND = re.compile(r"(?:^|,)type=s3(?:,|$)")  # a store's `backend` property, e.g. type=s3,client=ep,bucket=b
+S3_NOTE = "s3 stores: used, total and used_pct are their local cache's; PBS does not report the bucket's use."
+
+
+def s3_stores(client: ProxmoxClient, usage: list[dict]) -> set[str]:
+    """The datastores with an S3 backend (PBS 4.0 on): `backend-type` in the usage rows where the
+    release gives it, else the stores' configuration, one read (docs/PROXMOX-BEHAVIOUR.md#s3-datastores)."""
+    if any("backend-type" in ds for ds in usage) or not offers(client, "s3"):
+        return {ds["store"] for ds in usage if ds.get("backend-type") == "s3"}
+    return {c.get("name") for c in client.get("/config/datastore") or [] if S3_BACKEND.search(str(c.get("backend")))}
+
+
+def _is_s3(client: ProxmoxClient, store: str, status: dict) -> bool:
+    """One store's backend: from its status where the release says, else from its configuration, which
+    needs Datastore.Audit (without it the store counts as a plain one)."""
+    if "backend-type" in status or not offers(client, "s3"):
+        return status.get("backend-type") == "s3"
+    try:
+        return bool(S3_BACKEND.search(str((client.get(f"/config/datastore/{store}") or {}).get("backend"))))
+    except ToolFailure:
+        return False
+
+
+def full_by(ds: dict, s3: set[str]) -> str | None:
+    """The day PBS expects a store to fill up: only a date to come counts (0 means a flat trend, a past
+    date a shrinking one), and not for an S3 store, whose figures are its cache's
+    (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)."""
+    estimate = ds.get("estimated-full-date") or 0
+    return iso_time(estimate)[:10] if estimate > time.time() and ds["store"] not in s3 else None
+
+
 def _store_names(client: ProxmoxClient) -> list[str]:
     return [d["store"] for d in client.get("/admin/datastore") or []]
 
@@ -87,19 +119,20 @@ def pbs_list_datastores(host: Host = None) -> dict:
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
     # every store (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     runs, note = gc_runs(client, usage) if usage else ({}, None)
+    s3 = s3_stores(client, usage) if usage else set()
     rows = []
     for ds in usage:
         gc, counters = runs.get(ds["store"]) or {}, ds.get("gc-status") or {}
-        full_by = ds.get("estimated-full-date") or 0
         # a store that cannot be opened (offline, unmounted) comes with `error` and no figures
         rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
-                     "used_pct": percent(ds.get("used"), ds.get("total")),
-                     "full_by": iso_time(full_by)[:10] if full_by > 0 else None,
+                     "used_pct": percent(ds.get("used"), ds.get("total")), "full_by": full_by(ds, s3),
                      "last_gc": iso_time(gc.get("ended") or gc.get("started")), "gc_result": gc.get("result"),
-                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error")})
+                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error"),
+                     "backend": "s3" if ds["store"] in s3 else None})
     answer = table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_result", "gc_freed",
-                    "unavailable"], rows)
-    return answer | ({"note": note} if note else {})
+                    "unavailable", "backend"], rows)
+    notes = [text for text in (note, S3_NOTE if s3 else None) if text]
+    return answer | ({"note": " ".join(notes)} if notes else {})
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
@@ -110,7 +143,9 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     # the GC's times and result; before 3.2.0 its counters alone (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     gc = client.get(f"/admin/datastore/{store}/gc") or {}
     run = gc_run(gc, offers(client, "gc-jobs"))
-    return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
+    s3 = _is_s3(client, store, status)
+    return compact({"store": store, "backend": "s3" if s3 else None, "note": S3_NOTE if s3 else None,
+                    "used": status.get("used"), "used_human": human_bytes(status.get("used")),
                     "total": status.get("total"), "total_human": human_bytes(status.get("total")),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
                     "gc": compact({"state": run.get("result"), "last_run": iso_time(run.get("ended")),

@@ -210,8 +210,9 @@ def _backup_server(h: Health) -> None:
     usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     runs = h.report.section("pbs garbage collection", lambda: pbs_tools.gc_runs(pbs, usage)) if usage else ({}, None)
+    s3 = h.report.section("pbs datastore backends", lambda: pbs_tools.s3_stores(pbs, usage)) or set()
     for ds in usage:
-        _datastore_health(h, ds, runs[0] if runs else None, now)
+        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
     for kind in pbs_tools.JOB_KINDS:
         for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_tools.jobs_of(pbs, k)) or []:
             _pbs_job_health(h, kind, job, now)
@@ -236,16 +237,28 @@ def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
                               "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify")
 
 
-def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float) -> None:
+def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
+    """A store filling up; an S3 store's figures are its local cache's, which says nothing about the
+    bucket (docs/PROXMOX-BEHAVIOUR.md#s3-datastores); an estimate in the past or 0 is no date."""
+    used = percent(ds.get("used"), ds.get("total")) or 0
+    if used < h.limits["storage_warn_pct"]:
+        return
+    if s3:
+        h.report.add("info", "pbs", f"the local cache of S3 datastore {ds['store']} is {used}% full",
+                     {"cache_used": human_bytes(ds.get("used")), "cache_total": human_bytes(ds.get("total"))},
+                     "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS")
+        return
+    h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
+                 f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_tools.full_by(ds, set())}),
+                 "prune (write_pbs_prune) and run GC")
+
+
+def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float, s3: bool) -> None:
     # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     if ds.get("error"):
         h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
         return
-    used = percent(ds.get("used"), ds.get("total")) or 0
-    if used >= h.limits["storage_warn_pct"]:
-        h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
-                     f"datastore {ds['store']} is {used}% full",
-                     {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
+    _datastore_fill(h, ds, s3)
     if runs is None:
         return  # the GC jobs could not be read: listed as unavailable
     run = runs.get(ds["store"]) or {}

@@ -139,15 +139,19 @@ def pbs_datastore_config(call: Call, **_: str) -> list:
     """GET /config/datastore: the configuration of the stores the caller may audit; an S3 store names
     its backend as `type=s3,client=...,bucket=...` (proxmox-backup src/api2/config/datastore.rs,
     list_datastores; docs/PROXMOX-BEHAVIOUR.md#s3-datastores)."""
-    rows = []
-    for name, ds in call.lab.datastores.items():
-        if not call.can(f"/datastore/{name}", "Datastore.Audit"):
-            continue
-        row = {"name": name, "path": f"/mnt/datastore/{name}", "gc-schedule": ds["gc_job"]["schedule"]}
-        if ds.get("backend") == "s3":
-            row["backend"] = f"bucket={name}-bucket,client=s3-endpoint,type=s3"
-        rows.append(row)
-    return rows
+    return [_store_config(name, ds) for name, ds in call.lab.datastores.items()
+            if call.can(f"/datastore/{name}", "Datastore.Audit")]
+
+
+def _store_config(name: str, ds: dict) -> dict:
+    row = {"name": name, "path": f"/mnt/datastore/{name}", "gc-schedule": ds["gc_job"]["schedule"]}
+    if ds.get("backend") == "s3":
+        row["backend"] = f"bucket={name}-bucket,client=s3-endpoint,type=s3"
+    return row
+
+
+def pbs_store_config(call: Call, name: str) -> dict:
+    return _store_config(name, _datastore(call, name, opened=False))
 
 
 def _ns(call: Call) -> str:
@@ -531,6 +535,7 @@ PBS_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/admin/datastore"): pbs_datastores,
     ("GET", "/status/datastore-usage"): pbs_datastore_usage,
     ("GET", "/config/datastore"): pbs_datastore_config,
+    ("GET", "/config/datastore/{name}"): pbs_store_config,
     ("GET", "/admin/datastore/{store}/status"): pbs_datastore_status,
     ("GET", "/admin/datastore/{store}/namespace"): pbs_namespaces,
     ("GET", "/admin/datastore/{store}/groups"): pbs_groups,

@@ -465,3 +465,33 @@ def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
         policy.CALL.reset(confirmed)
     # sync: remote, remote store, store, namespace, job; verify: store and job; prune: the store (and namespace)
     assert ids == {"sync": "office:backup:backup::s-backup", "verify": "backup:v-backup", "prune": "backup"}
+
+
+def test_a_full_date_in_the_past_or_zero_is_no_date(sim, lab, tmp_path):
+    lab.datastores["backup"] |= {"used": 3500 * simulator.GiB, "growth": -2 * simulator.GiB}  # 87.5 %, shrinking
+    lab.add_datastore("flat", total=100 * simulator.GiB, used=10 * simulator.GiB)
+    lab.datastores["flat"]["growth"] = 0
+    with tools_on(sim, tmp_path):
+        stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
+        report = workflows.health_check()
+    assert stores["backup"]["full_by"] == "" and stores["flat"]["full_by"] == ""
+    full = next(f for f in report["findings"] if f["finding"] == "datastore backup is 87.5% full")
+    assert "full_by" not in full["evidence"]
+
+
+@pytest.mark.parametrize("release", [(4, 0, 22), (4, 1, 11)], ids=["4.0, from the config", "4.1, backend-type"])
+def test_s3_datastores_figures_are_their_cache(release, tmp_path):
+    lab = simulator.pbs.as_release(simulator.Lab.homelab(), release)
+    lab.add_datastore("cloud", total=128 * simulator.GiB, used=122 * simulator.GiB)  # the local cache is 95 % full
+    lab.datastores["cloud"]["backend"] = "s3"
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
+        stores = pbs_tools.pbs_list_datastores()
+        status = pbs_tools.pbs_datastore_status("cloud")
+        report = workflows.health_check()
+    assert lab.schema_rejections == []
+    cloud = {r["store"]: r for r in rows(stores)}["cloud"]
+    assert cloud["backend"] == "s3" and cloud["full_by"] == "" and "local cache" in stores["note"]
+    assert status["backend"] == "s3" and "local cache" in status["note"]
+    pbs = {f["finding"]: f["severity"] for f in report["findings"] if f["area"] == "pbs"}
+    assert pbs.get("the local cache of S3 datastore cloud is 95.3% full") == "info"
+    assert "datastore cloud is 95.3% full" not in pbs
