@@ -341,6 +341,7 @@ class Coverage:
     read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
+    unseen: list[str] = field(default_factory=list)  # places on PBS whose backups could not all be read
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
 
@@ -390,11 +391,22 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    # without `ns` a snapshot list is the root namespace only; without Datastore.Audit there it holds only
+    # the token's own groups (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    pbs.ensure_permissions()
     for store, ns in sorted(c.pbs_targets):
         where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
-        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
-                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
+        acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
+        if policy.holds(pbs.host, "Datastore.Audit", acl_path) is False:
+            c.unseen.append(where)
+            c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
+                                         f"{acl_path}, so PBS lists only the groups it owns. "
+                                         + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
+        snapshots = c.report.section(where, lambda s=store, n=ns: pbs.get(f"/admin/datastore/{s}/snapshots",
+                                                                          ns=n or None))
+        if snapshots is None:
+            c.unseen.append(where)
+        for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
@@ -416,7 +428,9 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
     if last and last["verify"] in ("failed",):
         state = "verify_failed"
-    if state != "ok":
+    if state in ("missing", "stale") and c.unseen:
+        state = _unknown(c, guest, last)
+    elif state != "ok":
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
         why = f"covered by {', '.join(covering)}" if covering else (
             "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
@@ -427,6 +441,15 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
             "age_h": age if age is not None else "", "where": last["where"] if last else "",
             "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
             "excluded_by": ",".join(excluding), "state": state}
+
+
+def _unknown(c: Coverage, guest: dict, last: dict | None) -> str:
+    """A newer backup may be where PBS could not be read: the state is unknown, never "no backup"."""
+    seen = compact({"newest_seen": iso_time((last or {}).get("ctime"))})
+    c.report.add("warning", "backups", f"guest {guest['vmid']} ({guest.get('name')}) backup is unknown: "
+                 f"{', '.join(c.unseen)} could not be read", seen,
+                 "see `unavailable` for why; fix that and run backup_coverage again")
+    return "unknown"
 
 
 def _orphan_groups(c: Coverage) -> None:

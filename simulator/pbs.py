@@ -163,23 +163,43 @@ def pbs_namespaces(call: Call, store: str) -> list:
     return [{"ns": ns, "comment": comment} if ns else {"ns": ""} for ns, comment in ds["namespaces"].items()]
 
 
+def _owned_only(call: Call, store: str) -> bool:
+    """Whether a group or snapshot list shows only the caller's own groups: with Datastore.Audit on the
+    namespace it shows all, with Datastore.Backup its own, without either it is refused (proxmox-backup
+    src/backup/hierarchy.rs, check_ns_privs_full; docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)."""
+    path = f"/datastore/{store}" + (f"/{_ns(call)}" if _ns(call) else "")
+    if call.can(path, "Datastore.Audit"):
+        return False
+    if call.can(path, "Datastore.Backup"):
+        return True
+    raise ApiError(403, f"permission check failed - missing Datastore.Audit|Datastore.Backup on {path}")
+
+
+def _listed(call: Call, owned_only: bool, owner: str) -> bool:
+    return not owned_only or owner in (call.token_id, call.token_id.split("!")[0])
+
+
 def pbs_groups(call: Call, store: str) -> list:
     ds = _datastore(call, store)
+    owned_only = _owned_only(call, store)
     rows = []
     for (ns, kind, item), snaps in sorted(ds["groups"].items()):
-        if ns != _ns(call) or not snaps:
+        if ns != _ns(call) or not snaps or not _listed(call, owned_only, snaps[0]["owner"]):
             continue
         rows.append({"backup-type": kind, "backup-id": item, "last-backup": max(x["backup-time"] for x in snaps),
-                     "backup-count": len(snaps), "owner": "root@pam",
+                     "backup-count": len(snaps), "owner": snaps[0]["owner"],
                      "files": ["index.json.blob", "drive-scsi0.img.fidx"]})
     return rows
 
 
 def pbs_snapshots(call: Call, store: str) -> list:
     ds = _datastore(call, store)
+    owned_only = _owned_only(call, store)
     rows = []
     for (ns, kind, item), snaps in sorted(ds["groups"].items()):
         if ns != _ns(call) or call.arg("backup-type") not in (None, kind) or call.arg("backup-id") not in (None, item):
+            continue
+        if snaps and not _listed(call, owned_only, snaps[0]["owner"]):
             continue
         for snap in snaps:
             row = {"backup-type": kind, "backup-id": item, "backup-time": snap["backup-time"], "size": snap["size"],

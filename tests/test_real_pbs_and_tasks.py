@@ -495,3 +495,26 @@ def test_s3_datastores_figures_are_their_cache(release, tmp_path):
     pbs = {f["finding"]: f["severity"] for f in report["findings"] if f["area"] == "pbs"}
     assert pbs.get("the local cache of S3 datastore cloud is 95.3% full") == "info"
     assert "datastore cloud is 95.3% full" not in pbs
+
+
+def test_coverage_says_unknown_where_pbs_could_not_be_read(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    lab.fail.append((r"^/admin/datastore/backup/snapshots$", 500, "unable to open chunk store"))
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {r["state"] for r in guests.values()} == {"unknown"}  # never "missing" for backups it could not see
+    assert any(u["section"] == "pbs:backup/homelab" and "chunk store" in u["reason"] for u in report["unavailable"])
+    assert not [f for f in report["findings"] if "missing" in f["finding"]]
+
+
+def test_coverage_knows_a_namespace_listing_without_audit_is_partial(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    # the namespace's own ACL gives this token DatastoreBackup only: PBS then lists just the groups it owns
+    acl = [("/", "Audit", True), ("/datastore/backup/homelab", "DatastoreBackup", True)]
+    lab.pbs_tokens["mcp@pbs!ns"] = simulator.Token("pbs-ns-secret-0123456789", acl, owner=simulator.Token("", acl))
+    with tools_on(sim, tmp_path, pbs_token="mcp@pbs!ns"):
+        report = workflows.backup_coverage()
+    assert {r["state"] for r in coverage_rows(report).values()} == {"unknown"}
+    partial = next(u for u in report["unavailable"] if u["section"] == "pbs:backup/homelab")
+    assert "Datastore.Audit on /datastore/backup/homelab" in partial["reason"] and "DatastoreAudit" in partial["reason"]
