@@ -335,9 +335,10 @@ class Lab:
                                                   [("/", "Administrator", True)], privsep=False)
         self.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
         self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
-        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        # the README's PBS recipe: Audit on /, DatastoreAudit on /datastore (lists, never reads contents)
+        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)])
         self.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
-                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
+                                                  [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)],
                                                   owner=mcp_pbs)
         self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                             ("/", "PVEAuditor", True)]), False)

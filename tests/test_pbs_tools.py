@@ -1,7 +1,9 @@
 """The PBS tools through the MCP client against the simulated Backup Server."""
 import calendar
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +224,15 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
                                           "reverify": False})
     assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
 
+
+
+def test_the_pbs_reader_token_is_the_readme_recipe_and_reads_no_backup_contents():
+    from simulator.lab import ROLES
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    granted = {(path, role) for path, role, _who in re.findall(
+        r"proxmox-backup-manager acl update (\S+) (\w+) --auth-id '(mcp@pbs(?:!mcp)?)'", readme)}
+    lab = Lab.homelab()
+    token = lab.pbs_tokens["mcp@pbs!reader"]
+    assert {(path, role) for path, role, _ in token.acl} == granted == {(p, r) for p, r, _ in token.owner.acl}
+    # listing and auditing, never reading what is inside a backup (Datastore.Read)
+    assert not any("Datastore.Read" in ROLES[role] for _, role in granted)
