@@ -518,3 +518,12 @@ def test_coverage_knows_a_namespace_listing_without_audit_is_partial(sim, lab, t
     assert {r["state"] for r in coverage_rows(report).values()} == {"unknown"}
     partial = next(u for u in report["unavailable"] if u["section"] == "pbs:backup/homelab")
     assert "Datastore.Audit on /datastore/backup/homelab" in partial["reason"] and "DatastoreAudit" in partial["reason"]
+
+
+def test_failed_task_lists_are_not_cut_short_by_warnings(sim, lab, tmp_path):
+    for _ in range(60):  # newer than the lab's failed backup, and no failures: warnings are a success
+        lab.start_task("pve1", "vzdump", "100", exitstatus="WARNINGS: 1", duration=0)
+    with tools_on(sim, tmp_path):
+        on_node = rows(pve_tools.list_tasks(node="pve1", errors=True, limit=5))
+        everywhere = rows(pve_tools.list_tasks(errors=True, limit=5))
+    assert [r["status"] for r in on_node] == ["job errors"] == [r["status"] for r in everywhere]
