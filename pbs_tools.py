@@ -417,4 +417,9 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
     jobs = [j.get("id") for j in jobs_of(client, kind)]
     if job_id not in jobs:
         raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
-    return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
+    outcome = run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
+    if outcome.get("status") != "stopped":
+        return outcome  # started, or still running at the deadline
+    # the job's outcome, not the task's "stopped" (a failed run raises with its log lines)
+    return compact({"job": f"{kind} {job_id}", "task": outcome["result"], "warnings": outcome.get("warnings"),
+                    "upid": outcome["upid"]})

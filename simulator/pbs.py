@@ -176,7 +176,9 @@ def _owned_only(call: Call, store: str) -> bool:
 
 
 def _listed(call: Call, owned_only: bool, owner: str) -> bool:
-    return not owned_only or owner in (call.token_id, call.token_id.split("!")[0])
+    """The caller's own: owned by it, or by one of its tokens when it is a user (pbs-datastore
+    src/datastore.rs, check_backup_owner)."""
+    return not owned_only or owner == call.token_id or owner.split("!")[0] == call.token_id
 
 
 def pbs_groups(call: Call, store: str) -> list:

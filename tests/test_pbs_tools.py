@@ -170,7 +170,8 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
                       progress=progress)
     assert verified["task"] == "ok" and verified["checked"] == 2 and verified["failed"] == [] and progress
     assert group[-1]["verification"]["state"] == "ok"
-    assert pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})["result"] == "ok"
+    ran = pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})
+    assert ran["task"] == "ok" and ran["job"] == "verify v-backup" and "status" not in ran
 
 
 @pytest.mark.parametrize("tool, arguments, expected", [

@@ -425,7 +425,7 @@ def test_pbs_tools_work_on_every_release(release, tmp_path):
     assert (("sync", "push-backup") in jobs) == (release >= (3, 2, 11))
     assert (("gc", "backup") in jobs) == (release >= (3, 2, 0)) == ("note" not in listed) == ("note" not in stores)
     assert rows(stores)[0]["last_gc"] and (status["gc"].get("last_run") or status["gc"].get("last_started"))
-    assert ran["result"] == "ok"
+    assert ran["task"] == "ok"
     assert not [u for u in report["unavailable"] if u["section"].startswith("pbs")], report["unavailable"]
     assert not [f for f in findings(report, "pbs") if "garbage" in f], report["findings"]
 
