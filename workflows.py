@@ -12,6 +12,7 @@ from typing import Annotated, Any, Callable
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import pbs_state
 import pbs_tools
 import policy
 import proxmox_client
@@ -209,19 +210,19 @@ def _backup_server(h: Health) -> None:
     now = time.time()
     usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    runs = h.report.section("pbs garbage collection", lambda: pbs_tools.gc_runs(pbs, usage)) if usage else ({}, None)
-    s3 = h.report.section("pbs datastore backends", lambda: pbs_tools.s3_stores(pbs, usage)) or set()
+    runs = h.report.section("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)) if usage else ({}, None)
+    s3 = h.report.section("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage)) or set()
     for ds in usage:
         _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
-    for kind in pbs_tools.JOB_KINDS:
-        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_tools.jobs_of(pbs, k)) or []:
+    for kind in pbs_state.JOB_KINDS:
+        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) or []:
             _pbs_job_health(h, kind, job, now)
 
 
 def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
     """A sync, verify or prune job whose last run failed, with that run's evidence; a verify job that has
     not run for too long. A job that is running now has no last result yet (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)."""
-    result = pbs_tools.job_result(job)
+    result = pbs_state.job_result(job)
     ended = iso_time(job.get("last-run-endtime"))
     if result == "running":
         return
@@ -249,7 +250,7 @@ def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
                      "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS")
         return
     h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
-                 f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_tools.full_by(ds, set())}),
+                 f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_state.full_by(ds, set())}),
                  "prune (write_pbs_prune) and run GC")
 
 

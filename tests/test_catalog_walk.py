@@ -8,6 +8,7 @@ import pytest
 
 import catalog
 import policy
+import simulator
 from conftest import everything_open, stdio_session
 
 # Values for path parameters that exist in the simulated lab.
@@ -141,6 +142,7 @@ def walker(sim, tmp_path_factory):
     for kind in ("sync", "prune"):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
+    sim.lab.add_datastore("walk1", total=100 * simulator.GiB, used=1 * simulator.GiB)  # /config/datastore/{name}
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     env = everything_open(sim, tmp)

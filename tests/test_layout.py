@@ -1,7 +1,7 @@
 """The import rule of the layout, read from the source with `ast`:
 
 - a tool module never imports a helper from another tool module; shared helpers live in
-  answers.py, errors.py, inventory.py and the client. It may import another tool module to
+  answers.py, errors.py, inventory.py, pbs_state.py and the client. It may import another tool module to
   call its *tools* (workflows compose pve_tools' writes; resources call list tools);
 - the shared modules import no tool module (nor server.py).
 """
@@ -13,8 +13,8 @@ import server
 from conftest import ROOT
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools")
-SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
-                  "protection", "masking", "config", "http_transport")
+SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
+                  "gates", "protection", "masking", "config", "http_transport")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
