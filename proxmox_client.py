@@ -175,8 +175,26 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return exc
 
 
-def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
-    """The SHA-256 fingerprint of the certificate a server offers, or None if unreachable."""
+def _ca_adapter() -> Any:
+    """A requests transport that verifies against a CA file (given per request as `verify`) with
+    Python's checks minus one: Python 3.13 and urllib3 2.3+ set VERIFY_X509_STRICT, which refuses a CA
+    without the keyUsage extension, as pve-cluster made them before 9.1.2 (every cluster set up
+    earlier keeps one). Only that flag is dropped: the chain, the dates and the host name are checked
+    (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.ssl_ import create_urllib3_context
+
+    class ClusterCAAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            context = create_urllib3_context()
+            context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+            kwargs["ssl_context"] = context
+            super().init_poolmanager(*args, **kwargs)
+    return ClusterCAAdapter()
+
+
+def offered_certificate(url: str, timeout: float = 3.0) -> bytes | None:
+    """The certificate (DER) a server offers, unverified, or None if unreachable."""
     parts = urlsplit(url)
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -184,11 +202,59 @@ def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
     try:
         with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as sock:
             with context.wrap_socket(sock, server_hostname=parts.hostname) as tls:
-                der = tls.getpeercert(binary_form=True)
+                return tls.getpeercert(binary_form=True)
     except OSError:
+        return None
+
+
+def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
+    """The SHA-256 fingerprint of the certificate a server offers, or None if unreachable."""
+    der = offered_certificate(url, timeout)
+    if der is None:
         return None
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+def certificate_expiry(url: str, timeout: float = 3.0) -> float | None:
+    """When the certificate a server offers expires (epoch), or None if unreachable."""
+    der = offered_certificate(url, timeout)
+    if der is None:
+        return None
+    from cryptography import x509  # installed with paramiko, a runtime dependency
+    return x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+
+
+CERT_WARN_DAYS = 30  # --check warns this close to the end: ACME certificates are renewed then, PVE's own at 14
+
+
+def certificate_line(host: HostConfig) -> str | None:
+    """What --check says about the certificate a host offers: when it expires, and within 30 days a
+    warning that it will be (or should have been) renewed, which changes a pinned fingerprint
+    (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal). None when it cannot be read (plain HTTP, down)."""
+    expires = certificate_expiry(host.url) if host.url.startswith("https://") else None
+    if expires is None:
+        return None
+    days = int((expires - time.time()) // 86400)
+    when = f"expires {iso_time(expires)[:10]} (in {days} days)"
+    if days >= CERT_WARN_DAYS:
+        return f"certificate: {when}"
+    renewal, command, ca_file = RENEWAL[host.product]
+    var = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+    pinned = (f" {var}_FINGERPRINT pins this certificate: after the renewal pin the new one (see {command})"
+              + (f", or trust the cluster CA with {var}_CA_FILE ({ca_file})" if ca_file else "") + "."
+              ) if host.fingerprint else ""
+    return f"warning: the certificate {when}. {renewal}; if that did not happen, renew it by hand.{pinned}"
+
+
+# Why a pinned certificate changes, by product (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal): the command that
+# shows a node's fingerprints, and whether a cluster CA can be trusted instead of the leaf.
+RENEWAL = {
+    "pve": ("PVE renews a node's own certificate by itself 14 days before it expires (pveupdate; ACME ones 30 "
+            "days before)", "`pvenode cert info` on the node", "/etc/pve/pve-root-ca.pem"),
+    "pbs": ("PBS renews an ACME certificate 30 days before it expires (its own self-signed one lasts 1000 years)",
+            "`proxmox-backup-manager cert info` on the server", None),
+}
 
 
 # ---------------------------------------------------------------- UPIDs
@@ -219,6 +285,15 @@ def parse_upid(upid: str, product: str = "pve") -> dict:
     worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
     return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
             "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
+
+
+def parse_release(answer: dict) -> tuple[int, ...] | None:
+    """GET /version as numbers: PVE's `version` is the full one (9.2.1; 7.x wrote 7.4-3), PBS's is
+    major.minor with the patch number in `release` (proxmox-backup src/api2/version.rs)."""
+    numbers = [int(n) for n in re.findall(r"\d+", str(answer.get("version") or "").split("-")[0])]
+    if len(numbers) == 2 and str(answer.get("release", "")).isdigit():
+        numbers.append(int(answer["release"]))
+    return tuple(numbers) or None
 
 
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
@@ -280,12 +355,16 @@ class ProxmoxClient:
         self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
         self._kept_lock = threading.Lock()
         self._slow_failure: tuple[float, ProxmoxError] | None = None  # (when, error) of the last slow connect failure
+        self._release: tuple[int, ...] | None = None  # the product's version as numbers, read once (release())
+        self._release_read = False
+        self._release_lock = threading.Lock()
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
             self.session.mount(host.url, _pinned_adapter(host.fingerprint))
             self.verify = False  # the pin replaces CA verification; urllib3 still checks the fingerprint
         elif host.ca_file:
+            self.session.mount(host.url, _ca_adapter())
             self.verify = host.ca_file
 
     def _auth_headers(self, method: str, renew: bool = False, ticket: bool = False) -> dict[str, str]:
@@ -315,8 +394,8 @@ class ProxmoxClient:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
                     timeout=(host.connect_timeout, host.read_timeout), verify=self.verify, allow_redirects=False)
-            except requests.exceptions.SSLError:
-                raise self._tls_error() from None
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
             except requests.exceptions.RequestException as exc:
                 raise self._connection_error(exc) from None
             self._refuse_redirect(response)
@@ -399,18 +478,27 @@ class ProxmoxClient:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
                 if self.host.product == "pve":
-                    self._read_version()
+                    self.release()
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
 
-    def _read_version(self) -> None:
-        """The PVE version, which agent privileges depend on (policy.version_privileges); without it
-        the current version's privileges are assumed."""
-        try:
-            policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
-        except ProxmoxError as exc:
-            log.info("could not read the version of %s: %s", self.host.label, exc)
+    def release(self) -> tuple[int, ...] | None:
+        """The product's version as numbers, read once: PVE 9.2.1 is (9, 2, 1), PBS 3.2.7 (`version` 3.2,
+        `release` 7) is (3, 2, 7). PVE's agent privileges depend on it (policy.version_privileges), and
+        what older Backup Servers offer (pbs_tools.SINCE). None when it cannot be read: callers then
+        assume the current release."""
+        with self._release_lock:
+            if not self._release_read:
+                self._release_read = True
+                try:
+                    answer = self._send("GET", "/version", {}, timeout=5) or {}
+                except ProxmoxError as exc:
+                    log.info("could not read the version of %s: %s", self.host.label, exc)
+                    return None
+                self._release = parse_release(answer)
+                policy.set_version(self.host, answer.get("version"))
+        return self._release
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         import requests
@@ -440,8 +528,8 @@ class ProxmoxClient:
                     use_ticket = True  # an endpoint Proxmox refuses to tokens: the password login instead
                     continue
                 break
-            except requests.exceptions.SSLError:
-                raise self._tls_error() from None
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
             except requests.exceptions.ConnectionError as exc:
                 if attempt + 1 < attempts and not never_connected(exc):
                     time.sleep(0.2 * (attempt + 1))  # retry an idempotent GET after a dropped connection
@@ -561,20 +649,31 @@ class ProxmoxClient:
         raise ProxmoxError(f"Host '{self.host.label}' ({self.host.url}) answered with a redirect to "
                            f"{location[:200]!r}; set the URL of the Proxmox API itself.")
 
-    def _tls_error(self) -> ProxmoxError:
-        label = self.host.label.upper()
-        prefix = "PROXMOX" if self.host.product == "pve" else "PBS"
+    def _tls_error(self, exc: Exception) -> ProxmoxError:
+        """Why the certificate was refused and what to do: a pin that no longer matches is most
+        likely a renewed certificate (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
+        var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}"
         offered = server_fingerprint(self.host.url)
         seen = f" The server offers SHA-256 {offered}." if offered else ""
+        renewal, command, ca_file = RENEWAL[self.host.product]
         if self.host.fingerprint:
+            instead = (f" To stop re-pinning, trust the cluster CA instead: {var}_CA_FILE=<a copy of {ca_file}> "
+                       f"(it stays the same when node certificates renew).") if ca_file else ""
             return ProxmoxError(
                 f"TLS certificate of host '{self.host.label}' does not match the pinned fingerprint "
-                f"({prefix}_{label}_FINGERPRINT).{seen} If the certificate was renewed on purpose, "
-                f"pin the new fingerprint; otherwise someone may be intercepting the connection.")
+                f"({var}_FINGERPRINT).{seen} Most likely the certificate was renewed: {renewal}. Compare "
+                f"the offered fingerprint with {command}; if they match, set {var}_FINGERPRINT=<that value>."
+                f"{instead} If they do not match, someone may be intercepting the connection: do not pin it.")
+        reason = re.search(r"certificate verify failed: ([^(]+)", str(exc))
+        why = f" ({reason.group(1).strip()})" if reason else ""
+        if self.host.ca_file:
+            return ProxmoxError(
+                f"TLS certificate of host '{self.host.label}' does not verify against the CA in "
+                f"{self.host.ca_file} ({var}_CA_FILE){why}.{seen} Check that the file is the CA that signed "
+                f"this node's certificate and that {self.host.url} uses a name the certificate carries.")
         return ProxmoxError(
-            f"TLS certificate of host '{self.host.label}' could not be verified (self-signed?).{seen} "
-            f"Pin it with {prefix}_{label}_FINGERPRINT=<that value>, or give the cluster CA in "
-            f"{prefix}_{label}_CA_FILE.")
+            f"TLS certificate of host '{self.host.label}' could not be verified (self-signed?){why}.{seen} "
+            f"Pin it with {var}_FINGERPRINT=<that value>, or give the cluster CA in {var}_CA_FILE.")
 
     def _http_error(self, method: str, path: str, response: requests.Response) -> ProxmoxError:
         status = response.status_code

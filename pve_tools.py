@@ -187,18 +187,27 @@ def list_tasks(host: Host = None,
                limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
     """Recent tasks, newest first, with result."""
     client = pve_client(host)
-    if node:
-        # limit=0 lists nothing here; running tasks come from source=active, finished ones from
-        # the archive (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
-        source = "active" if running else ("archive" if errors else "all")
-        tasks = client.get(f"/nodes/{node}/tasks", limit=limit, source=source, errors=errors or None, vmid=vmid) or []
-    else:
-        tasks = client.get("/cluster/tasks") or []
+    tasks = _listed_tasks(client, node, vmid, errors and not running, running, limit)
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
     rows = [r for r in rows if (vmid is None or r["id"] == str(vmid))
             and (not errors or r["status"] != "running" and task_outcome(r["status"]) in ("failed", "unknown"))
             and (not running or r["status"] == "running")]
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
+
+
+def _listed_tasks(client: ProxmoxClient, node: str | None, vmid: int | None, failed: bool, running: bool,
+                  limit: int) -> list[dict]:
+    """limit=0 lists nothing here; running tasks come from source=active, finished ones from the archive.
+    Failures are picked by statusfilter, before the limit: errors=1 keeps warnings, which are no failure, so
+    a page of them came back empty; and /cluster/tasks holds only each node's recent tasks, so failures are
+    read from every online node (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+    if not node and not failed:
+        return client.get("/cluster/tasks") or []
+    where = {"source": "archive", "statusfilter": "error,unknown"} if failed else \
+        {"source": "active" if running else "all"}
+    nodes = [node] if node else [n["node"] for n in client.get("/nodes") or [] if n.get("status") == "online"]
+    return [task for name in nodes
+            for task in client.get(f"/nodes/{name}/tasks", limit=limit, vmid=vmid, **where) or []]
 
 
 def get_task(upid: str,

@@ -964,6 +964,9 @@ def check_hosts(config: Config) -> int:
         try:
             version = client.get("/version") or {}
             print(f"  version: {version.get('version')}")
+            certificate = proxmox_client.certificate_line(host)
+            if certificate:
+                print(f"  {certificate}")
             permissions = policy.permissions_of(host) or {}
             held = sorted({p for privs in permissions.values() for p in privs})
             print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")

@@ -12,11 +12,12 @@ from typing import Annotated, Any, Callable
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import pbs_state
 import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, job_selects,
@@ -344,39 +345,70 @@ def _backup_server(h: Health) -> None:
     now = time.time()
     usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    runs = h.report.section("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)) if usage else ({}, None)
+    s3 = h.report.section("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage)) or set()
     for ds in usage:
-        _datastore_health(h, ds, gc_jobs, now)
-    for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
-        age = now - (job.get("last-run-endtime") or 0)
-        state = job.get("last-run-state")
-        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
-            h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
-                         job, "write_pbs_run_job kind=verify")
+        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
+    for kind in pbs_state.JOB_KINDS:
+        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) or []:
+            _pbs_job_health(h, kind, job, now)
 
 
-def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
+    """A sync, verify or prune job whose last run failed, with that run's evidence; a verify job that has
+    not run for too long. A job that is running now has no last result yet (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)."""
+    result = pbs_state.job_result(job)
+    ended = iso_time(job.get("last-run-endtime"))
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"{kind} job {job['id']} failed: {result}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended, "result": result,
+                              "upid": job.get("last-run-upid")}),
+                     f"read its log (pbs_get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
+                     f"job_id={job['id']}")
+    elif kind == "verify" and now - (job.get("last-run-endtime") or 0) > h.limits["verify_max_days"] * 86400:
+        h.report.add("warning", "pbs", f"verify job {job['id']} last ran {ended or 'never'}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended,
+                              "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify")
+
+
+def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
+    """A store filling up; an S3 store's figures are its local cache's, which says nothing about the
+    bucket (docs/PROXMOX-BEHAVIOUR.md#s3-datastores); an estimate in the past or 0 is no date."""
+    used = percent(ds.get("used"), ds.get("total")) or 0
+    if used < h.limits["storage_warn_pct"]:
+        return
+    if s3:
+        h.report.add("info", "pbs", f"the local cache of S3 datastore {ds['store']} is {used}% full",
+                     {"cache_used": human_bytes(ds.get("used")), "cache_total": human_bytes(ds.get("total"))},
+                     "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS")
+        return
+    h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
+                 f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_state.full_by(ds, set())}),
+                 "prune (write_pbs_prune) and run GC")
+
+
+def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float, s3: bool) -> None:
     # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     if ds.get("error"):
         h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
         return
-    used = percent(ds.get("used"), ds.get("total")) or 0
-    if used >= h.limits["storage_warn_pct"]:
-        h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
-                     f"datastore {ds['store']} is {used}% full",
-                     {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    if gc_jobs is None:
+    _datastore_fill(h, ds, s3)
+    if runs is None:
         return  # the GC jobs could not be read: listed as unavailable
-    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
-    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
-    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
-        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
-                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+    run = runs.get(ds["store"]) or {}
+    result, last_gc = run.get("result"), run.get("ended") or run.get("started") or 0
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
+                     {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
                      "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
+                     compact({"last_gc": iso_time(last_gc), "schedule": run.get("schedule")}),
+                     "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -424,6 +456,7 @@ class Coverage:
     read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
+    unseen: list[str] = field(default_factory=list)  # places on PBS whose backups could not all be read
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
@@ -477,11 +510,22 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    # without `ns` a snapshot list is the root namespace only; without Datastore.Audit there it holds only
+    # the token's own groups (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    pbs.ensure_permissions()
     targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
+    for where, store, ns in targets:
+        acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
+        if policy.holds(pbs.host, "Datastore.Audit", acl_path) is False:
+            c.unseen.append(where)
+            c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
+                                         f"{acl_path}, so PBS lists only the groups it owns. "
+                                         + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
     listings = c.report.sections([(where, lambda s=store, n=ns: pbs.get(
         f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
     for (where, _, _), snapshots in zip(targets, listings, strict=True):
+        if snapshots is None:
+            c.unseen.append(where)
         for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
@@ -504,7 +548,9 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
     if last and last["verify"] in ("failed",):
         state = "verify_failed"
-    if state != "ok":
+    if state in ("missing", "stale") and c.unseen:
+        state = _unknown(c, guest, last)
+    elif state != "ok":
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
         why = f"covered by {', '.join(covering)}" if covering else (
             "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
@@ -515,6 +561,15 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
             "age_h": age if age is not None else "", "where": last["where"] if last else "",
             "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
             "excluded_by": ",".join(excluding), "state": state}
+
+
+def _unknown(c: Coverage, guest: dict, last: dict | None) -> str:
+    """A newer backup may be where PBS could not be read: the state is unknown, never "no backup"."""
+    seen = compact({"newest_seen": iso_time((last or {}).get("ctime"))})
+    c.report.add("warning", "backups", f"guest {guest['vmid']} ({guest.get('name')}) backup is unknown: "
+                 f"{', '.join(c.unseen)} could not be read", seen,
+                 "see `unavailable` for why; fix that and run backup_coverage again")
+    return "unknown"
 
 
 def _orphan_groups(c: Coverage) -> None:

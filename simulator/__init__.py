@@ -37,9 +37,9 @@ library's inside this folder.
 """
 from .api import handle
 from .call import ApiError, Call
-from .https import Simulator, make_certificate
+from .https import Simulator, make_certificate, make_cluster_ca
 from .lab import GiB, Lab, Task, Token
 from .pbs import prune_marks
 
 __all__ = ["ApiError", "Call", "GiB", "Lab", "Simulator", "Task", "Token", "handle", "make_certificate",
-           "prune_marks"]
+           "make_cluster_ca", "prune_marks"]

@@ -15,7 +15,7 @@ import catalog
 
 from .call import ApiError, Call, _node
 from .lab import Lab, Token
-from .pbs import PBS_HANDLERS
+from .pbs import PBS_HANDLERS, check_release
 from .pve import PVE_HANDLERS
 from .pve_ha import HA_HANDLERS
 from .stored_secrets import STORED_SECRET_HANDLERS
@@ -179,6 +179,8 @@ def _route(lab: Lab, product: str, method: str, path: str, params: dict[str, Any
     if by_token and entry.get("allowtoken") == 0:
         raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
     _injected_fault(lab, path)
+    if product == "pbs":
+        check_release(lab, method, entry["path"], path, params)
     errors = catalog.check_params(entry, params, form=form, path_params=path_params, product=product)
     if errors:
         lab.schema_rejections.append((product, method, path, errors))

@@ -38,7 +38,10 @@ ROLES = {
     "PVEDatastoreUser": {"Datastore.AllocateSpace", "Datastore.Audit"},
     "PVEDatastoreAdmin": {"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate",
                           "Datastore.Audit"},
+    "DatastoreAudit": {"Datastore.Audit"},
     "DatastoreReader": {"Datastore.Audit", "Datastore.Read", "Datastore.Verify"},
+    "DatastoreBackup": {"Datastore.Backup"},
+    "DatastorePowerUser": {"Datastore.Prune", "Datastore.Backup"},
     "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
                        "Datastore.Backup", "Datastore.Prune"},
     "Audit": {"Sys.Audit", "Datastore.Audit"},
@@ -192,6 +195,9 @@ class Lab:
     def __init__(self, *, cluster_name: str = "homelab", seed: int = 7, pve_major: int = 9):
         self.cluster_name = cluster_name
         self.pve_major = pve_major  # 8 or 9: the /version answer and the agent privileges follow it
+        # the Backup Server's release; older ones lack what pbs.SINCE names (docs/PROXMOX-BEHAVIOUR.md#pbs-releases)
+        self.pbs_release: tuple[int, int, int] = (4, 1, 11)
+        self.pbs_timezone = "UTC"  # the Backup Server's local time, in which prune counts its periods
         self.random = random.Random(seed)
         self.lock = threading.RLock()
         self.nodes: dict[str, dict] = {}
@@ -344,9 +350,10 @@ class Lab:
                                                   [("/", "Administrator", True)], privsep=False)
         self.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
         self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
-        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        # the README's PBS recipe: Audit on /, DatastoreAudit on /datastore (lists, never reads contents)
+        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)])
         self.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
-                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
+                                                  [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)],
                                                   owner=mcp_pbs)
         self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                             ("/", "PVEAuditor", True)]), False)

@@ -10,6 +10,7 @@ import pytest
 
 import catalog
 import policy
+import simulator
 from conftest import everything_open, stdio_session
 from simulator.pve_monitor import add_pool
 
@@ -198,6 +199,7 @@ def walker(sim, tmp_path_factory):
     sim.lab.metric_servers["walk1"] = {"type": "influxdb", "server": "192.0.2.50", "port": 8089}
     sim.lab.sdn_ipams.append({"ipam": "pve", "type": "pve"})
     sim.lab.sdn_dns.append({"dns": "d1", "type": "powerdns", "url": "https://dns.example", "key": "walk"})
+    sim.lab.add_datastore("walk1", total=100 * simulator.GiB, used=1 * simulator.GiB)  # /config/datastore/{name}
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
     hostname = base64.b64encode(b"/root.pxar.didx/etc/hostname").decode()

@@ -26,3 +26,15 @@ def test_demo_serves_a_simulated_lab_with_no_proxmox():
         assert {row[0] for row in hosts["rows"]} == {"demo"}
         assert demo.ok("list_guests")["total"] == 6
         assert demo.ok("cluster_status")["cluster"] == "homelab"
+
+
+def test_check_warns_of_a_certificate_that_expires_within_30_days(sim, tmp_path):
+    import simulator
+    assert "certificate: expires" in run_server(["--check"], sim.env()).stdout  # the lab's has a year
+    with simulator.Simulator(simulator.Lab.homelab()) as own:
+        own.serve_certificate(*simulator.make_certificate(tmp_path, days=9))
+        result = run_server(["--check"], own.env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    warning = next(line for line in result.stdout.splitlines() if "PVE renews" in line)
+    assert "warning: the certificate expires" in warning and ("(in 8 days)" in warning or "(in 9 days)" in warning)
+    assert "PROXMOX_LAB_FINGERPRINT pins this certificate" in warning and "PROXMOX_LAB_CA_FILE" in warning
