@@ -806,14 +806,16 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         drill.answered = False
     if drill.base is not None:
         _destroy_scratch(drill)
-    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
-    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings}
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch}
     left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
     if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
                 "The scratch guest was destroyed." if drill.base else "Nothing was created.")
-        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)
-    return drill.steps.answer(True, **facts)
+        # the timings of the steps that ran, if any; an error's text holds no reading of the clock of its own
+        timed = {"timings": drill.timings} if drill.timings else {}
+        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts, **timed)
+    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
+    return drill.steps.answer(True, **facts, timings=drill.timings)
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:

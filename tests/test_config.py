@@ -4,7 +4,10 @@ import json
 import pytest
 
 from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
+import server
 from conftest import run_server
+
+SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 
 TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
 
@@ -128,9 +131,10 @@ def test_toolsets_choose_the_tools():
     compact = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "compact",
                                                                  "PROXMOX_ACCESS": "write"}).stdout)
     names = {t["name"] for t in compact["tools"]}
-    assert names == {"list_hosts", "server_info", "api_search", "api_describe", "api_read", "write_api_call",
-                     "health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
-                     "write_provision_vm"}
+    # the api and workflows groups of the tool table up to the write gate, and the tools every set has
+    expected = {spec.function.__name__ for spec in server.TOOLS if spec.toolset in ("api", "workflows", "always")
+                and spec.gate in ("read", "lifecycle", "write") and not spec.ssh}
+    assert names == expected and {"api_read", "health_check", "write_api_call"} <= names
     guests = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "guests,tasks"}).stdout)
     assert "list_guests" in {t["name"] for t in guests["tools"]} and "pbs_list_groups" not in {
         t["name"] for t in guests["tools"]}
@@ -144,9 +148,10 @@ def test_allow_and_deny_tools():
     names = {t["name"] for t in denied["tools"]}
     assert not any(n.startswith("write_") for n in names) and "api_read" not in names and "list_guests" in names
     allowed = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ALLOW_TOOLS": "list_*,get_guest"}).stdout)
-    assert {t["name"] for t in allowed["tools"]} == {"list_hosts", "list_nodes", "list_guests", "get_guest",
-                                                     "list_storage", "list_tasks", "list_snapshots", "list_backups",
-                                                     "list_networks", "list_pools"}
+    # the read tools of the default toolsets whose names start list_, and get_guest
+    expected = {name for name in server.TOOLSETS["default"] + server.ALWAYS_ON if name.startswith("list_")
+                and SPECS[name].gate == "read" and not SPECS[name].ssh} | {"get_guest"}
+    assert {t["name"] for t in allowed["tools"]} == expected and {"list_guests", "list_hosts"} <= expected
     typo = run_server(["--list-tools"], {"PROXMOX_DENY_TOOLS": "wirte_*"})
     assert typo.returncode == 2 and "wirte_* names no tool" in typo.stderr and "list_guests" in typo.stderr
 

@@ -17,7 +17,7 @@ import requests
 
 import config
 from config import ConfigError, load_config
-from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 
 # ---------------------------------------------------------------- the demo
 
@@ -50,7 +50,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
 
 def test_demo_on_stdio_says_where_it_serves_and_how_to_connect():
     done = subprocess.run([sys.executable, str(ROOT / "server.py"), "--demo"], env=server_env({}), input="",
-                          capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                          capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 0 and done.stdout == ""  # stdout carries only MCP
     assert len(lines) == 1, lines
@@ -68,7 +68,7 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
     port = free_port()
     process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--demo", "--http", "--port", str(port)],
                                env=server_env({}), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                               cwd=str(LOG_DIR))
+                               cwd=str(log_dir()))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(process.stderr, lines), daemon=True).start()
     try:

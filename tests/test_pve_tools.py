@@ -6,13 +6,15 @@ from functools import partial
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, tool_session
+from gates import TIERS
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
-WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "write_resize_disk",
-               "write_snapshot_create", "write_snapshot_rollback", "write_snapshot_delete", "write_backup_guest",
-               "write_restore_backup", "write_clone_guest", "write_migrate_guest", "write_template",
-               "write_delete_guest", "write_create_vm", "write_create_lxc", "write_download_url", "write_delete_volume"]
+# The PVE write tools of the guests, storage and network toolsets, from the tool table (a new one joins by itself).
+WRITE_TOOLS = {spec.function.__name__: spec.gate for spec in server.TOOLS
+               if spec.product == "pve" and spec.toolset in ("guests", "storage", "network")
+               and spec.function.__name__.startswith("write_")}
 DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"  # files on the simulated `local` storage
 DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 
@@ -243,8 +245,9 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
-    assert offered["read"] == set()
-    assert offered["lifecycle"] == {"write_guest_power", "write_snapshot_create", "write_backup_guest"}
+    for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
+        assert names == {name for name, gate in WRITE_TOOLS.items() if TIERS.index(gate) <= TIERS.index(tier)}
+    assert offered["read"] == set() and "write_guest_power" in offered["lifecycle"]
     assert "write_create_vm" in offered["write"] and "write_delete_guest" not in offered["write"]
 
 

@@ -210,6 +210,9 @@ def test_restore_drill_failure_paths(ops, sim):
         sim.lab.fail.clear()
     assert broken["result"] == "failed" and "no space left" in broken["steps"][-1]["detail"]
     assert broken["created"] == [] and set(sim.lab.guests) == before
+    # a drill refused before any step ran says so without a timing (its text is the same on every run)
+    early = step_report(ops.error("write_restore_drill", {"vmid": 100, "backup": "not-a-backup", "confirm": True}))
+    assert "timings" not in early and "does not look like a backup" in early["steps"][-1]["detail"]
 
 
 def test_restore_drill_that_cannot_destroy_its_scratch_guest_is_an_error(ops, sim):
