@@ -16,6 +16,7 @@ from pathlib import Path
 import catalog
 import policy
 import proxmox_client
+from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
 
@@ -253,18 +254,28 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
         else default_audit_path(env)
 
 
+PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped
+PROTECTED_EXAMPLE = INSTALL_DIR / "protected-vms.example.json"  # what ships: copied to PROTECTED_FILE
+
+
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
-    """The protected-guest file plus PROXMOX_PROTECTED_VMS; an unreadable file fails closed (policy)."""
-    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
-    protected = policy.load_protected(protected_file)
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS. A file that is named (or present) but
+    unreadable fails closed (policy); with none named and none beside server.py, nothing is listed
+    yet, as with an empty list, and the start says how to make one."""
+    named = env.get("PROXMOX_PROTECTED_VMS_FILE")
+    protected_file = Path(named).expanduser() if named else PROTECTED_FILE
+    exists = named or protected_file.exists()
+    protected = load_protected(protected_file) if exists else Protected()
     protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
     config.settings.protected = protected
     if protected.error:
         config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
                                f"that changes a guest will be refused until it is fixed.")
     elif not protected.entries:
-        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
-                               f"may ever change (your router, your NAS) before allowing writes.")
+        where = f"{protected_file} is an empty list" if exists else \
+            f"there is no {protected_file} (copy {PROTECTED_EXAMPLE.name} there, or set PROXMOX_PROTECTED_VMS_FILE)"
+        config.warnings.append(f"NO GUEST IS PROTECTED: {where}. Add the guests no agent may ever change (your "
+                               f"router, your NAS) before allowing writes.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:

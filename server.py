@@ -47,7 +47,7 @@ from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigE
 from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger("proxmox-mcp")
 
 INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
@@ -757,10 +757,11 @@ def open_audit_log(config: Config) -> str | None:
 
 def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
     """The line a person starting the server reads on stderr: what it serves, where, and the client
-    command that connects to it (Claude Code's; README has the others)."""
+    command that connects to it (Claude Code's; README has the others). Its client name differs
+    between stdio and HTTP, so that a user can add both."""
     what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
         else "proxmox-mcp"
-    name = "proxmox-demo" if args.demo else "proxmox"
+    name = ("proxmox-demo" if args.demo else "proxmox") + ("-http" if args.http else "")
     if args.http:
         reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
         url = f"http://{reach}:{args.port or config.http_port}/mcp"
@@ -768,9 +769,17 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
                 f"  claude mcp add --transport http {name} {url}{header}")
-    command = f"{sys.executable} {INSTALL_DIR / 'server.py'}{' --demo' * args.demo}"
     return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
-            f"connect one with: claude mcp add {name} -- {command}")
+            f"connect one with: claude mcp add {name} -- {start_command()}{' --demo' * args.demo}")
+
+
+def start_command() -> str:
+    """The command that starts this server as this process was started: the installed `proxmox-mcp`
+    script (pyproject.toml), or the interpreter and server.py of a clone."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if started is not None and started.suffix != ".py" and started.is_file():
+        return str(started)
+    return f"{sys.executable} {INSTALL_DIR / 'server.py'}"
 
 
 # ================================================================ main
@@ -791,7 +800,9 @@ def setup_logging(level: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser = argparse.ArgumentParser(prog="proxmox-mcp",
+                                     description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser.add_argument("--version", action="version", version=f"proxmox-mcp {VERSION}")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
     parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
@@ -902,6 +913,11 @@ def collect_from_now_on() -> None:
     gc.enable()
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `proxmox-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
     gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -37,6 +37,7 @@ os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy") or os
                                                 "127.0.0.1", "localhost"]))
 
 import api_tools  # noqa: E402
+import config  # noqa: E402
 import policy  # noqa: E402
 import proxmox_client  # noqa: E402
 import server  # noqa: E402
@@ -250,6 +251,8 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     in whatever order)."""
     global STATE_DIR, LOGS
     STATE_DIR = tmp_path_factory.mktemp("state")
+    (STATE_DIR / "no-protected-guests.json").write_text("[]")
+    config.PROTECTED_FILE = STATE_DIR / "no-protected-guests.json"  # and for load_config in this process (server_env)
     LOGS = tmp_path_factory.mktemp("logs")
     yield STATE_DIR
     written = sorted(LOGS.glob("*.log")) + sorted(tmp_path_factory.getbasetemp().rglob("*.jsonl"))
@@ -301,6 +304,8 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXMOX_", "PBS_", "MCP_"))}
     if STATE_DIR is not None:
         env["XDG_STATE_HOME"] = str(STATE_DIR)  # the default audit log goes there, not to the user's
+        # an empty list unless a test gives one: a user's own protected-vms.json in the tree is not the tests'
+        env["PROXMOX_PROTECTED_VMS_FILE"] = str(STATE_DIR / "no-protected-guests.json")
     return env | extra
 
 

@@ -3,9 +3,10 @@ import json
 
 import pytest
 
+import config as config_module
 from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
 import server
-from conftest import run_server
+from conftest import ROOT, run_server
 
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 
@@ -171,13 +172,14 @@ def test_protected_vms_variable_adds_to_the_file(tmp_path):
 
 @pytest.mark.parametrize("profile", ["readonly", "operator", "admin"])
 def test_profiles_are_valid_configurations(profile, tmp_path):
-    from conftest import ROOT
+    # read as `docker run --env-file` reads them: comment lines skipped, the rest of a line is the
+    # value, word for word (no inline comments: their text would be part of the value)
     env = {}
     for line in (ROOT / "examples" / f"{profile}.env").read_text().splitlines():
-        line = line.split("#")[0].strip() if not line.lstrip().startswith("#") else ""
-        if "=" in line:
+        if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
+            assert value == value.strip() and "#" not in value, f"{profile}.env: {line!r}"
+            env[key] = value
     token = tmp_path / "token"
     token.write_text("mcp@pve!mcp=11111111-2222-3333-4444-555555555555")
     key = tmp_path / "id"
@@ -187,6 +189,24 @@ def test_profiles_are_valid_configurations(profile, tmp_path):
     env["PROXMOX_HOME_SSH_FINGERPRINTS"] = "pve1=SHA256:" + "A" * 43
     config = load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
     assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
+
+
+def test_the_protected_list_is_the_users_own_file_beside_the_server(tmp_path, monkeypatch):
+    """protected-vms.json is git-ignored (an update never touches it); the repository ships
+    protected-vms.example.json. With no file named and none there, nothing is listed yet: the start
+    says how to make one. A named file that is missing fails closed (above)."""
+    assert "protected-vms.json" in (ROOT / ".gitignore").read_text().splitlines()
+    example = json.loads((ROOT / "protected-vms.example.json").read_text())
+    assert example and {"host", "vmid", "name", "reason"} <= set(example[0])
+    monkeypatch.setattr(config_module, "PROTECTED_FILE", tmp_path / "protected-vms.json")
+    fresh = load_config({})
+    assert fresh.settings.protected.entries == [] and fresh.settings.protected.error is None
+    assert any("NO GUEST IS PROTECTED" in w and "protected-vms.example.json" in w for w in fresh.warnings)
+    (tmp_path / "protected-vms.json").write_text(json.dumps(example))
+    assert [e["vmid"] for e in load_config({}).settings.protected.entries] == [100]
+    (tmp_path / "protected-vms.json").write_text("{broken")
+    assert load_config({}).settings.protected.error  # present but unreadable: fails closed
+
 
 
 def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):

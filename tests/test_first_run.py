@@ -75,7 +75,7 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
         line = ""
         while "claude mcp add" not in line:
             line = lines.get(timeout=60)
-        command = re.search(r'claude mcp add --transport http proxmox-demo (\S+) --header "Authorization: Bearer '
+        command = re.search(r'claude mcp add --transport http proxmox-demo-http (\S+) --header "Authorization: Bearer '
                             r'([^"]+)"', line)
         assert command and command.group(1) == f"http://127.0.0.1:{port}/mcp", line
         url, token = command.groups()
