@@ -401,10 +401,11 @@ def read_host(product: str, label: str, values: HostValues, config: Config) -> N
     token_id, secret, user, password = parse_credentials(where, label, values, config.warnings)
     host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
                       user=user, password=password, connect_timeout=config.connect_timeout,
-                      read_timeout=config.read_timeout,
+                      read_timeout=config.read_timeout, token_variable=token_source(values, "TOKEN"),
                       **parse_tls(label, values, config.verify_tls, config.warnings))
     if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
         host.write_token_id, host.write_token_secret = parse_write_token(values)
+        host.write_token_variable = token_source(values, "WRITE_TOKEN")
     config.secrets += [s for s in (secret, password, host.write_token_secret) if s]
     if url.startswith("http://"):
         config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
@@ -436,6 +437,11 @@ def parse_credentials(where: str, label: str, values: HostValues,
         warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
                         f"used, the password only where Proxmox refuses tokens.")
     return token_id, secret, user, password
+
+
+def token_source(values: HostValues, suffix: str) -> str:
+    """The variable a token was read from, as the user wrote it: the file's when both are set (it wins)."""
+    return (values.get(f"{suffix}_FILE") or values.get(suffix) or ("",))[0]
 
 
 def parse_login(where: str, values: HostValues) -> tuple[str | None, str | None]:

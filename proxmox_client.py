@@ -81,6 +81,8 @@ class HostConfig:
     password: str | None = field(default=None, repr=False)
     write_token_id: str | None = None
     write_token_secret: str | None = field(default=None, repr=False)
+    token_variable: str = ""  # where each token came from (..._TOKEN or ..._TOKEN_FILE), for errors that name it
+    write_token_variable: str = ""
     verify_tls: bool = True
     ca_file: str | None = None
     fingerprint: str | None = None  # SHA-256, hex without colons, lower case
@@ -459,9 +461,10 @@ class ProxmoxClient:
             text = (f"Authentication failed for {where} even after a fresh login as {self.host.user}: "
                     f"{message or 'the ticket was refused'}.")
         elif status == 401:
-            var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
+            var = self.host.write_token_variable if method != "GET" and self.host.write_token_id \
+                else self.host.token_variable
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
-                    f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")
+                    f"deleted). Check {var or 'its token variable'}; the expected form is user@realm!tokenid=secret.")
         elif status == 403:
             text = _permission_message(where, message, self.host)
         elif status == 400 and errors:

@@ -117,15 +117,23 @@ def server_info() -> dict:
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
     settings = policy.SETTINGS
-    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
-        if VISIBILITY.config else {}
-    return {"version": VERSION, "hosts": hosts,
-            "hidden_tools": {name: why for name, why in left_out.items() if why} | VISIBILITY.hidden(),
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
             "protected_guests": len(settings.protected.entries),
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
+
+
+def hidden_by_reason() -> dict[str, list[str]]:
+    """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
+    privileges read)."""
+    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
+        if VISIBILITY.config else {}
+    grouped: dict[str, list[str]] = {}
+    for name, why in ({name: why for name, why in left_out.items() if why} | VISIBILITY.hidden()).items():
+        grouped.setdefault(why, []).append(name)
+    return grouped
 
 
 def configured_labels() -> set[str]:
@@ -355,6 +363,10 @@ NAMED_EXAMPLES = {
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
     "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
 }
+# Where one tool's argument takes other values than the name's example: a fresh install's storage for backups,
+# ISOs and templates is `local`, never `local-lvm` (guest disks only) (docs/PROXMOX-BEHAVIOUR.md#per-node-storages).
+TOOL_EXAMPLES = {("write_backup_guest", "storage"): "local", ("list_backups", "storage"): "local",
+                 ("write_download_url", "storage"): "local"}
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
     "missing": "is required", "string_too_short": "needs at least {min_length} characters",
@@ -381,7 +393,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
             else item["msg"][:1].lower() + item["msg"][1:]
         if item["type"] == "string_pattern_mismatch":
             rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"
-        example = example_for(name, prop, pattern)
+        example = TOOL_EXAMPLES.get((tool, name)) or example_for(name, prop, pattern)
         given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
         problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
                                                               else ""))
@@ -718,14 +730,17 @@ def check_hosts(config: Config) -> int:
             print(f"  FAILED: {policy.mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
               f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
-    for name, why in VISIBILITY.hidden().items():
-        print(f"hidden: {name}: {why}")
+    for why, names in hidden_by_reason().items():
+        print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
-    return 1 if failures or problems or not config.hosts else 0
+    cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
+    if cannot_audit:
+        print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
+    return 1 if failures or problems or cannot_audit or not config.hosts else 0
 
 
 def verify_audit_command(config: Config) -> int:
@@ -875,11 +890,34 @@ def main(argv: list[str] | None = None) -> int:
         return check_hosts(config)
     if args.verify_audit:
         return verify_audit_command(config)
-    cannot_audit = open_audit_log(config)
-    if cannot_audit:  # a server that would write cannot audit: it does not start
-        print(cannot_audit, file=sys.stderr)
+    cannot_start = open_audit_log(config) or (port_problem(args, config, bind_host) if args.http else None)
+    if cannot_start:  # a server that would write cannot audit, or cannot listen: it does not start
+        print(cannot_start, file=sys.stderr)
         return 2
     return serve(args, config, bind_host)
+
+
+def port_problem(args: argparse.Namespace, config: Config, bind_host: str) -> str | None:
+    """The one line that stops an HTTP server whose address cannot be listened on (a port in use, an
+    address not on this machine), said before anything claims to serve; None when it can listen.
+    The probe binds as uvicorn does (SO_REUSEADDR), then lets go."""
+    import errno
+    import socket
+    port = args.port or config.http_port
+    given = "--port" if args.port else "MCP_HTTP_PORT"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(bind_host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"proxmox-mcp: port {port} on {bind_host} is in use (another server, or another proxmox-mcp); "
+                    f"choose a free one with {given}.")
+        return (f"proxmox-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
+                f"(or --host) to an address of this machine, and {given} to a free port.")
+    return None
 
 
 def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:

@@ -28,7 +28,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
         info = demo.ok("server_info")
         audit_log = Path(info["audit_log"])
         assert audit_log.parent.name.startswith("pve-sim-")  # the lab's own temporary directory, not the user's
-        unheld = [name for name, why in info["hidden_tools"].items() if "no configured token holds" in why]
+        unheld = [names for why, names in info["hidden_tools"].items() if "no configured token holds" in why]
         assert unheld == [] and "write_pbs_gc" in first  # admin tokens on both products
         assert {t.name for t in demo.tools()} == first  # the privilege read changed nothing: it came first
 

@@ -7,6 +7,8 @@ import pytest
 
 import server
 from conftest import ROOT, run_server
+from gates import method_gate
+from pve_tools import POWER_ACTIONS
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the project itself runs on 3.10 too
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -45,3 +47,14 @@ def test_the_users_own_files_stay_out_of_git_and_the_image():
     assert {".env", "secrets/", "data/", "protected-vms.json"} <= set(ignored)
     docker_ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert {".env", "secrets", "data", "protected-vms.json"} <= set(docker_ignored)
+
+
+def test_the_readmes_tiers_name_each_power_action_where_the_gates_put_it():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    tiers = dict(re.findall(r"`(lifecycle|destructive)`\s*\(([^)]*)\)", text.split("`PROXMOX_ACCESS` is the "
+                                                                                    "highest tier", 1)[1][:400]))
+    for action in POWER_ACTIONS:
+        gate = method_gate("POST", f"/nodes/{{node}}/qemu/{{vmid}}/status/{action}", "pve")
+        assert re.search(rf"\b{action}\b", tiers[gate]), f"README: {action} belongs under `{gate}`"
+        other = {"lifecycle": "destructive", "destructive": "lifecycle"}[gate]
+        assert not re.search(rf"\b{action}\b", tiers[other]), f"README names {action} under `{other}`"

@@ -276,6 +276,8 @@ BAD_INPUT = [
     ("write_snapshot_rollback", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_snapshot_delete", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_backup_guest", {"vmid": 100, "storage": "local-lvm"}, "does not hold backups"),
+    # its example is a storage that holds backups on a fresh install (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+    ("write_backup_guest", {"vmid": 100, "storage": 7}, 'argument \'storage\' must be text (got 7), e.g. "local"'),
     ("write_restore_backup", {"archive": "local:iso/x.iso"}, "does not look like a backup"),
     ("write_restore_backup", {"archive": "nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "vmid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "newid": 102}, "is taken"),
