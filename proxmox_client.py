@@ -537,18 +537,25 @@ class ProxmoxClient:
 
 # ---------------------------------------------------------------- tasks, as the tools answer them
 
+TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
+
+
 def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
              ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications.
-    A failed task raises TaskFailed (a tool error with the last log lines)."""
+    """Send a write and, when it starts a task, wait for it with progress notifications. The
+    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
+    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
+    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
     data = client.request(method, path, params)
     if not (isinstance(data, str) and data.startswith("UPID:")):
         return {"action": action, "result": "ok"}
     if not wait_seconds:
-        return {"action": action, "status": "started", "upid": data,
+        return {"action": action, "task": "started", "upid": data,
                 "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
     outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    return {"action": action} | outcome
+    task = outcome.pop("exitstatus", None) or outcome.pop("status")
+    outcome.pop("status", None)
+    return {"action": action, "task": task} | outcome
 
 
 def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,

@@ -19,8 +19,8 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
                        online_node, resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
-                            task_report)
+from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task,
+                            task_outcome, task_report)
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -389,6 +389,19 @@ def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
 
 
+def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
+    """A write's answer with what the user cares about once its task has ended: the guest's state
+    (`deleted` when it is gone) and, without `base` (after a migration), the node it is on now."""
+    if answer.get("task") in TASK_GOING:
+        return answer
+    if base is None:
+        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
+        if row is None:
+            return answer | {"guest_state": "deleted"}
+        base, answer = f"/nodes/{row['node']}/{row['type']}/{vmid}", answer | {"node": row["node"]}
+    return answer | {"guest_state": _guest_state(client.get(f"{base}/status/current") or {})}
+
+
 def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
     """An HA request ended OK at once; say so, and what the HA manager has done since."""
     state = answer["guest_state"]
@@ -414,10 +427,8 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
         raise InvalidArgument("Containers have no reset; use action=reboot (or stop, then start).")
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
-    task = answer.pop("status", None)
-    if task in ("started", "still_running"):  # the task's own state, not the guest's
-        return answer | {"task": task}
-    answer["task"] = answer.pop("exitstatus", "OK")
+    if answer.get("task") in TASK_GOING:  # the guest's state comes when the task has ended
+        return answer
     ha = _ha_managed(row) and action in HA_ACTIONS
     wanted = STATE_AFTER[action]
     status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
@@ -500,7 +511,8 @@ def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
         if row["type"] != "qemu":
             raise InvalidArgument("vmstate (RAM) snapshots exist only for VMs.")
         params["vmstate"] = True
-    return run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx, f"snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx,
+                                         f"snapshot {vmid} {name}"), vmid, base)
 
 
 def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
@@ -526,8 +538,8 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
-                    f"delete snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
+                                         f"delete snapshot {vmid} {name}"), vmid, base)
 
 
 def _backup_storage(client: ProxmoxClient, storage: str) -> None:
@@ -544,10 +556,11 @@ def write_backup_guest(vmid: Vmid, storage: str,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Back up a guest now (vzdump) to a storage, PBS included."""
     client = pve_client(host)
-    _, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid)
     _backup_storage(client, storage)
     params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
-    return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    return _guest_after(client, run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx,
+                                         f"backup {vmid}"), vmid, base)
 
 
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
@@ -743,7 +756,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
     if _ha_managed(row) and answer.get("result") == "ok":
         answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
-    return answer
+    return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
 def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -767,7 +780,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     policy.check(client.host, "DELETE", base, encode_params(params))  # "protected" before "stop it first"
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
-    return run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}")
+    return _guest_after(client, run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}"), vmid)
 
 
 # ---------------------------------------------------------------- provisioning

@@ -626,9 +626,9 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         steps.record("pick bridge", "done", bridge=bridge)
         created = create(node, vmid, bridge)
         steps.created.append(f"{kind} {vmid} on {node}")
-        steps.record("create", created.get("status", "done") if created.get("status") == "still_running" else "done",
+        steps.record("create", "still_running" if created.get("task") == "still_running" else "done",
                      upid=created.get("upid"))
-        if created.get("status") == "still_running":
+        if created.get("task") == "still_running":
             return steps.answer(True, vmid=vmid, node=node, note="creation still running; get_task follows it")
         base = f"/nodes/{node}/{kind}/{vmid}"
         run_task(client, "POST", f"{base}/status/start", {}, wait_seconds, ctx, f"start {vmid}")

@@ -151,7 +151,9 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
                       progress=progress)
     assert verified["result"] == "ok" and group[-1]["verification"]["state"] == "ok" and progress
-    assert pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})["result"] == "ok"
+    job = pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})
+    # the job's task outcome as `task`, never a task "status":"stopped" (issue 25)
+    assert job["result"] == "ok" and job["task"] == "OK" and "status" not in job and "exitstatus" not in job
 
 
 @pytest.mark.parametrize("tool, arguments, expected", [

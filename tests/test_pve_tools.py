@@ -162,6 +162,26 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
     assert deleted["result"] == "ok" and linked["newid"] not in sim.lab.guests
 
 
+def test_write_answers_say_the_tasks_outcome_and_the_guests_state_after_it(ops, sim):
+    """A finished task's "status":"stopped" next to a running guest reads as a stopped guest: a write
+    answers the task's outcome as `task` and the guest's state after it (a migration also the node it
+    is on now; a deletion that the guest is gone), as write_guest_power does."""
+    running = ops.ok("write_snapshot_create", {"vmid": 100, "name": "answer_shape"})
+    assert running["task"] == "OK" and running["guest_state"] == "running" and "status" not in running
+    assert "exitstatus" not in running and running["result"] == "ok"
+    dropped = ops.ok("write_snapshot_delete", {"vmid": 100, "name": "answer_shape", "confirm": True})
+    assert dropped["task"] == "OK" and dropped["guest_state"] == "running" and "status" not in dropped
+    backup = ops.ok("write_backup_guest", {"vmid": 100, "storage": "local", "mode": "snapshot"})
+    assert backup["task"] == "OK" and backup["guest_state"] == "running" and "status" not in backup
+    clone = ops.ok("write_clone_guest", {"vmid": 103, "name": "answer-shape"})  # a stopped container
+    assert clone["task"] == "OK" and "status" not in clone
+    moved = ops.ok("write_migrate_guest", {"vmid": clone["newid"], "target": "pve3"})
+    assert moved["node"] == "pve3" == sim.lab.guests[clone["newid"]]["node"]
+    assert moved["task"] == "OK" and moved["guest_state"] == "stopped" and "status" not in moved
+    deleted = ops.ok("write_delete_guest", {"vmid": clone["newid"], "confirm": True})
+    assert deleted["task"] == "OK" and deleted["guest_state"] == "deleted" and "status" not in deleted
+
+
 def test_provisioning(ops, sim):
     vm = ops.ok("write_create_vm", {"name": "install-me", "iso": "local:iso/debian-13.1.0-amd64-netinst.iso",
                                     "vlan": 20})
@@ -341,9 +361,9 @@ def test_still_running_then_get_task_continues(ops, sim):
     before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
     try:
         first = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow", "wait_seconds": 1})
-        assert first["status"] == "still_running" and first["upid"].startswith("UPID:pve3:")
+        assert first["task"] == "still_running" and first["upid"].startswith("UPID:pve3:") and "status" not in first
         started = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
-        assert started["status"] == "started"
+        assert started["task"] == "started" and "status" not in started
         progress = []
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)
         assert done["result"] == "ok" and progress
