@@ -61,33 +61,73 @@ def list_nodes(host: Host = None) -> dict:
     return result
 
 
+# a guest row's status; unknown: no status data for it (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+GuestStatus = Literal["running", "stopped", "unknown"]
+
+
+def guest_tags(guest: dict) -> set[str]:
+    """A guest's tags as PVE reads them: split on `;`, `,` and spaces, compared in lower case
+    (docs/PROXMOX-BEHAVIOUR.md#tags)."""
+    return {tag.lower() for tag in re.split(r"[;,\s]+", guest.get("tags") or "") if tag}
+
+
+def _guest_filters(node: str | None, type: str | None, status: str | None, tag: str | None,
+                   name: str | None) -> dict[str, Any]:
+    """Each filter given, as `name=value` and the test a guest must pass."""
+    tests = {"node": (node, lambda g: g.get("node") == node), "type": (type, lambda g: g.get("type") == type),
+             "status": (status, lambda g: g.get("status") == status),
+             "tag": (tag, lambda g: tag.lower() in guest_tags(g)),
+             "name": (name, lambda g: name.lower() in (g.get("name") or "").lower())}
+    return {f"{key}={value}": test for key, (value, test) in tests.items() if value}
+
+
+def _no_match(client: ProxmoxClient, guests: list[dict], filters: dict[str, Any], node: str | None,
+              tag: str | None) -> str:
+    """Why no guest matched: an unknown node is an error (with the node names); a filter that alone
+    matches no guest says which values are in use; else the combination is what matches nothing."""
+    if not guests:
+        return EMPTY_HINT
+    if node and not any(g.get("node") == node for g in guests):
+        check_node(client, node)  # raises for a node the cluster does not have
+    alone = [f for f, test in filters.items() if not any(test(g) for g in guests)]
+    if not alone:
+        return f"No guest matches {', '.join(filters)} together, though each alone matches some."
+    key = alone[0].split("=", 1)[0]
+    values = sorted({t for g in guests for t in guest_tags(g)}) if key == "tag" \
+        else sorted({str(g.get(key)) for g in guests if g.get(key)})
+    what = f"tag '{tag}'" if key == "tag" else alone[0]
+    return f"No guest has {what}; {key}s in use: {', '.join(values[:30]) or 'none'}."
+
+
 def list_guests(host: Host = None,
                 node: Node = None,
                 type: Literal["qemu", "lxc"] | None = None,
-                status: str | None = None,
+                status: GuestStatus | None = None,
                 tag: str | None = None,
                 name: str | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
     """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
     client = pve_client(host)
+    guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
+    filters = _guest_filters(node, type, status, tag, name)
+    protected = policy.SETTINGS.protected
     rows = []
-    for guest in sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"]):
-        tags = (guest.get("tags") or "").split(";")
-        if (node and guest.get("node") != node) or (type and guest.get("type") != type) \
-                or (status and guest.get("status") != status) or (tag and tag not in tags) \
-                or (name and name.lower() not in (guest.get("name") or "").lower()):
+    for guest in guests:
+        if not all(test(guest) for test in filters.values()):
             continue
+        listed = protected.find(client.host.label, guest["vmid"], "pve")
         rows.append({"vmid": guest["vmid"], "name": guest.get("name"), "type": guest.get("type"),
                      "node": guest.get("node"), "status": guest.get("status"),
                      "maxmem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
-                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None})
+                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None,
+                     "protected": (listed.get("reason") or "yes") if listed else None})
     columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"]
-    for optional in ("lock", "template"):
+    for optional in ("lock", "template", "protected"):
         if any(r[optional] for r in rows):
             columns.append(optional)
     result = table(columns, rows, limit=limit, offset=offset)
-    if not rows and not any((node, type, status, tag, name)):
-        result["note"] = EMPTY_HINT
+    if not rows:
+        result["note"] = _no_match(client, guests, filters, node, tag) if filters else EMPTY_HINT
     return result
 
 
@@ -122,6 +162,9 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "mem_used": status.get("mem"), "mem_used_human": human_bytes(status.get("mem")),
                 "maxmem": status.get("maxmem"), "maxmem_human": human_bytes(status.get("maxmem")),
                 "maxdisk": status.get("maxdisk"), "maxdisk_human": human_bytes(status.get("maxdisk"))}
+    listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
+    if listed:  # on the protected list: no request that changes it is admitted
+        summary["protected"] = listed.get("reason") or "yes"
     return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
 
 

@@ -120,7 +120,8 @@ def server_info() -> dict:
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
-            "protected_guests": len(settings.protected.entries),
+            "protected_guests": [answers.compact({key: entry.get(key) for key in ("host", "vmid", "name", "reason")})
+                                 | {"host": entry.get("host") or "*"} for entry in settings.protected.entries],
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 

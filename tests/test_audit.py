@@ -199,4 +199,4 @@ def test_check_start_and_server_info_report_the_protected_list(sim, tmp_path):
     assert "PROTECTED GUEST LIST" in started.stderr and "names host 'prod'" in started.stderr
     with stdio_session(base | {"PROXMOX_PROTECTED_VMS_FILE": str(stray)}, log_name="audit-info") as session:
         info = session.ok("server_info")
-        assert info["protected_guests"] == 2 and "names host 'prod'" in info["protected_list_problems"][0]
+        assert len(info["protected_guests"]) == 2 and "names host 'prod'" in info["protected_list_problems"][0]

@@ -486,7 +486,7 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
         lab = next(h for h in info["hosts"] if h["host"] == "lab" and h["product"] == "pve")
         assert lab["write_token"] == "root@pam!admin" and "lifecycle" in lab["gates_open"]
         assert "write" not in lab["gates_open"] and lab["version"] == "9.2.1" and "Sys.Audit" in lab["privileges"]
-        assert info["protected_guests"] == 2 and info["audit_log"].endswith("audit.jsonl")
+        assert len(info["protected_guests"]) == 2 and info["audit_log"].endswith("audit.jsonl")
 
 
 def test_startup_warns_about_an_empty_protected_list(tmp_path):
