@@ -662,24 +662,34 @@ def build_server(config: Config):
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
+    for host in config.hosts:  # resources/list: each host's own, ready to attach
+        for uri, function in workflows.RESOURCES:
+            if function in workflows.ATTACHABLE[host.product]:
+                short = function.__name__.removeprefix("resource_")
+                server.resource(uri.format(host=host.label), name=f"{host.label} {short}",
+                                description=function.__doc__, mime_type="application/json")(
+                    as_resource(function, host.label))
     for prompt in workflows.PROMPTS:
         server.prompt()(prompt)
     return server
 
 
-def as_resource(function: Callable) -> Callable:
-    """A resource read: failures become clear errors, secrets are masked."""
+def as_resource(function: Callable, label: str | None = None) -> Callable:
+    """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
+    that host's resource (a static one, listed); without, the template's, taking the host."""
     import functools
 
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    @functools.wraps(function)
-    def read(host: str) -> str:
+    def read_host(host: str) -> str:
         try:
             return policy.mask(function(host))
         except ToolFailure as exc:
             raise ResourceError(policy.mask(str(exc))) from None
-    return read
+
+    if label is not None:
+        return lambda: read_host(label)
+    return functools.wraps(function)(read_host)
 
 
 def tool_list_json(server) -> list[dict]:

@@ -870,9 +870,18 @@ def resource_datastores(host: str) -> str:
     return _json(pbs_tools.pbs_list_datastores(host=host))
 
 
+def resource_health(host: str) -> str:
+    """Health summary: findings by severity."""
+    return _json(health_check(host=host))
+
+
 RESOURCES = [("proxmox://{host}/cluster", resource_cluster), ("proxmox://{host}/nodes", resource_nodes),
              ("proxmox://{host}/guests", resource_guests), ("proxmox://{host}/storage", resource_storage),
-             ("proxmox://{host}/tasks", resource_tasks), ("pbs://{host}/datastores", resource_datastores)]
+             ("proxmox://{host}/tasks", resource_tasks), ("proxmox://{host}/health", resource_health),
+             ("pbs://{host}/datastores", resource_datastores)]
+# What resources/list offers for each configured host, ready to attach to a conversation (the others are
+# reached through their templates): the inventory and the health summary; a Backup Server's datastores.
+ATTACHABLE = {"pve": (resource_guests, resource_health), "pbs": (resource_datastores,)}
 
 
 def cluster_health_review() -> str:

@@ -237,6 +237,12 @@ def test_resources_and_prompts(ops):
     assert {"proxmox://{host}/guests", "pbs://{host}/datastores", "proxmox://{host}/cluster"} <= uris
     guests = ops.portal.call(lambda: ops.client.read_resource("proxmox://lab/guests"))
     assert json.loads(guests.contents[0].text)["columns"][0] == "vmid"
+    # resources/list offers each host's inventory and health summary, and the datastores, to attach
+    listed = {str(r.uri): r for r in ops.portal.call(ops.client.list_resources).resources}
+    assert set(listed) == {"proxmox://lab/guests", "proxmox://lab/health", "pbs://lab/datastores"}
+    assert listed["proxmox://lab/health"].description and listed["proxmox://lab/health"].mime_type == "application/json"
+    health = json.loads(ops.portal.call(lambda: ops.client.read_resource("proxmox://lab/health")).contents[0].text)
+    assert {"summary", "findings"} <= set(health) and health["summary"]["critical"] >= 1  # this lab has some
     prompts = {p.name for p in ops.portal.call(ops.client.list_prompts).prompts}
     assert prompts == {"cluster_health_review", "troubleshoot_guest", "provision_lxc", "safe_guest_change",
                        "backup_review", "security_review"}
