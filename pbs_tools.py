@@ -65,8 +65,8 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
     # the GC's times and result (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     gc = client.get(f"/admin/datastore/{store}/gc") or {}
-    return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
-                    "total": status.get("total"), "total_human": human_bytes(status.get("total")),
+    return compact({"store": store, "used": human_bytes(status.get("used")), "used_bytes": status.get("used"),
+                    "total": human_bytes(status.get("total")), "total_bytes": status.get("total"),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
                     "gc": compact({"state": gc.get("last-run-state"), "last_run": iso_time(gc.get("last-run-endtime")),
                                    "next_run": iso_time(gc.get("next-run")),
@@ -108,13 +108,15 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
         if since and snap["backup-time"] < since:
             continue
         files = snap.get("files") or []
-        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "time": snap["backup-time"],
-                     "when": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
+        # backup_time: the epoch that names the snapshot in the other tools' arguments; time: when, readable
+        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "backup_time": snap["backup-time"],
+                     "time": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
                      "verify": (snap.get("verification") or {}).get("state", "none"),
                      "protected": 1 if snap.get("protected") else None,
                      "encrypted": 1 if any(f.get("crypt-mode") == "encrypt" for f in files) else None,
                      "comment": snap.get("comment")})
-    return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
+    return table(["group", "backup_time", "time", "size", "verify", "protected", "encrypted", "comment"], rows,
+                 limit=limit)
 
 
 # GET /admin/sync lists pull jobs only unless asked for both directions (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)

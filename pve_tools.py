@@ -51,12 +51,13 @@ def list_nodes(host: Host = None) -> dict:
     rows = []
     for node in sorted(client.get("/nodes") or [], key=lambda n: n["node"]):
         rows.append({"node": node["node"], "status": node.get("status"),
-                     "cpu_pct": percent(node.get("cpu"), 1), "cores": node.get("maxcpu"),
+                     # maxcpu counts logical CPUs, threads (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                     "cpu_pct": percent(node.get("cpu"), 1), "cpus": node.get("maxcpu"),
                      "mem_used": human_bytes(node.get("mem")), "mem_total": human_bytes(node.get("maxmem")),
                      "mem_pct": percent(node.get("mem"), node.get("maxmem")),
                      "uptime": human_duration(node.get("uptime"))})
-    result = table(["node", "status", "cpu_pct", "cores", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
-    if rows and all(r["cores"] is None for r in rows if r["status"] == "online"):
+    result = table(["node", "status", "cpu_pct", "cpus", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
+    if rows and all(r["cpus"] is None for r in rows if r["status"] == "online"):
         result["note"] = "No usage figures: the token lacks Sys.Audit on /nodes."
     return result
 
@@ -159,9 +160,10 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "node": row["node"], "uptime": human_duration(status.get("uptime")),
                 "paused": True if status.get("qmpstatus") in PAUSED else None,
                 "cpu_pct": percent(status.get("cpu"), 1),
-                "mem_used": status.get("mem"), "mem_used_human": human_bytes(status.get("mem")),
-                "maxmem": status.get("maxmem"), "maxmem_human": human_bytes(status.get("maxmem")),
-                "maxdisk": status.get("maxdisk"), "maxdisk_human": human_bytes(status.get("maxdisk"))}
+                # bytes readable under the name, exact as name_bytes (docs/CONVENTIONS.md)
+                "mem_used": human_bytes(status.get("mem")), "mem_used_bytes": status.get("mem"),
+                "maxmem": human_bytes(status.get("maxmem")), "maxmem_bytes": status.get("maxmem"),
+                "maxdisk": human_bytes(status.get("maxdisk")), "maxdisk_bytes": status.get("maxdisk")}
     listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
     if listed:  # on the protected list: no request that changes it is admitted
         summary["protected"] = listed.get("reason") or "yes"

@@ -127,7 +127,7 @@ def _node_load(h: Health) -> None:
         load = percent(node.get("cpu"), 1)
         if load is not None and load >= h.limits["node_cpu_warn_pct"]:
             h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
-                         {"cpu_pct": load, "cores": node.get("maxcpu")},
+                         {"cpu_pct": load, "cpus": node.get("maxcpu")},
                          "find the busy guests (list_guests) and spread them")
         used = percent(node.get("mem"), node.get("maxmem"))
         if used is not None and used >= h.limits["node_mem_warn_pct"]:

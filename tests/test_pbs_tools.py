@@ -61,7 +61,8 @@ def test_snapshots_with_verify_protected_encrypted(pbs, sim):
     assert all(s["verify"] == "ok" for s in snaps)
     protected = [s for s in rows(pbs.ok("pbs_list_snapshots", {"store": "backup", "backup_id": "200",
                                                                "backup_type": "vm"})) if s["protected"]]
-    assert [s["time"] for s in protected] == [day(10, 15)]
+    assert [s["backup_time"] for s in protected] == [day(10, 15)]
+    assert [s["time"] for s in protected] == ["2026-10-15T02:00:00Z"]
 
 
 @pytest.mark.mcp  # progress notifications

@@ -104,7 +104,7 @@ def test_get_guest_by_vmid_alone(session, sim):
     assert len(sent) <= 3
     assert guest["type"] == "lxc" and guest["node"] == "pve3" and guest["name"] == "dns"
     assert guest["config"]["hostname"] == "dns"
-    assert guest["maxmem_human"] == "512.0 MiB" and guest["maxmem"] == 512 * 1024 ** 2
+    assert guest["maxmem"] == "512.0 MiB" and guest["maxmem_bytes"] == 512 * 1024 ** 2
     vm = session.ok("get_guest", {"vmid": 100})
     assert vm["type"] == "qemu" and vm["config"]["scsi0"].startswith("local-lvm:vm-100-disk-0")
 
