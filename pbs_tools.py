@@ -38,7 +38,7 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, full date, last GC; offline ones unavailable."""
+    """Datastores: use, fill %, full date, last GC."""
     client = pbs_client(host)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
@@ -98,7 +98,7 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
                        backup_id: str | None = None,
                        since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
-    """Snapshots, newest first: time, size, verify, protected, comment."""
+    """Snapshots, newest first: size, verify, protected."""
     client = pbs_client(host)
     _check_store(client, store)
     snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
@@ -157,7 +157,7 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
 def pbs_get_task(upid: str, host: Host = None,
                  wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """A PBS task's status, result, last log lines; wait_seconds waits."""
+    """A PBS task's result and last log lines; wait_seconds waits."""
     return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 

@@ -107,7 +107,7 @@ def list_guests(host: Host = None,
                 tag: str | None = None,
                 name: str | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
+    """VMs and containers: vmid, name, node, status, tags. Find vmids here."""
     client = pve_client(host)
     guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
     filters = _guest_filters(node, type, status, tag, name)
@@ -234,7 +234,7 @@ def get_task(upid: str,
              wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
              log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
              ctx: Context | None = None) -> dict:
-    """A task's status, result and last log lines; wait_seconds waits for the end."""
+    """A task's result and last log lines; wait_seconds waits for its end."""
     return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
@@ -243,7 +243,7 @@ def get_task(upid: str,
 def node_status(node: str, host: Host = None,
                 timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
                                      Field(description="Add RRD averages.")] = None) -> dict:
-    """A node's load, CPU, memory, disk, kernel, version, uptime."""
+    """A node's load, CPU, memory, disk, versions, uptime."""
     client = pve_client(host)
     check_node(client, node)
     status = client.get(f"/nodes/{node}/status") or {}
@@ -292,7 +292,7 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
-    """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
+    """Backups on every storage (PBS too), newest first."""
     client = pve_client(host)
     rows, unread = [], []
     everything = storage_rows(client)
@@ -326,7 +326,7 @@ def storage_content(storage: str, host: Host = None,
                     content: StorageContent | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
-    """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
+    """Volumes on a storage: ISOs, templates, disks, backups."""
     client = pve_client(host)
     node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
@@ -336,7 +336,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware; CIDR."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated."""
     client = pve_client(host)
     if node:
         rows, not_read = bridges(client, check_node(client, node)), []
@@ -367,7 +367,7 @@ def list_pools(host: Host = None) -> dict:
 
 def task_log(upid: str, host: Host = None,
              start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """A task's log from line `start`; next_start pages on."""
+    """A task's log from line `start`."""
     return log_page(pve_client(host), upid, start, limit)
 
 
@@ -465,7 +465,7 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
                           description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Start, stop, shut down, reboot, reset, suspend or resume a guest."""
+    """Change a guest's power state; answers the state it reached."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
@@ -489,7 +489,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
                        delete: list[str] | None = None,
                        digest: Annotated[str | None, Field(description="From guest_config.")] = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Set or delete guest config options (digest guards concurrent edits)."""
+    """Set or delete guest config options; says what waits for a restart."""
     client = pve_client(host)
     if not set and not delete:
         raise InvalidArgument("Nothing to change: give `set` and/or `delete`.")
@@ -599,7 +599,7 @@ def write_backup_guest(vmid: Vmid, storage: str,
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Back up a guest now (vzdump) to a storage, PBS included."""
+    """Back up a guest now (vzdump), to PBS too."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     _backup_storage(client, storage)

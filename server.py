@@ -91,7 +91,7 @@ def _tls_mode(host: proxmox_client.HostConfig) -> str:
 
 
 def list_hosts() -> dict:
-    """Configured hosts: label (the `host` argument), product, URL."""
+    """Configured hosts: label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
@@ -99,7 +99,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, auth, privileges, open gates; hidden tools and why."""
+    """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():

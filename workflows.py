@@ -251,7 +251,7 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
+    """Cluster and PBS health in one call: findings by severity."""
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host)
@@ -412,7 +412,7 @@ COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
+    """Per guest: newest backup (PVE, PBS), age, verify, jobs; orphan PBS groups."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
