@@ -58,3 +58,11 @@ def test_the_readmes_tiers_name_each_power_action_where_the_gates_put_it():
         assert re.search(rf"\b{action}\b", tiers[gate]), f"README: {action} belongs under `{gate}`"
         other = {"lifecycle": "destructive", "destructive": "lifecycle"}[gate]
         assert not re.search(rf"\b{action}\b", tiers[other]), f"README names {action} under `{other}`"
+
+
+def test_help_and_the_commands_table_name_the_same_options():
+    shown = run_server(["--help"], {})
+    options = set(re.findall(r"(--[a-z-]+)", shown.stdout)) - {"--help"}
+    table = (ROOT / "docs" / "CONFIGURATION.md").read_text().split("## Commands", 1)[1]
+    commands = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `python server.py")]
+    assert options == {option for command in commands for option in re.findall(r"(--[a-z-]+)", command)}
