@@ -901,34 +901,13 @@ def main(argv: list[str] | None = None) -> int:
         return check_hosts(config)
     if args.verify_audit:
         return verify_audit_command(config)
-    cannot_start = open_audit_log(config) or (port_problem(args, config, bind_host) if args.http else None)
+    port, given = (args.port, "--port") if args.port else (config.http_port, "MCP_HTTP_PORT")
+    cannot_start = open_audit_log(config) or (http_transport.listen_problem(bind_host, port, given)
+                                              if args.http else None)
     if cannot_start:  # a server that would write cannot audit, or cannot listen: it does not start
         print(cannot_start, file=sys.stderr)
         return 2
     return serve(args, config, bind_host)
-
-
-def port_problem(args: argparse.Namespace, config: Config, bind_host: str) -> str | None:
-    """The one line that stops an HTTP server whose address cannot be listened on (a port in use, an
-    address not on this machine), said before anything claims to serve; None when it can listen.
-    The probe binds as uvicorn does (SO_REUSEADDR), then lets go."""
-    import errno
-    import socket
-    port = args.port or config.http_port
-    given = "--port" if args.port else "MCP_HTTP_PORT"
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(bind_host.strip("[]"), port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return (f"proxmox-mcp: port {port} on {bind_host} is in use (another server, or another proxmox-mcp); "
-                    f"choose a free one with {given}.")
-        return (f"proxmox-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
-                f"(or --host) to an address of this machine, and {given} to a free port.")
-    return None
 
 
 def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
