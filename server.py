@@ -120,8 +120,9 @@ def server_info() -> dict:
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
-            "protected_guests": [answers.compact({key: entry.get(key) for key in ("host", "vmid", "name", "reason")})
-                                 | {"host": entry.get("host") or "*"} for entry in settings.protected.entries],
+            "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
+                                                  "name": e.get("name"), "reason": e.get("reason")})
+                                 for e in settings.protected.entries],
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 
@@ -779,7 +780,7 @@ def open_audit_log(config: Config) -> str | None:
     return None
 
 
-# ================================================================ demo
+# ================================================================ what a person starting it reads
 
 def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
     """The line a person starting the server reads on stderr: what it serves, where, and the client
