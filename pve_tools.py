@@ -97,7 +97,8 @@ def _no_match(client: ProxmoxClient, guests: list[dict], filters: dict[str, Any]
     values = sorted({t for g in guests for t in guest_tags(g)}) if key == "tag" \
         else sorted({str(g.get(key)) for g in guests if g.get(key)})
     what = f"tag '{tag}'" if key == "tag" else alone[0]
-    return f"No guest has {what}; {key}s in use: {', '.join(values[:30]) or 'none'}."
+    kind = "statuses" if key == "status" else f"{key}s"
+    return f"No guest has {what}; {kind} in use: {', '.join(values[:30]) or 'none'}."
 
 
 def list_guests(host: Host = None,

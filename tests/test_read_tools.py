@@ -81,6 +81,8 @@ def test_a_filter_that_matches_nothing_says_why(session):
     assert nothing["rows"] == [] and nothing["note"] == "No guest has tag 'gpu'; tags in use: ci, infra, prod, web."
     quiet = session.ok("list_guests", {"node": "pve2", "type": "qemu", "name": "nas"})
     assert quiet["note"] == "No guest has name=nas; names in use: ci-runner, db, dns, media, web, win11."
+    nobody = session.ok("list_guests", {"status": "unknown"})
+    assert nobody["note"] == "No guest has status=unknown; statuses in use: running, stopped."
     both = session.ok("list_guests", {"node": "pve1", "status": "running", "type": "lxc"})
     assert both["rows"] == [] and "each alone matches" in both["note"]
     assert "node=pve1" in both["note"] and "status=running" in both["note"] and "type=lxc" in both["note"]
