@@ -91,7 +91,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
 def api_search(query: Annotated[str, Field(description="words or path parts")],
                host: Host = None, product: ProductArg = None,
                limit: Annotated[int, Field(ge=1, le=100)] = 20) -> dict:
-    """Find API methods (PVE or PBS) for api_describe, api_read, write_api_call."""
+    """Find PVE and PBS API methods by words."""
     product, client = choose(host, product)
     words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
     docs = host_descriptions(client)
@@ -145,7 +145,7 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
 
 def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None,
              confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """GET any API path (policy applies) when no other tool answers."""
+    """GET any API path when no other tool answers."""
     # confirm and ctx are read by the tool edge: a guest file read needs the user's yes, as exec does
     product, client = choose(host, product)
     if client is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import catalog
 import policy
 import proxmox_client
+from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
 
@@ -383,18 +384,28 @@ def read_restore_settings(env: dict[str, str], config: Config) -> None:
     config.restore_max_bytes = int(megabytes) * 1024 ** 2
 
 
+PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped
+PROTECTED_EXAMPLE = INSTALL_DIR / "protected-vms.example.json"  # what ships: copied to PROTECTED_FILE
+
+
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
-    """The protected-guest file plus PROXMOX_PROTECTED_VMS; an unreadable file fails closed (policy)."""
-    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
-    protected = policy.load_protected(protected_file)
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS. A file that is named (or present) but
+    unreadable fails closed (policy); with none named and none beside server.py, nothing is listed
+    yet, as with an empty list, and the start says how to make one."""
+    named = env.get("PROXMOX_PROTECTED_VMS_FILE")
+    protected_file = Path(named).expanduser() if named else PROTECTED_FILE
+    exists = named or protected_file.exists()
+    protected = load_protected(protected_file) if exists else Protected()
     protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
     config.settings.protected = protected
     if protected.error:
         config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
                                f"that changes a guest will be refused until it is fixed.")
     elif not protected.entries:
-        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
-                               f"may ever change (your router, your NAS) before allowing writes.")
+        where = f"{protected_file} is an empty list" if exists else \
+            f"there is no {protected_file} (copy {PROTECTED_EXAMPLE.name} there, or set PROXMOX_PROTECTED_VMS_FILE)"
+        config.warnings.append(f"NO GUEST IS PROTECTED: {where}. Add the guests no agent may ever change (your "
+                               f"router, your NAS) before allowing writes.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:
@@ -520,10 +531,11 @@ def read_host(product: str, label: str, values: HostValues, config: Config) -> N
     token_id, secret, user, password = parse_credentials(where, label, values, config.warnings)
     host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
                       user=user, password=password, connect_timeout=config.connect_timeout,
-                      read_timeout=config.read_timeout,
+                      read_timeout=config.read_timeout, token_variable=token_source(values, "TOKEN"),
                       **parse_tls(label, values, config.verify_tls, config.warnings))
     if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
         host.write_token_id, host.write_token_secret = parse_write_token(values)
+        host.write_token_variable = token_source(values, "WRITE_TOKEN")
     config.secrets += [s for s in (secret, password, host.write_token_secret) if s]
     if url.startswith("http://"):
         config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
@@ -555,6 +567,11 @@ def parse_credentials(where: str, label: str, values: HostValues,
         warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
                         f"used, the password only where Proxmox refuses tokens.")
     return token_id, secret, user, password
+
+
+def token_source(values: HostValues, suffix: str) -> str:
+    """The variable a token was read from, as the user wrote it: the file's when both are set (it wins)."""
+    return (values.get(f"{suffix}_FILE") or values.get(suffix) or ("",))[0]
 
 
 def parse_login(where: str, values: HostValues) -> tuple[str | None, str | None]:

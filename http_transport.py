@@ -4,8 +4,10 @@ that lets the calls being answered finish. server.py builds the MCP server; this
 """
 from __future__ import annotations
 
+import errno
 import hmac
 import json
+import socket
 import sys
 from typing import Any, Callable
 
@@ -288,3 +290,23 @@ async def serve_until_stopped(http: Any, app: Answering) -> None:
 
     http.handle_exit = on_signal  # uvicorn installs it for SIGTERM and SIGINT while it serves
     await http.serve()
+
+
+def listen_problem(bind_host: str, port: int, given: str) -> str | None:
+    """The one line that stops an HTTP server whose address cannot be listened on (a port in use, an
+    address not on this machine), said before anything claims to serve; None when it can listen.
+    `given` names where the port came from (--port or MCP_HTTP_PORT). The probe binds as uvicorn
+    does (SO_REUSEADDR), then lets go."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(bind_host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"proxmox-mcp: port {port} on {bind_host} is in use (another server, or another proxmox-mcp); "
+                    f"choose a free one with {given}.")
+        return (f"proxmox-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
+                f"(or --host) to an address of this machine, and {given} to a free port.")
+    return None

@@ -42,7 +42,7 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, full date, last GC; offline ones unavailable."""
+    """Datastores: use, fill %, full date, last GC."""
     client = pbs_client(host)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
@@ -74,8 +74,8 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     run = gc_run(gc, offers(client, "gc-jobs"))
     s3 = is_s3(client, store, status)
     return compact({"store": store, "backend": "s3" if s3 else None, "note": S3_NOTE if s3 else None,
-                    "used": status.get("used"), "used_human": human_bytes(status.get("used")),
-                    "total": status.get("total"), "total_human": human_bytes(status.get("total")),
+                    "used": human_bytes(status.get("used")), "used_bytes": status.get("used"),
+                    "total": human_bytes(status.get("total")), "total_bytes": status.get("total"),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
                     "gc": compact({"state": run.get("result"), "last_run": iso_time(run.get("ended")),
                                    "last_started": iso_time(run.get("started")),
@@ -108,7 +108,7 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
                        backup_id: str | None = None,
                        since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
-    """Snapshots, newest first: time, size, verify, protected, comment."""
+    """Snapshots, newest first: size, verify, protected."""
     client = pbs_client(host)
     _check_store(client, store)
     snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
@@ -118,13 +118,15 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
         if since and snap["backup-time"] < since:
             continue
         files = snap.get("files") or []
-        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "time": snap["backup-time"],
-                     "when": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
+        # backup_time: the epoch that names the snapshot in the other tools' arguments; time: when, readable
+        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "backup_time": snap["backup-time"],
+                     "time": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
                      "verify": (snap.get("verification") or {}).get("state", "none"),
                      "protected": 1 if snap.get("protected") else None,
                      "encrypted": 1 if any(f.get("crypt-mode") == "encrypt" for f in files) else None,
                      "comment": snap.get("comment")})
-    return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
+    return table(["group", "backup_time", "time", "size", "verify", "protected", "encrypted", "comment"], rows,
+                 limit=limit)
 
 
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
@@ -168,7 +170,7 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
 def pbs_get_task(upid: str, host: Host = None,
                  wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """A PBS task's status, result, last log lines; wait_seconds waits."""
+    """A PBS task's result and last log lines; wait_seconds waits."""
     return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 

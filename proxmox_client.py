@@ -88,6 +88,8 @@ class HostConfig:
     password: str | None = field(default=None, repr=False)
     write_token_id: str | None = None
     write_token_secret: str | None = field(default=None, repr=False)
+    token_variable: str = ""  # where each token came from (..._TOKEN or ..._TOKEN_FILE), for errors that name it
+    write_token_variable: str = ""
     verify_tls: bool = True
     ca_file: str | None = None
     fingerprint: str | None = None  # SHA-256, hex without colons, lower case
@@ -683,9 +685,10 @@ class ProxmoxClient:
             text = (f"Authentication failed for {where} even after a fresh login as {self.host.user}: "
                     f"{message or 'the ticket was refused'}.")
         elif status == 401:
-            var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
+            var = self.host.write_token_variable if method != "GET" and self.host.write_token_id \
+                else self.host.token_variable
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
-                    f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")
+                    f"deleted). Check {var or 'its token variable'}; the expected form is user@realm!tokenid=secret.")
         elif status == 403:
             text = _permission_message(where, message, self.host)
         elif status == 400 and errors:
@@ -785,18 +788,25 @@ def _save(response: requests.Response, destination: Path, max_bytes: int, what: 
     return written
 
 
+TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
+
+
 def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
              ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications.
-    A failed task raises TaskFailed (a tool error with the last log lines)."""
+    """Send a write and, when it starts a task, wait for it with progress notifications. The
+    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
+    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
+    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
     data = client.request(method, path, params)
     if not (isinstance(data, str) and data.startswith("UPID:")):
         return {"action": action, "result": "ok"}
     if not wait_seconds:
-        return {"action": action, "status": "started", "upid": data,
+        return {"action": action, "task": "started", "upid": data,
                 "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
     outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    return {"action": action} | outcome
+    task = outcome.pop("exitstatus", None) or outcome.pop("status")
+    outcome.pop("status", None)
+    return {"action": action, "task": task} | outcome
 
 
 def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,

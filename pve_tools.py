@@ -19,8 +19,8 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
                        node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
-                            task_report)
+from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task,
+                            task_outcome, task_report)
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -51,48 +51,89 @@ def list_nodes(host: Host = None) -> dict:
     rows = []
     for node in sorted(client.get("/nodes") or [], key=lambda n: n["node"]):
         rows.append({"node": node["node"], "status": node.get("status"),
-                     "cpu_pct": percent(node.get("cpu"), 1), "cores": node.get("maxcpu"),
+                     # maxcpu counts logical CPUs, threads (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                     "cpu_pct": percent(node.get("cpu"), 1), "cpus": node.get("maxcpu"),
                      "mem_used": human_bytes(node.get("mem")), "mem_total": human_bytes(node.get("maxmem")),
                      "mem_pct": percent(node.get("mem"), node.get("maxmem")),
                      "uptime": human_duration(node.get("uptime"))})
-    result = table(["node", "status", "cpu_pct", "cores", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
-    if rows and all(r["cores"] is None for r in rows if r["status"] == "online"):
+    result = table(["node", "status", "cpu_pct", "cpus", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
+    if rows and all(r["cpus"] is None for r in rows if r["status"] == "online"):
         result["note"] = "No usage figures: the token lacks Sys.Audit on /nodes."
     return result
+
+
+# a guest row's status; unknown: no status data for it (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+GuestStatus = Literal["running", "stopped", "unknown"]
+
+
+def guest_tags(guest: dict) -> set[str]:
+    """A guest's tags as PVE reads them: split on `;`, `,` and spaces, compared in lower case
+    (docs/PROXMOX-BEHAVIOUR.md#tags)."""
+    return {tag.lower() for tag in re.split(r"[;,\s]+", guest.get("tags") or "") if tag}
+
+
+def _guest_filters(node: str | None, type: str | None, status: str | None, tag: str | None,
+                   name: str | None) -> dict[str, Any]:
+    """Each filter given, as `name=value` and the test a guest must pass."""
+    tests = {"node": (node, lambda g: g.get("node") == node), "type": (type, lambda g: g.get("type") == type),
+             "status": (status, lambda g: g.get("status") == status),
+             "tag": (tag, lambda g: tag.lower() in guest_tags(g)),
+             "name": (name, lambda g: name.lower() in (g.get("name") or "").lower())}
+    return {f"{key}={value}": test for key, (value, test) in tests.items() if value}
+
+
+def _no_match(client: ProxmoxClient, guests: list[dict], filters: dict[str, Any], node: str | None,
+              tag: str | None) -> str:
+    """Why no guest matched: an unknown node is an error (with the node names); a filter that alone
+    matches no guest says which values are in use; else the combination is what matches nothing."""
+    if not guests:
+        return EMPTY_HINT
+    if node and not any(g.get("node") == node for g in guests):
+        check_node(client, node)  # raises for a node the cluster does not have
+    alone = [f for f, test in filters.items() if not any(test(g) for g in guests)]
+    if not alone:
+        return f"No guest matches {', '.join(filters)} together, though each alone matches some."
+    key = alone[0].split("=", 1)[0]
+    values = sorted({t for g in guests for t in guest_tags(g)}) if key == "tag" \
+        else sorted({str(g.get(key)) for g in guests if g.get(key)})
+    what = f"tag '{tag}'" if key == "tag" else alone[0]
+    kind = "statuses" if key == "status" else f"{key}s"
+    return f"No guest has {what}; {kind} in use: {', '.join(values[:30]) or 'none'}."
 
 
 def list_guests(host: Host = None,
                 node: Node = None,
                 type: Literal["qemu", "lxc"] | None = None,
-                status: str | None = None,
+                status: GuestStatus | None = None,
                 tag: str | None = None,
                 name: str | None = None,
                 sort_by: Literal["cpu", "mem", "disk", "netin", "netout"] | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
+    """VMs and containers: vmid, name, node, status, tags. Find vmids here."""
     client = pve_client(host)
-    rows = []
     guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
+    filters = _guest_filters(node, type, status, tag, name)
+    protected = policy.SETTINGS.protected
+    rows = []
     if sort_by:  # busiest first
         guests.sort(key=lambda g: -(g.get(sort_by) or 0))
     for guest in guests:
-        tags = (guest.get("tags") or "").split(";")
-        if (node and guest.get("node") != node) or (type and guest.get("type") != type) \
-                or (status and guest.get("status") != status) or (tag and tag not in tags) \
-                or (name and name.lower() not in (guest.get("name") or "").lower()):
+        if not all(test(guest) for test in filters.values()):
             continue
+        listed = protected.find(client.host.label, guest["vmid"], "pve")
         rows.append({"vmid": guest["vmid"], "name": guest.get("name"), "type": guest.get("type"),
                      "node": guest.get("node"), "status": guest.get("status"),
                      "maxmem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
-                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None}
+                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None,
+                     "protected": (listed.get("reason") or "yes") if listed else None}
                     | _usage(guest, sort_by))
     columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"] + list(_usage({}, sort_by))
-    for optional in ("lock", "template"):
+    for optional in ("lock", "template", "protected"):
         if any(r[optional] for r in rows):
             columns.append(optional)
     result = table(columns, rows, limit=limit, offset=offset)
-    if not rows and not any((node, type, status, tag, name)):
-        result["note"] = EMPTY_HINT
+    if not rows:
+        result["note"] = _no_match(client, guests, filters, node, tag) if filters else EMPTY_HINT
     elif sort_by in ("netin", "netout"):
         result["note"] = f"{sort_by}: bytes since each guest started; metrics gives the rate over time."
     return result
@@ -136,9 +177,13 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "node": row["node"], "uptime": human_duration(status.get("uptime")),
                 "paused": True if status.get("qmpstatus") in PAUSED else None,
                 "cpu_pct": percent(status.get("cpu"), 1),
-                "mem_used": status.get("mem"), "mem_used_human": human_bytes(status.get("mem")),
-                "maxmem": status.get("maxmem"), "maxmem_human": human_bytes(status.get("maxmem")),
-                "maxdisk": status.get("maxdisk"), "maxdisk_human": human_bytes(status.get("maxdisk"))}
+                # bytes readable under the name, exact as name_bytes (docs/CONVENTIONS.md)
+                "mem_used": human_bytes(status.get("mem")), "mem_used_bytes": status.get("mem"),
+                "maxmem": human_bytes(status.get("maxmem")), "maxmem_bytes": status.get("maxmem"),
+                "maxdisk": human_bytes(status.get("maxdisk")), "maxdisk_bytes": status.get("maxdisk")}
+    listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
+    if listed:  # on the protected list: no request that changes it is admitted
+        summary["protected"] = listed.get("reason") or "yes"
     return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
 
 
@@ -215,7 +260,7 @@ def get_task(upid: str,
              wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
              log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
              ctx: Context | None = None) -> dict:
-    """A task's status, result and last log lines; wait_seconds waits for the end."""
+    """A task's result and last log lines; wait_seconds waits for its end."""
     return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
@@ -224,7 +269,7 @@ def get_task(upid: str,
 def node_status(node: str, host: Host = None,
                 timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
                                      Field(description="Add RRD averages.")] = None) -> dict:
-    """A node's load, CPU, memory, disk, kernel, version, uptime."""
+    """A node's load, CPU, memory, disk, versions, uptime."""
     client = pve_client(host)
     check_node(client, node)
     status = client.get(f"/nodes/{node}/status") or {}
@@ -273,7 +318,7 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
-    """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
+    """Backups on every storage (PBS too), newest first."""
     client = pve_client(host)
     rows, unread = [], []
     everything = storage_rows(client)
@@ -307,7 +352,7 @@ def storage_content(storage: str, host: Host = None,
                     content: StorageContent | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
-    """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
+    """Volumes on a storage: ISOs, templates, disks, backups."""
     client = pve_client(host)
     node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
@@ -317,7 +362,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware; CIDR."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated."""
     client = pve_client(host)
     if node:
         rows, not_read = bridges(client, check_node(client, node)), []
@@ -348,7 +393,7 @@ def list_pools(host: Host = None) -> dict:
 
 def task_log(upid: str, host: Host = None,
              start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """A task's log from line `start`; next_start pages on."""
+    """A task's log from line `start`."""
     return log_page(pve_client(host), upid, start, limit)
 
 
@@ -415,6 +460,19 @@ def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
 
 
+def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
+    """A write's answer with what the user cares about once its task has ended: the guest's state
+    (`deleted` when it is gone) and, without `base` (after a migration), the node it is on now."""
+    if answer.get("task") in TASK_GOING:
+        return answer
+    if base is None:
+        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
+        if row is None:
+            return answer | {"guest_state": "deleted"}
+        base, answer = f"/nodes/{row['node']}/{row['type']}/{vmid}", answer | {"node": row["node"]}
+    return answer | {"guest_state": _guest_state(client.get(f"{base}/status/current") or {})}
+
+
 def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
     """An HA request ended OK at once; say so, and what the HA manager has done since."""
     state = answer["guest_state"]
@@ -433,17 +491,15 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
                           description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Start, stop, shut down, reboot, reset, suspend or resume a guest."""
+    """Change a guest's power state; answers the state it reached."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
         raise InvalidArgument("Containers have no reset; use action=reboot (or stop, then start).")
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
-    task = answer.pop("status", None)
-    if task in ("started", "still_running"):  # the task's own state, not the guest's
-        return answer | {"task": task}
-    answer["task"] = answer.pop("exitstatus", "OK")
+    if answer.get("task") in TASK_GOING:  # the guest's state comes when the task has ended
+        return answer
     ha = _ha_managed(row) and action in HA_ACTIONS
     wanted = STATE_AFTER[action]
     status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
@@ -459,7 +515,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
                        delete: list[str] | None = None,
                        digest: Annotated[str | None, Field(description="From guest_config.")] = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Set or delete guest config options (digest guards concurrent edits)."""
+    """Set or delete guest config options; says what waits for a restart."""
     client = pve_client(host)
     if not set and not delete:
         raise InvalidArgument("Nothing to change: give `set` and/or `delete`.")
@@ -526,7 +582,8 @@ def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
         if row["type"] != "qemu":
             raise InvalidArgument("vmstate (RAM) snapshots exist only for VMs.")
         params["vmstate"] = True
-    return run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx, f"snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx,
+                                         f"snapshot {vmid} {name}"), vmid, base)
 
 
 def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
@@ -552,8 +609,8 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
-                    f"delete snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
+                                         f"delete snapshot {vmid} {name}"), vmid, base)
 
 
 def _backup_storage(client: ProxmoxClient, storage: str) -> None:
@@ -568,12 +625,13 @@ def write_backup_guest(vmid: Vmid, storage: str,
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Back up a guest now (vzdump) to a storage, PBS included."""
+    """Back up a guest now (vzdump), to PBS too."""
     client = pve_client(host)
-    _, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid)
     _backup_storage(client, storage)
     params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
-    return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    return _guest_after(client, run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx,
+                                         f"backup {vmid}"), vmid, base)
 
 
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
@@ -777,7 +835,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
     if _ha_managed(row) and answer.get("result") == "ok":
         answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
-    return answer
+    return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
 def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -801,7 +859,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     policy.check(client.host, "DELETE", base, encode_params(params))  # "protected" before "stop it first"
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
-    return run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}")
+    return _guest_after(client, run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}"), vmid)
 
 
 # ---------------------------------------------------------------- provisioning

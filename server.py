@@ -33,6 +33,7 @@ from typing import Annotated, Any, Callable
 
 import answers
 import audit
+import demo
 import http_transport
 import inventory
 import policy
@@ -49,11 +50,11 @@ import shell_tools
 import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
-                    is_loopback, load_config, read_env_files, tool_matches)
+                    load_config, read_env_files, tool_matches)
 from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger("proxmox-mcp")
 
 INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
@@ -99,7 +100,7 @@ def _tls_mode(host: proxmox_client.HostConfig) -> str:
 
 
 def list_hosts() -> dict:
-    """Configured hosts: label (the `host` argument), product, URL."""
+    """Configured hosts: label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
@@ -107,7 +108,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, auth, privileges, open gates; hidden tools and why."""
+    """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():
@@ -125,15 +126,25 @@ def server_info() -> dict:
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
     settings = policy.SETTINGS
-    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
-        if VISIBILITY.config else {}
-    return {"version": VERSION, "hosts": hosts,
-            "hidden_tools": {name: why for name, why in left_out.items() if why} | VISIBILITY.hidden(),
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
-            "protected_guests": len(settings.protected.entries),
+            "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
+                                                  "name": e.get("name"), "reason": e.get("reason")})
+                                 for e in settings.protected.entries],
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
+
+
+def hidden_by_reason() -> dict[str, list[str]]:
+    """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
+    privileges read)."""
+    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
+        if VISIBILITY.config else {}
+    grouped: dict[str, list[str]] = {}
+    for name, why in ({name: why for name, why in left_out.items() if why} | VISIBILITY.hidden()).items():
+        grouped.setdefault(why, []).append(name)
+    return grouped
 
 
 def configured_labels() -> set[str]:
@@ -497,6 +508,10 @@ NAMED_EXAMPLES = {
     "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
     "keep": "keep-daily=7,keep-weekly=4",
 }
+# Where one tool's argument takes other values than the name's example: a fresh install's storage for backups,
+# ISOs and templates is `local`, never `local-lvm` (guest disks only) (docs/PROXMOX-BEHAVIOUR.md#per-node-storages).
+TOOL_EXAMPLES = {("write_backup_guest", "storage"): "local", ("list_backups", "storage"): "local",
+                 ("write_download_url", "storage"): "local"}
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
     "missing": "is required", "string_too_short": "needs at least {min_length} characters",
@@ -523,7 +538,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
             else item["msg"][:1].lower() + item["msg"][1:]
         if item["type"] == "string_pattern_mismatch":
             rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"
-        example = example_for(name, prop, pattern)
+        example = TOOL_EXAMPLES.get((tool, name)) or example_for(name, prop, pattern)
         given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
         problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
                                                               else ""))
@@ -828,104 +843,40 @@ def build_server(config: Config):
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
+    for host in config.hosts:  # resources/list: each host's own, ready to attach
+        for uri, function in workflows.RESOURCES:
+            if function in workflows.ATTACHABLE[host.product]:
+                short = function.__name__.removeprefix("resource_")
+                server.resource(uri.format(host=host.label), name=f"{host.label} {short}",
+                                description=function.__doc__, mime_type="application/json")(
+                    as_resource(function, host.label))
     for prompt in workflows.PROMPTS:
         server.prompt()(prompt)
     return server
 
 
-def as_resource(function: Callable) -> Callable:
-    """A resource read: failures become clear errors, secrets are masked."""
+def as_resource(function: Callable, label: str | None = None) -> Callable:
+    """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
+    that host's resource (a static one, listed); without, the template's, taking the host."""
     import functools
 
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    @functools.wraps(function)
-    def read(host: str) -> str:
+    def read_host(host: str) -> str:
         try:
             return policy.mask(function(host))
         except ToolFailure as exc:
             raise ResourceError(policy.mask(str(exc))) from None
-    return read
+
+    if label is not None:
+        return lambda: read_host(label)
+    return functools.wraps(function)(read_host)
 
 
 def tool_list_json(server) -> list[dict]:
     import anyio
     tools = anyio.run(server.list_tools)
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
-
-
-def tool_summary_markdown() -> str:
-    """Every tool by toolset and gate: the top of docs/TOOLS.md and the README's tool summary."""
-    gates = [gate for gate in policy.GATES if any(spec.gate == gate for spec in TOOLS)]
-    lines = ["| toolset | " + " | ".join(gates) + " |", "|---" * (len(gates) + 1) + "|"]
-    for toolset in ("always", *TOOLSET_GROUPS):
-        specs = [spec for spec in TOOLS if spec.toolset == toolset]
-        cells = [", ".join(f"`{spec.function.__name__}`" + "†" * spec.may_destroy
-                           + "".join(f" (+ {also})" for also in spec.also) + " (SSH)" * spec.ssh
-                           for spec in specs if spec.gate == gate) for gate in gates]
-        lines.append(f"| {toolset} | " + " | ".join(cells) + " |")
-    lines += ["", f"{len(TOOLS)} tools. †: its arguments can make a call destructive (then it is confirmed like "
-              f"one); (+ gate): that gate must be open too; (SSH): offered when SSH is configured. The `compact` "
-              f"toolset is api + workflows."]
-    return "\n".join(lines)
-
-
-def tool_catalog_markdown() -> str:
-    """docs/TOOLS.md: every tool the code defines (whatever the configuration), with its gate,
-    annotations, parameters and bytes."""
-    lines = ["# Tools", "", "Generated by `python server.py --write-docs`; a test fails when this file is "
-             "stale. Bytes are the tool's compact JSON in tools/list. Which tools a server offers depends on its "
-             "gates, toolsets, configured products and SSH (see README).", "", tool_summary_markdown(), "",
-             "Arguments many tools share are explained once, in the server's instructions:", "",
-             "> " + INSTRUCTIONS, ""]
-    for spec in TOOLS:
-        tool = make_tool(spec)
-        full = json.loads(json.dumps(tool.parameters))  # defaults and bounds, for people reading the docs
-        slim_schema(tool.parameters)
-        listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
-                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)} | (
-                      {"_meta": tool.meta} if tool.meta else {})
-        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
-        gates = " + ".join((spec.gate, *spec.also))
-        lines += [f"## `{tool.name}`", "", tool.description, "",
-                  f"- gate: {gates}; toolset: {spec.toolset}; "
-                  f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
-                  f"- annotations: {hints}"]
-        if spec.view:
-            lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`")
-        lines.append(f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}")
-        required = set(tool.parameters.get("required", []))
-        for name, prop in tool.parameters.get("properties", {}).items():
-            kind = prop.get("type") or "/".join(v.get("type", "?") for v in prop.get("anyOf", []))
-            original = full["properties"][name]
-            bounds = next((v for v in (original.get("anyOf") or [original]) if "minimum" in v or "maximum" in v), {})
-            low, high = bounds.get("minimum"), bounds.get("maximum")
-            notes = [prop.get("description", "").rstrip("."),
-                     f"one of {', '.join(map(str, prop['enum']))}" if "enum" in prop else "",
-                     f"{low} to {high}" if low is not None and high is not None else
-                     f"at least {low}" if low is not None else f"at most {high}" if high is not None else "",
-                     f"default {json.dumps(original['default'])}"
-                     if original.get("default") not in (None, False, "") else ""]
-            text = "; ".join(n for n in notes if n)
-            label = f"  - `{name}` ({kind}{', required' if name in required else ''})"
-            lines.append(f"{label}: {text}" if text else label)
-        lines.append("")
-    return "\n".join(lines)
-
-
-README_SUMMARY = ("<!-- tool summary: generated by `python server.py --write-docs`; a test fails when it is stale -->",
-                  "<!-- end of the tool summary -->")
-
-
-def write_docs(root: Path = INSTALL_DIR) -> int:
-    """--write-docs: regenerate docs/TOOLS.md and the README's tool summary (between its markers)."""
-    (root / "docs" / "TOOLS.md").write_text(tool_catalog_markdown() + "\n")
-    readme = root / "README.md"
-    text = readme.read_text()
-    start, end = text.index(README_SUMMARY[0]) + len(README_SUMMARY[0]), text.index(README_SUMMARY[1])
-    readme.write_text(f"{text[:start]}\n{tool_summary_markdown()}\n{text[end:]}")
-    print(f"wrote {root / 'docs' / 'TOOLS.md'} and the tool summary in {readme}")
-    return 0
 
 
 def print_tool_list(config: Config, as_json: bool) -> None:
@@ -977,14 +928,17 @@ def check_hosts(config: Config) -> int:
             print(f"  FAILED: {policy.mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
               f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
-    for name, why in VISIBILITY.hidden().items():
-        print(f"hidden: {name}: {why}")
+    for why, names in hidden_by_reason().items():
+        print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
-    return 1 if failures or problems or not config.hosts else 0
+    cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
+    if cannot_audit:
+        print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
+    return 1 if failures or problems or cannot_audit or not config.hosts else 0
 
 
 def verify_audit_command(config: Config) -> int:
@@ -1012,52 +966,33 @@ def open_audit_log(config: Config) -> str | None:
     return None
 
 
-# ================================================================ demo
-
-DEMO: dict[str, Any] = {}  # the running lab, held for the life of the process (its directory holds the demo's files)
-
-
-def demo_environment() -> dict[str, str]:
-    """Start the simulated lab in this process and return the variables that point at it: admin
-    tokens on both products, every tier open, guest 101 protected, and the audit log in the lab's
-    own temporary directory (never the user's)."""
-    import simulator
-    sim = simulator.Simulator(simulator.Lab.homelab()).start()
-    DEMO["simulator"] = sim
-    state = Path(sim.state_dir)
-    protected = state / "protected-vms.json"
-    protected.write_text(json.dumps([{"host": "demo", "vmid": 101, "name": "db",
-                                      "reason": "demo: the production database"}]))
-    return sim.env(label="demo", pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
-        "PROXMOX_AUDIT_LOG": str(state / "audit.jsonl")}
-
-
-def demo_http_token(env: dict[str, str], bind_host: str) -> dict[str, str]:
-    """--demo --http on loopback just works: a bearer token is made up unless one is configured."""
-    if env.get("MCP_AUTH_TOKEN") or env.get("MCP_AUTH_TOKEN_FILE") or not is_loopback(bind_host):
-        return {}
-    import secrets
-    DEMO["token"] = secrets.token_urlsafe(24)
-    return {"MCP_AUTH_TOKEN": DEMO["token"]}
-
+# ================================================================ what a person starting it reads
 
 def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
     """The line a person starting the server reads on stderr: what it serves, where, and the client
-    command that connects to it (Claude Code's; README has the others)."""
+    command that connects to it (Claude Code's; README has the others). Its client name differs
+    between stdio and HTTP, so that a user can add both."""
     what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
         else "proxmox-mcp"
-    name = "proxmox-demo" if args.demo else "proxmox"
+    name = ("proxmox-demo" if args.demo else "proxmox") + ("-http" if args.http else "")
     if args.http:
         reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
         url = f"http://{reach}:{args.port or config.http_port}/mcp"
-        bearer = DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
+        bearer = demo.DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
                 f"  claude mcp add --transport http {name} {url}{header}")
-    command = f"{sys.executable} {INSTALL_DIR / 'server.py'}{' --demo' * args.demo}"
     return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
-            f"connect one with: claude mcp add {name} -- {command}")
+            f"connect one with: claude mcp add {name} -- {start_command()}{' --demo' * args.demo}")
+
+
+def start_command() -> str:
+    """The command that starts this server as this process was started: the installed `proxmox-mcp`
+    script (pyproject.toml), or the interpreter and server.py of a clone."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if started is not None and started.suffix != ".py" and started.is_file():
+        return str(started)
+    return f"{sys.executable} {INSTALL_DIR / 'server.py'}"
 
 
 # ================================================================ main
@@ -1078,7 +1013,9 @@ def setup_logging(level: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser = argparse.ArgumentParser(prog="proxmox-mcp",
+                                     description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser.add_argument("--version", action="version", version=f"proxmox-mcp {VERSION}")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
     parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
@@ -1098,9 +1035,9 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     env, origins = read_env_files()
     if args.demo:  # no host of the user's is reached; which tools are offered stays theirs to choose
         env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_")) or k == "PROXMOX_TOOLSETS"}
-        env |= demo_environment()
+        env |= demo.demo_environment()
         if args.http:
-            env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
+            env |= demo.demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
     config = load_configuration(env)
     config.env_origins = origins
     config.warnings += [origins.warning()] if origins.ignored else []
@@ -1140,10 +1077,11 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(warning)
     apply_configuration(config)
 
-    if args.write_docs:
-        return write_docs()
-    if args.list_tools and args.markdown:
-        print(tool_catalog_markdown())
+    if args.write_docs or (args.list_tools and args.markdown):
+        import tool_docs  # it imports this module: loaded only for the two commands that need it
+        if args.write_docs:
+            return tool_docs.write_docs()
+        print(tool_docs.tool_catalog_markdown())
         return 0
     if args.list_tools:
         print_tool_list(config, args.json)
@@ -1152,9 +1090,11 @@ def main(argv: list[str] | None = None) -> int:
         return check_hosts(config)
     if args.verify_audit:
         return verify_audit_command(config)
-    cannot_audit = open_audit_log(config)
-    if cannot_audit:  # a server that would write cannot audit: it does not start
-        print(cannot_audit, file=sys.stderr)
+    port, given = (args.port, "--port") if args.port else (config.http_port, "MCP_HTTP_PORT")
+    cannot_start = open_audit_log(config) or (http_transport.listen_problem(bind_host, port, given)
+                                              if args.http else None)
+    if cannot_start:  # a server that would write cannot audit, or cannot listen: it does not start
+        print(cannot_start, file=sys.stderr)
         return 2
     return serve(args, config, bind_host)
 
@@ -1190,6 +1130,11 @@ def collect_from_now_on() -> None:
     gc.enable()
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `proxmox-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
     gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -181,7 +181,7 @@ def _node_load(h: Health) -> None:
         load = percent(node.get("cpu"), 1)
         if load is not None and load >= h.limits["node_cpu_warn_pct"]:
             h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
-                         {"cpu_pct": load, "cores": node.get("maxcpu")},
+                         {"cpu_pct": load, "cpus": node.get("maxcpu")},
                          "find the busy guests (list_guests) and spread them")
         used = percent(node.get("mem"), node.get("maxmem"))
         if used is not None and used >= h.limits["node_mem_warn_pct"]:
@@ -418,7 +418,7 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
+    """Cluster and PBS health in one call: findings by severity."""
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host)
@@ -631,8 +631,8 @@ STATE_RANK = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 9}  # other st
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26, offset: Offset = 0) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups; job
-    changes that cover the uncovered."""
+    """Per guest: newest backup (PVE, PBS), age, verify, jobs; orphan PBS groups; job changes that
+    cover the uncovered."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
@@ -853,9 +853,9 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
         steps.record("pick bridge", "done", bridge=bridge)
         created = create(node, vmid, bridge)
         steps.created.append(f"{kind} {vmid} on {node}")
-        steps.record("create", created.get("status", "done") if created.get("status") == "still_running" else "done",
+        steps.record("create", "still_running" if created.get("task") == "still_running" else "done",
                      upid=created.get("upid"))
-        if created.get("status") == "still_running":
+        if created.get("task") == "still_running":
             return steps.answer(True, vmid=vmid, node=node, note="creation still running; get_task follows it")
         base = f"/nodes/{node}/{kind}/{vmid}"
         run_task(client, "POST", f"{base}/status/start", {}, wait_seconds, ctx, f"start {vmid}")
@@ -1050,14 +1050,16 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         drill.answered = False
     if drill.base is not None:
         _destroy_scratch(drill)
-    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
-    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings}
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch}
     left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
     if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
                 "The scratch guest was destroyed." if drill.base else "Nothing was created.")
-        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)
-    return drill.steps.answer(True, **facts)
+        # the timings of the steps that ran, if any; an error's text holds no reading of the clock of its own
+        timed = {"timings": drill.timings} if drill.timings else {}
+        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts, **timed)
+    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
+    return drill.steps.answer(True, **facts, timings=drill.timings)
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:
@@ -1112,9 +1114,18 @@ def resource_datastores(host: str) -> str:
     return _json(pbs_tools.pbs_list_datastores(host=host))
 
 
+def resource_health(host: str) -> str:
+    """Health summary: findings by severity."""
+    return _json(health_check(host=host))
+
+
 RESOURCES = [("proxmox://{host}/cluster", resource_cluster), ("proxmox://{host}/nodes", resource_nodes),
              ("proxmox://{host}/guests", resource_guests), ("proxmox://{host}/storage", resource_storage),
-             ("proxmox://{host}/tasks", resource_tasks), ("pbs://{host}/datastores", resource_datastores)]
+             ("proxmox://{host}/tasks", resource_tasks), ("proxmox://{host}/health", resource_health),
+             ("pbs://{host}/datastores", resource_datastores)]
+# What resources/list offers for each configured host, ready to attach to a conversation (the others are
+# reached through their templates): the inventory and the health summary; a Backup Server's datastores.
+ATTACHABLE = {"pve": (resource_guests, resource_health), "pbs": (resource_datastores,)}
 
 
 def cluster_health_review() -> str:

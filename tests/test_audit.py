@@ -16,7 +16,7 @@ import audit
 import policy
 import protection
 import server
-from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
@@ -94,13 +94,13 @@ def test_a_write_enabled_server_that_cannot_write_its_log_does_not_start(sim, tm
                        "PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "none.json")}
     (tmp_path / "none.json").write_text("[]")
     result = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env), input="",
-                            capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                            capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "audit log" in line]
     assert len(lines) == 1 and "PROXMOX_AUDIT_LOG" in lines[0]
     # a read-only server writes no audit line, so it starts (and ends with its client)
     reader = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env | {"PROXMOX_ACCESS": "read"}),
-                            input="", capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                            input="", capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     assert reader.returncode == 0 and "PROXMOX_AUDIT_LOG" not in reader.stderr
 
 
@@ -241,7 +241,7 @@ def test_check_start_and_server_info_report_the_protected_list(sim, tmp_path):
     assert "PROTECTED GUEST LIST" in started.stderr and "names host 'prod'" in started.stderr
     with stdio_session(base | {"PROXMOX_PROTECTED_VMS_FILE": str(stray)}, log_name="audit-info") as session:
         info = session.ok("server_info")
-        assert info["protected_guests"] == 2 and "names host 'prod'" in info["protected_list_problems"][0]
+        assert len(info["protected_guests"]) == 2 and "names host 'prod'" in info["protected_list_problems"][0]
 
 
 def test_a_log_written_before_the_hash_covered_the_bytes_still_verifies(tmp_path):

@@ -3,8 +3,12 @@ import json
 
 import pytest
 
+import config as config_module
 from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
-from conftest import run_server
+import server
+from conftest import ROOT, run_server
+
+SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 
 TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
 
@@ -202,9 +206,10 @@ def test_toolsets_choose_the_tools():
     compact = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "compact",
                                                                  "PROXMOX_ACCESS": "write"}).stdout)
     names = {t["name"] for t in compact["tools"]}
-    assert names == {"list_hosts", "server_info", "api_search", "api_describe", "api_read", "write_api_call",
-                     "health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
-                     "write_provision_vm"}
+    # the api and workflows groups of the tool table up to the write gate, and the tools every set has
+    expected = {spec.function.__name__ for spec in server.TOOLS if spec.toolset in ("api", "workflows", "always")
+                and spec.gate in ("read", "lifecycle", "write") and not spec.ssh}
+    assert names == expected and {"api_read", "health_check", "write_api_call"} <= names
     guests = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "guests,tasks"}).stdout)
     assert "list_guests" in {t["name"] for t in guests["tools"]} and "pbs_list_groups" not in {
         t["name"] for t in guests["tools"]}
@@ -218,9 +223,10 @@ def test_allow_and_deny_tools():
     names = {t["name"] for t in denied["tools"]}
     assert not any(n.startswith("write_") for n in names) and "api_read" not in names and "list_guests" in names
     allowed = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ALLOW_TOOLS": "list_*,get_guest"}).stdout)
-    assert {t["name"] for t in allowed["tools"]} == {"list_hosts", "list_nodes", "list_guests", "get_guest",
-                                                     "list_storage", "list_tasks", "list_snapshots", "list_backups",
-                                                     "list_networks", "list_pools"}
+    # the read tools of the default toolsets whose names start list_, and get_guest
+    expected = {name for name in server.TOOLSETS["default"] + server.ALWAYS_ON if name.startswith("list_")
+                and SPECS[name].gate == "read" and not SPECS[name].ssh} | {"get_guest"}
+    assert {t["name"] for t in allowed["tools"]} == expected and {"list_guests", "list_hosts"} <= expected
     typo = run_server(["--list-tools"], {"PROXMOX_DENY_TOOLS": "wirte_*"})
     assert typo.returncode == 2 and "wirte_* names no tool" in typo.stderr and "list_guests" in typo.stderr
 
@@ -240,13 +246,14 @@ def test_protected_vms_variable_adds_to_the_file(tmp_path):
 
 @pytest.mark.parametrize("profile", ["readonly", "operator", "admin"])
 def test_profiles_are_valid_configurations(profile, tmp_path):
-    from conftest import ROOT
+    # read as `docker run --env-file` reads them: comment lines skipped, the rest of a line is the
+    # value, word for word (no inline comments: their text would be part of the value)
     env = {}
     for line in (ROOT / "examples" / f"{profile}.env").read_text().splitlines():
-        line = line.split("#")[0].strip() if not line.lstrip().startswith("#") else ""
-        if "=" in line:
+        if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
+            assert value == value.strip() and "#" not in value, f"{profile}.env: {line!r}"
+            env[key] = value
     token = tmp_path / "token"
     token.write_text("mcp@pve!mcp=11111111-2222-3333-4444-555555555555")
     key = tmp_path / "id"
@@ -256,6 +263,24 @@ def test_profiles_are_valid_configurations(profile, tmp_path):
     env["PROXMOX_HOME_SSH_FINGERPRINTS"] = "pve1=SHA256:" + "A" * 43
     config = load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
     assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
+
+
+def test_the_protected_list_is_the_users_own_file_beside_the_server(tmp_path, monkeypatch):
+    """protected-vms.json is git-ignored (an update never touches it); the repository ships
+    protected-vms.example.json. With no file named and none there, nothing is listed yet: the start
+    says how to make one. A named file that is missing fails closed (above)."""
+    assert "protected-vms.json" in (ROOT / ".gitignore").read_text().splitlines()
+    example = json.loads((ROOT / "protected-vms.example.json").read_text())
+    assert example and {"host", "vmid", "name", "reason"} <= set(example[0])
+    monkeypatch.setattr(config_module, "PROTECTED_FILE", tmp_path / "protected-vms.json")
+    fresh = load_config({})
+    assert fresh.settings.protected.entries == [] and fresh.settings.protected.error is None
+    assert any("NO GUEST IS PROTECTED" in w and "protected-vms.example.json" in w for w in fresh.warnings)
+    (tmp_path / "protected-vms.json").write_text(json.dumps(example))
+    assert [e["vmid"] for e in load_config({}).settings.protected.entries] == [100]
+    (tmp_path / "protected-vms.json").write_text("{broken")
+    assert load_config({}).settings.protected.error  # present but unreadable: fails closed
+
 
 
 def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):

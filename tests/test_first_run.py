@@ -17,7 +17,7 @@ import requests
 
 import config
 from config import ConfigError, load_config
-from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 
 # ---------------------------------------------------------------- the demo
 
@@ -28,7 +28,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
         info = demo.ok("server_info")
         audit_log = Path(info["audit_log"])
         assert audit_log.parent.name.startswith("pve-sim-")  # the lab's own temporary directory, not the user's
-        unheld = [name for name, why in info["hidden_tools"].items() if "no configured token holds" in why]
+        unheld = [names for why, names in info["hidden_tools"].items() if "no configured token holds" in why]
         assert unheld == [] and "write_pbs_gc" in first  # admin tokens on both products
         assert {t.name for t in demo.tools()} == first  # the privilege read changed nothing: it came first
 
@@ -50,7 +50,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
 
 def test_demo_on_stdio_says_where_it_serves_and_how_to_connect():
     done = subprocess.run([sys.executable, str(ROOT / "server.py"), "--demo"], env=server_env({}), input="",
-                          capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                          capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 0 and done.stdout == ""  # stdout carries only MCP
     assert len(lines) == 1, lines
@@ -68,14 +68,14 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
     port = free_port()
     process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--demo", "--http", "--port", str(port)],
                                env=server_env({}), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                               cwd=str(LOG_DIR))
+                               cwd=str(log_dir()))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(process.stderr, lines), daemon=True).start()
     try:
         line = ""
         while "claude mcp add" not in line:
             line = lines.get(timeout=60)
-        command = re.search(r'claude mcp add --transport http proxmox-demo (\S+) --header "Authorization: Bearer '
+        command = re.search(r'claude mcp add --transport http proxmox-demo-http (\S+) --header "Authorization: Bearer '
                             r'([^"]+)"', line)
         assert command and command.group(1) == f"http://127.0.0.1:{port}/mcp", line
         url, token = command.groups()

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, tool_session
+from gates import TIERS
 from simulator import Lab
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -62,7 +64,8 @@ def test_snapshots_with_verify_protected_encrypted(pbs, sim):
     assert all(s["verify"] == "ok" for s in snaps)
     protected = [s for s in rows(pbs.ok("pbs_list_snapshots", {"store": "backup", "backup_id": "200",
                                                                "backup_type": "vm"})) if s["protected"]]
-    assert [s["time"] for s in protected] == [day(10, 15)]
+    assert [s["backup_time"] for s in protected] == [day(10, 15)]
+    assert [s["time"] for s in protected] == ["2026-10-15T02:00:00Z"]
 
 
 @pytest.mark.mcp  # progress notifications
@@ -195,15 +198,18 @@ def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
 
 
 def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
+    writes = {spec.function.__name__: spec.gate for spec in server.TOOLS if spec.product == "pbs"
+              and spec.function.__name__.startswith("write_")}  # from the tool table: a new one joins by itself
     offered = {}
     for tier in ("read", "lifecycle", "write"):
         env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"pbs-tier-{tier}") as session:
-            offered[tier] = {t.name for t in session.tools() if t.name.startswith("write_pbs")}
-    assert offered["read"] == set()
-    assert offered["lifecycle"] == {"write_pbs_gc", "write_pbs_verify", "write_pbs_run_job"}
-    assert offered["write"] == offered["lifecycle"] | {"write_pbs_protect_snapshot", "write_pbs_set_notes"}
+            offered[tier] = {t.name for t in session.tools()} & set(writes)
+    for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
+        assert names == {name for name, gate in writes.items() if TIERS.index(gate) <= TIERS.index(tier)}
+    assert offered["read"] == set() and "write_pbs_gc" in offered["lifecycle"]
+    assert "write_pbs_protect_snapshot" in offered["write"] - offered["lifecycle"]
 
 
 def test_generic_api_reaches_pbs(pbs):

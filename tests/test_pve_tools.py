@@ -6,13 +6,15 @@ from functools import partial
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, tool_session
+from gates import TIERS
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
-WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "write_resize_disk",
-               "write_snapshot_create", "write_snapshot_rollback", "write_snapshot_delete", "write_backup_guest",
-               "write_restore_backup", "write_clone_guest", "write_migrate_guest", "write_template",
-               "write_delete_guest", "write_create_vm", "write_create_lxc", "write_download_url", "write_delete_volume"]
+# The PVE write tools of the guests, storage and network toolsets, from the tool table (a new one joins by itself).
+WRITE_TOOLS = {spec.function.__name__: spec.gate for spec in server.TOOLS
+               if spec.product == "pve" and spec.toolset in ("guests", "storage", "network")
+               and spec.function.__name__.startswith("write_")}
 DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"  # files on the simulated `local` storage
 DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 
@@ -160,6 +162,26 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
     assert deleted["result"] == "ok" and linked["newid"] not in sim.lab.guests
 
 
+def test_write_answers_say_the_tasks_outcome_and_the_guests_state_after_it(ops, sim):
+    """A finished task's "status":"stopped" next to a running guest reads as a stopped guest: a write
+    answers the task's outcome as `task` and the guest's state after it (a migration also the node it
+    is on now; a deletion that the guest is gone), as write_guest_power does."""
+    running = ops.ok("write_snapshot_create", {"vmid": 100, "name": "answer_shape"})
+    assert running["task"] == "OK" and running["guest_state"] == "running" and "status" not in running
+    assert "exitstatus" not in running and running["result"] == "ok"
+    dropped = ops.ok("write_snapshot_delete", {"vmid": 100, "name": "answer_shape", "confirm": True})
+    assert dropped["task"] == "OK" and dropped["guest_state"] == "running" and "status" not in dropped
+    backup = ops.ok("write_backup_guest", {"vmid": 100, "storage": "local", "mode": "snapshot"})
+    assert backup["task"] == "OK" and backup["guest_state"] == "running" and "status" not in backup
+    clone = ops.ok("write_clone_guest", {"vmid": 103, "name": "answer-shape"})  # a stopped container
+    assert clone["task"] == "OK" and "status" not in clone
+    moved = ops.ok("write_migrate_guest", {"vmid": clone["newid"], "target": "pve3"})
+    assert moved["node"] == "pve3" == sim.lab.guests[clone["newid"]]["node"]
+    assert moved["task"] == "OK" and moved["guest_state"] == "stopped" and "status" not in moved
+    deleted = ops.ok("write_delete_guest", {"vmid": clone["newid"], "confirm": True})
+    assert deleted["task"] == "OK" and deleted["guest_state"] == "deleted" and "status" not in deleted
+
+
 def test_provisioning(ops, sim):
     vm = ops.ok("write_create_vm", {"name": "install-me", "iso": "local:iso/debian-13.1.0-amd64-netinst.iso",
                                     "vlan": 20})
@@ -243,8 +265,9 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
-    assert offered["read"] == set()
-    assert offered["lifecycle"] == {"write_guest_power", "write_snapshot_create", "write_backup_guest"}
+    for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
+        assert names == {name for name, gate in WRITE_TOOLS.items() if TIERS.index(gate) <= TIERS.index(tier)}
+    assert offered["read"] == set() and "write_guest_power" in offered["lifecycle"]
     assert "write_create_vm" in offered["write"] and "write_delete_guest" not in offered["write"]
 
 
@@ -273,6 +296,8 @@ BAD_INPUT = [
     ("write_snapshot_rollback", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_snapshot_delete", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_backup_guest", {"vmid": 100, "storage": "local-lvm"}, "does not hold backups"),
+    # its example is a storage that holds backups on a fresh install (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+    ("write_backup_guest", {"vmid": 100, "storage": 7}, 'argument \'storage\' must be text (got 7), e.g. "local"'),
     ("write_restore_backup", {"archive": "local:iso/x.iso"}, "does not look like a backup"),
     ("write_restore_backup", {"archive": "nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "vmid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "newid": 102}, "is taken"),
@@ -336,9 +361,9 @@ def test_still_running_then_get_task_continues(ops, sim):
     before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
     try:
         first = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow", "wait_seconds": 1})
-        assert first["status"] == "still_running" and first["upid"].startswith("UPID:pve3:")
+        assert first["task"] == "still_running" and first["upid"].startswith("UPID:pve3:") and "status" not in first
         started = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
-        assert started["status"] == "started"
+        assert started["task"] == "started" and "status" not in started
         progress = []
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)
         assert done["result"] == "ok" and progress

@@ -124,7 +124,7 @@ def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):
         jobs = {r["id"]: r for r in rows(pbs_tools.pbs_list_jobs())}
         ran = pbs_tools.write_pbs_run_job("sync", "push-backup", wait_seconds=0)
     assert jobs["push-backup"]["direction"] == "push" and jobs["s-backup"]["direction"] == "pull"
-    assert ran["status"] == "started"
+    assert ran["task"] == "started" and "status" not in ran
 
 
 # ---------------------------------------------------------------- 4, 16, 18: task lists, logs and UPIDs
@@ -199,7 +199,7 @@ def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
     lab.task_seconds = 30
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
-    assert outcome["status"] == "still_running" and "pbs_get_task" in outcome["next"]
+    assert outcome["task"] == "still_running" and "pbs_get_task" in outcome["next"] and "status" not in outcome
 
 
 # ---------------------------------------------------------------- 6, 16: backup coverage

@@ -264,7 +264,8 @@ def test_memory_is_named_for_what_it_is(ops):
     listed = ops.ok("list_guests")
     assert "maxmem" in listed["columns"] and "mem" not in listed["columns"]
     guest = ops.ok("get_guest", {"vmid": 102})
-    assert "mem_used" in guest and "mem" not in guest and guest["maxmem"] == 512 * 1024 ** 2
+    assert "mem_used" in guest and "mem" not in guest and guest["maxmem_bytes"] == 512 * 1024 ** 2
+    assert guest["maxmem"] == "512.0 MiB"  # readable under the name, exact beside it (docs/CONVENTIONS.md)
 
 
 def test_guest_status_counts_cpus_as_proxmox_names_them(ops, sim):

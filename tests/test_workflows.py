@@ -255,6 +255,9 @@ def test_restore_drill_failure_paths(ops, sim):
         sim.lab.fail.clear()
     assert broken["result"] == "failed" and "no space left" in broken["steps"][-1]["detail"]
     assert broken["created"] == [] and set(sim.lab.guests) == before
+    # a drill refused before any step ran says so without a timing (its text is the same on every run)
+    early = step_report(ops.error("write_restore_drill", {"vmid": 100, "backup": "not-a-backup", "confirm": True}))
+    assert "timings" not in early and "does not look like a backup" in early["steps"][-1]["detail"]
 
 
 def test_restore_drill_that_cannot_destroy_its_scratch_guest_is_an_error(ops, sim):
@@ -279,6 +282,12 @@ def test_resources_and_prompts(ops):
     assert {"proxmox://{host}/guests", "pbs://{host}/datastores", "proxmox://{host}/cluster"} <= uris
     guests = ops.portal.call(lambda: ops.client.read_resource("proxmox://lab/guests"))
     assert json.loads(guests.contents[0].text)["columns"][0] == "vmid"
+    # resources/list offers each host's inventory and health summary, and the datastores, to attach
+    listed = {str(r.uri): r for r in ops.portal.call(ops.client.list_resources).resources}
+    assert set(listed) == {"proxmox://lab/guests", "proxmox://lab/health", "pbs://lab/datastores"}
+    assert listed["proxmox://lab/health"].description and listed["proxmox://lab/health"].mime_type == "application/json"
+    health = json.loads(ops.portal.call(lambda: ops.client.read_resource("proxmox://lab/health")).contents[0].text)
+    assert {"summary", "findings"} <= set(health) and health["summary"]["critical"] >= 1  # this lab has some
     prompts = {p.name for p in ops.portal.call(ops.client.list_prompts).prompts}
     assert prompts == {"cluster_health_review", "troubleshoot_guest", "provision_lxc", "safe_guest_change",
                        "backup_review", "security_review"}
