@@ -14,6 +14,7 @@ from pydantic import Field
 import catalog
 import policy
 import proxmox_client
+import runtime
 from answers import ConfirmArg, DryRunArg, Host
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from proxmox_client import ProxmoxClient
@@ -44,7 +45,8 @@ def choose(host: str | None, product: str | None) -> tuple[str, ProxmoxClient | 
 
 # ---------------------------------------------------------------- descriptions from the host
 
-_docs: dict[tuple[str, str], tuple[float, dict]] = {}
+# (product, label) -> (when read, descriptions) of each host's API viewer
+_docs = runtime.slot("api_tools.docs", dict[tuple[str, str], tuple[float, dict]])
 _docs_lock = threading.Lock()
 DOC_PATHS = {product: path for product, path in policy.DOCUMENTS}  # the API viewer's file, per product
 
@@ -65,8 +67,9 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
     if client is None:
         return {}
     key = (client.host.product, client.host.label)
+    kept = _docs.get()
     with _docs_lock:
-        cached = _docs.get(key)
+        cached = kept.get(key)
         if cached and (cached[1] or time.monotonic() - cached[0] < 600):
             return cached[1]
         descriptions: dict[tuple[str, str], str] = {}
@@ -82,7 +85,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
                 stack.extend(node.get("children") or [])
         except Exception:  # no viewer data (old host, proxy): facts alone
             descriptions = {}
-        _docs[key] = (time.monotonic(), descriptions)
+        kept[key] = (time.monotonic(), descriptions)
         return descriptions
 
 

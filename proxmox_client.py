@@ -26,6 +26,7 @@ from mcp.server.mcpserver import Context
 
 import catalog
 import policy
+import runtime
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 
@@ -938,27 +939,28 @@ def _hint_for(message: str, where: str = "") -> str | None:
 
 # ---------------------------------------------------------------- configured hosts
 
-_hosts: dict[str, dict[str, HostConfig]] = {"pve": {}, "pbs": {}}
-_clients: dict[tuple[str, str], ProxmoxClient] = {}
+_hosts = runtime.slot("proxmox_client.hosts", lambda: {"pve": {}, "pbs": {}})  # product -> label -> HostConfig
+_clients = runtime.slot("proxmox_client.clients", dict[tuple[str, str], "ProxmoxClient"])  # made at first use
 _clients_lock = threading.Lock()
 
 
 def configure_hosts(hosts: list[HostConfig]) -> None:
     """Set the hosts tools may use (called once at start). Nothing connects here."""
-    _hosts["pve"].clear()
-    _hosts["pbs"].clear()
-    _clients.clear()
+    configured_hosts = _hosts.get()
+    configured_hosts["pve"].clear()
+    configured_hosts["pbs"].clear()
+    _clients.get().clear()
     for host in hosts:
-        _hosts[host.product][host.label] = host
+        configured_hosts[host.product][host.label] = host
 
 
 def configured(product: str) -> dict[str, HostConfig]:
-    return _hosts[product]
+    return _hosts.get()[product]
 
 
 def client_for(product: str, label: str | None) -> ProxmoxClient:
     """The client of a configured host by label; the label may be left out when there is one."""
-    hosts = _hosts[product]
+    hosts = configured(product)
     name = PRODUCTS[product].name
     if label is None:
         if len(hosts) == 1:
@@ -972,10 +974,11 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
     if key not in hosts:
         known = ", ".join(sorted(hosts)) or "none"
         raise InvalidArgument(f"No {name} host labelled '{label}'. Configured: {known} (see list_hosts).")
+    clients = _clients.get()
     with _clients_lock:
-        if (product, key) not in _clients:
-            _clients[(product, key)] = ProxmoxClient(hosts[key])
-        return _clients[(product, key)]
+        if (product, key) not in clients:
+            clients[(product, key)] = ProxmoxClient(hosts[key])
+        return clients[(product, key)]
 
 
 def pve_client(label: str | None = None) -> ProxmoxClient:

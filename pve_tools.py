@@ -113,7 +113,7 @@ def list_guests(host: Host = None,
     client = pve_client(host)
     guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
     filters = _guest_filters(node, type, status, tag, name)
-    protected = policy.SETTINGS.protected
+    protected = policy.settings().protected
     rows = []
     if sort_by:  # busiest first
         guests.sort(key=lambda g: -(g.get(sort_by) or 0))
@@ -181,7 +181,7 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "mem_used": human_bytes(status.get("mem")), "mem_used_bytes": status.get("mem"),
                 "maxmem": human_bytes(status.get("maxmem")), "maxmem_bytes": status.get("maxmem"),
                 "maxdisk": human_bytes(status.get("maxdisk")), "maxdisk_bytes": status.get("maxdisk")}
-    listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
+    listed = policy.settings().protected.find(client.host.label, vmid, "pve")
     if listed:  # on the protected list: no request that changes it is admitted
         summary["protected"] = listed.get("reason") or "yes"
     return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})

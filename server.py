@@ -38,6 +38,7 @@ import http_transport
 import inventory
 import policy
 import proxmox_client
+import runtime
 import api_tools
 import backup_jobs
 import firewall_tools
@@ -112,7 +113,7 @@ def server_info() -> dict:
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():
-            rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
+            rules = policy.settings().hosts.get((product, label), policy.HostPolicy())
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
                                      "auth": proxmox_client.auth_method(host),
                                      "token": host.token_id, "write_token": host.write_token_id,
@@ -125,7 +126,7 @@ def server_info() -> dict:
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
-    settings = policy.SETTINGS
+    settings = policy.settings()
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
@@ -139,10 +140,11 @@ def server_info() -> dict:
 def hidden_by_reason() -> dict[str, list[str]]:
     """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
     privileges read)."""
-    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
-        if VISIBILITY.config else {}
+    visibility = VISIBILITY.get()
+    left_out = {spec.function.__name__: why_not_offered(visibility.config, spec) for spec in TOOLS} \
+        if visibility.config else {}
     grouped: dict[str, list[str]] = {}
-    for name, why in ({name: why for name, why in left_out.items() if why} | VISIBILITY.hidden()).items():
+    for name, why in ({name: why for name, why in left_out.items() if why} | visibility.hidden()).items():
         grouped.setdefault(why, []).append(name)
     return grouped
 
@@ -295,7 +297,7 @@ def can_elicit(ctx: Any) -> bool:
     request to the client in the middle of the call). See docs/SECURITY.md#confirmation."""
     try:
         capabilities = ctx.client_capabilities
-        return bool(policy.SETTINGS.elicit and capabilities and capabilities.elicitation) and \
+        return bool(policy.settings().elicit and capabilities and capabilities.elicitation) and \
             (asks_by_round_trip(ctx) or ctx.session.can_send_request)
     except (AttributeError, ValueError):
         return False
@@ -311,7 +313,7 @@ def plan_resolver(function: Callable) -> Callable:
     """Before a tool that can need confirmation runs, for a client that can ask its user: the
     requests it would send (policy.plan_call), recomputed on every round of the call."""
     def plan(ctx: Any, **arguments: Any) -> policy.Plan:
-        if arguments.get("dry_run") or policy.SETTINGS.dry_run or not can_elicit(ctx):
+        if arguments.get("dry_run") or policy.settings().dry_run or not can_elicit(ctx):
             return policy.Plan()
         return policy.plan_call(function, arguments | {"ctx": None}, function.__name__)
     return _resolver(plan, function, f"plan_{function.__name__}")
@@ -637,9 +639,9 @@ class ToolVisibility:
     def hidden(self) -> dict[str, str]:
         """Tools no configured token can use; recomputed only when privileges were read."""
         seen, hidden = self._hidden
-        if seen == len(policy.PERMISSIONS):
+        if seen == policy.permissions_read():
             return hidden
-        seen, hidden = len(policy.PERMISSIONS), {}
+        seen, hidden = policy.permissions_read(), {}
         for spec in self.specs:
             if not spec.needs:
                 continue
@@ -736,7 +738,7 @@ class ToolVisibility:
                     self.notified.pop(session, None)
 
 
-VISIBILITY = ToolVisibility()
+VISIBILITY = runtime.slot("server.visibility", ToolVisibility)  # this server's tool list middleware
 
 
 def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> None:
@@ -745,11 +747,13 @@ def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> N
     then), or after `after` seconds: a client that asks for the list at once has it before they
     could finish anyway, and running beside it (importing requests, TLS handshakes) they made
     start to tools/list 4-7 % slower (docs/BENCHMARKS.md)."""
+    visibility = VISIBILITY.get()
+
     def load(product: str, label: str) -> None:
-        if VISIBILITY.listed.wait(timeout=after):
+        if visibility.listed.wait(timeout=after):
             time.sleep(settle)
         proxmox_client.client_for(product, label).ensure_permissions()  # the client imports requests
-        VISIBILITY.refresh()
+        visibility.refresh()
     for product in ("pve", "pbs"):
         for label in proxmox_client.configured(product):
             threading.Thread(target=load, args=(product, label), daemon=True,
@@ -830,16 +834,17 @@ def build_server(config: Config):
     from mcp.server.mcpserver import MCPServer
 
     tools = []
-    VISIBILITY.offer(config)
-    for spec in VISIBILITY.specs:
+    visibility = VISIBILITY.get()
+    visibility.offer(config)
+    for spec in visibility.specs:
         tool = make_tool(spec)
         slim_schema(tool.parameters, needless_params(config, spec))
-        VISIBILITY.arguments[tool.name] = tool.fn_metadata
+        visibility.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
     from mcp.server.subscriptions import InMemorySubscriptionBus
-    VISIBILITY.bus = InMemorySubscriptionBus()
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
-                       subscriptions=VISIBILITY.bus, extensions=views_extension(VISIBILITY.specs))
+    visibility.bus = InMemorySubscriptionBus()
+    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[visibility],
+                       subscriptions=visibility.bus, extensions=views_extension(visibility.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -899,7 +904,8 @@ def check_hosts(config: Config) -> int:
     """Connect to every configured host; print version, token, privileges, open gates and hidden
     tools. Exit 1 when a host fails."""
     failures = 0
-    VISIBILITY.offer(config)
+    visibility = VISIBILITY.get()
+    visibility.offer(config)
     read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
     print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
           f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
@@ -930,7 +936,7 @@ def check_hosts(config: Config) -> int:
               f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
-    print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
+    print(f"tools offered: {len(visibility.specs) - len(visibility.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
@@ -1112,7 +1118,7 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
     if not args.http:
         server.run("stdio")
         return 0
-    workflows.RUNTIME["transport"] = "http"
+    runtime.TRANSPORT.set("http")
     try:
         http_transport.serve_http(config, server, bind_host, args.port or config.http_port)
     except ConfigError as exc:

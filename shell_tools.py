@@ -24,6 +24,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy
+import runtime
 from answers import ConfirmArg, DryRunArg, Host, Vmid
 from config import NODE_NAME, SshTarget
 from errors import InvalidArgument, ProxmoxError
@@ -40,12 +41,11 @@ MAX_FILE = 1024 * 1024  # bytes for guest file reads
 MAX_FILE_WRITE = 61440 * 3 // 4
 
 
-TARGETS: dict[tuple[str, str], SshTarget] = {}
+_targets = runtime.slot("shell_tools.targets", dict[tuple[str, str], SshTarget])  # (product, label) -> target
 
 
 def configure(targets: list[SshTarget]) -> None:
-    TARGETS.clear()
-    TARGETS.update({(t.product, t.label): t for t in targets})
+    _targets.set({(t.product, t.label): t for t in targets})
 
 
 # ---------------------------------------------------------------- quoting and output
@@ -97,12 +97,13 @@ class _VerifyHostKey:
     pin_variable = "_SSH_FINGERPRINTS"
 
 
-_connections: dict[tuple[str, str, str], "paramiko.SSHClient"] = {}
+# (product, label, node) -> an open connection, reused while it stays up
+_connections = runtime.slot("shell_tools.connections", dict[tuple[str, str, str], "paramiko.SSHClient"])
 _connections_lock = threading.Lock()
 
 
 def target_for(product: str, label: str | None) -> SshTarget:
-    targets = {k[1]: t for k, t in TARGETS.items() if k[0] == product}
+    targets = {k[1]: t for k, t in _targets.get().items() if k[0] == product}
     if label is None and len(targets) == 1:
         return next(iter(targets.values()))
     if label is None or label.lower() not in targets:
@@ -119,8 +120,9 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
         raise InvalidArgument(f"No SSH address for node '{node}' of host '{target.label}'. "
                               f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
     key = (target.product, target.label, node)
+    connections = _connections.get()
     with _connections_lock:
-        client = _connections.get(key)
+        client = connections.get(key)
         if client is not None and client.get_transport() is not None and client.get_transport().is_active():
             return client
         address, port = target.nodes[node]
@@ -147,7 +149,7 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
                                f"authorized_keys.") from None
         except (paramiko.SSHException, socket.error, OSError) as exc:
             raise ProxmoxError(f"SSH to {node} ({address}:{port}) failed: {exc}") from None
-        _connections[key] = client
+        connections[key] = client
         return client
 
 
@@ -172,7 +174,7 @@ class Result:
 
 def _forget(target: SshTarget, node: str) -> None:
     with _connections_lock:
-        _connections.pop((target.product, target.label, node), None)
+        _connections.get().pop((target.product, target.label, node), None)
 
 
 def _open_channel(target: SshTarget, node: str) -> "paramiko.Channel":

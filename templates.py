@@ -127,7 +127,7 @@ def _oci_supported(client: ProxmoxClient) -> None:
     """OCI pulls exist from PVE 9.1; the version is the one read with the token's privileges."""
     client.ensure_permissions()
     if policy.version_at_least(client.host, OCI_SINCE) is False:
-        major, minor = policy.RELEASES[(client.host.product, client.host.label)]
+        major, minor = policy.release_of(client.host)
         raise ProxmoxError(f"Host '{client.host.label}' runs Proxmox VE {major}.{minor}; pulling OCI images needs "
                            f"9.1 or later. Upgrade the node, or use a system template (list_templates, "
                            f"write_download_template).")

@@ -17,6 +17,7 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
+import runtime
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
@@ -25,7 +26,6 @@ from inventory import (archive_node, backup_storages, bridges, check_node, disk_
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
-RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
 
 
 class Report:
@@ -728,12 +728,12 @@ def _guest_config(report: Report, guest: dict, config: dict) -> None:
 
 def _this_server(a: Security) -> None:
     label = a.client.host.label
-    rules = policy.SETTINGS.hosts.get(("pve", label), policy.HostPolicy())
+    rules = policy.settings().hosts.get(("pve", label), policy.HostPolicy())
     for gate in ("exec", "elevated"):
         if gate in rules.allow:
             a.report.add("warning", "this server", f"the {gate} gate is open for host '{label}'",
                          {"gate": gate}, f"close it unless needed ({policy.how_to_open(gate, label, 'pve')})")
-    if RUNTIME.get("transport") == "http":
+    if runtime.TRANSPORT.get() == "http":
         a.report.add("info", "this server", "this server speaks plain HTTP; put TLS in front for remote clients",
                      {"transport": "http"}, "use a reverse proxy with TLS")
 

@@ -24,7 +24,7 @@ OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitiv
 
 @pytest.fixture()
 def audited(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
     token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     yield tmp_path / "audit.jsonl"
@@ -83,7 +83,7 @@ def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
         with pytest.raises(policy.DryRun):
             client.request("POST", "/nodes/pve1/vzdump", {"vmid": "103", "storage": "local"})
     finally:
-        policy.PERMISSIONS.pop(("pve", "lab", "dry@pam!run"), None)
+        policy.forget_permissions(host)
     lines = [json.loads(line) for line in audited.read_text().splitlines()]
     assert [(line["method"], line["verdict"]) for line in lines] == [("POST", "dry_run")]
 

@@ -348,7 +348,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     session, product, method, path, params, expected = entry
     host = PBS if product == "pbs" else PVE
     sent = []
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(settings_for(session))
     confirm = None if expected == "confirm=true" else (lambda *_: None)  # confirm=true elsewhere
     token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
@@ -446,7 +446,7 @@ ALLOWED = [
 def test_their_legitimate_neighbours_pass(entry):
     session, product, method, path, params = entry
     sent = []
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(settings_for(session))
     token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
     try:

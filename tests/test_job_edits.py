@@ -169,7 +169,7 @@ def test_an_object_that_cannot_be_read_refuses_the_request():
 # ---------------------------------------------------------------- in the admission step
 
 def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=policy.Protected(error="broken")))
     try:
@@ -181,7 +181,7 @@ def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
 
 
 def test_the_refusal_says_what_changes_for_which_guest_and_what_would_pass():
-    original = policy.SETTINGS
+    original = policy.settings()
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     protected = policy.Protected([{"host": "lab", "vmid": 101, "name": "db", "reason": "production"}])
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=protected))

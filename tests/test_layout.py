@@ -1,9 +1,11 @@
-"""The import rule of the layout, read from the source with `ast`:
+"""The rules of the layout, read from the source with `ast`:
 
 - a tool module never imports a helper from another tool module; shared helpers live in
   answers.py, errors.py, inventory.py, pbs_state.py and the client. It may import another tool module to
   call its *tools* (workflows compose pve_tools' writes; resources call list tools);
-- the shared modules import no tool module (nor server.py).
+- the shared modules import no tool module (nor server.py);
+- per-server state (settings, hosts, what was read from them) is declared in runtime.py, never kept
+  in a module-level name.
 """
 import ast
 
@@ -58,3 +60,94 @@ def test_a_shared_module_imports_no_tool_module(module):
     imports = [(line, name) for line, name, _ in imported_modules(parse(module))
                if name in TOOL_MODULES or name == "server"]
     assert imports == [], f"{module} imports {imports}"
+
+
+# ---------------------------------------------------------------- per-server state lives in runtime.py
+
+# Module-level state that belongs to the process, not to one server: each with the reason.
+PROCESS_WIDE = {
+    ("masking", "_known_secrets"): "a secret once known is masked for the life of the process, whichever server met it",
+    ("proxmox_client", "_pool"): "the read threads every server of the process shares (in_parallel)",
+    ("proxmox_client", "_worker_state"): "per thread: whether this thread is one of those read threads",
+    ("demo", "DEMO"): "the simulated lab --demo serves, held for the life of the process",
+    ("runtime", "_installed"): "the registry itself: which server's state is installed",
+    ("runtime", "SLOTS"): "the registry itself: the slots the modules declared at import",
+}
+MUTATORS = {"append", "extend", "insert", "add", "update", "clear", "pop", "popitem", "setdefault", "remove",
+            "discard"}
+
+
+def top_level_modules() -> list[str]:
+    return sorted(path.stem for path in ROOT.glob("*.py"))
+
+
+def module_names(tree: ast.Module) -> set[str]:
+    """Names the module binds at its top level (assignments)."""
+    names = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def local_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    arguments = function.args
+    names = {a.arg for a in arguments.args + arguments.kwonlyargs + arguments.posonlyargs}
+    names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a}
+    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def changed_root(target: ast.expr) -> tuple[str, str | None] | None:
+    """What an item or attribute assignment, or a mutating call, changes: the name at the root of
+    `a[...].b[...]` and the attribute right after it (`module.NAME` of another module)."""
+    chain = []
+    while isinstance(target, (ast.Subscript, ast.Attribute)):
+        chain.append(target)
+        target = target.value
+    if not isinstance(target, ast.Name) or not chain:
+        return None
+    first = chain[-1]
+    return target.id, first.attr if isinstance(first, ast.Attribute) else None
+
+
+def state_changes(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) where a function rebinds (`global`) or changes in place (a mutating method, an item
+    or attribute assigned or deleted) a name the module binds at its top level, or one of another
+    project module (`module.NAME`): state kept in a module."""
+    names, modules, found = module_names(tree), set(top_level_modules()), []
+    for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        declared = {(node.lineno, name) for node in ast.walk(function) if isinstance(node, ast.Global)
+                    for name in node.names}
+        changed = []
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                changed.append((node.lineno, (node.func.value.id, None) if isinstance(node.func.value, ast.Name)
+                                else changed_root(node.func.value) or (None, None)))
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                changed += [(node.lineno, changed_root(t) or (None, None)) for t in targets]
+        own = local_names(function) - {name for _, name in declared}
+        found += sorted(declared)
+        for line, (name, attr) in changed:
+            if name in names and name not in own:
+                found.append((line, name))
+            elif name in modules and name not in own and attr is not None:
+                found.append((line, f"{name}.{attr}"))
+    return found
+
+
+@pytest.mark.parametrize("module", top_level_modules())
+def test_per_server_state_is_declared_in_the_runtime_registry(module):
+    """What a server keeps for itself (settings, hosts, clients, what it read from them) is a slot of
+    runtime.py, so that a test installs one fresh Runtime per server; module-level state elsewhere is
+    either the process's (PROCESS_WIDE, with the reason) or a mistake."""
+    kept = sorted({(line, name) for line, name in state_changes(parse(module))
+                   if (module, name) not in PROCESS_WIDE and tuple(name.split(".")) not in PROCESS_WIDE})
+    assert kept == [], (f"{module} keeps state in module-level names {kept}: declare it with runtime.slot "
+                        f"(runtime.py), or, if it belongs to the process, list it in PROCESS_WIDE with the reason")
+
+
+def test_every_process_wide_exception_still_exists():
+    for module, name in PROCESS_WIDE:
+        assert name in module_names(parse(module)), f"{module}.{name} is gone: drop it from PROCESS_WIDE"

@@ -24,7 +24,7 @@ PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family w
 @pytest.fixture()
 def open_policy():
     """Every gate open, guests 100 and 102 protected, no privileges known (so none is pre-checked)."""
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN, ("pbs", "lab"): OPEN},
                                      protected=policy.Protected(entries=PROTECTED)))
     yield
@@ -150,7 +150,7 @@ def test_a_ceph_osd_wipes_its_devices():
 
 
 def test_closed_gates_name_the_variable_that_opens_them():
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("lifecycle")}))
     try:
         with pytest.raises(policy.PolicyError, match="PROXMOX_ACCESS=destructive"):
@@ -242,7 +242,7 @@ def test_a_broken_protected_list_fails_closed(tmp_path):
     loaded = policy.load_protected(broken)
     assert loaded.error and not loaded.entries
     assert policy.load_protected(tmp_path / "missing.json").error
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, protected=loaded))
     try:
         with pytest.raises(policy.PolicyError, match="could not be read"):
@@ -274,7 +274,7 @@ def test_privileges_decide_before_sending():
 # ---------------------------------------------------------------- audit
 
 def test_audit_lines_chain_and_tampering_is_found(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(audit_path=tmp_path / "audit.jsonl"))
     try:
         threads = [threading.Thread(target=lambda i=i: [

@@ -14,6 +14,7 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
+import runtime
 import simulator
 import workflows
 from answers import human_bytes
@@ -25,21 +26,17 @@ LABEL = "real"  # a label of its own: privileges read here never mix with other 
 @contextmanager
 def tools_on(sim: simulator.Simulator, tmp_path: Any, pve_token: str = "mcp@pve!reader",
              pbs_token: str = "mcp@pbs!reader", **env: str) -> Iterator[None]:
-    """The tool functions of this process pointed at `sim` (host label `real`)."""
+    """The tool functions of this process pointed at `sim` (host label `real`), with a server's state of
+    their own (runtime.py): what they read (privileges, versions) is gone afterwards."""
     settings = config_module.load_config(sim.env(LABEL, pve_token=pve_token, pbs_token=pbs_token) | {
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")} | env)
-    before = [h for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
-    original = policy.SETTINGS
-    proxmox_client.configure_hosts(settings.hosts)
-    policy.configure(settings.settings)
+    outside = runtime.install(runtime.Runtime())
     try:
+        proxmox_client.configure_hosts(settings.hosts)
+        policy.configure(settings.settings)
         yield
     finally:
-        proxmox_client.configure_hosts(before)
-        policy.configure(original)
-        for kept in (policy.PERMISSIONS, getattr(policy, "VERSIONS", {})):
-            for key in [k for k in kept if k[1] == LABEL]:
-                kept.pop(key)
+        runtime.install(outside)
 
 
 def rows(answer: dict) -> list[dict]:

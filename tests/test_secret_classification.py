@@ -224,7 +224,7 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
     from types import SimpleNamespace
     host = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
     token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     commands = json.dumps([{"method": "GET", "path": "subscription"}])

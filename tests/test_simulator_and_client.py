@@ -337,8 +337,8 @@ def test_policy_refuses_unknown_paths_before_sending(sim):
 def test_403_from_the_server_when_privileges_were_not_read(sim):
     reader = client(sim)
     reader._permissions_retry = float("inf")  # as if /access/permissions had failed
-    policy.PERMISSIONS.pop(("pve", "lab", READER), None)
-    original = policy.SETTINGS
+    policy.forget_permissions(reader.host)
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
     token = policy.CALL.set({"confirm": lambda *_: None})
     try:
@@ -369,7 +369,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     admin = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
     admin_request = admin.request
     import policy as policy_module
-    original = policy_module.SETTINGS
+    original = policy_module.settings()
     policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
     confirmed = policy_module.CALL.set({"confirm": lambda *_: None})
     try:
