@@ -17,6 +17,7 @@ import proxmox_client
 import runtime
 from answers import ConfirmArg, DryRunArg, Host
 from errors import InvalidArgument, ProxmoxError, ToolFailure
+from gates import UNCERTAIN, method_gate
 from proxmox_client import ProxmoxClient
 
 ProductArg = Literal["pve", "pbs"] | None
@@ -104,7 +105,7 @@ def api_search(query: Annotated[str, Field(description="words or path parts")],
         haystack = " ".join([entry["method"], entry["path"], entry.get("name", ""), summary, *entry["params"]]).lower()
         if all(word in haystack for word in words):
             rows.append({"method": entry["method"], "path": entry["path"],
-                         "gate": policy.method_gate(entry["method"], entry["path"], product),
+                         "gate": method_gate(entry["method"], entry["path"], product),
                          "summary": summary[:100]})
     result: dict[str, Any] = {"product": product, "columns": ["method", "path", "gate", "summary"],
                               "rows": [[r["method"], r["path"], r["gate"], r["summary"]] for r in rows[:limit]],
@@ -133,14 +134,14 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
         item["required"] = not spec.get("optional") and "[n]" not in name
         params[name] = item
     result = {"product": product, "method": method, "path": template,
-              "gate": policy.method_gate(method, template, product), "parameters": params,
+              "gate": method_gate(method, template, product), "parameters": params,
               "permission": entry.get("check") or entry.get("user"), "returns": entry.get("returns")}
     if entry.get("allowtoken") == 0:
         result["note"] = "Proxmox refuses API tokens here; a user login is needed."
     description = host_descriptions(client).get((method, template))
     if description:
         result["description"] = description[:1500]
-    uncertain = policy.UNCERTAIN.get((product, method, template))
+    uncertain = UNCERTAIN.get((product, method, template))
     if uncertain:
         result["gate_note"] = uncertain
     return result

@@ -16,6 +16,7 @@ from pathlib import Path
 import catalog
 import policy
 import proxmox_client
+from gates import TIERS, method_gate
 from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
@@ -185,7 +186,7 @@ class Config:
     http_port: int = 8765
     log_level: str = "INFO"
     warnings: list[str] = field(default_factory=list)
-    secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
+    secrets: list[str] = field(default_factory=list, repr=False)  # for masking.register_secret, by server.main
     env_origins: EnvOrigins = field(default_factory=lambda: EnvOrigins())  # read_env_files, for --check
     restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
     restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
@@ -245,7 +246,7 @@ class EnvOrigins:
 
 
 def _lower_tier(current: str | None, value: str) -> str | None:
-    tiers = policy.TIERS
+    tiers = TIERS
     low = value.strip().lower()
     return value if low in tiers and tiers.index(low) <= tiers.index((current or "read").strip().lower()) else None
 
@@ -738,8 +739,8 @@ def parse_fingerprint(name: str, value: str) -> str:
 
 def parse_access(name: str, value: str) -> str:
     tier = value.strip().lower()
-    if tier not in policy.TIERS:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
+    if tier not in TIERS:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(TIERS)}.")
     return tier
 
 
@@ -808,7 +809,7 @@ def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
         if not products:
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
                               f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
-        if policy.method_gate(method, path) != "blocked":
+        if method_gate(method, path) != "blocked":
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
                               f"and the PROXMOX_ALLOW_* flags.")
         opened.add((method, path))

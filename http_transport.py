@@ -11,10 +11,10 @@ import socket
 import sys
 from typing import Any, Callable
 
-import policy
 import proxmox_client
 from config import Config
 from errors import ToolFailure
+from masking import mask
 
 
 class BearerAuth:
@@ -112,7 +112,7 @@ def host_reachability() -> dict[str, str]:
                 version = proxmox_client.client_for(product, label).get("/version") or {}
                 result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
             except ToolFailure as exc:
-                result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
+                result[f"{product}:{label}"] = "unreachable: " + mask(str(exc))[:200]
     return result
 
 

@@ -43,11 +43,9 @@ import job_edits
 import protection
 import runtime
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
-from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
-                   call_gate, call_gates, combine, deleting, inside_guest, method_gate)
-from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
-                     register_secret)
-from protection import Protected, Scope, load_protected, named_guests, truthy  # noqa: F401 (re-exported)
+from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
+from masking import MASK, audit_view, mask, mask_answer
+from protection import Protected, Scope, named_guests, truthy
 
 
 class DryRun(Exception):

@@ -29,6 +29,8 @@ import policy
 import runtime
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
+from gates import combine
+from masking import mask_params, register_secret
 
 if TYPE_CHECKING:
     import requests  # imported where it is used: a server's start and first tools/list never need it
@@ -413,8 +415,8 @@ class ProxmoxClient:
                     f"Login as {host.user} on host '{host.label}' needs a second factor (TFA), which this server "
                     f"cannot give. Create an API token for it instead (pveum user token add {host.user} mcp, or "
                     f"Datacenter > Permissions > API Tokens) and set {prefix}_TOKEN.", status=401)
-            policy.register_secret(data["ticket"])
-            policy.register_secret(data["CSRFPreventionToken"])
+            register_secret(data["ticket"])
+            register_secret(data["CSRFPreventionToken"])
             self._ticket = (data["ticket"], data["CSRFPreventionToken"], time.monotonic())
             return self._ticket
 
@@ -449,7 +451,7 @@ class ProxmoxClient:
                       else f"names guest(s) {', '.join(map(str, decision.guests))}, none protected")
         plan = {"dry_run": True, "host": self.host.label,
                 "request": {"method": decision.method, "path": decision.path,
-                            "params": policy.mask_params(decision.params)},
+                            "params": mask_params(decision.params)},
                 "gate": "+".join(decision.gates), "why": decision.reasons, "protection": protection,
                 "needs_confirmation": decision.confirm}
         current = self._current_state(decision)
@@ -578,7 +580,7 @@ class ProxmoxClient:
         self.ensure_permissions()
         decision = policy.classify(self.host, "GET", path, params, self.get)
         if also:
-            decision.gates = policy.combine(set(decision.gates) | {also[0]})
+            decision.gates = combine(set(decision.gates) | {also[0]})
             decision.reasons.append(also[1])
         return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
                             read=self.get, plan=self._dry_run_plan, decision=decision)

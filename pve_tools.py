@@ -19,6 +19,7 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
                        node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
+from masking import MASK, register_secret
 from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task,
                             task_outcome, task_report)
 
@@ -1183,7 +1184,7 @@ def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | Non
     if password is not None:
         if len(password) < 8:
             raise InvalidArgument("password: use at least 8 characters (or ssh_keys). Nothing was sent.")
-        policy.register_secret(password)  # never shown again, wherever it would appear
+        register_secret(password)  # never shown again, wherever it would appear
         params["cipassword"] = password
     params |= _dns(dns) if dns else {}
     nics = sorted(k for k in config if re.fullmatch(r"net\d+", k))
@@ -1215,9 +1216,9 @@ def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_
         raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
                               f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
     params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
-    changed = {key: policy.MASK if key == "cipassword" else params[key] for key in sorted(params)}
+    changed = {key: MASK if key == "cipassword" else params[key] for key in sorted(params)}
     # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
-    waiting = {r["key"]: "(deleted)" if r.get("delete") else policy.MASK if r["key"] == "cipassword" else r["pending"]
+    waiting = {r["key"]: "(deleted)" if r.get("delete") else MASK if r["key"] == "cipassword" else r["pending"]
                for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
     try:
         if params:

@@ -52,7 +52,9 @@ import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
                     load_config, read_env_files, tool_matches)
-from errors import ConfirmationNeeded, ToolFailure
+from errors import ConfirmationNeeded, PolicyError, ToolFailure
+from gates import GATES
+from masking import mask, register_secret
 from pydantic import BaseModel, Field
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
@@ -117,7 +119,7 @@ def server_info() -> dict:
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
                                      "auth": proxmox_client.auth_method(host),
                                      "token": host.token_id, "write_token": host.write_token_id,
-                                     "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
+                                     "gates_open": [g for g in GATES if policy.gate_open(rules, g, "POST")]}
             try:
                 entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
             except ToolFailure as exc:
@@ -371,7 +373,7 @@ def approved(plan: policy.Plan | None, answer: Any) -> set[str]:
     why = f"The user did not confirm ({getattr(answer, 'action', 'no answer')}); nothing was done."
     for host, decision in plan.decisions:
         policy.audit(host, decision.method, decision.path, decision.params, "refused", error=why)
-    raise policy.PolicyError(why)
+    raise PolicyError(why)
 
 
 def confirmer(confirmed: bool, ctx: Any) -> Callable:
@@ -401,9 +403,9 @@ def ask_user(ctx: Any, message: str) -> None:
     try:
         answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
     except Exception as exc:  # a client that fails to answer means no
-        raise policy.PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
+        raise PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
     if not (answer.action == "accept" and answer.data is not None and answer.data.confirm):
-        raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
+        raise PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
 
 
 def describe_plan(plan: list[tuple[Any, policy.Decision]], summary: str = "") -> str:
@@ -450,7 +452,7 @@ def as_tool(function: Callable) -> Callable:
         except policy.DryRun as dry:
             result = dry.plan
         except ToolFailure as exc:
-            raise ToolError(policy.mask(str(exc))) from None
+            raise ToolError(mask(str(exc))) from None
         finally:
             policy.CALL.reset(token)
         view_data = None
@@ -458,7 +460,7 @@ def as_tool(function: Callable) -> Callable:
             result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        text = policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
         return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:
         return with_confirmation(tool, function)
@@ -470,7 +472,7 @@ def view_result(text: str, data: dict) -> Any:
     the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
     hosts hand the view the whole result and keep structuredContent out of the model's context)."""
     from mcp_types import CallToolResult, TextContent
-    structured = json.loads(policy.mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    structured = json.loads(mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
@@ -545,7 +547,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
         problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
                                                               else ""))
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return policy.mask(f"{tool}: {'; '.join(problems)}{more}. Nothing was sent.")
+    return mask(f"{tool}: {'; '.join(problems)}{more}. Nothing was sent.")
 
 
 def example_for(name: str, prop: dict, pattern: str | None) -> Any:
@@ -869,9 +871,9 @@ def as_resource(function: Callable, label: str | None = None) -> Callable:
 
     def read_host(host: str) -> str:
         try:
-            return policy.mask(function(host))
+            return mask(function(host))
         except ToolFailure as exc:
-            raise ResourceError(policy.mask(str(exc))) from None
+            raise ResourceError(mask(str(exc))) from None
 
     if label is not None:
         return lambda: read_host(label)
@@ -931,9 +933,9 @@ def check_hosts(config: Config) -> int:
                 print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
         except ToolFailure as exc:
             failures += 1
-            print(f"  FAILED: {policy.mask(str(exc))}")
+            print(f"  FAILED: {mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
-              f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
+              f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(visibility.specs) - len(visibility.hidden())}")
@@ -1005,7 +1007,7 @@ def start_command() -> str:
 
 class _MaskingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = policy.mask(record.getMessage())
+        record.msg = mask(record.getMessage())
         record.args = ()
         return True
 
@@ -1058,7 +1060,7 @@ def load_configuration(env: dict[str, str]) -> Config:
     (main starts here, and so does the tests' in-process layer)."""
     config = load_config(env)
     for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
-        policy.register_secret(secret)
+        register_secret(secret)
     check_tool_names(config, TOOL_NAMES)
     return config
 
@@ -1076,7 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {policy.mask(str(exc))}", file=sys.stderr)
+        print(f"proxmox-mcp: configuration error: {mask(str(exc))}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
     for warning in config.warnings:

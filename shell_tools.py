@@ -29,6 +29,7 @@ from answers import ConfirmArg, DryRunArg, Host, Vmid
 from config import NODE_NAME, SshTarget
 from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path, resolve_guest
+from masking import mask
 from proxmox_client import pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
@@ -65,7 +66,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def clean_output(text: str) -> tuple[str, bool]:
     """Terminal escapes and control characters out, private keys masked, size capped."""
     text = CONTROL.sub("", ANSI.sub("", text.replace("\r\n", "\n")))
-    text = policy.mask(text)
+    text = mask(text)
     if len(text) > MAX_OUTPUT:
         return text[:MAX_OUTPUT], True
     return text, False

@@ -18,6 +18,7 @@ import requests
 import config
 from config import ConfigError, load_config
 from conftest import ROOT, log_dir, run_server, server_env, stdio_session
+from errors import ProxmoxError
 
 # ---------------------------------------------------------------- the demo
 
@@ -223,7 +224,7 @@ def test_an_unreachable_address_is_tried_once_and_named(monkeypatch):
     monkeypatch.setattr(urllib3.util.connection, "create_connection", no_route)
     monkeypatch.setattr(proxmox_client, "SLOW_CONNECT_FAILURE", 0.0)  # every failure counts as slow here
     host = load_config({"PROXMOX_X_URL": "https://192.0.2.77:8006", "PROXMOX_X_TOKEN": "a@pve!b=c"}).hosts[0]
-    with pytest.raises(proxmox_client.ProxmoxError, match="no route to host") as caught:
+    with pytest.raises(ProxmoxError, match="no route to host") as caught:
         proxmox_client.ProxmoxClient(host).get("/cluster/resources")  # the privilege read first, then the request
     assert len(tried) == 1, tried  # neither retried nor tried again by the request after the privilege read
     assert "192.0.2.77" in str(caught.value)

@@ -151,3 +151,30 @@ def test_per_server_state_is_declared_in_the_runtime_registry(module):
 def test_every_process_wide_exception_still_exists():
     for module, name in PROCESS_WIDE:
         assert name in module_names(parse(module)), f"{module}.{name} is gone: drop it from PROCESS_WIDE"
+
+
+# ---------------------------------------------------------------- a name is imported from its own module
+
+def borrowed_names(module: str) -> set[str]:
+    """The names a project module imports from another project module (`from gates import GATES`)."""
+    project = set(top_level_modules())
+    return {alias.asname or alias.name for node in parse(module).body if isinstance(node, ast.ImportFrom)
+            and node.module in project for alias in node.names}
+
+
+def test_no_name_is_taken_through_a_module_that_only_imported_it():
+    """`policy.mask` would work while policy imports mask from masking; the name is taken from masking,
+    so that a module's names are its own and an import can move without breaking a stranger."""
+    borrowed = {module: borrowed_names(module) for module in top_level_modules()}
+    found = []
+    for path in [*ROOT.glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases = {alias.asname or alias.name: alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names if alias.name in borrowed}
+        found += [f"{path.name}:{node.lineno} {aliases[node.value.id]}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in aliases and node.attr in borrowed[aliases[node.value.id]]]
+        found += [f"{path.name}:{node.lineno} from {node.module} import {alias.name}" for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module in borrowed for alias in node.names
+                  if alias.name in borrowed[node.module]]
+    assert found == [], f"names taken through a module that imported them (import them from their own): {found}"

@@ -17,8 +17,8 @@ import pve_tools
 import runtime
 import simulator
 import workflows
-from answers import human_bytes
-from errors import ProxmoxError, ToolFailure
+from answers import human_bytes, iso_time
+from errors import PolicyError, ProxmoxError, ToolFailure
 
 LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
 
@@ -85,9 +85,9 @@ def test_gc_times_come_from_the_gc_job(sim, lab, tmp_path):
         asked = [path for _, _, path in lab.requests[before:] if path not in ("/access/permissions", "/version")]
         status = pbs_tools.pbs_datastore_status("backup")
         report = workflows.health_check()
-    assert stores[0]["last_gc"] == pbs_tools.iso_time(ran) and stores[0]["gc_result"] == "OK"
+    assert stores[0]["last_gc"] == iso_time(ran) and stores[0]["gc_result"] == "OK"
     assert asked == ["/status/datastore-usage", "/admin/gc"]  # one extra read for every store
-    assert status["gc"]["last_run"] == pbs_tools.iso_time(ran) and status["gc"]["state"] == "OK"
+    assert status["gc"]["last_run"] == iso_time(ran) and status["gc"]["state"] == "OK"
     assert status["gc"]["next_run"]
     assert not [f for f in findings(report, "pbs") if "garbage collection" in f], report["findings"]
 
@@ -300,7 +300,7 @@ def test_agent_refusal_names_the_privilege_the_version_has(tmp_path):
     lab = simulator.Lab.homelab(pve_major=8)
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
         before = len(lab.requests)
-        with pytest.raises(policy.PolicyError) as refused:
+        with pytest.raises(PolicyError) as refused:
             pve_tools.guest_agent_info(100)
         sent = [p for _, _, p in lab.requests[before:] if "/agent/" in p]
     text = str(refused.value)
@@ -395,7 +395,7 @@ def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
         client.ensure_permissions()
         listed = policy.permissions_of(client.host)
         before = len(lab.requests)
-        with pytest.raises(policy.PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
+        with pytest.raises(PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
             pve_tools.write_guest_power(100, "shutdown")
         sent = [r for r in lab.requests[before:] if r[1] != "GET"]
     assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)
