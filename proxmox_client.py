@@ -3,8 +3,8 @@
 Every request goes through `ProxmoxClient.request`, which passes the policy's admission step
 (`policy.admit`) and then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
 whose message tells the model what went wrong and what to do next. Tasks of both products
-are waited for here too (`wait_task`), and answered as the tools answer them (`run_task`,
-`task_report`, `log_page`).
+are waited for here too (`wait_task`); tasks.py answers them as the tools do. This module knows
+HTTP and Proxmox, not MCP (tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
-from mcp.server.mcpserver import Context
-
 import catalog
 import policy
 import runtime
-from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
 from masking import mask_params, register_secret
@@ -241,7 +238,7 @@ def certificate_line(host: HostConfig) -> str | None:
     if expires is None:
         return None
     days = int((expires - time.time()) // 86400)
-    when = f"expires {iso_time(expires)[:10]} (in {days} days)"
+    when = f"expires {time.strftime('%Y-%m-%d', time.gmtime(expires))} (in {days} days)"
     if days >= CERT_WARN_DAYS:
         return f"certificate: {when}"
     renewal, command, ca_file = RENEWAL[host.product]
@@ -762,7 +759,7 @@ class ProxmoxClient:
         raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail))
 
 
-# ---------------------------------------------------------------- tasks, as the tools answer them
+# ---------------------------------------------------------------- downloads
 
 def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
     """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
@@ -789,60 +786,6 @@ def _save(response: requests.Response, destination: Path, max_bytes: int, what: 
         partial.unlink(missing_ok=True)
         raise
     return written
-
-
-TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
-
-
-def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
-             ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications. The
-    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
-    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
-    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
-    data = client.request(method, path, params)
-    if not (isinstance(data, str) and data.startswith("UPID:")):
-        return {"action": action, "result": "ok"}
-    if not wait_seconds:
-        return {"action": action, "task": "started", "upid": data,
-                "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
-    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    task = outcome.pop("exitstatus", None) or outcome.pop("status")
-    outcome.pop("status", None)
-    return {"action": action, "task": task} | outcome
-
-
-def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
-                again: str) -> dict:
-    """A task's status, result and last log lines (both products); with wait_seconds, waits with
-    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
-    parse_upid(upid, client.host.product)
-    if wait_seconds:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-        if outcome["status"] == "still_running":
-            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
-    status = client.task_status(upid)
-    user = status.get("user")  # without the token, which comes as `tokenid` (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
-    if user and status.get("tokenid"):
-        user = f"{user}!{status['tokenid']}"
-    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": user, "status": status.get("status"),
-                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
-    if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
-    if status.get("status") == "stopped":
-        result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
-    return result
-
-
-def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
-    """Log lines of a task from `start`, with `next_start` when there are more."""
-    parse_upid(upid, client.host.product)
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
-    return result
 
 
 def _error_text(response: requests.Response) -> tuple[str, dict]:

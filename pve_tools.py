@@ -20,8 +20,8 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
                        node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from masking import MASK, register_secret
-from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task,
-                            task_outcome, task_report)
+from proxmox_client import ProxmoxClient, agent_result, encode_params, pve_client, task_outcome
+from tasks import TASK_GOING, log_page, run_task, task_report
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "

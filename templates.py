@@ -13,7 +13,8 @@ import policy
 from answers import DryRunArg, Host, Limit, Node, WaitArg, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import check_node, online_node, storage_node, storage_rows
-from proxmox_client import ProxmoxClient, pve_client, run_task
+from proxmox_client import ProxmoxClient, pve_client
+from tasks import run_task
 
 # Storages without a file system, where no image can be pulled to (pve-storage
 # API2/Storage/Status.pm oci_registry_pull: "not a file based storage").

@@ -23,7 +23,8 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, Optio
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, job_selects,
                        kernels, next_vmid, pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
-from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
+from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client
+from tasks import run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 

@@ -4,6 +4,7 @@
   answers.py, errors.py, inventory.py, pbs_state.py and the client. It may import another tool module to
   call its *tools* (workflows compose pve_tools' writes; resources call list tools);
 - the shared modules import no tool module (nor server.py);
+- the HTTP client and the policy know no MCP (neither the SDK nor answers.py);
 - per-server state (settings, hosts, what was read from them) is declared in runtime.py, never kept
   in a module-level name.
 """
@@ -17,7 +18,11 @@ from conftest import ROOT
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
-                  "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits")
+                  "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
+                  "runtime", "tasks")
+# Modules that speak to Proxmox and know nothing of MCP: neither the SDK nor the answer kit that wraps it.
+NO_MCP = ("proxmox_client", "policy", "gates", "masking", "protection", "catalog", "audit", "firewall_guard",
+          "job_edits", "errors", "runtime")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
@@ -53,6 +58,15 @@ def test_a_tool_module_takes_no_helper_from_another(module):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in imported]
     helpers = [(line, f"{name}.{attr}") for line, name, attr in used if attr not in TOOLS_OF[name]]
     assert helpers == [], f"{module} uses what is not a tool of another tool module: {helpers}"
+
+
+@pytest.mark.parametrize("module", NO_MCP)
+def test_the_client_and_the_policy_know_no_mcp(module):
+    """The HTTP client and the admission step are Proxmox's side: progress to a client, answer shapes
+    and the SDK's types live in answers.py, tasks.py and the tool modules."""
+    imports = [(line, name) for line, name, _ in imported_modules(parse(module))
+               if name.split(".")[0] in ("mcp", "mcp_types", "answers", "anyio")]
+    assert imports == [], f"{module} imports {imports}"
 
 
 @pytest.mark.parametrize("module", SHARED_MODULES)
