@@ -10,7 +10,7 @@ drops the guests, as it may have created, moved or deleted one.
 import re
 from typing import Any
 
-from answers import compact
+from answers import compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
 
@@ -146,6 +146,30 @@ def backup_storages(client: ProxmoxClient, rows: list[dict] | None = None) -> li
             key = (entry["storage"], "" if shared else entry["node"])
             seen.setdefault(key, (entry["storage"], entry["node"], shared))
     return [seen[key] for key in sorted(seen)]
+
+
+def backup_volumes(client: ProxmoxClient, vmid: int | None = None,
+                   storage: str | None = None) -> tuple[list[dict], list[str]]:
+    """The backups on every storage that holds them (PBS too), newest first (list_backups' rows, and
+    the restore drill's newest backup); and the backup storages that could not be read."""
+    rows, unread = [], []
+    everything = storage_rows(client)
+    for name, node, shared in backup_storages(client, everything):
+        if storage and name != storage:
+            continue
+        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
+            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
+                         "node": None if shared else node,  # each node's `local` is its own disk
+                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+                         "protected": 1 if volume.get("protected") else None,
+                         "verify": (volume.get("verification") or {}).get("state")})
+    for entry in everything:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
+                and (not storage or entry["storage"] == storage):
+            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
+    rows.sort(key=lambda r: -r["ctime"])
+    return rows, unread
 
 
 def storages_on(rows: list[dict], node: str) -> dict[str, dict]:

@@ -17,8 +17,8 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
-                       node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
+from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, guest_path, guest_resources,
+                       next_vmid, node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from masking import MASK, register_secret
 from proxmox_client import ProxmoxClient, agent_result, encode_params, pve_client, task_outcome
 from tasks import TASK_GOING, log_page, run_task, task_report
@@ -320,24 +320,7 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage (PBS too), newest first."""
-    client = pve_client(host)
-    rows, unread = [], []
-    everything = storage_rows(client)
-    for name, node, shared in backup_storages(client, everything):
-        if storage and name != storage:
-            continue
-        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
-            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
-                         "node": None if shared else node,  # each node's `local` is its own disk
-                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
-                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
-                         "protected": 1 if volume.get("protected") else None,
-                         "verify": (volume.get("verification") or {}).get("state")})
-    for entry in everything:
-        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
-                and (not storage or entry["storage"] == storage):
-            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
-    rows.sort(key=lambda r: -r["ctime"])
+    rows, unread = backup_volumes(pve_client(host), vmid, storage)
     result = table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
                    limit=limit)
     if unread:

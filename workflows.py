@@ -21,8 +21,9 @@ import runtime
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, disk_problem, guest_resources, job_selects,
-                       kernels, next_vmid, pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
+from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, disk_problem,
+                       guest_resources, job_selects, kernels, next_vmid, pool_problem, resolve_guest, storage_rows,
+                       vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client
 from tasks import run_task, task_report
 
@@ -928,10 +929,10 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    found = pve_tools.list_backups(host=host, vmid=vmid, limit=1)["rows"]
+    found, _ = backup_volumes(pve_client(host), vmid)
     if not found:
         raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
-    return found[0][0]
+    return found[0]["volid"]
 
 
 def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:

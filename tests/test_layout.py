@@ -60,6 +60,26 @@ def test_a_tool_module_takes_no_helper_from_another(module):
     assert helpers == [], f"{module} uses what is not a tool of another tool module: {helpers}"
 
 
+@pytest.mark.parametrize("module", TOOL_MODULES)
+def test_a_tool_module_does_not_read_another_tools_rows(module):
+    """A tool that needs what another tool lists calls the shared function beneath both (inventory.py,
+    pbs_state.py, ...): cells picked by position out of another tool's table
+    (`list_backups(...)["rows"][0][0]`) break when that table gains a column. Passing an answer on
+    whole (a resource) is fine."""
+    tree = parse(module)
+    others = set(TOOL_MODULES) - {module}
+
+    def tool_call(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in others
+    answers = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and tool_call(node.value)
+               for target in node.targets if isinstance(target, ast.Name)}
+    picked = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Subscript)
+              and isinstance(node.slice, ast.Constant) and node.slice.value == "rows"
+              and (tool_call(node.value) or isinstance(node.value, ast.Name) and node.value.id in answers)]
+    assert picked == [], f"{module} reads another tool's rows at lines {picked}"
+
+
 @pytest.mark.parametrize("module", NO_MCP)
 def test_the_client_and_the_policy_know_no_mcp(module):
     """The HTTP client and the admission step are Proxmox's side: progress to a client, answer shapes
