@@ -15,8 +15,8 @@ from pathlib import Path
 
 import catalog
 import policy
-import proxmox_client
 from gates import TIERS, method_gate
+from products import PRODUCTS
 from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
@@ -508,7 +508,8 @@ def host_variables(env: dict[str, str]) -> dict[tuple[str, str], HostValues]:
     grouped: dict[tuple[str, str], HostValues] = {}
     suffixes = sorted(HOST_SUFFIXES, key=len, reverse=True)
     for name, value in env.items():
-        for prefix, product in (("PROXMOX_", "pve"), ("PBS_", "pbs")):
+        for product, facts in PRODUCTS.items():
+            prefix = facts.env_prefix + "_"
             if not name.startswith(prefix) or name in GLOBALS:
                 continue
             rest = name[len(prefix):]
@@ -522,7 +523,7 @@ def host_variables(env: dict[str, str]) -> dict[tuple[str, str], HostValues]:
 
 def read_host(product: str, label: str, values: HostValues, config: Config) -> None:
     """One host's variables: its URL, credentials, TLS, gates and SSH access."""
-    prefix = "PROXMOX" if product == "pve" else "PBS"
+    prefix = PRODUCTS[product].env_prefix
     where = f"{prefix}_{label.upper()}_" if label != "default" else f"{prefix}_"
     if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", label):
         raise ConfigError(f"Host label {label!r} in {where}URL: use letters, digits and underscores.")
@@ -626,12 +627,11 @@ def parse_host_rules(values: HostValues, defaults: policy.HostPolicy) -> policy.
 def parse_ssh(product: str, label: str, values: HostValues, timeout: float) -> SshTarget | None:
     """SSH access of one host: PVE nodes by name (`pve1=10.0.0.11,pve2=10.0.0.12:2222`) or the PBS
     host; a host key must be verifiable (known_hosts or pinned fingerprints)."""
-    key = "SSH_NODES" if product == "pve" else "SSH_HOST"
+    key = PRODUCTS[product].ssh_variable
     if key not in values:
         stray = [v[0] for k, v in values.items() if k.startswith("SSH_")]
         if stray:
-            raise ConfigError(f"{', '.join(stray)} set without {'PROXMOX' if product == 'pve' else 'PBS'}_"
-                              f"{label.upper()}_{key}.")
+            raise ConfigError(f"{', '.join(stray)} set without {PRODUCTS[product].host_prefix(label)}_{key}.")
         return None
     name, text = values[key]
     nodes = parse_ssh_nodes(product, name, text)
@@ -715,7 +715,7 @@ def parse_url(name: str, value: str, product: str) -> str:
     if not match:
         raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
                           f"(scheme, host and optional port; no path).")
-    port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
+    port = match.group(3) or str(PRODUCTS[product].default_port)
     if match.group(1) == "http" and int(port) in (8006, 8007):  # docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port
         raise ConfigError(f"{name}={value!r}: port {port} speaks TLS (Proxmox redirects plain HTTP to https); "
                           f"use https://{match.group(2)}:{port}.")

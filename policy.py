@@ -45,6 +45,7 @@ import runtime
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
+from products import PRODUCTS
 from protection import Protected, Scope, named_guests, truthy
 
 
@@ -97,9 +98,8 @@ def gate_open(rules: HostPolicy, gate: str, method: str = "POST", template: str 
 
 
 def how_to_open(gate: str, label: str, product: str) -> str:
-    prefix = "PROXMOX" if product == "pve" else "PBS"
     return {
-        "sensitive": f"PROXMOX_ALLOW_SENSITIVE=true (or {prefix}_{label.upper()}_ALLOW_SENSITIVE)",
+        "sensitive": f"PROXMOX_ALLOW_SENSITIVE=true (or {PRODUCTS[product].host_prefix(label)}_ALLOW_SENSITIVE)",
         "lifecycle": "PROXMOX_ACCESS=lifecycle or higher",
         "write": "PROXMOX_ACCESS=write or higher",
         "destructive": "PROXMOX_ACCESS=destructive",

@@ -28,6 +28,7 @@ import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
 from masking import mask_params, register_secret
+from products import PRODUCTS
 
 if TYPE_CHECKING:
     import requests  # imported where it is used: a server's start and first tools/list never need it
@@ -35,32 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxmox-mcp")
 
 
-@dataclass(frozen=True)
-class Product:
-    name: str
-    default_port: int
-    token_header: str  # format with id and secret
-    upid: re.Pattern  # what a task id of this product looks like
-    ticket_cookie: str  # the cookie that carries a password login's ticket
-    task_tool: str  # the tool that follows one of its tasks
-
-
-# Task ids, as the products' own parsers accept them (docs/PROXMOX-BEHAVIOUR.md#upids): pve-common
-# src/PVE/UPID.pm (decode); proxmox-rs proxmox-schema/src/upid.rs (PROXMOX_UPID_REGEX), which adds a task
-# counter and allows `/` in the (systemd-escaped) fields.
-_NODE = r"(?P<node>[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)"
-PVE_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
-                      r"(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s/]+):(?P<id>[^:\s/]*):(?P<user>[^:\s/]+):")
-PBS_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
-                      r"(?P<task>[0-9A-Fa-f]{8,16}):(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s]+):(?P<id>[^:\s]*):"
-                      r"(?P<user>[^:\s]+):")
-
-# Differences between the products live here (the PBS header uses a colon: docs/PROXMOX-BEHAVIOUR.md#api-tokens).
-PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, "PVEAuthCookie", "get_task"),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, "PBSAuthCookie",
-                   "pbs_get_task"),
-}
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
 # Why a connection could not be made, by the operating system's words in the error, and what it means.
 CONNECT_CAUSES = (
@@ -242,7 +217,7 @@ def certificate_line(host: HostConfig) -> str | None:
     if days >= CERT_WARN_DAYS:
         return f"certificate: {when}"
     renewal, command, ca_file = RENEWAL[host.product]
-    var = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+    var = PRODUCTS[host.product].host_prefix(host.label)
     pinned = (f" {var}_FINGERPRINT pins this certificate: after the renewal pin the new one (see {command})"
               + (f", or trust the cluster CA with {var}_CA_FILE ({ca_file})" if ca_file else "") + "."
               ) if host.fingerprint else ""
@@ -284,7 +259,7 @@ def parse_upid(upid: str, product: str = "pve") -> dict:
     match = PRODUCTS[product].upid.fullmatch(upid)
     if not match:
         raise ProxmoxError(f"'{upid}' is not a {PRODUCTS[product].name} task id (UPID).")
-    worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
+    worker = unescape_id(match["id"]) if PRODUCTS[product].escaped_ids else match["id"]
     return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
             "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
 
@@ -391,7 +366,7 @@ class ProxmoxClient:
             if current and not renew and time.monotonic() - current[2] < TICKET_RENEW_AFTER:
                 return current
             host = self.host
-            prefix = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+            prefix = self.product.host_prefix(host.label)
             try:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
@@ -641,8 +616,7 @@ class ProxmoxClient:
         if response.status_code not in (301, 302, 303, 307, 308):
             return
         location = response.headers.get("Location", "")
-        prefix = ("PROXMOX" if self.host.product == "pve" else "PBS") + (
-            f"_{self.host.label.upper()}" if self.host.label != "default" else "")
+        prefix = self.product.env_prefix if self.host.label == "default" else self.product.host_prefix(self.host.label)
         if self.host.url.startswith("http://") and location.startswith("https://"):
             raise ProxmoxError(
                 f"Host '{self.host.label}': port {urlsplit(self.host.url).port} speaks TLS, so {self.host.url} answers "
@@ -654,7 +628,7 @@ class ProxmoxClient:
     def _tls_error(self, exc: Exception) -> ProxmoxError:
         """Why the certificate was refused and what to do: a pin that no longer matches is most
         likely a renewed certificate (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
-        var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}"
+        var = self.product.host_prefix(self.host.label)
         offered = server_fingerprint(self.host.url)
         seen = f" The server offers SHA-256 {offered}." if offered else ""
         renewal, command, ca_file = RENEWAL[self.host.product]
@@ -720,7 +694,7 @@ class ProxmoxClient:
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
         """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
         (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
-        first = start + 1 if self.host.product == "pbs" else start
+        first = start + self.product.first_log_line
         return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
@@ -911,7 +885,7 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
         if len(hosts) == 1:
             label = next(iter(hosts))
         elif not hosts:
-            prefix = "PROXMOX" if product == "pve" else "PBS"
+            prefix = PRODUCTS[product].env_prefix
             raise ProxmoxError(f"No {name} host is configured. Set {prefix}_<LABEL>_URL and {prefix}_<LABEL>_TOKEN.")
         else:
             raise InvalidArgument(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")

@@ -55,6 +55,7 @@ from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigE
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import GATES
 from masking import mask, register_secret
+from products import PRODUCTS
 from pydantic import BaseModel, Field
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
@@ -593,7 +594,7 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
     if any(tool_matches(p, name) for p in config.deny_tools):
         return "listed in PROXMOX_DENY_TOOLS"
     if spec.product and products and spec.product not in products:
-        return f"no {proxmox_client.PRODUCTS[spec.product].name} host is configured"
+        return f"no {PRODUCTS[spec.product].name} host is configured"
     if spec.ssh and not config.ssh:
         return "no SSH access is configured (PROXMOX_<LABEL>_SSH_NODES or PBS_<LABEL>_SSH_HOST)"
     if spec.setting and not getattr(config, spec.setting.removeprefix("PROXMOX_").lower()):
@@ -651,10 +652,10 @@ class ToolVisibility:
             if not hosts or any(policy.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
             if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
-                acl_path = "/datastore" if spec.product == "pbs" else "/"
                 needs = policy.version_privileges(hosts[0], spec.needs)
                 hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "
-                                                  + policy.grant_hint(hosts[0], spec.needs[0], acl_path))
+                                                  + policy.grant_hint(hosts[0], spec.needs[0],
+                                                                      PRODUCTS[spec.product].acl_root))
         self._hidden = (seen, hidden)
         return hidden
 

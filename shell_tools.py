@@ -30,6 +30,7 @@ from config import NODE_NAME, SshTarget
 from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path, resolve_guest
 from masking import mask
+from products import PRODUCTS
 from proxmox_client import pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
@@ -108,7 +109,8 @@ def target_for(product: str, label: str | None) -> SshTarget:
     if label is None and len(targets) == 1:
         return next(iter(targets.values()))
     if label is None or label.lower() not in targets:
-        prefix = "PROXMOX_<LABEL>_SSH_NODES" if product == "pve" else "PBS_<LABEL>_SSH_HOST"
+        facts = PRODUCTS[product]
+        prefix = f"{facts.env_prefix}_<LABEL>_{facts.ssh_variable}"
         raise ProxmoxError(f"No SSH access is configured for {product.upper()} host {label or '(any)'}; "
                            f"set {prefix}. Configured: {', '.join(sorted(targets)) or 'none'}.")
     return targets[label.lower()]
@@ -130,10 +132,9 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
         client = paramiko.SSHClient()
         if target.known_hosts:
             client.load_host_keys(target.known_hosts)
-        prefix = "PROXMOX" if target.product == "pve" else "PBS"
+        prefix = PRODUCTS[target.product].host_prefix(target.label)
         verify = _VerifyHostKey(target.fingerprints.get(node), f"{node} ({address}:{port})")
-        verify.pin_variable = f"{prefix}_{target.label.upper()}_SSH_FINGERPRINTS" if target.product == "pve" \
-            else f"{prefix}_{target.label.upper()}_SSH_FINGERPRINT"
+        verify.pin_variable = f"{prefix}_{PRODUCTS[target.product].ssh_pin_variable}"
         client.set_missing_host_key_policy(verify)
         try:
             client.connect(address, port=port, username=target.user, key_filename=target.key_file,
@@ -146,7 +147,7 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
                                f"otherwise treat it as an attack.") from None
         except paramiko.AuthenticationException:
             raise ProxmoxError(f"SSH login as {target.user} on {node} failed: the key was refused. Check "
-                               f"{prefix}_{target.label.upper()}_SSH_KEY_FILE and the node's "
+                               f"{prefix}_SSH_KEY_FILE and the node's "
                                f"authorized_keys.") from None
         except (paramiko.SSHException, socket.error, OSError) as exc:
             raise ProxmoxError(f"SSH to {node} ({address}:{port}) failed: {exc}") from None
@@ -285,7 +286,7 @@ def ssh_check(where: Where, host: Host = None) -> dict:
     target, node = _where(where, host)
     client = connect(target, node)  # the handshake verifies the host key; it runs nothing
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
-    command = "id -un; " + ("proxmox-backup-manager versions" if target.product == "pbs" else "pveversion")
+    command = "id -un; " + PRODUCTS[target.product].version_command
     result = admitted(target.product, target.label, ("read",), f"node {node}: {command}", [],
                       lambda: run(target, node, command, timeout=20))
     lines = result.stdout.splitlines()

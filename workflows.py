@@ -762,8 +762,7 @@ def wait_task(upid: str,
               host: Host = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
     """Wait for a PVE or PBS task to end, with progress."""
-    product = "pbs" if _looks_pbs(upid) else "pve"
-    client = pbs_client(host) if product == "pbs" else pve_client(host)
+    client = proxmox_client.client_for("pbs" if _looks_pbs(upid) else "pve", host)
     return task_report(client, upid, wait_seconds, 20, ctx, "wait_task")
 
 
