@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from urllib.parse import quote, urlsplit
 
 import catalog
@@ -143,6 +143,26 @@ def _in_worker(context: contextvars.Context, call: Callable[[], Any]) -> Any:
         return context.run(_outcome, call)
     finally:
         _worker_state.busy = False
+
+
+T = TypeVar("T")
+
+
+def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pause: float = 1.0,
+         growth: float = 1.0, longest: float = 2.0) -> tuple[T, bool]:
+    """The one wait-until loop (tasks, guest states, HA requests, the guest agent, addresses): call
+    `read` until `done` holds for what it returned or `seconds` have passed; the last value, and
+    whether it was done. It reads at least once, waits `pause` between reads (times `growth` after
+    each, at most `longest`) and never sleeps past the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value):
+            return value, True
+        if time.monotonic() + pause > deadline:
+            return value, False
+        time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
+        pause = min(pause * growth, longest)
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -704,22 +724,19 @@ class ProxmoxClient:
         Returns the final status with `result` "ok" or "warnings", or {"status": "still_running"}
         at the deadline. A failed task raises TaskFailed carrying the last log lines.
         """
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while True:
+        def read() -> dict:
             status = self.task_status(upid)
-            if status.get("status") != "running":
-                return self._finished(upid, status)
-            if on_progress:
+            if status.get("status") == "running" and on_progress:
                 lines = self.task_log(upid, start=0, limit=0)
                 text = next((line["t"] for line in reversed(lines) if PERCENT.search(line.get("t", ""))), "")
                 match = PERCENT.search(text)
                 on_progress(float(match.group(1)) if match else None, text or "running")
-            if time.monotonic() + delay > deadline:
-                return {"status": "still_running", "upid": upid,
-                        "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
-            time.sleep(delay)  # polling a remote task, not synchronising tests
-            delay = min(delay * 1.5, 2.0)
+            return status
+        status, ended = poll(read, lambda status: status.get("status") != "running", timeout, pause=0.2, growth=1.5)
+        if ended:
+            return self._finished(upid, status)
+        return {"status": "still_running", "upid": upid,
+                "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
 
     def _finished(self, upid: str, status: dict) -> dict:
         exit_status = status.get("exitstatus", "")

@@ -20,7 +20,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, guest_path, guest_resources,
                        next_vmid, node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from masking import MASK, register_secret
-from proxmox_client import ProxmoxClient, agent_result, encode_params, pve_client, task_outcome
+from proxmox_client import ProxmoxClient, agent_result, encode_params, poll, pve_client, task_outcome
 from tasks import TASK_GOING, log_page, run_task, task_report
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
@@ -436,12 +436,9 @@ def _ha_managed(row: dict) -> bool:
 
 def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -> dict:
     """The guest's status/current, read until it is in `wanted` or `seconds` have passed."""
-    deadline = time.monotonic() + seconds
-    while True:
-        status = client.get(f"{base}/status/current") or {}
-        if _guest_state(status) == wanted or time.monotonic() >= deadline:
-            return status
-        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    status, _ = poll(lambda: client.get(f"{base}/status/current") or {}, lambda status: _guest_state(status) == wanted,
+                     seconds, pause=0.5)  # waiting for the HA manager to carry out a request
+    return status
 
 
 def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
@@ -786,12 +783,8 @@ def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
 
 def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> dict:
     """Where an HA resource is after its migration request, read until it is on target."""
-    deadline = time.monotonic() + seconds
-    while True:
-        node = next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
-        if node == target or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    node, _ = poll(lambda: next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None),
+                   lambda node: node == target, seconds, pause=0.5)  # waiting for the HA manager to carry out a request
     answer = {"requested_through": "HA", "node": node}
     if node != target:
         answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "

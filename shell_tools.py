@@ -31,7 +31,7 @@ from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path, resolve_guest
 from masking import mask
 from products import PRODUCTS
-from proxmox_client import pve_client
+from proxmox_client import poll, pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
     import paramiko
@@ -358,13 +358,17 @@ AGENT_STARTING = ("QEMU guest agent is not running", "got timeout")
 
 def _agent_call(call: Callable[[], Any], deadline: float) -> Any:
     """An agent call, repeated while the agent is still starting, until the deadline."""
-    while True:
+    def attempt() -> tuple[Any, ProxmoxError | None]:
         try:
-            return call()
+            return call(), None
         except ProxmoxError as exc:
-            if not any(text in str(exc) for text in AGENT_STARTING) or time.monotonic() > deadline:
+            if not any(text in str(exc) for text in AGENT_STARTING):
                 raise
-        time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+            return None, exc
+    (answer, starting), _ = poll(attempt, lambda outcome: outcome[1] is None, deadline - time.monotonic(), pause=2)
+    if starting is not None:  # still starting at the deadline
+        raise starting
+    return answer
 
 
 def _shell_wrapper(client: Any, base: str) -> list[str]:
@@ -387,15 +391,10 @@ def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Time
     started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
                           deadline)
     pid = started["pid"]
-    delay = 0.2
-    while True:
-        status = client.get(f"{base}/agent/exec-status", pid=pid) or {}
-        if status.get("exited"):
-            break
-        if time.monotonic() > deadline:
-            return Result(None, "", "", timed_out=True).answer(vmid=vmid, pid=pid)
-        time.sleep(delay)  # polling the agent
-        delay = min(delay * 1.5, 2.0)
+    status, exited = poll(lambda: client.get(f"{base}/agent/exec-status", pid=pid) or {},
+                          lambda status: bool(status.get("exited")), deadline - time.monotonic(), pause=0.2, growth=1.5)
+    if not exited:
+        return Result(None, "", "", timed_out=True).answer(vmid=vmid, pid=pid)
     stdout, cut_out = clean_output(status.get("out-data", ""))
     stderr, cut_err = clean_output(status.get("err-data", ""))
     truncated = cut_out or cut_err or bool(status.get("out-truncated") or status.get("err-truncated"))

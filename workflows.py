@@ -24,7 +24,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, disk_problem,
                        guest_resources, job_selects, kernels, next_vmid, pool_problem, resolve_guest, storage_rows,
                        vmid_set, wearout_left)
-from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client
+from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
 from tasks import run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -822,8 +822,7 @@ class Steps:
 
 
 def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int) -> str | None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def address() -> str | None:
         try:
             if kind == "lxc":
                 for iface in client.get(f"{base}/interfaces") or []:
@@ -832,13 +831,13 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
             else:
                 result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
                 for iface in result or []:
-                    for address in iface.get("ip-addresses", []):
-                        if iface.get("name") != "lo" and address.get("ip-address-type") == "ipv4":
-                            return address["ip-address"]
+                    for found in iface.get("ip-addresses", []):
+                        if iface.get("name") != "lo" and found.get("ip-address-type") == "ipv4":
+                            return found["ip-address"]
         except ProxmoxError:
             pass  # not up yet
-        time.sleep(1)  # polling the guest for an address
-    return None
+        return None
+    return poll(address, lambda found: found is not None, seconds)[0]  # polling the guest for an address
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
@@ -1064,19 +1063,16 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         try:
             if kind == "qemu":
                 client.request("POST", f"{base}/agent/ping", {})
                 return True
             running = (client.get(f"{base}/status/current") or {}).get("status") == "running"
-            if running and client.get(f"{base}/interfaces"):
-                return True
+            return bool(running and client.get(f"{base}/interfaces"))
         except ProxmoxError:
-            pass
-        time.sleep(1)  # polling the scratch guest
-    return False
+            return False
+    return poll(answers, bool, seconds)[1]  # polling the scratch guest
 
 
 # ---------------------------------------------------------------- resources and prompts

@@ -212,3 +212,35 @@ def test_no_name_is_taken_through_a_module_that_only_imported_it():
                   if isinstance(node, ast.ImportFrom) and node.module in borrowed for alias in node.names
                   if alias.name in borrowed[node.module]]
     assert found == [], f"names taken through a module that imported them (import them from their own): {found}"
+
+
+# Where a module may sleep besides proxmox_client.poll, the one wait-until loop: each with the reason.
+SLEEPS = {
+    ("proxmox_client", "_send"): "a short pause before retrying a GET whose connection dropped",
+    ("server", "load"): "the privileges are read a moment after the first tools/list, not beside it",
+    ("http_transport", "stop"): "on SIGTERM, the requests being answered finish (ours, not Proxmox's)",
+}
+
+
+def own_nodes(function: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body, without those of the functions defined inside it."""
+    found, stack = [], list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_waiting_for_proxmox_is_one_loop():
+    """Waiting until a task ends, a guest is in a state, the agent answers: proxmox_client.poll, with
+    its deadline, for every one of them."""
+    found = []
+    for module in top_level_modules():
+        for function in (n for n in ast.walk(parse(module)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            sleeps = [n.lineno for n in own_nodes(function) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "sleep"]
+            if sleeps and (module, function.name) not in SLEEPS | {("proxmox_client", "poll"): ""}:
+                found.append(f"{module}.{function.name}:{sleeps[0]}")
+    assert found == [], f"waiting loops of their own (use proxmox_client.poll): {found}"

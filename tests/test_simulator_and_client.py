@@ -458,3 +458,12 @@ def test_the_cluster_ca_file_works_with_strict_x509_checking(tmp_path, monkeypat
         own.serve_certificate(*simulator.make_certificate(tmp_path / "elsewhere", ca=old_ca, names=("pve9.example",)))
         with pytest.raises(ProxmoxError, match="Hostname mismatch|IP address mismatch"):
             trusting("pve-root-ca.pem").get("/version")
+
+
+def test_poll_reads_until_done_or_the_deadline_and_says_which():
+    answers = iter(["running", "running", "stopped"])
+    done = lambda state: state == "stopped"  # noqa: E731
+    assert proxmox_client.poll(lambda: next(answers), done, 60, pause=0) == ("stopped", True)
+    reads = []
+    assert proxmox_client.poll(lambda: reads.append(1) or "running", done, 0) \
+        == ("running", False) and reads == [1]  # read once even with no time left, never slept past the deadline
