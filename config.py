@@ -445,7 +445,7 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     if not unknown:
         return []
     labels = {(product, label) for product, label in host_variables(env)} | {("pve", "default"), ("pbs", "default")}
-    known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
+    known = list(GLOBALS) + [f"{PRODUCTS[product].env_prefix}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
     import difflib  # only when a name is unknown (above): not at every start
