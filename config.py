@@ -6,12 +6,15 @@ Parsing has no side effects: the secrets it finds are carried in `Config.secrets
 """
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dotenv import dotenv_values
 
 import catalog
 import policy
@@ -319,7 +322,6 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
     the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
     where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
     narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
-    from dotenv import dotenv_values
     env = dict(os.environ if environ is None else environ)
     origins = EnvOrigins(set_by={name: "the environment" for name in env})
     install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
@@ -448,7 +450,6 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     known = list(GLOBALS) + [f"{PRODUCTS[product].env_prefix}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
-    import difflib  # only when a name is unknown (above): not at every start
     warnings = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)

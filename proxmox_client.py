@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -104,7 +105,6 @@ def in_parallel(calls: list[Callable[[], Any]], limit: int = AT_ONCE) -> list[An
     workers, so the shared threads cannot all end up waiting."""
     if len(calls) < 2 or limit < 2 or getattr(_worker_state, "busy", False):
         return [_outcome(call) for call in calls]
-    from concurrent.futures import FIRST_COMPLETED, wait
     pool, results = _executor(), [None] * len(calls)
     waiting = iter(enumerate(calls))
     running: dict[Any, int] = {}
@@ -132,7 +132,6 @@ _pool_lock = threading.Lock()
 def _executor() -> Any:
     with _pool_lock:
         if not _pool:
-            from concurrent.futures import ThreadPoolExecutor
             _pool.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="read"))
         return _pool[0]
 

@@ -5,10 +5,11 @@ answer as compact JSON and turns a ToolFailure into a tool error. Lists come as
 {"columns": [...], "rows": [[...], ...]} to keep answers small (answers.py); guests, nodes
 and storages are looked up by inventory.py.
 """
+import ipaddress
 import re
 import time
 from typing import Annotated, Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -1097,7 +1098,6 @@ def _ssh_keys(text: str) -> str:
     """Public keys as qemu-server stores `sshkeys`: one per line, URL-encoded (it URI-unescapes them
     to check and to write the drive: docs/PROXMOX-BEHAVIOUR.md#cloud-init). Plain keys are taken; an
     already encoded value is decoded first."""
-    from urllib.parse import unquote
     if "%" in text and " " not in text:
         text = unquote(text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -1112,7 +1112,6 @@ def _ssh_keys(text: str) -> str:
 
 def _ip_config(nic: str, value: str) -> str:
     """One NIC's ipconfig: dhcp, a CIDR with an optional gw, or Proxmox's own ip=...,gw=... form."""
-    import ipaddress
     text = value.strip()
     if text in ("dhcp", "auto", "dhcp6"):
         return {"dhcp": "ip=dhcp", "dhcp6": "ip6=dhcp", "auto": "ip6=auto"}[text]
@@ -1137,7 +1136,6 @@ def _ip_config(nic: str, value: str) -> str:
 
 def _dns(text: str) -> dict[str, str]:
     """`dns` as Proxmox keeps it: the addresses are name servers, the names search domains."""
-    import ipaddress
     servers, domains = [], []
     for item in filter(None, re.split(r"[,;\s]+", text.strip())):
         try:
