@@ -450,7 +450,7 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
     """Step 4: the requests that need the user's yes and were not in the plan the user approved
-    are put to the call's confirmation step (server.confirmer); a refusal is audited."""
+    are put to the call's confirmation step (confirmation.confirmer); a refusal is audited."""
     approved = current_call().get("approved", ())
     pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved]
     if not pending:

@@ -41,6 +41,7 @@ import proxmox_client  # noqa: E402
 import runtime  # noqa: E402
 import server  # noqa: E402
 import simulator  # noqa: E402
+import visibility  # noqa: E402
 
 STATE_DIR: Path | None = None  # this run's temporary state (audit logs), set by the state_dir fixture
 LOGS: Path | None = None  # this run's logs: every server's stderr and every tool answer, set by state_dir too
@@ -139,9 +140,9 @@ class InProcess(Session):
             return self.portal.call(self._request, "tools/list", None).tools
 
     async def _request(self, method: str, params: dict | None) -> Any:
-        """One request through the server's middleware (server.VISIBILITY) to its handler."""
+        """One request through the server's middleware (visibility.py) to its handler."""
         request = SimpleNamespace(method=method, params=params, session=self)
-        return await server.VISIBILITY.get()(request, self._handle)
+        return await visibility.current()(request, self._handle)
 
     async def _handle(self, request: Any) -> Any:
         from mcp.shared.exceptions import MCPError

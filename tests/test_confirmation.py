@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-import server
+import confirmation
 from conftest import everything_open, requests_during, stdio_session
 from errors import ConfirmationNeeded
 
@@ -184,4 +184,4 @@ def test_on_2026_07_28_a_request_the_user_did_not_see_is_not_sent():
     decision = policy.Decision("DELETE", "/admin/datastore/backup/snapshots", gates=("read", "destructive"),
                                reasons=["deletes a backup snapshot"])
     with pytest.raises(ConfirmationNeeded, match="Call the tool again"):
-        server.confirmer(True, ModernContext())(host, [decision])
+        confirmation.confirmer(True, ModernContext())(host, [decision])

@@ -241,6 +241,7 @@ def test_every_tool_explains_every_argument_it_refuses():
     from pydantic import ValidationError
 
     import server
+    from argument_errors import argument_error
     from mcp.server.mcpserver.tools import Tool
     bad = {"integer": "not-a-number", "boolean": "maybe", "string": 12345, "object": "x", "array": "x"}
     for spec in server.TOOLS:
@@ -253,11 +254,11 @@ def test_every_tool_explains_every_argument_it_refuses():
             try:
                 tool.fn_metadata.validate_arguments(arguments)
             except ValidationError as exc:
-                message = server.argument_error(tool.name, exc, schema)
+                message = argument_error(tool.name, exc, schema)
                 named = next(part for part in message.split("; ") if f"argument '{name}'" in part)
                 assert "\n" not in message and "e.g." in named, (
                     f"{message} -- give '{name}' a description with 'e.g. <value>' (or add the name to "
-                    f"server.NAMED_EXAMPLES) so that a refusal can show a valid value")
+                    f"argument_errors.NAMED_EXAMPLES) so that a refusal can show a valid value")
 
 
 def breaking(prop: dict, bad: dict):

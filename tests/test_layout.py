@@ -6,7 +6,9 @@
 - the shared modules import no tool module (nor server.py);
 - the HTTP client and the policy know no MCP (neither the SDK nor answers.py);
 - per-server state (settings, hosts, what was read from them) is declared in runtime.py, never kept
-  in a module-level name.
+  in a module-level name;
+- a name is imported from the module that defines it; a tool module reads no other tool's rows;
+  waiting for Proxmox is one loop (proxmox_client.poll).
 """
 import ast
 
@@ -217,7 +219,7 @@ def test_no_name_is_taken_through_a_module_that_only_imported_it():
 # Where a module may sleep besides proxmox_client.poll, the one wait-until loop: each with the reason.
 SLEEPS = {
     ("proxmox_client", "_send"): "a short pause before retrying a GET whose connection dropped",
-    ("server", "load"): "the privileges are read a moment after the first tools/list, not beside it",
+    ("visibility", "load"): "the privileges are read a moment after the first tools/list, not beside it",
     ("http_transport", "stop"): "on SIGTERM, the requests being answered finish (ours, not Proxmox's)",
 }
 
@@ -244,3 +246,4 @@ def test_waiting_for_proxmox_is_one_loop():
             if sleeps and (module, function.name) not in SLEEPS | {("proxmox_client", "poll"): ""}:
                 found.append(f"{module}.{function.name}:{sleeps[0]}")
     assert found == [], f"waiting loops of their own (use proxmox_client.poll): {found}"
+

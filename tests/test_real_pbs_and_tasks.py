@@ -287,11 +287,12 @@ def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pve_token=AGENT_OPS,
                                                     PROXMOX_ALLOW_EXEC="true"):
         import server
+        import visibility
         client = proxmox_client.pve_client()
         client.ensure_permissions()
-        visibility = server.ToolVisibility()
-        visibility.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
-        assert visibility.hidden() == {}
+        visible = visibility.ToolVisibility()
+        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
+        assert visible.hidden() == {}
         info = pve_tools.guest_agent_info(100)
     assert info["hostname"] == "web"
 
