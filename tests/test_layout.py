@@ -8,14 +8,17 @@
 - per-server state (settings, hosts, what was read from them) is declared in runtime.py, never kept
   in a module-level name;
 - a name is imported from the module that defines it; a tool module reads no other tool's rows;
-  waiting for Proxmox is one loop (proxmox_client.poll).
+  waiting for Proxmox is one loop (proxmox_client.poll); an import inside a function defers something.
 """
 import ast
+import importlib.util
+import subprocess
+import sys
 
 import pytest
 
 import server
-from conftest import ROOT
+from conftest import ROOT, server_env
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs")
@@ -247,3 +250,39 @@ def test_waiting_for_proxmox_is_one_loop():
                 found.append(f"{module}.{function.name}:{sleeps[0]}")
     assert found == [], f"waiting loops of their own (use proxmox_client.poll): {found}"
 
+
+# ---------------------------------------------------------------- an import inside a function defers something
+
+# Imports inside a function of modules a server's start loads anyway: each with the reason it stays.
+CYCLES = {
+    ("firewall_guard", "proxmox_client"): "a cycle: proxmox_client imports policy, which imports firewall_guard",
+    ("server", "tool_docs"): "a cycle: tool_docs imports server (only --write-docs and --list-tools --markdown)",
+}
+
+
+def imported_module(module: str, name: str) -> str:
+    """What `from module import name` loads: the submodule `module.name` if there is one, else `module`."""
+    try:
+        return f"{module}.{name}" if importlib.util.find_spec(f"{module}.{name}") else module
+    except (ImportError, AttributeError, ValueError):
+        return module
+
+
+def test_an_import_inside_a_function_defers_something(tmp_path):
+    """A module imported inside a function is one a server's start does not load (requests, paramiko,
+    the simulator, the HTTP-only parts); one the start loads anyway is imported at the top of the file."""
+    start = ("import sys, anyio, server; config, _ = server.configuration(server.parse_args([])); "
+             "server.apply_configuration(config); anyio.run(server.build_server(config).list_tools); "
+             "print(' '.join(sys.modules))")
+    loaded = set(subprocess.run([sys.executable, "-c", start], cwd=tmp_path, capture_output=True, text=True, check=True,
+                                env=server_env({"PYTHONPATH": str(ROOT)})).stdout.split())
+    found = []
+    for module in top_level_modules():
+        for function in (n for n in ast.walk(parse(module)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in own_nodes(function):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [imported_module(node.module, a.name) for a in node.names] \
+                    if isinstance(node, ast.ImportFrom) and node.module else []
+                found += [f"{module}.{function.name}:{node.lineno} {name}" for name in names
+                          if name in loaded and (module, name) not in CYCLES]
+    assert found == [], f"imports inside functions of modules every start loads (move them to the top): {found}"
