@@ -286,3 +286,9 @@ def test_an_import_inside_a_function_defers_something(tmp_path):
                 found += [f"{module}.{function.name}:{node.lineno} {name}" for name in names
                           if name in loaded and (module, name) not in CYCLES]
     assert found == [], f"imports inside functions of modules every start loads (move them to the top): {found}"
+
+
+def test_server_py_is_the_mcp_edge_only():
+    """server.py holds the tool table, registration, transports and the command line; what grows
+    beside them (visibility, confirmation, argument errors, docs, the demo) has a module of its own."""
+    assert len((ROOT / "server.py").read_text().splitlines()) < 900
