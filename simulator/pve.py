@@ -14,10 +14,11 @@ from typing import Callable
 
 from .call import ApiError, Call, _guest, _node, _permissions
 from .lab import GiB, Task
+from .pve_backup import pve_vzdump, visible_volume
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
-                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template, pve_vzdump)
+                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template)
 
 
 # ---------------------------------------------------------------- PVE handlers
@@ -339,8 +340,10 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
     if entry["type"] == "pbs":
         rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
+    # a caller sees only what check_volume_access lets it (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
     return [{k: val for k, val in v.items() if k != "_node"} for v in rows
-            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
+            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))
+            and visible_volume(call, storage, v)]
 
 
 def _vnet_rows(call: Call) -> list[dict]:

@@ -291,31 +291,6 @@ def pve_rollback(kind: str) -> Callable:
     return handler
 
 
-def pve_vzdump(call: Call, node: str) -> str:
-    _node(call, node)
-    vmid = int(str(call.arg("vmid", "0")).split(",")[0] or 0)
-    guest = call.lab.guests.get(vmid)
-    if guest is None or guest["node"] != node:
-        return call.lab.start_task(node, "vzdump", "", user=call.token_id, exitstatus="job errors",
-                                   lines=[f"ERROR: guest {vmid} is not on node {node}"])
-    storage = call.arg("storage", "local")
-    kind = "qemu" if guest["type"] == "qemu" else "lxc"
-    stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.gmtime())
-    ext = "vma.zst" if kind == "qemu" else "tar.zst"
-    volid = f"{storage}:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}"
-    lines = [f"INFO: starting new backup job: vzdump {vmid} --storage {storage} --mode {call.arg('mode', 'snapshot')}",
-             f"INFO: Starting Backup of VM {vmid} ({kind})"] + \
-        [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)] + \
-        [f"INFO: Finished Backup of VM {vmid}"]
-
-    def apply() -> None:
-        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid, node=guest["node"])
-        if call.arg("notes-template"):
-            call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
-    return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
-                               exitstatus=_locked(guest, kind) or "OK", on_done=apply, lock=(guest, "backup"))
-
-
 # The create parameters the simulated guest keeps in its config.
 CREATE_KEEPS = re.compile(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs"
                           r"|unprivileged|description")

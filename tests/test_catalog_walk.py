@@ -71,7 +71,11 @@ WALK_GUESTS = {"/nodes/{node}/lxc/{vmid}/status/reboot": (110, "lxc", "pve1", "r
                "/nodes/{node}/lxc/{vmid}/status/stop": (113, "lxc", "pve1", "running"),
                "/nodes/{node}/lxc/{vmid}/status/suspend": (114, "lxc", "pve1", "running"),
                "/nodes/{node}/qemu/{vmid}/migrate": (115, "qemu", "pve1", "stopped"),  # not the guest others use
-               "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped")}  # a running CT needs restart
+               "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped"),  # a running CT needs restart
+               # stopped, whatever the walk's start of 103 has done by then (a running CT is no template,
+               # and is fully cloned only from a snapshot)
+               "/nodes/{node}/lxc/{vmid}/template": (117, "lxc", "pve1", "stopped"),
+               "/nodes/{node}/lxc/{vmid}/clone": (118, "lxc", "pve1", "stopped")}
 # Methods that need another guest than the default.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
                   "/nodes/{node}/qemu/{vmid}/template": {"node": "pve2", "vmid": "104"},  # a stopped VM

@@ -22,7 +22,7 @@ def pbs_snapshot(lab, vmid: str, index: int) -> dict:
 
 
 def pve_backup(lab, vmid: int) -> str:
-    return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
+    return next(v["volid"] for v in lab.volumes["local"] if v.get("vmid") == vmid)
 
 
 # (tool, arguments or a function of the lab giving them), in the order they run: reads, then
@@ -48,7 +48,7 @@ CALLS = [
     ("api_read", {"path": "/version"}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
-    ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
+    ("write_backup_guest", {"vmid": 102, "storage": "local"}),
     ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
     ("write_set_nic", {"vmid": 103, "vlan": 30}),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+1G"}),

@@ -55,8 +55,8 @@ def test_guest_config_and_snapshots(ops, sim):
 
 def test_backups_storage_content_networks_pools(ops):
     backups = rows(ops.ok("list_backups", {"vmid": 100}))
-    on_nfs = [b for b in backups if b["storage"] == "nfs-backup"]
-    assert len(on_nfs) == 1 and on_nfs[0]["size"] == "2.0 GiB"
+    on_local = [b for b in backups if b["storage"] == "local"]  # last night's, on pve1's own disk
+    assert len(on_local) == 1 and on_local[0]["size"] == "2.0 GiB" and on_local[0]["node"] == "pve1"
     assert len([b for b in backups if b["storage"] == "pbs"]) == 3  # a PBS storage lists its datastore's snapshots
     isos = rows(ops.ok("storage_content", {"storage": "local", "content": "iso"}))
     assert [r["volid"] for r in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
@@ -140,10 +140,10 @@ def test_resize_snapshot_rollback_delete(ops, sim):
 @pytest.mark.usefixtures("running_tasks")
 def test_backup_restore_clone_migrate_template_delete(ops, sim):
     progress = []
-    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "nfs-backup", "notes": "before the move"},
+    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "local", "notes": "before the move"},
                     progress=progress)
     assert backup["result"] == "ok" and any(p for p, _, _ in progress if p)
-    volid = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 105)
+    volid = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 105)
     restored = ops.ok("write_restore_backup", {"archive": volid})
     assert restored["result"] == "ok" and sim.lab.guests[restored["vmid"]]["type"] == "lxc"
     # a guest on local storage clones on its own node only (docs/PROXMOX-BEHAVIOUR.md#clone)
@@ -199,7 +199,7 @@ def test_create_without_a_node_picks_one_that_is_online(ops, sim):
 GUEST_WRITES = [
     ("write_guest_power", {"action": "start"}), ("write_guest_config", {"set": {"memory": 1024}}),
     ("write_set_nic", {"bridge": "vmbr0"}), ("write_resize_disk", {"disk": "scsi0", "size": "+1G"}),
-    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "nfs-backup"}),
+    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs"}),
     ("write_clone_guest", {}), ("write_migrate_guest", {"target": "pve3"}),
     ("write_delete_guest", {"confirm": True}), ("write_template", {}),
 ]
@@ -223,7 +223,7 @@ def test_snapshot_and_restore_refusals_for_protected(ops, sim):
         refused = partial(ops.error, tool, {"vmid": 101, "name": "keep", "confirm": True})
         message, sent = requests_during(sim, refused, writes=True)
         assert "protected" in message and sent == []
-    archive = sim.lab.volumes["nfs-backup"][0]["volid"]
+    archive = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 101)  # on pve2, as 101
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_restore_backup", {
         "archive": archive, "vmid": 101, "overwrite": True, "confirm": True}))
     assert "protected" in message and sent == []
@@ -274,7 +274,7 @@ BAD_INPUT = [
     ("write_snapshot_delete", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_backup_guest", {"vmid": 100, "storage": "local-lvm"}, "does not hold backups"),
     ("write_restore_backup", {"archive": "local:iso/x.iso"}, "does not look like a backup"),
-    ("write_restore_backup", {"archive": "nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "vmid": 102}, "is taken"),
+    ("write_restore_backup", {"archive": "pbs:backup/vm/100/2026-01-01T02:00:01Z", "vmid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "newid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "full": False}, "needs a template"),
     ("write_clone_guest", {"vmid": 100, "target": "pve9"}, "Unknown node"),
