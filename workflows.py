@@ -146,11 +146,15 @@ def _storage_fill(h: Health) -> None:
         h.report.unavailable.append({"section": f"storage {storage['storage']} on {storage['node']}",
                                      "reason": f"status {storage.get('status')}: the node reports no usage "
                                                f"(storage offline, disabled or not mounted)"})
-    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
+    # a shared storage has a row per node but one disk: one finding (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    rows = {(r["storage"], "" if r.get("shared") else r["node"]): r for r in h.resources
+            if r.get("type") == "storage" and r.get("maxdisk")}
+    for (name, node), storage in sorted(rows.items()):
         used = percent(storage.get("disk"), storage.get("maxdisk"))
         if used >= h.limits["storage_warn_pct"]:
             severity = "critical" if used >= h.limits["storage_crit_pct"] else "warning"
-            h.report.add(severity, "storage", f"{storage['storage']} on {storage['node']} is {used}% full",
+            where = f"{name} on {node}" if node else f"{name} (shared)"
+            h.report.add(severity, "storage", f"{where} is {used}% full",
                          {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
                          "prune backups (list_backups), delete unused volumes or grow the storage")
 
