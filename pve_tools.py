@@ -16,7 +16,7 @@ from pydantic import Field
 import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
-from errors import InvalidArgument, ProxmoxError, ToolFailure
+from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
                        online_node, resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
@@ -536,18 +536,50 @@ def _backup_storage(client: ProxmoxClient, storage: str) -> None:
         raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
 
+NOTES_VARIABLES = ("cluster", "guestname", "node", "vmid")
+
+
+def _notes_template(notes: str) -> str:
+    """Notes as vzdump's `notes-template` takes them: a backslash and a line break escaped, and only
+    its four {{variables}} (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    unknown = [m.group(0) for m in re.finditer(r"\{\{([^\s{}]+)\}\}", notes) if m.group(1) not in NOTES_VARIABLES]
+    if unknown:
+        known = ", ".join("{{" + name + "}}" for name in NOTES_VARIABLES)
+        raise InvalidArgument(f"notes: Proxmox expands only {known} in backup notes and refuses {unknown[0]}; "
+                              f"write it another way.")
+    return notes.replace("\\", "\\\\").replace("\r\n", "\n").replace("\n", "\\n")
+
+
+def _pruned(client: ProxmoxClient, answer: dict) -> dict:
+    """What vzdump's prune step logged: the retention it applied and how many backups went."""
+    lines = [line["t"] for line in client.task_log(answer["upid"], limit=0) if "prune" in line.get("t", "")]
+    return {"pruning": [line.removeprefix("INFO: ") for line in lines] or ["no retention is set: nothing pruned"]}
+
+
 def write_backup_guest(vmid: Vmid, storage: str,
                        host: Host = None,
                        mode: Literal["snapshot", "suspend", "stop"] = "snapshot",
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
+                       prune: Annotated[bool, Field(description="Let retention delete old ones")] = False,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Back up a guest now (vzdump) to a storage, PBS included."""
     client = pve_client(host)
     _, row = guest_path(client, vmid)
     _backup_storage(client, storage)
-    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
-    return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    # vzdump prunes by the storage's retention unless remove=0, which the GUI's "Backup now" sends
+    # (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)
+    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "remove": prune,
+              "notes-template": _notes_template(notes) if notes else None}
+    try:
+        answer = run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    except TaskFailed as exc:
+        if "max backup limit" not in str(exc):
+            raise
+        raise TaskFailed(f"{exc} Storage '{storage}' keeps a set number of backups per guest and guest {vmid} has "
+                         f"that many; nothing was deleted. Give prune=true to let its retention remove the oldest, "
+                         f"or delete one (list_backups, write_delete_volume).") from None
+    return answer | _pruned(client, answer) if prune and answer.get("upid") and answer.get("result") else answer
 
 
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:

@@ -338,6 +338,10 @@ class Lab:
         lister = [("/", "PVEAuditor", True), ("/", "BackupReader", True)]
         self.pve_tokens["mcp@pve!backups"] = Token("77777777-6666-5555-4444-333333333333", lister,
                                                    owner=Token("", lister))
+        # a write token as examples/operator.env pairs with the reader: guests and storage space, no Sys.*
+        operator = [("/", "PVEVMAdmin", True), ("/", "PVEDatastoreUser", True)]
+        self.pve_tokens["ops@pve!operator"] = Token("55555555-4444-3333-2222-111111111111", operator,
+                                                    owner=Token("", operator))
         self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
         mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
         self.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",

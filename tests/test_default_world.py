@@ -1,0 +1,107 @@
+"""The PVE side of the user's default world (issue 21): a fresh install's storage, the README's
+reader token for reads, an operator's write token for writes (examples/operator.env), and what
+Proxmox does there that the tools must say (facts and sources in docs/PROXMOX-BEHAVIOUR.md)."""
+import json
+import re
+import time
+
+import pytest
+
+import simulator
+from conftest import requests_during, tool_session
+
+GiB = 1024 ** 3
+PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
+
+
+@pytest.fixture(scope="module")
+def sim():
+    lab = simulator.Lab.homelab()
+    lab.task_seconds = 0  # as in conftest's sim
+    with simulator.Simulator(lab) as running:
+        yield running
+        assert running.lab.schema_rejections == [], running.lab.schema_rejections
+
+
+@pytest.fixture(scope="module")
+def reader(sim):
+    """The README's read-only token (PVEAuditor) and PBS reader."""
+    with tool_session(sim.env(), log_name="default-world-reader") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def operator(sim, tmp_path_factory):
+    """Reads with the reader token, writes with an operator's write token (PVEVMAdmin and
+    PVEDatastoreUser): writes need more than the reader holds."""
+    tmp = tmp_path_factory.mktemp("default-world")
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    secret = sim.lab.pve_tokens["ops@pve!operator"].secret
+    env = sim.env() | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={secret}", "PROXMOX_ACCESS": "destructive",
+                       "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
+                       "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
+    with tool_session(env, log_name="default-world-operator") as session:
+        yield session
+
+
+def rows(answer):
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
+
+
+def backups_of(lab, storage, vmid):
+    return [v for v in lab.volumes.get(storage, []) if v.get("vmid") == vmid and v["content"] == "backup"]
+
+
+def writes(sim, action):
+    return requests_during(sim, action, writes=True)
+
+
+# ---------------------------------------------------------------- backups now: remove, retention, notes
+
+def test_a_backup_now_prunes_nothing_unless_asked(operator, sim):
+    """vzdump prunes by the storage's retention unless remove=0, which the GUI's Backup now sends; with
+    remove=0 a retention is a limit, and a guest at it is refused."""
+    lab = sim.lab
+    lab.storages["local"]["config"] = {"prune-backups": "keep-last=1"}
+    try:
+        before = [v["volid"] for v in backups_of(lab, "local", 100)]
+        message = operator.error("write_backup_guest", {"vmid": 100, "storage": "local"})
+        assert "max backup limit of 1" in message and "prune=true" in message and "nothing was deleted" in message
+        assert [v["volid"] for v in backups_of(lab, "local", 100)] == before
+        done = operator.ok("write_backup_guest", {"vmid": 100, "storage": "local", "prune": True})
+        after = [v["volid"] for v in backups_of(lab, "local", 100)]
+        assert done["result"] == "ok" and len(after) == 1 and after != before
+        assert done["pruning"] == ["prune older backups with retention: keep-last=1",
+                                   "pruned 1 backup(s) not covered by keep-retention policy"]
+    finally:
+        lab.storages["local"].pop("config", None)
+
+
+def test_backup_files_carry_local_time_and_the_compression(operator, sim, monkeypatch):
+    monkeypatch.setenv("TZ", "Pacific/Auckland")
+    time.tzset()
+    try:
+        operator.ok("write_backup_guest", {"vmid": 102, "storage": "local", "compress": "gzip"})
+        newest = max(backups_of(sim.lab, "local", 102), key=lambda v: v["ctime"])
+        stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.localtime(newest["ctime"]))
+        assert newest["volid"] == f"local:backup/vzdump-lxc-102-{stamp}.tar.gz"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_a_backup_to_pbs_is_a_pbs_snapshot_not_a_file(operator, sim):
+    groups = sim.lab.datastores["backup"]["groups"]
+    count = len(groups[("", "vm", "100")])
+    operator.ok("write_backup_guest", {"vmid": 100, "storage": "pbs", "notes": "before {{guestname}} upgrade"})
+    assert len(groups[("", "vm", "100")]) == count + 1 and not sim.lab.volumes.get("pbs")
+    assert groups[("", "vm", "100")][-1]["comment"] == "before web upgrade"
+
+
+def test_notes_are_sent_escaped_and_unknown_variables_refused(operator, sim):
+    operator.ok("write_backup_guest", {"vmid": 105, "storage": "local", "notes": "C:\\temp\nsecond line"})
+    newest = max(backups_of(sim.lab, "local", 105), key=lambda v: v["ctime"])
+    assert newest["notes"] == "C:\\temp\nsecond line"
+    message, sent = writes(sim, lambda: operator.error("write_backup_guest", {
+        "vmid": 105, "storage": "local", "notes": "for {{owner}}"}))
+    assert "{{owner}}" in message and "{{guestname}}" in message and sent == []
