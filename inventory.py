@@ -6,6 +6,9 @@ Guests and node names are kept a few seconds on the client (ProxmoxClient.cached
 drops the guests, as it may have created, moved or deleted one.
 """
 
+from urllib.parse import urlsplit
+
+import policy
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
 
@@ -146,3 +149,51 @@ def backup_storages(client: ProxmoxClient, rows: list[dict] | None = None) -> li
 def storages_on(rows: list[dict], node: str) -> dict[str, dict]:
     """The storages available on a node, by name."""
     return {r["storage"]: r for r in rows if r.get("node") == node and r.get("status") == "available"}
+
+
+# ---------------------------------------------------------------- backups the token cannot see
+
+BACKUP_ROLE = "BackupReader"  # the custom role the README's recipe adds (a role may not start with PVE)
+
+
+def hidden_backups(client: ProxmoxClient, storage: str, vmids: list[int]) -> list[int]:
+    """The guests whose backups on a storage this token's listing leaves out: PVE lists a backup
+    only to a caller with Datastore.AllocateSpace on the storage and VM.Backup on the guest, or
+    Datastore.Allocate (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). Told from the privileges
+    read once; none while they are unknown."""
+    host, where = client.host, f"/storage/{storage}"
+    if policy.holds(host, "Datastore.Allocate", where) is not False:
+        return []
+    if policy.holds(host, "Datastore.AllocateSpace", where) is False:
+        return sorted(vmids)
+    return sorted(v for v in vmids if policy.holds(host, "VM.Backup", f"/vms/{v}") is False)
+
+
+def backup_grant(client: ProxmoxClient) -> str:
+    """The commands that let this token see backups: a role with the two privileges PVE asks for,
+    granted to the user and the token (a token holds only what both are granted)."""
+    user, _, token = client.host.token_id.partition("!")
+    grants = [f"pveum role add {BACKUP_ROLE} --privs Datastore.AllocateSpace,VM.Backup",
+              f"pveum acl modify / --users '{user}' --roles {BACKUP_ROLE}"]
+    if token:
+        grants.append(f"pveum acl modify / --tokens '{client.host.token_id}' --roles {BACKUP_ROLE}")
+    return "; ".join(grants)
+
+
+def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
+    """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+             for name, vmids in sorted(hidden.items())]
+    return {"not_visible": where,
+            "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
+                   f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
+                   f"(which says nothing about whether they exist).",
+            "grant": backup_grant(client)}
+
+
+def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, tuple[str, str]]:
+    """The PVE storages of type pbs that write to this Backup Server (same host name), each with
+    its datastore and namespace (root without one) (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    server = (urlsplit(pbs.host.url).hostname or "").lower()
+    return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
+            if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}

@@ -17,10 +17,11 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid, node_names,
-                       online_node, resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
-                            task_report)
+from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, hidden_backups, hidden_note,
+                       next_vmid, node_names, online_node, pbs_backed_storages, resolve_guest, storage_node,
+                       storage_rows, storages_on)
+from proxmox_client import (ProxmoxClient, agent_result, configured, encode_params, log_page, pbs_client, pve_client,
+                            run_task, task_outcome, task_report)
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -244,23 +245,59 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
     return table(["name", "time", "parent", "vmstate", "description"], rows)
 
 
+def _backup_row(volume: dict, storage: str, node: str | None) -> dict:
+    return {"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": storage, "node": node,
+            "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+            "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+            "protected": 1 if volume.get("protected") else None,
+            "verify": (volume.get("verification") or {}).get("state")}
+
+
+def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: int | None) -> list[dict]:
+    """A PBS-backed storage's backups read on the Backup Server itself, named as PVE names them
+    (`<storage>:backup/vm/<vmid>/<UTC time>`, docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    found = []
+    for snap in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
+                        **({"backup-id": str(vmid)} if vmid else {})) or []:
+        if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+            found.append(_backup_row({"volid": f"{storage}:backup/{snap['backup-type']}/{snap['backup-id']}/{stamp}",
+                                      "vmid": int(snap["backup-id"]), "size": snap.get("size"),
+                                      "ctime": snap["backup-time"], "notes": snap.get("comment"),
+                                      "protected": snap.get("protected"), "verification": snap.get("verification")},
+                                     storage, None))
+    return found
+
+
+def _only_pbs() -> ProxmoxClient | None:
+    """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
+    return pbs_client() if len(configured("pbs")) == 1 else None
+
+
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
     client = pve_client(host)
-    rows, unread = [], []
+    rows, unread, hidden = [], [], {}
     everything = storage_rows(client)
+    vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
+    on_pbs: dict[str, tuple[str, str]] | None = None
     for name, node, shared in backup_storages(client, everything):
         if storage and name != storage:
             continue
-        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
-            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
-                         "node": None if shared else node,  # each node's `local` is its own disk
-                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
-                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
-                         "protected": 1 if volume.get("protected") else None,
-                         "verify": (volume.get("verification") or {}).get("state")})
+        unseen = hidden_backups(client, name, vmids)
+        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
+            pbs = _only_pbs()
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+        if unseen and name in on_pbs:
+            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
+            continue
+        if unseen:
+            hidden[name] = unseen
+        if len(unseen) < len(vmids):
+            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
+                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
     for entry in everything:
         if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
                 and (not storage or entry["storage"] == storage):
@@ -270,6 +307,8 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
                    limit=limit)
     if unread:
         result["not_read"] = unread
+    if hidden:
+        result |= hidden_note(client, hidden, len(vmids))
     return result
 
 
@@ -634,6 +673,13 @@ def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
     rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
     if not rows or rows[0].get("shared"):
         return check_node(client, node) if node else online_node(client)
+    # a token that cannot list a backup cannot tell where it is (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    owner = re.search(r"vzdump-(?:qemu|lxc)-(\d+)-", archive)
+    if owner and hidden_backups(client, storage, [int(owner.group(1))]):
+        if node:
+            return check_node(client, node)
+        raise InvalidArgument(f"The token cannot see backups on '{storage}', each node's own disk, so which node holds "
+                              f"{archive} is unknown: give node=<the node it was taken on>.")
     candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
     for name in candidates:
         volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []

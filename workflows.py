@@ -6,7 +6,6 @@ Resources and prompts for MCP clients are defined here too.
 import json
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
@@ -19,7 +18,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest, storage_rows
+from inventory import (backup_storages, bridges, check_node, guest_resources, hidden_backups, hidden_note, next_vmid,
+                       pbs_backed_storages, resolve_guest, storage_rows)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -314,6 +314,8 @@ class Coverage:
     read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
+    unseen: dict[str, list[int]] = field(default_factory=dict)  # storage -> guests whose backups were not seen
+    hidden: dict[str, list[int]] = field(default_factory=dict)  # those of them hidden from this token
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
 
@@ -333,26 +335,34 @@ def _guests_and_jobs(c: Coverage) -> None:
 
 
 def _pbs_storages(c: Coverage) -> None:
-    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
-    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
-    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    """Which PVE storages of type pbs write to the configured Backup Server, and where: those are
+    read on PBS itself, exactly there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
     if c.pbs is None:
         return
-    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
-    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
-        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
-            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
-            c.read_on_pbs.add(storage["storage"])
+    targets = c.report.section("pbs storages", lambda: pbs_backed_storages(c.client, c.pbs)) or {}
+    c.pbs_targets = set(targets.values())
+    c.read_on_pbs = set(targets)
 
 
 def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here.
+    # is a different disk); PBS-backed storages through PBS itself when it is configured here. A
+    # storage that hides some guests' backups from this token, or cannot be read, leaves them unseen
+    # (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume).
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
+    vmids = sorted(int(g["vmid"]) for g in c.guests)
     for name, node, shared in backup_storages(c.client, rows):
         key = name if shared else f"{name}@{node}"
-        for volume in c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
-                f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
+        hidden = hidden_backups(c.client, name, vmids)
+        if hidden:
+            c.unseen[name] = c.hidden[name] = hidden
+        if len(hidden) == len(vmids):
+            continue
+        volumes = c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
+            f"/nodes/{n}/storage/{s}/content", content="backup"))
+        if volumes is None:
+            c.unseen[key] = vmids
+        for volume in volumes or []:
             if volume.get("vmid"):
                 c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
                            (volume.get("verification") or {}).get("state"))
@@ -378,10 +388,18 @@ def _guest_rows(c: Coverage) -> None:
     now = time.time()
     for guest in sorted(c.guests, key=lambda g: g["vmid"]):
         c.rows.append(_guest_row(c, guest, now))
+    unknown = [r["vmid"] for r in c.rows if r["state"] == "unknown"]
+    if unknown:  # said once, with the grant, instead of a finding per guest
+        why = hidden_note(c.client, c.hidden, len(c.guests)) if c.hidden else {}
+        c.report.add("warning", "backups", f"the backup state of {len(unknown)} guest(s) is unknown: backups on "
+                     f"{', '.join(sorted(c.unseen))} cannot be seen", {"guests": unknown} | why,
+                     "grant the role in `grant` to the user and the token, then run backup_coverage again"
+                     if why else "see `unavailable` for why those storages could not be read")
 
 
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
-    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
+    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok. A
+    guest with no recent backup in sight whose backups some storage hides is unknown, never missing."""
     vmid = int(guest["vmid"])
     covering, excluding = _jobs_for(guest, c.jobs or [])
     last = c.newest.get(vmid)
@@ -389,7 +407,9 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
     if last and last["verify"] in ("failed",):
         state = "verify_failed"
-    if state != "ok":
+    if state in ("missing", "stale") and any(vmid in hidden for hidden in c.unseen.values()):
+        state = "unknown"
+    if state not in ("ok", "unknown"):
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
         why = f"covered by {', '.join(covering)}" if covering else (
             "no job covers it" if c.jobs is not None else "the backup jobs could not be read")

@@ -105,3 +105,35 @@ def test_notes_are_sent_escaped_and_unknown_variables_refused(operator, sim):
     message, sent = writes(sim, lambda: operator.error("write_backup_guest", {
         "vmid": 105, "storage": "local", "notes": "for {{owner}}"}))
     assert "{{owner}}" in message and "{{guestname}}" in message and sent == []
+
+
+# ---------------------------------------------------------------- backups the reader token cannot see
+
+def test_backups_hidden_from_the_reader_are_said_and_pbs_is_read_directly(reader, sim):
+    found = reader.ok("list_backups", {"vmid": 100})
+    # PVE hides every backup from PVEAuditor; the PBS-backed storage is read on the Backup Server itself
+    snapshots = sim.lab.datastores["backup"]["groups"][("", "vm", "100")]
+    assert {r["storage"] for r in rows(found)} == {"pbs"} and len(rows(found)) == len(snapshots)
+    assert all(re.fullmatch(r"pbs:backup/vm/100/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["volid"]) for r in rows(found))
+    assert found["not_visible"] == ["local (every guest)"] and "Datastore.AllocateSpace" in found["why"]
+    assert "says nothing about whether they exist" in found["why"]
+    assert found["grant"] == ("pveum role add BackupReader --privs Datastore.AllocateSpace,VM.Backup; "
+                              "pveum acl modify / --users 'mcp@pve' --roles BackupReader; "
+                              "pveum acl modify / --tokens 'mcp@pve!reader' --roles BackupReader")
+
+
+def test_the_readme_grant_shows_the_backups(sim):
+    with tool_session(sim.env(pve_token="mcp@pve!backups"), log_name="default-world-backups") as session:
+        found = session.ok("list_backups", {"vmid": 100})
+    assert {r["storage"] for r in rows(found)} == {"local", "pbs"} and "not_visible" not in found
+
+
+def test_coverage_says_unknown_not_missing_when_backups_are_hidden(reader, sim):
+    report = reader.ok("backup_coverage")
+    state = {r[0]: dict(zip(report["guests"]["columns"], r, strict=True)) for r in report["guests"]["rows"]}
+    assert state[100]["state"] == "ok" and state[100]["where"] == "pbs:backup"  # read on PBS directly
+    assert state[103]["state"] == "unknown" and state[104]["state"] == "unknown"  # not "missing"
+    assert not any("missing" in f["finding"] for f in report["findings"])
+    unknown = next(f for f in report["findings"] if "unknown" in f["finding"])
+    assert unknown["evidence"]["guests"] == [103, 104] and "BackupReader" in unknown["evidence"]["grant"]
+    assert "local" in unknown["finding"]

@@ -224,7 +224,8 @@ def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
 
 def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
-    with tools_on(sim, tmp_path):
+    # the README's backup grant, so that `local` is seen to hold none (the reader alone: unknown, not missing)
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
     assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
@@ -248,7 +249,7 @@ def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tm
 
 def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
     lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
-    with tools_on(sim, tmp_path):
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):  # sees `local` (the reader alone: unknown)
         report = workflows.backup_coverage()
     missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
     assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
