@@ -655,6 +655,8 @@ def write_restore_backup(archive: Volid,
     else:
         vmid = _free_vmid(client, vmid)
     node = _archive_node(client, archive, node)
+    if kind == "lxc":
+        storage = _rootdir_storage(client, node, storage)
     # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
                               "force": True if overwrite else None, "unique": None if overwrite else True}
@@ -664,6 +666,20 @@ def write_restore_backup(archive: Volid,
         params |= {"ostemplate": archive, "restore": True}
     result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
     return result | {"vmid": vmid, "node": node}
+
+
+def _rootdir_storage(client: ProxmoxClient, node: str, storage: str | None) -> str:
+    """Where a container's volumes can go on a node: the given storage if it takes rootdir, else the
+    only one that does. Without it Proxmox picks `local`, which on a fresh install takes no
+    containers (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    fits = sorted(name for name, row in storages_on(storage_rows(client), node).items()
+                  if "rootdir" in (row.get("content") or "").split(","))
+    if storage in fits or (storage is None and len(fits) == 1):
+        return storage or fits[0]
+    choices = f"Storages for containers on {node}: {', '.join(fits) or 'none'}"
+    if storage:
+        raise InvalidArgument(f"Storage '{storage}' takes no container volumes (rootdir) on {node}. {choices}.")
+    raise InvalidArgument(f"Give storage for the container's volumes. {choices}.")
 
 
 def _archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:

@@ -716,6 +716,7 @@ class Drill:
     steps: Steps = field(default_factory=Steps)
     timings: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    storage: str | None = None  # where the scratch guest's volumes go (None: as Proxmox or the restore picks)
     node: str = ""
     base: str | None = None  # the scratch guest's API path, once it exists
     answered: bool = False
@@ -742,7 +743,7 @@ def _restore(d: Drill) -> None:
     shared = any(r.get("shared") for r in storage_rows(d.client) if r["storage"] == storage)
     restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch,
                                               node=_node_with_room(d.client, 512) if shared else None,
-                                              wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
+                                              storage=d.storage, wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
     node = restored["node"]
     d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")
     d.node, d.base = node, f"/nodes/{node}/{d.kind}/{d.scratch}"
@@ -814,6 +815,7 @@ DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _w
 def write_restore_drill(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
                         scratch_vmid: OptionalVmid = None,
+                        storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
@@ -821,7 +823,8 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     kind = resolve_guest(client, vmid)["type"]
     if backup is None:
         backup = _newest_backup(host, vmid)
-    drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx)
+    drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx,
+                  storage=storage)
     try:
         for step in DRILL_STEPS:
             step(drill)

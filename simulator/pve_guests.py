@@ -352,6 +352,21 @@ def _restored_source(call: Call, archive: str) -> dict | None:
     return call.lab.guests.get(int(match.group(1) or match.group(2))) if match else None
 
 
+def _check_ct_storages(call: Call, node: str) -> None:
+    """A container's volumes go to storages with `rootdir` content: those `rootfs`/`mpN` name, or
+    `storage` (default `local`) when only sizes or nothing is given; else a 400 before any task
+    (pve-container API2/LXC.pm create_vm; docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    named = [str(v).split(",")[0].split(":")[0] for k, v in call.params.items()
+             if re.fullmatch(r"rootfs|mp\d+", k) and ":" in str(v).split(",")[0]]
+    for sid in named or [call.arg("storage", "local")]:
+        entry = call.lab.storages.get(sid)
+        if entry is None or node not in call.lab.storage_nodes(entry):
+            raise ApiError(500, f"storage '{sid}' is not available on node '{node}'")
+        if "rootdir" not in entry["content"].split(","):
+            raise ApiError(400, "Parameter verification failed.",
+                           {"storage": f"storage '{sid}' does not support container directories"})
+
+
 def pve_create(kind: str) -> Callable:
     """Create a guest, or restore one from a backup archive (qemu: archive=, lxc: restore=1)."""
     def handler(call: Call, node: str) -> str:
@@ -368,8 +383,13 @@ def pve_create(kind: str) -> Callable:
         missing = archive and not _archive_here(call, archive, node)
         if missing and kind == "qemu":  # a backup on another node's `local` is not here
             raise ApiError(500, f"can't find file '{archive}'")  # docs/PROXMOX-BEHAVIOUR.md#restore
+        if kind == "lxc":
+            _check_ct_storages(call, node)
         name = call.arg("name") or call.arg("hostname") or f"{'vm' if kind == 'qemu' else 'ct'}{vmid}"
         disks = _allocate_disks(call, vmid, call.params)
+        if kind == "lxc" and archive and "rootfs" not in disks:  # restored onto `storage` (default local)
+            size = (_restored_source(call, archive) or {}).get("maxdisk", 8 * GiB) // GiB
+            disks["rootfs"] = f"{call.arg('storage', 'local')}:vm-{vmid}-disk-0,size={size}G"
         source = _restored_source(call, archive) if archive else None
         nics = {k: v for k, v in (source or {}).get("config", {}).items() if re.fullmatch(r"net\d+", k)}
         if str(call.arg("unique", "0")) == "1":

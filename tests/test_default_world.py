@@ -137,3 +137,30 @@ def test_coverage_says_unknown_not_missing_when_backups_are_hidden(reader, sim):
     unknown = next(f for f in report["findings"] if "unknown" in f["finding"])
     assert unknown["evidence"]["guests"] == [103, 104] and "BackupReader" in unknown["evidence"]["grant"]
     assert "local" in unknown["finding"]
+
+
+# ---------------------------------------------------------------- container restores on a fresh install
+
+def pbs_archive(lab, kind, vmid):
+    newest = max(s["backup-time"] for s in lab.datastores["backup"]["groups"][("", kind, str(vmid))])
+    return f"pbs:backup/{kind}/{vmid}/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(newest))
+
+
+def test_a_container_restore_goes_to_a_storage_that_takes_containers(operator, sim):
+    """Without `storage` Proxmox restores a container to `local`, which takes no containers on a fresh install."""
+    archive = pbs_archive(sim.lab, "ct", 105)
+    restored = operator.ok("write_restore_backup", {"archive": archive})
+    guest = sim.lab.guests[restored["vmid"]]
+    assert restored["result"] == "ok" and guest["config"]["rootfs"].startswith(f"local-lvm:vm-{restored['vmid']}-disk-0")
+    message, sent = writes(sim, lambda: operator.error("write_restore_backup", {"archive": archive, "storage": "local"}))
+    assert "takes no container volumes" in message and "local-lvm" in message and sent == []
+    operator.ok("write_delete_guest", {"vmid": restored["vmid"], "confirm": True})
+
+
+def test_the_drill_restores_a_container_where_containers_go(operator, sim):
+    drill = operator.ok("write_restore_drill", {"vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105),
+                                                "storage": "local-lvm", "confirm": True})
+    assert drill["result"] == "ok"
+    message, sent = writes(sim, lambda: operator.error("write_restore_drill", {
+        "vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105), "storage": "local", "confirm": True}))
+    assert "takes no container volumes" in message and sent == []
