@@ -504,7 +504,26 @@ def _guest_configs(a: Security) -> None:
             continue
         a.report.checked.pop()  # one line for all guest configs instead
         _guest_config(a.report, guest, config)
+        _guest_firewall(a, base, guest, config)
     a.report.checked.append(f"configs of {len(guests)} guests")
+
+
+def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
+    """A NIC is filtered only when it has firewall=1 AND the guest's own firewall option enable=1
+    (default 0) (docs/PROXMOX-BEHAVIOUR.md#guest-firewall)."""
+    label = f"guest {guest['vmid']} ({guest.get('name')})"
+    nics = sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+    if not nics:
+        a.report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
+        return
+    options = a.report.section(f"firewall {guest['vmid']}", lambda: a.client.get(f"{base}/firewall/options"))
+    if options is None:
+        return
+    a.report.checked.pop()
+    if not options.get("enable"):
+        a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
+                     f"option is off", {"enable": 0, "nics": nics},
+                     f"turn it on: write_api_call PUT {base}/firewall/options enable=1 (after adding its rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -519,8 +538,6 @@ def _guest_config(report: Report, guest: dict, config: dict) -> None:
     if config.get("hookscript"):
         report.add("warning", "guests", f"{label} runs hookscript {config['hookscript']} on the host",
                    {"hookscript": config["hookscript"]}, "review the script")
-    if not any("firewall=1" in str(v) for k, v in config.items() if k.startswith("net")):
-        report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
 
 
 def _this_server(a: Security) -> None:

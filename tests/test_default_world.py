@@ -164,3 +164,25 @@ def test_the_drill_restores_a_container_where_containers_go(operator, sim):
     message, sent = writes(sim, lambda: operator.error("write_restore_drill", {
         "vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105), "storage": "local", "confirm": True}))
     assert "takes no container volumes" in message and sent == []
+
+
+# ---------------------------------------------------------------- security_audit and the guest firewall
+
+def test_a_guest_is_filtered_only_when_its_own_firewall_option_is_on(reader, sim):
+    """pve-firewall filters a NIC with firewall=1 only when the guest's firewall option enable=1 (default 0)."""
+    lab = sim.lab
+    saved = {vmid: lab.guests[vmid]["config"]["net0"] for vmid in (100, 101)}
+    for vmid in (100, 101):
+        lab.guests[vmid]["config"]["net0"] += ",firewall=1"
+    lab.firewall["101"] = 1
+    try:
+        report = reader.ok("security_audit")
+    finally:
+        for vmid, net in saved.items():
+            lab.guests[vmid]["config"]["net0"] = net
+        lab.firewall.pop("101")
+    about = {f["finding"]: f for f in report["findings"] if f["area"] == "firewall"}
+    off = about["guest 100 (web) filters nothing: its NICs have firewall=1 but its own firewall option is off"]
+    assert off["severity"] == "warning" and off["evidence"] == {"enable": 0, "nics": ["net0"]}
+    assert not any(f.startswith("guest 101 ") for f in about)
+    assert "guest 102 (dns) has no NIC with the firewall on" in about
