@@ -892,6 +892,13 @@ def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -
 
 
 Vlan = Annotated[int | None, Field(ge=1, le=4094)]
+# What the GUI's wizard gives a new VM per OS type: the disk's bus, the NIC model, and for Windows 11
+# UEFI with a TPM (pve-manager www/manager6/qemu/OSDefaults.js: generic = IDE + e1000, l26 = SCSI +
+# virtio, win11 = q35 + OVMF; SystemEdit.js adds the TPM for win11). A Windows installer has no virtio
+# driver, so it sees no SCSI disk (docs/PROXMOX-BEHAVIOUR.md#new-vms).
+GUEST_OS = {"l26": ("scsi0", "virtio", {}), "win11": ("ide0", "e1000", {"machine": "q35", "bios": "ovmf"}),
+            "win10": ("ide0", "e1000", {}), "other": ("ide0", "e1000", {})}
+CPU = "x86-64-v2-AES"  # the GUI's default for x86_64 (Architecture.js); without cpu qemu-server uses kvm64
 
 
 def write_create_vm(name: GuestName,
@@ -904,21 +911,28 @@ def write_create_vm(name: GuestName,
                     vlan: Vlan = None, ciuser: str | None = None,
                     ssh_keys: str | None = None,
                     ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
+                    ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
     """Create a VM from an ISO, or from a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
+    if cloud_image and ostype != "l26":
+        raise InvalidArgument("Cloud images here are Linux (ostype l26); install other systems from an iso.")
     node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
-    net = f"virtio,bridge={bridge}" + (f",tag={vlan}" if vlan else "")
+    disk, nic, system = GUEST_OS[ostype]
+    net = f"{nic},bridge={bridge}" + (f",tag={vlan}" if vlan else "")
     params: dict[str, Any] = {"vmid": vmid, "name": name, "memory": memory_mb, "cores": cores, "net0": net,
-                              "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1", "start": start or None}
+                              "ostype": ostype, "cpu": CPU, "scsihw": "virtio-scsi-single", "agent": "1",
+                              "start": start or None} | system
+    if ostype == "win11":
+        params |= {"efidisk0": f"{storage}:1,efitype=4m,pre-enrolled-keys=1", "tpmstate0": f"{storage}:1,version=v2.0"}
     if iso:
         _volume_exists(client, node, iso, "iso")
-        params |= {"ide2": f"{iso},media=cdrom", "scsi0": f"{storage}:{disk_gb}", "boot": "order=scsi0;ide2"}
+        params |= {"ide2": f"{iso},media=cdrom", disk: f"{storage}:{disk_gb}", "boot": f"order={disk};ide2"}
     else:
         _volume_exists(client, node, cloud_image, "import")
         params |= {"scsi0": f"{storage}:0,import-from={cloud_image}", "ide2": f"{storage}:cloudinit",

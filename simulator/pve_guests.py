@@ -293,7 +293,7 @@ def pve_rollback(kind: str) -> Callable:
 
 # The create parameters the simulated guest keeps in its config.
 CREATE_KEEPS = re.compile(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs"
-                          r"|unprivileged|description")
+                          r"|unprivileged|description|cpu|machine|bios|scsihw|boot|efidisk0|tpmstate0")
 DISK_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
 MAC = re.compile(r"(?i)\b([0-9a-f]{2}:){5}[0-9a-f]{2}\b")
 
@@ -398,6 +398,9 @@ def pve_create(kind: str) -> Callable:
         def apply() -> None:
             memory_mib = int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1])
             guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=memory_mib, cores=int(call.arg("cores", 1)))
+            if not archive:  # a new guest has the disks it was given, not the lab's defaults
+                for key in [k for k in guest["config"] if DISK_KEY.fullmatch(k) or k == "boot"]:
+                    guest["config"].pop(key)
             for key, value in call.params.items():
                 if CREATE_KEEPS.fullmatch(key):
                     guest["config"][key] = value

@@ -186,3 +186,27 @@ def test_a_guest_is_filtered_only_when_its_own_firewall_option_is_on(reader, sim
     assert off["severity"] == "warning" and off["evidence"] == {"enable": 0, "nics": ["net0"]}
     assert not any(f.startswith("guest 101 ") for f in about)
     assert "guest 102 (dns) has no NIC with the firewall on" in about
+
+
+# ---------------------------------------------------------------- new VMs as the GUI makes them
+
+DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"
+
+
+def test_a_new_vm_gets_the_guis_cpu_and_a_linux_bus(operator, sim):
+    vm = operator.ok("write_create_vm", {"name": "alma", "iso": DEBIAN_ISO})
+    config = sim.lab.guests[vm["vmid"]]["config"]
+    # without cpu qemu-server uses kvm64, on which RHEL 9 family guests do not boot
+    assert config["cpu"] == "x86-64-v2-AES" and config["ostype"] == "l26"
+    assert config["scsi0"].startswith(f"local-lvm:vm-{vm['vmid']}-disk-") and config["net0"].startswith("virtio,")
+    operator.ok("write_delete_guest", {"vmid": vm["vmid"], "confirm": True})
+
+
+def test_a_windows_installer_gets_a_disk_it_can_see(operator, sim):
+    vm = operator.ok("write_create_vm", {"name": "win11", "iso": DEBIAN_ISO, "ostype": "win11"})
+    config = sim.lab.guests[vm["vmid"]]["config"]
+    assert config["ide0"].startswith("local-lvm:") and "scsi0" not in config and config["net0"].startswith("e1000,")
+    assert (config["machine"], config["bios"], config["cpu"]) == ("q35", "ovmf", "x86-64-v2-AES")
+    assert "efitype=4m" in config["efidisk0"] and "version=v2.0" in config["tpmstate0"]
+    assert config["boot"] == "order=ide0;ide2"
+    operator.ok("write_delete_guest", {"vmid": vm["vmid"], "confirm": True})
