@@ -548,15 +548,25 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
         raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
-def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
-                            dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None,
+                            start: Annotated[bool, Field(description="Start it after")] = False,
+                            wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                             ctx: Context | None = None) -> dict:
     """Roll a guest back to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx,
-                    f"rollback {vmid} {name}")
+    answer = run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {"start": start or None}, wait_seconds, ctx,
+                      f"rollback {vmid} {name}")
+    if answer.get("result") not in ("ok", "warnings"):
+        return answer
+    # a rollback stops the guest unless the snapshot holds RAM or start was asked
+    # (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
+    if answer["guest_state"] == "stopped":
+        answer["note"] = (f"Guest {vmid} is stopped now: the rollback stops it and '{name}' holds no RAM. Start it "
+                          f"with write_guest_power action=start (or roll back with start=true).")
+    return answer
 
 
 def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,

@@ -282,12 +282,23 @@ def pve_resize(kind: str) -> Callable:
 
 
 def pve_rollback(kind: str) -> Callable:
+    """A rollback stops the guest; it runs again afterwards only when the snapshot holds RAM (VMs) or
+    `start=1` was given (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
     def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
         guest = _guest(call, node, vmid, kind)
         if not _has_snapshot(guest, snapname):
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
+        start = str(call.arg("start", "0")) == "1"
+        if start and kind == "qemu" and not call.can(f"/vms/{vmid}", "VM.PowerMgmt"):
+            raise ApiError(403, f"Permission check failed (/vms/{vmid}, VM.PowerMgmt)")
+        snapshot = next(s for s in guest["snapshots"] if s["name"] == snapname)
+
+        def apply() -> None:
+            running = start or bool(snapshot.get("vmstate"))
+            guest["status"], guest["paused"] = ("running" if running else "stopped"), False
+            guest["uptime"] = 1 if running else 0
         return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
-                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
+                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"), on_done=apply)
     return handler
 
 
@@ -367,6 +378,21 @@ def _check_ct_storages(call: Call, node: str) -> None:
                            {"storage": f"storage '{sid}' does not support container directories"})
 
 
+def _configure_created(call: Call, guest: dict, restored: bool, volumes: dict) -> None:
+    """A created guest's config: the parameters it keeps and its new volumes; a restore also keeps the
+    backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)."""
+    if not restored:  # a new guest has the disks it was given, not the lab's defaults
+        for key in [k for k in guest["config"] if DISK_KEY.fullmatch(k) or k == "boot"]:
+            guest["config"].pop(key)
+    for key, value in call.params.items():
+        if CREATE_KEEPS.fullmatch(key):
+            guest["config"][key] = value
+    guest["config"] |= volumes
+    sizes = [int(m.group(1)) for k, v in volumes.items()
+             if not k.startswith(("efidisk", "tpmstate")) and (m := re.search(r"size=(\d+)G", str(v)))]
+    guest["maxdisk"] = sizes[0] * GiB if sizes else guest["maxdisk"]
+
+
 def pve_create(kind: str) -> Callable:
     """Create a guest, or restore one from a backup archive (qemu: archive=, lxc: restore=1)."""
     def handler(call: Call, node: str) -> str:
@@ -398,16 +424,7 @@ def pve_create(kind: str) -> Callable:
         def apply() -> None:
             memory_mib = int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1])
             guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=memory_mib, cores=int(call.arg("cores", 1)))
-            if not archive:  # a new guest has the disks it was given, not the lab's defaults
-                for key in [k for k in guest["config"] if DISK_KEY.fullmatch(k) or k == "boot"]:
-                    guest["config"].pop(key)
-            for key, value in call.params.items():
-                if CREATE_KEEPS.fullmatch(key):
-                    guest["config"][key] = value
-            # a restore keeps the backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)
-            guest["config"] |= disks | nics
-            sizes = [int(m.group(1)) for v in disks.values() if (m := re.search(r"size=(\d+)G", v))]
-            guest["maxdisk"] = sizes[0] * GiB if sizes else guest["maxdisk"]
+            _configure_created(call, guest, bool(archive), disks | nics)
             if str(call.arg("start", "0")) == "1":
                 guest["status"] = "running"
         prefix = "qm" if kind == "qemu" else "vz"

@@ -210,3 +210,21 @@ def test_a_windows_installer_gets_a_disk_it_can_see(operator, sim):
     assert "efitype=4m" in config["efidisk0"] and "version=v2.0" in config["tpmstate0"]
     assert config["boot"] == "order=ide0;ide2"
     operator.ok("write_delete_guest", {"vmid": vm["vmid"], "confirm": True})
+
+
+# ---------------------------------------------------------------- rollback
+
+def test_a_rollback_says_the_guest_is_stopped_or_starts_it_when_asked(operator, sim):
+    guest = sim.lab.guests[100]
+    guest["snapshots"] = [{"name": "disk-only", "snaptime": 1}, {"name": "with-ram", "snaptime": 2, "vmstate": 1}]
+    try:
+        stopped = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "disk-only", "confirm": True})
+        assert stopped["guest_state"] == "stopped" and guest["status"] == "stopped"
+        assert "is stopped now" in stopped["note"] and "start=true" in stopped["note"]
+        started = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "disk-only", "start": True,
+                                                          "confirm": True})
+        assert started["guest_state"] == "running" and "note" not in started
+        ram = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "with-ram", "confirm": True})
+        assert ram["guest_state"] == "running"  # a snapshot with RAM resumes where it was
+    finally:
+        guest["snapshots"], guest["status"] = [], "running"

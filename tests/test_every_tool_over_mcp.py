@@ -73,7 +73,7 @@ CALLS = [
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
                          "confirm": True}),
     ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),
-    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "start": True, "confirm": True}),
     ("write_snapshot_delete", {"vmid": 100, "name": "mcp1", "confirm": True}),
     ("write_delete_guest", {"vmid": 151, "confirm": True}),
     ("write_delete_volume", {"volid": CLOUD_IMAGE, "confirm": True}),

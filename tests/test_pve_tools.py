@@ -131,7 +131,8 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert grown["result"] == "ok" and "size=40G" in sim.lab.guests[100]["config"]["scsi0"]
     ops.ok("write_snapshot_create", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
-    assert ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
+    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
+    assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
     assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
 
