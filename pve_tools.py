@@ -791,12 +791,35 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     return result | {"newid": newid}
 
 
-def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
-                       target_storage: str | None) -> bool:
+def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dict, rows: list[dict]) -> None:
+    """What Proxmox's migration refuses in its task, refused first with the way out: an ISO on a
+    node's own storage, and snapshots of local disks on storage that cannot carry them (all but
+    zfspool, btrfs and qcow2 files), or any local snapshot of a running VM (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    vmid, shared = row["vmid"], {r["storage"] for r in rows if r.get("shared")}
+    types = {r["storage"]: r.get("plugintype") for r in rows}
+    local = {k: str(v).split(",")[0] for k, v in config.items() if VOLUME_KEY.fullmatch(k) and ":" in str(v)
+             and str(v).split(":")[0] not in shared and not re.search(r"vm-\d+-cloudinit", str(v))}
+    isos = [f"{k} ({v})" for k, v in local.items() if "media=cdrom" in str(config[k])]
+    if isos:
+        raise InvalidArgument(f"Guest {vmid} has an ISO on storage local to {row['node']}: {', '.join(isos)}, which "
+                              f"Proxmox will not migrate. Eject it first: write_guest_config set "
+                              f"{{\"{isos[0].split()[0]}\": \"none,media=cdrom\"}}.")
+    disks = [v for k, v in local.items() if "media=cdrom" not in str(config[k])]
+    live = row.get("status") == "running" and row["type"] == "qemu"
+    stuck = [v for v in disks if live or (types.get(v.split(":")[0]) not in ("zfspool", "btrfs")
+                                          and not v.endswith(".qcow2"))]
+    snapshots = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"] if stuck else []
+    if snapshots:
+        kinds = ", ".join(sorted({types.get(v.split(":")[0]) or "?" for v in stuck}))
+        why = "a running VM's local snapshots" if live else f"snapshots on {kinds} storage"
+        raise InvalidArgument(f"Guest {vmid} has snapshots ({', '.join(snapshots)}) of local disks "
+                              f"({', '.join(stuck)}), and Proxmox cannot migrate {why}. Delete them first "
+                              f"(write_snapshot_delete){', or shut it down' if live else ''}.")
+
+
+def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, target_storage: str | None) -> bool:
     """Check the target has the guest's storages (or the given target_storage); True when disks
     are on storage local to the node (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
-    config = client.get(f"{base}/config") or {}
-    rows = storage_rows(client)
     on_target = storages_on(rows, target)
     content = "images" if row["type"] == "qemu" else "rootdir"
     fits = sorted(n for n, r in on_target.items() if content in (r.get("content") or "").split(","))
@@ -836,7 +859,9 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     check_node(client, target)
     if target == row["node"]:
         raise InvalidArgument(f"Guest {vmid} is already on {target}.")
-    local_disks = _migration_storage(client, base, row, target, target_storage)
+    config, rows = client.get(f"{base}/config") or {}, storage_rows(client)
+    _migration_blockers(client, base, row, config, rows)
+    local_disks = _migration_storage(config, rows, row, target, target_storage)
     running = row.get("status") == "running"
     if row["type"] == "qemu":  # a live migration copies local disks only when asked to
         params = {"target": target, "online": running or None, "with-local-disks": (running and local_disks) or None,

@@ -506,6 +506,10 @@ def _migrate_refusal(call: Call, kind: str, guest: dict, target: str, node: str)
         return ApiError(500, _locked(guest, kind))
     if running and str(call.arg("online", "0")) != "1":
         return ApiError(500, "can't migrate running VM without --online")
+    jobs = [job for jobs in call.lab.replication.values() for job in jobs if int(job.get("guest", 0)) == guest["vmid"]]
+    if running and jobs and target not in {job.get("target") for job in jobs}:  # qemu-server API2/Qemu.pm migrate_vm
+        return ApiError(500, f"Cannot live-migrate replicated VM to node '{target}' - not a replication target. "
+                             f"Use 'force' to override.")
     mapping = _storage_map(call.arg("targetstorage"))
     for storage in _volume_storages(guest):
         wanted = mapping.get(storage, mapping.get("*", storage))
@@ -515,21 +519,47 @@ def _migrate_refusal(call: Call, kind: str, guest: dict, target: str, node: str)
     return None
 
 
+# Storage types whose snapshots a migration can carry (qemu-server QemuMigrate.pm, pve-container LXC/Migrate.pm
+# scan_local_volumes: zfspool, btrfs; qcow2 files on a directory storage for VMs).
+SNAPSHOTS_MIGRATE = ("zfspool", "btrfs")
+
+
+def _local_volume_errors(call: Call, kind: str, guest: dict) -> list[str]:
+    """Why local volumes block a migration: a CD-ROM image on local storage, a snapshot on storage
+    that cannot carry it, a live VM with local snapshots (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    errors = []
+    for key, value in guest["config"].items():
+        volid = str(value).split(",")[0]
+        if not DISK_KEY.fullmatch(key) or ":" not in volid or _shared(call, volid.split(":")[0]):
+            continue
+        entry = call.lab.storages.get(volid.split(":")[0], {})
+        if "media=cdrom" in str(value):
+            if not re.search(r"vm-\d+-cloudinit", volid):
+                errors.append(f"can't migrate local disk '{volid}': local cdrom image")
+        elif guest["snapshots"] and kind == "qemu" and guest["status"] == "running":
+            errors.append(f"can't migrate local disk '{volid}': online storage migration not possible if "
+                          f"non-replicated snapshot exists")
+        elif guest["snapshots"] and entry.get("type") not in SNAPSHOTS_MIGRATE and not volid.endswith(".qcow2"):
+            errors.append(f"can't migrate local disk '{volid}': non-migratable snapshot exists")
+    return errors
+
+
 def _migrate_error(call: Call, kind: str, guest: dict) -> tuple[str, list[str]]:
     """What the migration task itself ends with, and the log lines that say why."""
-    if kind == "lxc":
-        if guest["status"] == "running" and str(call.arg("restart", "0")) != "1":
-            return "lxc live migration is currently not implemented", []
-        return _locked(guest, kind) or "OK", []
+    label = "VM" if kind == "qemu" else "CT"
+    if kind == "lxc" and guest["status"] == "running" and str(call.arg("restart", "0")) != "1":
+        return "lxc live migration is currently not implemented", []
+    errors = _local_volume_errors(call, kind, guest)
     local = [str(v).split(",")[0] for k, v in guest["config"].items() if DISK_KEY.fullmatch(k)
              and "media=cdrom" not in str(v) and ":" in str(v) and not _shared(call, str(v).split(":")[0])]
-    if guest["status"] == "running" and local and str(call.arg("with-local-disks", "0")) != "1":
+    if kind == "qemu" and guest["status"] == "running" and local and str(call.arg("with-local-disks", "0")) != "1":
         # qemu-server QemuMigrate.pm scan_local_volumes, pve-guest-common AbstractMigrate.pm
-        return "migration aborted", [
-            *(f"can't migrate local disk '{v}': can't live migrate attached local disks without "
-              f"with-local-disks option" for v in local),
-            "ERROR: migration aborted (duration 00:00:01): can't migrate VM - check log"]
-    return "OK", []
+        errors += [f"can't migrate local disk '{v}': can't live migrate attached local disks without "
+                   f"with-local-disks option" for v in local]
+    if errors:
+        return "migration aborted", [*errors, f"ERROR: migration aborted (duration 00:00:01): can't migrate "
+                                              f"{label} - check log"]
+    return _locked(guest, kind) or "OK", []
 
 
 def _moved(call: Call, guest: dict, target: str) -> Callable[[], None]:

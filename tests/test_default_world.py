@@ -228,3 +228,47 @@ def test_a_rollback_says_the_guest_is_stopped_or_starts_it_when_asked(operator, 
         assert ram["guest_state"] == "running"  # a snapshot with RAM resumes where it was
     finally:
         guest["snapshots"], guest["status"] = [], "running"
+
+
+# ---------------------------------------------------------------- migration of local things
+
+def migrate_fails_in_task(operator, sim, vmid, target):
+    """The simulator's own refusal, through write_api_call (the tool now refuses before sending)."""
+    return operator.ok("write_api_call", {"method": "POST", "path": f"/nodes/{sim.lab.guests[vmid]['node']}/qemu/"
+                                          f"{vmid}/migrate", "params": {"target": target}})
+
+
+def test_migration_refuses_an_iso_on_local_storage_before_sending(operator, sim):
+    guest = sim.lab.guests[104]  # win11, stopped, on pve2
+    guest["config"]["ide2"] = "local:iso/debian-13.1.0-amd64-netinst.iso,media=cdrom"
+    try:
+        message, sent = writes(sim, lambda: operator.error("write_migrate_guest", {"vmid": 104, "target": "pve3"}))
+        assert "ide2 (local:iso/debian-13.1.0-amd64-netinst.iso)" in message and "none,media=cdrom" in message
+        assert sent == []
+        upid = migrate_fails_in_task(operator, sim, 104, "pve3")["data"]  # what Proxmox itself does
+        assert sim.lab.tasks[upid].exitstatus == "migration aborted" and guest["node"] == "pve2"
+        assert "local cdrom image" in " ".join(sim.lab.tasks[upid].lines)
+    finally:
+        guest["config"].pop("ide2")
+
+
+def test_migration_refuses_snapshots_on_lvmthin_before_sending(operator, sim):
+    guest = sim.lab.guests[104]
+    guest["snapshots"] = [{"name": "pre-update", "snaptime": 1}]
+    try:
+        message, sent = writes(sim, lambda: operator.error("write_migrate_guest", {"vmid": 104, "target": "pve3"}))
+        assert "pre-update" in message and "lvmthin" in message and "write_snapshot_delete" in message
+        assert sent == []
+        upid = migrate_fails_in_task(operator, sim, 104, "pve3")["data"]
+        assert "non-migratable snapshot exists" in " ".join(sim.lab.tasks[upid].lines)
+    finally:
+        guest["snapshots"] = []
+
+
+def test_a_replicated_running_vm_migrates_only_to_its_replication_target(operator, sim):
+    sim.lab.replication["pve1"] = [{"id": "100-0", "guest": 100, "target": "pve2", "fail_count": 0}]
+    try:
+        message = operator.error("write_migrate_guest", {"vmid": 100, "target": "pve3"})
+        assert "Cannot live-migrate replicated VM to node 'pve3' - not a replication target" in message
+    finally:
+        sim.lab.replication.clear()
