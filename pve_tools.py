@@ -418,24 +418,51 @@ def _ha_managed(row: dict) -> bool:
     return row.get("hastate") not in (None, "ignored")
 
 
-def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -> dict:
-    """The guest's status/current, read until it is in `wanted` or `seconds` have passed."""
+HA_SETTLED = {"running": "started", "stopped": "stopped"}  # the HA state a request ends in when it worked
+# HA states in which a request has failed or the guest's node is lost, with the way out
+# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+HA_FAILED = {
+    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
+             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
+    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
+             "node. Check cluster_status; get_guest shows where it runs once recovered.",
+    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
+                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
+}
+
+
+def _ha_row(client: ProxmoxClient, vmid: int, wanted: str, seconds: float) -> dict:
+    """The guest's /cluster/resources row, read until the HA manager has done the request, has
+    failed, or `seconds` have passed; the row names the node it is on now (after a relocation or a
+    recovery it is another one)."""
     deadline = time.monotonic() + seconds
     while True:
-        status = client.get(f"{base}/status/current") or {}
-        if _guest_state(status) == wanted or time.monotonic() >= deadline:
-            return status
+        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
+        done = row.get("status") == wanted and row.get("hastate") == HA_SETTLED[wanted]
+        if done or row.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
+            return row
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
 
 
-def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
-    """An HA request ended OK at once; say so, and what the HA manager has done since."""
-    state = answer["guest_state"]
-    answer |= {"requested_through": "HA", "ha_state": (status.get("ha") or {}).get("state")}
-    if state != wanted:
+def _ha_outcome(client: ProxmoxClient, before: dict, answer: dict, action: str, seconds: float) -> dict:
+    """An HA request ended OK at once; say what the HA manager has done since, where, or why it failed."""
+    vmid, wanted = before["vmid"], STATE_AFTER[action]
+    row = _ha_row(client, vmid, wanted, max(seconds, 0))
+    state, node = row.get("hastate"), row.get("node", before["node"])
+    if state in HA_FAILED:
+        sid = f"{'vm' if before['type'] == 'qemu' else 'ct'}:{vmid}"
+        raise ProxmoxError(f"The HA request to {action} guest {vmid} was queued, but the resource is in HA state "
+                           f"'{state}' on {node}: " + HA_FAILED[state].format(vmid=vmid, sid=sid, node=node))
+    answer |= {"requested_through": "HA", "ha_state": state, "guest_state": row.get("status"), "node": node}
+    if node != before["node"]:
+        answer["note"] = (f"The HA manager started it on {node}: the start failed on {before['node']}, and it "
+                          f"moved it (relocation).")
+    if row.get("status") != wanted:
         return answer | {"result": "requested",
-                         "note": f"The HA manager has the request (HA state {answer['ha_state']}); the guest is "
-                                 f"{state} so far. get_guest shows when it is {wanted}."}
+                         "note": f"The HA manager has the request (HA state {state}); the guest is "
+                                 f"{row.get('status')} so far. get_guest shows when it is {wanted}."}
     if action in ("stop", "shutdown"):
         answer["note"] = ("Through HA the guest stays stopped until it is started again "
                           "(write_guest_power action=start).")
@@ -457,12 +484,9 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     if task in ("started", "still_running"):  # the task's own state, not the guest's
         return answer | {"task": task}
     answer["task"] = answer.pop("exitstatus", "OK")
-    ha = _ha_managed(row) and action in HA_ACTIONS
-    wanted = STATE_AFTER[action]
-    status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
-    answer["guest_state"] = _guest_state(status)
-    if ha:
-        return _ha_outcome(answer, status, action, wanted)
+    if _ha_managed(row) and action in HA_ACTIONS:
+        return _ha_outcome(client, row, answer, action, wait_seconds - (time.monotonic() - started))
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
     return answer
 
 
@@ -835,14 +859,20 @@ def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, t
     return any(s not in shared for s in _volume_storages(config, disks_only=True))
 
 
-def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> dict:
-    """Where an HA resource is after its migration request, read until it is on target."""
-    deadline = time.monotonic() + seconds
+def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> dict:
+    """Where an HA resource is after its migration request, read until it is on target or the HA
+    manager failed (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
+    vmid, deadline = row["vmid"], time.monotonic() + seconds
     while True:
-        node = next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
-        if node == target or time.monotonic() >= deadline:
+        now = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
+        if now.get("node") == target or now.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
             break
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    node, state = now.get("node"), now.get("hastate")
+    if state in HA_FAILED:
+        sid = f"{'vm' if row['type'] == 'qemu' else 'ct'}:{vmid}"
+        raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but the resource is in HA state "
+                           f"'{state}' on {node}: " + HA_FAILED[state].format(vmid=vmid, sid=sid, node=node))
     answer = {"requested_through": "HA", "node": node}
     if node != target:
         answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "
@@ -871,7 +901,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
     if _ha_managed(row) and answer.get("result") == "ok":
-        answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
+        answer |= _ha_moved(client, row, target, wait_seconds - (time.monotonic() - started))
     return answer
 
 

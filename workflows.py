@@ -165,9 +165,12 @@ def _guest_states(h: Health) -> None:
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
                          {"vmid": guest["vmid"], "lock": guest["lock"]},
                          proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
-        if guest.get("hastate") in ("error", "fence"):
-            h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
-                         {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
+        if guest.get("hastate") in pve_tools.HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
+            sid = f"{'vm' if guest.get('type') == 'qemu' else 'ct'}:{guest['vmid']}"
+            h.report.add("critical", "ha", f"HA resource {sid} is in state {guest['hastate']}",
+                         {"vmid": guest["vmid"], "node": guest.get("node")},
+                         pve_tools.HA_FAILED[guest["hastate"]].format(vmid=guest["vmid"], sid=sid,
+                                                                      node=guest.get("node")))
 
 
 def _failed_tasks(h: Health) -> None:

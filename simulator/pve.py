@@ -15,6 +15,7 @@ from typing import Callable
 from .call import ApiError, Call, _guest, _node, _permissions
 from .lab import GiB, Task
 from .pve_backup import pve_vzdump, visible_volume
+from .pve_ha import pve_ha_resource_update
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
@@ -542,6 +543,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
     ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
     ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
+    ("PUT", "/cluster/ha/resources/{sid}"): pve_ha_resource_update,
 }
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,

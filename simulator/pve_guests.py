@@ -10,46 +10,12 @@ from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
 from .lab import GiB
+from .pve_ha import ha_migrate, ha_request, power_effect, resumes
 
 
 # ---- guest power: async tasks that fail later, as the real ones do (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
 
 TASK_TYPE = {("qemu", "suspend"): "qmpause"}  # the rest: qm<action> / vz<action>
-
-
-def _apply_pending(call: Call, guest: dict) -> None:
-    """A start applies what waited in `pending` (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
-    for key, value in guest["pending"].items():
-        if value is None:
-            guest["config"].pop(key, None)
-        else:
-            guest["config"][key] = value
-    if guest["pending"]:
-        guest["pending"] = {}
-        guest["config"]["digest"] = call.lab._digest(guest["vmid"])
-
-
-def _resumes(action: str, guest: dict) -> bool:
-    """A hibernated VM (lock `suspended`, no task) is resumed by a start (qemu-server QemuServer.pm, vm_start)."""
-    return action == "start" and guest["lock"] == "suspended"
-
-
-def _power_effect(call: Call, guest: dict, action: str) -> Callable[[], None]:
-    resumes = _resumes(action, guest)
-
-    def apply() -> None:
-        if resumes:
-            guest["lock"] = None
-        if action in ("start", "reboot", "reset", "resume"):
-            guest["status"], guest["paused"] = "running", False
-            if action in ("start", "reboot"):
-                _apply_pending(call, guest)
-        elif action in ("stop", "shutdown"):
-            guest["status"], guest["paused"] = "stopped", False
-        elif action == "suspend":
-            guest["paused"] = True
-        guest["uptime"] = 1 if guest["status"] == "running" else 0
-    return apply
 
 
 def _refused_before_task(kind: str, action: str, guest: dict, call: Call) -> str | None:
@@ -75,33 +41,11 @@ def _refused_before_task(kind: str, action: str, guest: dict, call: Call) -> str
 
 def _in_task_error(kind: str, action: str, guest: dict, call: Call) -> str:
     label = "VM" if kind == "qemu" else "CT"
-    if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not _resumes(action, guest):
+    if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not resumes(action, guest):
         return f"{label} is locked ({guest['lock']})"
     if action == "start" and guest["status"] == "running":
         return f"{label} {guest['vmid']} already running"
     return "OK"  # stopping or shutting down a stopped VM ends OK (qemu-server QemuServer.pm vm_stop)
-
-
-def _ha_request(call: Call, node: str, kind: str, action: str, guest: dict) -> str:
-    """An HA resource's start/stop/shutdown only queues a request: the hastart/hastop task ends OK at
-    once; the HA manager acts later and a stop stays in force (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
-    label = "VM" if kind == "qemu" else "CT"
-    starting = action == "start"
-    ha = guest["ha"]
-
-    def queued() -> None:
-        if starting and guest["status"] == "running":
-            ha["state"] = "started"
-            return
-        ha["state"] = "request_start" if starting else "request_stop"
-        call.lab.schedule(call.lab.ha_seconds, crm)
-
-    def crm() -> None:
-        ha["state"] = "started" if starting else "stopped"
-        _power_effect(call, guest, "start" if starting else "stop")()
-    line = f"Requesting HA {'start' if starting else 'stop'} for {label} {guest['vmid']}"
-    return call.lab.start_task(node, "hastart" if starting else "hastop", str(guest["vmid"]), user=call.token_id,
-                               lines=[line], on_done=queued)
 
 
 def pve_power(kind: str, action: str) -> Callable:
@@ -113,10 +57,10 @@ def pve_power(kind: str, action: str) -> Callable:
         if refused:
             raise ApiError(500, refused)
         if guest.get("ha") and action in ("start", "stop", "shutdown"):
-            return _ha_request(call, node, kind, action, guest)
+            return ha_request(call, node, kind, action, guest)
         return call.lab.start_task(node, task_type, vmid, user=call.token_id,
                                    exitstatus=_in_task_error(kind, action, guest, call),
-                                   on_done=_power_effect(call, guest, action))
+                                   on_done=power_effect(call.lab, guest, action))
     return handler
 
 
@@ -574,22 +518,6 @@ def _moved(call: Call, guest: dict, target: str) -> Callable[[], None]:
     return apply
 
 
-def _ha_migrate(call: Call, node: str, kind: str, guest: dict, target: str) -> str:
-    """An HA resource's migration is a request to the HA manager (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
-    ha = guest["ha"]
-    before = ha["state"]
-
-    def queued() -> None:
-        ha["state"] = "migrate"
-        call.lab.schedule(call.lab.ha_seconds, crm)
-
-    def crm() -> None:
-        guest["node"], ha["state"] = target, before
-    line = f"Requesting HA migration for {'VM' if kind == 'qemu' else 'CT'} {guest['vmid']} to node {target}"
-    return call.lab.start_task(node, "hamigrate", str(guest["vmid"]), user=call.token_id, lines=[line],
-                               on_done=queued)
-
-
 def pve_migrate(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
@@ -599,7 +527,7 @@ def pve_migrate(kind: str) -> Callable:
         if refused:
             raise refused
         if guest.get("ha"):
-            return _ha_migrate(call, node, kind, guest, target)
+            return ha_migrate(call, node, kind, guest, target)
         error, why = _migrate_error(call, kind, guest)
         lines = [f"starting migration of {kind.upper()} {vmid} to node '{target}'"] + why + \
             ([f"migration active, transferred {p * 4 // 100} GiB of 4 GiB VM-state ({p}%)" for p in (25, 50, 75, 100)]

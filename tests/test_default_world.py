@@ -8,6 +8,7 @@ import time
 import pytest
 
 import simulator
+import simulator.pve_ha
 from conftest import requests_during, tool_session
 
 GiB = 1024 ** 3
@@ -272,3 +273,42 @@ def test_a_replicated_running_vm_migrates_only_to_its_replication_target(operato
         assert "Cannot live-migrate replicated VM to node 'pve3' - not a replication target" in message
     finally:
         sim.lab.replication.clear()
+
+
+# ---------------------------------------------------------------- HA: relocation, error, fence
+
+@pytest.fixture()
+def ha_guest(sim):
+    """Container 103 (stopped, on pve1) as an HA resource; put back afterwards."""
+    guest = sim.lab.guests[103]
+    guest["ha"] = {"state": "stopped"}
+    yield guest
+    sim.lab.down_nodes.clear()
+    sim.lab.later.clear()
+    guest.update(ha=None, node="pve1", status="stopped")
+
+
+def test_an_ha_start_that_fails_is_relocated_and_polled_where_the_guest_is_now(operator, ha_guest):
+    ha_guest["ha"]["fails_on"] = {"pve1"}
+    started = operator.ok("write_guest_power", {"vmid": 103, "action": "start"})
+    assert started["guest_state"] == "running" and started["node"] == "pve2" and started["ha_state"] == "started"
+    assert "failed on pve1" in started["note"]
+
+
+def test_an_ha_error_is_a_failure_with_the_way_out_and_sticks(operator, ha_guest, sim):
+    ha_guest["ha"]["fails_on"] = set(sim.lab.nodes)
+    message = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
+    assert "HA state 'error'" in message and "ha-manager set ct:103 --state disabled" in message
+    again = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
+    assert "HA state 'error'" in again and ha_guest["ha"]["state"] == "error"  # sticky until disabled
+    health = operator.ok("health_check")
+    assert any(f["finding"] == "HA resource ct:103 is in state error" and "disabled" in f["next"]
+               for f in health["findings"])
+
+
+def test_a_lost_node_is_fence_then_recovery_not_success(operator, ha_guest, sim):
+    ha_guest["ha"]["state"], ha_guest["status"] = "started", "running"
+    sim.lab.schedule(0.1, lambda: simulator.pve_ha.fence_node(sim.lab, "pve1"))  # while the tool waits
+    message = operator.error("write_guest_power", {"vmid": 103, "action": "stop", "confirm": True})
+    assert "HA state 'fence'" in message or "HA state 'recovery'" in message
+    assert "another node" in message
