@@ -197,3 +197,27 @@ def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, 
     server = (urlsplit(pbs.host.url).hostname or "").lower()
     return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
             if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
+
+
+# ---------------------------------------------------------------- HA resources that failed
+
+# HA states in which a request has failed or the guest's node is lost, with the way out
+# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+HA_FAILED = {
+    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
+             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
+    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
+             "node. Check cluster_status; get_guest shows where it runs once recovered.",
+    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
+                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
+}
+
+
+def ha_failure(row: dict) -> str:
+    """What an HA state of HA_FAILED means for a guest (its /cluster/resources row), and the way out."""
+    vmid, node = row["vmid"], row.get("node")
+    sid = f"{'vm' if row.get('type') == 'qemu' else 'ct'}:{vmid}"
+    return f"HA resource {sid} is in state '{row['hastate']}' on {node}: " + \
+        HA_FAILED[row["hastate"]].format(vmid=vmid, sid=sid, node=node)

@@ -17,9 +17,9 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_path, guest_resources, hidden_backups, hidden_note,
-                       next_vmid, node_names, online_node, pbs_backed_storages, resolve_guest, storage_node,
-                       storage_rows, storages_on)
+from inventory import (HA_FAILED, backup_storages, bridges, check_node, guest_path, guest_resources, ha_failure,
+                       hidden_backups, hidden_note, next_vmid, node_names, online_node, pbs_backed_storages,
+                       resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, configured, encode_params, log_page, pbs_client, pve_client,
                             run_task, task_outcome, task_report)
 
@@ -419,20 +419,6 @@ def _ha_managed(row: dict) -> bool:
 
 
 HA_SETTLED = {"running": "started", "stopped": "stopped"}  # the HA state a request ends in when it worked
-# HA states in which a request has failed or the guest's node is lost, with the way out
-# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
-HA_FAILED = {
-    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
-             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
-             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
-             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
-    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
-             "node. Check cluster_status; get_guest shows where it runs once recovered.",
-    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
-                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
-}
-
-
 def _ha_row(client: ProxmoxClient, vmid: int, wanted: str, seconds: float) -> dict:
     """The guest's /cluster/resources row, read until the HA manager has done the request, has
     failed, or `seconds` have passed; the row names the node it is on now (after a relocation or a
@@ -452,9 +438,7 @@ def _ha_outcome(client: ProxmoxClient, before: dict, answer: dict, action: str, 
     row = _ha_row(client, vmid, wanted, max(seconds, 0))
     state, node = row.get("hastate"), row.get("node", before["node"])
     if state in HA_FAILED:
-        sid = f"{'vm' if before['type'] == 'qemu' else 'ct'}:{vmid}"
-        raise ProxmoxError(f"The HA request to {action} guest {vmid} was queued, but the resource is in HA state "
-                           f"'{state}' on {node}: " + HA_FAILED[state].format(vmid=vmid, sid=sid, node=node))
+        raise ProxmoxError(f"The HA request to {action} guest {vmid} was queued, but " + ha_failure(row))
     answer |= {"requested_through": "HA", "ha_state": state, "guest_state": row.get("status"), "node": node}
     if node != before["node"]:
         answer["note"] = (f"The HA manager started it on {node}: the start failed on {before['node']}, and it "
@@ -870,9 +854,7 @@ def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> 
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
     node, state = now.get("node"), now.get("hastate")
     if state in HA_FAILED:
-        sid = f"{'vm' if row['type'] == 'qemu' else 'ct'}:{vmid}"
-        raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but the resource is in HA state "
-                           f"'{state}' on {node}: " + HA_FAILED[state].format(vmid=vmid, sid=sid, node=node))
+        raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but " + ha_failure(now))
     answer = {"requested_through": "HA", "node": node}
     if node != target:
         answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "

@@ -18,8 +18,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (backup_storages, bridges, check_node, guest_resources, hidden_backups, hidden_note, next_vmid,
-                       pbs_backed_storages, resolve_guest, storage_rows)
+from inventory import (HA_FAILED, backup_storages, bridges, check_node, guest_resources, ha_failure, hidden_backups,
+                       hidden_note, next_vmid, pbs_backed_storages, resolve_guest, storage_rows)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -165,12 +165,9 @@ def _guest_states(h: Health) -> None:
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
                          {"vmid": guest["vmid"], "lock": guest["lock"]},
                          proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
-        if guest.get("hastate") in pve_tools.HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
-            sid = f"{'vm' if guest.get('type') == 'qemu' else 'ct'}:{guest['vmid']}"
-            h.report.add("critical", "ha", f"HA resource {sid} is in state {guest['hastate']}",
-                         {"vmid": guest["vmid"], "node": guest.get("node")},
-                         pve_tools.HA_FAILED[guest["hastate"]].format(vmid=guest["vmid"], sid=sid,
-                                                                      node=guest.get("node")))
+        if guest.get("hastate") in HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
+            what, way_out = ha_failure(guest).split(": ", 1)
+            h.report.add("critical", "ha", what, {"vmid": guest["vmid"], "node": guest.get("node")}, way_out)
 
 
 def _failed_tasks(h: Health) -> None:

@@ -146,8 +146,8 @@ def pve_ha_resource_update(call: Call, sid: str) -> None:
     `stopped`; `started` asks the CRM to start it (not while in `error`)."""
     vmid = int(sid.split(":")[-1])
     guest = call.lab.guests.get(vmid)
-    if guest is None or not guest.get("ha"):
-        raise ApiError(500, f"service '{sid}' is not HA managed")
+    if guest is None or not guest.get("ha"):  # pve-ha-manager src/PVE/HA/Config.pm update_resources_config
+        raise ApiError(500, f"update resources config failed: no such resource '{sid}'")
     ha, wanted = guest["ha"], call.arg("state")
     if wanted == "disabled":
         ha["state"] = "stopped"

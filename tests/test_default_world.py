@@ -152,8 +152,10 @@ def test_a_container_restore_goes_to_a_storage_that_takes_containers(operator, s
     archive = pbs_archive(sim.lab, "ct", 105)
     restored = operator.ok("write_restore_backup", {"archive": archive})
     guest = sim.lab.guests[restored["vmid"]]
-    assert restored["result"] == "ok" and guest["config"]["rootfs"].startswith(f"local-lvm:vm-{restored['vmid']}-disk-0")
-    message, sent = writes(sim, lambda: operator.error("write_restore_backup", {"archive": archive, "storage": "local"}))
+    assert restored["result"] == "ok"
+    assert guest["config"]["rootfs"].startswith(f"local-lvm:vm-{restored['vmid']}-disk-0")
+    refused = {"archive": archive, "storage": "local"}
+    message, sent = writes(sim, lambda: operator.error("write_restore_backup", refused))
     assert "takes no container volumes" in message and "local-lvm" in message and sent == []
     operator.ok("write_delete_guest", {"vmid": restored["vmid"], "confirm": True})
 
@@ -298,11 +300,11 @@ def test_an_ha_start_that_fails_is_relocated_and_polled_where_the_guest_is_now(o
 def test_an_ha_error_is_a_failure_with_the_way_out_and_sticks(operator, ha_guest, sim):
     ha_guest["ha"]["fails_on"] = set(sim.lab.nodes)
     message = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
-    assert "HA state 'error'" in message and "ha-manager set ct:103 --state disabled" in message
+    assert "is in state 'error'" in message and "ha-manager set ct:103 --state disabled" in message
     again = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
-    assert "HA state 'error'" in again and ha_guest["ha"]["state"] == "error"  # sticky until disabled
+    assert "is in state 'error'" in again and ha_guest["ha"]["state"] == "error"  # sticky until disabled
     health = operator.ok("health_check")
-    assert any(f["finding"] == "HA resource ct:103 is in state error" and "disabled" in f["next"]
+    assert any(f["finding"] == "HA resource ct:103 is in state 'error' on pve2" and "disabled" in f["next"]
                for f in health["findings"])
 
 
@@ -310,5 +312,5 @@ def test_a_lost_node_is_fence_then_recovery_not_success(operator, ha_guest, sim)
     ha_guest["ha"]["state"], ha_guest["status"] = "started", "running"
     sim.lab.schedule(0.1, lambda: simulator.pve_ha.fence_node(sim.lab, "pve1"))  # while the tool waits
     message = operator.error("write_guest_power", {"vmid": 103, "action": "stop", "confirm": True})
-    assert "HA state 'fence'" in message or "HA state 'recovery'" in message
+    assert "is in state 'fence'" in message or "is in state 'recovery'" in message
     assert "another node" in message
