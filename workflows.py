@@ -287,10 +287,15 @@ def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
     return False, False
 
 
-def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _jobs_for(guest: dict, jobs: list[dict], unseen_pools: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """The jobs that back a guest up and those that exclude it; a job selecting a pool this token
+    cannot see (no Pool.Audit: /cluster/resources leaves `pool` out) is listed as `<job>?`, unknown."""
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
+            continue
+        if job.get("pool") in unseen_pools and (not job.get("node") or job["node"] == guest.get("node")):
+            covering.append(f"{job['id']}?")
             continue
         selects, excludes = _job_selects(job, guest)
         if selects:
@@ -316,6 +321,7 @@ class Coverage:
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
     unseen: dict[str, list[int]] = field(default_factory=dict)  # storage -> guests whose backups were not seen
     hidden: dict[str, list[int]] = field(default_factory=dict)  # those of them hidden from this token
+    unseen_pools: set[str] = field(default_factory=set)  # pools that jobs select and this token cannot see
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
 
@@ -331,6 +337,10 @@ class Coverage:
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
     c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
+    # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
+    # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
+                      and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
 
 
@@ -397,11 +407,21 @@ def _guest_rows(c: Coverage) -> None:
                      if why else "see `unavailable` for why those storages could not be read")
 
 
+def _coverage_why(covering: list[str], jobs_read: bool) -> str:
+    sure = [j for j in covering if not j.endswith("?")]
+    if sure:
+        return f"covered by {', '.join(sure)}"
+    if covering:
+        return (f"job(s) {', '.join(j.rstrip('?') for j in covering)} select a pool this token cannot see (it "
+                f"lacks Pool.Audit), so whether they cover it is unknown")
+    return "no job covers it" if jobs_read else "the backup jobs could not be read"
+
+
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
     """A guest's newest backup against the age limit and its jobs; a finding when it is not ok. A
     guest with no recent backup in sight whose backups some storage hides is unknown, never missing."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(guest, c.jobs or [])
+    covering, excluding = _jobs_for(guest, c.jobs or [], c.unseen_pools)
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
@@ -411,8 +431,7 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         state = "unknown"
     if state not in ("ok", "unknown"):
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = f"covered by {', '.join(covering)}" if covering else (
-            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
+        why = _coverage_why(covering, c.jobs is not None)
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")

@@ -59,7 +59,7 @@ def _guest_row(guest: dict) -> dict:
            "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
     if kind == "qemu":
         row["memhost"] = row["mem"]  # PVE 9
-    for key in ("tags", "lock", "pool"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    for key in ("tags", "lock"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
         if guest.get(key):
             row[key] = guest[key]
     if guest.get("ha"):  # HA resources only (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
@@ -87,6 +87,9 @@ def _guest_resources(call: Call) -> list[dict]:
     for vmid, guest in sorted(call.lab.guests.items()):
         if call.can(f"/vms/{vmid}", "VM.Audit"):
             row = _guest_row(guest)
+            # `pool` only with Pool.Audit on it (pve-manager PVE/API2/Cluster.pm resources)
+            if guest.get("pool") and call.can(f"/pool/{guest['pool']}", "Pool.Audit"):
+                row["pool"] = guest["pool"]
             if guest["node"] in call.lab.down_nodes:
                 row["status"] = "unknown"
             rows.append(row)

@@ -314,3 +314,35 @@ def test_a_lost_node_is_fence_then_recovery_not_success(operator, ha_guest, sim)
     message = operator.error("write_guest_power", {"vmid": 103, "action": "stop", "confirm": True})
     assert "is in state 'fence'" in message or "is in state 'recovery'" in message
     assert "another node" in message
+
+
+# ---------------------------------------------------------------- tokens that lack a privilege the tools read
+
+def token_session(sim, name, acl):
+    """A session whose PVE token (and its user) holds `acl` only."""
+    sim.lab.pve_tokens[name] = simulator.Token("13131313-2424-3535-4646-" + f"{len(name):012d}", acl,
+                                               owner=simulator.Token("", acl))
+    return tool_session(sim.env(pve_token=name), log_name=f"default-world-{name.split('!')[1]}")
+
+
+def test_a_pool_job_is_unknown_coverage_without_pool_audit(sim):
+    """ACLs on /vms, /storage and /nodes (and / itself, not below it) leave /pool out: no Pool.Audit."""
+    acl = [("/", "PVEAuditor", False)] + [(path, role, True) for path in ("/vms", "/storage", "/nodes")
+                                           for role in ("PVEAuditor", "BackupReader")]
+    sim.lab.backup_jobs.append({"id": "backup-prod", "type": "vzdump", "schedule": "03:00", "enabled": 1,
+                                "pool": "prod", "storage": "local"})
+    groups, local = sim.lab.datastores["backup"]["groups"], sim.lab.volumes["local"]
+    saved = groups.pop(("", "vm", "101"))  # 101 (in pool prod) lacks a recent backup
+    sim.lab.volumes["local"] = [v for v in local if v.get("vmid") != 101]
+    try:
+        with token_session(sim, "mcp@pve!nopool", acl) as session:
+            report = session.ok("backup_coverage")
+    finally:
+        sim.lab.backup_jobs.pop()
+        groups[("", "vm", "101")], sim.lab.volumes["local"] = saved, local
+    state = {r[0]: dict(zip(report["guests"]["columns"], r, strict=True)) for r in report["guests"]["rows"]}
+    assert state[101]["jobs"] == "backup-nightly,backup-prod?"
+    assert state[104]["jobs"] == "backup-prod?" and state[104]["excluded_by"] == "backup-nightly"
+    finding = next(f["finding"] for f in report["findings"] if f["finding"].startswith("guest 104 "))
+    assert finding == ("guest 104 (win11) backup is missing; job(s) backup-prod select a pool this token cannot "
+                       "see (it lacks Pool.Audit), so whether they cover it is unknown")
