@@ -608,12 +608,36 @@ def _looks_pbs(upid: str) -> bool:
 
 # ---------------------------------------------------------------- provisioning in one call
 
-def _node_with_room(client: ProxmoxClient, memory_mb: int) -> str:
-    nodes = [r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"]
-    free = sorted(nodes, key=lambda n: (n.get("maxmem", 0) - n.get("mem", 0)), reverse=True)
-    if not free or (free[0].get("maxmem", 0) - free[0].get("mem", 0)) < memory_mb * 1024 * 1024:
-        raise ProxmoxError(f"No online node has {memory_mb} MiB of free memory.")
-    return free[0]["node"]
+def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
+    """The nodes that can use a volume: all for shared storage, else those whose own disk holds it
+    (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = (volid or "").split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r.get("storage") == storage]
+    if not volid or not rows or any(r.get("shared") for r in rows):
+        return nodes
+    on = {r["node"] for r in rows if r.get("status") == "available"}
+    return [n for n in nodes if n in on and any(v.get("volid") == volid for v in client.get(
+        f"/nodes/{n}/storage/{storage}/content") or [])]
+
+
+def _pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) -> tuple[str, str | None]:
+    """An online node that holds `volid` (when it is on a node's own storage) with the most free
+    memory, and a note when free memory cannot be told: without Sys.Audit the nodes come without
+    figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources), which says nothing about room."""
+    online = {r["node"]: r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"}
+    nodes = _holders(client, sorted(online), volid)
+    if not nodes:
+        raise InvalidArgument(f"No online node holds {volid}; take one from storage_content, or download it to the "
+                              f"node you want (write_download_url node=...).")
+    if any(online[n].get("maxmem") is None for n in nodes):
+        return nodes[0], (f"free memory not checked: the token lacks Sys.Audit on /nodes, so nodes come without "
+                          f"figures; {nodes[0]} holds what it needs")
+    free = {n: online[n]["maxmem"] - online[n].get("mem", 0) for n in nodes}
+    best = max(nodes, key=free.get)
+    if free[best] < memory_mb * 1024 * 1024:
+        raise ProxmoxError(f"No online node that can use it has {memory_mb} MiB of free memory "
+                           f"({', '.join(nodes)} checked); give a smaller memory_mb or free memory.")
+    return best, None
 
 
 def _uplinked_bridge(client: ProxmoxClient, node: str) -> str:
@@ -674,12 +698,12 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
-               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None) -> dict:
+               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None, volid: str) -> dict:
     client = pve_client(host)
     steps = Steps()
     try:
-        node = check_node(client, node) if node else _node_with_room(client, memory_mb)
-        steps.record("pick node", "done", node=node)
+        node, unchecked = (check_node(client, node), None) if node else _pick_node(client, memory_mb, volid)
+        steps.record("pick node", "done", node=node, detail=unchecked)
         vmid = next_vmid(client)
         steps.record("next vmid", "done", vmid=vmid)
         bridge = bridge or _uplinked_bridge(client, node)
@@ -716,7 +740,7 @@ def write_provision_lxc(hostname: GuestName,
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
                                           cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
                                           ssh_keys=ssh_keys, wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx, template)
 
 
 def write_provision_vm(name: GuestName,
@@ -734,7 +758,7 @@ def write_provision_vm(name: GuestName,
                                          memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage,
                                          bridge=bridge, ciuser=ciuser, ssh_keys=ssh_keys,
                                          wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx, cloud_image)
 
 
 # ---------------------------------------------------------------- restore drill
@@ -778,7 +802,7 @@ def _restore(d: Drill) -> None:
     storage = d.backup.split(":", 1)[0]
     shared = any(r.get("shared") for r in storage_rows(d.client) if r["storage"] == storage)
     restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch,
-                                              node=_node_with_room(d.client, 512) if shared else None,
+                                              node=_pick_node(d.client, 512)[0] if shared else None,
                                               storage=d.storage, wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
     node = restored["node"]
     d.steps.created.append(f"{d.kind} {d.scratch} on {node} (scratch)")

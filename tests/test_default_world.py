@@ -194,6 +194,7 @@ def test_a_guest_is_filtered_only_when_its_own_firewall_option_is_on(reader, sim
 # ---------------------------------------------------------------- new VMs as the GUI makes them
 
 DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"
+DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 
 
 def test_a_new_vm_gets_the_guis_cpu_and_a_linux_bus(operator, sim):
@@ -346,3 +347,32 @@ def test_a_pool_job_is_unknown_coverage_without_pool_audit(sim):
     finding = next(f["finding"] for f in report["findings"] if f["finding"].startswith("guest 104 "))
     assert finding == ("guest 104 (win11) backup is missing; job(s) backup-prod select a pool this token cannot "
                        "see (it lacks Pool.Audit), so whether they cover it is unknown")
+
+
+# ---------------------------------------------------------------- provisioning on the node that has the template
+
+ALPINE = "local:vztmpl/alpine-3.22-default_20250617_amd64.tar.xz"
+
+
+def test_provisioning_picks_a_node_whose_own_storage_has_the_template(operator, sim):
+    sim.lab.add_volume("local", ALPINE, "vztmpl", 3 * 1024 ** 2, node="pve2")  # only on pve2's own disk
+    try:
+        made = operator.ok("write_provision_lxc", {"hostname": "alpine", "template": ALPINE, "bridge": "vmbr0"})
+        assert made["result"] == "ok" and made["node"] == "pve2" and sim.lab.guests[made["vmid"]]["node"] == "pve2"
+        operator.ok("write_guest_power", {"vmid": made["vmid"], "action": "stop", "confirm": True})
+        operator.ok("write_delete_guest", {"vmid": made["vmid"], "confirm": True})
+    finally:
+        sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v["volid"] != ALPINE]
+
+
+def test_provisioning_without_sys_audit_does_not_claim_no_room(sim):
+    """A read token without Sys.Audit sees nodes without memory figures: that is no lack of memory."""
+    acl = [(path, "PVEAuditor", True) for path in ("/vms", "/storage", "/sdn")]
+    sim.lab.pve_tokens["mcp@pve!nosys"] = simulator.Token("14141414-2424-3535-4646-575757575757", acl,
+                                                          owner=simulator.Token("", acl))
+    operator_secret = sim.lab.pve_tokens["ops@pve!operator"].secret
+    env = sim.env(pve_token="mcp@pve!nosys") | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator_secret}",
+                                                 "PROXMOX_ACCESS": "write"}
+    with tool_session(env, log_name="default-world-nosys") as session:
+        plan = session.ok("write_provision_lxc", {"hostname": "blind", "template": DEBIAN_TEMPLATE, "dry_run": True})
+    assert plan["dry_run"] is True and plan["request"]["path"] == "/nodes/pve1/lxc"
