@@ -96,13 +96,27 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
         if iface.get("type") not in ("bridge", "OVSBridge", "vnet"):
             continue
         ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        # a bridge only in /etc/network/interfaces.new (not applied yet) is listed without `active`
+        # (docs/PROXMOX-BEHAVIOUR.md#networks)
         rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
                      "segment": _segment(iface, ports),
+                     "pending": iface.get("type") != "vnet" and not iface.get("active"),
                      "vlan_aware": bool(iface.get("bridge_vlan_aware") or iface.get("vlanaware"))
                      or iface.get("type") == "OVSBridge",
                      "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
                      "comment": (iface.get("comments") or "").strip() or None})
     return rows
+
+
+def bridges_hidden(client: ProxmoxClient) -> str | None:
+    """Why this token's bridge lists may be empty: PVE lists a bridge only to callers with SDN.Audit
+    or SDN.Use on /sdn/zones/localnetwork/<bridge> (docs/PROXMOX-BEHAVIOUR.md#networks); None when
+    it holds one of them there or its privileges are unknown."""
+    path = "/sdn/zones/localnetwork"
+    if any(policy.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
+        return None
+    return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
+            f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
 
 
 # ---------------------------------------------------------------- storages

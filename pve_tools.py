@@ -17,9 +17,9 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
-from inventory import (HA_FAILED, backup_storages, bridges, check_node, guest_path, guest_resources, ha_failure,
-                       hidden_backups, hidden_note, next_vmid, node_names, online_node, pbs_backed_storages,
-                       resolve_guest, storage_node, storage_rows, storages_on)
+from inventory import (HA_FAILED, backup_storages, bridges, bridges_hidden, check_node, guest_path, guest_resources,
+                       ha_failure, hidden_backups, hidden_note, next_vmid, node_names, online_node,
+                       pbs_backed_storages, resolve_guest, storage_node, storage_rows, storages_on)
 from proxmox_client import (ProxmoxClient, agent_result, configured, encode_params, log_page, pbs_client, pve_client,
                             run_task, task_outcome, task_report)
 
@@ -341,9 +341,13 @@ def list_networks(host: Host = None, node: Node = None) -> dict:
                 rows += bridges(client, name)
             except ProxmoxError as exc:
                 not_read.append(str(exc)[:200])
-    result = table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+    columns = ["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"]
+    result = table(columns + (["pending"] if any(r["pending"] for r in rows) else []),
+                   [r | {"pending": r["pending"] or None} for r in rows])
     if not_read:
         result["not_read"] = not_read
+    if not any(r["segment"] != "sdn-vnet" for r in rows) and bridges_hidden(client):
+        result["note"] = bridges_hidden(client)
     return result
 
 
@@ -921,8 +925,13 @@ def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | Non
     except ToolFailure as exc:
         raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
     if bridge not in known:
-        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. "
-                              f"Bridges: {', '.join(known) or 'none'} (list_networks).")
+        hidden = bridges_hidden(client) if not known else None
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. " + (
+            hidden or f"Bridges: {', '.join(known) or 'none'} (list_networks)."))
+    if known[bridge]["pending"]:
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not applied yet (it is only in the pending network "
+                              f"configuration): a guest on it would not start. Apply it first (node > Network > "
+                              f"Apply Configuration, or `ifreload -a` on {node}).")
     if vlan and not known[bridge]["vlan_aware"]:
         aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
         raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "

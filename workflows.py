@@ -18,8 +18,8 @@ import pve_tools
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
                      iso_time, percent)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (HA_FAILED, backup_storages, bridges, check_node, guest_resources, ha_failure, hidden_backups,
-                       hidden_note, next_vmid, pbs_backed_storages, resolve_guest, storage_rows)
+from inventory import (HA_FAILED, backup_storages, bridges, bridges_hidden, check_node, guest_resources, ha_failure,
+                       hidden_backups, hidden_note, next_vmid, pbs_backed_storages, resolve_guest, storage_rows)
 from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -641,9 +641,11 @@ def _pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) 
 
 
 def _uplinked_bridge(client: ProxmoxClient, node: str) -> str:
-    uplinked = [b["bridge"] for b in bridges(client, node) if b["segment"] == "uplinked"]
+    found = bridges(client, node)
+    uplinked = [b["bridge"] for b in found if b["segment"] == "uplinked" and not b["pending"]]
     if not uplinked:
-        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly.")
+        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly. "
+                           + ((bridges_hidden(client) or "") if not found else ""))
     return uplinked[0]
 
 

@@ -369,7 +369,17 @@ def pve_network(call: Call, node: str) -> list:
         rows = [r for r in rows if r["type"] == wanted]
     if wanted in ("any_bridge", "include_sdn", "vnet"):
         rows += _vnet_rows(call)
+    # bridges only to callers with SDN.Audit or SDN.Use on them (docs/PROXMOX-BEHAVIOUR.md#networks); a
+    # bridge only in the pending configuration (interfaces.new) comes without `active`
+    rows = [r for r in rows if r["type"] not in ("bridge", "OVSBridge") or _bridge_visible(call, r["iface"])]
     return [{k: v for k, v in row.items() if v is not None} for row in rows]
+
+
+def _bridge_visible(call: Call, bridge: str) -> bool:
+    """pve-manager PVE/API2/Network.pm $can_access_vnet: root@pam, or SDN.Audit or SDN.Use on
+    /sdn/zones/localnetwork/<bridge> (pve-access-control RPCEnvironment.pm check_sdn_bridge)."""
+    path = f"/sdn/zones/localnetwork/{bridge}"
+    return call.token_id == "root@pam" or call.can(path, "SDN.Audit") or call.can(path, "SDN.Use")
 
 
 

@@ -376,3 +376,25 @@ def test_provisioning_without_sys_audit_does_not_claim_no_room(sim):
     with tool_session(env, log_name="default-world-nosys") as session:
         plan = session.ok("write_provision_lxc", {"hostname": "blind", "template": DEBIAN_TEMPLATE, "dry_run": True})
     assert plan["dry_run"] is True and plan["request"]["path"] == "/nodes/pve1/lxc"
+
+
+# ---------------------------------------------------------------- bridges: pending, and hidden without SDN privileges
+
+def test_a_pending_bridge_is_shown_as_pending_and_not_used(operator, sim):
+    """A bridge added in the GUI but not applied is only in interfaces.new: listed, without `active`."""
+    sim.lab.networks["pve1"].append({"iface": "vmbr2", "type": "bridge", "autostart": 1, "bridge_ports": "eno2"})
+    try:
+        listed = {r["bridge"]: r for r in rows(operator.ok("list_networks", {"node": "pve1"}))}
+        assert listed["vmbr2"]["pending"] is True and listed["vmbr0"]["pending"] == ""
+        message, sent = writes(sim, lambda: operator.error("write_set_nic", {"vmid": 100, "bridge": "vmbr2"}))
+        assert "not applied yet" in message and "ifreload -a" in message and sent == []
+    finally:
+        sim.lab.networks["pve1"].pop()
+
+
+def test_bridges_hidden_without_sdn_privileges_are_said(sim):
+    acl = [(path, "PVEAuditor", True) for path in ("/vms", "/storage", "/nodes")]  # nothing on /sdn
+    with token_session(sim, "mcp@pve!nosdn", acl) as session:
+        listed = session.ok("list_networks", {"node": "pve1"})
+    assert listed["rows"] == [] and "SDN.Audit or SDN.Use" in listed["note"]
+    assert "pveum acl modify /sdn/zones/localnetwork --tokens 'mcp@pve!nosdn' --roles PVEAuditor" in listed["note"]
