@@ -509,11 +509,14 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     return answer
 
 
-def _disk_gib(value: str) -> int | None:
-    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", value or "")
+def _disk_size(value: str) -> tuple[float, str] | None:
+    """A disk's size in GiB and as its config writes it: `32G`, or `2252M` for an imported image
+    (pve-common format_size, docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value or "")
     if not match:
         return None
-    return int(float(match.group(1)) * {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)])
+    scale = {"": 1 / 1024 ** 3, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
+    return float(match.group(1)) * scale, match.group(1) + match.group(2)
 
 
 def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. scsi0, rootfs")],
@@ -528,9 +531,9 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
         disks = [k for k in config
                  if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
         raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
-    current = _disk_gib(str(config[disk]))
-    if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
-        raise InvalidArgument(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
+    current = _disk_size(str(config[disk]))
+    if not size.startswith("+") and current is not None and int(size[:-1]) <= current[0]:
+        raise InvalidArgument(f"{disk} of guest {vmid} is {current[1]}; {size} would not grow it. Disks only grow; "
                               f"give a larger size or +NG.")
     return run_task(client, "PUT", f"{base}/resize", {"disk": disk, "size": size}, wait_seconds, ctx,
                     f"resize {vmid} {disk}")
@@ -1005,12 +1008,13 @@ def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created:
     """An imported disk has the image's size; grow it to disk_gb (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
     if created.get("result") not in ("ok", "warnings"):
         return f"scsi0 keeps the image's size; once the VM exists, grow it with write_resize_disk size={disk_gb}G"
-    size = _disk_gib(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
-    if size is None or disk_gb <= size:
-        return f"scsi0 is {size}G, the image's own size; disk_gb={disk_gb} would not grow it, so it was left"
+    size = _disk_size(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
+    if size is None or disk_gb <= size[0]:
+        return (f"scsi0 is {size[1] if size else 'of unknown size'}, the image's own size; disk_gb={disk_gb} would "
+                f"not grow it, so it was left")
     run_task(client, "PUT", f"{base}/resize", {"disk": "scsi0", "size": f"{disk_gb}G"}, 120, ctx,
              f"resize {base.rsplit('/', 1)[1]} scsi0")
-    return f"scsi0 grown from {size}G (the image) to {disk_gb}G"
+    return f"scsi0 grown from {size[1]} (the image) to {disk_gb}G"
 
 
 def write_create_lxc(hostname: GuestName,

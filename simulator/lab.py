@@ -155,6 +155,24 @@ def escape_id(text: str) -> str:
     return "".join(out)
 
 
+UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
+
+
+def size_bytes(value: str) -> int:
+    """The bytes a disk's `size=` says (`32G`, `2252M`, ...); 0 when it says none."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value)
+    return int(float(match.group(1)) * UNITS[match.group(2)]) if match else 0
+
+
+def format_size(size: int) -> str:
+    """A size as Proxmox writes it into a config: the largest unit that divides it exactly
+    (pve-common src/PVE/JSONSchema.pm format_size): 32G, 2252M."""
+    for unit in ("T", "G", "M", "K"):
+        if size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return str(size)
+
+
 @dataclass
 class Task:
     upid: str
@@ -469,10 +487,8 @@ class Lab:
                     continue
                 if re.fullmatch(r"(scsi|virtio|sata|ide|efidisk|tpmstate|unused)\d+|rootfs|mp\d+", key):
                     volid = value.split(",")[0]
-                    size = re.search(r"size=(\d+)G", value)
                     found.append({"volid": volid, "content": "images" if guest["type"] == "qemu" else "rootdir",
-                                  "vmid": vmid, "format": "raw",
-                                  "size": int(size.group(1)) * GiB if size else 0, "ctime": 0})
+                                  "vmid": vmid, "format": "raw", "size": size_bytes(value), "ctime": 0})
         return found
 
     def add_datastore(self, name: str, *, total: int, used: int) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
-from .lab import GiB
+from .lab import GiB, format_size, size_bytes
 from .pve_ha import ha_migrate, ha_request, power_effect, resumes
 
 
@@ -212,14 +212,14 @@ def pve_resize(kind: str) -> Callable:
         value = guest["config"].get(disk)
         if value is None:
             raise ApiError(500, f"disk '{disk}' does not exist")
-        current = int(re.search(r"size=(\d+)G", value).group(1))
-        wanted = current + int(size[1:-1]) if size.startswith("+") else int(size.rstrip("G"))
+        current = size_bytes(value)
+        wanted = current + int(size[1:-1]) * GiB if size.startswith("+") else int(size.rstrip("G")) * GiB
         if wanted < current:
             raise ApiError(500, "shrinking disks is not supported")
 
         def apply() -> None:
-            guest["config"][disk] = re.sub(r"size=\d+G", f"size={wanted}G", guest["config"][disk])
-            guest["maxdisk"] = wanted * GiB
+            guest["config"][disk] = re.sub(r"size=[\d.]+[KMGT]?", f"size={format_size(wanted)}", guest["config"][disk])
+            guest["maxdisk"] = wanted
         return call.lab.start_task(node, "resize", vmid, user=call.token_id, exitstatus=_locked(guest, kind) or "OK",
                                    on_done=apply)
     return handler
@@ -285,13 +285,13 @@ def _allocate_disks(call: Call, vmid: int, params: dict) -> dict:
         if not match:
             continue
         options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-        size = float(match.group(2))
+        size = int(float(match.group(2)) * GiB)
         source = options.pop("import-from", None)
-        if source:
+        if source:  # the source image's own size, written as format_size does (2252M)
             found = [v for v in call.lab.volumes.get(source.split(":")[0], []) if v["volid"] == source]
-            size = max(1, -(-found[0]["size"] // GiB)) if found else 2
+            size = found[0]["size"] if found else 2 * GiB
         disks[key] = ",".join([f"{match.group(1)}:vm-{vmid}-disk-{index}", *(f"{k}={v}" for k, v in options.items()),
-                               f"size={int(size)}G"])
+                               f"size={format_size(size)}"])
     return disks
 
 
@@ -332,9 +332,8 @@ def _configure_created(call: Call, guest: dict, restored: bool, volumes: dict) -
         if CREATE_KEEPS.fullmatch(key):
             guest["config"][key] = value
     guest["config"] |= volumes
-    sizes = [int(m.group(1)) for k, v in volumes.items()
-             if not k.startswith(("efidisk", "tpmstate")) and (m := re.search(r"size=(\d+)G", str(v)))]
-    guest["maxdisk"] = sizes[0] * GiB if sizes else guest["maxdisk"]
+    sizes = [size_bytes(str(v)) for k, v in volumes.items() if not k.startswith(("efidisk", "tpmstate"))]
+    guest["maxdisk"] = next((size for size in sizes if size), guest["maxdisk"])
 
 
 def pve_create(kind: str) -> Callable:

@@ -398,3 +398,22 @@ def test_bridges_hidden_without_sdn_privileges_are_said(sim):
         listed = session.ok("list_networks", {"node": "pve1"})
     assert listed["rows"] == [] and "SDN.Audit or SDN.Use" in listed["note"]
     assert "pveum acl modify /sdn/zones/localnetwork --tokens 'mcp@pve!nosdn' --roles PVEAuditor" in listed["note"]
+
+
+# ---------------------------------------------------------------- imported disks keep the image's size
+
+def test_an_imported_disk_keeps_a_size_like_2252M_and_is_grown_from_it(operator, sim):
+    image = "local:import/rocky-9.qcow2"
+    sim.lab.add_volume("local", image, "import", 2252 * 1024 ** 2, node="pve1")
+    try:
+        vm = operator.ok("write_create_vm", {"name": "rocky", "cloud_image": image, "node": "pve1", "disk_gb": 2})
+        config = sim.lab.guests[vm["vmid"]]["config"]
+        assert "size=2252M" in config["scsi0"]  # qemu-server writes the image's size as format_size does
+        assert vm["disk"] == "scsi0 is 2252M, the image's own size; disk_gb=2 would not grow it, so it was left"
+        grown = operator.ok("write_resize_disk", {"vmid": vm["vmid"], "disk": "scsi0", "size": "+1G"})
+        assert grown["result"] == "ok" and "size=3276M" in config["scsi0"]
+        message = operator.error("write_resize_disk", {"vmid": vm["vmid"], "disk": "scsi0", "size": "3G"})
+        assert "is 3276M; 3G would not grow it" in message
+        operator.ok("write_delete_guest", {"vmid": vm["vmid"], "confirm": True})
+    finally:
+        sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v["volid"] != image]
