@@ -200,6 +200,8 @@ def pve_config_update(kind: str) -> Callable:
                 config[key] = value
         if "name" in config or "hostname" in config:
             guest["name"] = config.get("name") or config.get("hostname")
+        if config.get("tags"):
+            config["tags"] = normal_tags(config["tags"])
         guest["tags"] = config.get("tags", "")
         config["digest"] = call.lab._digest(int(vmid))
     return handler
@@ -322,6 +324,12 @@ def _check_ct_storages(call: Call, node: str) -> None:
                            {"storage": f"storage '{sid}' does not support container directories"})
 
 
+def normal_tags(tags: object) -> str:
+    """Tags as PVE stores them: split at `;`, `,` or white space, lower case, sorted, each once
+    (pve-guest-common src/PVE/GuestHelpers.pm get_unique_tags, default tag-style)."""
+    return ";".join(sorted({t.lower() for t in re.split(r"[;,\s]+", str(tags)) if t}))
+
+
 def _configure_created(call: Call, guest: dict, restored: bool, volumes: dict) -> None:
     """A created guest's config: the parameters it keeps and its new volumes; a restore also keeps the
     backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)."""
@@ -332,6 +340,8 @@ def _configure_created(call: Call, guest: dict, restored: bool, volumes: dict) -
         if CREATE_KEEPS.fullmatch(key):
             guest["config"][key] = value
     guest["config"] |= volumes
+    if guest["config"].get("tags"):
+        guest["config"]["tags"] = guest["tags"] = normal_tags(guest["config"]["tags"])
     sizes = [size_bytes(str(v)) for k, v in volumes.items() if not k.startswith(("efidisk", "tpmstate"))]
     guest["maxdisk"] = next((size for size in sizes if size), guest["maxdisk"])
 
@@ -419,6 +429,7 @@ def pve_clone(kind: str) -> Callable:
             config = {k: v for k, v in source["config"].items() if k not in ("digest", "template")}
             clone["config"] = _new_macs(call, config) | {  # a clone always gets new MACs
                 "digest": call.lab._digest(newid), ("name" if kind == "qemu" else "hostname"): name}
+            clone["config"] |= _own_volumes(config, newid, call.arg("storage"))
         how = "full" if full else "linked"
         lines = [f"create {how} clone of drive scsi0 (local-lvm:vm-{vmid}-disk-0)"] + \
             [f"transferred {p * 32 // 100}.0 GiB of 32.0 GiB ({p}.00%)" for p in (20, 40, 60, 80, 100)]
@@ -537,7 +548,21 @@ def pve_migrate(kind: str) -> Callable:
     return handler
 
 
+def _own_volumes(config: dict, vmid: int, storage: str | None) -> dict:
+    """A clone's disks: volumes of its own, `vm-<newid>-disk-<n>`, on `storage` or the source's
+    (an lvmthin linked clone's name does not show its base) (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    volumes = {}
+    for key, value in config.items():
+        volid, _, options = str(value).partition(",")
+        match = re.fullmatch(r"([\w.-]+):(?:base|vm)-\d+-disk-(\d+)", volid)
+        if DISK_KEY.fullmatch(key) and match:
+            volumes[key] = f"{storage or match.group(1)}:vm-{vmid}-disk-{match.group(2)}" + (f",{options}" if options
+                                                                                             else "")
+    return volumes
+
+
 def pve_template(kind: str) -> Callable:
+    """A template's volumes are renamed base-<vmid>-disk-<n> (pve-storage LvmThinPlugin.pm create_base)."""
     def handler(call: Call, node: str, vmid: str) -> str | None:
         guest = _guest(call, node, vmid, kind)
         if guest["status"] == "running":
@@ -546,6 +571,9 @@ def pve_template(kind: str) -> Callable:
         def apply() -> None:
             guest["template"] = 1
             guest["config"]["template"] = 1
+            for key, value in guest["config"].items():
+                if DISK_KEY.fullmatch(key) and "media=cdrom" not in str(value):
+                    guest["config"][key] = re.sub(rf"^([\w.-]+):vm-{vmid}-", rf"\1:base-{vmid}-", str(value))
         if kind == "lxc":  # synchronous for containers (the schema returns null)
             apply()
             return None

@@ -417,3 +417,29 @@ def test_an_imported_disk_keeps_a_size_like_2252M_and_is_grown_from_it(operator,
         operator.ok("write_delete_guest", {"vmid": vm["vmid"], "confirm": True})
     finally:
         sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v["volid"] != image]
+
+
+# ---------------------------------------------------------------- the simulator's own facts: tags, templates, clones
+
+def test_tags_are_stored_normalised(operator, sim):
+    saved = sim.lab.guests[103]["config"].get("tags")
+    operator.ok("write_guest_config", {"vmid": 103, "set": {"tags": "Web,prod web;DB"}})
+    try:
+        assert sim.lab.guests[103]["config"]["tags"] == "db;prod;web"
+        listed = {r["vmid"]: r for r in rows(operator.ok("list_guests"))}
+        assert listed[103]["tags"] == "db;prod;web"
+    finally:
+        sim.lab.guests[103]["config"].pop("tags", None)
+        sim.lab.guests[103]["tags"] = saved or ""
+
+
+def test_a_template_has_base_volumes_and_its_clones_their_own(operator, sim):
+    vm = operator.ok("write_create_vm", {"name": "golden", "iso": DEBIAN_ISO})
+    vmid = vm["vmid"]
+    operator.ok("write_template", {"vmid": vmid})
+    assert sim.lab.guests[vmid]["config"]["scsi0"].startswith(f"local-lvm:base-{vmid}-disk-")
+    clone = operator.ok("write_clone_guest", {"vmid": vmid})  # linked, a template's default
+    disk = sim.lab.guests[clone["newid"]]["config"]["scsi0"]
+    assert disk.startswith(f"local-lvm:vm-{clone['newid']}-disk-") and "size=" in disk
+    for gone in (clone["newid"], vmid):
+        operator.ok("write_delete_guest", {"vmid": gone, "confirm": True})
