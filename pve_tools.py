@@ -322,11 +322,20 @@ def storage_content(storage: str, host: Host = None,
                     limit: Limit = 100) -> dict:
     """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
     client = pve_client(host)
+    asked = node
     node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
              "size": human_bytes(v.get("size")), "vmid": v.get("vmid"), "time": iso_time(v.get("ctime"))}
             for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content, vmid=vmid) or []]
-    return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    result = table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    places = [r["node"] for r in storage_rows(client) if r.get("storage") == storage and not r.get("shared")]
+    if places:  # each node's copy is its own disk (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+        result["node"] = node
+        others = [n for n in places if n != node]
+        if others and not asked:
+            result["note"] = (f"'{storage}' is local to each node; this is {node}'s. Give node= for "
+                              f"{', '.join(others)}.")
+    return result
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:

@@ -443,3 +443,11 @@ def test_a_template_has_base_volumes_and_its_clones_their_own(operator, sim):
     assert disk.startswith(f"local-lvm:vm-{clone['newid']}-disk-") and "size=" in disk
     for gone in (clone["newid"], vmid):
         operator.ok("write_delete_guest", {"vmid": gone, "confirm": True})
+
+
+def test_storage_content_of_a_node_local_storage_names_the_node(reader):
+    found = reader.ok("storage_content", {"storage": "local", "content": "iso"})
+    assert found["node"] == "pve1" and "pve2, pve3" in found["note"]
+    elsewhere = reader.ok("storage_content", {"storage": "local", "node": "pve3", "content": "iso"})
+    assert elsewhere["node"] == "pve3" and "note" not in elsewhere
+    assert "node" not in reader.ok("storage_content", {"storage": "pbs"})
