@@ -146,6 +146,9 @@ def never_connected(exc: Exception) -> bool:
     return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
 
 
+ALL_LOG_LINES = 1_000_000  # "all lines" for PVE's task log, on every version
+
+
 def parse_upid(upid: str, product: str = "pve") -> dict:
     """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
     counter before starttime and systemd-escapes the worker id."""
@@ -492,9 +495,14 @@ class ProxmoxClient:
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
         """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
-        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
-        first = start + 1 if self.host.product == "pbs" else start
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
+        PVE before 7.3 answers limit=0 with nothing, so "all" is asked as a limit no log reaches
+        (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+        if self.host.product == "pbs":
+            start += 1
+        elif not limit:
+            limit = ALL_LOG_LINES
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:

@@ -24,7 +24,8 @@ from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_a
 
 # ---------------------------------------------------------------- PVE handlers
 
-PVE_VERSIONS = {8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}  # pve-manager version, release, by major
+# pve-manager version, release, by major; 7 stands for 7.2, before the task log's limit=0 meant all
+PVE_VERSIONS = {7: ("7.2-11", "7.2"), 8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}
 
 
 def pve_version(call: Call, **_: str) -> dict:
@@ -331,6 +332,8 @@ def pve_task_log(call: Call, node: str, upid: str) -> list:
     start = int(call.arg("start", 0))
     limit = int(call.arg("limit", 50))
     rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    if not limit and call.lab.pve_major < 8:  # limit=0 means all since pve-common 7.3 (Nov 2022); before: none
+        return []
     return rows[start:start + limit] if limit else rows[start:]
 
 

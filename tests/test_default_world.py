@@ -451,3 +451,18 @@ def test_storage_content_of_a_node_local_storage_names_the_node(reader):
     elsewhere = reader.ok("storage_content", {"storage": "local", "node": "pve3", "content": "iso"})
     assert elsewhere["node"] == "pve3" and "note" not in elsewhere
     assert "node" not in reader.ok("storage_content", {"storage": "pbs"})
+
+
+# ---------------------------------------------------------------- an older PVE
+
+def test_task_logs_are_read_whole_on_pve_before_7_3(tmp_path):
+    """limit=0 means every line only since pve-common 7.3 (Nov 2022); before, it gave none."""
+    lab = simulator.Lab.homelab(pve_major=7)
+    lab.task_seconds = 0
+    with simulator.Simulator(lab) as old:
+        upid = lab.start_task("pve1", "vzdump", "100", exitstatus="job errors", finished=True,
+                              lines=["INFO: starting", "ERROR: Backup of VM 100 failed - disk full"])
+        with tool_session(old.env(), log_name="default-world-pve7") as session:
+            report = session.ok("get_task", {"upid": upid, "log_lines": 5})
+        assert lab.schema_rejections == []
+    assert report["log"][-2:] == ["ERROR: Backup of VM 100 failed - disk full", "TASK ERROR: job errors"]
