@@ -130,7 +130,10 @@ def storage_node(client: ProxmoxClient, storage: str, node: str | None, content:
         names = sorted({e["storage"] for e in rows})
         raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
     if content and content not in (entries[0].get("content") or "").split(","):
-        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+        takes = entries[0].get("content")
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {takes}); to allow it: "
+                              f"`pvesm set {storage} --content {takes},{content}` on a node (a fresh install's local "
+                              f"takes import from PVE 9 on: docs/PROXMOX-BEHAVIOUR.md#a-fresh-install).")
     nodes = [e["node"] for e in entries if e.get("status") == "available"]
     if node:
         if node not in [e["node"] for e in entries]:

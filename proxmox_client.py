@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
@@ -465,8 +465,9 @@ class ProxmoxClient:
             var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
                     f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")
-        elif status == 403:
-            text = _permission_message(where, message, self.host)
+        elif status == 403:  # a write went with the write token: the grant is for that one
+            writer = method != "GET" and self.host.write_token_id
+            text = _permission_message(where, message, replace(self.host, token_id=writer) if writer else self.host)
         elif status == 400 and errors:
             details = "; ".join(f"{name}: {msg.strip()}" for name, msg in sorted(errors.items()))
             text = f"Invalid parameters for {where}: {details}."

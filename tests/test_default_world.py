@@ -15,9 +15,10 @@ GiB = 1024 ** 3
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    lab = simulator.Lab.homelab()
+@pytest.fixture(scope="module", params=[9, 8], ids=["pve9", "pve8"])
+def sim(request):
+    """A fresh PVE 9 install, and a PVE 8 one (no `import` content on `local`, VM.Monitor for agents)."""
+    lab = simulator.Lab.homelab(pve_major=request.param)
     lab.task_seconds = 0  # as in conftest's sim
     with simulator.Simulator(lab) as running:
         yield running
@@ -466,3 +467,20 @@ def test_task_logs_are_read_whole_on_pve_before_7_3(tmp_path):
             report = session.ok("get_task", {"upid": upid, "log_lines": 5})
         assert lab.schema_rejections == []
     assert report["log"][-2:] == ["ERROR: Backup of VM 100 failed - disk full", "TASK ERROR: job errors"]
+
+
+def test_cloud_images_land_on_local_from_pve9_on(operator, sim):
+    """The PVE 9 installer gives `local` the import content type; a PVE 8 install has none."""
+    args = {"url": "https://cloud.debian.org/debian-13-genericcloud-amd64.qcow2", "storage": "local",
+            "filename": "trixie.qcow2", "content": "import"}
+    if sim.lab.pve_major >= 9:
+        plan = operator.ok("write_download_url", args | {"dry_run": True})
+        assert plan["request"]["path"] == "/nodes/pve1/storage/local/download-url"
+        # the operator's write token lacks Datastore.AllocateTemplate: the grant names that token
+        message = operator.error("write_download_url", args)
+        assert "lacks Datastore.AllocateTemplate on /storage/local" in message
+        assert "--tokens 'ops@pve!operator' --roles PVEDatastoreAdmin" in message
+    else:
+        message, sent = writes(sim, lambda: operator.error("write_download_url", args))
+        assert "does not take import" in message and "pvesm set local --content iso,vztmpl,backup,import" in message
+        assert sent == []
