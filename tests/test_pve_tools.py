@@ -21,6 +21,8 @@ DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    # every write tool at work (and backups and disks listed): more than the README's reader holds; the
+    # reader and an operator's write token: tests/test_default_world.py
     env = sim.env(pve_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
@@ -250,6 +252,7 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
 
 
 def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
+    # the tool offered (the reader lacks VM.PowerMgmt, which would hide it): the tier must refuse
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with in_process(env, log_name="tier-stop") as session:

@@ -52,6 +52,7 @@ def sim():
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real-pve")
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    # writes of every kind, exec included: more than the README's reader holds
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true",
         "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}

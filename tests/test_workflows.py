@@ -182,6 +182,7 @@ def test_restore_drill_proves_a_backup_and_cleans_up(ops, sim):
 
 def test_restore_drill_proves_a_protected_guests_backup(sim, tmp_path):
     """Restoring the backup to a scratch vmid leaves the protected guest alone, so it is allowed."""
+    # a drill restores, starts and destroys: more than the README's reader holds
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS": "lab:100",
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
@@ -247,6 +248,7 @@ def test_resources_and_prompts(ops):
 def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
     offered = {}
     for tier in ("lifecycle", "write"):
+        # the admin token: only the gates decide here, not privileges read in the background
         env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                       "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"workflows-{tier}") as session:
