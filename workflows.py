@@ -785,10 +785,14 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    found = pve_tools.list_backups(host=host, vmid=vmid, limit=1)["rows"]
-    if not found:
+    listed = pve_tools.list_backups(host=host, vmid=vmid, limit=1)
+    if not listed["rows"] and listed.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
+        raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
+                           f"{', '.join(listed['not_visible'])} cannot be seen ({listed['grant']}). Give "
+                           f"backup=<volid>, or grant that and call again.")
+    if not listed["rows"]:
         raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
-    return found[0][0]
+    return listed["rows"][0][0]
 
 
 def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
