@@ -484,3 +484,8 @@ def test_cloud_images_land_on_local_from_pve9_on(operator, sim):
         message, sent = writes(sim, lambda: operator.error("write_download_url", args))
         assert "does not take import" in message and "pvesm set local --content iso,vztmpl,backup,import" in message
         assert sent == []
+
+
+def test_a_drill_without_visible_backups_does_not_say_there_are_none(operator, sim):
+    message = operator.error("write_restore_drill", {"vmid": 104, "confirm": True})  # 104: none it can see
+    assert "has no backup" not in message and "cannot be seen" in message and "backup=<volid>" in message
