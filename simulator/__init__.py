@@ -20,7 +20,9 @@ Layout: a package, split by product like the tools, each module importing only t
 above it in this list (no cycles):
     lab.py         the state: Lab, Token, Task, roles
     call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
-    pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
+    pve_backup.py  Proxmox VE backups: who sees which volume (check_volume_access), vzdump and its pruning
+    pve_ha.py      Proxmox VE power effects and the HA manager: relocation, error, fence and recovery
+    pve_guests.py  Proxmox VE guest handlers: power, config, snapshots, clone, migrate, create, agent
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks
