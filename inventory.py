@@ -9,7 +9,9 @@ drops the guests, as it may have created, moved or deleted one.
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
+import policy
 from answers import compact
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
@@ -98,13 +100,27 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
         if iface.get("type") not in ("bridge", "OVSBridge", "vnet"):
             continue
         ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        # a bridge only in /etc/network/interfaces.new (not applied yet) is listed without `active`
+        # (docs/PROXMOX-BEHAVIOUR.md#networks)
         rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
                      "segment": _segment(iface, ports),
+                     "pending": iface.get("type") != "vnet" and not iface.get("active"),
                      "vlan_aware": bool(iface.get("bridge_vlan_aware") or iface.get("vlanaware"))
                      or iface.get("type") == "OVSBridge",
                      "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
                      "comment": (iface.get("comments") or "").strip() or None})
     return rows
+
+
+def bridges_hidden(client: ProxmoxClient) -> str | None:
+    """Why this token's bridge lists may be empty: PVE lists a bridge only to callers with SDN.Audit
+    or SDN.Use on /sdn/zones/localnetwork/<bridge> (docs/PROXMOX-BEHAVIOUR.md#networks); None when
+    it holds one of them there or its privileges are unknown."""
+    path = "/sdn/zones/localnetwork"
+    if any(policy.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
+        return None
+    return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
+            f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
 
 
 # ---------------------------------------------------------------- storages
@@ -118,7 +134,10 @@ def storage_node(client: ProxmoxClient, storage: str, node: str | None, content:
         names = sorted({e["storage"] for e in rows})
         raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
     if content and content not in (entries[0].get("content") or "").split(","):
-        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+        takes = entries[0].get("content")
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {takes}); to allow it: "
+                              f"`pvesm set {storage} --content {takes},{content}` on a node (a fresh install's local "
+                              f"takes import from PVE 9 on: docs/PROXMOX-BEHAVIOUR.md#a-fresh-install).")
     nodes = [e["node"] for e in entries if e.get("status") == "available"]
     if node:
         if node not in [e["node"] for e in entries]:
@@ -160,6 +179,13 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
     rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
     if not rows or rows[0].get("shared"):
         return check_node(client, node) if node else online_node(client)
+    # a token that cannot list a backup cannot tell where it is (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    owner = re.search(r"vzdump-(?:qemu|lxc)-(\d+)-", archive)
+    if owner and hidden_backups(client, storage, [int(owner.group(1))]):
+        if node:
+            return check_node(client, node)
+        raise InvalidArgument(f"The token cannot see backups on '{storage}', each node's own disk, so which node holds "
+                              f"{archive} is unknown: give node=<the node it was taken on>.")
     candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
     for name in candidates:
         volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
@@ -258,3 +284,75 @@ def job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
         excluded = vmid in vmid_set(job.get("exclude"))
         return not excluded, excluded
     return False, False
+
+
+# ---------------------------------------------------------------- backups the token cannot see
+
+BACKUP_ROLE = "BackupReader"  # the custom role the README's recipe adds (a role may not start with PVE)
+
+
+def hidden_backups(client: ProxmoxClient, storage: str, vmids: list[int]) -> list[int]:
+    """The guests whose backups on a storage this token's listing leaves out: PVE lists a backup
+    only to a caller with Datastore.AllocateSpace on the storage and VM.Backup on the guest, or
+    Datastore.Allocate (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). Told from the privileges
+    read once; none while they are unknown."""
+    host, where = client.host, f"/storage/{storage}"
+    if policy.holds(host, "Datastore.Allocate", where) is not False:
+        return []
+    if policy.holds(host, "Datastore.AllocateSpace", where) is False:
+        return sorted(vmids)
+    return sorted(v for v in vmids if policy.holds(host, "VM.Backup", f"/vms/{v}") is False)
+
+
+def backup_grant(client: ProxmoxClient) -> str:
+    """The commands that let this token see backups: a role with the two privileges PVE asks for,
+    granted to the user and the token (a token holds only what both are granted)."""
+    user, _, token = client.host.token_id.partition("!")
+    grants = [f"pveum role add {BACKUP_ROLE} --privs Datastore.AllocateSpace,VM.Backup",
+              f"pveum acl modify / --users '{user}' --roles {BACKUP_ROLE}"]
+    if token:
+        grants.append(f"pveum acl modify / --tokens '{client.host.token_id}' --roles {BACKUP_ROLE}")
+    return "; ".join(grants)
+
+
+def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
+    """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+             for name, vmids in sorted(hidden.items())]
+    return {"not_visible": where,
+            "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
+                   f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
+                   f"(which says nothing about whether they exist).",
+            "grant": backup_grant(client)}
+
+
+def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, tuple[str, str]]:
+    """The PVE storages of type pbs that write to this Backup Server (same host name), each with
+    its datastore and namespace (root without one) (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    server = (urlsplit(pbs.host.url).hostname or "").lower()
+    return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
+            if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
+
+
+# ---------------------------------------------------------------- HA resources that failed
+
+# HA states in which a request has failed or the guest's node is lost, with the way out
+# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+HA_FAILED = {
+    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
+             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
+    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
+             "node. Check cluster_status; get_guest shows where it runs once recovered.",
+    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
+                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
+}
+
+
+def ha_failure(row: dict) -> str:
+    """What an HA state of HA_FAILED means for a guest (its /cluster/resources row), and the way out."""
+    vmid, node = row["vmid"], row.get("node")
+    sid = f"{'vm' if row.get('type') == 'qemu' else 'ct'}:{vmid}"
+    return f"HA resource {sid} is in state '{row['hastate']}' on {node}: " + \
+        HA_FAILED[row["hastate"]].format(vmid=vmid, sid=sid, node=node)

@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
@@ -276,6 +276,9 @@ def never_connected(exc: Exception) -> bool:
     from urllib3.exceptions import MaxRetryError, NewConnectionError
     reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else exc
     return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
+
+
+ALL_LOG_LINES = 1_000_000  # "all lines" for PVE's task log, on every version
 
 
 def parse_upid(upid: str, product: str = "pve") -> dict:
@@ -689,8 +692,9 @@ class ProxmoxClient:
                 else self.host.token_variable
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
                     f"deleted). Check {var or 'its token variable'}; the expected form is user@realm!tokenid=secret.")
-        elif status == 403:
-            text = _permission_message(where, message, self.host)
+        elif status == 403:  # a write went with the write token: the grant is for that one
+            writer = method != "GET" and self.host.write_token_id
+            text = _permission_message(where, message, replace(self.host, token_id=writer) if writer else self.host)
         elif status == 400 and errors:
             details = "; ".join(f"{name}: {msg.strip()}" for name, msg in sorted(errors.items()))
             text = f"Invalid parameters for {where}: {details}."
@@ -719,9 +723,14 @@ class ProxmoxClient:
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
         """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
-        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
-        first = start + 1 if self.host.product == "pbs" else start
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
+        PVE before 7.3 answers limit=0 with nothing, so "all" is asked as a limit no log reaches
+        (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+        if self.host.product == "pbs":
+            start += 1
+        elif not limit:
+            limit = ALL_LOG_LINES
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:

@@ -167,7 +167,7 @@ def test_a_prune_with_confirmation(plain, sim, snapshots_kept):
 
 def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
     sim.lab.backup_jobs.append({"id": "backup-media", "type": "vzdump", "schedule": "03:00", "enabled": 1,
-                                "vmid": "103,104", "storage": "nfs-backup", "mode": "snapshot"})
+                                "vmid": "103,104", "storage": "local", "mode": "snapshot"})
     edit = {"method": "PUT", "path": "/cluster/backup/backup-media", "params": {"prune-backups": "keep-last=3"}}
     message = plain.error("write_api_call", edit)
     assert "DESTRUCTIVE" in message and "prune-backups" in message  # needs the user's yes
@@ -185,7 +185,7 @@ def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
 
 def test_a_backup_that_prunes_its_own_guest(plain, sim):
     backup = {"method": "POST", "path": "/nodes/pve1/vzdump",
-              "params": {"vmid": "103", "storage": "nfs-backup", "prune-backups": "keep-last=2"}}
+              "params": {"vmid": "103", "storage": "local", "prune-backups": "keep-last=2"}}
     assert "confirm=true" in plain.error("write_api_call", backup)
     assert plain.ok("write_api_call", backup | {"confirm": True})["data"].startswith("UPID:")
 

@@ -122,6 +122,8 @@ def call_for(product: str, entry: dict, upid: str):
     params.update(WALK_PARAMS.get((entry["method"], entry["path"]), {}))
     if entry["path"].endswith("/download-url"):  # the name must fit the content type (#downloads-and-imports)
         params["filename"] = "walk1.iso"
+    if entry["method"] == "POST" and entry["path"] == "/nodes/{node}/lxc":  # a fresh install's `local` takes no CT
+        params["storage"] = "local-lvm"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
     if "/firewall/" in entry["path"] and params.get("type") == "in":  # an in rule's action (verify_rule)
@@ -185,6 +187,7 @@ def walker(sim, tmp_path_factory):
         status = "stopped" if state == "stopped" else "running"
         guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)
         guest["paused"] = state == "paused"
+    sim.lab.guests[101]["ha"] = {"state": "started"}  # the HA resource the walk edits (vm:101)
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)

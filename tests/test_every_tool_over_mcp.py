@@ -27,7 +27,7 @@ def pbs_backed(lab, vmid: int) -> str:
 
 
 def pve_backup(lab, vmid: int) -> str:
-    return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
+    return next(v["volid"] for v in lab.volumes["local"] if v.get("vmid") == vmid)
 
 
 # (tool, arguments or a function of the lab giving them), in the order they run: reads, then
@@ -56,7 +56,7 @@ CALLS = [
     ("list_templates", {}), ("backup_files", lambda lab: {"backup": pbs_backed(lab, 102)}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
-    ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
+    ("write_backup_guest", {"vmid": 102, "storage": "local"}),
     ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
     ("write_set_nic", {"vmid": 103, "vlan": 30}),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+1G"}),
@@ -90,7 +90,7 @@ CALLS = [
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
                          "confirm": True}),
     ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),
-    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "start": True, "confirm": True}),
     ("write_snapshot_delete", {"vmid": 100, "name": "mcp1", "confirm": True}),
     ("write_delete_guest", {"vmid": 151, "confirm": True}),
     ("write_delete_volume", {"volid": CLOUD_IMAGE, "confirm": True}),

@@ -317,6 +317,7 @@ def test_mask():
 def write_env(sim, tmp: Path, **extra) -> dict:
     protected = tmp / "protected.json"
     protected.write_text(json.dumps(PROTECTED))
+    # the policy must decide, not Proxmox's privileges: a token that holds everything
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
         "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(protected),

@@ -211,7 +211,7 @@ def coverage_rows(report: dict) -> dict[int, dict]:
 def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
     """This cluster backs up to namespace `namespace`; another cluster's guests, numbered alike,
     sit in namespace `office` of the same datastore (103 included, which this cluster never backed up)."""
-    lab.volumes["nfs-backup"] = []
+    lab.volumes["local"] = [v for v in lab.volumes["local"] if v["content"] != "backup"]
     groups = lab.datastores["backup"]["groups"]
     ours = {(kind, item): snaps for (ns, kind, item), snaps in groups.items() if ns == ""}
     groups.clear()
@@ -226,7 +226,8 @@ def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
 
 def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
-    with tools_on(sim, tmp_path):
+    # the README's backup grant, so that `local` is seen to hold none (the reader alone: unknown, not missing)
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
     assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
@@ -238,7 +239,8 @@ def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
 def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
     lab.storages["pbs"]["config"]["server"] = "pbs.elsewhere.example"
-    with tools_on(sim, tmp_path):
+    # the reader with the README's backup grant: PVE lists a backup only to a caller who could make one
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         before = len(lab.requests)
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
@@ -249,7 +251,7 @@ def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tm
 
 def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
     lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
-    with tools_on(sim, tmp_path):
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):  # sees `local` (the reader alone: unknown)
         report = workflows.backup_coverage()
     missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
     assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
@@ -259,9 +261,9 @@ def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_p
 def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path):
     lab.backup_jobs = [
         {"id": "pve2-all", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1, "node": "pve2",
-         "storage": "nfs-backup"},
+         "storage": "pbs"},
         {"id": "listed", "type": "vzdump", "schedule": "03:00", "enabled": 1, "vmid": "103,105", "exclude": "103",
-         "storage": "nfs-backup"}]
+         "storage": "pbs"}]
     with tools_on(sim, tmp_path):
         guests = coverage_rows(workflows.backup_coverage())
     assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
