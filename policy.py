@@ -399,8 +399,10 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
         raise DryRun({}, [(host, decision)])
     audited = _audited(decision)
     # a dry run holds back what changes something or needs the user's yes; a sensitive read changes
-    # nothing (and the preview of a dry run reads the current state that way)
-    if (current_call().get("dry_run") or SETTINGS.dry_run) and (decision.method != "GET" or decision.confirm):
+    # nothing (and the preview of a dry run reads the current state that way), but a GET a tool raised
+    # above it (a download it saves to disk: write_restore_file) does
+    holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
+    if (current_call().get("dry_run") or SETTINGS.dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])

@@ -189,7 +189,8 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
     """An exec-status read skips confirmation only as the follow-up of the exec the user confirmed
     in this tool call (same host, guest and pid); any other read of a guest's exec output is exec."""
     asked = []
-    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, decision: asked.append(decision.path)})
+    token = policy.CALL.set({"tool": "test",
+                             "confirm": lambda _host, decisions, *_: asked.extend(d.path for d in decisions)})
     try:
         assert policy.admit(PVE, "POST", "/nodes/pve2/qemu/104/agent/exec", {"command": ["id"]},
                             lambda _: {"pid": 7}) == {"pid": 7}

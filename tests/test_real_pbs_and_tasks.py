@@ -430,7 +430,7 @@ def test_pbs_tools_work_on_every_release(release, tmp_path):
     assert (("sync", "push-backup") in jobs) == (release >= (3, 2, 11))
     assert (("gc", "backup") in jobs) == (release >= (3, 2, 0)) == ("note" not in listed) == ("note" not in stores)
     assert rows(stores)[0]["last_gc"] and (status["gc"].get("last_run") or status["gc"].get("last_started"))
-    assert ran["task"] == "ok"
+    assert ran["task"] == "OK"
     assert not [u for u in report["unavailable"] if u["section"].startswith("pbs")], report["unavailable"]
     assert not [f for f in findings(report, "pbs") if "garbage" in f], report["findings"]
 
@@ -461,7 +461,7 @@ def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_pa
 
 
 def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
-    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})  # a prune job is destructive
+    confirmed = policy.CALL.set({"confirm": lambda *_: None})  # a prune job is destructive
     try:
         with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="destructive"):
             ids = {kind: pbs_tools.pbs_get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]
