@@ -178,13 +178,14 @@ def test_a_guest_is_filtered_only_when_its_own_firewall_option_is_on(reader, sim
     saved = {vmid: lab.guests[vmid]["config"]["net0"] for vmid in (100, 101)}
     for vmid in (100, 101):
         lab.guests[vmid]["config"]["net0"] += ",firewall=1"
-    lab.firewall["101"] = 1
+    guests_fw = lab.firewall["guests"]  # the guest's own firewall options (simulator/pve_firewall.py)
+    guests_fw.setdefault(101, {"options": {}, "rules": [], "ipsets": {}, "aliases": {}})["options"]["enable"] = 1
     try:
         report = reader.ok("security_audit")
     finally:
         for vmid, net in saved.items():
             lab.guests[vmid]["config"]["net0"] = net
-        lab.firewall.pop("101")
+        guests_fw[101]["options"].pop("enable")
     about = {f["finding"]: f for f in report["findings"] if f["area"] == "firewall"}
     off = about["guest 100 (web) filters nothing: its NICs have firewall=1 but its own firewall option is off"]
     assert off["severity"] == "warning" and off["evidence"] == {"enable": 0, "nics": ["net0"]}
