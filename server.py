@@ -38,6 +38,7 @@ import inventory
 import policy
 import proxmox_client
 import api_tools
+import changes
 import pbs_tools
 import pve_tools
 import shell_tools
@@ -215,6 +216,9 @@ TOOLS = [
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
     ToolSpec(api_tools.write_api_call, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
+    ToolSpec(changes.list_changes, "read", "", "changes"),
+    ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
+    ToolSpec(changes.write_undo, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
 ]
 TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
 # PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
@@ -391,6 +395,12 @@ def describe_request(host: Any, decision: policy.Decision) -> str:
             f"Consequence: {'; '.join(decision.reasons)}.")
 
 
+def sent_receipts(call: dict) -> str:
+    """A failed call that had sent writes names their receipts, so that they can be taken back."""
+    kept = call.get("receipts")
+    return f" Sent before the failure: receipt {', '.join(kept)} (write_undo takes it back)." if kept else ""
+
+
 def as_tool(function: Callable) -> Callable:
     """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
     confirmation set up for the policy; every failure a ToolError with a masked message."""
@@ -410,11 +420,15 @@ def as_tool(function: Callable) -> Callable:
         except policy.DryRun as dry:
             result = dry.plan
         except ToolFailure as exc:
-            raise ToolError(policy.mask(str(exc))) from None
+            raise ToolError(policy.mask(str(exc) + sent_receipts(call))) from None
         finally:
             policy.CALL.reset(token)
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
+        if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py)
+            kept = call["receipts"]
+            result = (result if isinstance(result, dict) else {"result": result}) | (
+                {"receipt": kept[0]} if len(kept) == 1 else {"receipts": kept})
         return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
     if "confirm" in inspect.signature(function).parameters:
         return with_confirmation(tool, function)
@@ -433,6 +447,7 @@ PATTERNS = {
     r"^https?://\S+$": ("an http or https URL", "https://example.org/debian-12.iso"),
     r"^\+?\d+G$": ("a size in G, or +G to grow by", "+10G"),
     r"^net\d+$": ("net and a number", "net0"),
+    r"^rc-[0-9a-f]{8}$": ("a receipt id: rc- and 8 hex digits (list_changes)", "rc-1a2b3c4d"),
     r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
 }
 # Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.

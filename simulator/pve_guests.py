@@ -9,7 +9,8 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
-from .lab import GiB
+from .lab import GiB, backup_config
+from .pve_history import cannot_snapshot, rollback_blocked, snapshot_of, snapshot_section, volumes
 
 
 # ---- guest power: async tasks that fail later, as the real ones do (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
@@ -20,10 +21,7 @@ TASK_TYPE = {("qemu", "suspend"): "qmpause"}  # the rest: qm<action> / vz<action
 def _apply_pending(call: Call, guest: dict) -> None:
     """A start applies what waited in `pending` (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
     for key, value in guest["pending"].items():
-        if value is None:
-            guest["config"].pop(key, None)
-        else:
-            guest["config"][key] = value
+        _set_option(guest, key, value)
     if guest["pending"]:
         guest["pending"] = {}
         guest["config"]["digest"] = call.lab._digest(guest["vmid"])
@@ -123,8 +121,8 @@ def pve_power(kind: str, action: str) -> Callable:
 def pve_snapshots(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> list:
         guest = _guest(call, node, vmid, kind)
-        rows = [dict(snap) for snap in guest["snapshots"]]
-        parent = rows[-1]["name"] if rows else None
+        rows = [{k: v for k, v in snap.items() if not k.startswith("_")} for snap in guest["snapshots"]]
+        parent = guest["config"].get("parent") or (rows[-1]["name"] if rows else None)
         current = {"name": "current", "description": "You are here!", "running": int(guest["status"] == "running")}
         if parent:
             current["parent"] = parent
@@ -136,19 +134,28 @@ def pve_snapshot_create(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         name = call.arg("snapname")
+        # in the task, in this order (pve-guest-common AbstractConfig.pm __snapshot_prepare;
+        # docs/PROXMOX-BEHAVIOUR.md#snapshots)
         error = "OK"
-        if any(s["name"] == name for s in guest["snapshots"]):
-            error = f"snapshot name '{name}' already used"
+        if guest["template"]:
+            error = "you can't take a snapshot if it's a template"
         elif guest["lock"]:
             error = f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})"
+        elif any(s["name"] == name for s in guest["snapshots"]):
+            error = f"snapshot name '{name}' already used"
+        else:
+            error = cannot_snapshot(call, guest["config"]) or "OK"
 
         def apply() -> None:
-            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", "")}
-            if guest["snapshots"]:
-                snap["parent"] = guest["snapshots"][-1]["name"]
+            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", ""),
+                    "_config": snapshot_of(guest["config"])}
+            parent = guest["config"].get("parent") or (guest["snapshots"][-1]["name"] if guest["snapshots"] else None)
+            if parent:
+                snap["parent"] = parent
             if kind == "qemu" and str(call.arg("vmstate", "0")) == "1":
                 snap["vmstate"] = 1
             guest["snapshots"].append(snap)
+            guest["config"] |= {"parent": name, "digest": call.lab._digest(guest["vmid"])}  # the new "current" parent
         return call.lab.start_task(node, "qmsnapshot" if kind == "qemu" else "vzsnapshot", vmid,
                                    user=call.token_id, exitstatus=error, on_done=apply)
     return handler
@@ -165,7 +172,15 @@ def pve_snapshot_delete(kind: str) -> Callable:
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
 
         def apply() -> None:
+            # what named it as parent takes its parent (pve-guest-common AbstractConfig.pm snapshot_delete)
+            gone = next(s for s in guest["snapshots"] if s["name"] == snapname)
             guest["snapshots"] = [s for s in guest["snapshots"] if s["name"] != snapname]
+            for holder in [*guest["snapshots"], guest["config"]]:
+                if holder.get("parent") == snapname:
+                    if gone.get("parent"):
+                        holder["parent"] = gone["parent"]
+                    else:
+                        holder.pop("parent")
         return call.lab.start_task(node, "qmdelsnapshot" if kind == "qemu" else "vzdelsnapshot", vmid,
                                    user=call.token_id, on_done=apply)
     return handler
@@ -178,9 +193,12 @@ def _locked(guest: dict, kind: str) -> str | None:
 
 
 def pve_guest_config(kind: str) -> Callable:
-    """GET config: pending values taken in unless current=1 (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    """GET config: pending values taken in unless current=1; a snapshot's section with `snapshot`
+    (docs/PROXMOX-BEHAVIOUR.md#pending-config, #snapshots)."""
     def handler(call: Call, node: str, vmid: str) -> dict:
         guest = _guest(call, node, vmid, kind)
+        if call.arg("snapshot"):
+            return snapshot_section(guest, str(call.arg("snapshot"))) | {"digest": guest["config"]["digest"]}
         config = dict(guest["config"])
         if str(call.arg("current", "0")) != "1":
             for key, value in guest["pending"].items():
@@ -235,12 +253,50 @@ def _hot_pluggable(kind: str, guest: dict, key: str) -> bool:
     return any(name in features.split(",") and pattern.fullmatch(key) for name, pattern in QEMU_HOTPLUG_FEATURE)
 
 
+DIGEST_MISMATCH = {"qemu": "checksum mismatch (file change by other user?)",
+                   "lxc": "detected modified configuration - file changed by other user? Try again."}
+UNUSED = re.compile(r"unused\d+")
+
+
+def _disk_volume(key: str, value: object) -> str | None:
+    """The volume a disk or mount point option holds; CD-ROMs and `none` hold none."""
+    found = volumes({key: value}) if value is not None else []
+    return found[0] if found else None
+
+
+def _set_option(guest: dict, key: str, value: object) -> None:
+    """One option set (or deleted: None) in the current config. A disk that is detached or replaced
+    becomes an `unusedN` entry; a volume attached again loses its `unusedN` entry (qemu-server
+    QemuServer.pm vmconfig_register_unused_drive, write_vm_config; pve-container LXC/Config.pm
+    write_pct_config; docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    config = guest["config"]
+    old = _disk_volume(key, config.get(key))
+    if value is None:
+        config.pop(key, None)
+    else:
+        config[key] = value
+    if old and old != _disk_volume(key, value) and old not in config.values():
+        index = next(n for n in range(256) if f"unused{n}" not in config)
+        config[f"unused{index}"] = old
+    attached = set(volumes(config))
+    for unused in [k for k, v in config.items() if UNUSED.fullmatch(k) and v in attached]:
+        del config[unused]
+
+
+def _cleanup_pending(guest: dict) -> None:
+    """Pending values equal to the current ones, and pending deletions of options that are not set,
+    are dropped (pve-guest-common AbstractConfig.pm cleanup_pending)."""
+    config = guest["config"]
+    guest["pending"] = {k: v for k, v in guest["pending"].items()
+                        if (v is None and k in config) or (v is not None and str(config.get(k)) != str(v))}
+
+
 def pve_config_update(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> None:
         guest = _guest(call, node, vmid, kind)
         config = guest["config"]
         if call.arg("digest") and call.arg("digest") != config["digest"]:
-            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
+            raise ApiError(500, DIGEST_MISMATCH[kind])
         if _locked(guest, kind) and str(call.arg("skiplock", "0")) != "1":
             raise ApiError(500, _locked(guest, kind))
         changes: dict[str, object] = {key: None for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if key}
@@ -250,10 +306,10 @@ def pve_config_update(kind: str) -> Callable:
         for key, value in changes.items():
             if running and not _hot_pluggable(kind, guest, key):
                 guest["pending"][key] = value
-            elif value is None:
-                config.pop(key, None)
             else:
-                config[key] = value
+                guest["pending"].pop(key, None)
+                _set_option(guest, key, value)
+        _cleanup_pending(guest)
         if "name" in config or "hostname" in config:
             guest["name"] = config.get("name") or config.get("hostname")
         guest["tags"] = config.get("tags", "")
@@ -286,9 +342,28 @@ def pve_rollback(kind: str) -> Callable:
         guest = _guest(call, node, vmid, kind)
         if not _has_snapshot(guest, snapname):
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
+        error = _locked(guest, kind) or rollback_blocked(call, guest, snapname) or "OK"
         return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
-                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
+                                   exitstatus=error, lock=(guest, "rollback"),
+                                   on_done=_rolled_back(call, guest, snapname))
     return handler
+
+
+def _rolled_back(call: Call, guest: dict, snapname: str) -> Callable[[], None]:
+    """The guest is stopped, its config becomes the snapshot's (keeping its description and unused
+    disks), `parent` names the snapshot, pending changes are gone; it runs again only from a RAM
+    snapshot or with start=1 (pve-guest-common AbstractConfig.pm snapshot_rollback,
+    __snapshot_apply_config; docs/PROXMOX-BEHAVIOUR.md#snapshots)."""
+    def apply() -> None:
+        snap = next(s for s in guest["snapshots"] if s["name"] == snapname)
+        kept = {k: v for k, v in guest["config"].items() if UNUSED.fullmatch(k) or k == "description"}
+        config = kept | snapshot_of(snap.get("_config") or guest["config"])
+        config |= {"parent": snapname, "digest": call.lab._digest(guest["vmid"])}
+        guest["config"], guest["pending"] = config, {}
+        running = bool(snap.get("vmstate")) or str(call.arg("start", "0")) == "1"
+        guest["status"], guest["paused"] = ("running" if running else "stopped"), False
+        guest["uptime"] = 1 if running else 0
+    return apply
 
 
 def pve_vzdump(call: Call, node: str) -> str:
@@ -308,8 +383,11 @@ def pve_vzdump(call: Call, node: str) -> str:
         [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)] + \
         [f"INFO: Finished Backup of VM {vmid}"]
 
+    kept = backup_config(guest["config"])  # the file as it is when the backup starts
+
     def apply() -> None:
         call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid, node=guest["node"])
+        call.lab.volumes[storage][-1]["_config"] = kept
         if call.arg("notes-template"):
             call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
     return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
