@@ -395,9 +395,10 @@ def describe_request(host: Any, decision: policy.Decision) -> str:
             f"Consequence: {'; '.join(decision.reasons)}.")
 
 
-def sent_receipts(call: dict) -> str:
-    """A failed call that had sent writes names their receipts, so that they can be taken back."""
-    kept = call.get("receipts")
+def sent_receipts(call: dict, message: str) -> str:
+    """A failed call that had sent writes names their receipts (unless its message does), so that
+    they can be taken back."""
+    kept = [r for r in call.get("receipts") or [] if r not in message]
     return f" Sent before the failure: receipt {', '.join(kept)} (write_undo takes it back)." if kept else ""
 
 
@@ -420,7 +421,7 @@ def as_tool(function: Callable) -> Callable:
         except policy.DryRun as dry:
             result = dry.plan
         except ToolFailure as exc:
-            raise ToolError(policy.mask(str(exc) + sent_receipts(call))) from None
+            raise ToolError(policy.mask(str(exc) + sent_receipts(call, str(exc)))) from None
         finally:
             policy.CALL.reset(token)
         if call.get("notes"):  # e.g. the audit line after a sent request failed

@@ -12,9 +12,9 @@ import pytest
 import server
 from conftest import ROOT
 
-TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools")
+TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "changes")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
-                  "protection", "masking", "config", "http_transport")
+                  "protection", "masking", "config", "http_transport", "receipts", "config_diff")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 

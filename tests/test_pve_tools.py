@@ -131,9 +131,16 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert grown["result"] == "ok" and "size=40G" in sim.lab.guests[100]["config"]["scsi0"]
     ops.ok("write_snapshot_create", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
-    assert ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
-    assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
+    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "confirm": True})
+    assert rolled["result"] == "ok" and len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's
+    safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
+    assert safety and safety[0].startswith("mcp-safety-")  # taken first (docs/SECURITY.md#undo)
+    # a rollback to a snapshot without RAM leaves the guest stopped (docs/PROXMOX-BEHAVIOUR.md#snapshots)
+    assert sim.lab.guests[100]["status"] == "stopped"
+    for name in ("pre-upgrade", safety[0]):
+        assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
+    assert ops.ok("write_guest_power", {"vmid": 100, "action": "start"})["guest_state"] == "running"
 
 
 @pytest.mark.mcp  # progress notifications
