@@ -418,6 +418,20 @@ def take_safety_snapshot(p: Pending) -> None:
     p.receipt["safety_snapshot"] = name
     if p.rule.kind == "rollback":
         p.receipt["undo"] = True
+    _renew_digest(p, base)
+
+
+def _renew_digest(p: Pending, base: str) -> None:
+    """The snapshot rewrote the config file (its `parent`), so the digest the change carries, read
+    before it, is stale: when nothing else changed since `before` (which was read with that
+    digest), the change carries the new one (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    params, before = p.decision.params, p.receipt.get("before") or {}
+    if "digest" not in params or params["digest"] != before.get("digest"):
+        return  # no digest, or one that was stale already: Proxmox judges it
+    now = stored_object(p.client.get(f"{base}/config") or {})
+    if all(config_diff.same(before.get(k), now.get(k)) for k in set(before) | set(now)
+           if not config_diff.BOOKKEEPING.fullmatch(k)):
+        params["digest"] = now.get("digest")
 
 
 def cannot_snapshot(client: Any, config: dict, rollback: bool) -> str | None:
