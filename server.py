@@ -462,7 +462,7 @@ NAMED_EXAMPLES = {
     "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
     "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
-    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096},
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "since": "before_upgrade",
 }
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)

@@ -83,6 +83,7 @@ PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid"
                   "/admin/verify/{id}/run": {"id": "v-backup"}}
 PATH_OVERRIDES |= {path: {"node": node, "vmid": str(vmid)} for path, (vmid, _, node, _) in WALK_GUESTS.items()}
 PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
+WALK_BACKUP: list[str] = []  # a backup volume of guest 100, set by the walker
 
 
 def path_value(product: str, name: str, entry: dict, upid: str) -> str:
@@ -115,6 +116,10 @@ def call_for(product: str, entry: dict, upid: str):
         params["filename"] = "walk1.iso"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
+    if entry["path"] == "/cluster/backup/{id}" and entry["method"] == "PUT":  # an edit that names no option is a 500
+        params["comment"] = "walk"
+    if entry["path"].endswith("/vzdump/extractconfig"):  # a backup the node holds (#configs-inside-backups)
+        params["volume"] = WALK_BACKUP[0]
     return path, params
 
 
@@ -145,9 +150,11 @@ def walker(sim, tmp_path_factory):
     for kind in ("sync", "prune"):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
+    WALK_BACKUP[:] = [next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 100)]
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
-    env = everything_open(sim, tmp)
+    # no safety snapshot before rollbacks: its task would wait out the clone's lock on guest 100
+    env = everything_open(sim, tmp, PROXMOX_SAFETY_SNAPSHOT="off")
     with stdio_session(env, log_name="walk") as session:
         yield session
 
@@ -157,9 +164,9 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        # deleting the walk's guests comes last, so that every other method still finds them
+        # deleting the walk's guests and snapshots comes last, so that every other method still finds them
         for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
-                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}", e["path"]))):
+                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?", e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(entry["method"], entry["path"])
             before = len(sim.lab.requests)
