@@ -439,17 +439,18 @@ def cannot_snapshot(client: Any, config: dict, rollback: bool) -> str | None:
     block it), from the storage types (GET /storage) and volume formats."""
     if str(config.get("template", "0")) == "1":
         return "a template takes no snapshots"
-    types = {s["storage"]: s.get("type") for s in client.get("/storage") or []}
+    storages = {s["storage"]: s for s in client.get("/storage") or []}
     for key, value in config.items():
         volume = str(value).split(",")[0]
         if not DISK.fullmatch(key) or "media=cdrom" in str(value) or volume in ("none", "cdrom", ""):
             continue
         storage = volume.split(":", 1)[0] if ":" in volume else None
-        kind = types.get(storage)
+        config = storages.get(storage) or {}
+        kind = config.get("type")
         formats = SAFETY_STORAGES.get(kind, frozenset())
         if kind not in SAFETY_STORAGES or (formats is not None and _format(volume) not in formats):
             return f"{key} is on {storage or 'a host path'} ({kind or 'unknown type'}), which cannot snapshot it"
-        if rollback and kind in NEWEST_ONLY:
+        if rollback and (kind in NEWEST_ONLY or str(config.get("snapshot-as-volume-chain", "0")) == "1"):
             return f"{kind} storage rolls back only to the newest snapshot, so a safety snapshot would block this one"
     return None
 
@@ -520,6 +521,9 @@ def _undo_settings(receipt: dict, client: Any) -> list:
     method = "PUT" if catalog.entry_for(receipt["product"], "PUT", template) else receipt["method"]
     accepted = (catalog.entry_for(receipt["product"], method, template) or {}).get("params", {})
     params = restore_params(receipt["before"], receipt["after"], accepted)
+    for name, spec in accepted.items():  # what the method requires besides the path (an HA rule's type)
+        if not spec.get("optional") and f"{{{name}}}" not in template and name not in params and name in now:
+            params[name] = now[name]
     if "digest" in accepted and now.get("digest"):
         params["digest"] = now["digest"]  # Proxmox refuses it if the object changes before it arrives
     return [(method, receipt["object"], params)]

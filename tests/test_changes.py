@@ -49,8 +49,8 @@ def tmp(tmp_path_factory):
 def operator_env(sim, tmp, **extra):
     # writes need a token that may write: the lab's admin token (the reader tokens hold PVEAuditor only)
     return sim.env(pve_token=ADMIN, pbs_token=ADMIN) | {
-        "PROXMOX_TOOLSETS": "all", "PROXMOX_ACCESS": "destructive",
-        "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+        "PROXMOX_TOOLSETS": "all", "PROXMOX_ACCESS": "destructive", "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl"),
+        "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json")} | extra
 
 
 @pytest.fixture(scope="module")
