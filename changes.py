@@ -85,7 +85,8 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
 
 
 def _receipt_config(receipt: dict, base: str, vmid: int) -> dict:
-    if receipt.get("object") != f"{base}/config" or not isinstance(receipt.get("before"), dict):
+    same_guest = re.fullmatch(rf"/nodes/[^/]+/{base.split('/')[3]}/{vmid}/config", str(receipt.get("object")))
+    if not same_guest or not isinstance(receipt.get("before"), dict):
         raise InvalidArgument(f"Receipt {receipt['id']} ({receipt['method']} {receipt['path']}) holds no config of "
                               f"guest {vmid}; give a receipt of a config change, a snapshot or a backup.")
     return receipt["before"]

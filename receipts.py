@@ -480,10 +480,27 @@ def undo_plan(receipt: dict, client: Any) -> Undo:
     if receipt.get("undo") is not True:
         raise InvalidArgument(f"Receipt {rid} ({receipt['method']} {receipt['path']}) cannot be taken back: "
                               f"{receipt.get('undo') or 'its change was not recorded'}.{_safety_hint(receipt)}")
-    steps = PLANNERS[receipt["kind"]](receipt, client)
+    steps = PLANNERS[receipt["kind"]](_follow_guest(receipt, client), client)
     what = "; ".join(receipt.get("changes") or [f"{receipt['method']} {receipt['path']}"])
     return Undo(steps, f"Take back receipt {rid} ({receipt.get('tool') or receipt['method']} at {receipt['time']}: "
                        f"{what[:300]}).")
+
+
+def _follow_guest(receipt: dict, client: Any) -> dict:
+    """A receipt of a guest that has moved to another node since, with its paths on that node."""
+    match = re.match(r"/nodes/([^/]+)/(qemu|lxc)/(\d+)(/|$)", receipt["object"])
+    if not match:
+        return receipt
+    try:
+        rows = client.get("/cluster/resources", type="vm") or []
+    except ToolFailure:
+        return receipt  # where it was: reading it there says what is wrong
+    node = next((r.get("node") for r in rows if str(r.get("vmid")) == match.group(3)), match.group(1))
+    if node == match.group(1):
+        return receipt
+    moved = {k: v.replace(f"/nodes/{match.group(1)}/", f"/nodes/{node}/", 1) for k, v in receipt.items()
+             if k in ("object", "item", "path") and isinstance(v, str)}
+    return receipt | moved
 
 
 def _safety_hint(receipt: dict) -> str:

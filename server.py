@@ -124,6 +124,8 @@ def server_info() -> dict:
             "hidden_tools": {name: why for name, why in left_out.items() if why} | VISIBILITY.hidden(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
+            "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
+            "safety_snapshot": settings.receipts.safety,
             "protected_guests": len(settings.protected.entries),
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}

@@ -280,6 +280,15 @@ def test_undo_of_pbs_notes_and_protection(ops, sim):
     assert not snap["protected"] and snap["comment"] == ""
 
 
+def test_undo_follows_a_guest_that_moved_to_another_node(ops, sim):
+    done = ops.ok("write_guest_config", {"vmid": 205, "set": {"onboot": 1}})
+    ops.ok("write_migrate_guest", {"vmid": 205, "target": "pve2"})
+    undone, sent = requests_during(sim, lambda: ops.ok("write_undo", {"receipt": done["receipt"]}), writes=True)
+    assert undone["result"] == "ok" and writes(sent) == [("pve", "PUT", "/nodes/pve2/qemu/205/config")]
+    assert "onboot" not in sim.lab.guests[205]["config"]
+    ops.ok("write_migrate_guest", {"vmid": 205, "target": "pve1"})
+
+
 def test_undo_of_a_start_shuts_the_guest_down(ops, sim):
     started = ops.ok("write_guest_power", {"vmid": 205, "action": "start"})
     assert sim.lab.guests[205]["status"] == "running"
