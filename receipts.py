@@ -92,6 +92,8 @@ NOT_INVERTIBLE = [
      "it made or moved a guest: delete or migrate it back with its own tool"),
     (rf"{GUEST}/cloudinit", "it regenerated the cloud-init drive; take back the config change instead"),
 ]
+# POSTs that change nothing: guest agent questions (the schema's agent commands that only read).
+UNCHANGING = re.compile(rf"{GUEST}/agent/(ping|info|fsfreeze-status|network-get-interfaces|get-[\w-]+)")
 INVERSE_POWER = {"start": "shutdown", "stop": "start", "shutdown": "start", "suspend": "resume", "resume": "suspend"}
 STATE_AFTER = {"start": "running", "stop": "stopped", "shutdown": "stopped", "suspend": "paused", "resume": "running"}
 CONTROL = {"delete", "digest", "skiplock", "revert", "background_delay", "force", "moveto"}
@@ -234,7 +236,7 @@ class Pending:
 def start(keeping: Keeping, host: Any, decision: Any, client: Any, tool: str | None) -> Pending | None:
     """A receipt for a write about to be sent, with the state before it; a safety snapshot first
     when one is due (which raises when it fails: then nothing is sent)."""
-    if keeping.directory is None or decision.method == "GET":
+    if keeping.directory is None or decision.method == "GET" or UNCHANGING.fullmatch(decision.template):
         return None
     rule = rule_for(decision.method, decision.template) if client is not None else None
     receipt = {"id": f"rc-{random_ids.token_hex(4)}", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -521,10 +523,10 @@ def _unchanged_since(receipt: dict, after: Any, now: Any) -> None:
     else:
         differ = [] if after == now else ["its value"]
     if differ:
-        raise ProxmoxError(f"{receipt.get('item') or receipt['object']} changed since receipt {receipt['id']} "
-                           f"({', '.join(differ[:8])} differ from what the change left), so taking it back would "
-                           f"overwrite that. Nothing was sent; read it again and change it with the tools."
-                           + _safety_hint(receipt))
+        raise ProxmoxError(f"{receipt.get('item') or receipt['object']} changed since receipt {receipt['id']}: "
+                           f"another digest, and {', '.join(differ[:8])} differ from what the change left, so taking "
+                           f"it back would overwrite that. Nothing was sent; read it again and change it with the "
+                           f"tools." + _safety_hint(receipt))
 
 
 def _current(receipt: dict, client: Any, path: str | None = None) -> Any:

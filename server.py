@@ -428,10 +428,10 @@ def as_tool(function: Callable) -> Callable:
             policy.CALL.reset(token)
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py)
-            kept = call["receipts"]
-            result = (result if isinstance(result, dict) else {"result": result}) | (
-                {"receipt": kept[0]} if len(kept) == 1 else {"receipts": kept})
+        if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py): the
+            kept = call["receipts"]  # tool's own change last, after a safety snapshot's
+            result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
+                {"receipts": kept} if len(kept) > 1 else {})
         return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
     if "confirm" in inspect.signature(function).parameters:
         return with_confirmation(tool, function)

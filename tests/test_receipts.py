@@ -105,6 +105,14 @@ def test_a_new_firewall_rule_is_deleted_at_the_top_and_a_deleted_one_made_again_
                                    ("PUT", f"{rules}/0", {"moveto": 2})]
 
 
+def test_agent_questions_get_no_receipt(tmp_path):
+    """POST .../agent/ping asks the agent and changes nothing (the restore drill pings every second)."""
+    decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],
+                               template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
+    host = SimpleNamespace(product="pve", label="lab", token_id="t")
+    assert receipts.start(receipts.Keeping(tmp_path), host, decision, Reads("pve", {}), "write_restore_drill") is None
+
+
 def test_a_moved_firewall_rule_cannot_be_taken_back_by_undo():
     decision = SimpleNamespace(method="PUT", path="/cluster/firewall/rules/0", template="/cluster/firewall/rules/{pos}",
                                params={"moveto": 3}, path_params={"pos": "0"}, guests=[])
@@ -145,7 +153,7 @@ def test_backup_volume_notes_are_cleared_without_a_delete_parameter():
 def test_what_changed_since_is_named_and_nothing_is_planned():
     path = "/cluster/firewall/options"
     kept = receipt_for("pve", "PUT", path, before={"enable": 0}, after={"enable": 1, "digest": "a"})
-    with pytest.raises(ProxmoxError, match="changed since receipt rc-12345678 \\(policy_in"):
+    with pytest.raises(ProxmoxError, match="changed since receipt rc-12345678: another digest, and policy_in"):
         receipts.undo_plan(kept, Reads("pve", {path: {"enable": 1, "policy_in": "DROP", "digest": "b"}}))
     with pytest.raises(InvalidArgument, match="cannot be taken back: disks only grow"):
         receipts.undo_plan(kept | {"undo": "disks only grow"}, Reads("pve", {}))
