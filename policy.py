@@ -290,6 +290,7 @@ def judge(host: Any, decision: Decision) -> None:
             if MASK in str(value):  # ours, or Proxmox's own ********** (cipassword)
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
+    decision.reasons += receipts.announce(SETTINGS.receipts, decision)  # shown by a dry run and in the question
 
 
 def _refuse_invalid(decision: Decision) -> None:

@@ -375,6 +375,18 @@ def _state(status: dict) -> str:
 
 # ================================================================ the safety snapshot
 
+def announce(keeping: Keeping, decision: Any) -> list[str]:
+    """What a dry run and the user's question say about the safety snapshot an admitted request gets."""
+    rollback = re.fullmatch(rf"{GUEST}/snapshot/\{{snapname\}}/rollback", decision.template)
+    config = re.fullmatch(rf"{GUEST}/config", decision.template) and decision.method != "GET"
+    deleted = [k for k in re.split(r"[,;\s]+", str(decision.params.get("delete", ""))) if k]
+    risky = any(DISK.fullmatch(k) for k in [*deleted, *decision.params]) or \
+        {"cpu", "machine"} & {*deleted, *decision.params}
+    if (rollback and keeping.safety != "off") or (config and keeping.safety == "all" and risky):
+        return ["a safety snapshot is taken first where the guest's storage can (PROXMOX_SAFETY_SNAPSHOT)"]
+    return []
+
+
 def safety_due(keeping: Keeping, p: Pending) -> bool:
     """Before a rollback (unless PROXMOX_SAFETY_SNAPSHOT=off), and with `all` before a guest config
     change that can lose data: a disk detached or replaced, CPU type or machine changed on a running VM."""

@@ -308,6 +308,9 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
     guest = sim.lab.guests[202]
     ops.ok("write_snapshot_create", {"vmid": 202, "name": "clean"})
     ops.ok("write_guest_config", {"vmid": 202, "set": {"cores": 4}})  # running: pending
+    plan, sent = requests_during(sim, lambda: ops.ok("write_snapshot_rollback", {"vmid": 202, "name": "clean",
+                                                                               "dry_run": True}), writes=True)
+    assert any("safety snapshot is taken first" in why for why in plan["why"]) and sent == []
     rolled = ops.ok("write_snapshot_rollback", {"vmid": 202, "name": "clean", "confirm": True})
     kept = receipt(tmp, rolled["receipts"][-1])
     safety = kept["safety_snapshot"]
