@@ -1,5 +1,6 @@
 # proxmox-mcp in HTTP mode: non-root, works with a read-only root filesystem; the audit log lives
-# under the /data volume, the protected-guest list is mounted read-only at /config.
+# under the /data volume, the protected-guest list is mounted read-only at /config (the image's own is an
+# empty list; the user's protected-vms.json is never built in).
 # BASE: any Debian-like image with python3 >= 3.10 and its venv module; the official slim image
 # by default (the tests build on a debootstrapped Debian, see .ci/run).
 ARG BASE=python:3.12-slim
@@ -9,14 +10,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /app
 COPY requirements.txt .
 RUN python3 -m venv /venv && /venv/bin/pip install --quiet -r requirements.txt
-COPY *.py protected-vms.json ./
+COPY *.py *.html ./
 COPY catalog/ catalog/
 COPY simulator/ simulator/
 # Compiled here: at run time the root is read-only (and PYTHONDONTWRITEBYTECODE is set), so
 # otherwise every start would compile the modules again.
 RUN /venv/bin/python -m compileall -q /app \
     && useradd --system --uid 10001 --home-dir /data --no-create-home mcp && mkdir -p /data /config \
-    && chown mcp /data && cp protected-vms.json /config/protected-vms.json
+    && chown mcp /data && echo '[]' > /config/protected-vms.json
 USER mcp
 WORKDIR /data
 VOLUME /data

@@ -4,6 +4,7 @@ tables, human units, and progress notifications.
 Answers are small: lists come as {"columns": [...], "rows": [[...], ...]}, sizes and times
 are readable, and nothing is null.
 """
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable
 
@@ -81,6 +82,26 @@ def table(columns: list[str], rows: list[dict], *, limit: int | None = None, off
 def compact(data: dict) -> dict:
     """Drop None and empty values; answers carry no nulls."""
     return {k: v for k, v in data.items() if v is not None and v != "" and v != []}
+
+
+@dataclass(frozen=True)
+class View:
+    """The answer of a tool that has an MCP Apps view (server.ToolSpec.view): `answer` is the compact
+    JSON every client gets as text; `data`, when not None, is what the view draws beyond it (chart
+    points), sent with the answer as the result's structuredContent. A tool gives data only to a
+    client that renders views (renders_views): the others would put it in the model's context."""
+    answer: dict
+    data: dict | None = None
+
+
+def renders_views(ctx: Context | None) -> bool:
+    """Whether the client declared MCP Apps (the io.modelcontextprotocol/ui extension with the
+    text/html;profile=mcp-app MIME type): mcp.server.apps.client_supports_apps, False outside a request."""
+    from mcp.server.apps import client_supports_apps
+    try:
+        return ctx is not None and client_supports_apps(ctx)
+    except (AttributeError, ValueError):  # no request: called in process, not by a client
+        return False
 
 
 # ---------------------------------------------------------------- progress

@@ -46,7 +46,18 @@ def choose(host: str | None, product: str | None) -> tuple[str, ProxmoxClient | 
 
 _docs: dict[tuple[str, str], tuple[float, dict]] = {}
 _docs_lock = threading.Lock()
-DOC_PATHS = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
+DOC_PATHS = {product: path for product, path in policy.DOCUMENTS}  # the API viewer's file, per product
+
+
+def _viewer_text(client: ProxmoxClient) -> str:
+    """The host's API viewer file, fetched through the admission step (policy.document_decision)."""
+    path = DOC_PATHS[client.host.product]
+
+    def fetch(_decision: policy.Decision) -> str:
+        response = client.session.get(client.host.url + path, timeout=(3, 15), verify=client.verify)
+        return response.text if response.ok else ""
+    return policy.admit(client.host, "GET", path, {}, fetch,
+                        decision=policy.document_decision(client.host.product, path))
 
 
 def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str]:
@@ -60,9 +71,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
             return cached[1]
         descriptions: dict[tuple[str, str], str] = {}
         try:
-            response = client.session.get(client.host.url + DOC_PATHS[client.host.product], timeout=(3, 15),
-                                          verify=client.verify)
-            text = response.text if response.ok else ""
+            text = _viewer_text(client)
             start = text.find("[", text.find("apiSchema"))
             tree = json.JSONDecoder().raw_decode(text[start:])[0] if start > 0 else []
             stack = list(tree)
@@ -82,7 +91,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
 def api_search(query: Annotated[str, Field(description="words or path parts")],
                host: Host = None, product: ProductArg = None,
                limit: Annotated[int, Field(ge=1, le=100)] = 20) -> dict:
-    """Find API methods (PVE or PBS) for api_describe, api_read, write_api_call."""
+    """Find PVE and PBS API methods by words."""
     product, client = choose(host, product)
     words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
     docs = host_descriptions(client)
@@ -136,7 +145,7 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
 
 def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None,
              confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """GET any API path (policy applies) when no other tool answers."""
+    """GET any API path when no other tool answers."""
     # confirm and ctx are read by the tool edge: a guest file read needs the user's yes, as exec does
     product, client = choose(host, product)
     if client is None:

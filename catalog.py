@@ -109,7 +109,7 @@ def _walk(node: dict, product: str, out: list) -> None:
         returns = info.get("returns") or {}
         if "type" in returns:
             entry["returns"] = returns["type"]
-        secrets = secret_properties(returns) if method == "GET" else []
+        secrets = secret_properties(returns)
         if secrets:
             entry["secrets"] = secrets
         out.append(entry)
@@ -118,6 +118,8 @@ def _walk(node: dict, product: str, out: list) -> None:
 
 
 # ---------------------------------------------------------------- secrets in answers (derived)
+# The name rule below runs over every method's return schema at build time (GETs and the answers of
+# writes alike); UNTYPED_SECRETS adds what no schema shows.
 
 # The name rule: a property an answer carries is a secret when its name ends in one of these
 # words (password, cipassword, client-key, access-key, token, secret, subscription key, ...) ...
@@ -177,11 +179,42 @@ def build(schema_dir: Path, out_dir: Path = CATALOG_DIR) -> None:
         print(f"{target}: {len(methods)} methods on {len({m['path'] for m in methods})} paths")
 
 
+# Answers whose secrets the return schema cannot show: untyped objects (the stored config as it is)
+# and innocent names. (product, method, template) -> names; `*` matches any characters
+# (docs/PROXMOX-BEHAVIOUR.md#secrets-in-get-answers). Merged into the catalog's `secrets` on load.
+UNTYPED_SECRETS: dict[tuple[str, str, str], tuple[str, ...]] = {
+    # pve-network src/PVE/API2/Network/SDN/Ipams.pm `index` (SDN.Audit) and `read` return the stored
+    # plugin config, whose Netbox or phpIPAM API token is `token` (Ipams/NetboxPlugin.pm, PhpIpamPlugin.pm)
+    ("pve", "GET", "/cluster/sdn/ipams"): ("token",),
+    ("pve", "GET", "/cluster/sdn/ipams/{ipam}"): ("token",),
+    # pve-network API2/Network/SDN/Dns.pm likewise; PowerDNS's API key is `key` (Dns/PowerdnsPlugin.pm)
+    ("pve", "GET", "/cluster/sdn/dns"): ("key",),
+    ("pve", "GET", "/cluster/sdn/dns/{dns}"): ("key",),
+    # pve-manager PVE/API2/Cluster/MetricServer.pm `read` returns the status.cfg entry; OpenTelemetry
+    # keeps its HTTP headers there, base64 JSON that can hold a bearer (Status/OpenTelemetry.pm)
+    ("pve", "GET", "/cluster/metrics/server/{id}"): ("*-headers",),
+    # pve-access-control src/PVE/API2/Domains.pm `read` returns the domains.cfg entry; an OpenID realm
+    # keeps its `client-key` there (src/PVE/Auth/OpenId.pm)
+    ("pve", "GET", "/access/domains/{realm}"): ("client-key",),
+    # creating (or regenerating) an API token answers its secret as `value` (pve-access-control
+    # API2/User.pm `generate_token`, `update_token_info`; proxmox-backup src/api2/access/user.rs `generate_token`)
+    ("pve", "POST", "/access/users/{userid}/token/{tokenid}"): ("value",),
+    ("pve", "PUT", "/access/users/{userid}/token/{tokenid}"): ("value",),
+    ("pbs", "POST", "/access/users/{userid}/token/{token-name}"): ("value",),
+}
+
+
 # ---------------------------------------------------------------- lookup
 
 @lru_cache(maxsize=None)
 def methods(product: str) -> list[dict]:
-    return json.loads((CATALOG_DIR / f"{product}.json").read_text())
+    """The product's methods as built from its schema, with UNTYPED_SECRETS merged into `secrets`."""
+    entries = json.loads((CATALOG_DIR / f"{product}.json").read_text())
+    for entry in entries:
+        extra = UNTYPED_SECRETS.get((product, entry["method"], entry["path"]), ())
+        if extra:
+            entry["secrets"] = sorted(set(entry.get("secrets", ())) | set(extra))
+    return entries
 
 
 # A volume id carries slashes (local:backup/vzdump-...); as the last segment it takes the rest.
@@ -270,6 +303,8 @@ NAMED_FORMATS = {
     "pve-userid": r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+",
     # no leading zeros, 3 to 9 digits (docs/PROXMOX-BEHAVIOUR.md#vmids): 0000000101 is not guest 101
     "pve-vmid": r"[1-9][0-9]{2,8}",
+    # sshkeys: URL-encoded text (pve-common JSONSchema.pm, pve_verify_urlencoded)
+    "urlencoded": r"[-%a-zA-Z0-9_.!~*'()]*",
 }
 LIST_SEPARATORS = re.compile(r"[,;\s]+")  # PVE's split_list (a NUL byte separates too)
 

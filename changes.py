@@ -47,9 +47,11 @@ def list_changes(vmid: OptionalVmid = None, limit: Limit = 20) -> dict:
 
 # ---------------------------------------------------------------- what changed
 
-def what_changed(vmid: Vmid, since: Annotated[str | None, Field(
-                     description="Backup volid, snapshot name or receipt; default: newest backup")] = None,
-                 host: Host = None) -> dict:
+Since = Annotated[str | None, Field(description="Snapshot, receipt or backup volid (default: newest backup), "
+                                                "e.g. before_upgrade")]
+
+
+def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
     """A guest's config now against a backup, a snapshot or a receipt: one line per changed key."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)

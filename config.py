@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import catalog
 import policy
 import proxmox_client
 import receipts
+from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
 
@@ -40,7 +41,8 @@ HOST_SUFFIXES = ("URL", "TOKEN", "TOKEN_FILE", "WRITE_TOKEN", "WRITE_TOKEN_FILE"
 GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITIVE": "sensitive"}
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
-TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "changes")
+TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
+                  "monitor", "firewall", "changes")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
@@ -66,6 +68,9 @@ GLOBALS = {
     "PROXMOX_SAFETY_SNAPSHOT": "off, rollback or all (also before config changes that can lose data)",
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
+    "PROXMOX_RESTORE_MAX_MB": "megabytes one restored file may have, e.g. 1024",
+    "PROXMOX_SOURCE_ADDRESS": "the IP address the Proxmox nodes see this server connect from, e.g. 192.0.2.50",
     "PROXMOX_TOOLSETS": "comma list of " + ", ".join(TOOLSET_NAMES),
     "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
     "PROXMOX_DENY_TOOLS": "comma list of tool names or prefixes like write_*",
@@ -185,7 +190,9 @@ class Config:
     log_level: str = "INFO"
     warnings: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
-    env_files: list[Path] = field(default_factory=list)  # the .env files read (read_env_files), for --check
+    env_origins: EnvOrigins = field(default_factory=lambda: EnvOrigins())  # read_env_files, for --check
+    restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
+    restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
 
 
 # ================================================================ the whole configuration
@@ -217,22 +224,126 @@ def load_config(env: dict[str, str] | None = None) -> Config:
     return config
 
 
-def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], list[Path]]:
-    """The variables the server sees, and the .env files they came from. Order: the real environment,
-    then `.env` in the working directory, then `.env` beside server.py (a GUI client such as Claude
-    Desktop starts servers in `/`, where no .env is). An earlier source wins."""
+@dataclass
+class EnvOrigins:
+    """Where each variable came from (read_env_files), for the start-up warning and --check."""
+    files: list[Path] = field(default_factory=list)  # the .env files read
+    set_by: dict[str, str] = field(default_factory=dict)  # variable -> "the environment" or a file
+    ignored: dict[str, Path] = field(default_factory=dict)  # variable -> the working-directory file it was ignored from
+
+    def warning(self) -> str | None:
+        if not self.ignored:
+            return None
+        files = ", ".join(sorted({str(path) for path in self.ignored.values()}))
+        return (f"{files} (the working directory) may only narrow access; ignored from it: "
+                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in the .env beside server.py.")
+
+    def report(self) -> list[str]:
+        """One line per source: the names of the variables it set (never their values)."""
+        by_source: dict[str, list[str]] = {}
+        for name, source in sorted(self.set_by.items()):
+            if name.startswith(("PROXMOX_", "PBS_", "MCP_")):
+                by_source.setdefault(source, []).append(name)
+        lines = [f"set by {source}: {', '.join(names)}" for source, names in by_source.items()]
+        return lines + ([f"ignored: {self.warning()}"] if self.ignored else [])
+
+
+def _lower_tier(current: str | None, value: str) -> str | None:
+    tiers = policy.TIERS
+    low = value.strip().lower()
+    return value if low in tiers and tiers.index(low) <= tiers.index((current or "read").strip().lower()) else None
+
+
+def _only_false(_current: str | None, value: str) -> str | None:
+    return value if value.strip().lower() in FALSE else None
+
+
+def _only_true(_current: str | None, value: str) -> str | None:
+    return value if value.strip().lower() in TRUE else None
+
+
+def _joined(current: str | None, value: str) -> str | None:
+    return ",".join(filter(None, [(current or "").strip(" ,"), value.strip(" ,")])) or None
+
+
+def _fewer_vmids(current: str | None, value: str) -> str | None:
+    now, wanted = set(parse_list(current or "")), set(parse_list(value))
+    return value if wanted and (not now or wanted <= now) else None
+
+
+def _fewer_tools(current: str | None, value: str) -> str | None:
+    now, wanted = set(parse_list(current or "")), set(parse_list(value))
+    return value if wanted and (not now or wanted <= now) else None
+
+
+# What a .env in the working directory may set: each variable's rule, (the value from the
+# environment and the operator's .env, the file's value) -> the value to use, or None when it would
+# widen access. A client's working directory can be a repository the agent edits (Claude Code):
+# its .env must not raise the tier, open a gate, stop asking, empty the protected list or move the
+# audit log. Per-host variables follow the same rules (HOST_NARROWING).
+NARROWING: dict[str, Callable[[str | None, str], str | None]] = {
+    "PROXMOX_ACCESS": _lower_tier, "PROXMOX_ALLOW_EXEC": _only_false, "PROXMOX_ALLOW_ELEVATED": _only_false,
+    "PROXMOX_ALLOW_SENSITIVE": _only_false, "PROXMOX_DRY_RUN": _only_true, "PROXMOX_ELICIT": _only_true,
+    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_DENY_TOOLS": _joined, "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
+    "PROXMOX_ALLOW_TOOLS": _fewer_tools,
+}
+HOST_NARROWING = {"ACCESS": _lower_tier, "ALLOW_EXEC": _only_false, "ALLOW_ELEVATED": _only_false,
+                  "ALLOW_SENSITIVE": _only_false}
+
+
+def _narrowing_rule(name: str, env: dict[str, str]) -> tuple[Callable[[str | None, str], str | None], str | None]:
+    """The rule for a working-directory variable, and the value it narrows (a host's falls back to the global one)."""
+    if name in NARROWING:
+        return NARROWING[name], env.get(name)
+    match = re.fullmatch(r"(PROXMOX|PBS)_([A-Z0-9_]+?)_(ACCESS|ALLOW_EXEC|ALLOW_ELEVATED|ALLOW_SENSITIVE)", name)
+    if match:
+        return HOST_NARROWING[match.group(3)], env.get(name, env.get(f"PROXMOX_{match.group(3)}"))
+    return (lambda _current, _value: None), None
+
+
+def _narrowed(env: dict[str, str], values: dict[str, str], path: Path, origins: EnvOrigins) -> dict[str, str]:
+    """The working-directory file's variables that narrow access, with the values to use; the others
+    are recorded as ignored."""
+    taken = {}
+    for name, value in values.items():
+        rule, current = _narrowing_rule(name, env)
+        if current is not None and value.strip() == current.strip():
+            continue  # says what is already in force
+        narrowed = rule(current, value)
+        if narrowed is None:
+            origins.ignored[name] = path
+        else:
+            taken[name] = narrowed
+    return taken
+
+
+def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], EnvOrigins]:
+    """The variables the server sees, and where they came from. Order: the real environment, then
+    the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
+    where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
+    narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
     from dotenv import dotenv_values
     env = dict(os.environ if environ is None else environ)
-    files = []
-    for path in dict.fromkeys(((cwd or Path.cwd()) / ".env", INSTALL_DIR / ".env")):
+    origins = EnvOrigins(set_by={name: "the environment" for name in env})
+    install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
+    for path in dict.fromkeys((install, working)):
         try:
             values = dotenv_values(path) if path.is_file() else None
         except OSError as exc:
             raise ConfigError(f"{path} cannot be read: {exc.strerror}.") from None
-        if values is not None:
-            files.append(path)
-            env = {k: v for k, v in values.items() if v is not None} | env
-    return env, files
+        if values is None:
+            continue
+        origins.files.append(path)
+        values = {k: v for k, v in values.items() if v is not None and origins.set_by.get(k) != "the environment"}
+        where = f"{path} (beside server.py)"
+        if path == install:
+            values = {k: v for k, v in values.items() if k not in env}
+        else:  # it may narrow what the operator's file says, never widen it
+            values = _narrowed(env, values, path, origins)
+            where = f"{path} (the working directory)"
+        env |= values
+        origins.set_by |= {name: where for name in values}
+    return env, origins
 
 
 def read_global_settings(env: dict[str, str], config: Config) -> None:
@@ -244,6 +355,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.connect_timeout = parse_seconds("PROXMOX_CONNECT_TIMEOUT", env.get("PROXMOX_CONNECT_TIMEOUT", "5"))
     config.ssh_timeout = parse_seconds("PROXMOX_SSH_TIMEOUT", env.get("PROXMOX_SSH_TIMEOUT", "30"))
     config.settings.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
+    config.settings.source_address = parse_address("PROXMOX_SOURCE_ADDRESS", env.get("PROXMOX_SOURCE_ADDRESS", ""))
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
@@ -255,7 +367,26 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.settings.elicit = flag(env, "PROXMOX_ELICIT", "true")
     config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
         else default_audit_path(env)
+    read_restore_settings(env, config)
     config.settings.receipts = read_receipt_settings(env, config.settings.audit_path)
+
+
+def read_restore_settings(env: dict[str, str], config: Config) -> None:
+    """PROXMOX_RESTORE_DIR and PROXMOX_RESTORE_MAX_MB: where files restored from backups go, and
+    how large one may be. The folder must be an absolute path (after ~); it is created on first use."""
+    folder = env.get("PROXMOX_RESTORE_DIR", "").strip()
+    if folder:
+        path = Path(folder).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} is not an absolute path; give e.g. "
+                              f"{Path.home() / 'restored'}.")
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} exists and is not a folder.")
+        config.restore_dir = path
+    megabytes = env.get("PROXMOX_RESTORE_MAX_MB", "1024").strip()
+    if not megabytes.isdigit() or not 1 <= int(megabytes) <= 1024 * 1024:
+        raise ConfigError(f"PROXMOX_RESTORE_MAX_MB={megabytes!r} is not a number of megabytes (1 to 1048576).")
+    config.restore_max_bytes = int(megabytes) * 1024 ** 2
 
 
 def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:
@@ -276,18 +407,28 @@ def parse_count(name: str, value: str, lowest: int, highest: int) -> int:
     return int(value)
 
 
+PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped
+PROTECTED_EXAMPLE = INSTALL_DIR / "protected-vms.example.json"  # what ships: copied to PROTECTED_FILE
+
+
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
-    """The protected-guest file plus PROXMOX_PROTECTED_VMS; an unreadable file fails closed (policy)."""
-    protected_file = Path(env.get("PROXMOX_PROTECTED_VMS_FILE", INSTALL_DIR / "protected-vms.json")).expanduser()
-    protected = policy.load_protected(protected_file)
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS. A file that is named (or present) but
+    unreadable fails closed (policy); with none named and none beside server.py, nothing is listed
+    yet, as with an empty list, and the start says how to make one."""
+    named = env.get("PROXMOX_PROTECTED_VMS_FILE")
+    protected_file = Path(named).expanduser() if named else PROTECTED_FILE
+    exists = named or protected_file.exists()
+    protected = load_protected(protected_file) if exists else Protected()
     protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
     config.settings.protected = protected
     if protected.error:
         config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
                                f"that changes a guest will be refused until it is fixed.")
     elif not protected.entries:
-        config.warnings.append(f"NO GUEST IS PROTECTED: {protected_file} is an empty list. Add the guests no agent "
-                               f"may ever change (your router, your NAS) before allowing writes.")
+        where = f"{protected_file} is an empty list" if exists else \
+            f"there is no {protected_file} (copy {PROTECTED_EXAMPLE.name} there, or set PROXMOX_PROTECTED_VMS_FILE)"
+        config.warnings.append(f"NO GUEST IS PROTECTED: {where}. Add the guests no agent may ever change (your "
+                               f"router, your NAS) before allowing writes.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:
@@ -413,10 +554,11 @@ def read_host(product: str, label: str, values: HostValues, config: Config) -> N
     token_id, secret, user, password = parse_credentials(where, label, values, config.warnings)
     host = HostConfig(label=label, product=product, url=url, token_id=token_id, token_secret=secret,
                       user=user, password=password, connect_timeout=config.connect_timeout,
-                      read_timeout=config.read_timeout,
+                      read_timeout=config.read_timeout, token_variable=token_source(values, "TOKEN"),
                       **parse_tls(label, values, config.verify_tls, config.warnings))
     if "WRITE_TOKEN_FILE" in values or "WRITE_TOKEN" in values:
         host.write_token_id, host.write_token_secret = parse_write_token(values)
+        host.write_token_variable = token_source(values, "WRITE_TOKEN")
     config.secrets += [s for s in (secret, password, host.write_token_secret) if s]
     if url.startswith("http://"):
         config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
@@ -448,6 +590,11 @@ def parse_credentials(where: str, label: str, values: HostValues,
         warnings.append(f"{where}TOKEN and {where}USER are both set for host '{label}': the token is "
                         f"used, the password only where Proxmox refuses tokens.")
     return token_id, secret, user, password
+
+
+def token_source(values: HostValues, suffix: str) -> str:
+    """The variable a token was read from, as the user wrote it: the file's when both are set (it wins)."""
+    return (values.get(f"{suffix}_FILE") or values.get(suffix) or ("",))[0]
 
 
 def parse_login(where: str, values: HostValues) -> tuple[str | None, str | None]:
@@ -633,6 +780,16 @@ def parse_exec_vmids(value: str) -> set[int] | None:
     if not all(v.isdigit() and 100 <= int(v) <= 999999999 for v in items):
         raise ConfigError("PROXMOX_EXEC_ALLOWED_VMIDS must be a comma list of vmids (100-999999999).")
     return {int(v) for v in items}
+
+
+def parse_address(name: str, value: str) -> str | None:
+    """An IP address (the firewall guard judges for it: docs/PROXMOX-BEHAVIOUR.md#firewall-lockout); None when unset."""
+    if not value.strip():
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an IP address (e.g. 192.0.2.50 or 2001:db8::5).") from None
 
 
 def parse_protected_vms(value: str) -> list[dict]:

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 from masking import MASK, secret_param
 
 # Keys that say where a config stands, not what it is: its checksum, a lock, the snapshot it
-# descends from, and what a snapshot records about itself (docs/PROXMOX-BEHAVIOUR.md#snapshots).
+# descends from, and what a snapshot records about itself (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback).
 BOOKKEEPING = re.compile(r"digest|lock|parent|snaptime|snapstate|vmstate|runningmachine|runningcpu"
                          r"|running-nets-host-mtu")
 UNUSED = re.compile(r"unused\d+")
@@ -174,5 +174,5 @@ def skip_for_backup(key: str) -> bool:
 
 def skip_for_snapshot(key: str) -> bool:
     """A snapshot keeps no unused disks, and its `description` is the snapshot's own
-    (docs/PROXMOX-BEHAVIOUR.md#snapshots)."""
+    (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
     return bool(UNUSED.fullmatch(key)) or key == "description"

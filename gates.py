@@ -26,7 +26,8 @@ from protection import truthy
 TIERS = ("read", "lifecycle", "write", "destructive")
 GATES = ("read", "sensitive", "lifecycle", "write", "destructive", "exec", "elevated", "blocked")
 SEVERITY = {gate: rank for rank, gate in enumerate(GATES)}
-CONFIRMED = ("destructive", "exec", "elevated")  # the user says yes to these
+# the user says yes to these; a blocked method opened by PROXMOX_UNBLOCK too
+CONFIRMED = ("destructive", "exec", "elevated", "blocked")
 
 
 # ================================================================ gate of a method
@@ -113,7 +114,13 @@ RULES: list[tuple[str, str, str, str]] = [
 # Gates a method needs besides its own: (methods, template regex, gate, why).
 ALSO_GATES: list[tuple[str, str, str, str]] = [
     ("GET", r".*/agent/file-read", "exec", "reads through the guest agent, as exec does"),
+    ("POST", r"/nodes/\{node\}/ceph/osd", "destructive",  # docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths
+     "wipes the devices it is given before creating the OSD"),
 ]
+# Blocked methods that act inside a guest (its monitor, keyboard, console, a password): opened by
+# PROXMOX_UNBLOCK, they count as exec for PROXMOX_EXEC_ALLOWED_VMIDS.
+INSIDE_GUEST = (r".*/qemu/\{vmid\}/(monitor|sendkey)|.*/agent/set-user-password"
+                r"|.*/(qemu|lxc)/\{vmid\}/(vncproxy|termproxy|spiceproxy|vncwebsocket)")
 # Classifications a reviewer should look at again, with the reason for the choice.
 UNCERTAIN: dict[tuple[str, str, str], str] = {
     ("pve", "GET", "/nodes/{node}/query-url-metadata"): "a GET, but the node fetches any URL given: treated as a write",
@@ -158,6 +165,13 @@ ARGUMENT_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*/vzdump|/cluster/backup.*", r"script|dumpdir|tmpdir", any_value, "elevated",
      "runs a script or writes to a host path"),
     (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"restore|archive", any_value, "write", "restores a backup"),
+    # snippets are files on the host's storage that only root can place; the API checks no access to
+    # them (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    (r".*/qemu(/\{vmid\}/config)?", r"cicustom", any_value, "elevated",
+     "cicustom feeds snippet files from the host's storage into the guest"),
+    # a path instead of a volume id: any file of the host (root only; docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths)
+    (r"/nodes/\{node\}/lxc|/nodes/\{node\}/qemu", r"ostemplate|archive", absolute_path, "elevated",
+     "a host file as the template or backup to restore"),
 ]
 # Arguments whose absence raises a call's gate, because Proxmox then takes the dangerous value:
 # (method, path regex, parameter, unless (the call's params -> bool), gate, why).
@@ -173,6 +187,8 @@ MISSING_RULES: list[tuple[str, str, str, Callable[[dict], bool], str, str]] = [
 # (docs/PROXMOX-BEHAVIOUR.md#property-strings).
 PART_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r".*", r"file|volume", absolute_path, "elevated", "a host path or device as a disk or mount point"),
+    (r"cdrom|ide\d+|sata\d+|scsi\d+", r"file", lambda v: v.strip() == "cdrom", "elevated",
+     "the node's physical CD/DVD drive"),
     (r".*", r"import-from", absolute_path, "elevated", "imports a file from the host's file system"),
     (r"usb\d+", r"host", lambda v: v.strip().lower() != "spice", "elevated", "passes a host USB device through"),
     (r"usb\d+", r"mapping", any_value, "elevated", "passes a mapped host USB device through"),
@@ -181,6 +197,12 @@ PART_RULES: list[tuple[str, str, Callable[[str], bool], str, str]] = [
     (r"features", r"mount", any_value, "elevated", "the container may mount file systems"),
     (r"virtiofs\d+", r"dirid", any_value, "elevated", "shares a host directory with the guest"),
 ]
+
+
+# Parameters whose schema names their property-string format instead of spelling it out, and the
+# parameter of the same method that spells it out: `cdrom` is `ide2` (qemu-server `$confdesc`,
+# format 'pve-qm-ide'; docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths).
+NAMED_FORMATS = {"pve-qm-ide": "ide[n]"}
 
 
 def _volume_freeing(value: str) -> bool:
@@ -201,7 +223,7 @@ DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
     (r"keep-(last|hourly|daily|weekly|monthly|yearly)", None, any_value,
      "removes the backups its keep rules do not keep"),
     (r"prune-backups", None, lambda v: not re.fullmatch(r"\s*keep-all=(1|yes|on|true)\s*", v), "prunes backups"),
-    (r"remove-vanished", None, lambda v: v not in ("", "0", "false", "no", "off"),
+    (r"remove-vanished", None, truthy,
      "removes what the source no longer has"),
     (r"remove_job", None, lambda v: v == "full", "also removes the replicated volumes"),
 ]
@@ -259,6 +281,8 @@ def _argument_gates(template: str, params: dict[str, Any], entry: dict) -> list[
                        if re.fullmatch(name_pattern, name) and any(test(v) for v in values)]
     for name, values in _each(params):
         fmt = (catalog.spec_for(entry.get("params", {}), name) or {}).get("format")
+        if isinstance(fmt, str) and fmt in NAMED_FORMATS:
+            fmt = (entry.get("params", {}).get(NAMED_FORMATS[fmt]) or {}).get("format")
         if isinstance(fmt, dict):
             raised += [(gate, f"{name}: {why}") for value in values
                        for gate, why in _part_gates(name, fmt, value)]
@@ -320,6 +344,11 @@ def call_gates(product: str, method: str, template: str, params: dict[str, Any])
     gates.update(g for g, _ in raised)
     reasons += [r for _, r in raised]
     return combine(gates), reasons
+
+
+def inside_guest(template: str) -> bool:
+    """Whether a blocked method acts inside a guest (INSIDE_GUEST): exec, for the allow-list."""
+    return bool(re.fullmatch(INSIDE_GUEST, template))
 
 
 def call_gate(method: str, template: str, params: dict[str, Any], product: str = "pve") -> tuple[str, list[str]]:

@@ -4,8 +4,10 @@ that lets the calls being answered finish. server.py builds the MCP server; this
 """
 from __future__ import annotations
 
+import errno
 import hmac
 import json
+import socket
 import sys
 from typing import Any, Callable
 
@@ -117,55 +119,113 @@ def host_reachability() -> dict[str, str]:
 # Limits of the built-in HTTP server (slow or half-sent requests, idle and too many connections):
 # a request must arrive whole within `request_seconds` of its first byte (or of the connection),
 # a kept-alive connection closes after `idle_seconds` without a request, at most `connections`
-# are served at once (more get 503), and a request's headers may take `header_bytes`.
+# are served at once (more get 503), and a request's headers may take `header_bytes` (431 beyond,
+# however they arrive). At the cap, the oldest connection that has not sent a request head makes
+# room for a new one: sockets that say nothing (unauthenticated: the bearer is in the head) cannot
+# hold every place.
 HTTP_LIMITS = {"request_seconds": 10.0, "idle_seconds": 5, "connections": 64, "header_bytes": 16 * 1024}
 
 
-def timed_protocol(request_seconds: float) -> type:
-    """uvicorn's h11 protocol, closing a connection whose request (headers and body) has not fully
-    arrived `request_seconds` after it began: uvicorn arms no timer before the first request."""
-    import h11
+def timed_protocol(request_seconds: float, header_bytes: int = HTTP_LIMITS["header_bytes"]) -> type:
+    """uvicorn's h11 protocol with the limits of `Limited` (imported here: only HTTP mode needs uvicorn)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+    return type("TimedH11Protocol", (Limited, H11Protocol), {"request_seconds": request_seconds,
+                                                              "header_bytes": header_bytes})
 
-    class TimedH11Protocol(H11Protocol):
-        _request_timer: Any = None
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+class Limited:
+    """Limits on top of uvicorn's h11 protocol: a connection whose request (headers and body) has not
+    fully arrived `request_seconds` after it began is closed (uvicorn arms no timer before the first
+    request); a request head over `header_bytes` is refused with 431 (h11 bounds only a head that
+    arrives in pieces); at the connection cap, the oldest connection still waiting for a head makes
+    room (make_room)."""
+    request_seconds: float
+    header_bytes: int
+    _request_timer: Any = None
+    _head: bytearray | None = None  # the request head so far, while it has not ended
+    _began = 0.0
+    conn: Any
+    loop: Any
+    transport: Any
+
+    def connection_made(self, transport: Any) -> None:
+        self._began = self.loop.time()
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+        make_room(self, _waiting)
+
+    def data_received(self, data: bytes) -> None:
+        import h11
+        if self.conn.their_state is h11.IDLE and not self._head_begins(data):
+            return
+        super().data_received(data)  # type: ignore[misc]
+        if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
+            self._disarm()  # the whole request arrived (or the connection is closing)
+
+    def _head_begins(self, data: bytes) -> bool:
+        """A request head arrives: the timer runs (the next request on a kept-alive connection
+        begins), and a head over the limit is refused; False when it was."""
+        if self._request_timer is None:
             self._arm()
+        self._head = (self._head or bytearray()) + data[:self.header_bytes + 4]
+        if head_within(self._head, self.header_bytes):
+            if b"\r\n\r\n" in self._head:
+                self._head = None  # the head ended: the next one starts afresh
+            return True
+        body = f"request headers exceed {self.header_bytes} bytes\n".encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+        return False
 
-        def data_received(self, data: bytes) -> None:
-            if self._request_timer is None and self.conn.their_state is h11.IDLE:
-                self._arm()  # the next request on a kept-alive connection begins
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
-                self._disarm()  # the whole request arrived (or the connection is closing)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def _arm(self) -> None:
+        self._request_timer = self.loop.call_later(self.request_seconds, self._too_slow)
 
-        def _arm(self) -> None:
-            self._request_timer = self.loop.call_later(request_seconds, self._too_slow)
-
-        def _disarm(self) -> None:
-            if self._request_timer is not None:
-                self._request_timer.cancel()
-                self._request_timer = None
-
-        def _too_slow(self) -> None:
+    def _disarm(self) -> None:
+        if self._request_timer is not None:
+            self._request_timer.cancel()
             self._request_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
 
-    return TimedH11Protocol
+    def _too_slow(self) -> None:
+        self._request_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def _waiting(connection: Any) -> bool:
+    import h11
+    return connection.conn.their_state is h11.IDLE
+
+
+def head_within(head: bytearray, limit: int) -> bool:
+    """Whether a request head received so far (up to its blank line) is within `limit` bytes."""
+    end = head.find(b"\r\n\r\n")
+    return (end if end >= 0 else len(head)) <= limit
+
+
+def make_room(newcomer: Any, waiting: Callable[[Any], bool]) -> None:
+    """At the connection cap, close the oldest connections that are `waiting` for a request head
+    (silent, slow, or idle between requests) until the newcomer's request can be served; when
+    every place serves a request, the newcomer gets 503 as before."""
+    cap = newcomer.limit_concurrency
+    while cap is not None and len(newcomer.connections) >= cap:
+        idle = [c for c in newcomer.connections if c is not newcomer and not c.transport.is_closing() and waiting(c)]
+        if not idle:
+            return
+        oldest = min(idle, key=lambda c: c._began)
+        oldest.transport.close()
+        newcomer.connections.discard(oldest)
 
 
 def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS) -> Any:
     """The uvicorn server for `app`, with HTTP_LIMITS."""
     import uvicorn
     config = uvicorn.Config(app, host=bind_host.strip("[]"), port=port, log_level="warning",
-                            http=timed_protocol(limits["request_seconds"]),
+                            http=timed_protocol(limits["request_seconds"], limits["header_bytes"]),
                             timeout_keep_alive=limits["idle_seconds"], limit_concurrency=limits["connections"],
                             h11_max_incomplete_event_size=limits["header_bytes"])
     return uvicorn.Server(config)
@@ -230,3 +290,23 @@ async def serve_until_stopped(http: Any, app: Answering) -> None:
 
     http.handle_exit = on_signal  # uvicorn installs it for SIGTERM and SIGINT while it serves
     await http.serve()
+
+
+def listen_problem(bind_host: str, port: int, given: str) -> str | None:
+    """The one line that stops an HTTP server whose address cannot be listened on (a port in use, an
+    address not on this machine), said before anything claims to serve; None when it can listen.
+    `given` names where the port came from (--port or MCP_HTTP_PORT). The probe binds as uvicorn
+    does (SO_REUSEADDR), then lets go."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(bind_host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"proxmox-mcp: port {port} on {bind_host} is in use (another server, or another proxmox-mcp); "
+                    f"choose a free one with {given}.")
+        return (f"proxmox-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
+                f"(or --host) to an address of this machine, and {given} to a free port.")
+    return None

@@ -1,11 +1,18 @@
 """What exists on a Proxmox VE cluster, as the tools look it up: guests by vmid, nodes by name,
 the next free vmid, a node's bridges, where a storage is. Names are checked here before a tool
-sends anything, and an unknown one is answered with the names that exist.
+sends anything, and an unknown one is answered with the names that exist. Also how a node's
+disks, ZFS pools and kernel are judged (node_disks, node_updates and health_check share it).
 
 Guests and node names are kept a few seconds on the client (ProxmoxClient.cached); any write
 drops the guests, as it may have created, moved or deleted one.
 """
 
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import policy
+from answers import compact
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient
 
@@ -93,13 +100,27 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
         if iface.get("type") not in ("bridge", "OVSBridge", "vnet"):
             continue
         ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        # a bridge only in /etc/network/interfaces.new (not applied yet) is listed without `active`
+        # (docs/PROXMOX-BEHAVIOUR.md#networks)
         rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
                      "segment": _segment(iface, ports),
+                     "pending": iface.get("type") != "vnet" and not iface.get("active"),
                      "vlan_aware": bool(iface.get("bridge_vlan_aware") or iface.get("vlanaware"))
                      or iface.get("type") == "OVSBridge",
                      "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
                      "comment": (iface.get("comments") or "").strip() or None})
     return rows
+
+
+def bridges_hidden(client: ProxmoxClient) -> str | None:
+    """Why this token's bridge lists may be empty: PVE lists a bridge only to callers with SDN.Audit
+    or SDN.Use on /sdn/zones/localnetwork/<bridge> (docs/PROXMOX-BEHAVIOUR.md#networks); None when
+    it holds one of them there or its privileges are unknown."""
+    path = "/sdn/zones/localnetwork"
+    if any(policy.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
+        return None
+    return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
+            f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
 
 
 # ---------------------------------------------------------------- storages
@@ -113,7 +134,10 @@ def storage_node(client: ProxmoxClient, storage: str, node: str | None, content:
         names = sorted({e["storage"] for e in rows})
         raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
     if content and content not in (entries[0].get("content") or "").split(","):
-        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+        takes = entries[0].get("content")
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {takes}); to allow it: "
+                              f"`pvesm set {storage} --content {takes},{content}` on a node (a fresh install's local "
+                              f"takes import from PVE 9 on: docs/PROXMOX-BEHAVIOUR.md#a-fresh-install).")
     nodes = [e["node"] for e in entries if e.get("status") == "available"]
     if node:
         if node not in [e["node"] for e in entries]:
@@ -155,6 +179,13 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
     rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
     if not rows or rows[0].get("shared"):
         return check_node(client, node) if node else online_node(client)
+    # a token that cannot list a backup cannot tell where it is (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    owner = re.search(r"vzdump-(?:qemu|lxc)-(\d+)-", archive)
+    if owner and hidden_backups(client, storage, [int(owner.group(1))]):
+        if node:
+            return check_node(client, node)
+        raise InvalidArgument(f"The token cannot see backups on '{storage}', each node's own disk, so which node holds "
+                              f"{archive} is unknown: give node=<the node it was taken on>.")
     candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
     for name in candidates:
         volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
@@ -167,3 +198,161 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
         raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
                               f"node's own disk: restore it there (node={holders[0]}).")
     raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
+
+
+# ---------------------------------------------------------------- node hardware and packages, judged
+# (node_disks and node_updates show these; health_check reports them: docs/PROXMOX-BEHAVIOUR.md#node-monitoring)
+
+HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
+WEAROUT_LEFT_WARN = 20  # percent of rated life left
+
+
+def wearout_left(disk: dict) -> float | None:
+    """An SSD's `wearout`: the percent of life left (100 new), a number or a string; `N/A` for
+    disks without one (pve-storage src/PVE/Diskmanage.pm, get_wear_leveling_info)."""
+    try:
+        return float(disk.get("wearout"))
+    except (TypeError, ValueError):
+        return None
+
+
+def disk_problem(disk: dict) -> str | None:
+    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
+    health = str(disk.get("health") or "UNKNOWN")
+    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
+        return f"SMART health {health}"
+    left = wearout_left(disk)
+    if left is not None and left < WEAROUT_LEFT_WARN:
+        return f"{left:g}% of its rated life left"
+    return None
+
+
+def pool_problem(pool: dict) -> str | None:
+    """Why a ZFS pool needs attention: a state other than ONLINE, or errors `zpool status` reports
+    (anything but "No known data errors"), or a device with read, write or checksum errors."""
+    state = str(pool.get("state") or pool.get("health") or "")
+    errors = str(pool.get("errors") or "No known data errors")
+    if state and state != "ONLINE":
+        return f"state {state}" + (f": {pool.get('status')}" if pool.get("status") else "")
+    if not errors.startswith("No known data errors"):
+        return f"errors: {errors}"
+    bad = [d["name"] for d in vdevs(pool) if d.get("read") or d.get("write") or d.get("cksum")]
+    return f"device errors on {', '.join(bad[:4])}" if bad else None
+
+
+def vdevs(node: dict) -> list[dict]:
+    found = []
+    for child in node.get("children") or []:
+        found.append(child)
+        found += vdevs(child)
+    return found
+
+
+# proxmox-kernel-6.8.12-4-pve-signed, pve-kernel-5.15.158-2-pve, proxmox-kernel-6.14.8-2-bpo12-pve-signed; not the
+# meta packages (proxmox-kernel-6.8) or proxmox-kernel-helper
+KERNEL_PACKAGE = re.compile(r"^(?:pve|proxmox)-kernel-(\d+\.\d+\.\d+-\d+(?:-[a-z0-9]+)*-pve)(?:-signed)?$")
+
+
+def kernels(versions: list[dict]) -> dict:
+    """The running kernel (proxmox-ve's RunningKernel) against the newest installed one: APT.pm's
+    `versions` lists installed kernel packages newest first."""
+    running = next((p.get("RunningKernel") for p in versions if p.get("RunningKernel")), None)
+    installed = [m.group(1) for p in versions if p.get("CurrentState") == "Installed"
+                 and (m := KERNEL_PACKAGE.match(str(p.get("Package", ""))))]
+    newest = installed[0] if installed else None
+    return compact({"kernel_running": running, "kernel_newest": newest,
+                    "reboot_for_kernel": bool(running and newest and running != newest) or None})
+# ---------------------------------------------------------------- backup jobs
+
+def vmid_set(text: Any) -> set[int]:
+    """The vmids of a `pve-vmid-list` ("100,101")."""
+    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
+
+
+def job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
+    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
+    `exclude` (which applies with all only); `node` limits any of them to that node's guests
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    vmid = int(guest["vmid"])
+    if job.get("node") and job["node"] != guest.get("node"):
+        return False, False
+    if job.get("pool"):
+        return guest.get("pool") == job["pool"], False
+    if job.get("vmid"):
+        return vmid in vmid_set(job["vmid"]), False
+    if str(job.get("all", 0)) == "1":
+        excluded = vmid in vmid_set(job.get("exclude"))
+        return not excluded, excluded
+    return False, False
+
+
+# ---------------------------------------------------------------- backups the token cannot see
+
+BACKUP_ROLE = "BackupReader"  # the custom role the README's recipe adds (a role may not start with PVE)
+
+
+def hidden_backups(client: ProxmoxClient, storage: str, vmids: list[int]) -> list[int]:
+    """The guests whose backups on a storage this token's listing leaves out: PVE lists a backup
+    only to a caller with Datastore.AllocateSpace on the storage and VM.Backup on the guest, or
+    Datastore.Allocate (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). Told from the privileges
+    read once; none while they are unknown."""
+    host, where = client.host, f"/storage/{storage}"
+    if policy.holds(host, "Datastore.Allocate", where) is not False:
+        return []
+    if policy.holds(host, "Datastore.AllocateSpace", where) is False:
+        return sorted(vmids)
+    return sorted(v for v in vmids if policy.holds(host, "VM.Backup", f"/vms/{v}") is False)
+
+
+def backup_grant(client: ProxmoxClient) -> str:
+    """The commands that let this token see backups: a role with the two privileges PVE asks for,
+    granted to the user and the token (a token holds only what both are granted)."""
+    user, _, token = client.host.token_id.partition("!")
+    grants = [f"pveum role add {BACKUP_ROLE} --privs Datastore.AllocateSpace,VM.Backup",
+              f"pveum acl modify / --users '{user}' --roles {BACKUP_ROLE}"]
+    if token:
+        grants.append(f"pveum acl modify / --tokens '{client.host.token_id}' --roles {BACKUP_ROLE}")
+    return "; ".join(grants)
+
+
+def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
+    """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+             for name, vmids in sorted(hidden.items())]
+    return {"not_visible": where,
+            "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
+                   f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
+                   f"(which says nothing about whether they exist).",
+            "grant": backup_grant(client)}
+
+
+def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, tuple[str, str]]:
+    """The PVE storages of type pbs that write to this Backup Server (same host name), each with
+    its datastore and namespace (root without one) (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    server = (urlsplit(pbs.host.url).hostname or "").lower()
+    return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
+            if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
+
+
+# ---------------------------------------------------------------- HA resources that failed
+
+# HA states in which a request has failed or the guest's node is lost, with the way out
+# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+HA_FAILED = {
+    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
+             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
+    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
+             "node. Check cluster_status; get_guest shows where it runs once recovered.",
+    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
+                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
+}
+
+
+def ha_failure(row: dict) -> str:
+    """What an HA state of HA_FAILED means for a guest (its /cluster/resources row), and the way out."""
+    vmid, node = row["vmid"], row.get("node")
+    sid = f"{'vm' if row.get('type') == 'qemu' else 'ct'}:{vmid}"
+    return f"HA resource {sid} is in state '{row['hastate']}' on {node}: " + \
+        HA_FAILED[row["hastate"]].format(vmid=vmid, sid=sid, node=node)

@@ -2,12 +2,13 @@
 
 Three kinds: the secrets the configuration holds (registered at start and replaced wherever they
 appear); secrets by shape in any text (token headers, private keys, tickets, passwords in URLs);
-and the properties an API answer carries that the schema says are secrets (catalog.py derives
-them at build time, per GET method: `secrets`). File contents are never logged: the audit sees
-their size and SHA-256.
+and the properties an API answer carries that are secrets (catalog.py derives them from every
+method's return schema at build time and adds what untyped answers hold: `secrets`). File
+contents, agent stdin and header blobs are never logged: the audit sees their size and SHA-256.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -19,9 +20,12 @@ import catalog
 MASK = "***"
 # Parameter names whose values are secrets: these words, and the catalog's rule for answers.
 SECRET_KEYS = re.compile(r"pass(word)?|cipassword|secret|token|encryption-key|keyring|hmac|private|ticket"
-                         r"|csrf|key-?data|sshkey-?priv", re.IGNORECASE)
+                         r"|csrf|key-?data|sshkey-?priv|header", re.IGNORECASE)
 NOT_SECRET_PARAMS = ("sshkeys",)  # public keys
 CONTENT_PARAMS = ("content", "contents", "stdin")  # file contents: size and hash only
+# Blobs the audit records as size and hash, never as text, secret or not: agent stdin and HTTP
+# headers (an OpenTelemetry server's `otel-headers`, a webhook's `header`: bearer tokens).
+BLOB_PARAMS = re.compile(r"input-data|.*headers?", re.IGNORECASE)
 LONG_VALUE = 256  # characters: a longer parameter value is logged as size and hash
 _SECRET_PATTERNS = [
     re.compile(r"(PVEAPIToken=[^=\s]+=)[^\s\"',]+"),
@@ -80,7 +84,9 @@ def audit_view(params: dict[str, Any]) -> dict[str, Any]:
     and hash, and whatever still looks like a secret masked by shape."""
     view: dict[str, Any] = {}
     for name, value in params.items():
-        if secret_param(name):
+        if BLOB_PARAMS.fullmatch(name):
+            view[name] = fingerprint(value if not isinstance(value, list) else json.dumps(value))
+        elif secret_param(name):
             view[name] = MASK
         elif name in CONTENT_PARAMS or isinstance(value, bytes) or len(str(value)) > LONG_VALUE:
             view[name] = fingerprint(value)
@@ -90,11 +96,17 @@ def audit_view(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def mask_answer(data: Any, names: tuple[str, ...] | list[str]) -> Any:
-    """An API answer with the secret properties its schema names replaced, at any depth."""
+    """An API answer with the secret properties its schema names (or catalog.UNTYPED_SECRETS, where
+    `*` matches any characters) replaced, at any depth."""
     if not names:
         return data
     if isinstance(data, list):
         return [mask_answer(item, names) for item in data]
     if isinstance(data, dict):
-        return {k: (MASK if k in names and v not in (None, "") else mask_answer(v, names)) for k, v in data.items()}
+        return {k: (MASK if v not in (None, "") and _named(k, names) else mask_answer(v, names))
+                for k, v in data.items()}
     return data
+
+
+def _named(key: str, names: tuple[str, ...] | list[str]) -> bool:
+    return key in names or any("*" in name and fnmatch.fnmatchcase(key, name) for name in names)

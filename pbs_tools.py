@@ -3,13 +3,17 @@ writes around them (prune, forget, protect, notes, garbage collection, verify, r
 
 Same shape as pve_tools: plain functions returning dicts, one client, the policy in front.
 """
+import re
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from answers import ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent, table
-from errors import ConfirmationNeeded, InvalidArgument
+from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent,
+                     progress_reporter, table)
+from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
+from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
+                       release_name, s3_stores)
 from proxmox_client import ProxmoxClient, log_page, pbs_client, run_task, task_report
 
 Store = str
@@ -38,24 +42,26 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: size, use, fill %, full date, last GC; offline ones unavailable."""
+    """Datastores: use, fill %, full date, last GC."""
     client = pbs_client(host)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
     # every store (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    gc_jobs = {job.get("store"): job for job in client.get("/admin/gc") or []} if usage else {}
+    runs, note = gc_runs(client, usage) if usage else ({}, None)
+    s3 = s3_stores(client, usage) if usage else set()
     rows = []
     for ds in usage:
-        gc, counters = gc_jobs.get(ds["store"]) or {}, ds.get("gc-status") or {}
-        full_by = ds.get("estimated-full-date") or 0
+        gc, counters = runs.get(ds["store"]) or {}, ds.get("gc-status") or {}
         # a store that cannot be opened (offline, unmounted) comes with `error` and no figures
         rows.append({"store": ds["store"], "used": human_bytes(ds.get("used")), "total": human_bytes(ds.get("total")),
-                     "used_pct": percent(ds.get("used"), ds.get("total")),
-                     "full_by": iso_time(full_by)[:10] if full_by > 0 else None,
-                     "last_gc": iso_time(gc.get("last-run-endtime")), "gc_result": gc.get("last-run-state"),
-                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error")})
-    return table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_result", "gc_freed", "unavailable"],
-                 rows)
+                     "used_pct": percent(ds.get("used"), ds.get("total")), "full_by": full_by(ds, s3),
+                     "last_gc": iso_time(gc.get("ended") or gc.get("started")), "gc_result": gc.get("result"),
+                     "gc_freed": human_bytes(counters.get("removed-bytes")), "unavailable": ds.get("error"),
+                     "backend": "s3" if ds["store"] in s3 else None})
+    answer = table(["store", "used", "total", "used_pct", "full_by", "last_gc", "gc_result", "gc_freed",
+                    "unavailable", "backend"], rows)
+    notes = [text for text in (note, S3_NOTE if s3 else None) if text]
+    return answer | ({"note": " ".join(notes)} if notes else {})
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
@@ -63,12 +69,16 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
     client = pbs_client(host)
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
-    # the GC's times and result (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    # the GC's times and result; before 3.2.0 its counters alone (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     gc = client.get(f"/admin/datastore/{store}/gc") or {}
-    return compact({"store": store, "used": status.get("used"), "used_human": human_bytes(status.get("used")),
-                    "total": status.get("total"), "total_human": human_bytes(status.get("total")),
+    run = gc_run(gc, offers(client, "gc-jobs"))
+    s3 = is_s3(client, store, status)
+    return compact({"store": store, "backend": "s3" if s3 else None, "note": S3_NOTE if s3 else None,
+                    "used": human_bytes(status.get("used")), "used_bytes": status.get("used"),
+                    "total": human_bytes(status.get("total")), "total_bytes": status.get("total"),
                     "used_pct": percent(status.get("used"), status.get("total")), "counts": status.get("counts"),
-                    "gc": compact({"state": gc.get("last-run-state"), "last_run": iso_time(gc.get("last-run-endtime")),
+                    "gc": compact({"state": run.get("result"), "last_run": iso_time(run.get("ended")),
+                                   "last_started": iso_time(run.get("started")),
                                    "next_run": iso_time(gc.get("next-run")),
                                    "freed": human_bytes(gc.get("removed-bytes")),
                                    "pending": human_bytes(gc.get("pending-bytes"))})})
@@ -98,7 +108,7 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
                        backup_id: str | None = None,
                        since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
-    """Snapshots, newest first: time, size, verify, protected, comment."""
+    """Snapshots, newest first: size, verify, protected."""
     client = pbs_client(host)
     _check_store(client, store)
     snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
@@ -108,34 +118,39 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
         if since and snap["backup-time"] < since:
             continue
         files = snap.get("files") or []
-        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "time": snap["backup-time"],
-                     "when": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
+        # backup_time: the epoch that names the snapshot in the other tools' arguments; time: when, readable
+        rows.append({"group": f"{snap['backup-type']}/{snap['backup-id']}", "backup_time": snap["backup-time"],
+                     "time": iso_time(snap["backup-time"]), "size": human_bytes(snap.get("size")),
                      "verify": (snap.get("verification") or {}).get("state", "none"),
                      "protected": 1 if snap.get("protected") else None,
                      "encrypted": 1 if any(f.get("crypt-mode") == "encrypt" for f in files) else None,
                      "comment": snap.get("comment")})
-    return table(["group", "time", "when", "size", "verify", "protected", "encrypted", "comment"], rows, limit=limit)
-
-
-# GET /admin/sync lists pull jobs only unless asked for both directions (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)
-JOB_LIST_PARAMS = {"sync": {"sync-direction": "all"}, "verify": {}, "prune": {}}
+    return table(["group", "backup_time", "time", "size", "verify", "protected", "encrypted", "comment"], rows,
+                 limit=limit)
 
 
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
     """Sync, verify, prune, GC jobs: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
-    for kind, params in JOB_LIST_PARAMS.items():
-        for job in client.get(f"/admin/{kind}", store=store, **params) or []:
+    for kind in JOB_KINDS:
+        for job in jobs_of(client, kind, store):
             rows.append({"kind": kind, "id": job.get("id"), "store": job.get("store"), "schedule": job.get("schedule"),
                          "direction": job.get("sync-direction", "pull") if kind == "sync" else None,
-                         "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
+                         "last_run": iso_time(job.get("last-run-endtime")), "result": job_result(job),
                          "next_run": iso_time(job.get("next-run"))})
-    for job in client.get("/admin/gc", store=store) or []:
-        rows.append({"kind": "gc", "id": job.get("store"), "store": job.get("store"), "schedule": job.get("schedule"),
-                     "last_run": iso_time(job.get("last-run-endtime")), "result": job.get("last-run-state"),
-                     "next_run": iso_time(job.get("next-run"))})
-    return table(["kind", "id", "store", "schedule", "direction", "last_run", "result", "next_run"], rows)
+    note = None
+    if offers(client, "gc-jobs"):
+        for job in client.get("/admin/gc", store=store) or []:
+            run = gc_run(job, True)
+            rows.append({"kind": "gc", "id": job.get("store"), "store": job.get("store"),
+                         "schedule": job.get("schedule"), "last_run": iso_time(run.get("ended")),
+                         "result": run.get("result"), "next_run": iso_time(job.get("next-run"))})
+    else:
+        note = f"{release_name(client)} lists no GC jobs (3.2.0 and later do); pbs_list_datastores shows each " \
+               f"store's last collection."
+    answer = table(["kind", "id", "store", "schedule", "direction", "last_run", "result", "next_run"], rows)
+    return answer | ({"note": note} if note else {})
 
 
 def pbs_list_tasks(host: Host = None, errors: bool = False,
@@ -155,7 +170,7 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
 def pbs_get_task(upid: str, host: Host = None,
                  wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """A PBS task's status, result, last log lines; wait_seconds waits."""
+    """A PBS task's result and last log lines; wait_seconds waits."""
     return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 
@@ -181,7 +196,10 @@ def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, ho
     keeps = (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)
     options = {name.replace("_", "-"): value for name, value in zip(KEEP_OPTIONS, keeps, strict=True) if value}
     params = _group_params(backup_type, backup_id, ns) | options
+    # PBS answers oldest first (the order it deletes in); the lists read newest first
+    # (docs/PROXMOX-BEHAVIOUR.md#prune-and-forget)
     preview = client.request("POST", f"/admin/datastore/{store}/prune", params | {"dry-run": True}) or []
+    preview = sorted(preview, key=lambda p: -p["backup-time"])
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]
     removed = [iso_time(p["backup-time"]) for p in preview if not p.get("keep")]
     result: dict[str, Any] = {"group": f"{backup_type}/{backup_id}", "options": options or "none: keeps everything",
@@ -231,24 +249,79 @@ def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId
 
 def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                  ctx: Context | None = None) -> dict:
-    """Start garbage collection on a datastore."""
+    """Garbage-collect a datastore; answers what it freed."""
     client = pbs_client(host)
     _check_store(client, store)
-    return run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
+    outcome = run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
+    if outcome.get("status") != "stopped":
+        return outcome  # started, or still running at the deadline
+    # the finished run's counters, under its UPID (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
+    counters = client.get(f"/admin/datastore/{store}/gc") or {}
+    if counters.get("upid") != outcome["upid"]:
+        counters = {}
+    return compact({"store": store, "task": outcome["result"], "warnings": outcome.get("warnings"),
+                    "freed": human_bytes(counters.get("removed-bytes")), "removed_chunks": counters.get(
+                        "removed-chunks"), "pending": human_bytes(counters.get("pending-bytes")),
+                    "disk_used": human_bytes(counters.get("disk-bytes")), "upid": outcome["upid"]})
+
+
+VERIFIED = re.compile(r"verify [^:\s]+:(\S+)")  # `verify <store>:<snapshot>`, one per snapshot checked
+
+
+def verify_summary(lines: list[str]) -> dict:
+    """What a verify task did, from its log: snapshots checked, skipped (verified before), and those
+    listed as failed at the end (proxmox-backup src/backup/verify.rs, src/api2/admin/datastore.rs verify;
+    docs/PROXMOX-BEHAVIOUR.md#verify)."""
+    checked, skipped, failed, listing = 0, 0, [], False
+    for line in lines:
+        if line.startswith("SKIPPED: verify "):
+            skipped += 1
+        elif VERIFIED.fullmatch(line):
+            checked += 1
+        elif line.startswith("Failed to verify the following"):
+            listing = True
+        elif listing and line.startswith("\t"):
+            failed.append(line.strip())
+    return {"checked": checked, "failed": failed, "skipped": skipped}
 
 
 def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
                      backup_type: Literal["vm", "ct", "host"] | None = None,
                      backup_id: str | None = None,
                      backup_time: Annotated[int | None, Field(ge=1)] = None,
+                     reverify: Annotated[bool, Field(description="also snapshots verified before")] = True,
                      wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Verify a datastore, a group or a snapshot."""
+    """Verify a datastore, group or snapshot; answers checked, failed, skipped."""
     client = pbs_client(host)
     _check_store(client, store)
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
         raise InvalidArgument("Give backup_type and backup_id together (and backup_time only with them).")
-    params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time}
-    return run_task(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx, f"verify {store}")
+    # PBS skips snapshots verified before (even failed ones) unless ignore-verified is off (verify_filter)
+    params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time,
+              "ignore-verified": not reverify}
+    upid = client.request("POST", f"/admin/datastore/{store}/verify", params)
+    if not wait_seconds:
+        return {"action": f"verify {store}", "status": "started", "upid": upid,
+                "next": "pbs_get_task with this upid and wait_seconds to follow it"}
+    try:
+        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+    except TaskFailed:
+        outcome = {"status": "stopped", "result": "failed"}
+    if outcome["status"] != "stopped":
+        return {"action": f"verify {store}"} | outcome
+    summary = verify_summary([line["t"] for line in client.task_log(upid, limit=0)])
+    if outcome["result"] == "failed" and not summary["failed"]:
+        raise TaskFailed(f"Verification task {upid} failed before checking its snapshots; read its log with "
+                         f"pbs_task_log.")
+    answer = {"store": store, "task": outcome["result"], "checked": summary["checked"],
+              "ok": summary["checked"] - len(summary["failed"]), "failed": summary["failed"],
+              "skipped": summary["skipped"], "upid": upid}
+    if summary["skipped"]:
+        answer["skipped_why"] = "verified before; reverify=true checks them again"
+    if summary["failed"]:
+        answer["next"] = ("The failed snapshots have damaged or missing chunks: do not restore from them; back the "
+                          "guests up again (a new backup re-uploads the missing chunks) and verify again.")
+    return answer
 
 
 def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
@@ -257,7 +330,12 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a sync, verify or prune job now."""
     client = pbs_client(host)
-    jobs = [j.get("id") for j in client.get(f"/admin/{kind}", **JOB_LIST_PARAMS[kind]) or []]
+    jobs = [j.get("id") for j in jobs_of(client, kind)]
     if job_id not in jobs:
         raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
-    return run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
+    outcome = run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
+    if outcome.get("status") != "stopped":
+        return outcome  # started, or still running at the deadline
+    # the job's outcome, not the task's "stopped" (a failed run raises with its log lines)
+    return compact({"job": f"{kind} {job_id}", "task": outcome["result"], "warnings": outcome.get("warnings"),
+                    "upid": outcome["upid"]})

@@ -4,21 +4,23 @@
 anything is sent, and runs the same sequence for both:
 
   1. classify   what the request is: its catalog method, its parameters checked against the
-                schema, its gates (the method's, raised by dangerous arguments, nested calls
-                and the jobs it runs), the guests it names or reaches, the secrets it returns
+                schema, its gates (the method's, raised by dangerous arguments, nested calls,
+                and the job, rule or group it edits or runs as it will be after it), the guests
+                it names or reaches, the secrets it returns; a firewall write of the cluster or a
+                node is refused if it would lock this server out (firewall_guard.py)
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
-  4. confirm    destructive, exec and elevated calls: the user is asked when the client can
-                ask (before the call runs, about the whole plan: see plan_call and plan_steps);
-                confirm=true stands in only for clients that cannot
+  4. confirm    destructive, exec, elevated and unblocked calls: the user is asked when the
+                client can ask (before the call runs, about the whole plan: see plan_call and
+                plan_steps); confirm=true stands in only for clients that cannot
   5. audit      one line before sending (if it cannot be written, nothing is sent), one after
   6. send       and mask the secrets the answer carries; a write gets a receipt (receipts.py: the
                 state before and after, a safety snapshot first where one is due)
 
 Refusals raise PolicyError (ConfirmationNeeded when only the user's yes is missing); nothing is
-sent then. Which guests a request reaches is protection.py; masking is masking.py; the
-hash-chained audit file is audit.py.
+sent then. Which guests a request reaches is protection.py; what a job, rule or group edit will
+do is job_edits.py; masking is masking.py; the hash-chained audit file is audit.py.
 
 The gates themselves, and which a call needs, are gates.py.
 """
@@ -37,11 +39,13 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import catalog
+import firewall_guard
+import job_edits
 import protection
 import receipts
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
-                   call_gate, call_gates, combine, deleting, method_gate)
+                   call_gate, call_gates, combine, deleting, inside_guest, method_gate)
 from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
                      register_secret)
 from protection import Protected, Scope, load_protected, named_guests, truthy  # noqa: F401 (re-exported)
@@ -58,15 +62,16 @@ class DryRun(Exception):
         self.summary = summary  # a declared plan's steps in words (plan_steps)
 
 
-# Reads that follow a confirmed call (judged, but neither confirmed nor audited again): (template regex, why).
-FOLLOW_UPS = {r".*/agent/exec-status": "reads the output of an exec the user confirmed"}
+# Reads that follow a confirmed call in the same tool call (judged, but neither confirmed nor audited
+# again): the follow-up's template regex -> the confirmed call's template regex. Only a read of the
+# very exec the user said yes to (same host, same guest, its pid) is a follow-up; any other is exec.
+FOLLOW_UPS = {r".*/agent/exec-status": r".*/agent/exec"}
 
-# Jobs whose effect is in their stored configuration: a run (or an edit) is judged with it.
-# (method, template) -> the job's configuration path; `{id}` is filled from the request.
-JOB_CONFIG = {("POST", "/admin/sync/{id}/run"): "/config/sync/{id}",
-              ("PUT", "/cluster/backup/{id}"): "/cluster/backup/{id}",
-              ("DELETE", "/cluster/backup/{id}"): "/cluster/backup/{id}"}
 EXECUTE = "/nodes/{node}/execute"
+# Files a host serves beside its API, fetched through the same admission step as a plain read:
+# (product, path) -> what it is.
+DOCUMENTS = {("pve", "/pve-docs/api-viewer/apidoc.js"): "the host's API viewer (method descriptions)",
+             ("pbs", "/docs/api-viewer/apidoc.js"): "the host's API viewer (method descriptions)"}
 DELETES_BACKUPS = r"/admin/datastore/\{store\}/prune(-datastore)?|/admin/prune/\{id\}/run"  # by what they are
 
 
@@ -116,6 +121,7 @@ class Settings:
     audit_path: Path | None = None
     receipts: receipts.Keeping = field(default_factory=receipts.Keeping)  # beside the audit log
     exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
+    source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
 
 SETTINGS = Settings()
@@ -167,6 +173,9 @@ class Decision:
     reasons: list[str] = field(default_factory=list)
     guests: list[int] = field(default_factory=list)  # named or reached: protection, exec allow-list
     scope: Scope = field(default_factory=Scope)  # guests reached without being listed
+    # protected guests a job, rule or group edit changes without naming them, and how (job_edits);
+    # None when the request edits no such object
+    changed: dict[int, str] | None = None
     entry: dict | None = None  # the catalog method (privileges)
     secrets: tuple[str, ...] = ()  # properties of the answer that are masked (nested calls' too)
     path_params: dict[str, str] = field(default_factory=dict)
@@ -179,13 +188,17 @@ class Decision:
         return self.gates[-1]
 
     @property
-    def follow_up(self) -> bool:
-        return self.method == "GET" and any(re.fullmatch(p, self.template) for p in FOLLOW_UPS)
-
-    @property
     def confirm(self) -> bool:
-        """Destructive, exec and elevated calls need the user's yes."""
-        return bool(set(self.gates) & set(CONFIRMED)) and not self.follow_up
+        """Destructive, exec, elevated and unblocked calls need the user's yes."""
+        return bool(set(self.gates) & set(CONFIRMED))
+
+
+def document_decision(product: str, path: str) -> Decision:
+    """A file the host serves beside its API (DOCUMENTS) as a read Decision; any other is refused."""
+    why = DOCUMENTS.get((product, path))
+    if why is None:
+        raise PolicyError(f"{path} is not a file this server reads from a {product.upper()} host.")
+    return Decision("GET", path, {}, "", ("read",), [why])
 
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
@@ -210,50 +223,42 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
     entry = entries[method]
     gates, reasons = call_gates(host.product, method, template, params)
+    judged_by_job = job_edits.operation(host.product, method, template)  # its selection is judged there
+    named = {k: v for k, v in params.items() if not (judged_by_job and k in judged_by_job[0].selection)}
     decision = Decision(method, clean, params, template, gates, reasons,
-                        sorted(named_guests(host.product, template, path_params, params, entry)), entry=entry,
+                        sorted(named_guests(host.product, template, path_params, named, entry)), entry=entry,
                         secrets=tuple(entry.get("secrets", ())), path_params=path_params)
     decision.errors = catalog.check_params(entry, params, path_params=path_params, product=host.product)
     deletes = bool(deleting(entry, params)) or bool(re.fullmatch(DELETES_BACKUPS, template))
     decision.scope = protection.bulk_scope(template, params, deletes)
-    if re.fullmatch(protection.BACKUP_SELECTION, template):
-        decision.guests = sorted(set(decision.guests) | protection.selection_scope(params, decision.scope))
-    if (method, template) in JOB_CONFIG:  # read the job only for a valid call whose own gates are open
+    if judged_by_job:  # read the stored object only for a valid call whose own gates are open
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
-        _judge_with_job(host, decision, path_params, read)
+        _judge_as_after(host, decision, read)
+    if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
+        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
+        firewall_guard.check(host, decision, read, SETTINGS.source_address)
+        protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+        decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
-        _merge_nested(host, decision, path_params["node"], params.get("commands"))
+        _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
     return decision
 
 
-def _judge_with_job(host: Any, decision: Decision, path_params: dict[str, str],
-                    read: Callable[[str], Any] | None) -> None:
-    """A job edit or run judged with the job as stored: a backup job's guests before and after the
-    edit; a sync job run that removes vanished backups deletes them."""
-    config_path = re.sub(r"\{([\w-]+)\}", lambda m: path_params[m.group(1)],
-                         JOB_CONFIG[(decision.method, decision.template)])
-    try:
-        stored = read(config_path) if read else None
-    except ToolFailure as exc:
-        raise PolicyError(f"{decision.method} {decision.path} depends on the job {config_path}, which could not "
-                          f"be read ({exc}); nothing was sent.") from None
-    stored = stored if isinstance(stored, dict) else {}
-    decision.basis = stored  # the user's yes is for the job as it was read
-    if decision.template == "/cluster/backup/{id}":
-        listed = protection.selection_scope(stored, decision.scope)
-        if not (stored.get("vmid") or stored.get("pool") or truthy(stored.get("all", "0"))):
-            decision.scope.bulk = "edits a backup job whose guests could not be read"
-        decision.guests = sorted(set(decision.guests) | listed)
-        return
-    reasons = deleting(catalog.entry_for(host.product, "PUT", config_path.rsplit("/", 1)[0] + "/{id}") or {}, stored)
-    if reasons:
-        decision.gates = combine(set(decision.gates) | {"destructive"})
-        decision.reasons += [f"the job's {r}" for r in reasons]
-        decision.scope.bulk = "removes backups of every group the sync covers"
+def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
+    """A job, rule or group created, edited, deleted or run (and a one-shot vzdump) is judged as the
+    object will be after the request (job_edits): the deletion it adds, the protected guests it changes."""
+    protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+    verdict = job_edits.judge(host.product, decision.method, decision.template, decision.path_params,
+                              decision.params, read, protected, f"{decision.method} {decision.path}")
+    decision.gates = combine(set(decision.gates) | verdict.gates)
+    decision.reasons += verdict.reasons
+    decision.scope.bulk = decision.scope.bulk or verdict.whole_scope
+    decision.changed = verdict.changed
+    decision.basis = verdict.before  # the user's yes is for the object as it was read
 
 
-def _merge_nested(host: Any, decision: Decision, node: str, commands: Any) -> None:
+def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read: Callable[[str], Any] | None) -> None:
     """POST /nodes/{node}/execute runs each command as an API call on that node
     (docs/PROXMOX-BEHAVIOUR.md#nested-execute): each is classified, and the batch needs all their gates."""
     batch = catalog.command_batch(commands) if isinstance(commands, str) else None
@@ -262,14 +267,15 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any) -> No
                           "nothing was sent.")
     for command in batch:
         inner = classify(host, command["method"], f"/nodes/{node}/{command['path'].lstrip('/')}",
-                         command.get("args") or {})
+                         command.get("args") or {}, read)
         _refuse_invalid(inner)
         decision.gates = combine(set(decision.gates) | set(inner.gates))
         decision.reasons += [f"{inner.method} {inner.path}: {r}" for r in inner.reasons]
         decision.guests = sorted(set(decision.guests) | set(inner.guests))
         decision.secrets += tuple(s for s in inner.secrets if s not in decision.secrets)  # each answer is returned
         decision.scope.bulk = decision.scope.bulk or inner.scope.bulk
-        decision.scope.all_except += inner.scope.all_except
+        if inner.changed is not None:
+            decision.changed = (decision.changed or {}) | inner.changed
 
 
 # ================================================================ 2. judge
@@ -341,7 +347,7 @@ def check_protected(host: Any, decision: Decision) -> None:
     if host.product == "pbs" and not guarded_on_pbs(decision):
         return  # on PBS only what can cost a guest its backups is guarded
     protected, scope = SETTINGS.protected, decision.scope
-    if protected.error and (decision.guests or scope.bulk or scope.all_except):
+    if protected.error and (decision.guests or scope.bulk or decision.changed is not None):
         raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "
                           f"request that changes a guest is refused. Fix the file and restart.")
     for vmid in decision.guests:
@@ -350,20 +356,26 @@ def check_protected(host: Any, decision: Decision) -> None:
             name = f" ({entry['name']})" if entry.get("name") else ""
             raise PolicyError(f"Guest {vmid}{name} is protected on host '{host.label}': "
                               f"{entry.get('reason', 'no reason given')}. This request is refused.")
-    for excluded in scope.all_except:
-        left = [e for e in protected.for_host(host.label, host.product) if e["vmid"] not in excluded]
-        if left:
-            raise PolicyError(f"{decision.method} {decision.path} selects all guests (all=1), which includes "
-                              f"protected guest {left[0]['vmid']} on host '{host.label}'. Add it to exclude.")
+    for vmid, how in (decision.changed or {}).items():
+        entry = protected.find(host.label, vmid, host.product) or {}
+        name = f" ({entry['name']})" if entry.get("name") else ""
+        raise PolicyError(f"{decision.method} {decision.path} changes protected guest {vmid}{name} without naming "
+                          f"it: {how}. Host '{host.label}' protects it: {entry.get('reason', 'no reason given')}. "
+                          f"This request is refused{BACKUP_HINT if 'back' in how else ''}.")
     if scope.bulk and protected.for_host(host.label, host.product):
         raise PolicyError(f"{decision.method} {decision.path} {scope.bulk}, and host '{host.label}' has protected "
                           f"guests. List the guests explicitly, leaving out the protected ones.")
 
 
+BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remove=0 (a VM, or a container whose "
+               "volumes can snapshot), which changes nothing on it")
+
+
 def _check_exec_allowed(decision: Decision) -> None:
-    """PROXMOX_EXEC_ALLOWED_VMIDS: exec and guest file access reach only the listed guests."""
+    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access and the unblocked methods that act inside a
+    guest (gates.INSIDE_GUEST) reach only the listed guests."""
     allowed = SETTINGS.exec_allowed_vmids
-    if allowed is None or "exec" not in decision.gates:
+    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)):
         return
     for vmid in decision.guests:
         if vmid not in allowed:
@@ -386,16 +398,38 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     except PolicyError as exc:
         audit(host, method, path, params, "refused", error=str(exc))
         raise
-    if decision.gates == ("read",) or decision.follow_up:
+    if decision.gates == ("read",) or follows_confirmed(host, decision):
         return mask_answer(send(decision), decision.secrets)
     if current_call().get("planning"):  # the plan the user is asked about: nothing is sent
         raise DryRun({}, [(host, decision)])
     audited = _audited(decision)
-    if current_call().get("dry_run") or SETTINGS.dry_run:
+    # a dry run holds back what changes something or needs the user's yes; a sensitive read changes
+    # nothing (and the preview of a dry run reads the current state that way)
+    if (current_call().get("dry_run") or SETTINGS.dry_run) and (decision.method != "GET" or decision.confirm):
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])
-    return _send_audited(host, decision, audited, send, client)
+    result = _send_audited(host, decision, audited, send, client)
+    if decision.confirm and CALL.get() is not None:  # what a follow-up in this call may read
+        confirmed = (host.product, host.label, decision.path, (result or {}).get("pid") if isinstance(result, dict)
+                     else None)
+        current_call().setdefault("confirmed", []).append(confirmed)
+    return result
+
+
+def follows_confirmed(host: Any, decision: Decision) -> bool:
+    """A read that follows a call the user confirmed in this same tool call (FOLLOW_UPS): the output
+    of that exec, on the same host and guest, by its pid."""
+    if decision.method != "GET":
+        return False
+    for pattern, confirmed_pattern in FOLLOW_UPS.items():
+        if not re.fullmatch(pattern, decision.template):
+            continue
+        guest = decision.path.rsplit("/agent/", 1)[0]
+        return any(product == host.product and label == host.label and re.fullmatch(confirmed_pattern, path)
+                   and path.rsplit("/agent/", 1)[0] == guest and str(pid) == str(decision.params.get("pid"))
+                   for product, label, path, pid in current_call().get("confirmed", []))
+    return False
 
 
 def _audited(decision: Decision) -> dict[str, Any]:
@@ -449,7 +483,7 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
         except PolicyError as exc:
             audit(host, method, path, params, "refused", error=str(exc))
             raise
-    writes = [d for d in decisions if d.gates != ("read",) and not d.follow_up]
+    writes = [d for d in decisions if d.gates != ("read",)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
     if current_call().get("dry_run") or SETTINGS.dry_run:
@@ -562,6 +596,7 @@ ROLE_FOR_PRIVILEGE = {
     "Datastore.AllocateSpace": "PVEDatastoreUser", "Datastore.Allocate": "PVEDatastoreAdmin",
     "Datastore.AllocateTemplate": "PVEDatastoreAdmin", "Sys.Modify": "Administrator",
     "Sys.PowerMgmt": "Administrator", "Sys.Console": "PVESysAdmin", "SDN.Use": "PVESDNUser",
+    "Sys.AccessNetwork": "Administrator",
 }
 
 
@@ -572,12 +607,21 @@ PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
 
 # (product, label) -> major version, from GET /version when the privileges are read
 VERSIONS: dict[tuple[str, str], int] = {}
+# (product, label) -> (major, minor), read at the same time, for methods newer than a major release
+RELEASES: dict[tuple[str, str], tuple[int, int]] = {}
 
 
 def set_version(host: Any, version: str) -> None:
-    match = re.match(r"(\d+)\.", str(version))
+    match = re.match(r"(\d+)\.(\d+)", str(version))
     if match:
         VERSIONS[(host.product, host.label)] = int(match.group(1))
+        RELEASES[(host.product, host.label)] = (int(match.group(1)), int(match.group(2)))
+
+
+def version_at_least(host: Any, release: tuple[int, int]) -> bool | None:
+    """Whether the host runs `release` (major, minor) or later; None when its version is not known."""
+    known = RELEASES.get((host.product, host.label))
+    return None if known is None else known >= release
 
 
 def version_privileges(host: Any, privileges: list[str] | tuple[str, ...]) -> list[str]:
@@ -624,24 +668,43 @@ def holds_anywhere(host: Any, privilege: str) -> bool:
 
 def _check_privileges(host: Any, entry: dict, values: dict[str, str]) -> None:
     check = entry.get("check")
-    if not check or host.product != "pve" or check[0] != "perm":
-        return  # only plain privilege checks are decided here; Proxmox decides the rest
+    if not check or host.product != "pve":
+        return  # only privilege checks are decided here; Proxmox decides the rest
     if entry["method"] != "GET" and getattr(host, "write_token_id", None):
         return  # writes go with the write token, whose privileges were not read
+    missing = _missing(host, check, values)
+    if missing:
+        acl_path, lacking = missing
+        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
+                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
+                          + grant_hint(host, lacking, acl_path))
+
+
+def _missing(host: Any, check: list, values: dict[str, str]) -> tuple[str, str] | None:
+    """(ACL path, privileges) a schema permission check finds missing, or None: `perm` checks,
+    and `and`/`or` of them as PVE evaluates them (e.g. oci-registry-pull needs
+    Datastore.AllocateTemplate on the storage and Sys.AccessNetwork on the node); other kinds
+    are left to Proxmox."""
+    if check[0] in ("and", "or"):
+        found = [_missing(host, sub, values) for sub in check[1:] if isinstance(sub, list)]
+        failed = [f for f in found if f]
+        if check[0] == "and":
+            return failed[0] if failed else None
+        return failed[0] if found and len(failed) == len(found) else None
+    if check[0] != "perm":
+        return None
     acl_path = re.sub(r"\{([\w-]+)\}", lambda m: values.get(m.group(1), m.group(0)), check[1])
     if "{" in acl_path:
-        return
+        return None
     privileges = version_privileges(host, check[2])
     verdicts = [holds(host, p, acl_path) for p in privileges]
     if "any" in check[3:]:
         missing = all(v is False for v in verdicts)
     else:
         missing = any(v is False for v in verdicts)
-    if missing:
-        lacking = "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
-        raise PolicyError(f"The token {host.token_id} lacks {lacking} on {acl_path}, which "
-                          f"{entry['method']} {entry['path']} needs; nothing was sent. "
-                          + grant_hint(host, lacking, acl_path))
+    if not missing:
+        return None
+    return acl_path, "|".join(p for p, v in zip(privileges, verdicts, strict=True) if v is False)
 
 
 # PBS: the least built-in role with each privilege (proxmox-backup pbs-api-types/src/acl.rs).

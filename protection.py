@@ -8,7 +8,8 @@ An unreadable list fails closed: every request that changes a guest is refused.
 `named_guests` finds a guest wherever a request names it (path, vmid parameters and lists,
 disk and backup volume ids, HA resource ids and lists, replication ids, PBS backup groups);
 `bulk_scope` says when a request acts on guests it does not list. The policy refuses both
-for protected guests (policy.check_protected).
+for protected guests (policy.check_protected); what a backup job, HA rule or group edit does to
+them is job_edits.py.
 """
 from __future__ import annotations
 
@@ -161,7 +162,6 @@ BULK: list[tuple[str, str | None, str]] = [
     (r"/admin/datastore/\{store\}(/.*)?|/config/datastore(/\{name\})?|/pull|/push"
      r"|/(config|admin)/(sync|prune)(/\{id\}(/run)?)?", "backup-id", "deletes"),
 ]
-BACKUP_SELECTION = r"/nodes/\{node\}/vzdump|/cluster/backup(/\{id\})?"
 
 
 def truthy(value: Any) -> bool:
@@ -171,24 +171,8 @@ def truthy(value: Any) -> bool:
 
 @dataclass
 class Scope:
-    """The guests a request reaches without listing them: why (None: it lists them all), and the
-    exclude sets of `all=1` selections (every guest but these)."""
+    """The guests a request reaches without listing them: why (None: it lists them all)."""
     bulk: str | None = None
-    all_except: list[set[int]] = field(default_factory=list)
-
-
-def selection_scope(config: dict[str, Any], scope: Scope) -> set[int]:
-    """A backup job's or vzdump's selection (pool, else vmid, else all; an `exclude` without a pool
-    means all): the vmids it lists; `all` and `pool` go into `scope`
-    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
-    if config.get("pool"):
-        scope.bulk = "selects guests by pool, which cannot be checked before sending"
-        return set()
-    if config.get("vmid"):
-        return set(numbers(config["vmid"]))
-    if truthy(config.get("all", "0")) or config.get("exclude"):
-        scope.all_except.append(set(numbers(config.get("exclude", ""))))
-    return set()
 
 
 def bulk_scope(template: str, params: dict[str, Any], deletes: bool) -> Scope:

@@ -8,14 +8,17 @@ are waited for here too (`wait_task`), and answered as the tools answer them (`r
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
+import os
 import re
 import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import quote, urlsplit
 
@@ -69,6 +72,10 @@ CONNECT_CAUSES = (
      "the name does not resolve (DNS)"),
 )
 SLOW_CONNECT_FAILURE = 1.0  # seconds: a connect failure this slow is not tried again within the connect timeout
+# Reads that do not depend on each other go side by side: at most this many nodes (or storages) at
+# once, each node's own reads together (in_parallel); the connections kept per host cover that.
+AT_ONCE = 8
+POOL_SIZE = 48  # urllib3's default keeps 10 and opens (and then drops) a new TLS connection beyond them
 
 @dataclass
 class HostConfig:
@@ -81,6 +88,8 @@ class HostConfig:
     password: str | None = field(default=None, repr=False)
     write_token_id: str | None = None
     write_token_secret: str | None = field(default=None, repr=False)
+    token_variable: str = ""  # where each token came from (..._TOKEN or ..._TOKEN_FILE), for errors that name it
+    write_token_variable: str = ""
     verify_tls: bool = True
     ca_file: str | None = None
     fingerprint: str | None = None  # SHA-256, hex without colons, lower case
@@ -108,11 +117,86 @@ def _pinned_adapter(fingerprint: str) -> Any:
         def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
             kwargs["assert_fingerprint"] = fingerprint
             super().init_poolmanager(*args, **kwargs)
-    return PinnedAdapter()
+    return PinnedAdapter(pool_maxsize=POOL_SIZE)
 
 
-def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
-    """The SHA-256 fingerprint of the certificate a server offers, or None if unreachable."""
+def in_parallel(calls: list[Callable[[], Any]], limit: int = AT_ONCE) -> list[Any]:
+    """Run independent reads side by side, at most `limit` at once, on threads kept for the next
+    time (starting 40 threads per call cost more than the reads on a busy machine), each in a copy
+    of the caller's context (the policy's call state). The results come in the order of `calls`; a
+    call that failed with a ToolFailure leaves that exception in its place (anything else raises).
+    Called from inside such a read, the calls run one after another: a worker never waits for
+    workers, so the shared threads cannot all end up waiting."""
+    if len(calls) < 2 or limit < 2 or getattr(_worker_state, "busy", False):
+        return [_outcome(call) for call in calls]
+    from concurrent.futures import FIRST_COMPLETED, wait
+    pool, results = _executor(), [None] * len(calls)
+    waiting = iter(enumerate(calls))
+    running: dict[Any, int] = {}
+
+    def start_next() -> None:
+        for index, call in waiting:
+            running[pool.submit(_in_worker, contextvars.copy_context(), call)] = index
+            return
+    for _ in range(min(limit, len(calls))):
+        start_next()
+    while running:
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            results[running.pop(future)] = future.result()
+            start_next()
+    return results
+
+
+POOL_THREADS = 64  # shared by every tool call: also the bound on reads in flight from this server
+_worker_state = threading.local()
+_pool: list[Any] = []
+_pool_lock = threading.Lock()
+
+
+def _executor() -> Any:
+    with _pool_lock:
+        if not _pool:
+            from concurrent.futures import ThreadPoolExecutor
+            _pool.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="read"))
+        return _pool[0]
+
+
+def _in_worker(context: contextvars.Context, call: Callable[[], Any]) -> Any:
+    _worker_state.busy = True
+    try:
+        return context.run(_outcome, call)
+    finally:
+        _worker_state.busy = False
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ToolFailure as exc:
+        return exc
+
+
+def _ca_adapter() -> Any:
+    """A requests transport that verifies against a CA file (given per request as `verify`) with
+    Python's checks minus one: Python 3.13 and urllib3 2.3+ set VERIFY_X509_STRICT, which refuses a CA
+    without the keyUsage extension, as pve-cluster made them before 9.1.2 (every cluster set up
+    earlier keeps one). Only that flag is dropped: the chain, the dates and the host name are checked
+    (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.ssl_ import create_urllib3_context
+
+    class ClusterCAAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            context = create_urllib3_context()
+            context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+            kwargs["ssl_context"] = context
+            super().init_poolmanager(*args, **kwargs)
+    return ClusterCAAdapter()
+
+
+def offered_certificate(url: str, timeout: float = 3.0) -> bytes | None:
+    """The certificate (DER) a server offers, unverified, or None if unreachable."""
     parts = urlsplit(url)
     context = ssl.create_default_context()
     context.check_hostname = False
@@ -120,11 +204,59 @@ def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
     try:
         with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as sock:
             with context.wrap_socket(sock, server_hostname=parts.hostname) as tls:
-                der = tls.getpeercert(binary_form=True)
+                return tls.getpeercert(binary_form=True)
     except OSError:
+        return None
+
+
+def server_fingerprint(url: str, timeout: float = 3.0) -> str | None:
+    """The SHA-256 fingerprint of the certificate a server offers, or None if unreachable."""
+    der = offered_certificate(url, timeout)
+    if der is None:
         return None
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+def certificate_expiry(url: str, timeout: float = 3.0) -> float | None:
+    """When the certificate a server offers expires (epoch), or None if unreachable."""
+    der = offered_certificate(url, timeout)
+    if der is None:
+        return None
+    from cryptography import x509  # installed with paramiko, a runtime dependency
+    return x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+
+
+CERT_WARN_DAYS = 30  # --check warns this close to the end: ACME certificates are renewed then, PVE's own at 14
+
+
+def certificate_line(host: HostConfig) -> str | None:
+    """What --check says about the certificate a host offers: when it expires, and within 30 days a
+    warning that it will be (or should have been) renewed, which changes a pinned fingerprint
+    (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal). None when it cannot be read (plain HTTP, down)."""
+    expires = certificate_expiry(host.url) if host.url.startswith("https://") else None
+    if expires is None:
+        return None
+    days = int((expires - time.time()) // 86400)
+    when = f"expires {iso_time(expires)[:10]} (in {days} days)"
+    if days >= CERT_WARN_DAYS:
+        return f"certificate: {when}"
+    renewal, command, ca_file = RENEWAL[host.product]
+    var = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+    pinned = (f" {var}_FINGERPRINT pins this certificate: after the renewal pin the new one (see {command})"
+              + (f", or trust the cluster CA with {var}_CA_FILE ({ca_file})" if ca_file else "") + "."
+              ) if host.fingerprint else ""
+    return f"warning: the certificate {when}. {renewal}; if that did not happen, renew it by hand.{pinned}"
+
+
+# Why a pinned certificate changes, by product (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal): the command that
+# shows a node's fingerprints, and whether a cluster CA can be trusted instead of the leaf.
+RENEWAL = {
+    "pve": ("PVE renews a node's own certificate by itself 14 days before it expires (pveupdate; ACME ones 30 "
+            "days before)", "`pvenode cert info` on the node", "/etc/pve/pve-root-ca.pem"),
+    "pbs": ("PBS renews an ACME certificate 30 days before it expires (its own self-signed one lasts 1000 years)",
+            "`proxmox-backup-manager cert info` on the server", None),
+}
 
 
 # ---------------------------------------------------------------- UPIDs
@@ -146,6 +278,9 @@ def never_connected(exc: Exception) -> bool:
     return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
 
 
+ALL_LOG_LINES = 1_000_000  # "all lines" for PVE's task log, on every version
+
+
 def parse_upid(upid: str, product: str = "pve") -> dict:
     """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
     counter before starttime and systemd-escapes the worker id."""
@@ -155,6 +290,15 @@ def parse_upid(upid: str, product: str = "pve") -> dict:
     worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
     return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
             "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
+
+
+def parse_release(answer: dict) -> tuple[int, ...] | None:
+    """GET /version as numbers: PVE's `version` is the full one (9.2.1; 7.x wrote 7.4-3), PBS's is
+    major.minor with the patch number in `release` (proxmox-backup src/api2/version.rs)."""
+    numbers = [int(n) for n in re.findall(r"\d+", str(answer.get("version") or "").split("-")[0])]
+    if len(numbers) == 2 and str(answer.get("release", "")).isdigit():
+        numbers.append(int(answer["release"]))
+    return tuple(numbers) or None
 
 
 PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)\s*%")
@@ -197,11 +341,18 @@ def encode_params(params: dict[str, Any] | None) -> dict[str, Any]:
 class ProxmoxClient:
     def __init__(self, host: HostConfig):
         import requests
+        from requests.adapters import HTTPAdapter
         self.host = host
         self.product = PRODUCTS[host.product]
         self.base = host.url.rstrip("/") + "/api2/json"
+        # One session per host, shared by the reads that run side by side (in_parallel): each request
+        # passes its own headers, timeouts and TLS setting, Proxmox sets no cookies on API answers, and
+        # urllib3's connection pool is thread-safe (docs/BENCHMARKS.md#reading-nodes-side-by-side).
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "proxmox-mcp"
+        for scheme in ("https://", "http://"):
+            self.session.mount(scheme, HTTPAdapter(pool_maxsize=POOL_SIZE))
+        self._envelope = threading.local()  # the last answer's `total` in this thread (get_counted)
         self._permissions_lock = threading.Lock()
         self._ticket: tuple[str, str, float] | None = None  # (ticket, CSRF token, when it was issued)
         self._login_lock = threading.Lock()
@@ -209,12 +360,16 @@ class ProxmoxClient:
         self._kept: dict[str, tuple[float, Any, bool]] = {}  # reads kept a few seconds (see `cached`)
         self._kept_lock = threading.Lock()
         self._slow_failure: tuple[float, ProxmoxError] | None = None  # (when, error) of the last slow connect failure
+        self._release: tuple[int, ...] | None = None  # the product's version as numbers, read once (release())
+        self._release_read = False
+        self._release_lock = threading.Lock()
         # Passed on every request: a session-level value loses to REQUESTS_CA_BUNDLE in the environment.
         self.verify: bool | str = host.verify_tls
         if host.fingerprint:
             self.session.mount(host.url, _pinned_adapter(host.fingerprint))
             self.verify = False  # the pin replaces CA verification; urllib3 still checks the fingerprint
         elif host.ca_file:
+            self.session.mount(host.url, _ca_adapter())
             self.verify = host.ca_file
 
     def _auth_headers(self, method: str, renew: bool = False, ticket: bool = False) -> dict[str, str]:
@@ -244,8 +399,8 @@ class ProxmoxClient:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
                     timeout=(host.connect_timeout, host.read_timeout), verify=self.verify, allow_redirects=False)
-            except requests.exceptions.SSLError:
-                raise self._tls_error() from None
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
             except requests.exceptions.RequestException as exc:
                 raise self._connection_error(exc) from None
             self._refuse_redirect(response)
@@ -328,18 +483,27 @@ class ProxmoxClient:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
                 if self.host.product == "pve":
-                    self._read_version()
+                    self.release()
                 policy.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
 
-    def _read_version(self) -> None:
-        """The PVE version, which agent privileges depend on (policy.version_privileges); without it
-        the current version's privileges are assumed."""
-        try:
-            policy.set_version(self.host, (self._send("GET", "/version", {}, timeout=5) or {}).get("version"))
-        except ProxmoxError as exc:
-            log.info("could not read the version of %s: %s", self.host.label, exc)
+    def release(self) -> tuple[int, ...] | None:
+        """The product's version as numbers, read once: PVE 9.2.1 is (9, 2, 1), PBS 3.2.7 (`version` 3.2,
+        `release` 7) is (3, 2, 7). PVE's agent privileges depend on it (policy.version_privileges), and
+        what older Backup Servers offer (pbs_tools.SINCE). None when it cannot be read: callers then
+        assume the current release."""
+        with self._release_lock:
+            if not self._release_read:
+                self._release_read = True
+                try:
+                    answer = self._send("GET", "/version", {}, timeout=5) or {}
+                except ProxmoxError as exc:
+                    log.info("could not read the version of %s: %s", self.host.label, exc)
+                    return None
+                self._release = parse_release(answer)
+                policy.set_version(self.host, answer.get("version"))
+        return self._release
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         import requests
@@ -369,8 +533,8 @@ class ProxmoxClient:
                     use_ticket = True  # an endpoint Proxmox refuses to tokens: the password login instead
                     continue
                 break
-            except requests.exceptions.SSLError:
-                raise self._tls_error() from None
+            except requests.exceptions.SSLError as exc:
+                raise self._tls_error(exc) from None
             except requests.exceptions.ConnectionError as exc:
                 if attempt + 1 < attempts and not never_connected(exc):
                     time.sleep(0.2 * (attempt + 1))  # retry an idempotent GET after a dropped connection
@@ -387,14 +551,61 @@ class ProxmoxClient:
         self._refuse_redirect(response)
         if response.status_code >= 400:
             raise self._http_error(method, path, response)
+        return self._data(method, path, response)
+
+    def _data(self, method: str, path: str, response: requests.Response) -> Any:
+        """The `data` of a JSON answer; of a file download (file-restore, pxar) only its size: its
+        bytes never go into an answer (write_restore_file saves them)."""
+        if response.headers.get("Content-Type", "").startswith("application/octet-stream"):
+            return {"download": f"a file of {len(response.content)} bytes, not shown",
+                    "next": "write_restore_file saves files from backups"}
         try:
-            return response.json().get("data")
+            body = response.json()
+            self._envelope.total = body.get("total")
+            return body.get("data")
         except ValueError:
             raise ProxmoxError(f"Host '{self.host.label}' sent a non-JSON answer to {method} {path}; "
                                f"is {self.host.url} really {self.product.name}?") from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
+
+    def download(self, path: str, params: dict[str, Any], destination: Path, max_bytes: int,
+                 also: tuple[str, str] | None = None) -> int:
+        """A file Proxmox streams instead of JSON (file-restore, pxar downloads), admitted like any
+        request, written to `destination` (which must not exist) and never beyond `max_bytes`;
+        the byte count. `also` (gate, why) raises the call's gates: saving to disk is the tool's
+        own act."""
+        params = encode_params(params)
+        self.ensure_permissions()
+        decision = policy.classify(self.host, "GET", path, params, self.get)
+        if also:
+            decision.gates = policy.combine(set(decision.gates) | {also[0]})
+            decision.reasons.append(also[1])
+        return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
+                            read=self.get, plan=self._dry_run_plan, decision=decision)
+
+    def _stream(self, decision: policy.Decision, destination: Path, max_bytes: int) -> int:
+        import requests
+        url = self.base + quote(decision.path, safe="/:@!=,")
+        try:
+            response = self.session.get(url, params=decision.params, headers=self._auth_headers("GET"),
+                                        timeout=(self.host.connect_timeout, self.host.read_timeout),
+                                        verify=self.verify, allow_redirects=False, stream=True)
+        except requests.exceptions.SSLError:
+            raise self._tls_error() from None
+        except requests.exceptions.RequestException as exc:
+            raise self._connection_error(exc) from None
+        with response:
+            self._refuse_redirect(response)
+            if response.status_code >= 400:
+                raise self._http_error("GET", decision.path, response)
+            return _save(response, destination, max_bytes, f"{decision.path} on host '{self.host.label}'")
+
+    def get_counted(self, path: str, **params: Any) -> tuple[Any, int | None]:
+        """A GET and the `total` its answer's envelope carries (logs count every line, shown or not)."""
+        self._envelope.total = None
+        return self.get(path, **params), self._envelope.total
 
     def cached(self, key: str, read: Callable[[], Any], ttl: float, *, fresh: bool = False,
                until_write: bool = False) -> Any:
@@ -443,20 +654,31 @@ class ProxmoxClient:
         raise ProxmoxError(f"Host '{self.host.label}' ({self.host.url}) answered with a redirect to "
                            f"{location[:200]!r}; set the URL of the Proxmox API itself.")
 
-    def _tls_error(self) -> ProxmoxError:
-        label = self.host.label.upper()
-        prefix = "PROXMOX" if self.host.product == "pve" else "PBS"
+    def _tls_error(self, exc: Exception) -> ProxmoxError:
+        """Why the certificate was refused and what to do: a pin that no longer matches is most
+        likely a renewed certificate (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
+        var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}"
         offered = server_fingerprint(self.host.url)
         seen = f" The server offers SHA-256 {offered}." if offered else ""
+        renewal, command, ca_file = RENEWAL[self.host.product]
         if self.host.fingerprint:
+            instead = (f" To stop re-pinning, trust the cluster CA instead: {var}_CA_FILE=<a copy of {ca_file}> "
+                       f"(it stays the same when node certificates renew).") if ca_file else ""
             return ProxmoxError(
                 f"TLS certificate of host '{self.host.label}' does not match the pinned fingerprint "
-                f"({prefix}_{label}_FINGERPRINT).{seen} If the certificate was renewed on purpose, "
-                f"pin the new fingerprint; otherwise someone may be intercepting the connection.")
+                f"({var}_FINGERPRINT).{seen} Most likely the certificate was renewed: {renewal}. Compare "
+                f"the offered fingerprint with {command}; if they match, set {var}_FINGERPRINT=<that value>."
+                f"{instead} If they do not match, someone may be intercepting the connection: do not pin it.")
+        reason = re.search(r"certificate verify failed: ([^(]+)", str(exc))
+        why = f" ({reason.group(1).strip()})" if reason else ""
+        if self.host.ca_file:
+            return ProxmoxError(
+                f"TLS certificate of host '{self.host.label}' does not verify against the CA in "
+                f"{self.host.ca_file} ({var}_CA_FILE){why}.{seen} Check that the file is the CA that signed "
+                f"this node's certificate and that {self.host.url} uses a name the certificate carries.")
         return ProxmoxError(
-            f"TLS certificate of host '{self.host.label}' could not be verified (self-signed?).{seen} "
-            f"Pin it with {prefix}_{label}_FINGERPRINT=<that value>, or give the cluster CA in "
-            f"{prefix}_{label}_CA_FILE.")
+            f"TLS certificate of host '{self.host.label}' could not be verified (self-signed?){why}.{seen} "
+            f"Pin it with {var}_FINGERPRINT=<that value>, or give the cluster CA in {var}_CA_FILE.")
 
     def _http_error(self, method: str, path: str, response: requests.Response) -> ProxmoxError:
         status = response.status_code
@@ -466,11 +688,13 @@ class ProxmoxClient:
             text = (f"Authentication failed for {where} even after a fresh login as {self.host.user}: "
                     f"{message or 'the ticket was refused'}.")
         elif status == 401:
-            var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}_TOKEN"
+            var = self.host.write_token_variable if method != "GET" and self.host.write_token_id \
+                else self.host.token_variable
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
-                    f"deleted). Check {var}; the expected form is user@realm!tokenid=secret.")
-        elif status == 403:
-            text = _permission_message(where, message, self.host)
+                    f"deleted). Check {var or 'its token variable'}; the expected form is user@realm!tokenid=secret.")
+        elif status == 403:  # a write went with the write token: the grant is for that one
+            writer = method != "GET" and self.host.write_token_id
+            text = _permission_message(where, message, replace(self.host, token_id=writer) if writer else self.host)
         elif status == 400 and errors:
             details = "; ".join(f"{name}: {msg.strip()}" for name, msg in sorted(errors.items()))
             text = f"Invalid parameters for {where}: {details}."
@@ -499,9 +723,14 @@ class ProxmoxClient:
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
         """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
-        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
-        first = start + 1 if self.host.product == "pbs" else start
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
+        PVE before 7.3 answers limit=0 with nothing, so "all" is asked as a limit no log reaches
+        (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+        if self.host.product == "pbs":
+            start += 1
+        elif not limit:
+            limit = ALL_LOG_LINES
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:
@@ -541,18 +770,52 @@ class ProxmoxClient:
 
 # ---------------------------------------------------------------- tasks, as the tools answer them
 
+def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
+    """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
+    broken transfer leaves no file behind."""
+    import requests
+    partial = destination.with_name(destination.name + ".part")
+    written = 0
+    # never over a file of the same name; readable by this server's user only (backup contents)
+    out = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+    try:
+        with out:
+            for chunk in response.iter_content(chunk_size=1 << 16):
+                written += len(chunk)
+                if written > max_bytes:
+                    raise ProxmoxError(f"{what} is larger than the {max_bytes // 1024 ** 2} MiB cap "
+                                       f"(PROXMOX_RESTORE_MAX_MB); nothing was kept.")
+                out.write(chunk)
+        partial.replace(destination)
+    except requests.exceptions.RequestException as exc:
+        partial.unlink(missing_ok=True)
+        raise ProxmoxError(f"The download of {what} broke off after {written} bytes ({exc}); nothing was "
+                           f"kept.") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return written
+
+
+TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
+
+
 def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
              ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications.
-    A failed task raises TaskFailed (a tool error with the last log lines)."""
+    """Send a write and, when it starts a task, wait for it with progress notifications. The
+    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
+    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
+    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
     data = client.request(method, path, params)
     if not (isinstance(data, str) and data.startswith("UPID:")):
         return {"action": action, "result": "ok"}
     if not wait_seconds:
-        return {"action": action, "status": "started", "upid": data,
+        return {"action": action, "task": "started", "upid": data,
                 "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
     outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    return {"action": action} | outcome
+    task = outcome.pop("exitstatus", None) or outcome.pop("status")
+    outcome.pop("status", None)
+    return {"action": action, "task": task} | outcome
 
 
 def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
@@ -609,13 +872,16 @@ def _error_text(response: requests.Response) -> tuple[str, dict]:
 
 
 def _permission_message(where: str, message: str, host: HostConfig) -> str:
+    # PBS names privileges first: `missing permissions 'A|B' on '/x'` (cached_user_info.rs) or, for
+    # namespaced reads, `permission check failed - missing A|B on /x` (hierarchy.rs check_ns_privs_full)
     match = re.search(r"Permission check failed \(([^,]+), ([^)]+)\)", message) or \
-        re.search(r"missing permissions '([^']+)' on '([^']+)'", message)
+        re.search(r"missing permissions '([^']+)' on '([^']+)'", message) or \
+        re.search(r"missing ([\w.|]+) on (/\S*)", message)
     if not match:
         if "API token" in message:
             return f"{where} refused: {message} This endpoint needs a user login, not a token."
         return f"Permission denied for {where}: {message}"
-    if message.startswith("missing"):  # PBS: privileges first, then path
+    if "missing" in message:  # PBS: privileges first, then path
         privileges, acl_path = match.group(1), match.group(2)
     else:
         acl_path, privileges = match.group(1), match.group(2)

@@ -17,11 +17,12 @@ import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from config_diff import config_and_pending
-from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, guest_path, guest_resources, next_vmid,
-                       node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import (ProxmoxClient, agent_result, encode_params, log_page, pve_client, run_task, task_outcome,
-                            task_report)
+from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
+from inventory import (HA_FAILED, archive_node, backup_storages, bridges, bridges_hidden, check_node, guest_path,
+                       guest_resources, ha_failure, hidden_backups, hidden_note, next_vmid, node_names, online_node,
+                       pbs_backed_storages, resolve_guest, storage_node, storage_rows, storages_on)
+from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, configured, encode_params, log_page, pbs_client,
+                            pve_client, run_task, task_outcome, task_report)
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -52,44 +53,102 @@ def list_nodes(host: Host = None) -> dict:
     rows = []
     for node in sorted(client.get("/nodes") or [], key=lambda n: n["node"]):
         rows.append({"node": node["node"], "status": node.get("status"),
-                     "cpu_pct": percent(node.get("cpu"), 1), "cores": node.get("maxcpu"),
+                     # maxcpu counts logical CPUs, threads (docs/PROXMOX-BEHAVIOUR.md#guest-status)
+                     "cpu_pct": percent(node.get("cpu"), 1), "cpus": node.get("maxcpu"),
                      "mem_used": human_bytes(node.get("mem")), "mem_total": human_bytes(node.get("maxmem")),
                      "mem_pct": percent(node.get("mem"), node.get("maxmem")),
                      "uptime": human_duration(node.get("uptime"))})
-    result = table(["node", "status", "cpu_pct", "cores", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
-    if rows and all(r["cores"] is None for r in rows if r["status"] == "online"):
+    result = table(["node", "status", "cpu_pct", "cpus", "mem_used", "mem_total", "mem_pct", "uptime"], rows)
+    if rows and all(r["cpus"] is None for r in rows if r["status"] == "online"):
         result["note"] = "No usage figures: the token lacks Sys.Audit on /nodes."
     return result
+
+
+# a guest row's status; unknown: no status data for it (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+GuestStatus = Literal["running", "stopped", "unknown"]
+
+
+def guest_tags(guest: dict) -> set[str]:
+    """A guest's tags as PVE reads them: split on `;`, `,` and spaces, compared in lower case
+    (docs/PROXMOX-BEHAVIOUR.md#tags)."""
+    return {tag.lower() for tag in re.split(r"[;,\s]+", guest.get("tags") or "") if tag}
+
+
+def _guest_filters(node: str | None, type: str | None, status: str | None, tag: str | None,
+                   name: str | None) -> dict[str, Any]:
+    """Each filter given, as `name=value` and the test a guest must pass."""
+    tests = {"node": (node, lambda g: g.get("node") == node), "type": (type, lambda g: g.get("type") == type),
+             "status": (status, lambda g: g.get("status") == status),
+             "tag": (tag, lambda g: tag.lower() in guest_tags(g)),
+             "name": (name, lambda g: name.lower() in (g.get("name") or "").lower())}
+    return {f"{key}={value}": test for key, (value, test) in tests.items() if value}
+
+
+def _no_match(client: ProxmoxClient, guests: list[dict], filters: dict[str, Any], node: str | None,
+              tag: str | None) -> str:
+    """Why no guest matched: an unknown node is an error (with the node names); a filter that alone
+    matches no guest says which values are in use; else the combination is what matches nothing."""
+    if not guests:
+        return EMPTY_HINT
+    if node and not any(g.get("node") == node for g in guests):
+        check_node(client, node)  # raises for a node the cluster does not have
+    alone = [f for f, test in filters.items() if not any(test(g) for g in guests)]
+    if not alone:
+        return f"No guest matches {', '.join(filters)} together, though each alone matches some."
+    key = alone[0].split("=", 1)[0]
+    values = sorted({t for g in guests for t in guest_tags(g)}) if key == "tag" \
+        else sorted({str(g.get(key)) for g in guests if g.get(key)})
+    what = f"tag '{tag}'" if key == "tag" else alone[0]
+    kind = "statuses" if key == "status" else f"{key}s"
+    return f"No guest has {what}; {kind} in use: {', '.join(values[:30]) or 'none'}."
 
 
 def list_guests(host: Host = None,
                 node: Node = None,
                 type: Literal["qemu", "lxc"] | None = None,
-                status: str | None = None,
+                status: GuestStatus | None = None,
                 tag: str | None = None,
                 name: str | None = None,
+                sort_by: Literal["cpu", "mem", "disk", "netin", "netout"] | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """Every VM and container: vmid, name, type, node, status, maxmem, tags. Find vmids here."""
+    """VMs and containers: vmid, name, node, status, tags. Find vmids here."""
     client = pve_client(host)
+    guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
+    filters = _guest_filters(node, type, status, tag, name)
+    protected = policy.SETTINGS.protected
     rows = []
-    for guest in sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"]):
-        tags = (guest.get("tags") or "").split(";")
-        if (node and guest.get("node") != node) or (type and guest.get("type") != type) \
-                or (status and guest.get("status") != status) or (tag and tag not in tags) \
-                or (name and name.lower() not in (guest.get("name") or "").lower()):
+    if sort_by:  # busiest first
+        guests.sort(key=lambda g: -(g.get(sort_by) or 0))
+    for guest in guests:
+        if not all(test(guest) for test in filters.values()):
             continue
+        listed = protected.find(client.host.label, guest["vmid"], "pve")
         rows.append({"vmid": guest["vmid"], "name": guest.get("name"), "type": guest.get("type"),
                      "node": guest.get("node"), "status": guest.get("status"),
                      "maxmem": human_bytes(guest.get("maxmem")), "tags": guest.get("tags") or None,
-                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None})
-    columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"]
-    for optional in ("lock", "template"):
+                     "lock": guest.get("lock"), "template": 1 if guest.get("template") else None,
+                     "protected": (listed.get("reason") or "yes") if listed else None}
+                    | _usage(guest, sort_by))
+    columns = ["vmid", "name", "type", "node", "status", "maxmem", "tags"] + list(_usage({}, sort_by))
+    for optional in ("lock", "template", "protected"):
         if any(r[optional] for r in rows):
             columns.append(optional)
     result = table(columns, rows, limit=limit, offset=offset)
-    if not rows and not any((node, type, status, tag, name)):
-        result["note"] = EMPTY_HINT
+    if not rows:
+        result["note"] = _no_match(client, guests, filters, node, tag) if filters else EMPTY_HINT
+    elif sort_by in ("netin", "netout"):
+        result["note"] = f"{sort_by}: bytes since each guest started; metrics gives the rate over time."
     return result
+
+
+def _usage(guest: dict, sort_by: str | None) -> dict:
+    """The column list_guests sorts by: CPU as a share of the guest's cores, the rest in bytes
+    (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
+    if not sort_by:
+        return {}
+    if sort_by == "cpu":
+        return {"cpu_pct": percent(guest.get("cpu"), 1)}
+    return {sort_by: human_bytes(guest.get(sort_by))}
 
 
 GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "agent", "pid", "tags",
@@ -111,9 +170,13 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "node": row["node"], "uptime": human_duration(status.get("uptime")),
                 "paused": True if status.get("qmpstatus") in PAUSED else None,
                 "cpu_pct": percent(status.get("cpu"), 1),
-                "mem_used": status.get("mem"), "mem_used_human": human_bytes(status.get("mem")),
-                "maxmem": status.get("maxmem"), "maxmem_human": human_bytes(status.get("maxmem")),
-                "maxdisk": status.get("maxdisk"), "maxdisk_human": human_bytes(status.get("maxdisk"))}
+                # bytes readable under the name, exact as name_bytes (docs/CONVENTIONS.md)
+                "mem_used": human_bytes(status.get("mem")), "mem_used_bytes": status.get("mem"),
+                "maxmem": human_bytes(status.get("maxmem")), "maxmem_bytes": status.get("maxmem"),
+                "maxdisk": human_bytes(status.get("maxdisk")), "maxdisk_bytes": status.get("maxdisk")}
+    listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
+    if listed:  # on the protected list: no request that changes it is admitted
+        summary["protected"] = listed.get("reason") or "yes"
     return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
 
 
@@ -162,13 +225,7 @@ def list_tasks(host: Host = None,
                limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
     """Recent tasks, newest first, with result."""
     client = pve_client(host)
-    if node:
-        # limit=0 lists nothing here; running tasks come from source=active, finished ones from
-        # the archive (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
-        source = "active" if running else ("archive" if errors else "all")
-        tasks = client.get(f"/nodes/{node}/tasks", limit=limit, source=source, errors=errors or None, vmid=vmid) or []
-    else:
-        tasks = client.get("/cluster/tasks") or []
+    tasks = _listed_tasks(client, node, vmid, errors and not running, running, limit)
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
     rows = [r for r in rows if (vmid is None or r["id"] == str(vmid))
             and (not errors or r["status"] != "running" and task_outcome(r["status"]) in ("failed", "unknown"))
@@ -176,12 +233,27 @@ def list_tasks(host: Host = None,
     return table(["upid", "node", "type", "id", "user", "start", "status", "duration"], rows, limit=limit)
 
 
+def _listed_tasks(client: ProxmoxClient, node: str | None, vmid: int | None, failed: bool, running: bool,
+                  limit: int) -> list[dict]:
+    """limit=0 lists nothing here; running tasks come from source=active, finished ones from the archive.
+    Failures are picked by statusfilter, before the limit: errors=1 keeps warnings, which are no failure, so
+    a page of them came back empty; and /cluster/tasks holds only each node's recent tasks, so failures are
+    read from every online node (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+    if not node and not failed:
+        return client.get("/cluster/tasks") or []
+    where = {"source": "archive", "statusfilter": "error,unknown"} if failed else \
+        {"source": "active" if running else "all"}
+    nodes = [node] if node else [n["node"] for n in client.get("/nodes") or [] if n.get("status") == "online"]
+    return [task for name in nodes
+            for task in client.get(f"/nodes/{name}/tasks", limit=limit, vmid=vmid, **where) or []]
+
+
 def get_task(upid: str,
              host: Host = None,
              wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
              log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
              ctx: Context | None = None) -> dict:
-    """A task's status, result and last log lines; wait_seconds waits for the end."""
+    """A task's result and last log lines; wait_seconds waits for its end."""
     return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
@@ -190,7 +262,7 @@ def get_task(upid: str,
 def node_status(node: str, host: Host = None,
                 timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
                                      Field(description="Add RRD averages.")] = None) -> dict:
-    """A node's load, CPU, memory, disk, kernel, version, uptime."""
+    """A node's load, CPU, memory, disk, versions, uptime."""
     client = pve_client(host)
     check_node(client, node)
     status = client.get(f"/nodes/{node}/status") or {}
@@ -236,23 +308,59 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
     return table(["name", "time", "parent", "vmstate", "description"], rows)
 
 
+def _backup_row(volume: dict, storage: str, node: str | None) -> dict:
+    return {"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": storage, "node": node,
+            "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+            "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+            "protected": 1 if volume.get("protected") else None,
+            "verify": (volume.get("verification") or {}).get("state")}
+
+
+def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: int | None) -> list[dict]:
+    """A PBS-backed storage's backups read on the Backup Server itself, named as PVE names them
+    (`<storage>:backup/vm/<vmid>/<UTC time>`, docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    found = []
+    for snap in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
+                        **({"backup-id": str(vmid)} if vmid else {})) or []:
+        if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+            found.append(_backup_row({"volid": f"{storage}:backup/{snap['backup-type']}/{snap['backup-id']}/{stamp}",
+                                      "vmid": int(snap["backup-id"]), "size": snap.get("size"),
+                                      "ctime": snap["backup-time"], "notes": snap.get("comment"),
+                                      "protected": snap.get("protected"), "verification": snap.get("verification")},
+                                     storage, None))
+    return found
+
+
+def _only_pbs() -> ProxmoxClient | None:
+    """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
+    return pbs_client() if len(configured("pbs")) == 1 else None
+
+
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
-    """Backups on every storage, PBS included, newest first: volid, guest, size, time, verify."""
+    """Backups on every storage (PBS too), newest first."""
     client = pve_client(host)
-    rows, unread = [], []
+    rows, unread, hidden = [], [], {}
     everything = storage_rows(client)
+    vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
+    on_pbs: dict[str, tuple[str, str]] | None = None
     for name, node, shared in backup_storages(client, everything):
         if storage and name != storage:
             continue
-        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
-            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
-                         "node": None if shared else node,  # each node's `local` is its own disk
-                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
-                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
-                         "protected": 1 if volume.get("protected") else None,
-                         "verify": (volume.get("verification") or {}).get("state")})
+        unseen = hidden_backups(client, name, vmids)
+        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
+            pbs = _only_pbs()
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+        if unseen and name in on_pbs:
+            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
+            continue
+        if unseen:
+            hidden[name] = unseen
+        if len(unseen) < len(vmids):
+            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
+                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
     for entry in everything:
         if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
                 and (not storage or entry["storage"] == storage):
@@ -262,6 +370,8 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
                    limit=limit)
     if unread:
         result["not_read"] = unread
+    if hidden:
+        result |= hidden_note(client, hidden, len(vmids))
     return result
 
 
@@ -273,17 +383,26 @@ def storage_content(storage: str, host: Host = None,
                     content: StorageContent | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
-    """Volumes on a storage (ISOs, templates, disks, backups): size, owner."""
+    """Volumes on a storage: ISOs, templates, disks, backups."""
     client = pve_client(host)
+    asked = node
     node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
              "size": human_bytes(v.get("size")), "vmid": v.get("vmid"), "time": iso_time(v.get("ctime"))}
             for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content, vmid=vmid) or []]
-    return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    result = table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    places = [r["node"] for r in storage_rows(client) if r.get("storage") == storage and not r.get("shared")]
+    if places:  # each node's copy is its own disk (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+        result["node"] = node
+        others = [n for n in places if n != node]
+        if others and not asked:
+            result["note"] = (f"'{storage}' is local to each node; this is {node}'s. Give node= for "
+                              f"{', '.join(others)}.")
+    return result
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges and SDN vnets per node: uplinked, routed or isolated; VLAN-aware; CIDR."""
+    """Bridges and SDN vnets per node: uplinked, routed or isolated."""
     client = pve_client(host)
     if node:
         rows, not_read = bridges(client, check_node(client, node)), []
@@ -294,9 +413,13 @@ def list_networks(host: Host = None, node: Node = None) -> dict:
                 rows += bridges(client, name)
             except ProxmoxError as exc:
                 not_read.append(str(exc)[:200])
-    result = table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+    columns = ["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"]
+    result = table(columns + (["pending"] if any(r["pending"] for r in rows) else []),
+                   [r | {"pending": r["pending"] or None} for r in rows])
     if not_read:
         result["not_read"] = not_read
+    if not any(r["segment"] != "sdn-vnet" for r in rows) and bridges_hidden(client):
+        result["note"] = bridges_hidden(client)
     return result
 
 
@@ -314,7 +437,7 @@ def list_pools(host: Host = None) -> dict:
 
 def task_log(upid: str, host: Host = None,
              start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """A task's log from line `start`; next_start pages on."""
+    """A task's log from line `start`."""
     return log_page(pve_client(host), upid, start, limit)
 
 
@@ -371,24 +494,48 @@ def _ha_managed(row: dict) -> bool:
     return row.get("hastate") not in (None, "ignored")
 
 
-def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -> dict:
-    """The guest's status/current, read until it is in `wanted` or `seconds` have passed."""
+HA_SETTLED = {"running": "started", "stopped": "stopped"}  # the HA state a request ends in when it worked
+def _ha_row(client: ProxmoxClient, vmid: int, wanted: str, seconds: float) -> dict:
+    """The guest's /cluster/resources row, read until the HA manager has done the request, has
+    failed, or `seconds` have passed; the row names the node it is on now (after a relocation or a
+    recovery it is another one)."""
     deadline = time.monotonic() + seconds
     while True:
-        status = client.get(f"{base}/status/current") or {}
-        if _guest_state(status) == wanted or time.monotonic() >= deadline:
-            return status
+        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
+        done = row.get("status") == wanted and row.get("hastate") == HA_SETTLED[wanted]
+        if done or row.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
+            return row
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
 
 
-def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
-    """An HA request ended OK at once; say so, and what the HA manager has done since."""
-    state = answer["guest_state"]
-    answer |= {"requested_through": "HA", "ha_state": (status.get("ha") or {}).get("state")}
-    if state != wanted:
+def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
+    """A write's answer with what the user cares about once its task has ended: the guest's state
+    (`deleted` when it is gone) and, without `base` (after a migration), the node it is on now."""
+    if answer.get("task") in TASK_GOING:
+        return answer
+    if base is None:
+        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
+        if row is None:
+            return answer | {"guest_state": "deleted"}
+        base, answer = f"/nodes/{row['node']}/{row['type']}/{vmid}", answer | {"node": row["node"]}
+    return answer | {"guest_state": _guest_state(client.get(f"{base}/status/current") or {})}
+
+
+def _ha_outcome(client: ProxmoxClient, before: dict, answer: dict, action: str, seconds: float) -> dict:
+    """An HA request ended OK at once; say what the HA manager has done since, where, or why it failed."""
+    vmid, wanted = before["vmid"], STATE_AFTER[action]
+    row = _ha_row(client, vmid, wanted, max(seconds, 0))
+    state, node = row.get("hastate"), row.get("node", before["node"])
+    if state in HA_FAILED:
+        raise ProxmoxError(f"The HA request to {action} guest {vmid} was queued, but " + ha_failure(row))
+    answer |= {"requested_through": "HA", "ha_state": state, "guest_state": row.get("status"), "node": node}
+    if node != before["node"]:
+        answer["note"] = (f"The HA manager started it on {node}: the start failed on {before['node']}, and it "
+                          f"moved it (relocation).")
+    if row.get("status") != wanted:
         return answer | {"result": "requested",
-                         "note": f"The HA manager has the request (HA state {answer['ha_state']}); the guest is "
-                                 f"{state} so far. get_guest shows when it is {wanted}."}
+                         "note": f"The HA manager has the request (HA state {state}); the guest is "
+                                 f"{row.get('status')} so far. get_guest shows when it is {wanted}."}
     if action in ("stop", "shutdown"):
         answer["note"] = ("Through HA the guest stays stopped until it is started again "
                           "(write_guest_power action=start).")
@@ -399,23 +546,18 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
                           description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Start, stop, shut down, reboot, reset, suspend or resume a guest."""
+    """Change a guest's power state; answers the state it reached."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
         raise InvalidArgument("Containers have no reset; use action=reboot (or stop, then start).")
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
-    task = answer.pop("status", None)
-    if task in ("started", "still_running"):  # the task's own state, not the guest's
-        return answer | {"task": task}
-    answer["task"] = answer.pop("exitstatus", "OK")
-    ha = _ha_managed(row) and action in HA_ACTIONS
-    wanted = STATE_AFTER[action]
-    status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
-    answer["guest_state"] = _guest_state(status)
-    if ha:
-        return _ha_outcome(answer, status, action, wanted)
+    if answer.get("task") in TASK_GOING:  # the guest's state comes when the task has ended
+        return answer
+    if _ha_managed(row) and action in HA_ACTIONS:
+        return _ha_outcome(client, row, answer, action, wait_seconds - (time.monotonic() - started))
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
     return answer
 
 
@@ -425,7 +567,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
                        delete: list[str] | None = None,
                        digest: Annotated[str | None, Field(description="From guest_config.")] = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Set or delete guest config options (digest guards concurrent edits)."""
+    """Set or delete guest config options; says what waits for a restart."""
     client = pve_client(host)
     if not set and not delete:
         raise InvalidArgument("Nothing to change: give `set` and/or `delete`.")
@@ -450,11 +592,14 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     return answer
 
 
-def _disk_gib(value: str) -> int | None:
-    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", value or "")
+def _disk_size(value: str) -> tuple[float, str] | None:
+    """A disk's size in GiB and as its config writes it: `32G`, or `2252M` for an imported image
+    (pve-common format_size, docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value or "")
     if not match:
         return None
-    return int(float(match.group(1)) * {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)])
+    scale = {"": 1 / 1024 ** 3, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
+    return float(match.group(1)) * scale, match.group(1) + match.group(2)
 
 
 def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. scsi0, rootfs")],
@@ -469,9 +614,9 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
         disks = [k for k in config
                  if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
         raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
-    current = _disk_gib(str(config[disk]))
-    if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
-        raise InvalidArgument(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
+    current = _disk_size(str(config[disk]))
+    if not size.startswith("+") and current is not None and int(size[:-1]) <= current[0]:
+        raise InvalidArgument(f"{disk} of guest {vmid} is {current[1]}; {size} would not grow it. Disks only grow; "
                               f"give a larger size or +NG.")
     return run_task(client, "PUT", f"{base}/resize", {"disk": disk, "size": size}, wait_seconds, ctx,
                     f"resize {vmid} {disk}")
@@ -492,7 +637,8 @@ def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
         if row["type"] != "qemu":
             raise InvalidArgument("vmstate (RAM) snapshots exist only for VMs.")
         params["vmstate"] = True
-    return run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx, f"snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "POST", f"{base}/snapshot", params, wait_seconds, ctx,
+                                         f"snapshot {vmid} {name}"), vmid, base)
 
 
 def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
@@ -501,15 +647,25 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
         raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
-def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
-                            dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None,
+                            start: Annotated[bool, Field(description="Start it after")] = False,
+                            wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                             ctx: Context | None = None) -> dict:
     """Roll a guest back to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx,
-                    f"rollback {vmid} {name}")
+    answer = run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {"start": start or None}, wait_seconds, ctx,
+                      f"rollback {vmid} {name}")
+    if answer.get("result") not in ("ok", "warnings"):
+        return answer
+    # a rollback stops the guest unless the snapshot holds RAM or start was asked
+    # (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
+    if answer["guest_state"] == "stopped":
+        answer["note"] = (f"Guest {vmid} is stopped now: the rollback stops it and '{name}' holds no RAM. Start it "
+                          f"with write_guest_power action=start (or roll back with start=true).")
+    return answer
 
 
 def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
@@ -518,8 +674,8 @@ def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
-                    f"delete snapshot {vmid} {name}")
+    return _guest_after(client, run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
+                                         f"delete snapshot {vmid} {name}"), vmid, base)
 
 
 def _backup_storage(client: ProxmoxClient, storage: str) -> None:
@@ -528,18 +684,52 @@ def _backup_storage(client: ProxmoxClient, storage: str) -> None:
         raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
 
+NOTES_VARIABLES = ("cluster", "guestname", "node", "vmid")
+
+
+def _notes_template(notes: str) -> str:
+    """Notes as vzdump's `notes-template` takes them: a backslash and a line break escaped, and only
+    its four {{variables}} (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    unknown = [m.group(0) for m in re.finditer(r"\{\{([^\s{}]+)\}\}", notes) if m.group(1) not in NOTES_VARIABLES]
+    if unknown:
+        known = ", ".join("{{" + name + "}}" for name in NOTES_VARIABLES)
+        raise InvalidArgument(f"notes: Proxmox expands only {known} in backup notes and refuses {unknown[0]}; "
+                              f"write it another way.")
+    return notes.replace("\\", "\\\\").replace("\r\n", "\n").replace("\n", "\\n")
+
+
+def _pruned(client: ProxmoxClient, answer: dict) -> dict:
+    """What vzdump's prune step logged: the retention it applied and how many backups went."""
+    lines = [line["t"] for line in client.task_log(answer["upid"], limit=0) if "prune" in line.get("t", "")]
+    return {"pruning": [line.removeprefix("INFO: ") for line in lines] or ["no retention is set: nothing pruned"]}
+
+
 def write_backup_guest(vmid: Vmid, storage: str,
                        host: Host = None,
                        mode: Literal["snapshot", "suspend", "stop"] = "snapshot",
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
+                       prune: Annotated[bool, Field(description="Let retention delete old ones")] = False,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Back up a guest now (vzdump) to a storage, PBS included."""
+    """Back up a guest now (vzdump), to PBS too."""
     client = pve_client(host)
-    _, row = guest_path(client, vmid)
+    base, row = guest_path(client, vmid)
     _backup_storage(client, storage)
-    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
-    return run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    # vzdump prunes by the storage's retention unless remove=0, which the GUI's "Backup now" sends
+    # (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)
+    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "remove": prune,
+              "notes-template": _notes_template(notes) if notes else None}
+    try:
+        answer = run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    except TaskFailed as exc:
+        if "max backup limit" not in str(exc):
+            raise
+        raise TaskFailed(f"{exc} Storage '{storage}' keeps a set number of backups per guest and guest {vmid} has "
+                         f"that many; nothing was deleted. Give prune=true to let its retention remove the oldest, "
+                         f"or delete one (list_backups, write_delete_volume).") from None
+    if prune and answer.get("upid") and answer.get("result"):
+        answer |= _pruned(client, answer)
+    return _guest_after(client, answer, vmid, base)
 
 
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
@@ -576,6 +766,8 @@ def write_restore_backup(archive: Volid,
     else:
         vmid = _free_vmid(client, vmid)
     node = archive_node(client, archive, node)
+    if kind == "lxc":
+        storage = _rootdir_storage(client, node, storage)
     # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
                               "force": True if overwrite else None, "unique": None if overwrite else True}
@@ -585,6 +777,20 @@ def write_restore_backup(archive: Volid,
         params |= {"ostemplate": archive, "restore": True}
     result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
     return result | {"vmid": vmid, "node": node}
+
+
+def _rootdir_storage(client: ProxmoxClient, node: str, storage: str | None) -> str:
+    """Where a container's volumes can go on a node: the given storage if it takes rootdir, else the
+    only one that does. Without it Proxmox picks `local`, which on a fresh install takes no
+    containers (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    fits = sorted(name for name, row in storages_on(storage_rows(client), node).items()
+                  if "rootdir" in (row.get("content") or "").split(","))
+    if storage in fits or (storage is None and len(fits) == 1):
+        return storage or fits[0]
+    choices = f"Storages for containers on {node}: {', '.join(fits) or 'none'}"
+    if storage:
+        raise InvalidArgument(f"Storage '{storage}' takes no container volumes (rootdir) on {node}. {choices}.")
+    raise InvalidArgument(f"Give storage for the container's volumes. {choices}.")
 
 
 VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
@@ -643,6 +849,7 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
                       full: bool | None = None,
                       storage: str | None = None,
                       snapshot: str | None = None,
+                      cloudinit: dict[str, Any] | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Clone a guest: full, or linked (a template's default)."""
     client = pve_client(host)
@@ -651,19 +858,70 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     if target:
         check_node(client, target)
     _clone_checks(client, base, row, full, storage, snapshot, target)
+    if cloudinit:
+        _clone_cloudinit_checks(client, base, row, cloudinit)
     newid = _free_vmid(client, newid)
     params = {"newid": newid, "target": target, "full": full, "storage": storage, "snapname": snapshot,
               ("name" if row["type"] == "qemu" else "hostname"): name}
     result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
-    return result | {"newid": newid}
+    answer = result | {"newid": newid}
+    if cloudinit and result.get("result") in ("ok", "warnings"):
+        answer["cloudinit"] = write_cloudinit(newid, host=host, **cloudinit)
+    elif cloudinit:
+        answer["cloudinit"] = f"not applied yet: the clone is still running; when it ends, call write_cloudinit " \
+                              f"vmid={newid} with the same settings"
+    return answer
 
 
-def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
-                       target_storage: str | None) -> bool:
+def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, settings: dict[str, Any]) -> None:
+    """Cloud-init settings for a clone, checked before anything is cloned: a VM with a cloud-init
+    drive, write_cloudinit's own arguments and values."""
+    unknown = sorted(set(settings) - set(CLOUDINIT_ARGS))
+    if unknown:
+        raise InvalidArgument(f"cloudinit takes {', '.join(CLOUDINIT_ARGS)}; not {', '.join(unknown)}. Nothing was "
+                              f"sent.")
+    if row["type"] != "qemu":
+        raise InvalidArgument("cloudinit applies to VM clones only. Nothing was sent.")
+    config = client.get(f"{base}/config") or {}
+    if _cloudinit_drive(config) is None:
+        raise InvalidArgument(f"VM {row['vmid']} has no cloud-init drive, so its clone would have none: add one "
+                              f"(write_guest_config set={{\"ide2\": \"local-lvm:cloudinit\"}}) or leave cloudinit "
+                              f"out. Nothing was sent.")
+    try:
+        _cloudinit_params(config, **settings)
+    except TypeError as exc:
+        raise InvalidArgument(f"cloudinit: {exc}. Nothing was sent.") from None
+
+
+def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dict, rows: list[dict]) -> None:
+    """What Proxmox's migration refuses in its task, refused first with the way out: an ISO on a
+    node's own storage, and snapshots of local disks on storage that cannot carry them (all but
+    zfspool, btrfs and qcow2 files), or any local snapshot of a running VM (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    vmid, shared = row["vmid"], {r["storage"] for r in rows if r.get("shared")}
+    types = {r["storage"]: r.get("plugintype") for r in rows}
+    local = {k: str(v).split(",")[0] for k, v in config.items() if VOLUME_KEY.fullmatch(k) and ":" in str(v)
+             and str(v).split(":")[0] not in shared and not re.search(r"vm-\d+-cloudinit", str(v))}
+    isos = [f"{k} ({v})" for k, v in local.items() if "media=cdrom" in str(config[k])]
+    if isos:
+        raise InvalidArgument(f"Guest {vmid} has an ISO on storage local to {row['node']}: {', '.join(isos)}, which "
+                              f"Proxmox will not migrate. Eject it first: write_guest_config set "
+                              f"{{\"{isos[0].split()[0]}\": \"none,media=cdrom\"}}.")
+    disks = [v for k, v in local.items() if "media=cdrom" not in str(config[k])]
+    live = row.get("status") == "running" and row["type"] == "qemu"
+    stuck = [v for v in disks if live or (types.get(v.split(":")[0]) not in ("zfspool", "btrfs")
+                                          and not v.endswith(".qcow2"))]
+    snapshots = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"] if stuck else []
+    if snapshots:
+        kinds = ", ".join(sorted({types.get(v.split(":")[0]) or "?" for v in stuck}))
+        why = "a running VM's local snapshots" if live else f"snapshots on {kinds} storage"
+        raise InvalidArgument(f"Guest {vmid} has snapshots ({', '.join(snapshots)}) of local disks "
+                              f"({', '.join(stuck)}), and Proxmox cannot migrate {why}. Delete them first "
+                              f"(write_snapshot_delete){', or shut it down' if live else ''}.")
+
+
+def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, target_storage: str | None) -> bool:
     """Check the target has the guest's storages (or the given target_storage); True when disks
     are on storage local to the node (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
-    config = client.get(f"{base}/config") or {}
-    rows = storage_rows(client)
     on_target = storages_on(rows, target)
     content = "images" if row["type"] == "qemu" else "rootdir"
     fits = sorted(n for n, r in on_target.items() if content in (r.get("content") or "").split(","))
@@ -679,14 +937,18 @@ def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
     return any(s not in shared for s in _volume_storages(config, disks_only=True))
 
 
-def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> dict:
-    """Where an HA resource is after its migration request, read until it is on target."""
-    deadline = time.monotonic() + seconds
+def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> dict:
+    """Where an HA resource is after its migration request, read until it is on target or the HA
+    manager failed (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
+    vmid, deadline = row["vmid"], time.monotonic() + seconds
     while True:
-        node = next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None)
-        if node == target or time.monotonic() >= deadline:
+        now = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
+        if now.get("node") == target or now.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
             break
         time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    node, state = now.get("node"), now.get("hastate")
+    if state in HA_FAILED:
+        raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but " + ha_failure(now))
     answer = {"requested_through": "HA", "node": node}
     if node != target:
         answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "
@@ -703,7 +965,9 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     check_node(client, target)
     if target == row["node"]:
         raise InvalidArgument(f"Guest {vmid} is already on {target}.")
-    local_disks = _migration_storage(client, base, row, target, target_storage)
+    config, rows = client.get(f"{base}/config") or {}, storage_rows(client)
+    _migration_blockers(client, base, row, config, rows)
+    local_disks = _migration_storage(config, rows, row, target, target_storage)
     running = row.get("status") == "running"
     if row["type"] == "qemu":  # a live migration copies local disks only when asked to
         params = {"target": target, "online": running or None, "with-local-disks": (running and local_disks) or None,
@@ -713,8 +977,8 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
     if _ha_managed(row) and answer.get("result") == "ok":
-        answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
-    return answer
+        answer |= _ha_moved(client, row, target, wait_seconds - (time.monotonic() - started))
+    return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
 def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -738,7 +1002,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     policy.check(client.host, "DELETE", base, encode_params(params))  # "protected" before "stop it first"
     if row.get("status") != "stopped":
         raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
-    return run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}")
+    return _guest_after(client, run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}"), vmid)
 
 
 # ---------------------------------------------------------------- provisioning
@@ -751,8 +1015,13 @@ def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | Non
     except ToolFailure as exc:
         raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
     if bridge not in known:
-        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. "
-                              f"Bridges: {', '.join(known) or 'none'} (list_networks).")
+        hidden = bridges_hidden(client) if not known else None
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. " + (
+            hidden or f"Bridges: {', '.join(known) or 'none'} (list_networks)."))
+    if known[bridge]["pending"]:
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not applied yet (it is only in the pending network "
+                              f"configuration): a guest on it would not start. Apply it first (node > Network > "
+                              f"Apply Configuration, or `ifreload -a` on {node}).")
     if vlan and not known[bridge]["vlan_aware"]:
         aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
         raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
@@ -769,6 +1038,13 @@ def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -
 
 
 Vlan = Annotated[int | None, Field(ge=1, le=4094)]
+# What the GUI's wizard gives a new VM per OS type: the disk's bus, the NIC model, and for Windows 11
+# UEFI with a TPM (pve-manager www/manager6/qemu/OSDefaults.js: generic = IDE + e1000, l26 = SCSI +
+# virtio, win11 = q35 + OVMF; SystemEdit.js adds the TPM for win11). A Windows installer has no virtio
+# driver, so it sees no SCSI disk (docs/PROXMOX-BEHAVIOUR.md#new-vms).
+GUEST_OS = {"l26": ("scsi0", "virtio", {}), "win11": ("ide0", "e1000", {"machine": "q35", "bios": "ovmf"}),
+            "win10": ("ide0", "e1000", {}), "other": ("ide0", "e1000", {})}
+CPU = "x86-64-v2-AES"  # the GUI's default for x86_64 (Architecture.js); without cpu qemu-server uses kvm64
 
 
 def write_create_vm(name: GuestName,
@@ -781,21 +1057,28 @@ def write_create_vm(name: GuestName,
                     vlan: Vlan = None, ciuser: str | None = None,
                     ssh_keys: str | None = None,
                     ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
+                    ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
     """Create a VM from an ISO, or from a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
+    if cloud_image and ostype != "l26":
+        raise InvalidArgument("Cloud images here are Linux (ostype l26); install other systems from an iso.")
     node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
-    net = f"virtio,bridge={bridge}" + (f",tag={vlan}" if vlan else "")
+    disk, nic, system = GUEST_OS[ostype]
+    net = f"{nic},bridge={bridge}" + (f",tag={vlan}" if vlan else "")
     params: dict[str, Any] = {"vmid": vmid, "name": name, "memory": memory_mb, "cores": cores, "net0": net,
-                              "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1", "start": start or None}
+                              "ostype": ostype, "cpu": CPU, "scsihw": "virtio-scsi-single", "agent": "1",
+                              "start": start or None} | system
+    if ostype == "win11":
+        params |= {"efidisk0": f"{storage}:1,efitype=4m,pre-enrolled-keys=1", "tpmstate0": f"{storage}:1,version=v2.0"}
     if iso:
         _volume_exists(client, node, iso, "iso")
-        params |= {"ide2": f"{iso},media=cdrom", "scsi0": f"{storage}:{disk_gb}", "boot": "order=scsi0;ide2"}
+        params |= {"ide2": f"{iso},media=cdrom", disk: f"{storage}:{disk_gb}", "boot": f"order={disk};ide2"}
     else:
         _volume_exists(client, node, cloud_image, "import")
         params |= {"scsi0": f"{storage}:0,import-from={cloud_image}", "ide2": f"{storage}:cloudinit",
@@ -812,12 +1095,53 @@ def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created:
     """An imported disk has the image's size; grow it to disk_gb (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
     if created.get("result") not in ("ok", "warnings"):
         return f"scsi0 keeps the image's size; once the VM exists, grow it with write_resize_disk size={disk_gb}G"
-    size = _disk_gib(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
-    if size is None or disk_gb <= size:
-        return f"scsi0 is {size}G, the image's own size; disk_gb={disk_gb} would not grow it, so it was left"
+    size = _disk_size(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
+    if size is None or disk_gb <= size[0]:
+        return (f"scsi0 is {size[1] if size else 'of unknown size'}, the image's own size; disk_gb={disk_gb} would "
+                f"not grow it, so it was left")
     run_task(client, "PUT", f"{base}/resize", {"disk": "scsi0", "size": f"{disk_gb}G"}, 120, ctx,
              f"resize {base.rsplit('/', 1)[1]} scsi0")
-    return f"scsi0 grown from {size}G (the image) to {disk_gb}G"
+    return f"scsi0 grown from {size[1]} (the image) to {disk_gb}G"
+
+
+LXC_FEATURES = ("nesting", "keyctl", "fuse", "mknod", "force_rw_sys", "mount")
+
+
+def _lxc_features(client: ProxmoxClient, unprivileged: bool, features: str | None) -> str | None:
+    """The `features` of a new container: nesting=1 for an unprivileged one unless features say
+    nesting=0, as the GUI's create wizard sends it; other flags only where Proxmox allows them:
+    root@pam logged in with its password (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
+    parts: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (features or "").split(","))):
+        key, _, value = part.partition("=")
+        if key not in LXC_FEATURES or not value:
+            raise InvalidArgument(f"features: '{part}' is not flag=value of {', '.join(LXC_FEATURES)} "
+                                  f"(e.g. keyctl=1,fuse=1).")
+        parts[key] = value
+    nesting = unprivileged and parts.pop("nesting", "1") not in ("0", "no", "off", "false")
+    parts = ({"nesting": "1"} if nesting else {}) | parts
+    host = client.host
+    as_root = host.user == "root@pam" and not host.token_secret
+    if parts and not unprivileged and not as_root:
+        raise InvalidArgument("Proxmox lets only root@pam (logged in with its password) set feature flags on a "
+                              "privileged container; leave nesting and features out, or keep it unprivileged.")
+    others = [k for k in parts if k != "nesting"]
+    if others and not as_root:
+        raise InvalidArgument(f"Proxmox lets only root@pam (logged in with its password, not a token) set "
+                              f"{', '.join(others)}; an API token gets 403. Leave them out and set them on the node "
+                              f"afterwards (pct set <vmid> --features ...), or use nesting alone.")
+    return ",".join(f"{k}={v}" for k, v in parts.items()) or None
+
+
+def _oci_note(client: ProxmoxClient, node: str, vmid: int) -> str | None:
+    """An OCI application image brings its own entry point; Proxmox then manages the network from
+    the host (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
+    config = client.get(f"/nodes/{node}/lxc/{vmid}/config") or {}
+    if not config.get("entrypoint"):
+        return None
+    return (f"Application container from an OCI image: it runs `{config['entrypoint']}` instead of an init system, "
+            f"and its network is host-managed (the host brings it up on start). Its environment is in `env` "
+            f"(guest_config).")
 
 
 def write_create_lxc(hostname: GuestName,
@@ -831,10 +1155,12 @@ def write_create_lxc(hostname: GuestName,
                      gateway: str | None = None,
                      ssh_keys: str | None = None,
                      unprivileged: bool = True,
+                     features: str | None = None, onboot: bool = False,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Create a container from a template."""
     client = pve_client(host)
+    flags = _lxc_features(client, unprivileged, features)
     node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
@@ -842,10 +1168,13 @@ def write_create_lxc(hostname: GuestName,
     net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "")
     net += f",tag={vlan}" if vlan else ""
     params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
-              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged,
-              "ssh-public-keys": ssh_keys, "start": start or None}
+              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged, "features": flags,
+              "onboot": onboot or None, "ssh-public-keys": ssh_keys, "start": start or None}
     result = run_task(client, "POST", f"/nodes/{node}/lxc", params, wait_seconds, ctx, f"create CT {vmid}")
-    return result | {"vmid": vmid, "node": node}
+    answer = result | {"vmid": vmid, "node": node}
+    if template.endswith(".tar") and result.get("result") in ("ok", "warnings"):
+        answer["note"] = _oci_note(client, node, vmid)
+    return {k: v for k, v in answer.items() if v is not None}
 
 
 # The names download-url accepts (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports).
@@ -942,3 +1271,129 @@ def write_set_nic(vmid: Vmid, host: Host = None,
     value = ",".join(f"{k}={v}" if v != "" else k for k, v in parts.items())
     client.request("PUT", f"{base}/config", {nic: value, "digest": config.get("digest")})
     return {"vmid": vmid, nic: value, "was": config[nic], "result": "ok"}
+
+
+# ---------------------------------------------------------------- cloud-init
+
+CLOUDINIT_ARGS = ("user", "ssh_keys", "password", "ip", "dns", "upgrade")
+PUBLIC_KEY = re.compile(r"(ssh-(rsa|dss|ed25519)|ecdsa-sha2-\S+|sk-\S+@openssh\.com)\s+[A-Za-z0-9+/=]+(\s.*)?")
+
+
+def _ssh_keys(text: str) -> str:
+    """Public keys as qemu-server stores `sshkeys`: one per line, URL-encoded (it URI-unescapes them
+    to check and to write the drive: docs/PROXMOX-BEHAVIOUR.md#cloud-init). Plain keys are taken; an
+    already encoded value is decoded first."""
+    from urllib.parse import unquote
+    if "%" in text and " " not in text:
+        text = unquote(text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if any("PRIVATE KEY" in line for line in lines):
+        raise InvalidArgument("ssh_keys holds a private key; give the public key (the .pub file). Nothing was sent.")
+    bad = [line[:40] for line in lines if not PUBLIC_KEY.fullmatch(line)]
+    if bad or not lines:
+        raise InvalidArgument(f"ssh_keys: '{bad[0] if bad else text[:40]}' is not an OpenSSH public key line "
+                              f"(e.g. ssh-ed25519 AAAA... me@laptop). Nothing was sent.")
+    return quote("\n".join(lines), safe="")
+
+
+def _ip_config(nic: str, value: str) -> str:
+    """One NIC's ipconfig: dhcp, a CIDR with an optional gw, or Proxmox's own ip=...,gw=... form."""
+    import ipaddress
+    text = value.strip()
+    if text in ("dhcp", "auto", "dhcp6"):
+        return {"dhcp": "ip=dhcp", "dhcp6": "ip6=dhcp", "auto": "ip6=auto"}[text]
+    if "=" not in text.split(",")[0]:
+        text = "ip=" + text
+    parts = dict(part.partition("=")[::2] for part in text.split(","))
+    try:
+        for key, address in parts.items():
+            if key not in ("ip", "gw", "ip6", "gw6"):
+                raise ValueError(f"'{key}' is not ip, gw, ip6 or gw6")
+            if key.startswith("ip") and address not in ("dhcp", "auto"):
+                if "/" not in address:
+                    raise ValueError(f"{address} needs its prefix length, e.g. {address}/24")
+                ipaddress.ip_interface(address)
+            elif key.startswith("gw"):
+                ipaddress.ip_address(address)
+    except ValueError as exc:
+        raise InvalidArgument(f"ip for {nic}: {exc} (give dhcp, or e.g. 192.0.2.10/24,gw=192.0.2.1). "
+                              f"Nothing was sent.") from None
+    return text
+
+
+def _dns(text: str) -> dict[str, str]:
+    """`dns` as Proxmox keeps it: the addresses are name servers, the names search domains."""
+    import ipaddress
+    servers, domains = [], []
+    for item in filter(None, re.split(r"[,;\s]+", text.strip())):
+        try:
+            servers.append(str(ipaddress.ip_address(item)))
+        except ValueError:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
+                                item):
+                raise InvalidArgument(f"dns: '{item}' is neither an address nor a domain name (e.g. "
+                                      f"192.0.2.1 example.org). Nothing was sent.") from None
+            domains.append(item)
+    return {"nameserver": " ".join(servers) or None, "searchdomain": " ".join(domains) or None}
+
+
+def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | None = None, password: str | None = None,
+                      ip: dict[str, str] | None = None, dns: str | None = None,
+                      upgrade: bool | None = None) -> dict[str, Any]:
+    """The config keys a cloud-init change sets, checked against the VM's NICs."""
+    params: dict[str, Any] = {"ciuser": user, "ciupgrade": upgrade,
+                              "sshkeys": _ssh_keys(ssh_keys) if ssh_keys else None}
+    if password is not None:
+        if len(password) < 8:
+            raise InvalidArgument("password: use at least 8 characters (or ssh_keys). Nothing was sent.")
+        policy.register_secret(password)  # never shown again, wherever it would appear
+        params["cipassword"] = password
+    params |= _dns(dns) if dns else {}
+    nics = sorted(k for k in config if re.fullmatch(r"net\d+", k))
+    for nic, value in (ip or {}).items():
+        name = f"net{nic}" if str(nic).isdigit() else str(nic)
+        if name not in nics:
+            raise InvalidArgument(f"ip: the VM has no NIC {name}; its NICs: {', '.join(nics) or 'none'}.")
+        params[f"ipconfig{name[3:]}"] = _ip_config(name, str(value))
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _cloudinit_drive(config: dict) -> str | None:
+    return next((k for k, v in config.items() if re.fullmatch(r"(ide|sata|scsi|virtio)\d+", k)
+                 and "cloudinit" in str(v)), None)
+
+
+def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
+                    password: str | None = None, ip: dict[str, Any] | None = None, dns: str | None = None,
+                    upgrade: bool | None = None, dry_run: DryRunArg = False) -> dict:
+    """Set a VM's cloud-init (ip per NIC: dhcp or CIDR,gw=IP) and regenerate its drive."""
+    client = pve_client(host)
+    base, row = guest_path(client, vmid)
+    if row["type"] != "qemu":
+        raise InvalidArgument(f"Guest {vmid} is a container; cloud-init is for VMs (containers take ssh_keys at "
+                              f"write_create_lxc, and their network from write_set_nic/write_guest_config).")
+    config = client.get(f"{base}/config") or {}
+    drive = _cloudinit_drive(config)
+    if drive is None:
+        raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
+                              f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
+    params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
+    changed = {key: policy.MASK if key == "cipassword" else params[key] for key in sorted(params)}
+    # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    waiting = {r["key"]: "(deleted)" if r.get("delete") else policy.MASK if r["key"] == "cipassword" else r["pending"]
+               for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
+    try:
+        if params:
+            client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
+        client.request("PUT", f"{base}/cloudinit", {})
+    except policy.DryRun as dry:  # a dry run shows the diff too
+        dry.plan |= {"would_change": changed, "drive_lacks": waiting}
+        raise
+    running = row.get("status") == "running"
+    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"}
+    if waiting:
+        answer["also_applied"] = waiting  # earlier changes the drive lacked until now
+    answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
+                      f"its next boot (write_guest_power action=reboot)." if running else
+                      f"VM {vmid} is stopped: the changes apply when it starts.")
+    return answer

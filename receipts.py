@@ -103,7 +103,7 @@ DISK = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
 # Storage types whose volumes take snapshots (None: any format), as pve-storage's plugins answer
 # volume_has_feature('snapshot', current); and those that roll back only to the newest snapshot
 # (volume_rollback_is_possible), where a safety snapshot would block the rollback
-# (docs/PROXMOX-BEHAVIOUR.md#snapshots).
+# (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback).
 SAFETY_STORAGES: dict[str, frozenset[str] | None] = {
     "lvmthin": None, "zfspool": None, "zfs": None, "rbd": None,
     "btrfs": frozenset({"qcow2", "raw", "subvol"}),
@@ -320,8 +320,8 @@ def _after(p: Pending, result: Any) -> None:
 
 
 def _created(p: Pending) -> dict:
-    """The item a POST made: named by its id parameter, or found as the one new in the list
-    (a firewall rule is put first: pve-firewall API2/Firewall/Rules.pm create_rule)."""
+    """The item a POST made: named by its id parameter, or found as the one new in the list (a
+    firewall rule is put first: docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
     d = p.decision
     after = _ids(p.client.get(d.path))
     if re.search(r"/firewall/rules$", d.path):
@@ -609,7 +609,8 @@ def _item_template_tail(receipt: dict) -> str:
 
 
 def _undo_deleted(receipt: dict, client: Any) -> list:
-    """The item made again from what it was (a firewall rule is put first, then moved back)."""
+    """The item made again from what it was (a firewall rule is put first, then moved back where it
+    was)."""
     collection, item = receipt["object"].rsplit("/", 1)
     id_name = re.search(r"\{([\w-]+)\}$", receipt["template"]).group(1)
     if id_name != "pos":
@@ -627,8 +628,8 @@ def _undo_deleted(receipt: dict, client: Any) -> list:
     if any(MASK in str(v) for v in params.values()):
         raise InvalidArgument("It held something secret-looking, which receipts never keep. Nothing was sent.")
     steps: list = [("POST", collection, params | ({} if id_name == "pos" else {id_name: item}))]
-    if id_name == "pos" and item != "0":
-        steps.append(("PUT", f"{collection}/0", {"moveto": int(item)}))
+    if id_name == "pos" and item != "0":  # before the rule now at pos+1 (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)
+        steps.append(("PUT", f"{collection}/0", {"moveto": int(item) + 1}))
     return steps
 
 

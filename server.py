@@ -33,22 +33,29 @@ from typing import Annotated, Any, Callable
 
 import answers
 import audit
+import demo
 import http_transport
 import inventory
 import policy
 import proxmox_client
 import api_tools
+import backup_jobs
+import firewall_tools
+import file_restore
+import dashboard
+import monitor_tools
 import changes
 import pbs_tools
 import pve_tools
 import shell_tools
+import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
-                    is_loopback, load_config, read_env_files, tool_matches)
+                    load_config, read_env_files, tool_matches)
 from errors import ConfirmationNeeded, ToolFailure
 from pydantic import BaseModel, Field
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger("proxmox-mcp")
 
 INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
@@ -81,6 +88,8 @@ class ToolSpec:
     also: tuple[str, ...] = ()  # further gates that must be open too
     ssh: bool = False  # offered only when SSH access is configured
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
+    setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
+    view: Path | None = None  # an MCP Apps view (HTML) that draws its answer: view_uri(view) in the tool's _meta
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -92,7 +101,7 @@ def _tls_mode(host: proxmox_client.HostConfig) -> str:
 
 
 def list_hosts() -> dict:
-    """Configured hosts: label (the `host` argument), product, URL."""
+    """Configured hosts: label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
@@ -100,7 +109,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, auth, privileges, open gates; hidden tools and why."""
+    """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():
@@ -118,17 +127,27 @@ def server_info() -> dict:
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
     settings = policy.SETTINGS
-    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
-        if VISIBILITY.config else {}
-    return {"version": VERSION, "hosts": hosts,
-            "hidden_tools": {name: why for name, why in left_out.items() if why} | VISIBILITY.hidden(),
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
             "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
             "safety_snapshot": settings.receipts.safety,
-            "protected_guests": len(settings.protected.entries),
+            "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
+                                                  "name": e.get("name"), "reason": e.get("reason")})
+                                 for e in settings.protected.entries],
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
+
+
+def hidden_by_reason() -> dict[str, list[str]]:
+    """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
+    privileges read)."""
+    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
+        if VISIBILITY.config else {}
+    grouped: dict[str, list[str]] = {}
+    for name, why in ({name: why for name, why in left_out.items() if why} | VISIBILITY.hidden()).items():
+        grouped.setdefault(why, []).append(name)
+    return grouped
 
 
 def configured_labels() -> set[str]:
@@ -168,6 +187,7 @@ TOOLS = [
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
     ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(pve_tools.write_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
     ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
@@ -207,6 +227,13 @@ TOOLS = [
     ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell", also=("sensitive",)),
     ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
     ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
+    ToolSpec(firewall_tools.firewall_rules, "read", "pve", "firewall", ("Sys.Audit", "VM.Audit")),
+    ToolSpec(firewall_tools.write_firewall_rule, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify"),
+             may_destroy=True),  # delete; the cluster's and nodes' firewall is elevated too
+    ToolSpec(firewall_tools.write_firewall_options, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify")),
+    ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
+    ToolSpec(backup_jobs.write_backup_job, "write", "pve", "backups", ("Sys.Modify",),
+             may_destroy=True),  # delete, and a retention that prunes
     ToolSpec(workflows.health_check, "read", "pve", "workflows"),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
@@ -214,6 +241,17 @@ TOOLS = [
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(templates.list_templates, "read", "pve", "templates"),
+    ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),
+    ToolSpec(templates.write_pull_oci, "write", "pve", "templates", ("Sys.AccessNetwork",)),
+    ToolSpec(file_restore.backup_files, "sensitive", "", "backups"),
+    ToolSpec(file_restore.write_restore_file, "write", "", "backups", also=("sensitive",),
+             setting="PROXMOX_RESTORE_DIR"),
+    ToolSpec(monitor_tools.metrics, "read", "pve", "monitor", ("VM.Audit", "Sys.Audit", "Datastore.Audit")),
+    ToolSpec(monitor_tools.node_logs, "read", "pve", "monitor"),  # offered without Sys.Syslog: it names the grant
+    ToolSpec(monitor_tools.node_disks, "read", "pve", "monitor", ("Sys.Audit",)),
+    ToolSpec(monitor_tools.node_updates, "read", "pve", "monitor", ("Sys.Audit",)),
+    ToolSpec(dashboard.dashboard, "read", "pve", "monitor", view=dashboard.VIEW_HTML),
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
@@ -413,7 +451,7 @@ def as_tool(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
-             **kwargs: Any) -> str:
+             **kwargs: Any) -> Any:
         call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
                 "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
@@ -426,16 +464,29 @@ def as_tool(function: Callable) -> Callable:
             raise ToolError(policy.mask(str(exc) + sent_receipts(call, str(exc)))) from None
         finally:
             policy.CALL.reset(token)
+        view_data = None
+        if isinstance(result, answers.View):
+            result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
         if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py): the
             kept = call["receipts"]  # tool's own change last, after a safety snapshot's
             result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
                 {"receipts": kept} if len(kept) > 1 else {})
-        return policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:
         return with_confirmation(tool, function)
     return tool
+
+
+def view_result(text: str, data: dict) -> Any:
+    """The result of a tool with a view, for a client that renders it: the compact answer as text (what
+    the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
+    hosts hand the view the whole result and keep structuredContent out of the model's context)."""
+    from mcp_types import CallToolResult, TextContent
+    structured = json.loads(policy.mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 
 # ---------------------------------------------------------------- arguments that fail validation
@@ -457,15 +508,28 @@ PATTERNS = {
 NAMED_EXAMPLES = {
     "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
     "target_storage": "local-zfs",
-    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "path": "/nodes", "method": "GET", "store": "backup",
+    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "method": "GET", "store": "backup",
     "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
     "upid": "UPID:pve1:...",
     "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
     "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
-    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": "ip=dhcp",
+    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": {"net0": "dhcp"},
     "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
-    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "since": "before_upgrade",
+    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "path": "/root.pxar.didx/etc/hostname",
+    "search": "debian", "template": "debian-13-standard_13.1-2_amd64.tar.zst", "features": "keyctl=1",
+    "reference": "docker.io/library/nginx:latest", "user": "debian", "password": "a long passphrase",
+    "dns": "192.0.2.1 example.org", "cloudinit": {"user": "debian", "ip": {"net0": "dhcp"}},
+    "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
+    "since": "2h", "until": "1h", "grep": "error", "service": "pvedaemon", "cursor": "syslog|812||||",
+    "smart": "/dev/sda",
+    "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": "192.0.2.0/24"},
+    "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
+    "keep": "keep-daily=7,keep-weekly=4",
 }
+# Where one tool's argument takes other values than the name's example: a fresh install's storage for backups,
+# ISOs and templates is `local`, never `local-lvm` (guest disks only) (docs/PROXMOX-BEHAVIOUR.md#per-node-storages).
+TOOL_EXAMPLES = {("write_backup_guest", "storage"): "local", ("list_backups", "storage"): "local",
+                 ("write_download_url", "storage"): "local"}
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
 RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
     "missing": "is required", "string_too_short": "needs at least {min_length} characters",
@@ -492,7 +556,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
             else item["msg"][:1].lower() + item["msg"][1:]
         if item["type"] == "string_pattern_mismatch":
             rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"
-        example = example_for(name, prop, pattern)
+        example = TOOL_EXAMPLES.get((tool, name)) or example_for(name, prop, pattern)
         given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
         problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
                                                               else ""))
@@ -546,6 +610,8 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
         return f"no {proxmox_client.PRODUCTS[spec.product].name} host is configured"
     if spec.ssh and not config.ssh:
         return "no SSH access is configured (PROXMOX_<LABEL>_SSH_NODES or PBS_<LABEL>_SSH_HOST)"
+    if spec.setting and not getattr(config, spec.setting.removeprefix("PROXMOX_").lower()):
+        return f"{spec.setting} is not set"
     if not any(all(policy.gate_open(rules, gate) for gate in (spec.gate, *spec.also))
                for rules in host_rules(config, spec.product)):
         closed = [g for g in (spec.gate, *spec.also) if not all(
@@ -598,6 +664,8 @@ class ToolVisibility:
             hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
             if not hosts or any(policy.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
+            if spec.gate not in ("read", "sensitive") and any(getattr(h, "write_token_id", None) for h in hosts):
+                continue  # writes go with the write token, whose privileges are not read (policy._check_privileges)
             if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
                 acl_path = "/datastore" if spec.product == "pbs" else "/"
                 needs = policy.version_privileges(hosts[0], spec.needs)
@@ -741,18 +809,41 @@ def slim_schema(schema: dict, needless: set[str] = frozenset()) -> dict:
             prop.update(next(v for v in variants if v != {"type": "null"}))
         for key in ("title", "minimum", "maximum", "minLength", "maxLength", "pattern", "default"):
             prop.pop(key, None)
+        if prop.get("additionalProperties") is True:  # JSON Schema's default for an object: says nothing
+            del prop["additionalProperties"]
         if name in COMMON_PARAMS:
             prop.pop("description", None)
     return schema
 
 
 def make_tool(spec: ToolSpec):
-    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, the
-    MCP edge around its function (as_tool); the schema still in full (slim_schema trims it)."""
+    """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
+    view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
+    still in full (slim_schema trims it)."""
     from mcp.server.mcpserver.tools import Tool
     return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                               description=" ".join((spec.function.__doc__ or "").split()),
-                              annotations=annotations_for(spec), structured_output=False)
+                              annotations=annotations_for(spec), structured_output=False,
+                              meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
+
+
+def view_uri(html: Path) -> str:
+    return f"ui://proxmox/{html.name}"
+
+
+def views_extension(specs: list[ToolSpec]) -> list:
+    """The MCP Apps extension (mcp.server.apps) serving the views of the offered tools as ui://
+    resources (text/html;profile=mcp-app), or nothing when no offered tool has one. The views need no
+    network: no CSP domains are declared, so hosts apply the extension's most restrictive policy."""
+    from mcp.server.apps import Apps
+    views = sorted({spec.view for spec in specs if spec.view})
+    if not views:
+        return []
+    apps = Apps()
+    for html in views:
+        apps.add_html_resource(view_uri(html), html.read_text(), name=html.stem, prefers_border=True,
+                               description=f"the view of the {html.stem} tool")
+    return [apps]
 
 
 def build_server(config: Config):
@@ -768,105 +859,44 @@ def build_server(config: Config):
     from mcp.server.subscriptions import InMemorySubscriptionBus
     VISIBILITY.bus = InMemorySubscriptionBus()
     server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
-                       subscriptions=VISIBILITY.bus)
+                       subscriptions=VISIBILITY.bus, extensions=views_extension(VISIBILITY.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
+    for host in config.hosts:  # resources/list: each host's own, ready to attach
+        for uri, function in workflows.RESOURCES:
+            if function in workflows.ATTACHABLE[host.product]:
+                short = function.__name__.removeprefix("resource_")
+                server.resource(uri.format(host=host.label), name=f"{host.label} {short}",
+                                description=function.__doc__, mime_type="application/json")(
+                    as_resource(function, host.label))
     for prompt in workflows.PROMPTS:
         server.prompt()(prompt)
     return server
 
 
-def as_resource(function: Callable) -> Callable:
-    """A resource read: failures become clear errors, secrets are masked."""
+def as_resource(function: Callable, label: str | None = None) -> Callable:
+    """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
+    that host's resource (a static one, listed); without, the template's, taking the host."""
     import functools
 
     from mcp.server.mcpserver.exceptions import ResourceError
 
-    @functools.wraps(function)
-    def read(host: str) -> str:
+    def read_host(host: str) -> str:
         try:
             return policy.mask(function(host))
         except ToolFailure as exc:
             raise ResourceError(policy.mask(str(exc))) from None
-    return read
+
+    if label is not None:
+        return lambda: read_host(label)
+    return functools.wraps(function)(read_host)
 
 
 def tool_list_json(server) -> list[dict]:
     import anyio
     tools = anyio.run(server.list_tools)
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
-
-
-def tool_summary_markdown() -> str:
-    """Every tool by toolset and gate: the top of docs/TOOLS.md and the README's tool summary."""
-    gates = [gate for gate in policy.GATES if any(spec.gate == gate for spec in TOOLS)]
-    lines = ["| toolset | " + " | ".join(gates) + " |", "|---" * (len(gates) + 1) + "|"]
-    for toolset in ("always", *TOOLSET_GROUPS):
-        specs = [spec for spec in TOOLS if spec.toolset == toolset]
-        cells = [", ".join(f"`{spec.function.__name__}`" + "†" * spec.may_destroy
-                           + "".join(f" (+ {also})" for also in spec.also) + " (SSH)" * spec.ssh
-                           for spec in specs if spec.gate == gate) for gate in gates]
-        lines.append(f"| {toolset} | " + " | ".join(cells) + " |")
-    lines += ["", f"{len(TOOLS)} tools. †: its arguments can make a call destructive (then it is confirmed like "
-              f"one); (+ gate): that gate must be open too; (SSH): offered when SSH is configured. The `compact` "
-              f"toolset is api + workflows."]
-    return "\n".join(lines)
-
-
-def tool_catalog_markdown() -> str:
-    """docs/TOOLS.md: every tool the code defines (whatever the configuration), with its gate,
-    annotations, parameters and bytes."""
-    lines = ["# Tools", "", "Generated by `python server.py --write-docs`; a test fails when this file is "
-             "stale. Bytes are the tool's compact JSON in tools/list. Which tools a server offers depends on its "
-             "gates, toolsets, configured products and SSH (see README).", "", tool_summary_markdown(), "",
-             "Arguments many tools share are explained once, in the server's instructions:", "",
-             "> " + INSTRUCTIONS, ""]
-    for spec in TOOLS:
-        tool = make_tool(spec)
-        full = json.loads(json.dumps(tool.parameters))  # defaults and bounds, for people reading the docs
-        slim_schema(tool.parameters)
-        listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
-                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)}
-        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
-        gates = " + ".join((spec.gate, *spec.also))
-        lines += [f"## `{tool.name}`", "", tool.description, "",
-                  f"- gate: {gates}; toolset: {spec.toolset}; "
-                  f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
-                  f"- annotations: {hints}",
-                  f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}"]
-        required = set(tool.parameters.get("required", []))
-        for name, prop in tool.parameters.get("properties", {}).items():
-            kind = prop.get("type") or "/".join(v.get("type", "?") for v in prop.get("anyOf", []))
-            original = full["properties"][name]
-            bounds = next((v for v in (original.get("anyOf") or [original]) if "minimum" in v or "maximum" in v), {})
-            low, high = bounds.get("minimum"), bounds.get("maximum")
-            notes = [prop.get("description", "").rstrip("."),
-                     f"one of {', '.join(map(str, prop['enum']))}" if "enum" in prop else "",
-                     f"{low} to {high}" if low is not None and high is not None else
-                     f"at least {low}" if low is not None else f"at most {high}" if high is not None else "",
-                     f"default {json.dumps(original['default'])}"
-                     if original.get("default") not in (None, False, "") else ""]
-            text = "; ".join(n for n in notes if n)
-            label = f"  - `{name}` ({kind}{', required' if name in required else ''})"
-            lines.append(f"{label}: {text}" if text else label)
-        lines.append("")
-    return "\n".join(lines)
-
-
-README_SUMMARY = ("<!-- tool summary: generated by `python server.py --write-docs`; a test fails when it is stale -->",
-                  "<!-- end of the tool summary -->")
-
-
-def write_docs(root: Path = INSTALL_DIR) -> int:
-    """--write-docs: regenerate docs/TOOLS.md and the README's tool summary (between its markers)."""
-    (root / "docs" / "TOOLS.md").write_text(tool_catalog_markdown() + "\n")
-    readme = root / "README.md"
-    text = readme.read_text()
-    start, end = text.index(README_SUMMARY[0]) + len(README_SUMMARY[0]), text.index(README_SUMMARY[1])
-    readme.write_text(f"{text[:start]}\n{tool_summary_markdown()}\n{text[end:]}")
-    print(f"wrote {root / 'docs' / 'TOOLS.md'} and the tool summary in {readme}")
-    return 0
 
 
 def print_tool_list(config: Config, as_json: bool) -> None:
@@ -890,9 +920,12 @@ def check_hosts(config: Config) -> int:
     tools. Exit 1 when a host fails."""
     failures = 0
     VISIBILITY.offer(config)
-    read = ", ".join(str(f) for f in config.env_files) or "none found"
-    print(f"settings: the environment first, then .env in the working directory ({Path.cwd()}), then .env "
-          f"beside server.py ({INSTALL_DIR}); the first that sets a variable wins. .env files read: {read}")
+    read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
+    print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
+          f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
+          f".env files read: {read}")
+    for line in config.env_origins.report():
+        print(f"  {line}")
     for host in config.hosts:
         client = proxmox_client.client_for(host.product, host.label)
         rules = config.settings.hosts[(host.product, host.label)]
@@ -902,6 +935,9 @@ def check_hosts(config: Config) -> int:
         try:
             version = client.get("/version") or {}
             print(f"  version: {version.get('version')}")
+            certificate = proxmox_client.certificate_line(host)
+            if certificate:
+                print(f"  {certificate}")
             permissions = policy.permissions_of(host) or {}
             held = sorted({p for privs in permissions.values() for p in privs})
             print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
@@ -912,14 +948,17 @@ def check_hosts(config: Config) -> int:
             print(f"  FAILED: {policy.mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
               f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
-    for name, why in VISIBILITY.hidden().items():
-        print(f"hidden: {name}: {why}")
+    for why, names in hidden_by_reason().items():
+        print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
-    return 1 if failures or problems or not config.hosts else 0
+    cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
+    if cannot_audit:
+        print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
+    return 1 if failures or problems or cannot_audit or not config.hosts else 0
 
 
 def verify_audit_command(config: Config) -> int:
@@ -947,52 +986,33 @@ def open_audit_log(config: Config) -> str | None:
     return None
 
 
-# ================================================================ demo
-
-DEMO: dict[str, Any] = {}  # the running lab, held for the life of the process (its directory holds the demo's files)
-
-
-def demo_environment() -> dict[str, str]:
-    """Start the simulated lab in this process and return the variables that point at it: admin
-    tokens on both products, every tier open, guest 101 protected, and the audit log in the lab's
-    own temporary directory (never the user's)."""
-    import simulator
-    sim = simulator.Simulator(simulator.Lab.homelab()).start()
-    DEMO["simulator"] = sim
-    state = Path(sim.state_dir)
-    protected = state / "protected-vms.json"
-    protected.write_text(json.dumps([{"host": "demo", "vmid": 101, "name": "db",
-                                      "reason": "demo: the production database"}]))
-    return sim.env(label="demo", pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
-        "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
-        "PROXMOX_AUDIT_LOG": str(state / "audit.jsonl")}
-
-
-def demo_http_token(env: dict[str, str], bind_host: str) -> dict[str, str]:
-    """--demo --http on loopback just works: a bearer token is made up unless one is configured."""
-    if env.get("MCP_AUTH_TOKEN") or env.get("MCP_AUTH_TOKEN_FILE") or not is_loopback(bind_host):
-        return {}
-    import secrets
-    DEMO["token"] = secrets.token_urlsafe(24)
-    return {"MCP_AUTH_TOKEN": DEMO["token"]}
-
+# ================================================================ what a person starting it reads
 
 def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> str:
     """The line a person starting the server reads on stderr: what it serves, where, and the client
-    command that connects to it (Claude Code's; README has the others)."""
+    command that connects to it (Claude Code's; README has the others). Its client name differs
+    between stdio and HTTP, so that a user can add both."""
     what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
         else "proxmox-mcp"
-    name = "proxmox-demo" if args.demo else "proxmox"
+    name = ("proxmox-demo" if args.demo else "proxmox") + ("-http" if args.http else "")
     if args.http:
         reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
         url = f"http://{reach}:{args.port or config.http_port}/mcp"
-        bearer = DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
+        bearer = demo.DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
                 f"  claude mcp add --transport http {name} {url}{header}")
-    command = f"{sys.executable} {INSTALL_DIR / 'server.py'}{' --demo' * args.demo}"
     return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
-            f"connect one with: claude mcp add {name} -- {command}")
+            f"connect one with: claude mcp add {name} -- {start_command()}{' --demo' * args.demo}")
+
+
+def start_command() -> str:
+    """The command that starts this server as this process was started: the installed `proxmox-mcp`
+    script (pyproject.toml), or the interpreter and server.py of a clone."""
+    started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if started is not None and started.suffix != ".py" and started.is_file():
+        return str(started)
+    return f"{sys.executable} {INSTALL_DIR / 'server.py'}"
 
 
 # ================================================================ main
@@ -1013,7 +1033,9 @@ def setup_logging(level: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser = argparse.ArgumentParser(prog="proxmox-mcp",
+                                     description="MCP server for Proxmox VE and Proxmox Backup Server.")
+    parser.add_argument("--version", action="version", version=f"proxmox-mcp {VERSION}")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
     parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
@@ -1030,14 +1052,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def configuration(args: argparse.Namespace) -> tuple[Config, str]:
     """This run's configuration (the environment, then .env files, or the demo lab), checked, its
     secrets registered for masking; and the address to bind in HTTP mode."""
-    env, env_files = read_env_files()
-    if args.demo:
-        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_"))}
-        env |= demo_environment()
+    env, origins = read_env_files()
+    if args.demo:  # no host of the user's is reached; which tools are offered stays theirs to choose
+        env = {k: v for k, v in env.items() if not k.startswith(("PROXMOX_", "PBS_")) or k == "PROXMOX_TOOLSETS"}
+        env |= demo.demo_environment()
         if args.http:
-            env |= demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
+            env |= demo.demo_http_token(env, args.host or env.get("MCP_HTTP_HOST", "127.0.0.1"))
     config = load_configuration(env)
-    config.env_files = env_files
+    config.env_origins = origins
+    config.warnings += [origins.warning()] if origins.ignored else []
     bind_host = args.host or config.http_host
     if args.http:
         check_http_auth(config, bind_host)
@@ -1059,6 +1082,7 @@ def apply_configuration(config: Config) -> None:
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
     shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
+    file_restore.configure(config.restore_dir, config.restore_max_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1073,10 +1097,11 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(warning)
     apply_configuration(config)
 
-    if args.write_docs:
-        return write_docs()
-    if args.list_tools and args.markdown:
-        print(tool_catalog_markdown())
+    if args.write_docs or (args.list_tools and args.markdown):
+        import tool_docs  # it imports this module: loaded only for the two commands that need it
+        if args.write_docs:
+            return tool_docs.write_docs()
+        print(tool_docs.tool_catalog_markdown())
         return 0
     if args.list_tools:
         print_tool_list(config, args.json)
@@ -1085,9 +1110,11 @@ def main(argv: list[str] | None = None) -> int:
         return check_hosts(config)
     if args.verify_audit:
         return verify_audit_command(config)
-    cannot_audit = open_audit_log(config)
-    if cannot_audit:  # a server that would write cannot audit: it does not start
-        print(cannot_audit, file=sys.stderr)
+    port, given = (args.port, "--port") if args.port else (config.http_port, "MCP_HTTP_PORT")
+    cannot_start = open_audit_log(config) or (http_transport.listen_problem(bind_host, port, given)
+                                              if args.http else None)
+    if cannot_start:  # a server that would write cannot audit, or cannot listen: it does not start
+        print(cannot_start, file=sys.stderr)
         return 2
     return serve(args, config, bind_host)
 
@@ -1123,6 +1150,11 @@ def collect_from_now_on() -> None:
     gc.enable()
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `proxmox-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
     gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -307,7 +307,7 @@ else echo 'smartctl not installed'; fi
 
 
 def node_diagnostics(where: Where, host: Host = None) -> dict:
-    """Fixed SSH checks on a node or PBS: disks, ZFS, failed units, journal errors, SMART."""
+    """Fixed SSH checks on a node or PBS: disks, ZFS, units, journal, SMART."""
     target, node = _where(where, host)
     result = admitted(target.product, target.label, ("read",), f"node {node}: diagnostics", [],
                       lambda: run(target, node, DIAGNOSTICS, timeout=60))

@@ -6,23 +6,24 @@ Resources and prompts for MCP clients are defined here too.
 import json
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import config_diff
+import pbs_state
 import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg, human_bytes,
-                     iso_time, percent)
+from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
+                     human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, bridges, check_node, guest_resources, next_vmid, resolve_guest,
-                       storage_rows)
-from proxmox_client import ProxmoxClient, pbs_client, pve_client, run_task, task_report
+from inventory import (HA_FAILED, archive_node, backup_storages, bridges, bridges_hidden, check_node, disk_problem,
+                       guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels, next_vmid,
+                       pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
+from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
@@ -45,11 +46,22 @@ class Report:
         """Run one section; a failure is recorded as unavailable, never as healthy."""
         try:
             result = read()
-            self.checked.append(name)
-            return result
         except ToolFailure as exc:
-            self.unavailable.append({"section": name, "reason": str(exc)[:300]})
+            result = exc
+        return self._record(name, result)
+
+    def sections(self, reads: list[tuple[str, Callable[[], Any]]], limit: int = AT_ONCE) -> list[Any]:
+        """Sections that do not depend on each other, read side by side (at most `limit` at once) and
+        recorded in the order given, as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
+        results = in_parallel([read for _, read in reads], limit)
+        return [self._record(name, result) for (name, _), result in zip(reads, results, strict=True)]
+
+    def _record(self, name: str, result: Any) -> Any:
+        if isinstance(result, ToolFailure):
+            self.unavailable.append({"section": name, "reason": str(result)[:300]})
             return None
+        self.checked.append(name)
+        return result
 
     def drop_checked(self, name: str) -> None:
         """A section that found nothing to read (no PBS host configured) was not checked."""
@@ -57,10 +69,51 @@ class Report:
             self.checked.remove(name)
 
     def answer(self, **extra: Any) -> dict:
+        """Counts first, then the findings worst first; findings alike (same severity and area) beyond
+        the first few are folded into one, and long lists are cut, so that the answer
+        stays small however large the cluster (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
         findings = sorted(self.findings, key=lambda f: SEVERITY[f["severity"]])
         counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITY}
-        return {"summary": counts | {"unavailable": len(self.unavailable)}, "findings": findings,
-                "unavailable": self.unavailable, "checked": self.checked, "thresholds": self.thresholds} | extra
+        return {"summary": counts | {"unavailable": len(self.unavailable)}, "findings": folded(findings),
+                "unavailable": self.unavailable[:LIST_CAP] + more(self.unavailable, {"section": "..."}),
+                "checked": self.checked[:LIST_CAP] + more(self.checked, ""), "thresholds": self.thresholds} | extra
+
+
+FOLD_AFTER = 3  # findings alike shown one by one before the rest are counted
+LIST_CAP = 12  # names of sections checked or unavailable shown
+
+
+# Where the findings folded away can be seen one by one.
+FOLDED_NEXT = {"locks": "list_guests shows every guest's lock", "backups": "backup_coverage pages through every guest",
+               "tasks": "list_tasks errors=true lists every failed task", "disks": "node_disks shows every disk",
+               "zfs": "node_disks shows every pool"}
+
+
+def folded(findings: list[dict]) -> list[dict]:
+    """Findings of the same severity and area keep their first FOLD_AFTER; the rest become one
+    finding that counts them and names the first few."""
+    shown: list[dict] = []
+    rest: dict[tuple[str, str], list[dict]] = {}
+    for finding in findings:
+        key = (finding["severity"], finding["area"])
+        if sum(1 for f in shown if (f["severity"], f["area"]) == key) < FOLD_AFTER:
+            shown.append(finding)
+        else:
+            rest.setdefault(key, []).append(finding)
+    for (severity, area), group in rest.items():
+        position = max(i for i, f in enumerate(shown) if (f["severity"], f["area"]) == (severity, area))
+        shown.insert(position + 1, {"severity": severity, "area": area, "finding": f"{len(group)} more like these",
+                                    "evidence": [f["finding"][:60] for f in group[:5]],
+                                    "next": FOLDED_NEXT.get(area, "the evidence names the first few")})
+    return shown
+
+
+def more(items: list, filler: Any) -> list:
+    """What a list cut at LIST_CAP says about the rest: one entry naming how many."""
+    if len(items) <= LIST_CAP:
+        return []
+    count = f"+{len(items) - LIST_CAP} more"
+    return [filler | {"section": count} if isinstance(filler, dict) else count]
 
 
 def _pbs(label: str | None) -> ProxmoxClient | None:
@@ -129,7 +182,7 @@ def _node_load(h: Health) -> None:
         load = percent(node.get("cpu"), 1)
         if load is not None and load >= h.limits["node_cpu_warn_pct"]:
             h.report.add("warning", "cpu", f"node {node['node']} runs at {load}% CPU",
-                         {"cpu_pct": load, "cores": node.get("maxcpu")},
+                         {"cpu_pct": load, "cpus": node.get("maxcpu")},
                          "find the busy guests (list_guests) and spread them")
         used = percent(node.get("mem"), node.get("maxmem"))
         if used is not None and used >= h.limits["node_mem_warn_pct"]:
@@ -148,11 +201,15 @@ def _storage_fill(h: Health) -> None:
         h.report.unavailable.append({"section": f"storage {storage['storage']} on {storage['node']}",
                                      "reason": f"status {storage.get('status')}: the node reports no usage "
                                                f"(storage offline, disabled or not mounted)"})
-    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
+    # a shared storage has a row per node but one disk: one finding (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    rows = {(r["storage"], "" if r.get("shared") else r["node"]): r for r in h.resources
+            if r.get("type") == "storage" and r.get("maxdisk")}
+    for (name, node), storage in sorted(rows.items()):
         used = percent(storage.get("disk"), storage.get("maxdisk"))
         if used >= h.limits["storage_warn_pct"]:
             severity = "critical" if used >= h.limits["storage_crit_pct"] else "warning"
-            h.report.add(severity, "storage", f"{storage['storage']} on {storage['node']} is {used}% full",
+            where = f"{name} on {node}" if node else f"{name} (shared)"
+            h.report.add(severity, "storage", f"{where} is {used}% full",
                          {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
                          "prune backups (list_backups), delete unused volumes or grow the storage")
 
@@ -163,9 +220,9 @@ def _guest_states(h: Health) -> None:
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
                          {"vmid": guest["vmid"], "lock": guest["lock"]},
                          proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
-        if guest.get("hastate") in ("error", "fence"):
-            h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
-                         {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
+        if guest.get("hastate") in HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
+            what, way_out = ha_failure(guest).split(": ", 1)
+            h.report.add("critical", "ha", what, {"vmid": guest["vmid"], "node": guest.get("node")}, way_out)
 
 
 def _failed_tasks(h: Health) -> None:
@@ -179,28 +236,110 @@ def _failed_tasks(h: Health) -> None:
                          "read it with task_log")
 
 
-def _replication(h: Health, node: str) -> None:
-    for job in h.report.section(f"replication {node}", lambda: h.client.get(f"/nodes/{node}/replication")) or []:
+def _replication(h: Health, node: str, jobs: list[dict]) -> None:
+    for job in jobs:
         if job.get("error") or job.get("fail_count"):
             h.report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
                          {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
                          "check the target node and storage; run it again from the web UI")
 
 
-def _certificates(h: Health, node: str) -> None:
-    certs = h.report.section(f"certificates {node}", lambda: h.client.get(f"/nodes/{node}/certificates/info")) or []
+# Certificates that renew themselves: pveupdate renews pve-ssl.pem from 14 days before it expires
+# and an ACME pveproxy-ssl.pem from 30 (pve-manager bin/pveupdate; docs/PROXMOX-BEHAVIOUR.md#node-certificates)
+SELF_RENEWING = {"pve-ssl.pem": 14}
+
+
+def _certificates(h: Health, node: str, certs: list[dict]) -> None:
     for cert in certs:
         days = (cert.get("notafter", 0) - time.time()) / 86400
-        if days < h.limits["cert_warn_days"]:
-            h.report.add("critical" if days < 7 else "warning", "certificates",
-                         f"{cert.get('filename')} on {node} expires in {int(days)} days",
-                         {"notafter": iso_time(cert.get("notafter"))}, "renew it (ACME or pvecm updatecerts)")
+        if days >= h.limits["cert_warn_days"]:
+            continue
+        name = cert.get("filename")
+        renews_at = SELF_RENEWING.get(name)
+        if renews_at and days >= renews_at:
+            h.report.add("info", "certificates", f"{name} on {node} expires in {int(days)} days",
+                         {"notafter": iso_time(cert.get("notafter")), "renews_itself_at_days": renews_at},
+                         "nothing yet: pveupdate renews it daily from 14 days before it expires")
+            continue
+        h.report.add("critical" if days < 7 else "warning", "certificates",
+                     f"{name} on {node} expires in {int(days)} days",
+                     {"notafter": iso_time(cert.get("notafter"))} | (
+                         {"renews_itself_at_days": renews_at} if renews_at else {}),
+                     "its automatic renewal failed: run pvecm updatecerts --force on the node" if renews_at
+                     else "renew it (ACME: pvenode acme cert renew; a custom one: upload the new one)")
+
+
+def _disks(h: Health, node: str, disks: list[dict]) -> None:
+    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life
+    (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    for disk in disks:
+        problem = disk_problem(disk)
+        if problem:
+            failing = problem.startswith("SMART")
+            h.report.add("critical" if failing else "warning", "disks", f"{disk.get('devpath')} on {node}: {problem}",
+                         {"model": disk.get("model"), "health": disk.get("health"),
+                          "life_left_pct": wearout_left(disk), "used": disk.get("used")},
+                         "replace the disk soon; node_disks smart=<disk> shows its SMART values" if failing
+                         else "plan its replacement; node_disks shows the others")
+
+
+def _pools(h: Health, node: str, details: list[dict]) -> None:
+    """ZFS pools not ONLINE, with data errors, or with device errors (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    for pool in details:
+        problem = pool_problem(pool)
+        if problem:
+            h.report.add("warning" if problem.startswith("device errors") else "critical", "zfs",
+                         f"pool {pool.get('name')} on {node}: {problem}",
+                         {k: pool.get(k) for k in ("state", "errors", "action", "scan") if pool.get(k)},
+                         "node_disks shows the devices; replace a faulted one (zpool replace) or clear errors")
+
+
+def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] | None) -> None:
+    """Pending updates (the whole list with Sys.Modify, Proxmox's packages without) and a newer
+    kernel installed than the one running (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    booted = kernels(versions)
+    if booted.get("reboot_for_kernel"):
+        h.report.add("warning", "updates", f"{node} runs kernel {booted['kernel_running']}, "
+                     f"{booted['kernel_newest']} is installed", booted,
+                     "reboot the node (migrate its guests first) to run the newest kernel")
+    pending = everything if everything is not None else [
+        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    if pending:
+        origins: dict[str, int] = {}
+        for package in pending:
+            origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
+        h.report.add("info", "updates", f"{len(pending)} package updates pending on {node}",
+                     {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
+                      "security": "not told apart by Proxmox's update list",
+                      "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},
+                     "node_updates lists them; apply them (apt full-upgrade) in a quiet hour")
+
+
+NODE_READS = {  # what health_check reads from every online node, side by side
+    "replication": "/nodes/{node}/replication", "certificates": "/nodes/{node}/certificates/info",
+    "disks": "/nodes/{node}/disks/list", "zfs": "/nodes/{node}/disks/zfs", "updates": "/nodes/{node}/apt/versions"}
 
 
 def _node_services(h: Health) -> None:
+    """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
+    the ZFS pools' details; then the findings, node by node in order."""
+    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()]
+    # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
+    reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
+              if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
+    results = h.report.sections([(f"{name} {node}", lambda p=path: h.client.get(p) or [])
+                                 for node, name, path in reads], limit=AT_ONCE * len(NODE_READS))
+    got = {(node, name): result for (node, name, _), result in zip(reads, results, strict=True)}
+    pools = [(node, pool["name"]) for node in h.online for pool in got.get((node, "zfs")) or [] if pool.get("name")]
+    details = h.report.sections([(f"zfs {name} on {node}", lambda n=node, p=name: h.client.get(
+        f"/nodes/{n}/disks/zfs/{p}") or {}) for node, name in pools], limit=AT_ONCE * len(NODE_READS))
     for node in h.online:
-        _replication(h, node)
-        _certificates(h, node)
+        _replication(h, node, got.get((node, "replication")) or [])
+        _certificates(h, node, got.get((node, "certificates")) or [])
+        _disks(h, node, got.get((node, "disks")) or [])
+        _pools(h, node, [d for (n, _), d in zip(pools, details, strict=True) if n == node and d])
+        if got.get((node, "updates")) is not None:
+            _updates(h, node, got[(node, "updates")], got.get((node, "all updates")))
 
 
 def _backup_server(h: Health) -> None:
@@ -211,39 +350,70 @@ def _backup_server(h: Health) -> None:
     now = time.time()
     usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    gc_jobs = h.report.section("pbs garbage collection", lambda: pbs.get("/admin/gc")) if usage else []
+    runs = h.report.section("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)) if usage else ({}, None)
+    s3 = h.report.section("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage)) or set()
     for ds in usage:
-        _datastore_health(h, ds, gc_jobs, now)
-    for job in h.report.section("pbs verify jobs", lambda: pbs.get("/admin/verify")) or []:
-        age = now - (job.get("last-run-endtime") or 0)
-        state = job.get("last-run-state")
-        if age > h.limits["verify_max_days"] * 86400 or proxmox_client.task_outcome(state) in ("failed", "unknown"):
-            h.report.add("warning", "pbs", f"verify job {job['id']} last ran "
-                         f"{iso_time(job.get('last-run-endtime')) or 'never'}" + (f": {state}" if state else ""),
-                         job, "write_pbs_run_job kind=verify")
+        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
+    for kind in pbs_state.JOB_KINDS:
+        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) or []:
+            _pbs_job_health(h, kind, job, now)
 
 
-def _datastore_health(h: Health, ds: dict, gc_jobs: list[dict] | None, now: float) -> None:
+def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
+    """A sync, verify or prune job whose last run failed, with that run's evidence; a verify job that has
+    not run for too long. A job that is running now has no last result yet (docs/PROXMOX-BEHAVIOUR.md#pbs-jobs)."""
+    result = pbs_state.job_result(job)
+    ended = iso_time(job.get("last-run-endtime"))
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"{kind} job {job['id']} failed: {result}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended, "result": result,
+                              "upid": job.get("last-run-upid")}),
+                     f"read its log (pbs_get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
+                     f"job_id={job['id']}")
+    elif kind == "verify" and now - (job.get("last-run-endtime") or 0) > h.limits["verify_max_days"] * 86400:
+        h.report.add("warning", "pbs", f"verify job {job['id']} last ran {ended or 'never'}",
+                     compact({"job": job["id"], "store": job.get("store"), "ended": ended,
+                              "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify")
+
+
+def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
+    """A store filling up; an S3 store's figures are its local cache's, which says nothing about the
+    bucket (docs/PROXMOX-BEHAVIOUR.md#s3-datastores); an estimate in the past or 0 is no date."""
+    used = percent(ds.get("used"), ds.get("total")) or 0
+    if used < h.limits["storage_warn_pct"]:
+        return
+    if s3:
+        h.report.add("info", "pbs", f"the local cache of S3 datastore {ds['store']} is {used}% full",
+                     {"cache_used": human_bytes(ds.get("used")), "cache_total": human_bytes(ds.get("total"))},
+                     "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS")
+        return
+    h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
+                 f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_state.full_by(ds, set())}),
+                 "prune (write_pbs_prune) and run GC")
+
+
+def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float, s3: bool) -> None:
     # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     if ds.get("error"):
         h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
         return
-    used = percent(ds.get("used"), ds.get("total")) or 0
-    if used >= h.limits["storage_warn_pct"]:
-        h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
-                     f"datastore {ds['store']} is {used}% full",
-                     {"full_by": iso_time(ds.get("estimated-full-date"))}, "prune (write_pbs_prune) and run GC")
-    if gc_jobs is None:
+    _datastore_fill(h, ds, s3)
+    if runs is None:
         return  # the GC jobs could not be read: listed as unavailable
-    gc = next((job for job in gc_jobs if job.get("store") == ds["store"]), {})
-    last_gc, state = gc.get("last-run-endtime") or 0, gc.get("last-run-state")
-    if proxmox_client.task_outcome(state) in ("failed", "unknown"):
-        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {state}",
-                     {"last_gc": iso_time(last_gc), "upid": gc.get("upid")},
+    run = runs.get(ds["store"]) or {}
+    result, last_gc = run.get("result"), run.get("ended") or run.get("started") or 0
+    if result == "running":
+        return
+    if proxmox_client.task_outcome(result) in ("failed", "unknown"):
+        h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
+                     {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
                      "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
-                     {"last_gc": iso_time(last_gc), "schedule": gc.get("schedule")}, "write_pbs_gc, and schedule it")
+                     compact({"last_gc": iso_time(last_gc), "schedule": run.get("schedule")}),
+                     "write_pbs_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -253,7 +423,7 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster health in one call (nodes, storage, tasks, HA, certs, PBS): findings by severity."""
+    """Cluster and PBS health in one call: findings by severity."""
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host)
@@ -264,33 +434,17 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _numbers(text: Any) -> set[int]:
-    return {int(v) for v in str(text or "").split(",") if v.strip().isdigit()}
-
-
-def _job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
-    """(selects, excludes) as vzdump picks guests: by pool, else by vmid, else all minus
-    `exclude` (which applies with all only); `node` limits any of them to that node's guests
-    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
-    vmid = int(guest["vmid"])
-    if job.get("node") and job["node"] != guest.get("node"):
-        return False, False
-    if job.get("pool"):
-        return guest.get("pool") == job["pool"], False
-    if job.get("vmid"):
-        return vmid in _numbers(job["vmid"]), False
-    if str(job.get("all", 0)) == "1":
-        excluded = vmid in _numbers(job.get("exclude"))
-        return not excluded, excluded
-    return False, False
-
-
-def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _jobs_for(guest: dict, jobs: list[dict], unseen_pools: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """The jobs that back a guest up and those that exclude it; a job selecting a pool this token
+    cannot see (no Pool.Audit: /cluster/resources leaves `pool` out) is listed as `<job>?`, unknown."""
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
             continue
-        selects, excludes = _job_selects(job, guest)
+        if job.get("pool") in unseen_pools and (not job.get("node") or job["node"] == guest.get("node")):
+            covering.append(f"{job['id']}?")
+            continue
+        selects, excludes = job_selects(job, guest)
         if selects:
             covering.append(job["id"])
         elif excludes:
@@ -312,8 +466,12 @@ class Coverage:
     read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
+    unseen: dict[str, list[int]] = field(default_factory=dict)  # where -> guests whose backups were not seen
+    hidden: dict[str, list[int]] = field(default_factory=dict)  # those of them hidden from this token
+    unseen_pools: set[str] = field(default_factory=set)  # pools that jobs select and this token cannot see
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
 
     @property
     def guests(self) -> list[dict]:
@@ -327,30 +485,43 @@ class Coverage:
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
     c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
+    # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
+    # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
+                      and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
 
 
 def _pbs_storages(c: Coverage) -> None:
-    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
-    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
-    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    """Which PVE storages of type pbs write to the configured Backup Server, and where: those are
+    read on PBS itself, exactly there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
     if c.pbs is None:
         return
-    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
-    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
-        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
-            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
-            c.read_on_pbs.add(storage["storage"])
+    targets = c.report.section("pbs storages", lambda: pbs_backed_storages(c.client, c.pbs)) or {}
+    c.pbs_targets = set(targets.values())
+    c.read_on_pbs = set(targets)
 
 
 def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here.
+    # is a different disk); PBS-backed storages through PBS itself when it is configured here. A
+    # storage that hides some guests' backups from this token, or cannot be read, leaves them unseen
+    # (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). The reads go side by side (Report.sections).
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
+    vmids = sorted(int(g["vmid"]) for g in c.guests)
+    keys = []
     for name, node, shared in backup_storages(c.client, rows):
-        key = name if shared else f"{name}@{node}"
-        for volume in c.report.section(f"storage {key}", lambda n=node, s=name: c.client.get(
-                f"/nodes/{n}/storage/{s}/content", content="backup")) or []:
+        hidden = hidden_backups(c.client, name, vmids)
+        if hidden:
+            c.unseen[name] = c.hidden[name] = hidden
+        if len(hidden) < len(vmids):
+            keys.append((name if shared else f"{name}@{node}", name, node))
+    listings = c.report.sections([(f"storage {key}", lambda n=node, s=name: c.client.get(
+        f"/nodes/{n}/storage/{s}/content", content="backup")) for key, name, node in keys])
+    for (key, _, _), volumes in zip(keys, listings, strict=True):
+        if volumes is None:
+            c.unseen[key] = vmids
+        for volume in volumes or []:
             if volume.get("vmid"):
                 c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
                            (volume.get("verification") or {}).get("state"))
@@ -361,11 +532,23 @@ def _pbs_backups(c: Coverage) -> None:
     if pbs is None:
         c.report.drop_checked("pbs host")
         return
-    # without `ns` a snapshot list is the root namespace only (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    for store, ns in sorted(c.pbs_targets):
-        where = f"pbs:{store}/{ns}" if ns else f"pbs:{store}"
-        for snap in c.report.section(where, lambda s=store, n=ns: pbs.get(
-                f"/admin/datastore/{s}/snapshots", ns=n or None)) or []:
+    # without `ns` a snapshot list is the root namespace only; without Datastore.Audit there it holds only
+    # the token's own groups (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    pbs.ensure_permissions()
+    targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
+    for where, store, ns in targets:
+        acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
+        if policy.holds(pbs.host, "Datastore.Audit", acl_path) is False:
+            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
+            c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
+                                         f"{acl_path}, so PBS lists only the groups it owns. "
+                                         + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
+    listings = c.report.sections([(where, lambda s=store, n=ns: pbs.get(
+        f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
+    for (where, _, _), snapshots in zip(targets, listings, strict=True):
+        if snapshots is None:
+            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
+        for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
                 c.pbs_groups.add((snap["backup-type"], vmid))
@@ -376,21 +559,40 @@ def _guest_rows(c: Coverage) -> None:
     now = time.time()
     for guest in sorted(c.guests, key=lambda g: g["vmid"]):
         c.rows.append(_guest_row(c, guest, now))
+    unknown = [r["vmid"] for r in c.rows if r["state"] == "unknown"]
+    if unknown:  # said once, with the grant, instead of a finding per guest
+        why = hidden_note(c.client, c.hidden, len(c.guests)) if c.hidden else {}
+        c.report.add("warning", "backups", f"the backup state of {len(unknown)} guest(s) is unknown: backups on "
+                     f"{', '.join(sorted(c.unseen))} cannot be seen", {"guests": unknown} | why,
+                     "grant the role in `grant` to the user and the token, then run backup_coverage again"
+                     if why else "see `unavailable` for why those storages could not be read")
+
+
+def _coverage_why(covering: list[str], jobs_read: bool) -> str:
+    sure = [j for j in covering if not j.endswith("?")]
+    if sure:
+        return f"covered by {', '.join(sure)}"
+    if covering:
+        return (f"job(s) {', '.join(j.rstrip('?') for j in covering)} select a pool this token cannot see (it "
+                f"lacks Pool.Audit), so whether they cover it is unknown")
+    return "no job covers it" if jobs_read else "the backup jobs could not be read"
 
 
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
-    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
+    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok. A
+    guest with no recent backup in sight whose backups some storage hides is unknown, never missing."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(guest, c.jobs or [])
+    covering, excluding = _jobs_for(guest, c.jobs or [], c.unseen_pools)
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
     if last and last["verify"] in ("failed",):
         state = "verify_failed"
-    if state != "ok":
+    if state in ("missing", "stale") and any(vmid in hidden for hidden in c.unseen.values()):
+        state = "unknown"
+    if state not in ("ok", "unknown"):
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = f"covered by {', '.join(covering)}" if covering else (
-            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
+        why = _coverage_why(covering, c.jobs is not None)
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")
@@ -408,19 +610,72 @@ def _orphan_groups(c: Coverage) -> None:
                      "keep it as an archive or prune it (write_pbs_prune)")
 
 
+def _fits(job: dict, guest: dict) -> bool:
+    return str(job.get("enabled", 1)) != "0" and job.get("node") in (None, "", guest.get("node"))
+
+
+def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
+    """The one job change that covers a guest: take it out of an all-job's exclude, else add it to a
+    vmid job, else a new job (with the schedule and storage the jobs use). Changes of one job merge."""
+    vmid, jobs = int(guest["vmid"]), c.jobs or []
+    excluding = next((j for j in jobs if _fits(j, guest) and job_selects(j, guest)[1]), None)
+    listing = next((j for j in jobs if _fits(j, guest) and j.get("vmid") and not j.get("pool")), None)
+    if excluding is not None:
+        change = changes.setdefault(excluding["id"], {"write_backup_job": {
+            "action": "update", "job_id": excluding["id"], "all_except": sorted(vmid_set(excluding.get("exclude")))},
+            "covers": []})
+        change["write_backup_job"]["all_except"].remove(vmid)
+    elif listing is not None:
+        change = changes.setdefault(listing["id"], {"write_backup_job": {
+            "action": "update", "job_id": listing["id"], "vmids": sorted(vmid_set(listing["vmid"]))}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    else:
+        model = next((j for j in jobs if j.get("storage")), {})
+        storage = model.get("storage") or next((name for name, _, _ in backup_storages(c.client)), None)
+        change = changes.setdefault("", {"write_backup_job": {
+            "action": "create", "job_id": "backup-uncovered", "vmids": [], "schedule": model.get("schedule") or
+            "02:00", "storage": storage}, "covers": []})
+        change["write_backup_job"]["vmids"].append(vmid)
+    change["covers"].append(vmid)
+
+
+def _job_changes(c: Coverage) -> None:
+    """For the guests no enabled job selects, the write_backup_job arguments that cover them (try them
+    with dry_run first); the policy judges each when it is sent."""
+    if c.jobs is None:
+        return
+    changes: dict[str, dict] = {}
+    for guest in sorted(c.guests, key=lambda g: int(g["vmid"])):
+        if not any(_fits(j, guest) and job_selects(j, guest)[0] for j in c.jobs):
+            _job_change(c, guest, changes)
+    c.job_changes = list(changes.values())
+
+
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups]
+    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups, _job_changes]
+
+
+COVERAGE_PAGE = 25  # guests per answer, those needing attention first
+STATE_RANK = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 9}  # other states between
 
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
-                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26) -> dict:
-    """Per guest: newest backup (PVE and PBS), age, verify, covering jobs; orphan PBS groups."""
+                    max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26, offset: Offset = 0) -> dict:
+    """Per guest: newest backup (PVE, PBS), age, verify, jobs; orphan PBS groups; job changes that
+    cover the uncovered."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
     columns = ["vmid", "name", "newest", "age_h", "where", "verify", "jobs", "excluded_by", "state"]
-    return coverage.report.answer(guests={"columns": columns, "rows": [[r[c] for c in columns] for r in coverage.rows]},
-                                  orphan_pbs_groups=coverage.orphans)
+    # counts first, then the guests worst first, a page at a time (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)
+    states: dict[str, int] = {}
+    for row in coverage.rows:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    ranked = sorted(coverage.rows, key=lambda r: (STATE_RANK.get(r["state"], 5), r["vmid"]))
+    guests = table(columns, ranked, limit=COVERAGE_PAGE, offset=offset)
+    orphans = coverage.orphans[:LIST_CAP] + more(coverage.orphans, "")
+    return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans,
+                                  job_changes=coverage.job_changes)
 
 
 # ---------------------------------------------------------------- security
@@ -482,7 +737,26 @@ def _guest_configs(a: Security) -> None:
             continue
         a.report.checked.pop()  # one line for all guest configs instead
         _guest_config(a.report, guest, config)
+        _guest_firewall(a, base, guest, config)
     a.report.checked.append(f"configs of {len(guests)} guests")
+
+
+def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
+    """A NIC is filtered only when it has firewall=1 AND the guest's own firewall option enable=1
+    (default 0) (docs/PROXMOX-BEHAVIOUR.md#guest-firewall)."""
+    label = f"guest {guest['vmid']} ({guest.get('name')})"
+    nics = sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+    if not nics:
+        a.report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
+        return
+    options = a.report.section(f"firewall {guest['vmid']}", lambda: a.client.get(f"{base}/firewall/options"))
+    if options is None:
+        return
+    a.report.checked.pop()
+    if not options.get("enable"):
+        a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
+                     f"option is off", {"enable": 0, "nics": nics},
+                     f"turn it on: write_api_call PUT {base}/firewall/options enable=1 (after adding its rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -497,8 +771,6 @@ def _guest_config(report: Report, guest: dict, config: dict) -> None:
     if config.get("hookscript"):
         report.add("warning", "guests", f"{label} runs hookscript {config['hookscript']} on the host",
                    {"hookscript": config["hookscript"]}, "review the script")
-    if not any("firewall=1" in str(v) for k, v in config.items() if k.startswith("net")):
-        report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
 
 
 def _this_server(a: Security) -> None:
@@ -550,18 +822,44 @@ def _looks_pbs(upid: str) -> bool:
 
 # ---------------------------------------------------------------- provisioning in one call
 
-def _node_with_room(client: ProxmoxClient, memory_mb: int) -> str:
-    nodes = [r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"]
-    free = sorted(nodes, key=lambda n: (n.get("maxmem", 0) - n.get("mem", 0)), reverse=True)
-    if not free or (free[0].get("maxmem", 0) - free[0].get("mem", 0)) < memory_mb * 1024 * 1024:
-        raise ProxmoxError(f"No online node has {memory_mb} MiB of free memory.")
-    return free[0]["node"]
+def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
+    """The nodes that can use a volume: all for shared storage, else those whose own disk holds it
+    (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = (volid or "").split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r.get("storage") == storage]
+    if not volid or not rows or any(r.get("shared") for r in rows):
+        return nodes
+    on = {r["node"] for r in rows if r.get("status") == "available"}
+    return [n for n in nodes if n in on and any(v.get("volid") == volid for v in client.get(
+        f"/nodes/{n}/storage/{storage}/content") or [])]
+
+
+def _pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) -> tuple[str, str | None]:
+    """An online node that holds `volid` (when it is on a node's own storage) with the most free
+    memory, and a note when free memory cannot be told: without Sys.Audit the nodes come without
+    figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources), which says nothing about room."""
+    online = {r["node"]: r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"}
+    nodes = _holders(client, sorted(online), volid)
+    if not nodes:
+        raise InvalidArgument(f"No online node holds {volid}; take one from storage_content, or download it to the "
+                              f"node you want (write_download_url node=...).")
+    if any(online[n].get("maxmem") is None for n in nodes):
+        return nodes[0], (f"free memory not checked: the token lacks Sys.Audit on /nodes, so nodes come without "
+                          f"figures; {nodes[0]} holds what it needs")
+    free = {n: online[n]["maxmem"] - online[n].get("mem", 0) for n in nodes}
+    best = max(nodes, key=free.get)
+    if free[best] < memory_mb * 1024 * 1024:
+        raise ProxmoxError(f"No online node that can use it has {memory_mb} MiB of free memory "
+                           f"({', '.join(nodes)} checked); give a smaller memory_mb or free memory.")
+    return best, None
 
 
 def _uplinked_bridge(client: ProxmoxClient, node: str) -> str:
-    uplinked = [b["bridge"] for b in bridges(client, node) if b["segment"] == "uplinked"]
+    found = bridges(client, node)
+    uplinked = [b["bridge"] for b in found if b["segment"] == "uplinked" and not b["pending"]]
     if not uplinked:
-        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly.")
+        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly. "
+                           + ((bridges_hidden(client) or "") if not found else ""))
     return uplinked[0]
 
 
@@ -618,21 +916,21 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
-               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None) -> dict:
+               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None, volid: str) -> dict:
     client = pve_client(host)
     steps = Steps()
     try:
-        node = check_node(client, node) if node else _node_with_room(client, memory_mb)
-        steps.record("pick node", "done", node=node)
+        node, unchecked = (check_node(client, node), None) if node else _pick_node(client, memory_mb, volid)
+        steps.record("pick node", "done", node=node, detail=unchecked)
         vmid = next_vmid(client)
         steps.record("next vmid", "done", vmid=vmid)
         bridge = bridge or _uplinked_bridge(client, node)
         steps.record("pick bridge", "done", bridge=bridge)
         created = create(node, vmid, bridge)
         steps.created.append(f"{kind} {vmid} on {node}")
-        steps.record("create", created.get("status", "done") if created.get("status") == "still_running" else "done",
+        steps.record("create", "still_running" if created.get("task") == "still_running" else "done",
                      upid=created.get("upid"))
-        if created.get("status") == "still_running":
+        if created.get("task") == "still_running":
             return steps.answer(True, vmid=vmid, node=node, note="creation still running; get_task follows it")
         base = f"/nodes/{node}/{kind}/{vmid}"
         run_task(client, "POST", f"{base}/status/start", {}, wait_seconds, ctx, f"start {vmid}")
@@ -652,15 +950,17 @@ def write_provision_lxc(hostname: GuestName,
                         memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
                         disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
                         bridge: str | None = None,
-                        ssh_keys: str | None = None, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                        ctx: Context | None = None) -> dict:
+                        ssh_keys: str | None = None,
+                        onboot: bool = False,
+                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Create and start a DHCP container in one call; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
                                           cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
-                                          ssh_keys=ssh_keys, wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+                                          ssh_keys=ssh_keys, onboot=onboot,
+                                          wait_seconds=wait_seconds, ctx=ctx)
+    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx, template)
 
 
 def write_provision_vm(name: GuestName,
@@ -678,7 +978,7 @@ def write_provision_vm(name: GuestName,
                                          memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage,
                                          bridge=bridge, ciuser=ciuser, ssh_keys=ssh_keys,
                                          wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx, cloud_image)
 
 
 # ---------------------------------------------------------------- restore drill
@@ -696,16 +996,21 @@ class Drill:
     steps: Steps = field(default_factory=Steps)
     timings: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    storage: str | None = None  # where the scratch guest's volumes go (None: as Proxmox or the restore picks)
     node: str = ""
     base: str | None = None  # the scratch guest's API path, once it exists
     answered: bool = False
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    found = pve_tools.list_backups(host=host, vmid=vmid, limit=1)["rows"]
-    if not found:
+    listed = pve_tools.list_backups(host=host, vmid=vmid, limit=1)
+    if not listed["rows"] and listed.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
+        raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
+                           f"{', '.join(listed['not_visible'])} cannot be seen ({listed['grant']}). Give "
+                           f"backup=<volid>, or grant that and call again.")
+    if not listed["rows"]:
         raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
-    return found[0][0]
+    return listed["rows"][0][0]
 
 
 def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
@@ -716,7 +1021,7 @@ def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
 
 
 def _restore(d: Drill) -> None:
-    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=d.node,
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=d.node, storage=d.storage,
                                               wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
     d.steps.created.append(f"{d.kind} {d.scratch} on {d.node} (scratch)")
     d.base = f"/nodes/{d.node}/{d.kind}/{d.scratch}"
@@ -729,7 +1034,7 @@ def _drill_node(client: ProxmoxClient, backup: str) -> str:
     shared storage where there is room (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
     storage = backup.split(":", 1)[0]
     shared = any(r.get("shared") for r in storage_rows(client) if r["storage"] == storage)
-    return archive_node(client, backup, _node_with_room(client, 512) if shared else None)
+    return archive_node(client, backup, _pick_node(client, 512)[0] if shared else None)
 
 
 def _declare_drill(d: Drill, vmid: int) -> None:
@@ -807,6 +1112,7 @@ DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _w
 def write_restore_drill(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
                         scratch_vmid: OptionalVmid = None,
+                        storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
@@ -816,7 +1122,7 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
     if backup is None:
         backup = _newest_backup(host, vmid)
     drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx,
-                  node=_drill_node(client, backup))
+                  node=_drill_node(client, backup), storage=storage)
     _declare_drill(drill, vmid)
     try:
         for step in DRILL_STEPS:
@@ -826,15 +1132,17 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         drill.answered = False
     if drill.base is not None:
         _destroy_scratch(drill)
-    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
-    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch, "timings": drill.timings,
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch,
              "config_since_backup": _config_since_backup(drill, row)}
     left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
     if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
                 "The scratch guest was destroyed." if drill.base else "Nothing was created.")
-        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts)
-    return drill.steps.answer(True, **facts)
+        # the timings of the steps that ran, if any; an error's text holds no reading of the clock of its own
+        timed = {"timings": drill.timings} if drill.timings else {}
+        raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts, **timed)
+    drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
+    return drill.steps.answer(True, **facts, timings=drill.timings)
 
 
 def _config_since_backup(d: Drill, row: dict) -> list[str] | str:
@@ -901,9 +1209,18 @@ def resource_datastores(host: str) -> str:
     return _json(pbs_tools.pbs_list_datastores(host=host))
 
 
+def resource_health(host: str) -> str:
+    """Health summary: findings by severity."""
+    return _json(health_check(host=host))
+
+
 RESOURCES = [("proxmox://{host}/cluster", resource_cluster), ("proxmox://{host}/nodes", resource_nodes),
              ("proxmox://{host}/guests", resource_guests), ("proxmox://{host}/storage", resource_storage),
-             ("proxmox://{host}/tasks", resource_tasks), ("pbs://{host}/datastores", resource_datastores)]
+             ("proxmox://{host}/tasks", resource_tasks), ("proxmox://{host}/health", resource_health),
+             ("pbs://{host}/datastores", resource_datastores)]
+# What resources/list offers for each configured host, ready to attach to a conversation (the others are
+# reached through their templates): the inventory and the health summary; a Backup Server's datastores.
+ATTACHABLE = {"pve": (resource_guests, resource_health), "pbs": (resource_datastores,)}
 
 
 def cluster_health_review() -> str:

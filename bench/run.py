@@ -6,7 +6,9 @@ here asserts a timing. Run from the project root:
 Figures: the side-by-side ratios of bench/side_by_side.py (start, exit, a tool that sends no
 request, a read tool against a direct GET at three answer delays); tool-list bytes (default,
 everything, compact); the bytes of a "list all guests" answer as the client receives it; API
-requests per action; list_guests on a 20-node, 5,000-guest cluster; 50 HTTP clients at once;
+requests per action; list_guests on a 20-node, 5,000-guest cluster; health_check and backup_coverage
+on 3 and 20 nodes and their answers at 1,000 guests (bench/workflows_scale.py), the dashboard likewise
+(bench/dashboard_scale.py); 50 HTTP clients at once;
 memory after many calls; the time each fault of tests/test_faults.py takes to be answered.
 The measuring process speaks MCP through bench/clients.py and never imports the SDK.
 """
@@ -29,6 +31,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 import side_by_side  # noqa: E402
 import simulator  # noqa: E402
+import dashboard_scale  # noqa: E402
+import workflows_scale  # noqa: E402
 from clients import HttpSession, StdioServer  # noqa: E402
 from side_by_side import PROJECT, free_port, server_env, wait_until_serving  # noqa: E402
 from test_faults import FAULTS, READ_TIMEOUT, arguments_for, fault_envs  # noqa: E402
@@ -101,7 +105,10 @@ def per_action(sim: simulator.Simulator, workdir: str) -> dict:
         figures["requests_per_action"] = {
             "list_guests": counted(sim, lambda: server.ok("list_guests")),
             "get_guest": counted(sim, lambda: server.ok("get_guest", {"vmid": 102})),
-            "health_check PVE requests (3 nodes: budget 9)": counted(sim, lambda: server.ok("health_check"), "pve"),
+            # cluster status, resources, tasks; each node's replication, certificates, disks, ZFS pools and
+            # package versions (read side by side: bench/workflows_scale.py)
+            "health_check PVE requests (3 nodes: budget 3 + 5 x nodes = 18)": counted(
+                sim, lambda: server.ok("health_check"), "pve"),
             "health_check PBS requests": counted(sim, lambda: server.ok("health_check"), "pbs"),
             coverage_label(sim.lab): counted(sim, lambda: server.ok("backup_coverage")),
         }
@@ -249,6 +256,8 @@ def main() -> None:
             figures |= per_action(sim, workdir)
             figures["fault_answers"] = fault_timings(sim, workdir)
         figures["scale_20_nodes_5000_guests"] = scale(workdir)
+        figures["workflows_3_and_20_nodes"] = workflows_scale.run(3 if quick else 7)
+        figures["dashboard_3_and_20_nodes"] = dashboard_scale.run(3 if quick else 5)
         figures["http_50_clients_x_20_calls"] = http_concurrency(workdir)
         figures["memory_after_calls"] = memory_after_calls(workdir, 2000 if quick else 10_000)
     assert "mcp" not in sys.modules, "the measuring process must not hold the SDK"

@@ -20,8 +20,17 @@ Layout: a package, split by product like the tools, each module importing only t
 above it in this list (no cycles):
     lab.py         the state: Lab, Token, Task, roles
     call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
-    pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
+    pve_cloudinit.py, pve_templates.py, file_restore.py  cloud-init drives, templates and OCI images,
+                   files inside backups
+    pve_backup.py  Proxmox VE backups: who sees which volume (check_volume_access), vzdump and its pruning
+    pve_ha_manager.py  Proxmox VE power effects and the HA manager: relocation, error, fence and recovery
+    pve_guests.py  Proxmox VE guest handlers: power, config, snapshots, clone, migrate, create, agent
+    pve_monitor.py Proxmox VE node monitoring: RRD history, logs, disks, ZFS, LVM, packages, clock
+    pve_firewall.py     Proxmox VE firewall: options, rules, security groups, IP sets, aliases
+    pve_backup_jobs.py  Proxmox VE backup jobs: create, update, delete
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS
+    pve_ha.py      Proxmox VE HA rules, groups and resources (HA_HANDLERS)
+    stored_secrets.py  configuration whose answers hold secrets no schema shows, and token creation
     pbs.py         Backup Server handlers and PBS_HANDLERS
     api.py         one request as the API daemon handles it: auth, tickets, routing, checks
     https.py       the HTTPS servers, certificate and `Simulator`
@@ -32,9 +41,9 @@ library's inside this folder.
 """
 from .api import handle
 from .call import ApiError, Call
-from .https import Simulator, make_certificate
+from .https import Simulator, make_certificate, make_cluster_ca
 from .lab import GiB, Lab, Task, Token
 from .pbs import prune_marks
 
 __all__ = ["ApiError", "Call", "GiB", "Lab", "Simulator", "Task", "Token", "handle", "make_certificate",
-           "prune_marks"]
+           "make_cluster_ca", "prune_marks"]

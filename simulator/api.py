@@ -15,8 +15,10 @@ import catalog
 
 from .call import ApiError, Call, _node
 from .lab import Lab, Token
-from .pbs import PBS_HANDLERS
+from .pbs import PBS_HANDLERS, check_release
 from .pve import PVE_HANDLERS
+from .pve_ha import HA_HANDLERS
+from .stored_secrets import STORED_SECRET_HANDLERS
 
 
 def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
@@ -60,7 +62,8 @@ def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str
     return None if call.can("/access", "Sys.Audit") or call.can("/", "Sys.Audit") else ("/access", "Sys.Audit")
 
 
-HANDLERS = {"pve": PVE_HANDLERS, "pbs": PBS_HANDLERS}
+HANDLERS = {"pve": PVE_HANDLERS | HA_HANDLERS | STORED_SECRET_HANDLERS["pve"],
+            "pbs": PBS_HANDLERS | STORED_SECRET_HANDLERS["pbs"]}
 TOKEN_HEADER = {"pve": re.compile(r"^PVEAPIToken=(?P<id>[^=\s]+)=(?P<secret>\S+)$"),
                 "pbs": re.compile(r"^PBSAPIToken=(?P<id>[^:\s]+):(?P<secret>\S+)$")}
 
@@ -176,6 +179,8 @@ def _route(lab: Lab, product: str, method: str, path: str, params: dict[str, Any
     if by_token and entry.get("allowtoken") == 0:
         raise ApiError(403, f"URI '{path}' not available with API token, need proper ticket.")
     _injected_fault(lab, path)
+    if product == "pbs":
+        check_release(lab, method, entry["path"], path, params)
     errors = catalog.check_params(entry, params, form=form, path_params=path_params, product=product)
     if errors:
         lab.schema_rejections.append((product, method, path, errors))

@@ -9,6 +9,14 @@ from typing import Any, Callable
 from .lab import Lab, Token
 
 
+@dataclass
+class Download:
+    """A handler's answer that is a file, not JSON: Proxmox streams these as
+    application/octet-stream (pve-storage FileRestore.pm `download`, proxmox-backup
+    `pxar_file_download`; docs/PROXMOX-BEHAVIOUR.md#backup-file-restore)."""
+    data: bytes
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, errors: dict | None = None):
         super().__init__(message)

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .api import handle
-from .call import ApiError
+from .call import ApiError, Download
 from .lab import Lab
 
 API_VIEWER = {"pve": "/pve-docs/api-viewer/apidoc.js", "pbs": "/docs/api-viewer/apidoc.js"}
@@ -65,9 +65,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
                           cookie=self.headers.get("Cookie", ""), csrf=self.headers.get("CSRFPreventionToken", ""))
         except ApiError as exc:
             return self._send_error(exc)
+        if isinstance(data, Download):  # a file: the bytes themselves, no JSON envelope
+            return self._send(200, "OK", data.data, raw=True, content_type="application/octet-stream")
         body_out: dict[str, Any] = {"data": data}
         if isinstance(data, list) and re.search(r"/tasks(/[^/]+/log)?$", api_path):
             body_out["total"] = len(data)
+        elif getattr(data, "total", None) is not None:  # the logs count every line, shown or not
+            body_out["total"] = data.total
         self._send(200, "OK", body_out)
 
     def _redirect_to_https(self) -> None:
@@ -98,12 +102,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
             body["message"] = exc.message + "\n"
         self._send(exc.status, reason, body)
 
-    def _send(self, status: int, reason: str, body: Any, raw: bool = False) -> None:
-        payload = (body if raw else json.dumps(body)).encode() if body is not None else b""
+    def _send(self, status: int, reason: str, body: Any, raw: bool = False,
+              content_type: str = "application/json;charset=UTF-8") -> None:
+        payload = (body if raw else json.dumps(body)) if body is not None else b""
+        payload = payload.encode() if isinstance(payload, str) else payload
         if self.front.answer_delay:  # the host's own answer time, for bench/ (see Simulator)
             time.sleep(self.front.answer_delay)
         self.send_response(status, reason)
-        self.send_header("Content-Type", "application/json;charset=UTF-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -117,8 +123,11 @@ def _flatten(parsed: dict[str, list[str]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- TLS and serving
 
-def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[Path, Path, str]:
-    """A self-signed certificate for localhost/127.0.0.1; returns (cert, key, SHA-256 fingerprint)."""
+def make_certificate(directory: Path, common_name: str = "localhost", *, days: int = 365,
+                     ca: tuple[Any, Any] | None = None,
+                     names: tuple[str, ...] = ("localhost", "127.0.0.1")) -> tuple[Path, Path, str]:
+    """A certificate for `names` valid `days` more days, self-signed or signed by `ca` (its
+    certificate and key, see make_cluster_ca); returns (cert, key, SHA-256 fingerprint)."""
     import datetime
     import ipaddress
 
@@ -129,20 +138,55 @@ def make_certificate(directory: Path, common_name: str = "localhost") -> tuple[P
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    issuer, signer = (ca[0].subject, ca[1]) if ca else (name, key)
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+               .not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.SubjectAlternativeName([
+                   x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in names]),
+                   critical=False))
+    if ca:  # as pve-cluster's node certificates (Setup.pm, gen_pve_ssl_cert)
+        builder = (builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()),
+                                  critical=False)
+                   .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    cert = builder.sign(signer, hashes.SHA256())
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     digest = cert.fingerprint(hashes.SHA256()).hex().upper()
     return cert_path, key_path, ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+def make_cluster_ca(path: Path, *, key_usage: bool = True) -> tuple[Any, Any]:
+    """A cluster CA as pve-cluster makes it (Setup.pm, gen_pveca_cert: 10 years; the keyUsage
+    extension only from 9.1.2 on, so older clusters have none), written to `path` like
+    /etc/pve/pve-root-ca.pem; returns its certificate and key for make_certificate."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Proxmox Virtual Environment")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+               .not_valid_after(now + datetime.timedelta(days=3650))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    if key_usage:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=False, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+            critical=True)
+    cert = builder.sign(key, hashes.SHA256())
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key
 
 
 class _Server(ThreadingHTTPServer):
@@ -200,6 +244,12 @@ class Simulator:
                              name=f"sim-{product}").start()
             self._servers[product] = server
         return self
+
+    def serve_certificate(self, cert_file: Path, key_file: Path, fingerprint: str) -> None:
+        """Offer another certificate from the next connection on, as a node does after pveupdate
+        renewed its own (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
+        self._context.load_cert_chain(cert_file, key_file)
+        self.cert_file, self.fingerprint = cert_file, fingerprint
 
     def url(self, product: str) -> str:
         return f"https://{self.host}:{self._servers[product].server_address[1]}"

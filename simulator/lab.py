@@ -46,10 +46,16 @@ ROLES = {
     "PVEDatastoreUser": {"Datastore.AllocateSpace", "Datastore.Audit"},
     "PVEDatastoreAdmin": {"Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate",
                           "Datastore.Audit"},
+    "DatastoreAudit": {"Datastore.Audit"},
     "DatastoreReader": {"Datastore.Audit", "Datastore.Read", "Datastore.Verify"},
+    "DatastoreBackup": {"Datastore.Backup"},
+    "DatastorePowerUser": {"Datastore.Prune", "Datastore.Backup"},
     "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
                        "Datastore.Backup", "Datastore.Prune"},
     "Audit": {"Sys.Audit", "Datastore.Audit"},
+    # the custom role the README's recipe adds so that the read token sees backups (a backup is listed only
+    # to a caller who could make one: docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    "BackupReader": {"Datastore.AllocateSpace", "VM.Backup"},
     "Admin": {"*"},
 }
 
@@ -73,6 +79,8 @@ def all_privileges(product: str) -> frozenset[str]:
         walk(entry.get("check"))
     if product == "pve":  # named only in handler code, not in the schema's checks
         found |= {"VM.Backup", "VM.Replicate", "Permissions.Modify"}
+    else:  # likewise (pbs-api-types src/acl.rs PRIV_DATASTORE_*)
+        found |= {"Datastore.Read", "Datastore.Verify", "Datastore.Prune"}
     return frozenset(found)
 
 
@@ -160,6 +168,24 @@ def escape_id(text: str) -> str:
     return "".join(out)
 
 
+UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
+
+
+def size_bytes(value: str) -> int:
+    """The bytes a disk's `size=` says (`32G`, `2252M`, ...); 0 when it says none."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value)
+    return int(float(match.group(1)) * UNITS[match.group(2)]) if match else 0
+
+
+def format_size(size: int) -> str:
+    """A size as Proxmox writes it into a config: the largest unit that divides it exactly
+    (pve-common src/PVE/JSONSchema.pm format_size): 32G, 2252M."""
+    for unit in ("T", "G", "M", "K"):
+        if size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return str(size)
+
+
 @dataclass
 class Task:
     upid: str
@@ -198,6 +224,9 @@ class Lab:
     def __init__(self, *, cluster_name: str = "homelab", seed: int = 7, pve_major: int = 9):
         self.cluster_name = cluster_name
         self.pve_major = pve_major  # 8 or 9: the /version answer and the agent privileges follow it
+        # the Backup Server's release; older ones lack what pbs.SINCE names (docs/PROXMOX-BEHAVIOUR.md#pbs-releases)
+        self.pbs_release: tuple[int, int, int] = (4, 1, 11)
+        self.pbs_timezone = "UTC"  # the Backup Server's local time, in which prune counts its periods
         self.random = random.Random(seed)
         self.lock = threading.RLock()
         self.nodes: dict[str, dict] = {}
@@ -212,12 +241,22 @@ class Lab:
         self.volumes: dict[str, list[dict]] = {}  # storage -> volumes other than guest disks
         self.pbs_jobs: dict[str, list[dict]] = {}  # "sync" | "verify" | "prune" -> jobs
         self.backup_jobs: list[dict] = []  # /cluster/backup
+        self.ha_rules: dict[str, dict] = {}  # /cluster/ha/rules (PVE 9): rule id -> its config
+        self.ha_groups: dict[str, dict] = {}  # /cluster/ha/groups (PVE 8): group -> its config
+        self.sdn_ipams: list[dict] = []  # /cluster/sdn/ipams, their API tokens included
+        self.sdn_dns: list[dict] = []  # /cluster/sdn/dns, their API keys included
+        self.metric_servers: dict[str, dict] = {}  # /cluster/metrics/server/{id}, as status.cfg holds them
+        self.created_tokens: list[str] = []  # the secrets of API tokens created through the API
         self.acme_plugins: list[dict] = []  # /cluster/acme/plugins, DNS API credentials in `data`
         self.acl: list[dict] = []  # /access/acl as the access system holds it
         self.users: list[dict] = []  # /access/users?full=1, tokens included
-        self.firewall: dict[str, int] = {"cluster": 1}  # "cluster", node names, vmids as str -> enable
+        # the firewall of the cluster, of each node and of each guest (simulator/pve_firewall.py)
+        self.firewall: dict[str, Any] = {"cluster": {"options": {}, "rules": [], "groups": {}, "group_comments": {},
+                                                     "ipsets": {}, "aliases": {}}, "hosts": {}, "guests": {}}
         self.cert_days: dict[str, int] = {}  # node -> days until its certificate expires
         self.replication: dict[str, list[dict]] = {}  # node -> replication job states
+        # roles an admin made (pveum role add NAME --privs ...): product -> name -> privileges
+        self.custom_roles: dict[str, dict[str, frozenset[str]]] = {"pve": {}, "pbs": {}}
         self.pve_tokens: dict[str, Token] = {}
         self.pbs_tokens: dict[str, Token] = {}
         # password logins: product -> userid -> (password, the user's rights, needs a second factor)
@@ -253,22 +292,27 @@ class Lab:
         lab.start_task(names[0], "vzdump", "100", exitstatus="OK", finished=True)
         lab.start_task(names[1], "qmstart", "101", exitstatus="OK", finished=True)
         lab.start_task(names[0], "vzdump", "104", exitstatus="job errors", finished=True)
+        for name in names:  # pveupdate's daily package list refresh (docs/PROXMOX-BEHAVIOUR.md#pending-updates)
+            lab.start_task(name, "aptupdate", "", finished=True)
         lab.add_datastore("backup", total=4000 * GiB, used=1200 * GiB)
         lab._add_homelab_networks(names)
         lab._add_homelab_volumes()
         lab._add_homelab_users()
         lab.cert_days = {name: 300 for name in names}
+        lab.firewall["cluster"]["options"]["enable"] = 1  # on, with no rules: the management IP set lets the LAN in
         lab._add_homelab_tokens()
         return lab
 
     def _add_homelab_nodes(self, names: list[str]) -> None:
-        """The nodes, each with `local` and `local-lvm`, and the shared NFS and PBS storages."""
+        """The nodes, each with a fresh install's `local` and `local-lvm`, and the shared PBS storage.
+        The installer writes `local` (dir) for iso, vztmpl, backup (and import since its PVE 9 version)
+        and `local-lvm` (lvmthin) for images and rootdir (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
         for index, name in enumerate(names):
             self.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
+        local = "iso,vztmpl,backup,import" if self.pve_major >= 9 else "iso,vztmpl,backup"
         for name in names:
-            self.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
+            self.add_storage("local", "dir", local, node=name, total=100 * GiB, used=31 * GiB)
             self.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
-        self.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         self.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
         # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
         self.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
@@ -302,20 +346,21 @@ class Lab:
             ]
 
     def _add_homelab_volumes(self) -> None:
-        """An ISO, a container template, last night's backup of every running guest, and its job."""
+        """An ISO, a container template, last night's backup of every running guest on its node's
+        own `local` (file names in the node's local time), and the nightly job to the PBS storage."""
         now = int(time.time())
         self.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
         self.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
         for vmid, guest in self.guests.items():
             if guest["status"] == "running":
                 kind = "qemu" if guest["type"] == "qemu" else "lxc"
-                stamp = time.strftime("%Y_%m_%d-02_00_01", time.gmtime(now - 86400))
-                self.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
-                                if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
-                                "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
-                self.volumes["nfs-backup"][-1]["_config"] = backup_config(guest["config"])
+                stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.localtime(now - 86400))
+                ext = "vma.zst" if kind == "qemu" else "tar.zst"
+                self.add_volume("local", f"local:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}", "backup", 2 * GiB,
+                                vmid=vmid, ctime=now - 86400, node=guest["node"])
+                self.volumes["local"][-1]["_config"] = backup_config(guest["config"])
         self.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
-                             "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
+                             "exclude": "104", "storage": "pbs", "mode": "snapshot"}]
 
     def _add_homelab_users(self) -> None:
         """The users and ACL entries that /access/users and /access/acl list."""
@@ -337,10 +382,19 @@ class Lab:
         self.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
                                                   [("/", "Administrator", True)], privsep=False)
         self.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
+        # the README's reader with the optional grant that shows backups, given to the user and the token
+        lister = [("/", "PVEAuditor", True), ("/", "BackupReader", True)]
+        self.pve_tokens["mcp@pve!backups"] = Token("77777777-6666-5555-4444-333333333333", lister,
+                                                   owner=Token("", lister))
+        # a write token as examples/operator.env pairs with the reader: guests and storage space, no Sys.*
+        operator = [("/", "PVEVMAdmin", True), ("/", "PVEDatastoreUser", True)]
+        self.pve_tokens["ops@pve!operator"] = Token("55555555-4444-3333-2222-111111111111", operator,
+                                                    owner=Token("", operator))
         self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
-        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+        # the README's PBS recipe: Audit on /, DatastoreAudit on /datastore (lists, never reads contents)
+        mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)])
         self.pbs_tokens["mcp@pbs!reader"] = Token("pbs-reader-secret-0123456789",
-                                                  [("/", "Audit", True), ("/datastore", "DatastoreReader", True)],
+                                                  [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)],
                                                   owner=mcp_pbs)
         self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                             ("/", "PVEAuditor", True)]), False)
@@ -402,7 +456,8 @@ class Lab:
         return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
-        return roles_for(product, self.pve_major if product == "pve" else 9)
+        built_in = roles_for(product, self.pve_major if product == "pve" else 9)
+        return built_in | self.custom_roles[product] if self.custom_roles[product] else built_in
 
     def pool_path(self, path: str) -> str | None:
         """`/pool/<name>` when `path` is a guest in that pool: its roles reach the guest (PVE)."""
@@ -424,7 +479,9 @@ class Lab:
                        "boot": "order=scsi0;net0", "sockets": 1}
         else:
             config |= {"hostname": name, "ostype": "debian", "arch": "amd64", "swap": 512,
-                       "rootfs": f"local-lvm:subvol-{vmid}-disk-0,size={disk_gib}G",
+                       # lvmthin holds raw volumes only, named vm-<id>-disk-N for containers too
+                       # (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)
+                       "rootfs": f"local-lvm:vm-{vmid}-disk-0,size={disk_gib}G",
                        "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:{vmid % 256:02X}:00:01,ip=dhcp",
                        "unprivileged": 1}
         if tags:
@@ -464,10 +521,8 @@ class Lab:
                     continue
                 if re.fullmatch(r"(scsi|virtio|sata|ide|efidisk|tpmstate|unused)\d+|rootfs|mp\d+", key):
                     volid = value.split(",")[0]
-                    size = re.search(r"size=(\d+)G", value)
                     found.append({"volid": volid, "content": "images" if guest["type"] == "qemu" else "rootdir",
-                                  "vmid": vmid, "format": "raw",
-                                  "size": int(size.group(1)) * GiB if size else 0, "ctime": 0})
+                                  "vmid": vmid, "format": "raw", "size": size_bytes(value), "ctime": 0})
         return found
 
     def add_datastore(self, name: str, *, total: int, used: int) -> None:

@@ -13,17 +13,26 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node, _permissions
+from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
 from .pve_history import pve_extractconfig, pve_snapshot_config
+from .pve_backup import pve_vzdump, visible_volume
+from .pve_backup_jobs import BACKUP_JOB_HANDLERS
+from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
+from .pve_firewall import FIREWALL_HANDLERS
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
-                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template, pve_vzdump)
+                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template)
+from .pve_ha_manager import pve_ha_resource_update
+from .pve_monitor import MONITOR_HANDLERS, monitor
+from .pve_templates import PVE_TEMPLATE_HANDLERS
 
 
 # ---------------------------------------------------------------- PVE handlers
 
-PVE_VERSIONS = {8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}  # pve-manager version, release, by major
+# pve-manager version, release, by major; 7 stands for 7.2, before the task log's limit=0 meant all
+PVE_VERSIONS = {7: ("7.2-11", "7.2"), 8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}
 
 
 def pve_version(call: Call, **_: str) -> dict:
@@ -58,7 +67,7 @@ def _guest_row(guest: dict) -> dict:
            "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
     if kind == "qemu":
         row["memhost"] = row["mem"]  # PVE 9
-    for key in ("tags", "lock", "pool"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    for key in ("tags", "lock"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
         if guest.get(key):
             row[key] = guest[key]
     if guest.get("ha"):  # HA resources only (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
@@ -86,6 +95,9 @@ def _guest_resources(call: Call) -> list[dict]:
     for vmid, guest in sorted(call.lab.guests.items()):
         if call.can(f"/vms/{vmid}", "VM.Audit"):
             row = _guest_row(guest)
+            # `pool` only with Pool.Audit on it (pve-manager PVE/API2/Cluster.pm resources)
+            if guest.get("pool") and call.can(f"/pool/{guest['pool']}", "Pool.Audit"):
+                row["pool"] = guest["pool"]
             if guest["node"] in call.lab.down_nodes:
                 row["status"] = "unknown"
             rows.append(row)
@@ -327,6 +339,8 @@ def pve_task_log(call: Call, node: str, upid: str) -> list:
     start = int(call.arg("start", 0))
     limit = int(call.arg("limit", 50))
     rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    if not limit and call.lab.pve_major < 8:  # limit=0 means all since pve-common 7.3 (Nov 2022); before: none
+        return []
     return rows[start:start + limit] if limit else rows[start:]
 
 
@@ -340,8 +354,10 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
     if entry["type"] == "pbs":
         rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
-    return [{k: val for k, val in v.items() if not k.startswith("_")} for v in rows
-            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
+    # a caller sees only what check_volume_access lets it (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    return [{k: val for k, val in v.items() if not k.startswith("_")} for v in rows  # _node, _oci: the lab's own
+            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))
+            and visible_volume(call, storage, v)]
 
 
 def _vnet_rows(call: Call) -> list[dict]:
@@ -363,7 +379,17 @@ def pve_network(call: Call, node: str) -> list:
         rows = [r for r in rows if r["type"] == wanted]
     if wanted in ("any_bridge", "include_sdn", "vnet"):
         rows += _vnet_rows(call)
+    # bridges only to callers with SDN.Audit or SDN.Use on them (docs/PROXMOX-BEHAVIOUR.md#networks); a
+    # bridge only in the pending configuration (interfaces.new) comes without `active`
+    rows = [r for r in rows if r["type"] not in ("bridge", "OVSBridge") or _bridge_visible(call, r["iface"])]
     return [{k: v for k, v in row.items() if v is not None} for row in rows]
+
+
+def _bridge_visible(call: Call, bridge: str) -> bool:
+    """pve-manager PVE/API2/Network.pm $can_access_vnet: root@pam, or SDN.Audit or SDN.Use on
+    /sdn/zones/localnetwork/<bridge> (pve-access-control RPCEnvironment.pm check_sdn_bridge)."""
+    path = f"/sdn/zones/localnetwork/{bridge}"
+    return call.token_id == "root@pam" or call.can(path, "SDN.Audit") or call.can(path, "SDN.Use")
 
 
 
@@ -423,19 +449,22 @@ def pve_cluster_log(call: Call) -> list:
     return rows[:limit]
 
 
-def pve_rrddata(call: Call, node: str) -> list:
-    info = _node(call, node)
-    now = int(time.time())
-    return [{"time": now - 60 * i, "cpu": info["cpu"], "maxcpu": info["maxcpu"], "memused": info["mem"],
-             "memtotal": info["maxmem"], "loadavg": float(info["loadavg"][0]), "netin": 1200.5, "netout": 800.25,
-             "iowait": 0.01} for i in range(5)]
-
-
 def pve_certificates(call: Call, node: str) -> list:
+    """The cluster CA, the node's pve-ssl.pem and, when one is installed, pveproxy-ssl.pem (custom
+    or ACME) (pve-manager PVE/API2/Certificates.pm, info)."""
     _node(call, node)
-    notafter = int(time.time()) + call.lab.cert_days.get(node, 300) * 86400
-    return [{"filename": "pve-ssl.pem", "subject": f"/CN={node}.lab", "notafter": notafter,
-             "notbefore": notafter - 730 * 86400, "fingerprint": "AB:" * 31 + "AB"}]
+    now = int(time.time())
+
+    def cert(filename: str, days: int, lifetime: int, issuer: str) -> dict:
+        return {"filename": filename, "subject": f"/CN={node}.lab" if filename != "pve-root-ca.pem" else
+                "/CN=Proxmox Virtual Environment", "issuer": issuer, "notafter": now + days * 86400,
+                "notbefore": now + days * 86400 - lifetime * 86400, "fingerprint": "AB:" * 31 + "AB"}
+    ca = "/CN=Proxmox Virtual Environment"
+    certs = [cert("pve-root-ca.pem", 3000, 3650, ca), cert("pve-ssl.pem", call.lab.cert_days.get(node, 300), 730, ca)]
+    proxy_days = monitor(call.lab).proxy_certs.get(node)
+    if proxy_days is not None:
+        certs.append(cert("pveproxy-ssl.pem", proxy_days, 90, "/C=US/O=Let's Encrypt/CN=R11"))
+    return certs
 
 
 def pve_replication(call: Call, node: str) -> list:
@@ -502,13 +531,6 @@ def pve_acl(call: Call) -> list:
     return [dict(entry) for entry in call.lab.acl]
 
 
-def pve_firewall_options(scope: str) -> Callable:
-    def handler(call: Call, node: str | None = None, vmid: str | None = None) -> dict:
-        key = "cluster" if scope == "cluster" else (vmid if vmid else node)
-        return {"enable": call.lab.firewall.get(key, 0), "policy_in": "DROP" if scope == "cluster" else "ACCEPT"}
-    return handler
-
-
 def pve_nextid(call: Call, **_: str) -> str:
     vmid = 100
     while vmid in call.lab.guests:
@@ -565,12 +587,10 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/replication"): pve_replication,
     ("GET", "/access/users"): pve_users,
     ("GET", "/access/acl"): pve_acl,
-    ("GET", "/cluster/firewall/options"): pve_firewall_options("cluster"),
-    ("GET", "/nodes/{node}/firewall/options"): pve_firewall_options("node"),
-    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): pve_firewall_options("guest"),
-    ("GET", "/nodes/{node}/lxc/{vmid}/firewall/options"): pve_firewall_options("guest"),
-    ("GET", "/nodes/{node}/rrddata"): pve_rrddata,
+    ("PUT", "/cluster/ha/resources/{sid}"): pve_ha_resource_update,
 }
+PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
+PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,
                  ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,
@@ -595,3 +615,4 @@ for _kind in ("qemu", "lxc"):
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/migrate")] = pve_migrate(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/template")] = pve_template(_kind)
     PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}")] = pve_destroy(_kind)
+PVE_HANDLERS |= MONITOR_HANDLERS  # metrics, logs, disks, packages, the node's clock (pve_monitor.py)

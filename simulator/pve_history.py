@@ -3,7 +3,7 @@
 which storages can take snapshots and roll back to an older one, and the config file text both
 products write. `pve_guests.py` uses the storage rules, `pve.py` registers the handlers.
 
-Behaviour: docs/PROXMOX-BEHAVIOUR.md#snapshots and #configs-inside-backups.
+Behaviour: docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback and #configs-inside-backups.
 """
 from __future__ import annotations
 
@@ -157,3 +157,41 @@ def snapshot_section(guest: dict, snapname: str) -> dict:
                 meta["vmstate"] = f"local-lvm:vm-{guest['vmid']}-state-{snapname}"
             return dict(snap.get("_config") or {}) | meta
     raise ApiError(500, f"snapshot '{snapname}' does not exist")
+
+
+# ---- options set and pending values, as both products write them (docs/PROXMOX-BEHAVIOUR.md#pending-config)
+
+UNUSED = re.compile(r"unused\d+")
+
+
+def _disk_volume(key: str, value: object) -> str | None:
+    """The volume a disk or mount point option holds; CD-ROMs and `none` hold none."""
+    found = volumes({key: value}) if value is not None else []
+    return found[0] if found else None
+
+
+def set_option(guest: dict, key: str, value: object) -> None:
+    """One option set (or deleted: None) in the current config. A disk that is detached or replaced
+    becomes an `unusedN` entry; a volume attached again loses its `unusedN` entry (qemu-server
+    QemuServer.pm vmconfig_register_unused_drive, write_vm_config; pve-container LXC/Config.pm
+    write_pct_config)."""
+    config = guest["config"]
+    old = _disk_volume(key, config.get(key))
+    if value is None:
+        config.pop(key, None)
+    else:
+        config[key] = value
+    if old and old != _disk_volume(key, value) and old not in config.values():
+        index = next(n for n in range(256) if f"unused{n}" not in config)
+        config[f"unused{index}"] = old
+    attached = set(volumes(config))
+    for unused in [k for k, v in config.items() if UNUSED.fullmatch(k) and v in attached]:
+        del config[unused]
+
+
+def cleanup_pending(guest: dict) -> None:
+    """Pending values equal to the current ones, and pending deletions of options that are not set,
+    are dropped (pve-guest-common AbstractConfig.pm cleanup_pending)."""
+    config = guest["config"]
+    guest["pending"] = {k: v for k, v in guest["pending"].items()
+                        if (v is None and k in config) or (v is not None and str(config.get(k)) != str(v))}

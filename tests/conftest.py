@@ -37,6 +37,8 @@ os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy") or os
                                                 "127.0.0.1", "localhost"]))
 
 import api_tools  # noqa: E402
+import file_restore  # noqa: E402
+import config  # noqa: E402
 import policy  # noqa: E402
 import proxmox_client  # noqa: E402
 import server  # noqa: E402
@@ -44,8 +46,8 @@ import shell_tools  # noqa: E402
 import simulator  # noqa: E402
 import workflows  # noqa: E402
 
-LOG_DIR = ROOT / "tests" / ".logs"  # every server's stderr, scanned for secrets at the end
 STATE_DIR: Path | None = None  # this run's temporary state (audit logs), set by the state_dir fixture
+LOGS: Path | None = None  # this run's logs: every server's stderr and every tool answer, set by state_dir too
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,9 +60,16 @@ def pytest_configure(config: pytest.Config) -> None:
                                 f"`mv .env ../proxmox-mcp.env`.")
 
 
+def log_dir() -> Path:
+    """Where this run's servers write their stderr and the tool answers are kept (inside pytest's
+    temporary directory, scanned for secrets when the run ends: no_secret_in_any_output)."""
+    assert LOGS is not None, "log_dir() is for tests and fixtures (the session's state_dir makes it)"
+    return LOGS
+
+
 def record(result: Any) -> None:
-    """Keep a tool's answer for test_zz_secrets, which scans every answer for secrets."""
-    with open(LOG_DIR / "tool-outputs.log", "a") as log:
+    """Keep a tool's answer, so that the end of the run can scan every answer for secrets."""
+    with open(log_dir() / "tool-outputs.log", "a") as log:
         for block in result.content:
             log.write(getattr(block, "text", "") + "\n")
 
@@ -163,6 +172,7 @@ def server_state() -> dict:
             (policy, "SETTINGS"): policy.Settings(), (policy, "PERMISSIONS"): {},
             (shell_tools, "TARGETS"): {},
             (shell_tools, "_connections"): {}, (api_tools, "_docs"): {},
+            (file_restore, "RESTORE"): file_restore.RestoreSettings(),
             (server, "VISIBILITY"): server.ToolVisibility(), (workflows, "RUNTIME"): {"transport": "stdio"}}
 
 
@@ -236,12 +246,40 @@ def _transport(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """This run's temporary state: in-process audit logs, and XDG_STATE_HOME of every server
-    process, so that no test writes into the user's own audit log."""
-    global STATE_DIR
+    process, so that no test writes into the user's own audit log; and its logs (log_dir). When the
+    run ends, no secret of the simulator or the tests may appear in any of them (whatever tests ran,
+    in whatever order)."""
+    global STATE_DIR, LOGS
     STATE_DIR = tmp_path_factory.mktemp("state")
-    return STATE_DIR
+    (STATE_DIR / "no-protected-guests.json").write_text("[]")
+    config.PROTECTED_FILE = STATE_DIR / "no-protected-guests.json"  # and for load_config in this process (server_env)
+    LOGS = tmp_path_factory.mktemp("logs")
+    yield STATE_DIR
+    written = sorted(LOGS.glob("*.log")) + sorted(tmp_path_factory.getbasetemp().rglob("*.jsonl"))
+    found = secrets_in(written)
+    assert not found, f"secrets in the run's outputs or logs: {found[:5]}"
+
+
+# Every secret the simulator and the tests use: none may appear in a tool answer, a server log or an audit log.
+SECRETS = ["11111111-2222-3333-4444-555555555555", "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+           "99999999-8888-7777-6666-555555555555", "pbs-reader-secret-0123456789", "pbs-admin-secret-9876543210",
+           "test-bearer-token-0123456789abcdef", "s3cret!", "hunter2",
+           "sim-ops-password-4711", "sim-tfa-password-4712", "sim-pbs-password-4713", "not-the-password",
+           # passwords and tickets of the login tests
+           "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:",
+           # ACME DNS credentials, a scanned server's password, guest file contents (admission tests)
+           "cf-secret-4711", "cf-4712", "guess-me-123", "root-password-in-a-file", "hunter2-secret"]
+
+
+def secrets_in(paths: list[Path]) -> list[str]:
+    """`<secret prefix>... in <file>` for each secret of SECRETS found in these files."""
+    found = []
+    for path in paths:
+        text = path.read_text(errors="replace")
+        found += [f"{secret[:6]}... in {path}" for secret in SECRETS if secret in text]
+    return found
 
 
 @pytest.fixture()
@@ -268,6 +306,8 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PROXMOX_", "PBS_", "MCP_"))}
     if STATE_DIR is not None:
         env["XDG_STATE_HOME"] = str(STATE_DIR)  # the default audit log goes there, not to the user's
+        # an empty list unless a test gives one: a user's own protected-vms.json in the tree is not the tests'
+        env["PROXMOX_PROTECTED_VMS_FILE"] = str(STATE_DIR / "no-protected-guests.json")
     return env | extra
 
 
@@ -278,7 +318,7 @@ def everything_open(sim: Any, tmp: Path, **extra: str) -> dict[str, str]:
         "PROXMOX_TOOLSETS": "all", "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true",
         "PROXMOX_ALLOW_ELEVATED": "true", "PROXMOX_ALLOW_SENSITIVE": "true",
         "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
-        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")} | extra
+        "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl"), "PROXMOX_RESTORE_DIR": str(tmp / "restored")} | extra
 
 
 @contextmanager
@@ -287,10 +327,9 @@ def stdio_session(env: dict[str, str], *, mode: str = "auto", log_name: str = "s
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    LOG_DIR.mkdir(exist_ok=True)
     params = StdioServerParameters(command=sys.executable, args=[str(ROOT / "server.py"), *(args or [])],
-                                   env=server_env(env), cwd=str(LOG_DIR))
-    with open(LOG_DIR / f"{log_name}.log", "a") as errlog, start_blocking_portal() as portal:
+                                   env=server_env(env), cwd=str(log_dir()))
+    with open(log_dir() / f"{log_name}.log", "a") as errlog, start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(
                 Client(stdio_client(params, errlog=errlog), mode=mode, **client_kw)) as client:
             yield Session(portal, client)
@@ -328,7 +367,7 @@ def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> sub
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         out.touch()
         err.touch()
-        request = {"args": args, "env": server_env(env), "cwd": str(LOG_DIR if LOG_DIR.exists() else ROOT),
+        request = {"args": args, "env": server_env(env), "cwd": str(log_dir()),
                    "stdout": str(out), "stderr": str(err), "timeout": timeout}
         FORK_SERVER.stdin.write(json.dumps(request) + "\n")
         FORK_SERVER.stdin.flush()

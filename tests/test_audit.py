@@ -16,7 +16,7 @@ import audit
 import policy
 import protection
 import server
-from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
@@ -94,13 +94,13 @@ def test_a_write_enabled_server_that_cannot_write_its_log_does_not_start(sim, tm
                        "PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "none.json")}
     (tmp_path / "none.json").write_text("[]")
     result = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env), input="",
-                            capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                            capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "audit log" in line]
     assert len(lines) == 1 and "PROXMOX_AUDIT_LOG" in lines[0]
     # a read-only server writes no audit line, so it starts (and ends with its client)
     reader = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env | {"PROXMOX_ACCESS": "read"}),
-                            input="", capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                            input="", capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     assert reader.returncode == 0 and "PROXMOX_AUDIT_LOG" not in reader.stderr
 
 
@@ -129,8 +129,9 @@ def test_verify_finds_a_recomputed_chain(tmp_path):
         record.pop("hash")
         record["verdict"] = "refused"  # history rewritten, every hash recomputed
         record["prev"] = previous
-        record["hash"] = previous = audit._line_hash(previous, record)
-        forged.append(json.dumps(record, separators=(",", ":")))
+        body = json.dumps(record, separators=(",", ":"))
+        previous = audit._line_hash(previous, body.encode())
+        forged.append(body[:-1] + f',"hash":"{previous}"}}')
     path.write_text("\n".join(forged) + "\n")
     count, bad, message = audit.verify(path)
     assert bad is not None and "rewritten" in message
@@ -141,8 +142,49 @@ def test_verify_needs_the_head(tmp_path):
     write_lines(path, 2)
     audit.head_path(path).unlink()
     assert "head file" in audit.verify(path)[2] and audit.verify(path)[1] is not None
-    audit.append(path, {"n": 9})  # an old log gets a head from its current end, and says so
-    assert audit.verify(path) == (3, None, "3 lines, chain intact, head matches (the head was started at line 2)")
+
+
+def test_a_head_recreated_for_a_log_that_had_lines_fails_verification(tmp_path):
+    """Removing the head and the last lines, then letting the server write again, must not verify:
+    a head started for a log that already had lines cannot rule out lines cut off before it."""
+    path = tmp_path / "audit.jsonl"
+    write_lines(path, 4)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2]) + "\n")  # the last two lines cut off ...
+    audit.head_path(path).unlink()  # ... and the head that would tell
+    audit.append(path, {"n": 9})  # the next write starts a new head from the log's current end
+    count, bad, message = audit.verify(path)
+    assert (count, bad) == (3, 3) and "started at line 2" in message and "cut off" in message
+    verified = run_server(["--verify-audit"], {"PROXMOX_AUDIT_LOG": str(path)})
+    assert verified.returncode == 1 and "started at line 2" in verified.stdout
+
+
+def test_a_line_with_duplicated_keys_does_not_verify(tmp_path):
+    """The hash covers the line's bytes as written: a key added twice (one parser reads the first,
+    another the last) is an altered line."""
+    path = tmp_path / "audit.jsonl"
+    write_lines(path, 3)
+    lines = path.read_text().splitlines()
+    lines[1] = '{"verdict":"refused",' + lines[1][1:]  # the original "verdict":"sent" follows
+    path.write_text("\n".join(lines) + "\n")
+    assert audit.verify(path)[:2] == (2, 2)
+
+
+def test_a_reformatted_line_does_not_verify(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    write_lines(path, 2)
+    lines = path.read_text().splitlines()
+    lines[0] = lines[0].replace(",", ", ")  # the same record as a parser reads it, other bytes
+    path.write_text("\n".join(lines) + "\n")
+    assert audit.verify(path)[1] == 1
+
+
+def test_the_log_and_its_head_are_readable_by_their_owner_only(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    audit.open_log(path)
+    write_lines(path, 2)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert audit.head_path(path).stat().st_mode & 0o777 == 0o600
 
 
 def test_verify_audit_command_exit_codes(tmp_path):
@@ -199,4 +241,18 @@ def test_check_start_and_server_info_report_the_protected_list(sim, tmp_path):
     assert "PROTECTED GUEST LIST" in started.stderr and "names host 'prod'" in started.stderr
     with stdio_session(base | {"PROXMOX_PROTECTED_VMS_FILE": str(stray)}, log_name="audit-info") as session:
         info = session.ok("server_info")
-        assert info["protected_guests"] == 2 and "names host 'prod'" in info["protected_list_problems"][0]
+        assert len(info["protected_guests"]) == 2 and "names host 'prod'" in info["protected_list_problems"][0]
+
+
+def test_a_log_written_before_the_hash_covered_the_bytes_still_verifies(tmp_path):
+    """Lines of earlier versions hash the parsed record (keys sorted); they verify, a key given twice does not."""
+    path, previous, lines = tmp_path / "audit.jsonl", audit.GENESIS, []
+    for n in range(3):
+        record = {"n": n, "verdict": "sent", "prev": previous}
+        record["hash"] = previous = audit._legacy_hash(previous, record)
+        lines.append(json.dumps(record, separators=(",", ":")))
+    path.write_text("\n".join(lines) + "\n")
+    audit.head_path(path).write_text(json.dumps({"hash": previous, "count": 3}))
+    assert audit.verify(path) == (3, None, "3 lines, chain intact, head matches")
+    path.write_text("\n".join([lines[0], '{"verdict":"refused",' + lines[1][1:], lines[2]]) + "\n")
+    assert audit.verify(path)[1] == 2

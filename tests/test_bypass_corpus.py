@@ -11,6 +11,9 @@ Sessions (the operator's configuration each entry is tried in):
   elevated   write tier and elevated open (the destructive tier closed)
   read       the default: read tier, nothing else open
   exec_list  everything open, PROXMOX_EXEC_ALLOWED_VMIDS=105, only guest 101 protected
+  unblocked  write tier and exec open, the QEMU monitor, sendkey and the agent's set-user-password
+             opened by PROXMOX_UNBLOCK, PROXMOX_EXEC_ALLOWED_VMIDS=104, only guest 101 protected
+  backups    everything open, guests 101 (a VM) and 103 (a container on lvmthin) protected
 """
 import json
 from types import SimpleNamespace
@@ -25,14 +28,19 @@ PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", wri
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="root@pam!admin", write_token_id=None)
 PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family website"},
              {"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
-             {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"}]
+             {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"},
+             {"host": "lab", "vmid": 103, "name": "media", "reason": "the family photos"}]
 ALL = frozenset({"exec", "elevated", "sensitive"})
-SESSIONS = {  # name -> (access tier, extra gates, protected vmids, exec allow-list)
-    "open": ("destructive", ALL, (100, 101, 102), None),
-    "write": ("write", frozenset({"exec", "sensitive"}), (100, 101, 102), None),
-    "elevated": ("write", frozenset({"elevated"}), (100, 101, 102), None),
-    "read": ("read", frozenset(), (100, 101, 102), None),
-    "exec_list": ("destructive", ALL, (101,), {105}),
+UNBLOCKED = ("POST /nodes/{node}/qemu/{vmid}/monitor", "PUT /nodes/{node}/qemu/{vmid}/sendkey",
+             "POST /nodes/{node}/qemu/{vmid}/agent/set-user-password")
+SESSIONS = {  # name -> (access tier, extra gates, protected vmids, exec allow-list, PROXMOX_UNBLOCK)
+    "open": ("destructive", ALL, (100, 101, 102), None, ()),
+    "write": ("write", frozenset({"exec", "sensitive"}), (100, 101, 102), None, ()),
+    "elevated": ("write", frozenset({"elevated"}), (100, 101, 102), None, ()),
+    "read": ("read", frozenset(), (100, 101, 102), None, ()),
+    "exec_list": ("destructive", ALL, (101,), {105}, ()),
+    "unblocked": ("write", frozenset({"exec"}), (101,), {104}, UNBLOCKED),
+    "backups": ("destructive", ALL, (101, 103), None, ()),
 }
 PBS_VOLUME = "pbs:backup/vm/101/2026-11-28T02:00:01Z"
 REBOOT_VIA_EXECUTE = json.dumps([{"method": "POST", "path": "qemu/101/status/stop"}])
@@ -216,6 +224,63 @@ CORPUS = [
      {"backup-type": "vm", "backup-id": "101", "backup-time": 1, "protected": 0}, "protected"),
     ("write", "pbs", "POST", "/admin/datastore/backup/change-owner",
      {"backup-type": "ct", "backup-id": "102", "new-owner": "someone@pbs"}, "protected"),
+    # ---- issue 20 section 4: host devices and paths in every spelling
+    # (docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths)
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"cdrom": "/dev/sda"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"cdrom": "cdrom"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "PUT", "/nodes/pve2/qemu/104/config", {"ide2": "cdrom,media=cdrom"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve2/qemu", {"vmid": 953, "cdrom": "file=/dev/sr0"}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve1/lxc", {"vmid": 951, "ostemplate": "/etc/pve/priv/authkey.key",
+                                                 "unprivileged": 1}, "PROXMOX_ALLOW_ELEVATED"),
+    ("write", "pve", "POST", "/nodes/pve1/qemu", {"vmid": 952, "archive": "/root/stolen.vma"},
+     "PROXMOX_ALLOW_ELEVATED"),
+    # ... a Ceph OSD wipes its devices; blocked methods opened by PROXMOX_UNBLOCK are confirmed, and
+    # those that reach inside a guest count as exec for the allow-list; an exec-status read alone is exec
+    ("elevated", "pve", "POST", "/nodes/pve1/ceph/osd", {"dev": "/dev/sdb"}, "PROXMOX_ACCESS=destructive"),
+    ("unblocked", "pve", "POST", "/nodes/pve2/qemu/104/monitor", {"command": "info status"}, "confirm=true"),
+    ("unblocked", "pve", "PUT", "/nodes/pve1/qemu/103/sendkey", {"key": "ctrl-alt-delete"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("unblocked", "pve", "POST", "/nodes/pve1/qemu/103/agent/set-user-password",
+     {"username": "root", "password": "new-root-pw-1"}, "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("unblocked", "pve", "POST", "/nodes/pve1/qemu/103/monitor", {"command": "info status"},
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("open", "pve", "GET", "/nodes/pve2/qemu/104/agent/exec-status", {"pid": 1}, "confirm=true"),
+    # ---- issue 20 section 2: jobs, rules and groups judged as they will be after the edit
+    # (docs/PROXMOX-BEHAVIOUR.md#job-edits): a backup job that kept every protected guest out ...
+    ("open", "pve", "PUT", "/cluster/backup/backup-safe", {"delete": "exclude", "mode": "stop"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-safe", {"delete": "exclude"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-safe", {"exclude": "100,102"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-safe", {"vmid": "101,103"}, "protected"),
+    # ... a disabled job whose stored retention prunes, enabled
+    ("write", "pve", "PUT", "/cluster/backup/backup-old", {"enabled": 1}, "PROXMOX_ACCESS=destructive"),
+    # ... a PBS sync job with a stored remove-vanished, pointed elsewhere or run more often
+    ("write", "pbs", "PUT", "/config/sync/s-remove", {"remote-store": "other"}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/sync/s-remove", {"ns": "elsewhere"}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/sync/s-remove", {"remote-ns": "elsewhere"}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/sync/s-remove", {"schedule": "hourly"}, "PROXMOX_ACCESS=destructive"),
+    ("open", "pbs", "PUT", "/config/sync/s-remove", {"remote-store": "other"}, "protected"),
+    # ... a PBS prune job re-enabled or widened
+    ("write", "pbs", "PUT", "/config/prune/p-off", {"delete": ["disable"]}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/prune/p-off", {"disable": 0}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/prune/p-narrow", {"delete": ["max-depth"]}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/prune/p-narrow", {"delete": ["ns"]}, "PROXMOX_ACCESS=destructive"),
+    ("write", "pbs", "PUT", "/config/prune/p-narrow", {"max-depth": 7}, "PROXMOX_ACCESS=destructive"),
+    ("open", "pbs", "PUT", "/config/prune/p-off", {"delete": ["disable"]}, "protected"),
+    # ... an HA rule or group that holds a protected guest moves it without naming it
+    ("open", "pve", "PUT", "/cluster/ha/rules/keep-db", {"type": "node-affinity", "nodes": "pve2"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/rules/keep-db", {"type": "node-affinity", "delete": "strict"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/rules/keep-db", {"type": "node-affinity", "disable": 1}, "protected"),
+    ("open", "pve", "DELETE", "/cluster/ha/rules/keep-db", {}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/groups/db-nodes", {"nodes": "pve3"}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/groups/db-nodes", {"delete": "restricted"}, "protected"),
+    # ---- issue 25: a protected guest is backed up only in snapshot mode with remove=0, and a
+    # container only when its volumes can snapshot (vzdump falls back to suspend)
+    ("open", "pve", "POST", "/nodes/pve2/vzdump", {"vmid": "101", "mode": "snapshot"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve2/vzdump", {"vmid": "101", "mode": "suspend", "remove": 0}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve3/vzdump", {"vmid": "102", "mode": "snapshot", "remove": 0}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"all": 1, "mode": "snapshot", "remove": 0}, "protected"),
+    ("open", "pve", "POST", "/cluster/backup", {"vmid": "101", "mode": "stop", "remove": 0, "schedule": "daily",
+                                                "storage": "pbs"}, "protected"),
 ]
 CORPUS_BEFORE = 51  # entries in stage 1's corpus (tests/test_policy.py BYPASSES)
 
@@ -225,19 +290,52 @@ def entry_id(entry) -> str:
 
 
 def settings_for(session: str) -> policy.Settings:
-    access, gates, protected, allowed = SESSIONS[session]
-    rules = policy.HostPolicy(access, gates)
+    access, gates, protected, allowed, unblocked = SESSIONS[session]
+    rules = policy.HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
     return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
                            protected=policy.Protected([e for e in PROTECTED if e["vmid"] in protected]),
                            exec_allowed_vmids=allowed)
 
 
-# The stored jobs the policy reads, as the simulated lab holds them.
+# What the policy reads to judge a job, rule or group edit (the stored object, the guests and
+# storages, a container's volumes), as the simulated lab holds it (see `servers`).
+GUESTS = {100: ("qemu", "pve1"), 101: ("qemu", "pve2"), 102: ("lxc", "pve3"), 103: ("lxc", "pve1"),
+          104: ("qemu", "pve2"), 105: ("lxc", "pve3")}
+STORAGES = {"local": "dir", "local-lvm": "lvmthin", "nfs-backup": "nfs", "pbs": "pbs"}
 STORED = {"/cluster/backup/backup-nightly": {"id": "backup-nightly", "type": "vzdump", "all": 1, "exclude": "104",
-                                             "storage": "nfs-backup", "schedule": "02:00"},
-          "/config/sync/s-remove": {"id": "s-remove", "store": "backup", "remote": "office",
+                                             "storage": "nfs-backup", "schedule": "02:00", "enabled": 1,
+                                             "mode": "snapshot"},
+          # keeps every protected guest out
+          "/cluster/backup/backup-safe": {"id": "backup-safe", "type": "vzdump", "all": 1, "exclude": "100,101,102",
+                                          "storage": "pbs", "schedule": "03:00", "enabled": 1, "mode": "snapshot"},
+          # disabled, with a retention that prunes
+          "/cluster/backup/backup-old": {"id": "backup-old", "type": "vzdump", "vmid": "103", "enabled": 0,
+                                         "prune-backups": "keep-last=1", "storage": "local", "schedule": "sun 04:00"},
+          "/config/sync/s-remove": {"id": "s-remove", "store": "backup", "remote": "office", "schedule": "daily",
                                     "remote-store": "backup", "remove-vanished": True},
-          "/config/sync/s-backup": {"id": "s-backup", "store": "backup", "remote": "office", "remote-store": "backup"}}
+          "/config/sync/s-backup": {"id": "s-backup", "store": "backup", "remote": "office", "remote-store": "backup",
+                                    "schedule": "weekly"},
+          # what the PBS GUI saves: remove-vanished as JSON false
+          "/config/sync/s-keep": {"id": "s-keep", "store": "backup", "remote": "office", "remote-store": "backup",
+                                  "schedule": "daily", "remove-vanished": False},
+          "/config/prune/p-backup": {"id": "p-backup", "store": "backup", "schedule": "hourly", "keep-last": 3,
+                                     "keep-daily": 7},
+          "/config/prune/p-off": {"id": "p-off", "store": "backup", "schedule": "daily", "keep-last": 1,
+                                  "disable": True},
+          "/config/prune/p-narrow": {"id": "p-narrow", "store": "backup", "schedule": "daily", "keep-last": 3,
+                                     "ns": "old", "max-depth": 0},
+          "/cluster/ha/rules/keep-db": {"rule": "keep-db", "type": "node-affinity", "resources": "vm:101",
+                                        "nodes": "pve1", "strict": 1},
+          "/cluster/ha/groups/db-nodes": {"group": "db-nodes", "type": "group", "nodes": "pve1", "restricted": 1},
+          "/cluster/ha/resources": [{"sid": "vm:101", "type": "vm", "state": "started", "group": "db-nodes"}],
+          "/cluster/resources": [{"type": kind, "vmid": vmid, "node": node} for vmid, (kind, node) in GUESTS.items()]
+          + [{"type": "storage", "storage": name, "plugintype": kind} for name, kind in STORAGES.items()],
+          # a mount point on a directory storage, which cannot snapshot: vzdump would suspend the container
+          "/nodes/pve3/lxc/102/config": {"rootfs": "local-lvm:subvol-102-disk-0,size=8G",
+                                         "mp0": "local:102/vm-102-disk-1.raw,mp=/srv,backup=1"},
+          # a bind mount, which a backup leaves out
+          "/nodes/pve1/lxc/103/config": {"rootfs": "local-lvm:subvol-103-disk-0,size=32G",
+                                         "mp0": "/srv/media,mp=/media"}}
 
 
 def test_the_corpus_grew_by_every_example_of_issue_14():
@@ -271,14 +369,17 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
 # ---------------------------------------------------------------- through the server's tools
 
 def session_env(sim, tmp, session: str) -> dict:
-    access, gates, protected, allowed = SESSIONS[session]
+    access, gates, protected, allowed, unblocked = SESSIONS[session]
     (tmp / "protected.json").write_text(json.dumps([e for e in PROTECTED if e["vmid"] in protected]))
+    # the policy must refuse, not Proxmox's privileges: a token that holds everything
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": access, "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
     env |= {f"PROXMOX_ALLOW_{gate.upper()}": "true" for gate in gates}
     if allowed:
         env["PROXMOX_EXEC_ALLOWED_VMIDS"] = ",".join(map(str, sorted(allowed)))
+    if unblocked:
+        env["PROXMOX_UNBLOCK"] = ",".join(unblocked)
     return env
 
 
@@ -286,8 +387,17 @@ def session_env(sim, tmp, session: str) -> dict:
 def servers(sim, tmp_path_factory):
     """One server per session (in process), against the module's simulator, whose lab holds the
     stored jobs."""
-    sim.lab.pbs_jobs["sync"].append({"id": "s-remove", "store": "backup", "remote": "office",
-                                     "remote-store": "backup", "schedule": "daily", "remove-vanished": True})
+    lab = sim.lab
+    for path, stored in STORED.items():  # the same objects in the simulated lab
+        kind, _, name = path.rpartition("/")
+        if kind == "/cluster/backup" and name != "backup-nightly":
+            lab.backup_jobs.append(dict(stored))
+        elif kind in ("/config/sync", "/config/prune") and not any(j["id"] == name for j in lab.pbs_jobs[kind[8:]]):
+            lab.pbs_jobs[kind[8:]].append(dict(stored))
+    lab.ha_rules["keep-db"] = {k: v for k, v in STORED["/cluster/ha/rules/keep-db"].items() if k != "rule"}
+    lab.ha_groups["db-nodes"] = {"nodes": "pve1", "restricted": 1}
+    lab.guests[101]["ha"] = {"state": "started", "group": "db-nodes"}
+    lab.guests[102]["config"]["mp0"] = STORED["/nodes/pve3/lxc/102/config"]["mp0"]
     from contextlib import ExitStack
     with ExitStack() as stack:
         yield {name: stack.enter_context(in_process(session_env(sim, tmp_path_factory.mktemp(name), name),
@@ -318,6 +428,18 @@ ALLOWED = [
      {"backup-type": "vm", "backup-id": "101", "backup-time": 1, "protected": 1}),  # protecting more is fine
     ("write", "pbs", "POST", "/admin/datastore/backup/change-owner",
      {"backup-type": "vm", "backup-id": "103", "new-owner": "someone@pbs"}),  # not a protected guest
+    # issue 20: a stored remove-vanished of JSON false removes nothing; an edit that leaves what a job
+    # deletes, and what it does to protected guests, as it was passes below the destructive tier
+    ("write", "pbs", "POST", "/admin/sync/s-keep/run", {}),
+    ("write", "pbs", "PUT", "/config/sync/s-remove", {"comment": "nightly copy", "rate-in": "10MiB"}),
+    ("write", "pbs", "PUT", "/config/prune/p-backup", {"comment": "hourly"}),
+    ("open", "pve", "PUT", "/cluster/backup/backup-nightly", {"comment": "checked"}),
+    ("open", "pve", "PUT", "/cluster/ha/rules/keep-db", {"type": "node-affinity", "comment": "the database"}),
+    # issue 25: a backup in snapshot mode that never prunes leaves a protected guest as it is
+    ("open", "pve", "POST", "/nodes/pve2/vzdump", {"vmid": "101", "mode": "snapshot", "remove": 0, "storage": "pbs"}),
+    ("open", "pve", "POST", "/cluster/backup", {"all": 1, "exclude": "102", "mode": "snapshot", "remove": 0,
+                                                "schedule": "daily", "storage": "pbs"}),
+    ("backups", "pve", "POST", "/nodes/pve1/vzdump", {"vmid": "103", "mode": "snapshot", "remove": 0}),
 ]
 
 

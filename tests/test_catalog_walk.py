@@ -1,6 +1,8 @@
 """The whole API through the generic tools: every non-blocked method of both schemas is called
 once with valid parameters and passes; every blocked method, and every method whose gate is
 closed, is refused with nothing sent."""
+import copy
+import base64
 import json
 import re
 
@@ -8,7 +10,9 @@ import pytest
 
 import catalog
 import policy
+import simulator
 from conftest import everything_open, stdio_session
+from simulator.pve_monitor import add_pool
 
 # Values for path parameters that exist in the simulated lab.
 PATH_VALUES = {
@@ -72,18 +76,21 @@ WALK_GUESTS = {"/nodes/{node}/lxc/{vmid}/status/reboot": (110, "lxc", "pve1", "r
                "/nodes/{node}/lxc/{vmid}/status/suspend": (114, "lxc", "pve1", "running"),
                "/nodes/{node}/qemu/{vmid}/migrate": (115, "qemu", "pve1", "stopped"),  # not the guest others use
                "/nodes/{node}/lxc/{vmid}/migrate": (116, "lxc", "pve3", "stopped"),  # a running CT needs restart
-               # stopped containers of their own: 103 may be running again by then, depending on how
-               # long the walk's earlier start took (a test must not depend on the machine's load)
-               "/nodes/{node}/lxc/{vmid}/template": (117, "lxc", "pve1", "stopped"),
-               "/nodes/{node}/lxc/{vmid}/clone": (118, "lxc", "pve1", "stopped")}
+               # started apart from 103, which the walk makes a template and clones later: a running
+               # container is neither (the start's task ends while the walk goes on: load decided it)
+               "/nodes/{node}/lxc/{vmid}/status/start": (117, "lxc", "pve1", "stopped")}
 # Methods that need another guest than the default.
 PATH_OVERRIDES = {"/nodes/{node}/lxc/{vmid}/interfaces": {"node": "pve3", "vmid": "102"},
                   "/nodes/{node}/qemu/{vmid}/template": {"node": "pve2", "vmid": "104"},  # a stopped VM
                   "/admin/prune/{id}/run": {"id": "p-backup"}, "/admin/sync/{id}/run": {"id": "s-backup"},
                   "/admin/verify/{id}/run": {"id": "v-backup"}}
 PATH_OVERRIDES |= {path: {"node": node, "vmid": str(vmid)} for path, (vmid, _, node, _) in WALK_GUESTS.items()}
+PATH_OVERRIDES |= {"/nodes/{node}/storage/{storage}/file-restore/list": {"storage": "pbs"},
+                   "/nodes/{node}/storage/{storage}/file-restore/download": {"storage": "pbs"}}
 PBS_SNAPSHOT = {}  # backup-type, backup-id and backup-time of a snapshot in the lab, set by the fixture
-WALK_BACKUP: list[str] = []  # a backup volume of guest 100, set by the walker
+# Parameters of methods that only succeed on what exists (docs/PROXMOX-BEHAVIOUR.md#backup-file-restore,
+# #templates-and-oci-images): (method, path template) -> parameters, set by the fixture from the lab.
+WALK_PARAMS: dict[tuple[str, str], dict] = {}
 
 
 def path_value(product: str, name: str, entry: dict, upid: str) -> str:
@@ -112,22 +119,60 @@ def call_for(product: str, entry: dict, upid: str):
     if product == "pbs":
         fresh |= PBS_SNAPSHOT
     params.update({k: v for k, v in fresh.items() if k in params})
+    params.update(WALK_PARAMS.get((entry["method"], entry["path"]), {}))
     if entry["path"].endswith("/download-url"):  # the name must fit the content type (#downloads-and-imports)
         params["filename"] = "walk1.iso"
+    if entry["method"] == "POST" and entry["path"] == "/nodes/{node}/lxc":  # a fresh install's `local` takes no CT
+        params["storage"] = "local-lvm"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
-    if entry["path"] == "/cluster/backup/{id}" and entry["method"] == "PUT":  # an edit that names no option is a 500
-        params["comment"] = "walk"
-    if entry["path"].endswith("/vzdump/extractconfig"):  # a backup the node holds (#configs-inside-backups)
-        params["volume"] = WALK_BACKUP[0]
+    if "/firewall/" in entry["path"] and params.get("type") == "in":  # an in rule's action (verify_rule)
+        params["action"] = "ACCEPT"
+    if product == "pve" and entry["path"] == "/cluster/backup" and entry["method"] == "POST":  # create_job
+        params.update(id="walk2", schedule="daily", vmid="103", storage="local")
+    if product == "pve" and entry["path"] == "/cluster/backup/{id}" and entry["method"] == "PUT":  # not empty
+        params["mode"] = "snapshot"
     return path, params
+
+
+def seed_firewall(lab, entry: dict) -> None:
+    """The firewall objects the walk names, before each firewall call (the walk deletes them too):
+    security group g1, IP set and alias walk1, a harmless rule at pos 0 of every level and the group;
+    none of the object a call creates, an empty one where Proxmox deletes only empty ones
+    (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
+    method, template = entry["method"], entry["path"]
+    harmless = {"type": "in", "action": "DROP", "proto": "udp", "dport": "9", "enable": 1}
+    emptied = method == "DELETE" and template.endswith(("/groups/{group}", "/ipset/{name}"))
+    ipsets = {"walk1": {"entries": [] if emptied else [{"cidr": "10.0.0.0/24"}]}}
+    aliases = {"walk1": {"name": "walk1", "cidr": "192.0.2.0/24"}}
+    lab.firewall = {"cluster": {"options": {"enable": 1}, "rules": [dict(harmless)],
+                                "groups": {"g1": [] if emptied else [dict(harmless)]}, "group_comments": {},
+                                "ipsets": copy.deepcopy(ipsets), "aliases": copy.deepcopy(aliases)},
+                    "hosts": {"pve1": {"options": {}, "rules": [dict(harmless)]}},
+                    "guests": {vmid: {"options": {}, "rules": [dict(harmless)], "ipsets": copy.deepcopy(ipsets),
+                                      "aliases": copy.deepcopy(aliases)} for vmid in (100, 103)}}
+    if method == "POST":  # the collection a call creates in holds no object of that name yet
+        for level in [lab.firewall["cluster"], *lab.firewall["guests"].values()]:
+            if template.endswith("/firewall/groups"):
+                level.get("groups", {}).pop("g1", None)
+            if template.endswith("/firewall/ipset"):
+                level["ipsets"].pop("walk1")
+            if template.endswith("/firewall/aliases"):
+                level["aliases"].pop("walk1")
+
+
+def seed_backup_job(lab) -> None:
+    """Backup job walk1 before each backup job call (the walk deletes it too); walk2 is what it creates."""
+    lab.backup_jobs[:] = [j for j in lab.backup_jobs if j["id"] not in ("walk1", "walk2")]
+    lab.backup_jobs.append({"id": "walk1", "type": "vzdump", "vmid": "103", "storage": "local", "schedule": "daily"})
 
 
 def call_api(session, product: str, entry: dict, path: str, params: dict):
     """One method through the generic tools: api_read for GET, write_api_call otherwise."""
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
-    if entry["method"] == "GET":  # a guest file read needs the user's yes like exec
-        return session.call("api_read", arguments | {"confirm": True} if "file-read" in path else arguments)
+    if entry["method"] == "GET":  # a guest file read, or an exec's output read alone, needs the user's yes like exec
+        asks = "file-read" in path or "exec-status" in path
+        return session.call("api_read", arguments | {"confirm": True} if asks else arguments)
     return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
 
 
@@ -142,6 +187,7 @@ def walker(sim, tmp_path_factory):
         status = "stopped" if state == "stopped" else "running"
         guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)
         guest["paused"] = state == "paused"
+    sim.lab.guests[101]["ha"] = {"state": "started"}  # the HA resource the walk edits (vm:101)
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)
@@ -150,9 +196,28 @@ def walker(sim, tmp_path_factory):
     for kind in ("sync", "prune"):
         sim.lab.pbs_jobs[kind].append({"id": "walk1", "store": "backup", "schedule": "daily"})
     sim.lab.acme_plugins.append({"plugin": "walk1", "type": "dns", "api": "cf", "data": "CF_Token=walk"})
-    WALK_BACKUP[:] = [next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 100)]
+    add_pool(sim.lab, "pve1", "walk1")  # a ZFS pool whose status the walk reads
+    sim.lab.ha_rules["r1"] = {"type": "node-affinity", "resources": "vm:103", "nodes": "pve1"}
+    sim.lab.ha_groups["g1"] = {"nodes": "pve1"}
+    sim.lab.metric_servers["walk1"] = {"type": "influxdb", "server": "192.0.2.50", "port": 8089}
+    sim.lab.sdn_ipams.append({"ipam": "pve", "type": "pve"})
+    sim.lab.sdn_dns.append({"dns": "d1", "type": "powerdns", "url": "https://dns.example", "key": "walk"})
+    sim.lab.add_datastore("walk1", total=100 * simulator.GiB, used=1 * simulator.GiB)  # /config/datastore/{name}
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][0]
     PBS_SNAPSHOT.update({"backup-type": "vm", "backup-id": "100", "backup-time": snap["backup-time"]})
+    hostname = base64.b64encode(b"/root.pxar.didx/etc/hostname").decode()
+    container = {"backup-type": "ct", "backup-id": "102",  # a file archive: a VM backup has no catalog
+                 "backup-time": sim.lab.datastores["backup"]["groups"][("", "ct", "102")][0]["backup-time"]}
+    volume = next(v["volid"] for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 102)
+    WALK_PARAMS.update({
+        ("GET", "/nodes/{node}/storage/{storage}/file-restore/list"): {"volume": volume, "filepath": "/"},
+        ("GET", "/nodes/{node}/storage/{storage}/file-restore/download"): {"volume": volume, "filepath": hostname},
+        ("GET", "/admin/datastore/{store}/catalog"): container | {"filepath": "/"},
+        ("GET", "/admin/datastore/{store}/pxar-file-download"): container | {"filepath": hostname},
+        ("POST", "/nodes/{node}/aplinfo"): {"storage": "local",
+                                            "template": "debian-12-standard_12.12-1_amd64.tar.zst"},
+        ("GET", "/nodes/{node}/vzdump/extractconfig"): {  # a backup the node sees (#configs-inside-backups)
+            "volume": next(v["volid"] for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 100)}})
     # no safety snapshot before rollbacks: its task would wait out the clone's lock on guest 100
     env = everything_open(sim, tmp, PROXMOX_SAFETY_SNAPSHOT="off")
     with stdio_session(env, log_name="walk") as session:
@@ -164,11 +229,16 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        # deleting the walk's guests and snapshots comes last, so that every other method still finds them
-        for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
-                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?", e["path"]))):
+        # deleting the walk's guests, snapshots and HA rules comes last, so that every other method still finds them
+        for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(re.fullmatch(
+                r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?|/cluster/ha/(rules|groups)/\{\w+\}",
+                e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = policy.method_gate(entry["method"], entry["path"])
+            if product == "pve" and "/firewall/" in entry["path"]:
+                seed_firewall(sim.lab, entry)
+            if product == "pve" and entry["path"].startswith("/cluster/backup"):
+                seed_backup_job(sim.lab)
             before = len(sim.lab.requests)
             result = call_api(walker, product, entry, path, params)
             text = result.content[0].text if result.content else ""
@@ -197,7 +267,7 @@ def test_closed_gates_refuse_with_nothing_sent(sim, tmp_path):
         for product in catalog.PRODUCTS:
             for entry in catalog.methods(product):
                 path, params = call_for(product, entry, "UPID:pve1:00000001:00000001:00000001:x::root@pam:")
-                gate, _ = policy.call_gate(entry["method"], entry["path"], params)
+                gate, _ = policy.call_gate(entry["method"], entry["path"], params, product)
                 if gate in ("read", "lifecycle"):
                     continue
                 before = len(sim.lab.requests)

@@ -95,7 +95,7 @@ def writes(sent):
 def test_a_backup_holds_its_config_as_text_readable_with_vm_backup(sim):
     """extractconfig answers the config file's text; a PVEAuditor token lacks VM.Backup (403)
     (docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups)."""
-    local = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 100)
+    local = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 100 and v["content"] == "backup")
     text = raw(sim, "/nodes/pve1/vzdump/extractconfig", volume=local).json()["data"]
     assert "memory: 4096\n" in text and "#qmdump#map:scsi0:drive-scsi0:local-lvm:raw:" in text
     assert "digest" not in text and "parent" not in text
@@ -103,7 +103,7 @@ def test_a_backup_holds_its_config_as_text_readable_with_vm_backup(sim):
     assert "hostname: dns\n" in raw(sim, "/nodes/pve1/vzdump/extractconfig", volume=pbs_volume).json()["data"]
     denied = raw(sim, "/nodes/pve1/vzdump/extractconfig", token="mcp@pve!reader", volume=local)
     assert denied.status_code == 403 and "VM.Backup" in denied.reason or "Datastore.AllocateSpace" in denied.reason
-    missing = raw(sim, "/nodes/pve1/vzdump/extractconfig", volume="nfs-backup:backup/vzdump-qemu-999-x.vma.zst")
+    missing = raw(sim, "/nodes/pve1/vzdump/extractconfig", volume="local:backup/vzdump-qemu-999-x.vma.zst")
     assert missing.status_code == 500 and "can't find file" in missing.reason
 
 
@@ -130,7 +130,7 @@ def test_a_rollback_restores_the_snapshots_config_and_leaves_the_guest_stopped(s
 
 
 def test_a_snapshot_needs_storage_that_can_take_one(sim):
-    """A raw disk on a directory storage cannot; the task fails (docs/PROXMOX-BEHAVIOUR.md#snapshots)."""
+    """A raw disk on a directory storage cannot; the task fails (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
     failed = task_of(sim, raw(sim, "/nodes/pve1/qemu/204/snapshot", method="POST", snapname="nope"))
     assert failed.exitstatus == "snapshot feature is not available" and sim.lab.guests[204]["snapshots"] == []
 
@@ -194,8 +194,9 @@ def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, 
     done = ops.ok("write_guest_config", {"vmid": 200, "set": {"tags": "undo;test"}})
     kept = receipt(tmp, done["receipt"])
     assert kept["tool"] == "write_guest_config" and kept["by"] == ADMIN and kept["guests"] == [200]
-    assert kept["changes"] == ["tags nothing -> undo;test"] or kept["changes"] == ["tags added: undo;test"]
-    assert kept["before"].get("tags") is None and kept["after"]["tags"] == "undo;test" and kept["undo"] is True
+    # stored normalised: sorted (docs/PROXMOX-BEHAVIOUR.md#tags)
+    assert kept["changes"] == ["tags added: test;undo"]
+    assert kept["before"].get("tags") is None and kept["after"]["tags"] == "test;undo" and kept["undo"] is True
     lines = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
     sending = next(line for line in lines if line.get("receipt") == done["receipt"])
     assert sending["verdict"] == "sending" and kept["audit"] == sending["hash"]  # each names the other
@@ -211,7 +212,8 @@ def test_a_receipt_keeps_no_secret_and_cannot_bring_one_back(ops, sim, tmp):
     assert "hunter2" not in text and receipt(tmp, done["receipt"])["changes"] == ["cipassword changed"]
     message, sent = requests_during(sim, lambda: ops.error("write_undo", {"receipt": done["receipt"]}), writes=True)
     assert "never keep a secret" in message and "hunter2" not in message and sent == []
-    sim.lab.guests[200]["pending"].pop("cipassword")  # running: it waits for a restart
+    for where in ("config", "pending"):  # set at once since cloud-init values are (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+        sim.lab.guests[200][where].pop("cipassword", None)
 
 
 def test_receipts_are_bounded_in_count_and_age(sim, tmp_path):
@@ -320,7 +322,7 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
     undone = ops.ok("write_undo", {"receipt": kept["id"], "confirm": True})
     assert undone["steps"][0]["action"].endswith(f"/snapshot/{safety}/rollback") and "started again" in undone["note"]
     assert guest["status"] == "running"  # as before the rollback
-    # a snapshot keeps no pending change, so the one that waited is gone (docs/PROXMOX-BEHAVIOUR.md#snapshots)
+    # a snapshot keeps no pending change: the one that waited is gone (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
     assert guest["pending"] == {} and ops.ok("what_changed", {"vmid": 202, "since": "clean"})["changes"] == [
         "nothing changed"]
 
@@ -375,7 +377,7 @@ def test_undo_is_refused_when_the_object_changed_since(ops, sim):
 
 @pytest.mark.parametrize("tool, arguments, why", [
     ("write_resize_disk", {"vmid": 204, "disk": "scsi0", "size": "+1G"}, "disks only grow"),
-    ("write_backup_guest", {"vmid": 205, "storage": "nfs-backup"}, "a backup run can prune"),
+    ("write_backup_guest", {"vmid": 205, "storage": "local"}, "a backup run can prune"),
 ])
 def test_undo_is_refused_for_what_cannot_be_taken_back(ops, sim, tool, arguments, why):
     done = ops.ok(tool, arguments)
@@ -419,7 +421,7 @@ def test_what_changed_since_the_newest_backup_marks_pending_changes(ops, sim):
     changed = ops.ok("what_changed", {"vmid": 100})
     assert changed["since"].startswith("backup pbs:backup/vm/100/")  # the newest is on the Backup Server
     assert changed["changes"] == ["memory 4 -> 8 GiB (pending until restart)", "tags prod;web -> prod"]
-    local = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 100)
+    local = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 100 and v["content"] == "backup")
     assert ops.ok("what_changed", {"vmid": 100, "since": local})["changes"] == changed["changes"]
     assert ops.ok("what_changed", {"vmid": 100, "since": done["receipt"]})["changes"] == changed["changes"]
     ops.ok("write_undo", {"receipt": done["receipt"]})

@@ -3,8 +3,12 @@ import json
 
 import pytest
 
+import config as config_module
 from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
-from conftest import run_server
+import server
+from conftest import ROOT, run_server
+
+SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 
 TOKEN = "mcp@pve!reader=11111111-2222-3333-4444-555555555555"
 
@@ -91,16 +95,90 @@ def test_bad_config_exits_with_one_line_naming_the_variable():
 
 
 def test_dotenv_is_loaded_and_the_real_environment_wins(tmp_path):
-    (tmp_path / ".env").write_text("PROXMOX_DOT_URL=https://from-dotenv:8006\nPROXMOX_DOT_TOKEN=" + TOKEN + "\n"
-                                   "PROXMOX_READ_TIMEOUT=soon\n")
+    """A working-directory .env is read (it may narrow), and the real environment wins over it."""
+    (tmp_path / ".env").write_text("PROXMOX_READ_TIMEOUT=soon\nPROXMOX_DRY_RUN=maybe\n")
     import subprocess
     import sys
     from conftest import ROOT, server_env
     result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools", "--json"], cwd=tmp_path,
-                            env=server_env({"PROXMOX_READ_TIMEOUT": "12"}), capture_output=True, text=True,
+                            env=server_env({"PROXMOX_DRY_RUN": "true"}), capture_output=True, text=True,
                             timeout=60)
-    assert result.returncode == 0, result.stderr  # the bad .env timeout lost to the real one
+    assert result.returncode == 0, result.stderr  # the bad .env values lost to the real one, or were ignored
     assert json.loads(result.stdout)["tools"]
+
+
+# ---------------------------------------------------------------- .env files: the operator's wins
+
+@pytest.fixture()
+def env_files(tmp_path, monkeypatch):
+    """An operator's .env beside server.py and a working directory (the repository an agent edits)."""
+    import config
+    install, work = tmp_path / "install", tmp_path / "work"
+    install.mkdir()
+    work.mkdir()
+    monkeypatch.setattr(config, "INSTALL_DIR", install)
+    (install / ".env").write_text("PROXMOX_LAB_URL=https://pve.lab:8006\nPROXMOX_LAB_TOKEN=" + TOKEN + "\n"
+                                  "PROXMOX_ACCESS=write\nPROXMOX_ALLOW_EXEC=true\nPROXMOX_ELICIT=true\n"
+                                  "PROXMOX_PROTECTED_VMS=lab:100\nPROXMOX_EXEC_ALLOWED_VMIDS=104,105\n")
+
+    def read(working_env: str, environment: dict | None = None):
+        (work / ".env").write_text(working_env)
+        return config.read_env_files(environment or {}, cwd=work)
+    return read
+
+
+@pytest.mark.parametrize("working, variable, effective, ignored", [
+    # a working-directory file cannot raise the tier, open a gate, stop asking, empty the protected
+    # list, point the audit log or the protected file elsewhere, add hosts or turn TLS off ...
+    ("PROXMOX_ACCESS=destructive", "PROXMOX_ACCESS", "write", True),
+    ("PROXMOX_LAB_ACCESS=destructive", "PROXMOX_LAB_ACCESS", None, True),
+    ("PROXMOX_ALLOW_ELEVATED=true", "PROXMOX_ALLOW_ELEVATED", None, True),
+    ("PROXMOX_ELICIT=false", "PROXMOX_ELICIT", "true", True),
+    ("PROXMOX_PROTECTED_VMS_FILE=/dev/null", "PROXMOX_PROTECTED_VMS_FILE", None, True),
+    ("PROXMOX_AUDIT_LOG=/tmp/elsewhere.jsonl", "PROXMOX_AUDIT_LOG", None, True),
+    ("PROXMOX_EVIL_URL=https://evil:8006", "PROXMOX_EVIL_URL", None, True),
+    ("PROXMOX_LAB_URL=https://evil:8006", "PROXMOX_LAB_URL", "https://pve.lab:8006", True),
+    ("PROXMOX_VERIFY_TLS=false", "PROXMOX_VERIFY_TLS", None, True),
+    ("PROXMOX_UNBLOCK=PUT /nodes/{node}/qemu/{vmid}/sendkey", "PROXMOX_UNBLOCK", None, True),
+    ("PROXMOX_EXEC_ALLOWED_VMIDS=100,104", "PROXMOX_EXEC_ALLOWED_VMIDS", "104,105", True),
+    # ... it may narrow: a lower tier, a gate closed, dry run, asking, more protected guests,
+    # fewer guests for exec, more tools denied
+    ("PROXMOX_ACCESS=read", "PROXMOX_ACCESS", "read", False),
+    ("PROXMOX_LAB_ACCESS=lifecycle", "PROXMOX_LAB_ACCESS", "lifecycle", False),
+    ("PROXMOX_ALLOW_EXEC=false", "PROXMOX_ALLOW_EXEC", "false", False),
+    ("PROXMOX_DRY_RUN=true", "PROXMOX_DRY_RUN", "true", False),
+    ("PROXMOX_PROTECTED_VMS=lab:101", "PROXMOX_PROTECTED_VMS", "lab:100,lab:101", False),
+    ("PROXMOX_EXEC_ALLOWED_VMIDS=105", "PROXMOX_EXEC_ALLOWED_VMIDS", "105", False),
+    ("PROXMOX_DENY_TOOLS=write_*", "PROXMOX_DENY_TOOLS", "write_*", False),
+])
+def test_a_working_directory_env_may_only_narrow_access(env_files, working, variable, effective, ignored):
+    env, origins = env_files(working + "\n")
+    assert env.get(variable) == effective
+    assert (variable in origins.ignored) == ignored
+    if not ignored:
+        assert "working directory" in origins.set_by[variable]
+
+
+def test_the_real_environment_still_wins_and_check_says_who_set_what(env_files):
+    env, origins = env_files("PROXMOX_ACCESS=read\nPROXMOX_ALLOW_ELEVATED=true\n", {"PROXMOX_ACCESS": "lifecycle"})
+    assert env["PROXMOX_ACCESS"] == "lifecycle" and origins.set_by["PROXMOX_ACCESS"] == "the environment"
+    assert origins.set_by["PROXMOX_LAB_TOKEN"].endswith("install/.env (beside server.py)")
+    lines = origins.report()
+    assert any("PROXMOX_LAB_TOKEN" in line and "beside server.py" in line for line in lines)
+    assert any("ignored" in line and "PROXMOX_ALLOW_ELEVATED" in line for line in lines)
+    assert TOKEN.split("=")[1] not in " ".join(lines)  # names, never values
+
+
+def test_ignored_working_directory_settings_are_warned_about_at_start(tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT, server_env
+    (tmp_path / ".env").write_text("PROXMOX_ACCESS=destructive\nPROXMOX_ALLOW_EXEC=true\n")
+    result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools"], cwd=tmp_path,
+                            env=server_env({}), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "may only narrow access" in line]
+    assert len(warned) == 1 and "PROXMOX_ACCESS" in warned[0] and "PROXMOX_ALLOW_EXEC" in warned[0]
 
 
 def test_list_tools_without_any_host_connects_nowhere():
@@ -128,9 +206,10 @@ def test_toolsets_choose_the_tools():
     compact = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "compact",
                                                                  "PROXMOX_ACCESS": "write"}).stdout)
     names = {t["name"] for t in compact["tools"]}
-    assert names == {"list_hosts", "server_info", "api_search", "api_describe", "api_read", "write_api_call",
-                     "health_check", "backup_coverage", "security_audit", "wait_task", "write_provision_lxc",
-                     "write_provision_vm"}
+    # the api and workflows groups of the tool table up to the write gate, and the tools every set has
+    expected = {spec.function.__name__ for spec in server.TOOLS if spec.toolset in ("api", "workflows", "always")
+                and spec.gate in ("read", "lifecycle", "write") and not spec.ssh}
+    assert names == expected and {"api_read", "health_check", "write_api_call"} <= names
     guests = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "guests,tasks"}).stdout)
     assert "list_guests" in {t["name"] for t in guests["tools"]} and "pbs_list_groups" not in {
         t["name"] for t in guests["tools"]}
@@ -144,9 +223,10 @@ def test_allow_and_deny_tools():
     names = {t["name"] for t in denied["tools"]}
     assert not any(n.startswith("write_") for n in names) and "api_read" not in names and "list_guests" in names
     allowed = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_ALLOW_TOOLS": "list_*,get_guest"}).stdout)
-    assert {t["name"] for t in allowed["tools"]} == {"list_hosts", "list_nodes", "list_guests", "get_guest",
-                                                     "list_storage", "list_tasks", "list_snapshots", "list_backups",
-                                                     "list_networks", "list_pools"}
+    # the read tools of the default toolsets whose names start list_, and get_guest
+    expected = {name for name in server.TOOLSETS["default"] + server.ALWAYS_ON if name.startswith("list_")
+                and SPECS[name].gate == "read" and not SPECS[name].ssh} | {"get_guest"}
+    assert {t["name"] for t in allowed["tools"]} == expected and {"list_guests", "list_hosts"} <= expected
     typo = run_server(["--list-tools"], {"PROXMOX_DENY_TOOLS": "wirte_*"})
     assert typo.returncode == 2 and "wirte_* names no tool" in typo.stderr and "list_guests" in typo.stderr
 
@@ -166,13 +246,14 @@ def test_protected_vms_variable_adds_to_the_file(tmp_path):
 
 @pytest.mark.parametrize("profile", ["readonly", "operator", "admin"])
 def test_profiles_are_valid_configurations(profile, tmp_path):
-    from conftest import ROOT
+    # read as `docker run --env-file` reads them: comment lines skipped, the rest of a line is the
+    # value, word for word (no inline comments: their text would be part of the value)
     env = {}
     for line in (ROOT / "examples" / f"{profile}.env").read_text().splitlines():
-        line = line.split("#")[0].strip() if not line.lstrip().startswith("#") else ""
-        if "=" in line:
+        if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
+            assert value == value.strip() and "#" not in value, f"{profile}.env: {line!r}"
+            env[key] = value
     token = tmp_path / "token"
     token.write_text("mcp@pve!mcp=11111111-2222-3333-4444-555555555555")
     key = tmp_path / "id"
@@ -182,6 +263,24 @@ def test_profiles_are_valid_configurations(profile, tmp_path):
     env["PROXMOX_HOME_SSH_FINGERPRINTS"] = "pve1=SHA256:" + "A" * 43
     config = load_config({k: v for k, v in env.items() if profile == "admin" or "SSH" not in k})
     assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
+
+
+def test_the_protected_list_is_the_users_own_file_beside_the_server(tmp_path, monkeypatch):
+    """protected-vms.json is git-ignored (an update never touches it); the repository ships
+    protected-vms.example.json. With no file named and none there, nothing is listed yet: the start
+    says how to make one. A named file that is missing fails closed (above)."""
+    assert "protected-vms.json" in (ROOT / ".gitignore").read_text().splitlines()
+    example = json.loads((ROOT / "protected-vms.example.json").read_text())
+    assert example and {"host", "vmid", "name", "reason"} <= set(example[0])
+    monkeypatch.setattr(config_module, "PROTECTED_FILE", tmp_path / "protected-vms.json")
+    fresh = load_config({})
+    assert fresh.settings.protected.entries == [] and fresh.settings.protected.error is None
+    assert any("NO GUEST IS PROTECTED" in w and "protected-vms.example.json" in w for w in fresh.warnings)
+    (tmp_path / "protected-vms.json").write_text(json.dumps(example))
+    assert [e["vmid"] for e in load_config({}).settings.protected.entries] == [100]
+    (tmp_path / "protected-vms.json").write_text("{broken")
+    assert load_config({}).settings.protected.error  # present but unreadable: fails closed
+
 
 
 def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):

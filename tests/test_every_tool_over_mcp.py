@@ -21,8 +21,13 @@ def pbs_snapshot(lab, vmid: str, index: int) -> dict:
     return {"store": "backup", "backup_type": "vm", "backup_id": vmid, "backup_time": time}
 
 
+def pbs_backed(lab, vmid: int) -> str:
+    """The newest backup of a guest on the PVE storage `pbs`."""
+    return max((v for v in lab.pbs_volumes("pbs") if v["vmid"] == vmid), key=lambda v: v["ctime"])["volid"]
+
+
 def pve_backup(lab, vmid: int) -> str:
-    return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
+    return next(v["volid"] for v in lab.volumes["local"] if v.get("vmid") == vmid)
 
 
 def newest_receipt(lab, tool: str) -> dict:
@@ -49,13 +54,16 @@ CALLS = [
     ("pbs_task_log", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
     ("wait_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
     ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}),
+    ("metrics", {"vmid": 100}), ("node_logs", {"node": "pve1"}), ("node_disks", {"node": "pve1"}),
+    ("node_updates", {}), ("dashboard", {}),
     ("api_search", {"query": "snapshot rollback"}),
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
-    ("api_read", {"path": "/version"}),
+    ("api_read", {"path": "/version"}), ("firewall_rules", {}), ("backup_jobs", {}),
+    ("list_templates", {}), ("backup_files", lambda lab: {"backup": pbs_backed(lab, 102)}),
     ("list_changes", {}), ("what_changed", {"vmid": 100}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
-    ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
+    ("write_backup_guest", {"vmid": 102, "storage": "local"}),
     ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
     ("write_set_nic", {"vmid": 103, "vlan": 30}),
     ("write_undo", lambda lab: newest_receipt(lab, "write_set_nic")),
@@ -69,11 +77,20 @@ CALLS = [
     ("write_download_url", {"url": "https://cloud.debian.org/debian-13-genericcloud-amd64.qcow2",
                             "storage": "local", "filename": "debian-13.qcow2", "content": "import"}),
     ("write_provision_lxc", {"hostname": "mcp-prov", "template": DEBIAN_TEMPLATE}),
+    ("write_download_template", {"template": "debian-12-standard_12.12-1_amd64.tar.zst"}),
+    ("write_pull_oci", {"reference": "docker.io/library/nginx:1.29"}),
+    ("write_cloudinit", {"vmid": 100, "user": "debian", "ip": {"net0": "dhcp"}}),
+    ("write_restore_file", lambda lab: {"backup": pbs_backed(lab, 102), "path": "/root.pxar.didx/etc/hostname"}),
     ("write_provision_vm", {"name": "mcp-prov-vm", "cloud_image": CLOUD_IMAGE}),
     ("write_vm_exec", {"vmid": 100, "command": "true", "confirm": True}),
     ("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "over mcp\n", "confirm": True}),
     ("write_guest_file_read", {"vmid": 100, "path": "/etc/motd", "confirm": True}),
     ("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "mcp2"}}),
+    ("write_firewall_rule", {"vmid": 100, "action": "add",
+                             "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}}),
+    ("write_firewall_options", {"vmid": 100, "enable": True}),
+    ("write_backup_job", {"action": "create", "job_id": "mcp-job", "vmids": [102], "schedule": "03:00",
+                          "storage": "nfs-backup"}),
     ("write_pbs_gc", {"store": "backup"}), ("write_pbs_verify", {"store": "backup"}),
     ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
     ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),
@@ -81,7 +98,7 @@ CALLS = [
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
                          "confirm": True}),
     ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),
-    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "start": True, "confirm": True}),
     ("write_snapshot_delete", {"vmid": 100, "name": "mcp1", "confirm": True}),
     ("write_delete_guest", {"vmid": 151, "confirm": True}),
     ("write_delete_volume", {"volid": CLOUD_IMAGE, "confirm": True}),
@@ -94,6 +111,7 @@ def admin(sim, tmp_path_factory):
     """One server over stdio with every gate open and no SSH, as an operator's would be."""
     tmp = tmp_path_factory.mktemp("every-tool")
     (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 105, "reason": "not used here"}]))
+    sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
     sim.lab.mcp_receipts = tmp / "audit.receipts"

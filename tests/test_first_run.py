@@ -17,7 +17,7 @@ import requests
 
 import config
 from config import ConfigError, load_config
-from conftest import LOG_DIR, ROOT, run_server, server_env, stdio_session
+from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 
 # ---------------------------------------------------------------- the demo
 
@@ -28,7 +28,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
         info = demo.ok("server_info")
         audit_log = Path(info["audit_log"])
         assert audit_log.parent.name.startswith("pve-sim-")  # the lab's own temporary directory, not the user's
-        unheld = [name for name, why in info["hidden_tools"].items() if "no configured token holds" in why]
+        unheld = [names for why, names in info["hidden_tools"].items() if "no configured token holds" in why]
         assert unheld == [] and "write_pbs_gc" in first  # admin tokens on both products
         assert {t.name for t in demo.tools()} == first  # the privilege read changed nothing: it came first
 
@@ -50,7 +50,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
 
 def test_demo_on_stdio_says_where_it_serves_and_how_to_connect():
     done = subprocess.run([sys.executable, str(ROOT / "server.py"), "--demo"], env=server_env({}), input="",
-                          capture_output=True, text=True, timeout=60, cwd=str(LOG_DIR))
+                          capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 0 and done.stdout == ""  # stdout carries only MCP
     assert len(lines) == 1, lines
@@ -68,14 +68,14 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
     port = free_port()
     process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--demo", "--http", "--port", str(port)],
                                env=server_env({}), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                               cwd=str(LOG_DIR))
+                               cwd=str(log_dir()))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=read_lines, args=(process.stderr, lines), daemon=True).start()
     try:
         line = ""
         while "claude mcp add" not in line:
             line = lines.get(timeout=60)
-        command = re.search(r'claude mcp add --transport http proxmox-demo (\S+) --header "Authorization: Bearer '
+        command = re.search(r'claude mcp add --transport http proxmox-demo-http (\S+) --header "Authorization: Bearer '
                             r'([^"]+)"', line)
         assert command and command.group(1) == f"http://127.0.0.1:{port}/mcp", line
         url, token = command.groups()
@@ -97,22 +97,24 @@ def test_demo_over_http_on_loopback_makes_a_token_and_prints_the_client_line():
 
 # ---------------------------------------------------------------- settings found where users put them
 
-def test_env_files_are_read_from_the_working_directory_then_beside_server_py(tmp_path, monkeypatch):
+def test_env_files_are_read_beside_server_py_then_from_the_working_directory(tmp_path, monkeypatch):
+    """The operator's .env beside server.py wins; a .env in the working directory (for Claude Code,
+    the repository the agent edits) may only narrow access (tests/test_config.py has the rules)."""
     install, work = tmp_path / "install", tmp_path / "work"
     install.mkdir()
     work.mkdir()
-    (install / ".env").write_text("A=install\nB=install\nC=install\n")
-    (work / ".env").write_text("A=work\nB=work\n")
+    (install / ".env").write_text("A=install\nPROXMOX_ACCESS=write\n")
+    (work / ".env").write_text("A=work\nPROXMOX_ACCESS=read\n")
     monkeypatch.setattr(config, "INSTALL_DIR", install)
-    env, files = config.read_env_files({"A": "environment"}, cwd=work)
-    assert (env["A"], env["B"], env["C"]) == ("environment", "work", "install")
-    assert files == [work / ".env", install / ".env"]
+    env, origins = config.read_env_files({"B": "environment"}, cwd=work)
+    assert (env["A"], env["B"], env["PROXMOX_ACCESS"]) == ("install", "environment", "read")
+    assert origins.files == [install / ".env", work / ".env"]
 
 
 def test_check_states_the_order_of_settings(sim):
     result = run_server(["--check"], sim.env())
-    assert "the environment first, then .env in the working directory" in result.stdout
-    assert "then .env beside server.py" in result.stdout
+    assert "the environment first, then .env beside server.py" in result.stdout
+    assert ".env in the working directory" in result.stdout and "may only narrow access" in result.stdout
 
 
 def test_a_misspelt_variable_gets_the_closest_name():

@@ -10,7 +10,7 @@ import pytest
 import requests
 from anyio.from_thread import start_blocking_portal
 
-from conftest import LOG_DIR, ROOT, Session, everything_open, requests_during, run_server, server_env
+from conftest import ROOT, Session, everything_open, log_dir, requests_during, run_server, server_env
 
 TOKEN = "test-bearer-token-0123456789abcdef"
 
@@ -24,10 +24,9 @@ def free_port() -> int:
 @contextmanager
 def http_server(env: dict, *args: str):
     port = free_port()
-    LOG_DIR.mkdir(exist_ok=True)
-    with open(LOG_DIR / "http.log", "a") as log:
+    with open(log_dir() / "http.log", "a") as log:
         process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--http", "--port", str(port), *args],
-                                   env=server_env(env), stdout=log, stderr=log, cwd=str(LOG_DIR))
+                                   env=server_env(env), stdout=log, stderr=log, cwd=str(log_dir()))
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 30
@@ -144,7 +143,7 @@ def test_refuses_to_start_without_a_token(env, args, expected):
 def test_loopback_opt_out_starts_with_a_warning(sim):
     with http_server(sim.env() | {"MCP_AUTH_REQUIRED": "false"}) as base:
         assert requests.post(base + "/mcp", json=INIT, headers=HEADERS, timeout=10).status_code == 200
-    assert "MCP_AUTH_REQUIRED=false" in (LOG_DIR / "http.log").read_text()
+    assert "MCP_AUTH_REQUIRED=false" in (log_dir() / "http.log").read_text()
 
 
 def test_allowed_hosts_admit_the_names_clients_use(sim):

@@ -71,9 +71,41 @@ def test_a_half_sent_request_is_closed():
 
 def test_connections_beyond_the_cap_get_503():
     with running(connections=1, request_seconds=30) as port:
-        with socket.create_connection(("127.0.0.1", port)) as first:
-            first.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # holds the only place
+        with socket.create_connection(("127.0.0.1", port)) as first:  # a request being answered holds the place
+            first.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n{")
             with socket.create_connection(("127.0.0.1", port)) as second:
                 second.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 second.settimeout(30)
                 assert second.recv(1024).startswith(b"HTTP/1.1 503")
+
+
+def test_headers_over_the_limit_are_refused_even_in_one_write():
+    """h11 bounds only a head that arrives in pieces; one write of a large head is refused too (431)."""
+    with running() as port:
+        for head in (b"X-Big: " + b"a" * 20000 + b"\r\n",
+                     b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 1000) for i in range(40))):
+            with socket.create_connection(("127.0.0.1", port)) as big:
+                big.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"\r\n")
+                big.settimeout(30)
+                assert big.recv(1024).startswith(b"HTTP/1.1 431"), head[:20]
+                assert closed_by_server(big)
+        with socket.create_connection(("127.0.0.1", port)) as small:  # a body of any size is not a header
+            small.sendall(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 30000\r\n\r\n" + b"x" * 30000)
+            small.settimeout(30)
+            assert not small.recv(1024).startswith(b"HTTP/1.1 431")
+
+
+def test_silent_connections_cannot_hold_every_place():
+    """At the cap, the oldest connection that has not sent a whole request makes room for a new one:
+    sockets that say nothing cannot lock the owner out (issue 20)."""
+    with running(connections=4, request_seconds=30) as port:
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as owner:
+                owner.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                owner.settimeout(30)
+                assert owner.recv(1024).startswith(b"HTTP/1.1 200")
+            assert closed_by_server(silent[0])  # the oldest silent one made room
+        finally:
+            for sock in silent:
+                sock.close()

@@ -1,7 +1,7 @@
 """The import rule of the layout, read from the source with `ast`:
 
 - a tool module never imports a helper from another tool module; shared helpers live in
-  answers.py, errors.py, inventory.py and the client. It may import another tool module to
+  answers.py, errors.py, inventory.py, pbs_state.py and the client. It may import another tool module to
   call its *tools* (workflows compose pve_tools' writes; resources call list tools);
 - the shared modules import no tool module (nor server.py).
 """
@@ -12,9 +12,11 @@ import pytest
 import server
 from conftest import ROOT
 
-TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "changes")
-SHARED_MODULES = ("answers", "errors", "audit", "inventory", "proxmox_client", "policy", "catalog", "gates",
-                  "protection", "masking", "config", "http_transport", "receipts", "config_diff")
+TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
+                "monitor_tools", "dashboard", "firewall_tools", "backup_jobs", "changes")
+SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
+                  "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
+                  "receipts", "config_diff")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 

@@ -143,6 +143,7 @@ def test_indexed_options_as_a_nested_object(admin_dry, sim):
 
 @pytest.fixture(scope="module")
 def admin_dry(sim):
+    # the write tools offered: the reader's privileges would hide them
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": "write"}
     with tool_session(env, log_name="test_login_admin") as running:
         yield running
@@ -153,8 +154,11 @@ def admin_dry(sim):
 def test_server_info_says_why_each_tool_is_hidden(sim):
     env = sim.env() | {"PROXMOX_TOOLSETS": "guests,workflows", "PROXMOX_DENY_TOOLS": "security_audit"}
     with in_process(env, log_name="test_login_hidden") as session:
-        hidden = session.ok("server_info")["hidden_tools"]
+        grouped = session.ok("server_info")["hidden_tools"]
         listed = {t.name for t in session.tools()}
+    assert len(grouped) == len(set(grouped)) and all(grouped.values())  # each reason said once, with its tools
+    hidden = {name: why for why, names in grouped.items() for name in names}
+    assert len(hidden) == sum(len(names) for names in grouped.values())
     assert "lifecycle gate is closed" in hidden["write_guest_power"] and "PROXMOX_ACCESS" in hidden["write_guest_power"]
     assert "PROXMOX_TOOLSETS" in hidden["pbs_list_snapshots"]
     assert hidden["security_audit"] == "listed in PROXMOX_DENY_TOOLS"

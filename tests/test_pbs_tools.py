@@ -1,10 +1,15 @@
 """The PBS tools through the MCP client against the simulated Backup Server."""
 import calendar
 import json
+import re
+import time
+from pathlib import Path
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, tool_session
+from gates import TIERS
 from simulator import Lab
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -59,7 +64,8 @@ def test_snapshots_with_verify_protected_encrypted(pbs, sim):
     assert all(s["verify"] == "ok" for s in snaps)
     protected = [s for s in rows(pbs.ok("pbs_list_snapshots", {"store": "backup", "backup_id": "200",
                                                                "backup_type": "vm"})) if s["protected"]]
-    assert [s["time"] for s in protected] == [day(10, 15)]
+    assert [s["backup_time"] for s in protected] == [day(10, 15)]
+    assert [s["time"] for s in protected] == ["2026-10-15T02:00:00Z"]
 
 
 @pytest.mark.mcp  # progress notifications
@@ -70,7 +76,8 @@ def test_jobs_and_tasks(pbs):
     assert jobs[("gc", "backup")]["result"] == "OK" and ("verify", "v-backup") in jobs
     progress = []
     gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
-    assert gc["result"] == "ok" and progress
+    assert gc["task"] == "ok" and progress
+    assert gc["freed"] == "1.2 GiB" and gc["removed_chunks"] == 612 and gc["pending"] == "0 B"  # the run's counters
     tasks = rows(pbs.ok("pbs_list_tasks"))
     assert tasks[0]["type"] == "garbage_collection" and tasks[0]["status"] == "OK"
     task = pbs.ok("pbs_get_task", {"upid": gc["upid"]})
@@ -100,6 +107,21 @@ def test_prune_follows_pbs_keep_rules_on_70_days(pbs, sim):
     assert len(answer["remove"]) == 70 - len(expected) and answer["removed"] == 0
     assert "confirm=true" in answer["next"]  # nothing removed without the user's yes
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "200")]) == 70
+
+
+def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
+    # 22:30 and 23:30 UTC on New Year's Day are two days in Berlin (23:30, and 00:30 on the 2nd)
+    moments = [calendar.timegm((2026, 1, 1, 22, 30, 0)), calendar.timegm((2026, 1, 1, 23, 30, 0)),
+               calendar.timegm((2025, 12, 31, 12, 0, 0))]
+    sim.lab.datastores["backup"]["groups"][("", "vm", "300")] = [Lab.pbs_snapshot(t) for t in moments]
+    sim.lab.pbs_timezone = "Europe/Berlin"
+    try:
+        answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "300",
+                                            "keep_daily": 2, "dry_run": True})
+    finally:
+        sim.lab.pbs_timezone = "UTC"
+    assert answer["keep"] == ["2026-01-01T23:30:00Z", "2026-01-01T22:30:00Z"]
+    assert answer["remove"] == ["2025-12-31T12:00:00Z"]  # in UTC it would be kept, and 22:30 removed
 
 
 def test_prune_without_keep_options_keeps_everything(pbs):
@@ -146,10 +168,13 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     assert forgotten["result"] == "ok" and len(group) == 2
     group[-1]["verification"] = {"state": "failed", "upid": ""}
     progress = []
+    # a verify the user asks for checks again what was verified before, the failed snapshot too
     verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
                       progress=progress)
-    assert verified["result"] == "ok" and group[-1]["verification"]["state"] == "ok" and progress
-    assert pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})["result"] == "ok"
+    assert verified["task"] == "ok" and verified["checked"] == 2 and verified["failed"] == [] and progress
+    assert group[-1]["verification"]["state"] == "ok"
+    ran = pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})
+    assert ran["task"] == "ok" and ran["job"] == "verify v-backup" and "status" not in ran
 
 
 @pytest.mark.parametrize("tool, arguments, expected", [
@@ -173,17 +198,48 @@ def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
 
 
 def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
+    writes = {spec.function.__name__: spec.gate for spec in server.TOOLS if spec.product == "pbs"
+              and spec.function.__name__.startswith("write_")}  # from the tool table: a new one joins by itself
     offered = {}
     for tier in ("read", "lifecycle", "write"):
         env = sim.env(pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"pbs-tier-{tier}") as session:
-            offered[tier] = {t.name for t in session.tools() if t.name.startswith("write_pbs")}
-    assert offered["read"] == set()
-    assert offered["lifecycle"] == {"write_pbs_gc", "write_pbs_verify", "write_pbs_run_job"}
-    assert offered["write"] == offered["lifecycle"] | {"write_pbs_protect_snapshot", "write_pbs_set_notes"}
+            offered[tier] = {t.name for t in session.tools()} & set(writes)
+    for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
+        assert names == {name for name, gate in writes.items() if TIERS.index(gate) <= TIERS.index(tier)}
+    assert offered["read"] == set() and "write_pbs_gc" in offered["lifecycle"]
+    assert "write_pbs_protect_snapshot" in offered["write"] - offered["lifecycle"]
 
 
 def test_generic_api_reaches_pbs(pbs):
     usage = pbs.ok("api_read", {"path": "/status/datastore-usage", "host": "lab", "product": "pbs"})
     assert usage["data"][0]["store"] == "backup"
+
+
+@pytest.mark.usefixtures("running_tasks")
+def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
+    group = sim.lab.datastores["backup"]["groups"][("", "vm", "100")]
+    group[0]["corrupt"] = True  # its chunks are damaged: verifying it fails
+    rechecked = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
+    name = "vm/100/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group[0]["backup-time"]))
+    assert rechecked["task"] == "failed" and rechecked["checked"] == 3 and rechecked["ok"] == 2
+    assert rechecked["failed"] == [name] and "do not restore" in rechecked["next"]
+    assert group[0]["verification"]["state"] == "failed"
+    # without reverify PBS skips what was verified before, and the answer says so
+    skipped = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100",
+                                          "reverify": False})
+    assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
+
+
+
+def test_the_pbs_reader_token_is_the_readme_recipe_and_reads_no_backup_contents():
+    from simulator.lab import ROLES
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    granted = {(path, role) for path, role, _who in re.findall(
+        r"proxmox-backup-manager acl update (\S+) (\w+) --auth-id '(mcp@pbs(?:!mcp)?)'", readme)}
+    lab = Lab.homelab()
+    token = lab.pbs_tokens["mcp@pbs!reader"]
+    assert {(path, role) for path, role, _ in token.acl} == granted == {(p, r) for p, r, _ in token.owner.acl}
+    # listing and auditing, never reading what is inside a backup (Datastore.Read)
+    assert not any("Datastore.Read" in ROLES[role] for _, role in granted)

@@ -10,6 +10,7 @@ import pytest
 import audit
 import catalog
 import policy
+import server
 import simulator
 from conftest import in_process, requests_during, run_server, stdio_session, tool_session
 
@@ -127,9 +128,25 @@ def test_gate_of_method(product, method, path, gate):
     ("POST", "/nodes/{node}/qemu/{vmid}/move_disk", {"disk": "scsi0"}, "write"),
     ("POST", "/nodes/{node}/lxc/{vmid}/migrate", {"target": "pve2", "force": 1}, "destructive"),
     ("POST", "/admin/datastore/{store}/prune", {"dry-run": 1}, "read"),
+    # `cdrom` names its format (pve-qm-ide) and is parsed like ide[n]; `cdrom` as a volume is the node's drive
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "/dev/sda"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "cdrom"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"sata1": "cdrom,media=cdrom"}, "elevated"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "local:iso/debian.iso"}, "write"),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config", {"cdrom": "none"}, "write"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "ostemplate": "/var/lib/vz/template/cache/x.tar.zst",
+                                   "unprivileged": 1}, "elevated"),
+    ("POST", "/nodes/{node}/lxc", {"vmid": 200, "ostemplate": "local:vztmpl/x.tar.zst", "unprivileged": 1}, "write"),
+    ("POST", "/nodes/{node}/qemu", {"vmid": 200, "archive": "/mnt/x.vma"}, "elevated"),
 ])
 def test_arguments_raise_the_gate(method, path, params, gate):
     assert policy.call_gate(method, path, params)[0] == gate
+
+
+def test_a_ceph_osd_wipes_its_devices():
+    """pve-manager API2/Ceph/OSD.pm createosd wipes the device first: destructive on top of elevated."""
+    gates = policy.call_gates("pve", "POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"})[0]
+    assert gates == ("destructive", "elevated")
 
 
 def test_closed_gates_name_the_variable_that_opens_them():
@@ -166,6 +183,30 @@ def test_bad_parameters_are_refused_before_sending(open_policy):
         policy.check(PVE, "GET", "/nodes/pve1/qemu/abc/config", {})
     with pytest.raises(policy.PolicyError, match="not defined in schema"):
         policy.check(PVE, "POST", "/nodes/pve1/qemu/101/status/start", {"now": 1})
+
+
+def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_policy):
+    """An exec-status read skips confirmation only as the follow-up of the exec the user confirmed
+    in this tool call (same host, guest and pid); any other read of a guest's exec output is exec."""
+    asked = []
+    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, decision: asked.append(decision.path)})
+    try:
+        assert policy.admit(PVE, "POST", "/nodes/pve2/qemu/104/agent/exec", {"command": ["id"]},
+                            lambda _: {"pid": 7}) == {"pid": 7}
+        status = "/nodes/pve2/qemu/104/agent/exec-status"
+        policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})
+        assert asked == ["/nodes/pve2/qemu/104/agent/exec"]
+        policy.admit(PVE, "GET", status, {"pid": 8}, lambda _: {"exited": 1})  # another process
+        policy.admit(PVE, "GET", "/nodes/pve2/qemu/103/agent/exec-status", {"pid": 7}, lambda _: {})  # another guest
+        assert asked[1:] == [status, "/nodes/pve2/qemu/103/agent/exec-status"]
+    finally:
+        policy.CALL.reset(token)
+    token = policy.CALL.set({"tool": "other", "confirm": None})  # the next call starts with nothing confirmed
+    try:
+        with pytest.raises(policy.ConfirmationNeeded):
+            policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})
+    finally:
+        policy.CALL.reset(token)
 
 
 def test_masked_values_are_never_written_back(open_policy):
@@ -276,6 +317,7 @@ def test_mask():
 def write_env(sim, tmp: Path, **extra) -> dict:
     protected = tmp / "protected.json"
     protected.write_text(json.dumps(PROTECTED))
+    # the policy must decide, not Proxmox's privileges: a token that holds everything
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
         "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(protected),
@@ -421,9 +463,23 @@ def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
         {"path": "/nodes/{node}/qemu/{vmid}/status/start", "text": "start", "leaf": 1,
          "info": {"POST": {"method": "POST", "name": "vm_start", "description": "Boots guest 4711 of the test."}}}]}]
     (tmp_path / "pve-api.json").write_text(json.dumps(viewer))
+    admitted = []
+    admit = policy.admit
+
+    def recording(host, method, path, params, send, **kw):
+        admitted.append((method, path))
+        return admit(host, method, path, params, send, **kw)
+
     with simulator.Simulator(simulator.Lab.homelab(), schema_dir=tmp_path) as own:
         with in_process(own.env(), log_name="policy-viewer") as session:
-            assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
+            policy.admit = recording  # the viewer file is fetched through the admission step too
+            try:
+                assert session.ok("api_describe", start)["description"] == "Boots guest 4711 of the test."
+            finally:
+                policy.admit = admit
+    assert ("GET", "/pve-docs/api-viewer/apidoc.js") in admitted
+    with pytest.raises(policy.PolicyError, match="not a file"):
+        policy.document_decision("pve", "/pve-docs/../../etc/passwd")
 
 
 def test_api_read_reads_any_path(admin):
@@ -469,9 +525,12 @@ def test_tools_no_token_can_use_are_hidden_and_clients_told(sim, mode):
             message = session.error("cluster_status")
             assert "Sys.Audit" in message and "pveum acl modify / --tokens 'mcp@pve!empty'" in message
             info = session.ok("server_info")
+            info["hidden_tools"] = {name: why for why, names in info["hidden_tools"].items() for name in names}
             by_privilege = {name for name, why in info["hidden_tools"].items() if "no configured token holds" in why}
-            assert by_privilege == {"cluster_status", "get_guest", "node_status", "guest_config",
-                                    "list_snapshots", "guest_agent_info", "list_backups", "storage_content"}
+            # every read tool of the default list that needs a privilege (from the tool table): the token holds none
+            needing = {spec.function.__name__ for spec in server.TOOLS if spec.needs and spec.gate == "read"
+                       and spec.product == "pve" and spec.function.__name__ in server.TOOLSETS["default"]}
+            assert by_privilege == needing and {"cluster_status", "get_guest", "list_backups"} <= needing
             assert "gate is closed" in info["hidden_tools"]["write_template"]  # and the other reasons too
             assert "no Proxmox Backup Server host" in info["hidden_tools"]["pbs_list_groups"]
     finally:
@@ -503,7 +562,7 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
         lab = next(h for h in info["hosts"] if h["host"] == "lab" and h["product"] == "pve")
         assert lab["write_token"] == "root@pam!admin" and "lifecycle" in lab["gates_open"]
         assert "write" not in lab["gates_open"] and lab["version"] == "9.2.1" and "Sys.Audit" in lab["privileges"]
-        assert info["protected_guests"] == 2 and info["audit_log"].endswith("audit.jsonl")
+        assert len(info["protected_guests"]) == 2 and info["audit_log"].endswith("audit.jsonl")
 
 
 def test_startup_warns_about_an_empty_protected_list(tmp_path):

@@ -6,13 +6,15 @@ from functools import partial
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, tool_session
+from gates import TIERS
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
-WRITE_TOOLS = ["write_guest_power", "write_guest_config", "write_set_nic", "write_resize_disk",
-               "write_snapshot_create", "write_snapshot_rollback", "write_snapshot_delete", "write_backup_guest",
-               "write_restore_backup", "write_clone_guest", "write_migrate_guest", "write_template",
-               "write_delete_guest", "write_create_vm", "write_create_lxc", "write_download_url", "write_delete_volume"]
+# The PVE write tools of the guests, storage and network toolsets, from the tool table (a new one joins by itself).
+WRITE_TOOLS = {spec.function.__name__: spec.gate for spec in server.TOOLS
+               if spec.product == "pve" and spec.toolset in ("guests", "storage", "network")
+               and spec.function.__name__.startswith("write_")}
 DEBIAN_ISO = "local:iso/debian-13.1.0-amd64-netinst.iso"  # files on the simulated `local` storage
 DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 
@@ -21,6 +23,8 @@ DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    # every write tool at work (and backups and disks listed): more than the README's reader holds; the
+    # reader and an operator's write token: tests/test_default_world.py
     env = sim.env(pve_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
@@ -39,7 +43,7 @@ def rows(answer):
 def test_node_status_with_rrd(ops):
     status = ops.ok("node_status", {"node": "pve1", "timeframe": "hour"})
     assert status["version"].startswith("pve-manager/9") and status["mem_total"] == "64.0 GiB"
-    assert status["rrd"]["points"] == 5 and "cpu_pct" in status["rrd"]
+    assert status["rrd"]["points"] == 60 and "cpu_pct" in status["rrd"]  # an hour at one-minute steps (PVE::RRD)
     assert "Nodes: pve1, pve2, pve3" in ops.error("node_status", {"node": "pve9"})
     assert "did you mean 'pve1'" in ops.error("node_status", {"node": "PVE1"})
 
@@ -55,8 +59,8 @@ def test_guest_config_and_snapshots(ops, sim):
 
 def test_backups_storage_content_networks_pools(ops):
     backups = rows(ops.ok("list_backups", {"vmid": 100}))
-    on_nfs = [b for b in backups if b["storage"] == "nfs-backup"]
-    assert len(on_nfs) == 1 and on_nfs[0]["size"] == "2.0 GiB"
+    on_local = [b for b in backups if b["storage"] == "local"]  # last night's, on pve1's own disk
+    assert len(on_local) == 1 and on_local[0]["size"] == "2.0 GiB" and on_local[0]["node"] == "pve1"
     assert len([b for b in backups if b["storage"] == "pbs"]) == 3  # a PBS storage lists its datastore's snapshots
     isos = rows(ops.ok("storage_content", {"storage": "local", "content": "iso"}))
     assert [r["volid"] for r in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
@@ -131,26 +135,24 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert grown["result"] == "ok" and "size=40G" in sim.lab.guests[100]["config"]["scsi0"]
     ops.ok("write_snapshot_create", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
-    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "confirm": True})
-    assert rolled["result"] == "ok" and len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's
+    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
+    assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
+    assert len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's (docs/SECURITY.md#undo)
     safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
-    assert safety and safety[0].startswith("mcp-safety-")  # taken first (docs/SECURITY.md#undo)
-    # a rollback to a snapshot without RAM leaves the guest stopped (docs/PROXMOX-BEHAVIOUR.md#snapshots)
-    assert sim.lab.guests[100]["status"] == "stopped"
+    assert safety and safety[0].startswith("mcp-safety-")
     for name in ("pre-upgrade", safety[0]):
         assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
-    assert ops.ok("write_guest_power", {"vmid": 100, "action": "start"})["guest_state"] == "running"
 
 
 @pytest.mark.mcp  # progress notifications
 @pytest.mark.usefixtures("running_tasks")
 def test_backup_restore_clone_migrate_template_delete(ops, sim):
     progress = []
-    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "nfs-backup", "notes": "before the move"},
+    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "local", "notes": "before the move"},
                     progress=progress)
     assert backup["result"] == "ok" and any(p for p, _, _ in progress if p)
-    volid = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 105)
+    volid = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 105)
     restored = ops.ok("write_restore_backup", {"archive": volid})
     assert restored["result"] == "ok" and sim.lab.guests[restored["vmid"]]["type"] == "lxc"
     # a guest on local storage clones on its own node only (docs/PROXMOX-BEHAVIOUR.md#clone)
@@ -165,6 +167,26 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
     assert linked["result"] == "ok"
     deleted = ops.ok("write_delete_guest", {"vmid": linked["newid"], "confirm": True})
     assert deleted["result"] == "ok" and linked["newid"] not in sim.lab.guests
+
+
+def test_write_answers_say_the_tasks_outcome_and_the_guests_state_after_it(ops, sim):
+    """A finished task's "status":"stopped" next to a running guest reads as a stopped guest: a write
+    answers the task's outcome as `task` and the guest's state after it (a migration also the node it
+    is on now; a deletion that the guest is gone), as write_guest_power does."""
+    running = ops.ok("write_snapshot_create", {"vmid": 100, "name": "answer_shape"})
+    assert running["task"] == "OK" and running["guest_state"] == "running" and "status" not in running
+    assert "exitstatus" not in running and running["result"] == "ok"
+    dropped = ops.ok("write_snapshot_delete", {"vmid": 100, "name": "answer_shape", "confirm": True})
+    assert dropped["task"] == "OK" and dropped["guest_state"] == "running" and "status" not in dropped
+    backup = ops.ok("write_backup_guest", {"vmid": 100, "storage": "local", "mode": "snapshot"})
+    assert backup["task"] == "OK" and backup["guest_state"] == "running" and "status" not in backup
+    clone = ops.ok("write_clone_guest", {"vmid": 103, "name": "answer-shape"})  # a stopped container
+    assert clone["task"] == "OK" and "status" not in clone
+    moved = ops.ok("write_migrate_guest", {"vmid": clone["newid"], "target": "pve3"})
+    assert moved["node"] == "pve3" == sim.lab.guests[clone["newid"]]["node"]
+    assert moved["task"] == "OK" and moved["guest_state"] == "stopped" and "status" not in moved
+    deleted = ops.ok("write_delete_guest", {"vmid": clone["newid"], "confirm": True})
+    assert deleted["task"] == "OK" and deleted["guest_state"] == "deleted" and "status" not in deleted
 
 
 def test_provisioning(ops, sim):
@@ -206,7 +228,7 @@ def test_create_without_a_node_picks_one_that_is_online(ops, sim):
 GUEST_WRITES = [
     ("write_guest_power", {"action": "start"}), ("write_guest_config", {"set": {"memory": 1024}}),
     ("write_set_nic", {"bridge": "vmbr0"}), ("write_resize_disk", {"disk": "scsi0", "size": "+1G"}),
-    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "nfs-backup"}),
+    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs"}),
     ("write_clone_guest", {}), ("write_migrate_guest", {"target": "pve3"}),
     ("write_delete_guest", {"confirm": True}), ("write_template", {}),
 ]
@@ -230,7 +252,7 @@ def test_snapshot_and_restore_refusals_for_protected(ops, sim):
         refused = partial(ops.error, tool, {"vmid": 101, "name": "keep", "confirm": True})
         message, sent = requests_during(sim, refused, writes=True)
         assert "protected" in message and sent == []
-    archive = sim.lab.volumes["nfs-backup"][0]["volid"]
+    archive = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 101)  # on pve2, as 101
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_restore_backup", {
         "archive": archive, "vmid": 101, "overwrite": True, "confirm": True}))
     assert "protected" in message and sent == []
@@ -250,12 +272,14 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
                                                      "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"tier-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
-    assert offered["read"] == set()
-    assert offered["lifecycle"] == {"write_guest_power", "write_snapshot_create", "write_backup_guest"}
+    for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
+        assert names == {name for name, gate in WRITE_TOOLS.items() if TIERS.index(gate) <= TIERS.index(tier)}
+    assert offered["read"] == set() and "write_guest_power" in offered["lifecycle"]
     assert "write_create_vm" in offered["write"] and "write_delete_guest" not in offered["write"]
 
 
 def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
+    # the tool offered (the reader lacks VM.PowerMgmt, which would hide it): the tier must refuse
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with in_process(env, log_name="tier-stop") as session:
@@ -280,8 +304,10 @@ BAD_INPUT = [
     ("write_snapshot_rollback", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_snapshot_delete", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_backup_guest", {"vmid": 100, "storage": "local-lvm"}, "does not hold backups"),
+    # its example is a storage that holds backups on a fresh install (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+    ("write_backup_guest", {"vmid": 100, "storage": 7}, 'argument \'storage\' must be text (got 7), e.g. "local"'),
     ("write_restore_backup", {"archive": "local:iso/x.iso"}, "does not look like a backup"),
-    ("write_restore_backup", {"archive": "nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "vmid": 102}, "is taken"),
+    ("write_restore_backup", {"archive": "pbs:backup/vm/100/2026-01-01T02:00:01Z", "vmid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "newid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "full": False}, "needs a template"),
     ("write_clone_guest", {"vmid": 100, "target": "pve9"}, "Unknown node"),
@@ -343,9 +369,9 @@ def test_still_running_then_get_task_continues(ops, sim):
     before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
     try:
         first = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow", "wait_seconds": 1})
-        assert first["status"] == "still_running" and first["upid"].startswith("UPID:pve3:")
+        assert first["task"] == "still_running" and first["upid"].startswith("UPID:pve3:") and "status" not in first
         started = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
-        assert started["status"] == "started"
+        assert started["task"] == "started" and "status" not in started
         progress = []
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)
         assert done["result"] == "ok" and progress

@@ -63,6 +63,37 @@ def test_list_guests_filters(session, filters, vmids):
     assert [row[0] for row in session.ok("list_guests", filters)["rows"]] == vmids
 
 
+def test_list_guests_tags_split_and_compare_as_proxmox_does(session, sim):
+    """PVE splits a tag list on ';', ',' and spaces and compares tags without case (docs/PROXMOX-BEHAVIOUR.md#tags)."""
+    before = sim.lab.guests[103].get("tags")
+    sim.lab.guests[103]["tags"] = "Media, nas backup-daily"  # as a hand-edited config may hold it
+    try:
+        assert [row[0] for row in session.ok("list_guests", {"tag": "nas"})["rows"]] == [103]
+        assert [row[0] for row in session.ok("list_guests", {"tag": "MEDIA"})["rows"]] == [103]
+        assert [row[0] for row in session.ok("list_guests", {"tag": "Prod"})["rows"]] == [100, 101]
+        assert session.ok("list_guests", {"tag": "back"})["rows"] == []  # whole tags, not parts of one
+    finally:
+        sim.lab.guests[103]["tags"] = before
+
+
+def test_a_filter_that_matches_nothing_says_why(session):
+    nothing = session.ok("list_guests", {"tag": "gpu"})
+    assert nothing["rows"] == [] and nothing["note"] == "No guest has tag 'gpu'; tags in use: ci, infra, prod, web."
+    quiet = session.ok("list_guests", {"node": "pve2", "type": "qemu", "name": "nas"})
+    assert quiet["note"] == "No guest has name=nas; names in use: ci-runner, db, dns, media, web, win11."
+    nobody = session.ok("list_guests", {"status": "unknown"})
+    assert nobody["note"] == "No guest has status=unknown; statuses in use: running, stopped."
+    both = session.ok("list_guests", {"node": "pve1", "status": "running", "type": "lxc"})
+    assert both["rows"] == [] and "each alone matches" in both["note"]
+    assert "node=pve1" in both["note"] and "status=running" in both["note"] and "type=lxc" in both["note"]
+    unknown = session.error("list_guests", {"node": "pve9"})
+    assert "Unknown node 'pve9'" in unknown and "pve1, pve2, pve3" in unknown
+    wrong_case = session.error("list_guests", {"status": "Running"})  # the schema enumerates the states
+    assert "must be one of 'running', 'stopped' or 'unknown'" in wrong_case
+    schema = next(t for t in session.tools() if t.name == "list_guests").input_schema
+    assert schema["properties"]["status"]["enum"] == ["running", "stopped", "unknown"]
+
+
 def test_list_guests_pages_with_a_marker(session):
     page = session.ok("list_guests", {"limit": 4})
     assert page["truncated"] is True and page["next_offset"] == 4
@@ -75,7 +106,7 @@ def test_get_guest_by_vmid_alone(session, sim):
     assert len(sent) <= 3
     assert guest["type"] == "lxc" and guest["node"] == "pve3" and guest["name"] == "dns"
     assert guest["config"]["hostname"] == "dns"
-    assert guest["maxmem_human"] == "512.0 MiB" and guest["maxmem"] == 512 * 1024 ** 2
+    assert guest["maxmem"] == "512.0 MiB" and guest["maxmem_bytes"] == 512 * 1024 ** 2
     vm = session.ok("get_guest", {"vmid": 100})
     assert vm["type"] == "qemu" and vm["config"]["scsi0"].startswith("local-lvm:vm-100-disk-0")
 
@@ -100,8 +131,8 @@ def test_list_storage_merges_shared_storage(session):
     storage = session.ok("list_storage")
     rows = [dict(zip(storage["columns"], row, strict=True)) for row in storage["rows"]]
     shared = [r for r in rows if r["node"] == "(shared)"]
-    assert {r["storage"] for r in shared} == {"nfs-backup", "pbs"}
-    assert len([r for r in rows if r["storage"] == "local"]) == 3
+    assert {r["storage"] for r in shared} == {"pbs"}  # a fresh install: local and local-lvm on each node
+    assert len([r for r in rows if r["storage"] == "local"]) == 3 and len(rows) == 7
     assert all(r["used"].endswith("iB") and 0 <= r["used_pct"] <= 100 for r in rows)
     only = session.ok("list_storage", {"node": "pve2"})
     assert {row[1] for row in only["rows"]} <= {"pve2", "(shared)"}
@@ -192,3 +223,24 @@ def test_tools_list_answers_with_every_host_down():
         message = down.error("list_guests")
         assert "unreachable" in message and "connection refused" in message
         assert "s" * 36 not in message
+
+
+def test_protected_guests_are_visible(sim, tmp_path):
+    """list_guests and get_guest mark a guest on the protected list (with its reason), server_info
+    lists the list; a model sees before it tries that no change to the guest will be admitted."""
+    listed = tmp_path / "protected.json"
+    listed.write_text('[{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]')
+    env = sim.env() | {"PROXMOX_PROTECTED_VMS_FILE": str(listed), "PROXMOX_PROTECTED_VMS": "*:105"}
+    with in_process(env, log_name="protected-visible") as session:
+        guests = session.ok("list_guests")
+        info = session.ok("server_info")
+        db, web = session.ok("get_guest", {"vmid": 101}), session.ok("get_guest", {"vmid": 100})
+    marks = {row[0]: row[guests["columns"].index("protected")] for row in guests["rows"]}
+    assert marks == {100: "", 101: "the production database", 102: "", 103: "", 104: "",
+                     105: "listed in PROXMOX_PROTECTED_VMS"}
+    assert db["protected"] == "the production database" and "protected" not in web
+    assert info["protected_guests"] == [
+        {"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
+        {"host": "*", "vmid": 105, "reason": "listed in PROXMOX_PROTECTED_VMS"}]
+    with in_process(sim.env(), log_name="protected-none") as session:  # nothing protected: no column at all
+        assert "protected" not in session.ok("list_guests")["columns"]

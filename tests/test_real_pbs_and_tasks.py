@@ -11,11 +11,12 @@ import pytest
 
 import config as config_module
 import pbs_tools
-import pve_tools
 import policy
 import proxmox_client
+import pve_tools
 import simulator
 import workflows
+from answers import human_bytes
 from errors import ProxmoxError, ToolFailure
 
 LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
@@ -115,7 +116,7 @@ def test_unmounted_datastore_is_unavailable(sim, lab, tmp_path):
     assert stores["usb"]["unavailable"] == "datastore 'usb' is not mounted" and stores["usb"]["used"] == ""
     assert stores["backup"]["unavailable"] == ""
     assert any("usb" in u["section"] and "not mounted" in u["reason"] for u in report["unavailable"])
-    assert not [f for f in findings(report, "pbs") if "usb" in f]
+    assert not [f for f in findings(report, "pbs") if "usb" in f and "job" not in f]  # its jobs are their own
 
 
 def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):
@@ -123,7 +124,7 @@ def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):
         jobs = {r["id"]: r for r in rows(pbs_tools.pbs_list_jobs())}
         ran = pbs_tools.write_pbs_run_job("sync", "push-backup", wait_seconds=0)
     assert jobs["push-backup"]["direction"] == "push" and jobs["s-backup"]["direction"] == "pull"
-    assert ran["status"] == "started"
+    assert ran["task"] == "started" and "status" not in ran
 
 
 # ---------------------------------------------------------------- 4, 16, 18: task lists, logs and UPIDs
@@ -171,8 +172,9 @@ def test_pbs_worker_ids_are_systemd_escaped_and_decoded(sim, lab, tmp_path):
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         started = pbs_tools.write_pbs_verify("backup", backup_type="vm", backup_id="100", wait_seconds=0)
         task = pbs_tools.pbs_get_task(started["upid"])
-    assert ":vm-100:" not in started["upid"] and "backup\\x3avm-100" in started["upid"]
-    assert task["id"] == "backup:vm/100"
+    # the worker id as PBS builds it: store, then the namespace path (empty at the root), type and id
+    assert ":vm-100:" not in started["upid"] and "verify_group:backup\\x3a-vm-100:" in started["upid"]
+    assert task["id"] == "backup:/vm/100"
     parsed = proxmox_client.parse_upid(
         "UPID:pbs:000003E8:0000A1B2:00000012:6745B3C1:syncjob:remote\\x2dstore\\x3aa-b:root@pam!x:", "pbs")
     assert parsed["id"] == "remote-store:a/b" and parsed["user"] == "root@pam!x"
@@ -197,7 +199,7 @@ def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
     lab.task_seconds = 30
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
-    assert outcome["status"] == "still_running" and "pbs_get_task" in outcome["next"]
+    assert outcome["task"] == "still_running" and "pbs_get_task" in outcome["next"] and "status" not in outcome
 
 
 # ---------------------------------------------------------------- 6, 16: backup coverage
@@ -209,7 +211,7 @@ def coverage_rows(report: dict) -> dict[int, dict]:
 def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
     """This cluster backs up to namespace `namespace`; another cluster's guests, numbered alike,
     sit in namespace `office` of the same datastore (103 included, which this cluster never backed up)."""
-    lab.volumes["nfs-backup"] = []
+    lab.volumes["local"] = [v for v in lab.volumes["local"] if v["content"] != "backup"]
     groups = lab.datastores["backup"]["groups"]
     ours = {(kind, item): snaps for (ns, kind, item), snaps in groups.items() if ns == ""}
     groups.clear()
@@ -224,7 +226,8 @@ def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
 
 def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
-    with tools_on(sim, tmp_path):
+    # the README's backup grant, so that `local` is seen to hold none (the reader alone: unknown, not missing)
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
     assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
@@ -236,7 +239,8 @@ def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
 def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
     lab.storages["pbs"]["config"]["server"] = "pbs.elsewhere.example"
-    with tools_on(sim, tmp_path):
+    # the reader with the README's backup grant: PVE lists a backup only to a caller who could make one
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         before = len(lab.requests)
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
@@ -247,7 +251,7 @@ def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tm
 
 def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
     lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
-    with tools_on(sim, tmp_path):
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):  # sees `local` (the reader alone: unknown)
         report = workflows.backup_coverage()
     missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
     assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
@@ -257,9 +261,9 @@ def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_p
 def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path):
     lab.backup_jobs = [
         {"id": "pve2-all", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1, "node": "pve2",
-         "storage": "nfs-backup"},
+         "storage": "pbs"},
         {"id": "listed", "type": "vzdump", "schedule": "03:00", "enabled": 1, "vmid": "103,105", "exclude": "103",
-         "storage": "nfs-backup"}]
+         "storage": "pbs"}]
     with tools_on(sim, tmp_path):
         guests = coverage_rows(workflows.backup_coverage())
     assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
@@ -352,7 +356,9 @@ def test_persistent_locks_are_not_tasks(sim, lab, tmp_path):
 def test_rrd_network_rates_are_bytes_per_second(sim, tmp_path):
     with tools_on(sim, tmp_path):
         rrd = pve_tools.node_status("pve1", timeframe="hour")["rrd"]
-    assert rrd["net_in"] == "1.2 KiB/s" and rrd["net_out"] == "800 B/s" and "net_in_bps" not in rrd
+        points = proxmox_client.pve_client().get("/nodes/pve1/rrddata", timeframe="hour", cf="AVERAGE")
+    mean = sum(p["netin"] for p in points) / len(points)  # DERIVE: bytes per second already, never times 8
+    assert rrd["net_in"] == f"{human_bytes(mean)}/s" and "net_in_bps" not in rrd
 
 
 def test_agent_errors_without_description_are_not_results(sim, lab, tmp_path):
@@ -399,3 +405,130 @@ def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
         sent = [r for r in lab.requests[before:] if r[1] != "GET"]
     assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)
     assert listed["/vms/100"]["VM.Audit"] == 1 and sent == []  # /vms/100: a member of pool prod
+
+
+# ---------------------------------------------------------------- issue 21: PBS releases and job states
+
+# 3.1 has no GC job list, 3.2 no sync-direction (push sync jobs came with 3.3), 3.4 both; 4.1 is current
+PBS_RELEASES = {"3.1": (3, 1, 5), "3.2": (3, 2, 7), "3.4": (3, 4, 2), "4.1": (4, 1, 11)}
+
+
+@pytest.mark.parametrize("release", PBS_RELEASES.values(), ids=PBS_RELEASES.keys())
+def test_pbs_tools_work_on_every_release(release, tmp_path):
+    lab = simulator.pbs.as_release(simulator.Lab.homelab(), release)
+    # running a job needs more than the README's reader token (Datastore.Backup, Remote.Read): the admin's
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pbs_token="root@pam!admin",
+                                                    PROXMOX_ACCESS="lifecycle"):
+        stores = pbs_tools.pbs_list_datastores()
+        status = pbs_tools.pbs_datastore_status("backup")
+        listed = pbs_tools.pbs_list_jobs()
+        ran = pbs_tools.write_pbs_run_job("sync", "s-backup", wait_seconds=10)
+        report = workflows.health_check()
+    assert lab.schema_rejections == [], lab.schema_rejections
+    jobs = {(r["kind"], r["id"]) for r in rows(listed)}
+    assert {("sync", "s-backup"), ("verify", "v-backup"), ("prune", "p-backup")} <= jobs
+    assert (("sync", "push-backup") in jobs) == (release >= (3, 2, 11))
+    assert (("gc", "backup") in jobs) == (release >= (3, 2, 0)) == ("note" not in listed) == ("note" not in stores)
+    assert rows(stores)[0]["last_gc"] and (status["gc"].get("last_run") or status["gc"].get("last_started"))
+    assert ran["task"] == "ok"
+    assert not [u for u in report["unavailable"] if u["section"].startswith("pbs")], report["unavailable"]
+    assert not [f for f in findings(report, "pbs") if "garbage" in f], report["findings"]
+
+
+def test_a_running_job_is_running_not_never_run(sim, lab, tmp_path):
+    lab.task_seconds = 30
+    with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
+        pbs_tools.write_pbs_run_job("verify", "v-backup", wait_seconds=0)
+        pbs_tools.write_pbs_gc("backup", wait_seconds=0)
+        jobs = {(r["kind"], r["id"]): r for r in rows(pbs_tools.pbs_list_jobs())}
+        stores = rows(pbs_tools.pbs_list_datastores())
+        report = workflows.health_check()
+    assert jobs[("verify", "v-backup")]["result"] == "running" and jobs[("gc", "backup")]["result"] == "running"
+    assert stores[0]["gc_result"] == "running"
+    assert not [f for f in findings(report, "pbs") if "never" in f or "v-backup" in f or "garbage" in f]
+
+
+def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_path):
+    failed = lab.start_task("pbs", "prunejob", "backup", exitstatus="prune failed - datastore is locked",
+                            finished=True, product="pbs")
+    lab.pbs_jobs["prune"][0] |= {"last-run-state": "prune failed - datastore is locked", "last-run-upid": failed}
+    with tools_on(sim, tmp_path):
+        found = {f["finding"]: f for f in workflows.health_check()["findings"] if f["area"] == "pbs"}
+    sync = found["sync job s-backup failed: sync failed - remote unreachable"]
+    prune = found["prune job p-backup failed: prune failed - datastore is locked"]
+    assert "write_pbs_run_job kind=sync job_id=s-backup" in sync["next"] and sync["evidence"]["ended"]
+    assert prune["evidence"]["upid"] == failed and "pbs_get_task" in prune["next"]
+
+
+def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
+    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})  # a prune job is destructive
+    try:
+        with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="destructive"):
+            ids = {kind: pbs_tools.pbs_get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]
+                   for kind, job in (("sync", "s-backup"), ("verify", "v-backup"), ("prune", "p-backup"))}
+    finally:
+        policy.CALL.reset(confirmed)
+    # sync: remote, remote store, store, namespace, job; verify: store and job; prune: the store (and namespace)
+    assert ids == {"sync": "office:backup:backup::s-backup", "verify": "backup:v-backup", "prune": "backup"}
+
+
+def test_a_full_date_in_the_past_or_zero_is_no_date(sim, lab, tmp_path):
+    lab.datastores["backup"] |= {"used": 3500 * simulator.GiB, "growth": -2 * simulator.GiB}  # 87.5 %, shrinking
+    lab.add_datastore("flat", total=100 * simulator.GiB, used=10 * simulator.GiB)
+    lab.datastores["flat"]["growth"] = 0
+    with tools_on(sim, tmp_path):
+        stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
+        report = workflows.health_check()
+    assert stores["backup"]["full_by"] == "" and stores["flat"]["full_by"] == ""
+    full = next(f for f in report["findings"] if f["finding"] == "datastore backup is 87.5% full")
+    assert "full_by" not in full["evidence"]
+
+
+@pytest.mark.parametrize("release", [(4, 0, 22), (4, 1, 11)], ids=["4.0, from the config", "4.1, backend-type"])
+def test_s3_datastores_figures_are_their_cache(release, tmp_path):
+    lab = simulator.pbs.as_release(simulator.Lab.homelab(), release)
+    lab.add_datastore("cloud", total=128 * simulator.GiB, used=122 * simulator.GiB)  # the local cache is 95 % full
+    lab.datastores["cloud"]["backend"] = "s3"
+    with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
+        stores = pbs_tools.pbs_list_datastores()
+        status = pbs_tools.pbs_datastore_status("cloud")
+        report = workflows.health_check()
+    assert lab.schema_rejections == []
+    cloud = {r["store"]: r for r in rows(stores)}["cloud"]
+    assert cloud["backend"] == "s3" and cloud["full_by"] == "" and "local cache" in stores["note"]
+    assert status["backend"] == "s3" and "local cache" in status["note"]
+    pbs = {f["finding"]: f["severity"] for f in report["findings"] if f["area"] == "pbs"}
+    assert pbs.get("the local cache of S3 datastore cloud is 95.3% full") == "info"
+    assert "datastore cloud is 95.3% full" not in pbs
+
+
+def test_coverage_says_unknown_where_pbs_could_not_be_read(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    lab.fail.append((r"^/admin/datastore/backup/snapshots$", 500, "unable to open chunk store"))
+    with tools_on(sim, tmp_path):
+        report = workflows.backup_coverage()
+    guests = coverage_rows(report)
+    assert {r["state"] for r in guests.values()} == {"unknown"}  # never "missing" for backups it could not see
+    assert any(u["section"] == "pbs:backup/homelab" and "chunk store" in u["reason"] for u in report["unavailable"])
+    assert not [f for f in report["findings"] if "missing" in f["finding"]]
+
+
+def test_coverage_knows_a_namespace_listing_without_audit_is_partial(sim, lab, tmp_path):
+    only_pbs_backups(lab, "homelab")
+    # the namespace's own ACL gives this token DatastoreBackup only: PBS then lists just the groups it owns
+    acl = [("/", "Audit", True), ("/datastore/backup/homelab", "DatastoreBackup", True)]
+    lab.pbs_tokens["mcp@pbs!ns"] = simulator.Token("pbs-ns-secret-0123456789", acl, owner=simulator.Token("", acl))
+    with tools_on(sim, tmp_path, pbs_token="mcp@pbs!ns"):
+        report = workflows.backup_coverage()
+    assert {r["state"] for r in coverage_rows(report).values()} == {"unknown"}
+    partial = next(u for u in report["unavailable"] if u["section"] == "pbs:backup/homelab")
+    assert "Datastore.Audit on /datastore/backup/homelab" in partial["reason"] and "DatastoreAudit" in partial["reason"]
+
+
+def test_failed_task_lists_are_not_cut_short_by_warnings(sim, lab, tmp_path):
+    for _ in range(60):  # newer than the lab's failed backup, and no failures: warnings are a success
+        lab.start_task("pve1", "vzdump", "100", exitstatus="WARNINGS: 1", duration=0)
+    with tools_on(sim, tmp_path):
+        on_node = rows(pve_tools.list_tasks(node="pve1", errors=True, limit=5))
+        everywhere = rows(pve_tools.list_tasks(errors=True, limit=5))
+    assert [r["status"] for r in on_node] == ["job errors"] == [r["status"] for r in everywhere]

@@ -1,7 +1,7 @@
 """receipts.py, table-driven: which writes are recorded as what, the inverse requests of the kinds the
 simulator does not keep (firewall rules and options, HA rules, PBS jobs: their engineers' tools use
 these paths), each a valid call of the official schema, and the safety snapshot's storage judgement
-(docs/PROXMOX-BEHAVIOUR.md#snapshots)."""
+(docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
 from types import SimpleNamespace
 
 import pytest
@@ -102,7 +102,7 @@ def test_a_new_firewall_rule_is_deleted_at_the_top_and_a_deleted_one_made_again_
     steps = receipts.undo_plan(deleted, Reads("pve", {})).steps
     assert valid("pve", steps) == [("POST", rules, {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22",
                                                     "enable": 1}),
-                                   ("PUT", f"{rules}/0", {"moveto": 2})]
+                                   ("PUT", f"{rules}/0", {"moveto": 3})]  # before the rule now at 3
 
 
 def test_agent_questions_get_no_receipt(tmp_path):

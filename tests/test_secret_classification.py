@@ -3,6 +3,8 @@ schema of every GET (list items and nested objects included) and records the sec
 properties it carries (catalog.secret_properties, one name rule); such methods are `sensitive`,
 their lists too, and the secrets are masked in every answer. These tests read the committed
 catalog/*.json, so they hold in a fresh clone."""
+import json
+
 import pytest
 
 import catalog
@@ -30,14 +32,59 @@ EXPECTED = {
 }
 
 
+# Write answers whose return schema names a secret (the same name rule).
+EXPECTED_WRITES = {
+    ("pve", "POST", "/access/ticket"): ["CSRFPreventionToken"],
+    ("pve", "POST", "/access/openid/login"): ["CSRFPreventionToken"],
+    ("pve", "POST", "/storage"): ["encryption-key"],
+    ("pve", "PUT", "/storage/{storage}"): ["encryption-key"],
+    ("pve", "POST", "/nodes/{node}/spiceshell"): ["password"],
+    ("pve", "POST", "/nodes/{node}/vncshell"): ["password"],
+    ("pve", "POST", "/nodes/{node}/lxc/{vmid}/spiceproxy"): ["password"],
+    ("pve", "POST", "/nodes/{node}/lxc/{vmid}/vncproxy"): ["password"],
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/spiceproxy"): ["password"],
+    ("pve", "POST", "/nodes/{node}/qemu/{vmid}/vncproxy"): ["password"],
+    ("pve", "POST", "/cluster/config/nodes/{node}"): ["corosync_authkey"],
+    ("pbs", "PUT", "/config/access/openid/{realm}"): ["client-key"],
+    ("pbs", "PUT", "/access/users/{userid}/token/{token-name}"): ["secret"],
+    ("pbs", "POST", "/access/ticket"): ["CSRFPreventionToken"],
+    ("pbs", "POST", "/access/openid/login"): ["CSRFPreventionToken"],
+}
+# Answers the schema leaves untyped, or names innocently (catalog.UNTYPED_SECRETS, cited there).
+EXPECTED_UNTYPED = {
+    ("pve", "GET", "/cluster/sdn/ipams"): ["token"],
+    ("pve", "GET", "/cluster/sdn/ipams/{ipam}"): ["token"],
+    ("pve", "GET", "/cluster/sdn/dns"): ["key"],
+    ("pve", "GET", "/cluster/sdn/dns/{dns}"): ["key"],
+    ("pve", "GET", "/cluster/metrics/server/{id}"): ["*-headers"],
+    ("pve", "GET", "/access/domains/{realm}"): ["client-key"],
+    ("pve", "POST", "/access/users/{userid}/token/{tokenid}"): ["value"],
+    ("pve", "PUT", "/access/users/{userid}/token/{tokenid}"): ["value"],
+    ("pbs", "POST", "/access/users/{userid}/token/{token-name}"): ["value"],
+}
+
+
 def all_methods():
     return [(product, entry) for product in catalog.PRODUCTS for entry in catalog.methods(product)]
 
 
 def test_the_classification_over_both_whole_catalogs():
-    found = {(product, entry["path"]): entry["secrets"] for product, entry in all_methods() if entry.get("secrets")}
-    assert found == EXPECTED
-    assert all(entry["method"] == "GET" for _, entry in all_methods() if entry.get("secrets"))
+    found = {(product, entry["method"], entry["path"]): entry["secrets"] for product, entry in all_methods()
+             if entry.get("secrets")}
+    expected = {(product, "GET", path): names for (product, path), names in EXPECTED.items()}
+    assert found == expected | EXPECTED_WRITES | EXPECTED_UNTYPED
+
+
+@pytest.mark.parametrize("product, method, path", sorted(EXPECTED_UNTYPED))
+def test_untyped_secrets_are_gated_like_typed_ones_and_masked(product, method, path):
+    names = EXPECTED_UNTYPED[(product, method, path)]
+    if method == "GET":  # the least-privilege token reads them at the read tier otherwise
+        assert policy.method_gate("GET", path, product) != "read"
+    value = {"id": "x", "otel-headers": "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIHNlY3JldCJ9", "token": "nb-token",
+             "key": "pdns-key", "client-key": "oidc-key", "value": "token-secret", "type": "t"}
+    masked = masking.mask_answer([value], names)[0]
+    shown = {k: v for k, v in masked.items() if v != masking.MASK}
+    assert set(value) - set(shown) == {"otel-headers" if n == "*-headers" else n for n in names}
 
 
 @pytest.mark.parametrize("product, path", sorted(EXPECTED))
@@ -120,6 +167,19 @@ def test_secrets_are_masked_in_answers_lists_and_nested_objects():
     assert masking.mask_answer({"token": "t0k3n"}, []) == {"token": "t0k3n"}
 
 
+def test_blobs_are_audited_as_size_and_hash():
+    """Agent stdin (`input-data`) and header blobs (`otel-headers`, webhook `header`) are recorded as
+    size and SHA-256, never verbatim; in a dry run the headers are masked."""
+    params = {"input-data": "root:new-password\n", "otel-headers": "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIHMifQ==",
+              "header": ["name=Authorization,value=QmVhcmVyIHM="], "command": ["chpasswd"]}
+    audited = masking.audit_view(params)
+    for name in ("input-data", "otel-headers", "header"):
+        assert set(audited[name]) == {"bytes", "sha256"}, name
+    assert audited["command"] == ["chpasswd"] and "new-password" not in str(audited)
+    shown = masking.mask_params(params)
+    assert shown["otel-headers"] == shown["header"] == masking.MASK
+
+
 def test_secret_parameters_are_masked_in_dry_runs_and_audit_lines():
     params = {"data": "CF_Token=abc123", "client-key": "k", "access-key": "a", "secret-key": "s", "key": "pve-subkey",
               "password": "p", "api": "cf", "sshkeys": "ssh-ed25519 AAAA"}
@@ -127,6 +187,34 @@ def test_secret_parameters_are_masked_in_dry_runs_and_audit_lines():
     assert {k for k, v in shown.items() if v == masking.MASK} == {"data", "client-key", "access-key", "secret-key",
                                                                  "key", "password"}
     assert masking.audit_view(params)["data"] == masking.MASK
+
+
+def test_a_token_created_through_the_tools_is_masked_in_the_answer_and_the_audit(sim, tmp_path):
+    """POST /access/users/{userid}/token/{tokenid} answers the new secret as `value` (both products);
+    the model never sees it, nor does the audit log."""
+    from conftest import everything_open, in_process
+    (tmp_path / "protected.json").write_text("[]")
+    with in_process(everything_open(sim, tmp_path), log_name="token-create") as session:
+        for product, path in (("pve", "/access/users/mcp@pve/token/fresh"),
+                              ("pbs", "/access/users/mcp@pbs/token/fresh")):
+            answer = session.ok("write_api_call", {"method": "POST", "path": path, "product": product,
+                                                    "confirm": True})["data"]
+            assert answer["value"] == masking.MASK, answer
+            secret = sim.lab.created_tokens[-1]
+            assert secret not in (tmp_path / "audit.jsonl").read_text()
+
+
+def test_untyped_secrets_through_the_tools(sim, tmp_path):
+    """The read tier's least-privilege token reads SDN IPAM and DNS lists: now sensitive; opened, masked."""
+    from conftest import in_process
+    sim.lab.sdn_ipams = [{"ipam": "netbox", "type": "netbox", "url": "https://nb.example/api", "token": "nb-4711"}]
+    sim.lab.sdn_dns = [{"dns": "pdns", "type": "powerdns", "url": "https://dns.example", "key": "pdns-4711"}]
+    with in_process(sim.env(), log_name="untyped-read") as reader:
+        assert "PROXMOX_ALLOW_SENSITIVE" in reader.error("api_read", {"path": "/cluster/sdn/ipams"})
+    with in_process(sim.env() | {"PROXMOX_ALLOW_SENSITIVE": "true"}, log_name="untyped-open") as session:
+        ipams = session.ok("api_read", {"path": "/cluster/sdn/ipams"})["data"]
+        dns = session.ok("api_read", {"path": "/cluster/sdn/dns"})["data"]
+    assert ipams[0]["token"] == dns[0]["key"] == masking.MASK and ipams[0]["url"] == "https://nb.example/api"
 
 
 def test_secrets_of_calls_nested_in_execute_are_masked():
@@ -147,3 +235,20 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
         policy.CALL.reset(token)
         policy.configure(original)
     assert answer == [{"status": 200, "data": {"key": masking.MASK, "status": "active"}}]
+
+
+def test_a_dry_run_preview_masks_the_secrets_of_the_request_and_of_the_current_state(sim, tmp_path):
+    """A dry run shows the exact request and the object's current state: the headers it would send
+    and the headers stored now are masked in both (the GET's untyped `otel-headers`)."""
+    from conftest import everything_open, in_process
+    stored = "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIG9sZC00NzExIn0="
+    sim.lab.metric_servers["otel"] = {"type": "opentelemetry", "server": "otel.example", "port": 4318,
+                                      "otel-headers": stored}
+    (tmp_path / "protected.json").write_text("[]")
+    new = "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIG5ldy00NzEyIn0="
+    with in_process(everything_open(sim, tmp_path), log_name="dry-secrets") as session:
+        plan = session.ok("write_api_call", {"method": "PUT", "path": "/cluster/metrics/server/otel", "dry_run": True,
+                                             "params": {"server": "otel.example", "port": 4318, "otel-headers": new}})
+    assert plan["request"]["params"]["otel-headers"] == masking.MASK
+    assert plan["current"]["otel-headers"] == masking.MASK and plan["current"]["server"] == "otel.example"
+    assert stored not in json.dumps(plan) and new not in (tmp_path / "audit.jsonl").read_text()

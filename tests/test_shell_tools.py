@@ -3,8 +3,9 @@ pct, pveversion, proxmox-backup-manager and sudo on its PATH) and the guest agen
 against the simulator. The injection corpus runs through real bash and dash."""
 import json
 import os
-import pwd
+import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOG_DIR, in_process, run_server, stdio_session
+from conftest import in_process, log_dir, run_server, stdio_session
 
 SSHD = "/usr/sbin/sshd"
 pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) and not os.environ.get("CI"),
@@ -41,6 +42,9 @@ SCRIPTS = {"pct": FAKE_PCT, "sudo": FAKE_SUDO,
            "pveversion": "#!/bin/sh\necho 'pve-manager/9.2.1/0d3f1c6ba8d1e2a7 (running kernel: 6.14.11-2-pve)'\n",
            "proxmox-backup-manager": "#!/bin/sh\necho 'proxmox-backup-server 4.2.1-1 running version: 4.2.1'\n",
            "qm": "#!/bin/sh\necho '{\"exitcode\":0,\"exited\":1,\"out-data\":\"ok\"}'\n"}
+# A user whose login shell is dash, for the injection corpus: a name of this run's own, so that two test
+# runs on one machine never share (or remove) each other's, and removed when the module ends.
+DASH_USER = f"mcpdash{secrets.token_hex(4)}"
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"},
              {"host": "lab", "vmid": 105, "name": "ci-runner", "reason": "runs the release pipeline"}]
 
@@ -66,13 +70,17 @@ def sshd():
     fake_root = base / "guests"
     (fake_root / "102" / "etc").mkdir(parents=True)
     (fake_root / "102" / "etc" / "hostname").write_text("dns\n")
-    created = False
+    # no home, no password, but not locked (sshd refuses "!")
+    subprocess.run(["useradd", "-M", "-s", "/usr/bin/dash", "-p", "*", DASH_USER], check=True)
     try:
-        pwd.getpwnam("mcpdash")
-    except KeyError:  # a user whose login shell is dash, for the injection corpus
-        subprocess.run(["useradd", "-M", "-s", "/usr/bin/dash", "mcpdash"], check=True)
-        created = True
-    subprocess.run(["usermod", "-p", "*", "mcpdash"], check=True)  # no password, but not locked (sshd refuses "!")
+        yield from serve_sshd(base, bin_dir, fake_root)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        subprocess.run(["userdel", DASH_USER], check=False)  # leave no system user behind
+
+
+def serve_sshd(base: Path, bin_dir: Path, fake_root: Path):
+    """An sshd on a free loopback port with the keys and scripts under `base`, until the module ends."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -86,33 +94,30 @@ UsePAM no
 PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
-AllowUsers root mcpdash
+AllowUsers root {DASH_USER}
 SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root} HOME={base}
 LogLevel ERROR
 """)
     Path("/run/sshd").mkdir(exist_ok=True)
-    LOG_DIR.mkdir(exist_ok=True)
-    log = open(LOG_DIR / "sshd.log", "a")
-
-    def start() -> subprocess.Popen:
-        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
-        deadline = time.monotonic() + 20
-        while True:  # readiness: the port accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return process
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, (LOG_DIR / "sshd.log").read_text()[-500:]
-                time.sleep(0.05)
-    info = {"port": port, "base": base, "fingerprint": fingerprint(base / "host.pub"), "root": fake_root,
-            "process": start(), "start": start}
-    yield info
-    info["process"].terminate()
-    info["process"].wait(timeout=10)
-    log.close()
-    shutil.rmtree(base, ignore_errors=True)
-    if created:  # leave no system user behind
-        subprocess.run(["userdel", "mcpdash"], check=False)
+    log_file = log_dir() / "sshd.log"
+    with open(log_file, "a") as log:
+        def start() -> subprocess.Popen:
+            process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
+            deadline = time.monotonic() + 20
+            while True:  # readiness: the port accepts connections
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    return process
+                except OSError:
+                    assert process.poll() is None and time.monotonic() < deadline, log_file.read_text()[-500:]
+                    time.sleep(0.05)
+        info = {"port": port, "base": base, "fingerprint": fingerprint(base / "host.pub"), "root": fake_root,
+                "process": start(), "start": start}
+        try:
+            yield info
+        finally:
+            info["process"].terminate()
+            info["process"].wait(timeout=10)
 
 
 def ssh_env(sim, sshd, tmp, user="root", **extra):
@@ -292,7 +297,7 @@ def hexdump(text: str) -> str:
     return text.encode().hex()
 
 
-@pytest.mark.parametrize("user", ["root", "mcpdash"], ids=["bash", "dash"])
+@pytest.mark.parametrize("user", ["root", DASH_USER], ids=["bash", "dash"])
 def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
     assert len(PAYLOADS) >= 50
     import shell_tools
@@ -312,36 +317,71 @@ def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
 
 # ---------------------------------------------------------------- faults
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (this module's sshd: its sessions and the commands they run), read
+    from /proc, so that a test ends only what its own sshd started, never another run's by name."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def end_sessions(sshd) -> None:
+    """Drop every connection to this module's sshd (its listener stays unless terminated too)."""
+    for pid in descendants(sshd["process"].pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_connection_dropped_mid_command_is_a_clear_error(shell, sshd):
     import threading
-    marker = "sleep 17.5"
+    marker = "sleep 600"  # far beyond the call's timeout: only a dropped connection ends it sooner
 
     def cut_when_running() -> None:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:  # wait for the remote command to exist, then kill its session
-            found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-            if found:
-                subprocess.run(["pkill", "-f", "sshd: root"], check=False)
-                subprocess.run(["pkill", "-f", marker], check=False)
+            if any(marker in command_line(pid) for pid in descendants(sshd["process"].pid)):
+                end_sessions(sshd)
                 return
             time.sleep(0.05)
     cutter = threading.Thread(target=cut_when_running)
     cutter.start()
-    started = time.monotonic()
     message = shell.error("write_node_exec", {"where": "pve1", "command": marker, "timeout": 60, "confirm": True})
     cutter.join()
-    assert "dropped while the command ran" in message and time.monotonic() - started < 17.5
+    assert "dropped while the command ran" in message
     assert shell.ok("write_node_exec", {"where": "pve1", "command": "echo back", "confirm": True})["stdout"] == "back\n"
 
 
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_sshd_gone_is_a_clear_error_and_the_server_keeps_serving(shell, sshd):
+    sessions = descendants(sshd["process"].pid)
     sshd["process"].terminate()
     sshd["process"].wait(timeout=10)
-    subprocess.run(["pkill", "-f", "sshd: root"], check=False)  # the open session goes too
+    for pid in sessions:  # the open session goes too
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
-        started = time.monotonic()
         message = shell.error("ssh_check", {"where": "pve2"})
-        assert ("SSH to pve2" in message or "dropped" in message) and time.monotonic() - started < 12
+        assert "SSH to pve2" in message or "dropped" in message
         assert shell.ok("list_guests")["total"] >= 6  # the API side still serves
     finally:
         sshd["process"] = sshd["start"]()

@@ -10,6 +10,7 @@ import catalog
 import policy
 import proxmox_client
 import server
+import simulator
 from proxmox_client import ProxmoxError, parse_upid
 
 READER = "mcp@pve!reader"
@@ -404,10 +405,61 @@ def test_storage_content_and_networks(sim):
     pve = client(sim)
     isos = pve.get("/nodes/pve1/storage/local/content", content="iso")
     assert [v["volid"] for v in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
-    disks = pve.get("/nodes/pve1/storage/local-lvm/content")
-    assert {v["vmid"] for v in disks} == {100, 103}
-    backups = pve.get("/nodes/pve2/storage/nfs-backup/content", content="backup", vmid=100)
+    # the reader token (PVEAuditor) sees no disks and no backups: a disk needs VM.Config.Disk on its guest, a
+    # backup Datastore.AllocateSpace on the storage and VM.Backup on its guest (pve-storage check_volume_access)
+    assert pve.get("/nodes/pve1/storage/local-lvm/content") == []
+    assert pve.get("/nodes/pve1/storage/local/content", content="backup") == []
+    admin = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
+    disks = admin.get("/nodes/pve1/storage/local-lvm/content")
+    assert {v["volid"] for v in disks} == {"local-lvm:vm-100-disk-0", "local-lvm:vm-103-disk-0"}
+    backups = admin.get("/nodes/pve1/storage/local/content", content="backup", vmid=100)
     assert len(backups) == 1 and backups[0]["format"] == "vma.zst"
+    assert admin.get("/nodes/pve2/storage/local/content", content="backup", vmid=100) == []  # pve1's own disk
     bridges = {n["iface"]: n for n in pve.get("/nodes/pve1/network", type="bridge")}
     assert bridges["vmbr0"]["bridge_ports"] == "eno1" and bridges["vmbr0"]["bridge_vlan_aware"] == 1
     assert bridges["vmbr1"]["bridge_ports"] == "" and "bridge_vlan_aware" not in bridges["vmbr1"]
+
+
+# ---------------------------------------------------------------- issue 21: certificates renew
+
+def test_a_renewed_certificate_breaks_the_pin_and_the_error_says_how_to_repin(tmp_path):
+    with simulator.Simulator(simulator.Lab.homelab()) as own:
+        pinned = own.env()  # the fingerprint of today's certificate
+        renewed = simulator.make_certificate(tmp_path)  # pveupdate, 14 days before it expires
+        own.serve_certificate(*renewed)
+        with pytest.raises(ProxmoxError) as caught:
+            client(own, **pinned).get("/version")
+    text = str(caught.value)
+    assert "renewed" in text and "14 days" in text and "pvenode cert info" in text
+    assert renewed[2] in text and "PROXMOX_LAB_FINGERPRINT=" in text and "pve-root-ca.pem" in text
+
+
+def test_the_cluster_ca_file_works_with_strict_x509_checking(tmp_path, monkeypatch):
+    """Python 3.13 (and urllib3 2.3+ on it) check X.509 strictly, which refuses a cluster CA made before
+    pve-cluster 9.1.2 (no keyUsage). Here urllib3 is made to behave as on 3.13."""
+    import types
+
+    import urllib3.util.ssl_
+    monkeypatch.setattr(urllib3.util.ssl_, "sys", types.SimpleNamespace(version_info=(3, 13, 0)))
+    old_ca = simulator.make_cluster_ca(tmp_path / "pve-root-ca.pem", key_usage=False)
+    (tmp_path / "node").mkdir()
+    with simulator.Simulator(simulator.Lab.homelab()) as own:
+        own.serve_certificate(*simulator.make_certificate(tmp_path / "node", ca=old_ca))
+        strict = requests.Session()  # what a client with Python's default checks does
+        with pytest.raises(requests.exceptions.SSLError, match="key usage"):
+            strict.get(own.pve_url + "/api2/json/version", verify=str(tmp_path / "pve-root-ca.pem"), timeout=5)
+        env = own.env()
+        del env["PROXMOX_LAB_FINGERPRINT"]
+
+        def trusting(ca_file):  # a client that trusts the CA in `ca_file`, no pin
+            config = server.load_config(env | {"PROXMOX_LAB_CA_FILE": str(tmp_path / ca_file)})
+            return proxmox_client.ProxmoxClient(next(h for h in config.hosts if h.product == "pve"))
+        assert trusting("pve-root-ca.pem").get("/version")["release"] == "9.2"
+        # the chain and the host name are still checked: another CA, or a name the certificate lacks, fails
+        simulator.make_cluster_ca(tmp_path / "other-ca.pem")
+        with pytest.raises(ProxmoxError, match="does not verify against the CA"):
+            trusting("other-ca.pem").get("/version")
+        (tmp_path / "elsewhere").mkdir()
+        own.serve_certificate(*simulator.make_certificate(tmp_path / "elsewhere", ca=old_ca, names=("pve9.example",)))
+        with pytest.raises(ProxmoxError, match="Hostname mismatch|IP address mismatch"):
+            trusting("pve-root-ca.pem").get("/version")

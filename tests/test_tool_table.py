@@ -5,16 +5,24 @@ import inspect
 import pytest
 
 import api_tools
+import backup_jobs
+import firewall_tools
+import file_restore
+import dashboard
+import monitor_tools
 import pbs_tools
 import policy
 import pve_tools
 import server
 import shell_tools
+import templates
+import tool_docs
 import workflows
 from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
 
-TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools)
+TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
+                dashboard, firewall_tools, backup_jobs)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.
@@ -104,21 +112,21 @@ def test_the_tool_catalog_is_current():
 
 def test_the_readme_tool_summary_is_current():
     readme = (ROOT / "README.md").read_text()
-    start, end = (readme.index(marker) for marker in server.README_SUMMARY)
-    assert readme[start + len(server.README_SUMMARY[0]):end].strip("\n") == server.tool_summary_markdown(), \
+    start, end = (readme.index(marker) for marker in tool_docs.README_SUMMARY)
+    assert readme[start + len(tool_docs.README_SUMMARY[0]):end].strip("\n") == tool_docs.tool_summary_markdown(), \
         "the README's tool summary is stale: run python server.py --write-docs"
 
 
 def test_every_tool_is_in_the_catalog_and_the_summary():
-    catalog, summary = (ROOT / "docs" / "TOOLS.md").read_text(), server.tool_summary_markdown()
+    catalog, summary = (ROOT / "docs" / "TOOLS.md").read_text(), tool_docs.tool_summary_markdown()
     assert [name for name in SPECS if f"## `{name}`" not in catalog or f"`{name}`" not in summary] == []
 
 
 def test_write_docs_writes_both(tmp_path):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text(f"# x\n\n{server.README_SUMMARY[0]}\nold\n{server.README_SUMMARY[1]}\nafter\n")
-    assert server.write_docs(tmp_path) == 0
-    assert (tmp_path / "docs" / "TOOLS.md").read_text() == server.tool_catalog_markdown() + "\n"
+    start, end = tool_docs.README_SUMMARY
+    (tmp_path / "README.md").write_text(f"# x\n\n{start}\nold\n{end}\nafter\n")
+    assert tool_docs.write_docs(tmp_path) == 0
+    assert (tmp_path / "docs" / "TOOLS.md").read_text() == tool_docs.tool_catalog_markdown() + "\n"
     readme = (tmp_path / "README.md").read_text()
-    assert "old" not in readme and readme.endswith(f"{server.tool_summary_markdown()}\n{server.README_SUMMARY[1]}\n"
-                                                   "after\n")
+    assert "old" not in readme and readme.endswith(f"{tool_docs.tool_summary_markdown()}\n{end}\nafter\n")

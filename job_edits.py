@@ -1,0 +1,423 @@
+"""Jobs, rules and groups judged as they will be after the request.
+
+A stored object that acts later by itself (a PVE backup job, a PBS sync or prune job, an HA rule
+or group) changes with requests that need not name what they change:
+`PUT /cluster/backup/nightly {"delete": "exclude", "mode": "stop"}` names no guest, yet drops the
+exclude that kept a protected guest out and stops that guest for every backup. So for every
+create, edit, delete or run of such an object, and for a one-shot vzdump, the policy reads the
+stored object, computes the object after the request as Proxmox does (each KINDS row's `merge`
+names the upstream function), and judges what changes between the two
+(docs/PROXMOX-BEHAVIOUR.md#job-edits):
+
+- deletion: when it acts, the object after the request deletes backups (a prune, a
+  remove-vanished) and the object before did not, or not the same way (any field but the
+  `harmless` ones differs, being enabled included): the destructive gate. A run deletes what the
+  stored object deletes. On PBS every backup group in the object's datastore scope is reached.
+- guests: for every protected guest, what the object does to it (its treatment: covered or not,
+  and the object's settings but the harmless and selection fields). A change is refused unless
+  the guest ends up treated in a way that changes nothing on it (`safe`): a backup in snapshot
+  mode that never prunes (remove=0) of a VM, or of a container whose volumes can snapshot.
+
+policy.classify calls `judge`; policy.check_protected refuses the guests `Verdict.changed` names.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import catalog
+from errors import PolicyError, ToolFailure
+from protection import numbers, truthy
+
+Read = Callable[[str], Any]
+
+
+def delete_names(value: Any) -> list[str]:
+    """The option names a `delete` lists: PVE a pve-configid-list string, PBS an array."""
+    values = value if isinstance(value, list) else [value]
+    return [name for item in values if item is not None for name in re.split(r"[,;\s]+", str(item)) if name]
+
+
+# ================================================================ what the stored objects know
+
+class World:
+    """The reads a judgement needs beyond the object itself, each read once, through the policy's
+    own `read` (a GET that passes the admission step)."""
+
+    def __init__(self, read: Read | None):
+        self.read = read
+        self.kept: dict[str, Any] = {}
+
+    def get(self, path: str) -> Any:
+        if path not in self.kept:
+            if self.read is None:
+                raise PolicyError(f"{path} would have to be read to judge this request, and cannot be here.")
+            self.kept[path] = self.read(path)
+        return self.kept[path]
+
+    def resources(self) -> list[dict]:
+        rows = self.get("/cluster/resources")
+        return rows if isinstance(rows, list) else []
+
+    def guest(self, vmid: int) -> dict | None:
+        return next((r for r in self.resources() if r.get("vmid") == vmid and r.get("type") in ("qemu", "lxc")), None)
+
+    def storage_type(self, storage: str) -> str | None:
+        return next((r.get("plugintype") for r in self.resources()
+                     if r.get("type") == "storage" and r.get("storage") == storage), None)
+
+    def ha_group_members(self, group: str) -> set[int]:
+        """The guests whose HA resource names the group (pve-ha-manager API2/HA/Resources.pm `index`)."""
+        rows = self.get("/cluster/ha/resources")
+        return {n for row in (rows if isinstance(rows, list) else []) if row.get("group") == group
+                for n in numbers(row.get("sid", ""))}
+
+
+# Storage types whose volumes can take the snapshot a container backup in snapshot mode needs
+# (pve-storage `volume_has_feature` 'snapshot' for a container's raw or subvol volume: LvmThinPlugin,
+# ZFSPoolPlugin, RBDPlugin, BTRFSPlugin; the directory-like plugins and LVM snapshot qcow2 only).
+SNAPSHOT_STORAGE = ("lvmthin", "zfspool", "rbd", "btrfs")
+
+
+def _backed_up_volumes(config: dict) -> list[str]:
+    """The volumes of a container that its backup includes: rootfs, and mount points that are volumes
+    with backup=1 (pve-container LXC/Config.pm `mountpoint_backup_enabled`)."""
+    volumes = []
+    for key, value in config.items():
+        if key != "rootfs" and not re.fullmatch(r"mp\d+", key):
+            continue
+        parts = dict(p.partition("=")[::2] if "=" in p else ("volume", p) for p in str(value).split(","))
+        volume = parts.get("volume", "")
+        if key == "rootfs" or (not volume.startswith("/") and truthy(parts.get("backup", "0"))):
+            volumes.append(volume)
+    return volumes
+
+
+def container_cannot_snapshot(world: World, vmid: int) -> str | None:
+    """Why a snapshot-mode backup of this guest would suspend it instead, or None: vzdump tries
+    the container's snapshot and falls back to suspend mode when a volume cannot snapshot
+    (pve-container VZDump/LXC.pm `prepare`: "mode failure"; pve-manager VZDump.pm `exec_backup_task`)."""
+    try:
+        guest = world.guest(vmid)
+        if guest is None:
+            return "its type and storage could not be read"
+        if guest["type"] != "lxc":
+            return None
+        config = world.get(f"/nodes/{guest['node']}/lxc/{vmid}/config") or {}
+        for volume in _backed_up_volumes(config):
+            kind = world.storage_type(volume.split(":", 1)[0]) if ":" in volume else None
+            if kind not in SNAPSHOT_STORAGE:
+                return (f"its volume {volume} is on {kind or 'unknown'} storage, which cannot snapshot a container "
+                        f"volume, so vzdump would suspend it instead")
+    except ToolFailure as exc:
+        return f"its configuration could not be read ({exc})"
+    return None
+
+
+# ================================================================ PVE backup jobs and vzdump
+
+def backup_selection(job: dict, given: dict) -> dict:
+    """The selection made consistent as pve-manager does: an `exclude` without a `pool` means all;
+    a given `vmid` drops all, exclude and pool; a given `all` drops vmid and pool; a pool drops vmid,
+    all and exclude (PVE/API2/Backup.pm `update_job`; PVE/VZDump.pm `verify_vzdump_parameters`)."""
+    job = dict(job)
+    if job.get("exclude") is not None and not job.get("pool"):
+        job["all"] = 1
+    if "vmid" in given:
+        dropped = ("all", "exclude", "pool")
+    elif truthy(given.get("all", "0")):
+        dropped = ("vmid", "pool")
+    elif job.get("pool"):
+        dropped = ("vmid", "all", "exclude")
+    else:
+        dropped = ()
+    return {k: v for k, v in job.items() if k not in dropped}
+
+
+def merge_backup_job(stored: dict, given: dict, deleted: list[str]) -> dict:
+    """PUT /cluster/backup/{id} (pve-manager PVE/API2/Backup.pm `update_job`): the deleted options
+    go, the given ones are set, then the selection is made consistent."""
+    return backup_selection({k: v for k, v in stored.items() if k not in deleted} | given, given)
+
+
+def created_backup_job(given: dict) -> dict:
+    """POST /cluster/backup (Backup.pm `create_job`): enabled unless said otherwise."""
+    return backup_selection({"enabled": 1} | given, given)
+
+
+def backup_covers(job: dict, vmid: int, _world: World, _ident: str) -> bool:
+    """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: pool,
+    else vmid, else all but exclude). A pool is taken to hold every guest: its members are not
+    checked before sending. `node` only narrows, and is not counted on."""
+    if job.get("pool"):
+        return True
+    if job.get("vmid"):
+        return vmid in numbers(job["vmid"])
+    return truthy(job.get("all", "0")) and vmid not in numbers(job.get("exclude", ""))
+
+
+def property_string(value: Any) -> str:
+    """A property string in one spelling: PUT takes `keep-last=1,keep-daily=7`, GET answers the same
+    as an object (pve-manager PVE/API2/Backup.pm: `prune-backups`, `fleecing`, `performance`)."""
+    parts = value.items() if isinstance(value, dict) else (p.partition("=")[::2] for p in str(value).split(","))
+    return ",".join(sorted(f"{k.strip()}={v}" for k, v in parts if k.strip()))
+
+
+def backup_prunes(job: dict) -> list[str]:
+    """vzdump prunes after the backup with the job's `prune-backups` unless remove=0 or keep-all
+    (PVE/VZDump.pm `new`, `exec_backup_task`). The storage's own retention is the operator's choice
+    (gates.UNCERTAIN), not counted here."""
+    retention = property_string(job.get("prune-backups") or "")
+    keep_all = any(part.startswith("keep-all=") and truthy(part.partition("=")[2]) for part in retention.split(","))
+    if not retention or keep_all or not truthy(job.get("remove", "1")):
+        return []
+    return [f"prune-backups={retention}: prunes the backups of every guest it backs up"]
+
+
+def backup_changes_guest(job: dict, vmid: int, world: World) -> str | None:
+    """Why a backup changes something on a guest, or None: only mode=snapshot with remove=0, given
+    explicitly (a node's /etc/vzdump.conf supplies what a job leaves out: PVE/VZDump.pm `new`),
+    leaves the guest and its backups as they are; a container must be able to snapshot."""
+    if job.get("mode") != "snapshot":
+        mode = job.get("mode") or "not given (the node's vzdump.conf decides, suspend or stop are possible)"
+        return f"backs it up with mode {mode}"
+    if truthy(job.get("remove", "1")):
+        return "prunes its older backups (remove is not 0)"
+    cannot = container_cannot_snapshot(world, vmid)
+    return f"backs it up, but {cannot}" if cannot else None
+
+
+# ================================================================ PBS sync and prune jobs
+
+def merge_pbs_job(stored: dict, given: dict, deleted: list[str]) -> dict:
+    """PUT /config/sync/{id} (proxmox-backup src/api2/config/sync.rs `update_sync_job`) and
+    /config/prune/{id} (src/api2/config/prune.rs `update_prune_job`): the deleted properties go,
+    then the given ones are set; an empty namespace is the root (prune: `ns.is_root()`)."""
+    job = {k: v for k, v in stored.items() if k not in deleted} | given
+    return {k: v for k, v in job.items() if not (k == "ns" and v in ("", None))}
+
+
+def sync_acts(job: dict) -> bool:
+    """A sync job runs by itself on its schedule, or when its removable datastore is mounted
+    (src/bin/proxmox-backup-proxy.rs `schedule_datastore_sync_jobs`; `run-on-mount`)."""
+    return bool(job.get("schedule")) or truthy(job.get("run-on-mount", "0"))
+
+
+def sync_removes(job: dict) -> list[str]:
+    """remove-vanished: the sync deletes the groups and snapshots the source no longer has
+    (src/server/pull.rs); a stored JSON false (what the GUI saves) is not removing."""
+    if truthy(job.get("remove-vanished", "0")):
+        return ["remove-vanished: removes the backups the source no longer has"]
+    return []
+
+
+KEEP = ("keep-last", "keep-hourly", "keep-daily", "keep-weekly", "keep-monthly", "keep-yearly")
+
+
+def prune_removes(job: dict) -> list[str]:
+    """A prune job removes what its keep options do not keep; with none set it keeps everything and
+    is skipped (pbs-api-types jobs.rs `KeepOptions::keeps_something`; proxmox-backup-proxy.rs)."""
+    keep = [f"{k}={job[k]}" for k in KEEP if str(job.get(k, "0")).isdigit() and int(job.get(k, 0)) > 0]
+    return [f"{', '.join(keep)}: removes the backups its keep options do not keep"] if keep else []
+
+
+# ================================================================ HA rules and groups
+
+def merge_ha_rule(stored: dict, given: dict, deleted: list[str]) -> dict:
+    """PUT /cluster/ha/rules/{rule} (pve-ha-manager API2/HA/Rules.pm `update_rule`): a false
+    `disable` is dropped (only `delete=disable` enables), the deleted options go, the given ones
+    are set."""
+    given = {k: v for k, v in given.items() if not (k == "disable" and not truthy(v))}
+    return {k: v for k, v in stored.items() if k not in deleted} | given
+
+
+def merge_ha_group(stored: dict, given: dict, deleted: list[str]) -> dict:
+    """PUT /cluster/ha/groups/{group} (API2/HA/Groups.pm `update`): the given options are set
+    first, then the deleted ones removed."""
+    return {k: v for k, v in (stored | given).items() if k not in deleted}
+
+
+def rule_covers(rule: dict, vmid: int, _world: World, _ident: str) -> bool:
+    return vmid in numbers(rule.get("resources", ""))
+
+
+def group_covers(_group: dict, vmid: int, world: World, ident: str) -> bool:
+    return vmid in world.ha_group_members(ident)
+
+
+def places_guest(_obj: dict, _vmid: int, _world: World) -> str:
+    return "decides which nodes it runs on"
+
+
+# ================================================================ the kinds
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of stored object that acts by itself, and how Proxmox edits it."""
+    label: str
+    product: str
+    item: str | None  # the object's own path: GET reads it, PUT edits it, DELETE removes it
+    create: str  # POST creates one (for vzdump: runs one backup now)
+    key: str  # the path (and create) parameter naming it
+    merge: Callable[[dict, dict, list[str]], dict]
+    acts: Callable[[dict], bool]  # whether it acts by itself (enabled, scheduled)
+    deletes: Callable[[dict], list[str]]  # why it deletes backups when it acts
+    harmless: frozenset[str]  # fields whose change never changes what it does
+    run: str | None = None  # POST runs it once now, as stored
+    created: Callable[[dict], dict] = dict
+    covers: Callable[[dict, int, World, str], bool] | None = None  # the guests it acts on
+    selection: frozenset[str] = frozenset()  # the fields that choose them (covers reads them)
+    changes_guest: Callable[[dict, int, World], str | None] | None = None  # why its treatment changes a guest
+    whole_scope: str | None = None  # PBS: deleting reaches every backup group in the job's scope
+
+
+BACKUP_HARMLESS = frozenset({"id", "type", "digest", "comment", "notes-template", "mailto", "mailnotification",
+                             "notification-mode", "bwlimit", "ionice", "lockwait", "pigz", "zstd", "compress",
+                             "performance", "fleecing", "quiet", "repeat-missed", "exclude-path", "stdexcludes",
+                             "protected", "next-run"})
+BACKUP_SELECTION = frozenset({"vmid", "all", "exclude", "pool", "node"})
+PBS_SCOPE = "removes backups of every group in its datastore scope"
+KINDS = (
+    Kind("backup job", "pve", "/cluster/backup/{id}", "/cluster/backup", "id", merge_backup_job,
+         lambda job: truthy(job.get("enabled", "1")), backup_prunes, BACKUP_HARMLESS, created=created_backup_job,
+         covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
+    Kind("backup", "pve", None, "/nodes/{node}/vzdump", "", merge_backup_job, lambda _job: True,
+         lambda _job: [], BACKUP_HARMLESS, created=lambda given: backup_selection(given, given),
+         covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
+    Kind("sync job", "pbs", "/config/sync/{id}", "/config/sync", "id", merge_pbs_job, sync_acts, sync_removes,
+         frozenset({"id", "digest", "comment", "rate-in", "rate-out", "burst-in", "burst-out", "worker-threads",
+                    "next-run"}),
+         run="/admin/sync/{id}/run", whole_scope=PBS_SCOPE),
+    Kind("prune job", "pbs", "/config/prune/{id}", "/config/prune", "id", merge_pbs_job,
+         lambda job: not truthy(job.get("disable", "0")), prune_removes,
+         frozenset({"id", "digest", "comment", "next-run"}), run="/admin/prune/{id}/run", whole_scope=PBS_SCOPE),
+    Kind("HA rule", "pve", "/cluster/ha/rules/{rule}", "/cluster/ha/rules", "rule", merge_ha_rule,
+         lambda rule: not truthy(rule.get("disable", "0")), lambda _rule: [],
+         frozenset({"rule", "digest", "comment", "order", "errors"}), covers=rule_covers, changes_guest=places_guest),
+    Kind("HA group", "pve", "/cluster/ha/groups/{group}", "/cluster/ha/groups", "group", merge_ha_group,
+         lambda _group: True, lambda _group: [], frozenset({"group", "type", "digest", "comment"}),
+         covers=group_covers, changes_guest=places_guest),
+)
+
+
+def operation(product: str, method: str, template: str) -> tuple[Kind, str] | None:
+    """The kind a request acts on and how: create, edit, delete or run; None for other requests."""
+    for kind in KINDS:
+        if kind.product != product:
+            continue
+        if (method, template) == ("POST", kind.create):
+            return kind, "create"
+        if (method, template) == ("PUT", kind.item):
+            return kind, "edit"
+        if (method, template) == ("DELETE", kind.item):
+            return kind, "delete"
+        if (method, template) == ("POST", kind.run):
+            return kind, "run"
+    return None
+
+
+# ================================================================ the judgement
+
+@dataclass
+class Verdict:
+    gates: set[str] = field(default_factory=set)
+    reasons: list[str] = field(default_factory=list)
+    whole_scope: str | None = None  # PBS: deleting reaches every group in scope
+    changed: dict[int, str] | None = None  # protected guest -> what the request changes for it
+    before: Any = None  # the object as stored when it was judged (the user's yes is for it as it was)
+
+
+def _types(kind: Kind) -> dict[str, str]:
+    """Each field's schema type, from the methods that create and edit the object."""
+    types: dict[str, str] = {}
+    for method, template in (("POST", kind.create), ("PUT", kind.item)):
+        entry = catalog.entry_for(kind.product, method, template) if template else None
+        types |= {name: spec.get("type", "string") for name, spec in (entry or {}).get("params", {}).items()}
+    return types
+
+
+PROPERTY_STRINGS = ("prune-backups", "fleecing", "performance")
+
+
+def _normal(kind: Kind, obj: dict, leave_out: frozenset[str]) -> frozenset:
+    """The object's fields but `leave_out`, as comparable values: booleans 0/1 (a stored JSON false
+    equals a form 0), numbers as numbers, lists in order, property strings in one spelling."""
+    types = _types(kind)
+    items = []
+    for name, value in obj.items():
+        if name in leave_out or value is None:
+            continue
+        kind_of = types.get(name)
+        if name in PROPERTY_STRINGS:
+            value = property_string(value)
+        elif kind_of == "boolean" or isinstance(value, bool):
+            value = int(truthy(value))
+        elif kind_of == "integer" and str(value).lstrip("-").isdigit():
+            value = int(value)
+        elif isinstance(value, list):
+            value = tuple(sorted(map(str, value)))
+        else:
+            value = str(value)
+        items.append((name, value))
+    return frozenset(items)
+
+
+def _deleting(kind: Kind, obj: dict | None) -> frozenset | None:
+    """What and how the object deletes when it acts, comparable; None when it deletes nothing."""
+    if obj is None or not kind.acts(obj) or not kind.deletes(obj):
+        return None
+    return _normal(kind, obj, kind.harmless)
+
+
+def _treatment(kind: Kind, obj: dict | None, vmid: int, world: World, ident: str) -> frozenset | None:
+    """What the object does to one guest, comparable; None when it does nothing to it."""
+    if obj is None or kind.covers is None or not kind.acts(obj) or not kind.covers(obj, vmid, world, ident):
+        return None
+    return _normal(kind, obj, kind.harmless | kind.selection)
+
+
+def _stored(kind: Kind, ident: str, world: World, what: str) -> dict:
+    path = (kind.item or "").replace("{" + kind.key + "}", ident)
+    try:
+        stored = world.get(path)
+    except (ToolFailure, PolicyError) as exc:
+        raise PolicyError(f"{what} depends on the {kind.label} {path}, which could not be read ({exc}); "
+                          f"nothing was sent.") from None
+    if not isinstance(stored, dict) or not stored:
+        raise PolicyError(f"{what} depends on the {kind.label} {path}, which could not be read; nothing was sent.")
+    return stored
+
+
+def judge(product: str, method: str, template: str, path_params: dict[str, str], params: dict[str, Any],
+          read: Read | None, protected: list[int], what: str) -> Verdict | None:
+    """The verdict on a request that creates, edits, deletes or runs a KINDS object (None for any
+    other request): the gates and reasons its deletion adds, and the protected guests it changes."""
+    found = operation(product, method, template)
+    if found is None:
+        return None
+    kind, op = found
+    world = World(read)
+    ident = path_params.get(kind.key) or str(params.get(kind.key, ""))
+    given = {k: v for k, v in params.items() if k not in (kind.key, "delete", "digest")}
+    before = None if op == "create" else _stored(kind, ident, world, what)
+    after = {"create": lambda: kind.created(given), "delete": lambda: None, "run": lambda: before,
+             "edit": lambda: kind.merge(before, given, delete_names(params.get("delete")))}[op]()
+    verdict = Verdict(before=before)
+    removes = kind.deletes(before) if op == "run" else (
+        kind.deletes(after) if _deleting(kind, after) not in (None, _deleting(kind, before)) else [])
+    if removes:
+        verdict.gates.add("destructive")
+        verdict.reasons += [f"the {kind.label} {'as stored' if op == 'run' else 'after this request'}: {r}"
+                            for r in removes]
+        verdict.whole_scope = kind.whole_scope
+    if kind.covers is not None:
+        verdict.changed = {}
+        for vmid in protected:
+            if _treatment(kind, before, vmid, world, ident) == _treatment(kind, after, vmid, world, ident):
+                continue
+            problem = ("no longer acts on it" if _treatment(kind, after, vmid, world, ident) is None
+                       else kind.changes_guest(after, vmid, world))
+            if problem:
+                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(ident) if ident else ''} after it {problem}"
+    return verdict

@@ -1,0 +1,110 @@
+"""Proxmox VE HA configuration: rules (PVE 9), groups (PVE 8) and resources, as the API reads and
+edits them (pve-ha-manager src/PVE/API2/HA/Rules.pm, Groups.pm, Resources.pm;
+docs/PROXMOX-BEHAVIOUR.md#ha-rules-and-groups). A resource is a guest whose `ha` is set; its
+`group` (PVE 8) says which group's nodes it may run on."""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from .call import ApiError, Call
+
+RULE_FIELDS = ("type", "resources", "nodes", "strict", "affinity", "disable", "comment")
+GROUP_FIELDS = ("nodes", "restricted", "nofailback", "comment")
+
+
+def _names(value: object) -> list[str]:
+    """`delete`: a list of option names (pve-configid-list: split like PVE's split_list)."""
+    values = value if isinstance(value, list) else [value]
+    return [name for item in values for name in re.split(r"[,;\s]+", str(item)) if name]
+
+
+def _digest(call: Call) -> str:
+    return f"{len(call.lab.ha_rules):02x}{len(call.lab.ha_groups):02x}" + "0" * 36
+
+
+def ha_resources(call: Call) -> list:
+    """GET /cluster/ha/resources: every resource's config with its `sid` (Resources.pm `index`,
+    `$api_copy_config`); `group` only while HA groups exist (PVE 8)."""
+    wanted = call.arg("type")
+    rows = []
+    for vmid, guest in sorted(call.lab.guests.items()):
+        if not guest.get("ha"):
+            continue
+        kind = "vm" if guest["type"] == "qemu" else "ct"
+        if wanted in (None, kind):
+            row = {"sid": f"{kind}:{vmid}", "type": kind, "state": guest["ha"].get("state", "started"),
+                   "digest": _digest(call)}
+            if guest["ha"].get("group"):
+                row["group"] = guest["ha"]["group"]
+            rows.append(row)
+    return rows
+
+
+def ha_rules(call: Call) -> list:
+    return [_rule(call, rule) for rule in sorted(call.lab.ha_rules)]
+
+
+def _rule(call: Call, rule: str) -> dict:
+    """One rule as `read_rule` answers it (Rules.pm `$get_api_ha_rule`): its config with `rule`,
+    `digest` and `order`."""
+    if rule not in call.lab.ha_rules:
+        raise ApiError(500, f"no such ha rule '{rule}'")
+    return dict(call.lab.ha_rules[rule]) | {"rule": rule, "digest": _digest(call),
+                                            "order": sorted(call.lab.ha_rules).index(rule) + 1}
+
+
+def ha_rule(call: Call, rule: str) -> dict:
+    return _rule(call, rule)
+
+
+def ha_rule_update(call: Call, rule: str) -> None:
+    """PUT /cluster/ha/rules/{rule} (Rules.pm `update_rule`): a false `disable` is dropped, the
+    `delete`d options are removed (SectionConfig `delete_from_config`), then the given ones set."""
+    stored = call.lab.ha_rules.get(rule)
+    if stored is None:
+        raise ApiError(500, f"HA rule '{rule}' does not exist")
+    given = {k: v for k, v in call.params.items() if k in RULE_FIELDS and k != "type"}
+    if str(given.get("disable", "1")) in ("0", "false"):
+        given.pop("disable")
+    for name in _names(call.params.get("delete", "")):
+        stored.pop(name, None)
+    stored.update(given)
+
+
+def ha_rule_delete(call: Call, rule: str) -> None:
+    if call.lab.ha_rules.pop(rule, None) is None:
+        raise ApiError(500, f"HA rule '{rule}' does not exist")
+
+
+def ha_groups(call: Call) -> list:
+    return [dict(group) | {"group": name, "type": "group"} for name, group in sorted(call.lab.ha_groups.items())]
+
+
+def ha_group(call: Call, group: str) -> dict:
+    if group not in call.lab.ha_groups:
+        raise ApiError(500, f"no such ha group '{group}'")
+    return dict(call.lab.ha_groups[group]) | {"group": group, "type": "group", "digest": _digest(call)}
+
+
+def ha_group_update(call: Call, group: str) -> None:
+    """PUT /cluster/ha/groups/{group} (Groups.pm `update`): the given options are set first, then
+    the `delete`d ones removed."""
+    stored = call.lab.ha_groups.get(group)
+    if stored is None:
+        raise ApiError(500, f"no such ha group '{group}'")
+    stored.update({k: v for k, v in call.params.items() if k in GROUP_FIELDS})
+    for name in _names(call.params.get("delete", "")):
+        stored.pop(name, None)
+
+
+HA_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/cluster/ha/resources"): ha_resources,
+    ("GET", "/cluster/ha/rules"): ha_rules,
+    ("GET", "/cluster/ha/rules/{rule}"): ha_rule,
+    ("PUT", "/cluster/ha/rules/{rule}"): ha_rule_update,
+    ("DELETE", "/cluster/ha/rules/{rule}"): ha_rule_delete,
+    ("GET", "/cluster/ha/groups"): ha_groups,
+    ("GET", "/cluster/ha/groups/{group}"): ha_group,
+    ("PUT", "/cluster/ha/groups/{group}"): ha_group_update,
+}

@@ -1,0 +1,213 @@
+"""One file back from a backup (issue 23 §5) through the MCP edge against the simulator: browsing
+inside PBS-backed backups through PVE's file-restore and the Backup Server's catalog, saving a file
+or a directory into PROXMOX_RESTORE_DIR under a size cap, and the refusals (closed gates, protected
+guest, missing privileges, bad input, the cap) with nothing sent or kept."""
+import json
+import zipfile
+
+import pytest
+
+import config
+from conftest import requests_during, tool_session
+from simulator.lab import Token
+
+PROTECTED = [{"host": "lab", "vmid": 105, "name": "ci-runner", "reason": "builds everything"}]
+
+
+def rows(answer):
+    return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
+
+
+def newest(sim, kind: str, vmid: int) -> str:
+    return max((v for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == vmid and f"/{kind}/" in v["volid"]),
+               key=lambda v: v["ctime"])["volid"]
+
+
+@pytest.fixture(scope="module")
+def tokens(sim):
+    """Reading backup contents needs more than the README's reader: PVE checks Datastore.AllocateSpace on the
+    storage and VM.Backup on the guest (check_volume_access), PBS Datastore.Read."""
+    owner = Token("", [("/", "PVEAuditor", True), ("/storage/pbs", "PVEDatastoreUser", True),
+                       ("/vms", "PVEVMUser", True)])
+    sim.lab.pve_tokens["files@pve!restore"] = Token("files-restore-secret-00000000", owner.acl, owner=owner)
+    pbs_owner = Token("", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)])
+    sim.lab.pbs_tokens["files@pbs!restore"] = Token("files-pbs-secret-000000000000", pbs_owner.acl, owner=pbs_owner)
+    return {"pve_token": "files@pve!restore", "pbs_token": "files@pbs!restore"}
+
+
+@pytest.fixture(scope="module")
+def restorer(sim, tokens, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("file-restore")
+    (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    env = sim.env(**tokens) | {
+        "PROXMOX_ACCESS": "write", "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
+        "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl"),
+        "PROXMOX_RESTORE_DIR": str(tmp / "restored"), "PROXMOX_RESTORE_MAX_MB": "1"}
+    with tool_session(env, log_name="file-restore") as session:
+        session.folder, session.audit = tmp / "restored", tmp / "audit.jsonl"
+        yield session
+
+
+# ---------------------------------------------------------------- browsing
+
+def test_browse_a_container_backup_through_pve(restorer, sim):
+    volid = newest(sim, "ct", 102)
+    top = restorer.ok("backup_files", {"backup": volid})
+    assert top["backup"] == volid and rows(top) == [{"path": "/root.pxar.didx", "type": "dir", "size": "3.0 GiB",
+                                                    "modified": ""}]
+    etc = {r["path"]: r for r in rows(restorer.ok("backup_files", {"backup": volid, "path": "/root.pxar.didx/etc"}))}
+    assert etc["/root.pxar.didx/etc/hostname"]["type"] == "file" and etc["/root.pxar.didx/etc/hostname"]["size"] == \
+        "4 B"
+    assert etc["/root.pxar.didx/etc/ssh"]["type"] == "dir"
+
+
+def test_browse_a_vm_backup_by_vmid_opens_its_partitions(restorer, sim):
+    top = restorer.ok("backup_files", {"vmid": 100})
+    assert top["backup"] == newest(sim, "vm", 100)
+    assert rows(top)[0]["path"] == "/drive-scsi0.img.fidx" and rows(top)[0]["type"] == "volume"
+    assert [r["path"] for r in rows(restorer.ok("backup_files", {"vmid": 100, "path": "/drive-scsi0.img.fidx"}))] \
+        == ["/drive-scsi0.img.fidx/part"]
+    inside = rows(restorer.ok("backup_files", {"vmid": 100, "path": "/drive-scsi0.img.fidx/part/1/etc"}))
+    assert "/drive-scsi0.img.fidx/part/1/etc/hostname" in [r["path"] for r in inside]
+
+
+def test_browse_on_the_backup_server(restorer, sim):
+    answer = restorer.ok("backup_files", {"backup": "backup:ct/102", "path": "/root.pxar.didx/etc"})
+    stamp = newest(sim, "ct", 102).rsplit("/", 1)[1]
+    assert answer["backup"] == f"backup:ct/102/{stamp}"  # the newest, by name
+    assert "/root.pxar.didx/etc/hosts" in [r["path"] for r in rows(answer)]
+    assert rows(restorer.ok("backup_files", {"backup": f"backup:ct/102/{stamp}"}))[0]["path"] == "/root.pxar.didx"
+
+
+def test_paging_bounds_a_big_directory(restorer, sim):
+    answer = restorer.ok("backup_files", {"backup": newest(sim, "ct", 102), "path": "/root.pxar.didx", "limit": 2})
+    assert len(answer["rows"]) == 2 and answer["truncated"] is True and answer["next_offset"] == 2
+
+
+@pytest.mark.parametrize("backup, expected", [
+    ("backup:vm/100", "no file catalog for"),
+    ("backup:ct/102/2001-01-01T00:00:00Z", "No snapshot backup:ct/102/2001-01-01T00:00:00Z"),
+    ("nfs-backup:backup/vzdump-lxc-102-2026_01_01-02_00_01.tar.zst", "is not a backup on a PBS storage"),
+])
+def test_backups_that_cannot_be_browsed_are_explained(restorer, sim, backup, expected):
+    message, sent = requests_during(sim, writes=True, action=lambda: restorer.error("backup_files",
+                                                                                    {"backup": backup}))
+    assert expected in message and sent == []
+
+
+@pytest.mark.mcp  # the refusal as a client sees it, over stdio
+def test_a_protected_guests_backup_is_refused_through_pve(restorer, sim):
+    message, sent = requests_during(sim, action=lambda: restorer.error("backup_files",
+                                                                       {"backup": newest(sim, "ct", 105)}))
+    assert "Guest 105 (ci-runner) is protected" in message
+    assert not [r for r in sent if "file-restore" in r[2]]
+
+
+def test_the_readers_privileges_are_not_enough(sim, tmp_path):
+    """The README's reader token sees no backup contents: PVE's check_volume_access refuses it, and
+    the answer names the grant."""
+    env = sim.env() | {"PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
+                       "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with tool_session(env, log_name="file-restore-reader") as reader:
+        message = reader.error("backup_files", {"backup": newest(sim, "ct", 102)})
+        assert "lacks Datastore.AllocateSpace on /storage/pbs" in message and "pveum acl modify" in message
+
+
+def test_a_pbs_token_without_datastore_read_is_told_the_grant(sim, tmp_path):
+    """PBS reads a snapshot's catalog for Datastore.Read (or Datastore.Backup on an owned group); an
+    auditing token gets 403 and the two commands that grant it."""
+    owner = Token("", [("/", "Audit", True)])
+    sim.lab.pbs_tokens["audit@pbs!files"] = Token("audit-pbs-secret-0000000000", owner.acl, owner=owner)
+    env = sim.env(pbs_token="audit@pbs!files") | {"PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
+                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with tool_session(env, log_name="file-restore-pbs-audit") as session:
+        message = session.error("backup_files", {"backup": "backup:ct/102"})
+        assert "lacks Datastore.Read|Datastore.Backup on /datastore/backup" in message
+        assert "proxmox-backup-manager acl update /datastore/backup DatastoreReader" in message
+
+
+def test_without_the_sensitive_gate_backup_contents_are_not_offered(sim):
+    with tool_session(sim.env() | {"PROXMOX_TOOLSETS": "backups"}, log_name="file-restore-closed") as closed:
+        assert not {"backup_files", "write_restore_file"} & {t.name for t in closed.tools()}
+
+
+# ---------------------------------------------------------------- saving a file
+
+def test_restore_a_small_file(restorer, sim):
+    volid = newest(sim, "ct", 102)
+    answer = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname"})
+    saved = restorer.folder / volid.split(":", 1)[1].replace("/", "_").replace(":", "_") / "hostname"
+    assert answer["result"] == "ok" and answer["saved"] == str(saved) and saved.read_bytes() == b"dns\n"
+    assert saved.stat().st_mode & 0o777 == 0o600 and saved.parent.stat().st_mode & 0o777 == 0o700
+    assert answer["content"] == "dns\n" and answer["untrusted"] is True  # small text, at the sensitive gate
+    again = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname"})
+    assert again["saved"].endswith("hostname-1")  # never over an earlier file
+    log = [json.loads(line) for line in restorer.audit.read_text().splitlines()]
+    assert any(e["path"].endswith("file-restore/download") and e["verdict"] == "sent" for e in log)
+
+
+def test_restore_a_directory_as_zip_from_the_backup_server(restorer, sim):
+    answer = restorer.ok("write_restore_file", {"backup": "backup:ct/102", "path": "/root.pxar.didx/etc/ssh"})
+    assert answer["saved"].endswith("/ssh.zip") and "zip" in answer["note"] and "content" not in answer
+    with zipfile.ZipFile(answer["saved"]) as archive:
+        assert "ssh/sshd_config" in archive.namelist()
+
+
+def test_a_file_over_the_cap_is_refused_before_downloading(restorer, sim):
+    message, sent = requests_during(sim, action=lambda: restorer.error(
+        "write_restore_file", {"backup": newest(sim, "ct", 102), "path": "/root.pxar.didx/var/log/journal.log"}))
+    assert "over the 1.0 MiB cap (PROXMOX_RESTORE_MAX_MB)" in message
+    assert not [r for r in sent if "download" in r[2]]
+
+
+def test_a_directory_over_the_cap_is_stopped_and_nothing_kept(restorer, sim):
+    before = sorted(p.name for p in restorer.folder.rglob("*"))
+    message = restorer.error("write_restore_file", {"backup": "backup:ct/102", "path": "/root.pxar.didx/var"})
+    assert "larger than the 1 MiB cap" in message and "nothing was kept" in message
+    assert sorted(p.name for p in restorer.folder.rglob("*")) == before
+
+
+def test_restore_dry_run_sends_and_saves_nothing(restorer, sim):
+    before = sorted(restorer.folder.rglob("*"))
+    plan, sent = requests_during(sim, action=lambda: restorer.ok(
+        "write_restore_file", {"backup": "backup:ct/102", "path": "/root.pxar.didx/etc/hosts", "dry_run": True}))
+    assert plan["dry_run"] is True and plan["gate"] == "sensitive+write"
+    assert plan["request"]["path"] == "/admin/datastore/backup/pxar-file-download"
+    assert not [r for r in sent if "download" in r[2]] and sorted(restorer.folder.rglob("*")) == before
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"path": "/root.pxar.didx"}, "is a whole archive"),
+    ({"path": "/root.pxar.didx/etc/nothing"}, "No '/root.pxar.didx/etc/nothing'"),
+])
+def test_restore_refuses_bad_paths(restorer, sim, arguments, expected):
+    message = restorer.error("write_restore_file", {"backup": newest(sim, "ct", 102)} | arguments)
+    assert expected in message
+
+
+def test_restore_needs_the_folder_and_the_write_gate(sim, tokens, tmp_path):
+    base = sim.env(**tokens) | {"PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
+                                "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    with tool_session(base | {"PROXMOX_ACCESS": "write"}, log_name="file-restore-nofolder") as session:
+        assert "write_restore_file" not in {t.name for t in session.tools()}  # PROXMOX_RESTORE_DIR is not set
+    with tool_session(base | {"PROXMOX_RESTORE_DIR": str(tmp_path / "r")}, log_name="file-restore-read") as session:
+        offered = {t.name for t in session.tools()}
+        assert "backup_files" in offered and "write_restore_file" not in offered  # the write gate is closed
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"PROXMOX_RESTORE_DIR": "restored"}, "PROXMOX_RESTORE_DIR='restored' is not an absolute path"),
+    ({"PROXMOX_RESTORE_MAX_MB": "lots"}, "PROXMOX_RESTORE_MAX_MB='lots' is not a number of megabytes"),
+    ({"PROXMOX_RESTORE_MAX_MB": "0"}, "is not a number of megabytes (1 to 1048576)"),
+])
+def test_restore_settings_are_checked_at_start(variables, expected):
+    with pytest.raises(config.ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        config.load_config(variables)
+
+
+def test_restore_settings_are_read(tmp_path):
+    loaded = config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "r"), "PROXMOX_RESTORE_MAX_MB": "5"})
+    assert loaded.restore_dir == tmp_path / "r" and loaded.restore_max_bytes == 5 * 1024 ** 2
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(config.ConfigError, match="exists and is not a folder"):
+        config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "file")})

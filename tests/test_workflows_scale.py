@@ -1,0 +1,122 @@
+"""Cost that does not grow with the cluster (issue 22, section 2), checked without timing anything:
+reads of different nodes go side by side and never more than the bound at once, each in the
+caller's context; the shared session keeps enough connections; workflow answers stay small and
+paged at 1,000 guests. How fast is bench/workflows_scale.py's business."""
+import json
+import threading
+
+import pytest
+
+import policy
+import proxmox_client
+import simulator
+import workflows
+from conftest import tool_session
+from errors import ProxmoxError
+
+
+def test_in_parallel_keeps_order_bound_and_failures_in_place():
+    active, peak, lock = [0], [0], threading.Lock()
+    together = threading.Barrier(4, timeout=20)  # each round of four must really run at once
+
+    def read(index: int):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        together.wait()
+        with lock:
+            active[0] -= 1
+        if index == 5:
+            raise ProxmoxError("node pve6 is unreachable")
+        return index * 10
+    results = proxmox_client.in_parallel([lambda i=i: read(i) for i in range(12)], limit=4)
+    assert results[:5] == [0, 10, 20, 30, 40] and isinstance(results[5], ProxmoxError) and results[11] == 110
+    assert peak[0] == 4  # four at once, never more
+
+
+def test_in_parallel_runs_in_the_callers_context_and_never_nests():
+    token = policy.CALL.set({"tool": "health_check", "dry_run": False})
+    try:
+        def inner() -> tuple[str, list]:
+            nested = proxmox_client.in_parallel([threading.current_thread, threading.current_thread])
+            return policy.current_call().get("tool"), nested
+        results = proxmox_client.in_parallel([inner, inner])
+    finally:
+        policy.CALL.reset(token)
+    for tool, nested in results:
+        assert tool == "health_check"  # the policy's call state reached the worker
+        assert nested[0] is nested[1]  # inside a worker the calls ran one after another
+
+
+def test_one_session_per_host_keeps_connections_for_the_reads_in_flight(sim):
+    with tool_session(sim.env(), log_name="scale-pool") as session:
+        session.ok("list_nodes")
+        with session.local.installed():
+            client = proxmox_client.pve_client(None)
+            adapter = client.session.get_adapter(client.base)
+    assert adapter._pool_maxsize >= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
+
+
+@pytest.fixture(scope="module")
+def big():
+    """20 nodes and 1,000 guests, the README's reader tokens."""
+    lab = simulator.Lab.homelab(nodes=20, guests=1000)
+    lab.task_seconds = 0
+    for vmid in range(100, 160):
+        lab.guests[vmid]["lock"] = "backup"  # many findings alike
+    with simulator.Simulator(lab) as running, tool_session(running.env(), log_name="scale") as session:
+        yield running, session
+        assert running.lab.schema_rejections == []
+
+
+def answer_bytes(answer: dict) -> int:
+    return len(json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_health_check_reads_nodes_side_by_side_within_the_bound(big, monkeypatch):
+    sim, session = big
+    active, peak, lock = [0], [0], threading.Lock()
+    original = simulator.api._slow_down
+
+    def counted(lab, path):  # the simulator's answer time, with the requests in flight counted
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            original(lab, path)
+        finally:
+            with lock:
+                active[0] -= 1
+    monkeypatch.setattr(simulator.api, "_slow_down", counted)
+    sim.lab.delay = 0.05
+    try:
+        report = session.ok("health_check")
+    finally:
+        sim.lab.delay = 0.0
+    assert len(report["checked"]) <= workflows.LIST_CAP + 1 and report["checked"][-1].startswith("+")
+    assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
+
+
+def test_health_check_folds_findings_alike(big):
+    _, session = big
+    report = session.ok("health_check")
+    locks = [f for f in report["findings"] if f["area"] == "locks"]
+    assert len(locks) == workflows.FOLD_AFTER + 1 and locks[-1]["finding"] == "57 more like these"
+    assert report["summary"]["warning"] >= 60  # the counts keep every finding
+    assert answer_bytes(report) <= 4096
+
+
+def test_backup_coverage_answers_counts_then_the_worst_guests_paged(big):
+    _, session = big
+    report = session.ok("backup_coverage")
+    assert answer_bytes(report) <= 4096
+    states, guests = report["states"], report["guests"]
+    assert sum(states.values()) == guests["total"] == 1000 and states["missing"] > 0
+    assert len(guests["rows"]) == workflows.COVERAGE_PAGE and guests["next_offset"] == workflows.COVERAGE_PAGE
+    assert guests["rows"][0][-1] == "missing"  # the worst first
+    seen, offset = [], 0
+    while offset is not None:
+        page = session.ok("backup_coverage", {"offset": offset})["guests"]
+        seen += [row[0] for row in page["rows"]]
+        offset = page.get("next_offset")
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == 1000
