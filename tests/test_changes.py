@@ -212,7 +212,7 @@ def test_a_receipt_keeps_no_secret_and_cannot_bring_one_back(ops, sim, tmp):
     assert "hunter2" not in text and receipt(tmp, done["receipt"])["changes"] == ["cipassword changed"]
     message, sent = requests_during(sim, lambda: ops.error("write_undo", {"receipt": done["receipt"]}), writes=True)
     assert "never keep a secret" in message and "hunter2" not in message and sent == []
-    for where in ("config", "pending"):  # set at once since cloud-init values are (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
+    for where in ("config", "pending"):  # cloud-init values are set at once (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
         sim.lab.guests[200][where].pop("cipassword", None)
 
 
