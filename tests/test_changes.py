@@ -455,3 +455,42 @@ def test_the_restore_drill_says_what_a_restore_would_take_back(ops, sim):
     drill = ops.ok("write_restore_drill", {"vmid": 102, "answer_seconds": 5, "confirm": True})
     assert drill["result"] == "ok" and drill["config_since_backup"] == ["cores 2 -> 3"]
     ops.ok("write_undo", {"receipt": done["receipt"]})
+
+
+# ================================================================ undo of the firewall and backup job tools
+
+def test_undo_of_a_firewall_rule_and_options(ops, sim):
+    """A new rule is put first; its undo deletes position 0 with the list's digest; options go back
+    key by key (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
+    rules = lambda: ops.ok("firewall_rules", {"vmid": 201})  # noqa: E731
+    before = json.dumps(rules().get("rules"))
+    added = ops.ok("write_firewall_rule", {"vmid": 201, "action": "add",
+                                           "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8080"}})
+    assert json.dumps(rules().get("rules")) != before
+    undone, sent = requests_during(sim, lambda: ops.ok("write_undo", {"receipt": added["receipt"], "confirm": True}),
+                                   writes=True)  # deleting a rule is destructive: asked
+    assert undone["result"] == "ok" and writes(sent) == [("pve", "DELETE", "/nodes/pve1/lxc/201/firewall/rules/0")]
+    assert json.dumps(rules().get("rules")) == before
+    for port in ("81", "82", "83"):
+        ops.ok("write_firewall_rule", {"vmid": 201, "action": "add",
+                                       "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port}})
+    three = json.dumps(rules().get("rules"))
+    deleted = ops.ok("write_firewall_rule", {"vmid": 201, "action": "delete", "pos": 1, "confirm": True})
+    ops.ok("write_undo", {"receipt": deleted["receipt"]})  # made again on top, then moved back to 1
+    assert json.dumps(rules().get("rules")) == three
+    enabled = ops.ok("write_firewall_options", {"vmid": 201, "enable": True, "policy_in": "DROP"})
+    ops.ok("write_undo", {"receipt": enabled["receipt"]})
+    options = ops.ok("api_read", {"path": "/nodes/pve1/lxc/201/firewall/options"})["data"]
+    assert not options.get("enable") and options.get("policy_in") in (None, "ACCEPT")
+
+
+def test_undo_of_a_backup_job_made_and_edited(ops, sim):
+    made = ops.ok("write_backup_job", {"action": "create", "job_id": "undo-job", "vmids": [205], "schedule": "04:00",
+                                       "storage": "local"})
+    edited = ops.ok("write_backup_job", {"action": "update", "job_id": "undo-job", "schedule": "05:00"})
+    job = lambda: next((j for j in sim.lab.backup_jobs if j["id"] == "undo-job"), None)  # noqa: E731
+    assert job()["schedule"] == "05:00"
+    ops.ok("write_undo", {"receipt": edited["receipt"]})
+    assert job()["schedule"] == "04:00"
+    assert ops.ok("write_undo", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
+    assert job() is None
