@@ -15,7 +15,7 @@ from pydantic import Field
 import config_diff
 import policy
 import receipts
-from answers import ConfirmArg, DryRunArg, Host, Limit, OptionalVmid, Vmid, WaitArg, table
+from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path
 from proxmox_client import client_for, pve_client, run_task
@@ -37,12 +37,13 @@ def _summary(receipt: dict) -> str:
     return said if len(said) <= 200 else said[:199] + "…"
 
 
-def list_changes(vmid: OptionalVmid = None, limit: Limit = 20) -> dict:
+def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
     """Recent changes this server made, newest first: receipt, tool, guest, change, undoable."""
     rows = [{"receipt": r["id"], "time": r["time"], "host": r["host"], "tool": r.get("tool"), "by": r.get("by"),
              "guests": ",".join(map(str, r.get("guests") or [])), "change": _summary(r), "undo": _undo_state(r)}
             for r in receipts.recent(policy.SETTINGS.receipts) if vmid is None or vmid in (r.get("guests") or [])]
-    return table(["receipt", "time", "host", "tool", "by", "guests", "change", "undo"], rows, limit=limit)
+    columns = ["receipt", "time", "host", "tool", "by", "guests", "change", "undo"]
+    return table(columns, rows, limit=limit, offset=offset)
 
 
 # ---------------------------------------------------------------- what changed

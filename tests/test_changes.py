@@ -494,3 +494,9 @@ def test_undo_of_a_backup_job_made_and_edited(ops, sim):
     assert job()["schedule"] == "04:00"
     assert ops.ok("write_undo", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
     assert job() is None
+
+
+def test_list_changes_pages(ops):
+    first = ops.ok("list_changes", {"limit": 2})
+    assert len(first["rows"]) == 2 and first["truncated"] and first["next_offset"] == 2
+    assert ops.ok("list_changes", {"limit": 2, "offset": 2})["rows"][0] != first["rows"][1]
