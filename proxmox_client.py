@@ -429,7 +429,7 @@ class ProxmoxClient:
         params = encode_params(params)
         self.ensure_permissions()
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
-                            read=self.get, plan=self._dry_run_plan)
+                            read=self.get, plan=self._dry_run_plan, client=self)
 
     def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str) -> None:
         """Declare the requests a multi-step tool will send, before its first (policy.plan_steps):

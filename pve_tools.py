@@ -16,6 +16,7 @@ from pydantic import Field
 import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
+from config_diff import config_and_pending
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from inventory import (HA_FAILED, archive_node, backup_storages, bridges, bridges_hidden, check_node, guest_path,
                        guest_resources, ha_failure, hidden_backups, hidden_note, next_vmid, node_names, online_node,
@@ -155,22 +156,13 @@ GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "a
 PAUSED = ("paused", "suspended", "prelaunch")  # qmpstatus of a VM that is `running` but not running
 
 
-def _config_and_pending(rows: list[dict]) -> tuple[dict, dict]:
-    """GET .../pending as the current config and the changes waiting for a restart (a deletion
-    shows as "(delete)") (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
-    config = {r["key"]: r["value"] for r in rows if "value" in r}
-    pending = {r["key"]: r["pending"] for r in rows if "pending" in r}
-    pending |= {r["key"]: "(delete)" for r in rows if r.get("delete")}
-    return config, pending
-
-
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
     """Status, config and pending changes of one guest."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
     status = client.get(f"{base}/status/current") or {}
-    config, pending = _config_and_pending(client.get(f"{base}/pending") or [])
+    config, pending = config_and_pending(client.get(f"{base}/pending") or [])
     summary = {key: status.get(key) for key in GUEST_STATUS_FIELDS if key in status}
     if not (status.get("ha") or {}).get("managed"):
         summary.pop("ha", None)  # every guest has one; only an HA resource's says something
@@ -588,7 +580,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
         params["delete"] = ",".join(delete)
     client.request("PUT", f"{base}/config", params)
     # on a running guest what cannot be hot-plugged waits for a restart (docs/PROXMOX-BEHAVIOUR.md#pending-config)
-    _, pending = _config_and_pending(client.get(f"{base}/pending") or [])
+    _, pending = config_and_pending(client.get(f"{base}/pending") or [])
     touched = sorted({*changes, *(delete or [])})  # (`set` is the argument here)
     waiting = {key: value for key, value in pending.items() if key in touched}
     answer = {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [],

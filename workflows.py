@@ -11,6 +11,7 @@ from typing import Annotated, Any, Callable
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import config_diff
 import pbs_state
 import pbs_tools
 import policy
@@ -874,6 +875,8 @@ class Steps:
 
     def answer(self, ok: bool, **extra: Any) -> dict:
         result = {"result": "ok" if ok else "failed", "steps": self.steps}
+        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo)
+            result["receipts"] = list(policy.current_call()["receipts"])
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
@@ -1114,7 +1117,8 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
     client = pve_client(host)
-    kind = resolve_guest(client, vmid)["type"]
+    row = resolve_guest(client, vmid)
+    kind = row["type"]
     if backup is None:
         backup = _newest_backup(host, vmid)
     drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx,
@@ -1128,7 +1132,8 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         drill.answered = False
     if drill.base is not None:
         _destroy_scratch(drill)
-    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch}
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch,
+             "config_since_backup": _config_since_backup(drill, row)}
     left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
     if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
@@ -1138,6 +1143,18 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts, **timed)
     drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
     return drill.steps.answer(True, **facts, timings=drill.timings)
+
+
+def _config_since_backup(d: Drill, row: dict) -> list[str] | str:
+    """What a restore of this backup would take back: the guest's config now against the one the
+    backup holds, in the words of what_changed (config_diff)."""
+    try:
+        old = config_diff.read_backup_config(d.client, d.node, d.backup)
+        now, pending = config_diff.config_and_pending(
+            d.client.get(f"/nodes/{row['node']}/{row['type']}/{row['vmid']}/pending") or [])
+    except ToolFailure as exc:
+        return f"not read: {str(exc)[:200]}"
+    return config_diff.changed_lines(old, now, pending, skip=config_diff.skip_for_backup) or ["nothing changed"]
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:

@@ -18,6 +18,14 @@ from typing import Any, Callable
 import catalog
 
 GiB = 1024 ** 3
+# Left out of the config a backup keeps (qemu-server VZDump/QemuServer.pm assemble, pve-container
+# VZDump/LXC.pm assemble; docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups).
+NOT_IN_BACKUP = re.compile(r"unused\d+|lock|parent|snapstate|digest|pending")
+
+
+def backup_config(config: dict) -> dict:
+    """The config a backup keeps: the main section without unused disks, lock and parent."""
+    return {k: v for k, v in config.items() if not NOT_IN_BACKUP.fullmatch(k)}
 
 # Built-in roles, reduced to the privileges the simulator checks (PVE 9 names; PVE 8 in `roles_for`).
 # PVE's groups: pve-access-control src/PVE/AccessControl.pm ($privgroups); PBS's: pbs-api-types src/acl.rs.
@@ -350,6 +358,7 @@ class Lab:
                 ext = "vma.zst" if kind == "qemu" else "tar.zst"
                 self.add_volume("local", f"local:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}", "backup", 2 * GiB,
                                 vmid=vmid, ctime=now - 86400, node=guest["node"])
+                self.volumes["local"][-1]["_config"] = backup_config(guest["config"])
         self.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
                              "exclude": "104", "storage": "pbs", "mode": "snapshot"}]
 
@@ -441,7 +450,9 @@ class Lab:
                     volume["verification"] = snap["verification"]
                 if snap["protected"]:
                     volume["protected"] = 1
-                volumes.append(volume)
+                if snap["comment"]:
+                    volume["notes"] = snap["comment"]
+                volumes.append(volume | {"_config": snap.get("config") or {}})
         return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
@@ -522,7 +533,8 @@ class Lab:
             if guest["status"] != "running":
                 continue  # stopped guests have no backup: a finding for backup_coverage later
             kind = "vm" if guest["type"] == "qemu" else "ct"
-            groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
+            groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600, config=guest["config"])
+                                             for days in range(3)]
         # gc-status holds counters only; the last run's time and state are the GC job's
         # (docs/PROXMOX-BEHAVIOUR.md#garbage-collection); `error` makes the store unavailable
         gc_upid = f"UPID:pbs:000003E8:0000A1B2:{len(self.datastores):08X}:{now - 86400 - 300:08X}:" \
@@ -555,10 +567,13 @@ class Lab:
 
     @staticmethod
     def pbs_snapshot(backup_time: int, *, size: int = 3 * GiB, protected: bool = False, state: str = "ok",
-                     encrypted: bool = False, comment: str = "") -> dict:
+                     encrypted: bool = False, comment: str = "", config: dict | None = None) -> dict:
+        """A PBS snapshot; `comment` is its notes (listings show their first line), `config` the guest
+        config it holds (qemu-server.conf or pct.conf: docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups)."""
         return {"backup-time": backup_time, "size": size, "protected": protected, "comment": comment,
                 "verification": {"state": state, "upid": ""} if state else None,
-                "crypt-mode": "encrypt" if encrypted else "none", "owner": "root@pam"}
+                "crypt-mode": "encrypt" if encrypted else "none", "owner": "root@pam",
+                "config": backup_config(config or {})}
 
     @staticmethod
     def _digest(vmid: int) -> str:

@@ -15,6 +15,7 @@ from typing import Callable
 from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
+from .pve_history import pve_extractconfig, pve_snapshot_config
 from .pve_backup import pve_vzdump, visible_volume
 from .pve_backup_jobs import BACKUP_JOB_HANDLERS
 from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
@@ -483,6 +484,34 @@ def pve_backup_job(call: Call, id: str) -> dict:
     return dict(job)
 
 
+# The selection a backup job edit leaves (pve-manager PVE/API2/Backup.pm update_job;
+# docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune): an `exclude` without a pool means all;
+# a given vmid drops all, exclude and pool; all=1 drops vmid and pool; a pool drops the rest.
+
+
+def pve_backup_job_update(call: Call, id: str) -> None:
+    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
+    if job is None:
+        raise ApiError(500, "no such vzdump job")
+    params = {k: call.arg(k) for k in call.params if k not in ("id", "delete")}
+    deleted = [k for k in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if k]
+    if not params and not deleted:
+        raise ApiError(500, "no options specified")
+    for key in deleted:
+        job.pop(key, None)
+    job.update(params)
+    if "exclude" in job and not job.get("pool"):
+        job["all"] = 1
+    if "vmid" in params:
+        for key in ("all", "exclude", "pool"):
+            job.pop(key, None)
+    elif str(params.get("all", "0")) == "1":
+        job.pop("vmid", None), job.pop("pool", None)
+    elif job.get("pool"):
+        for key in ("vmid", "all", "exclude"):
+            job.pop(key, None)
+
+
 def pve_acme_plugins(call: Call, id: str | None = None) -> list | dict:
     """ACME plugins with their stored config, `data` included (pve-manager PVE/API2/ACMEPlugin.pm)."""
     if id is None:
@@ -551,6 +580,8 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
     ("GET", "/cluster/backup"): pve_backup_jobs,
     ("GET", "/cluster/backup/{id}"): pve_backup_job,
+    ("PUT", "/cluster/backup/{id}"): pve_backup_job_update,
+    ("GET", "/nodes/{node}/vzdump/extractconfig"): pve_extractconfig,
     ("GET", "/cluster/acme/plugins"): pve_acme_plugins,
     ("GET", "/cluster/acme/plugins/{id}"): pve_acme_plugins,
     ("GET", "/nodes/{node}/replication"): pve_replication,
@@ -573,6 +604,7 @@ for _kind in ("qemu", "lxc"):
             continue  # containers have no reset
         PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/status/{_action}")] = pve_power(_kind, _action)
     PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshots(_kind)
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/config")] = pve_snapshot_config(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshot_create(_kind)
     PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}")] = pve_snapshot_delete(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/rollback")] = pve_rollback(_kind)

@@ -9,7 +9,7 @@ import re
 import time
 
 from .call import ApiError, Call, _node
-from .lab import GiB
+from .lab import GiB, backup_config
 
 
 # ---- what a storage listing shows (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
@@ -109,6 +109,7 @@ class Target:
         self.entry = call.lab.storages[storage]
         self.config = self.entry.get("config", {})
         self.kind = "qemu" if guest["type"] == "qemu" else "lxc"
+        self.kept = backup_config(guest["config"])  # the config as the backup starts (#configs-inside-backups)
 
     @property
     def on_pbs(self) -> bool:
@@ -132,7 +133,8 @@ class Target:
 
     def write(self, when: int, notes: str | None, protected: bool) -> str:
         if self.on_pbs:
-            snap = self.call.lab.pbs_snapshot(when, protected=protected, state="", comment=notes or "")
+            snap = self.call.lab.pbs_snapshot(when, protected=protected, state="", comment=notes or "",
+                                              config=self.kept)
             snap["ctime"] = when
             self._pbs_group().append(snap)
             return f"{self.storage}:backup/{'vm' if self.kind == 'qemu' else 'ct'}/{self.guest['vmid']}/" + \
@@ -144,6 +146,7 @@ class Target:
         self.call.lab.add_volume(self.storage, volid, "backup", 2 * GiB, vmid=self.guest["vmid"], ctime=when,
                                  node=self.guest["node"])
         volume = self.call.lab.volumes[self.storage][-1]
+        volume["_config"] = self.kept
         if notes:
             volume["notes"] = notes
         if protected:

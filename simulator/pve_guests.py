@@ -12,6 +12,8 @@ from .call import ApiError, Call, _guest, _node
 from .lab import GiB, format_size, size_bytes
 from .pve_cloudinit import FAST_PLUG, hide_password, record_change, stored_password
 from .pve_ha_manager import ha_migrate, ha_request, power_effect, resumes
+from .pve_history import (UNUSED, cannot_snapshot, cleanup_pending, rollback_blocked, set_option, snapshot_of,
+                          snapshot_section)
 from .pve_templates import OCI_LOG, lxc_create, oci_config
 
 
@@ -69,8 +71,8 @@ def pve_power(kind: str, action: str) -> Callable:
 def pve_snapshots(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> list:
         guest = _guest(call, node, vmid, kind)
-        rows = [dict(snap) for snap in guest["snapshots"]]
-        parent = rows[-1]["name"] if rows else None
+        rows = [{k: v for k, v in snap.items() if not k.startswith("_")} for snap in guest["snapshots"]]
+        parent = guest["config"].get("parent") or (rows[-1]["name"] if rows else None)
         current = {"name": "current", "description": "You are here!", "running": int(guest["status"] == "running")}
         if parent:
             current["parent"] = parent
@@ -82,19 +84,28 @@ def pve_snapshot_create(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         name = call.arg("snapname")
+        # in the task, in this order (pve-guest-common AbstractConfig.pm __snapshot_prepare;
+        # docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
         error = "OK"
-        if any(s["name"] == name for s in guest["snapshots"]):
-            error = f"snapshot name '{name}' already used"
+        if guest["template"]:
+            error = "you can't take a snapshot if it's a template"
         elif guest["lock"]:
             error = f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})"
+        elif any(s["name"] == name for s in guest["snapshots"]):
+            error = f"snapshot name '{name}' already used"
+        else:
+            error = cannot_snapshot(call, guest["config"]) or "OK"
 
         def apply() -> None:
-            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", "")}
-            if guest["snapshots"]:
-                snap["parent"] = guest["snapshots"][-1]["name"]
+            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", ""),
+                    "_config": snapshot_of(guest["config"])}
+            parent = guest["config"].get("parent") or (guest["snapshots"][-1]["name"] if guest["snapshots"] else None)
+            if parent:
+                snap["parent"] = parent
             if kind == "qemu" and str(call.arg("vmstate", "0")) == "1":
                 snap["vmstate"] = 1
             guest["snapshots"].append(snap)
+            guest["config"] |= {"parent": name, "digest": call.lab._digest(guest["vmid"])}  # the new "current" parent
         return call.lab.start_task(node, "qmsnapshot" if kind == "qemu" else "vzsnapshot", vmid,
                                    user=call.token_id, exitstatus=error, on_done=apply)
     return handler
@@ -111,7 +122,15 @@ def pve_snapshot_delete(kind: str) -> Callable:
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
 
         def apply() -> None:
+            # what named it as parent takes its parent (pve-guest-common AbstractConfig.pm snapshot_delete)
+            gone = next(s for s in guest["snapshots"] if s["name"] == snapname)
             guest["snapshots"] = [s for s in guest["snapshots"] if s["name"] != snapname]
+            for holder in [*guest["snapshots"], guest["config"]]:
+                if holder.get("parent") == snapname:
+                    if gone.get("parent"):
+                        holder["parent"] = gone["parent"]
+                    else:
+                        holder.pop("parent")
         return call.lab.start_task(node, "qmdelsnapshot" if kind == "qemu" else "vzdelsnapshot", vmid,
                                    user=call.token_id, on_done=apply)
     return handler
@@ -124,9 +143,12 @@ def _locked(guest: dict, kind: str) -> str | None:
 
 
 def pve_guest_config(kind: str) -> Callable:
-    """GET config: pending values taken in unless current=1 (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    """GET config: pending values taken in unless current=1; a snapshot's section with `snapshot`
+    (docs/PROXMOX-BEHAVIOUR.md#pending-config, #snapshots)."""
     def handler(call: Call, node: str, vmid: str) -> dict:
         guest = _guest(call, node, vmid, kind)
+        if call.arg("snapshot"):
+            return snapshot_section(guest, str(call.arg("snapshot"))) | {"digest": guest["config"]["digest"]}
         config = dict(guest["config"])
         if str(call.arg("current", "0")) != "1":
             for key, value in guest["pending"].items():
@@ -181,12 +203,16 @@ def _hot_pluggable(kind: str, guest: dict, key: str) -> bool:
     return any(name in features.split(",") and pattern.fullmatch(key) for name, pattern in QEMU_HOTPLUG_FEATURE)
 
 
+DIGEST_MISMATCH = {"qemu": "checksum mismatch (file change by other user?)",
+                   "lxc": "detected modified configuration - file changed by other user? Try again."}
+
+
 def pve_config_update(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> None:
         guest = _guest(call, node, vmid, kind)
         config = guest["config"]
         if call.arg("digest") and call.arg("digest") != config["digest"]:
-            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
+            raise ApiError(500, DIGEST_MISMATCH[kind])
         if _locked(guest, kind) and str(call.arg("skiplock", "0")) != "1":
             raise ApiError(500, _locked(guest, kind))
         changes: dict[str, object] = {key: None for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if key}
@@ -201,10 +227,9 @@ def pve_config_update(kind: str) -> Callable:
                 continue
             if running and kind == "qemu":  # the drive keeps the old value (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
                 record_change(guest, key, config.get(key), value)
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
+            guest["pending"].pop(key, None)
+            set_option(guest, key, value)
+        cleanup_pending(guest)
         if "name" in config or "hostname" in config:
             guest["name"] = config.get("name") or config.get("hostname")
         if config.get("tags"):
@@ -244,15 +269,28 @@ def pve_rollback(kind: str) -> Callable:
         start = str(call.arg("start", "0")) == "1"
         if start and kind == "qemu" and not call.can(f"/vms/{vmid}", "VM.PowerMgmt"):
             raise ApiError(403, f"Permission check failed (/vms/{vmid}, VM.PowerMgmt)")
-        snapshot = next(s for s in guest["snapshots"] if s["name"] == snapname)
-
-        def apply() -> None:
-            running = start or bool(snapshot.get("vmstate"))
-            guest["status"], guest["paused"] = ("running" if running else "stopped"), False
-            guest["uptime"] = 1 if running else 0
+        error = _locked(guest, kind) or rollback_blocked(call, guest, snapname) or "OK"
         return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
-                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"), on_done=apply)
+                                   exitstatus=error, lock=(guest, "rollback"),
+                                   on_done=_rolled_back(call, guest, snapname, start))
     return handler
+
+
+def _rolled_back(call: Call, guest: dict, snapname: str, start: bool) -> Callable[[], None]:
+    """The guest is stopped, its config becomes the snapshot's (keeping its description and unused
+    disks), `parent` names the snapshot, pending changes are gone; it runs again only from a RAM
+    snapshot or with start=1 (pve-guest-common AbstractConfig.pm snapshot_rollback,
+    __snapshot_apply_config; docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
+    def apply() -> None:
+        snap = next(s for s in guest["snapshots"] if s["name"] == snapname)
+        kept = {k: v for k, v in guest["config"].items() if UNUSED.fullmatch(k) or k == "description"}
+        config = kept | snapshot_of(snap.get("_config") or guest["config"])
+        config |= {"parent": snapname, "digest": call.lab._digest(guest["vmid"])}
+        guest["config"], guest["pending"] = config, {}
+        running = start or bool(snap.get("vmstate"))
+        guest["status"], guest["paused"] = ("running" if running else "stopped"), False
+        guest["uptime"] = 1 if running else 0
+    return apply
 
 
 # The create parameters the simulated guest keeps in its config.

@@ -10,6 +10,7 @@ from typing import Callable
 from .call import ApiError, Call
 from .lab import Lab
 from .pve_cloudinit import regenerated
+from .pve_history import set_option
 
 MAX_RELOCATE = 1  # pve-ha-manager's default for a resource (src/PVE/HA/Resources.pm, max_relocate)
 
@@ -17,10 +18,7 @@ MAX_RELOCATE = 1  # pve-ha-manager's default for a resource (src/PVE/HA/Resource
 def _apply_pending(lab: Lab, guest: dict) -> None:
     """A start applies what waited in `pending` (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
     for key, value in guest["pending"].items():
-        if value is None:
-            guest["config"].pop(key, None)
-        else:
-            guest["config"][key] = value
+        set_option(guest, key, value)
     if guest["pending"]:
         guest["pending"] = {}
         guest["config"]["digest"] = lab._digest(guest["vmid"])

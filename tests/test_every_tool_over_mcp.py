@@ -30,6 +30,12 @@ def pve_backup(lab, vmid: int) -> str:
     return next(v["volid"] for v in lab.volumes["local"] if v.get("vmid") == vmid)
 
 
+def newest_receipt(lab, tool: str) -> dict:
+    """The receipt of the last call of a tool (the server keeps them beside its audit log)."""
+    kept = [json.loads(p.read_text()) for p in lab.mcp_receipts.glob("rc-*.json")]
+    return {"receipt": max((r for r in kept if r["tool"] == tool), key=lambda r: r["epoch"])["id"]}
+
+
 # (tool, arguments or a function of the lab giving them), in the order they run: reads, then
 # writes on guests and volumes that later calls do not need, destructive ones last.
 CALLS = [
@@ -54,11 +60,13 @@ CALLS = [
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
     ("api_read", {"path": "/version"}), ("firewall_rules", {}), ("backup_jobs", {}),
     ("list_templates", {}), ("backup_files", lambda lab: {"backup": pbs_backed(lab, 102)}),
+    ("list_changes", {}), ("what_changed", {"vmid": 100}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
     ("write_backup_guest", {"vmid": 102, "storage": "local"}),
     ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
     ("write_set_nic", {"vmid": 103, "vlan": 30}),
+    ("write_undo", lambda lab: newest_receipt(lab, "write_set_nic")),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+1G"}),
     ("write_clone_guest", {"vmid": 100, "newid": 150, "name": "mcp-clone"}),
     ("write_migrate_guest", {"vmid": 150, "target": "pve3"}),
@@ -106,6 +114,7 @@ def admin(sim, tmp_path_factory):
     sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
+    sim.lab.mcp_receipts = tmp / "audit.receipts"
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session

@@ -13,9 +13,10 @@ import server
 from conftest import ROOT
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
-                "monitor_tools", "dashboard", "firewall_tools", "backup_jobs")
+                "monitor_tools", "dashboard", "firewall_tools", "backup_jobs", "changes")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
-                  "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits")
+                  "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
+                  "receipts", "config_diff")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 

@@ -137,7 +137,11 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
     rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
     assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
-    assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
+    assert len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's (docs/SECURITY.md#undo)
+    safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
+    assert safety and safety[0].startswith("mcp-safety-")
+    for name in ("pre-upgrade", safety[0]):
+        assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
 
 
