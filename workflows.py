@@ -308,7 +308,7 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
         origins: dict[str, int] = {}
         for package in pending:
             origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
-        h.report.add("info", "updates", f"{len(pending)} package updates pending on {node}",
+        h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
                       "security": "not told apart by Proxmox's update list",
                       "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},

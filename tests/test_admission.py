@@ -194,11 +194,11 @@ def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(plain, 
     """Issue 25: a snapshot-mode backup that never prunes (remove=0) changes nothing on a protected VM;
     any other backup of it is refused, saying what would pass (docs/PROXMOX-BEHAVIOUR.md#job-edits)."""
     backup = {"method": "POST", "path": "/nodes/pve2/vzdump",
-              "params": {"vmid": "101", "storage": "nfs-backup", "mode": "snapshot", "remove": 0}}
+              "params": {"vmid": "101", "storage": "local", "mode": "snapshot", "remove": 0}}
     done, sent = requests_during(sim, lambda: plain.ok("write_api_call", backup))
     assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve2/vzdump") in sent
     for params in ({"mode": "stop", "remove": 0}, {"mode": "snapshot"}, {}):
-        call = backup | {"params": {"vmid": "101", "storage": "nfs-backup"} | params}
+        call = backup | {"params": {"vmid": "101", "storage": "local"} | params}
         message, sent = requests_during(sim, lambda c=call: plain.error("write_api_call", c))
         assert "protected guest 101" in message and "mode=snapshot and remove=0" in message and writes(sent) == []
 

@@ -90,7 +90,7 @@ CALLS = [
                              "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}}),
     ("write_firewall_options", {"vmid": 100, "enable": True}),
     ("write_backup_job", {"action": "create", "job_id": "mcp-job", "vmids": [102], "schedule": "03:00",
-                          "storage": "nfs-backup"}),
+                          "storage": "pbs"}),
     ("write_pbs_gc", {"store": "backup"}), ("write_pbs_verify", {"store": "backup"}),
     ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
     ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),

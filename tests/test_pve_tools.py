@@ -228,13 +228,14 @@ def test_create_without_a_node_picks_one_that_is_online(ops, sim):
 GUEST_WRITES = [
     ("write_guest_power", {"action": "start"}), ("write_guest_config", {"set": {"memory": 1024}}),
     ("write_set_nic", {"bridge": "vmbr0"}), ("write_resize_disk", {"disk": "scsi0", "size": "+1G"}),
-    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs"}),
+    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs", "mode": "stop"}),
+    ("write_backup_guest", {"storage": "pbs", "prune": True}),
     ("write_clone_guest", {}), ("write_migrate_guest", {"target": "pve3"}),
     ("write_delete_guest", {"confirm": True}), ("write_template", {}),
 ]
 
 
-@pytest.mark.parametrize("tool, arguments", GUEST_WRITES, ids=[t for t, _ in GUEST_WRITES])
+@pytest.mark.parametrize("tool, arguments", GUEST_WRITES, ids=[f"{t}-{i}" for i, (t, _) in enumerate(GUEST_WRITES)])
 def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments):
     if tool in ("write_delete_guest", "write_template"):
         sim.lab.guests[101]["status"] = "stopped"  # past the tool's own "stop it first" check
@@ -244,6 +245,14 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
         sim.lab.guests[101]["status"] = "running"
     assert "protected" in message and "production database" in message
     assert sent == []
+
+
+def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(ops, sim):
+    """write_backup_guest's defaults (snapshot mode, remove=0) change nothing on the guest: allowed for a
+    protected one (docs/SECURITY.md, issue 25); stop mode or pruning are refused (above)."""
+    done, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_backup_guest",
+                                                                          {"vmid": 101, "storage": "pbs"}))
+    assert done["task"] == "OK" and sent == [("pve", "POST", "/nodes/pve2/vzdump")]
 
 
 def test_snapshot_and_restore_refusals_for_protected(ops, sim):

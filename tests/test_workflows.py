@@ -111,7 +111,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(reade
     assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
     assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
     assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found
-    assert ("info", "updates", "1 package updates pending on pve1") in found  # Proxmox's: no Sys.Modify
+    assert ("info", "updates", "1 package update pending on pve1") in found  # Proxmox's: no Sys.Modify
     assert any(f[:2] == ("warning", "certificates") and f[2].startswith("pveproxy-ssl.pem on pve2") for f in found)
     assert any(f[:2] == ("info", "certificates") and f[2].startswith("pve-ssl.pem on pve1") for f in found)
     assert report["summary"]["unavailable"] == 0 and "disks pve1" in report["checked"]
