@@ -65,7 +65,8 @@ def test_every_part_is_there(session, sim):
     storages = as_dicts(answer["storage"])
     assert storages[0] == {"storage": "pbs", "node": "(shared)", "type": "pbs", "status": "available",
                            "used_pct": 95.0, "used": "3.7 TiB", "total": "3.9 TiB"}  # fullest first, shared once
-    assert {(s["storage"], s["node"]) for s in storages} >= {("local", "pve1"), ("local", "pve3"), ("local-lvm", "pve2")}
+    assert {(s["storage"], s["node"]) for s in storages} >= {("local", "pve1"), ("local", "pve3"),
+                                                            ("local-lvm", "pve2")}
     health = as_dicts(answer["health"])
     assert {"severity": "critical", "area": "storage", "finding": "pbs (shared) is 95.0% full"} in health
     assert answer["health"]["summary"]["critical"] >= 1
