@@ -10,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /app
 COPY requirements.txt .
 RUN python3 -m venv /venv && /venv/bin/pip install --quiet -r requirements.txt
-COPY *.py *.html ./
+COPY *.py ./
+COPY views/ views/
 COPY catalog/ catalog/
 COPY simulator/ simulator/
 # Compiled here: at run time the root is read-only (and PYTHONDONTWRITEBYTECODE is set), so

@@ -19,6 +19,7 @@ PATTERNS = {
     r"^https?://\S+$": ("an http or https URL", "https://example.org/debian-12.iso"),
     r"^\+?\d+G$": ("a size in G, or +G to grow by", "+10G"),
     r"^net\d+$": ("net and a number", "net0"),
+    r"^rc-[0-9a-f]{8}$": ("a receipt id: rc- and 8 hex digits (list_changes)", "rc-1a2b3c4d"),
     r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
 }
 # Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.

@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 
 import catalog
 import policy
+import receipts
 from gates import TIERS, method_gate
 from products import PRODUCTS
 from protection import Protected, load_protected
@@ -45,7 +46,7 @@ GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITI
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
 TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
-                  "monitor", "firewall")
+                  "monitor", "firewall", "changes")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
@@ -66,6 +67,9 @@ GLOBALS = {
     "PROXMOX_DRY_RUN": "true or false",
     "PROXMOX_ELICIT": "true or false",
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
+    "PROXMOX_RECEIPTS_KEEP": "how many receipts of changes to keep, e.g. 1000",
+    "PROXMOX_RECEIPTS_DAYS": "how many days to keep receipts of changes, e.g. 30",
+    "PROXMOX_SAFETY_SNAPSHOT": "off, rollback or all (also before config changes that can lose data)",
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
@@ -367,6 +371,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
         else default_audit_path(env)
     read_restore_settings(env, config)
+    config.settings.receipts = read_receipt_settings(env, config.settings.audit_path)
 
 
 def read_restore_settings(env: dict[str, str], config: Config) -> None:
@@ -385,6 +390,24 @@ def read_restore_settings(env: dict[str, str], config: Config) -> None:
     if not megabytes.isdigit() or not 1 <= int(megabytes) <= 1024 * 1024:
         raise ConfigError(f"PROXMOX_RESTORE_MAX_MB={megabytes!r} is not a number of megabytes (1 to 1048576).")
     config.restore_max_bytes = int(megabytes) * 1024 ** 2
+
+
+def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:
+    """Receipts of changes live beside the audit log (`audit.jsonl` -> `audit.receipts/`), bounded in
+    count and age; the safety snapshot is taken before rollbacks by default."""
+    safety = env.get("PROXMOX_SAFETY_SNAPSHOT", "rollback").strip().lower()
+    if safety not in receipts.SAFETY_CHOICES:
+        raise ConfigError(f"PROXMOX_SAFETY_SNAPSHOT={safety!r} is not one of {', '.join(receipts.SAFETY_CHOICES)}.")
+    return receipts.Keeping(audit_path.with_name(audit_path.stem + ".receipts"),
+                            parse_count("PROXMOX_RECEIPTS_KEEP", env.get("PROXMOX_RECEIPTS_KEEP", "1000"), 10, 100000),
+                            parse_count("PROXMOX_RECEIPTS_DAYS", env.get("PROXMOX_RECEIPTS_DAYS", "30"), 1, 3650),
+                            safety)
+
+
+def parse_count(name: str, value: str, lowest: int, highest: int) -> int:
+    if not value.strip().isdigit() or not lowest <= int(value) <= highest:
+        raise ConfigError(f"{name}={value!r} is not a whole number from {lowest} to {highest}.")
+    return int(value)
 
 
 PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped

@@ -1,6 +1,6 @@
 """The dashboard: one picture of a cluster (node CPU, memory and storage; the busiest guests'
 charts; backup coverage; health findings). Clients that render MCP Apps views draw it with
-dashboard.html; every client gets the same content as compact JSON. It composes the answers of
+views/dashboard.html; every client gets the same content as compact JSON. It composes the answers of
 health_check, backup_coverage and metrics with one read of /cluster/resources, and is bounded at
 any size: each part shows its first rows and says how many more there are.
 """
@@ -17,7 +17,8 @@ from errors import ToolFailure
 from inventory import resolve_guest
 from proxmox_client import in_parallel, pve_client
 
-VIEW_HTML = Path(__file__).with_name("dashboard.html")  # served as ui://proxmox/dashboard.html (server.view_uri)
+# served as ui://proxmox/dashboard.html (server.view_uri)
+VIEW_HTML = Path(__file__).with_name("views") / "dashboard.html"
 # How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
 # at a thousand guests (tests/test_dashboard.py).
 SHOWN = {"nodes": 16, "storages": 16, "guests": 4, "backups": 20, "jobs": 6, "findings": 10}

@@ -8,11 +8,14 @@ drops the guests, as it may have created, moved or deleted one.
 """
 
 import re
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import policy
 from answers import compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError
-from proxmox_client import ProxmoxClient
+from proxmox_client import ProxmoxClient, configured, pbs_client
 
 KEEP_SECONDS = 10.0  # how long guest and node lists are reused between calls
 
@@ -98,13 +101,27 @@ def bridges(client: ProxmoxClient, node: str) -> list[dict]:
         if iface.get("type") not in ("bridge", "OVSBridge", "vnet"):
             continue
         ports = (iface.get("bridge_ports") or iface.get("ovs_ports") or "").split()
+        # a bridge only in /etc/network/interfaces.new (not applied yet) is listed without `active`
+        # (docs/PROXMOX-BEHAVIOUR.md#networks)
         rows.append({"node": node, "bridge": iface["iface"], "uplink": " ".join(ports) or None,
                      "segment": _segment(iface, ports),
+                     "pending": iface.get("type") != "vnet" and not iface.get("active"),
                      "vlan_aware": bool(iface.get("bridge_vlan_aware") or iface.get("vlanaware"))
                      or iface.get("type") == "OVSBridge",
                      "cidr": iface.get("cidr"), "gateway": iface.get("gateway"),
                      "comment": (iface.get("comments") or "").strip() or None})
     return rows
+
+
+def bridges_hidden(client: ProxmoxClient) -> str | None:
+    """Why this token's bridge lists may be empty: PVE lists a bridge only to callers with SDN.Audit
+    or SDN.Use on /sdn/zones/localnetwork/<bridge> (docs/PROXMOX-BEHAVIOUR.md#networks); None when
+    it holds one of them there or its privileges are unknown."""
+    path = "/sdn/zones/localnetwork"
+    if any(policy.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
+        return None
+    return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
+            f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
 
 
 # ---------------------------------------------------------------- storages
@@ -118,7 +135,10 @@ def storage_node(client: ProxmoxClient, storage: str, node: str | None, content:
         names = sorted({e["storage"] for e in rows})
         raise InvalidArgument(f"Unknown storage '{storage}'. Storages: {', '.join(names)}.")
     if content and content not in (entries[0].get("content") or "").split(","):
-        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {entries[0].get('content')}).")
+        takes = entries[0].get("content")
+        raise InvalidArgument(f"Storage '{storage}' does not take {content} (it takes {takes}); to allow it: "
+                              f"`pvesm set {storage} --content {takes},{content}` on a node (a fresh install's local "
+                              f"takes import from PVE 9 on: docs/PROXMOX-BEHAVIOUR.md#a-fresh-install).")
     nodes = [e["node"] for e in entries if e.get("status") == "available"]
     if node:
         if node not in [e["node"] for e in entries]:
@@ -148,30 +168,6 @@ def backup_storages(client: ProxmoxClient, rows: list[dict] | None = None) -> li
     return [seen[key] for key in sorted(seen)]
 
 
-def backup_volumes(client: ProxmoxClient, vmid: int | None = None,
-                   storage: str | None = None) -> tuple[list[dict], list[str]]:
-    """The backups on every storage that holds them (PBS too), newest first (list_backups' rows, and
-    the restore drill's newest backup); and the backup storages that could not be read."""
-    rows, unread = [], []
-    everything = storage_rows(client)
-    for name, node, shared in backup_storages(client, everything):
-        if storage and name != storage:
-            continue
-        for volume in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []:
-            rows.append({"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": name,
-                         "node": None if shared else node,  # each node's `local` is its own disk
-                         "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
-                         "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
-                         "protected": 1 if volume.get("protected") else None,
-                         "verify": (volume.get("verification") or {}).get("state")})
-    for entry in everything:
-        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
-                and (not storage or entry["storage"] == storage):
-            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
-    rows.sort(key=lambda r: -r["ctime"])
-    return rows, unread
-
-
 def storages_on(rows: list[dict], node: str) -> dict[str, dict]:
     """The storages available on a node, by name."""
     return {r["storage"]: r for r in rows if r.get("node") == node and r.get("status") == "available"}
@@ -184,6 +180,13 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
     rows = [r for r in storage_rows(client) if r["storage"] == storage and r.get("status") == "available"]
     if not rows or rows[0].get("shared"):
         return check_node(client, node) if node else online_node(client)
+    # a token that cannot list a backup cannot tell where it is (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    owner = re.search(r"vzdump-(?:qemu|lxc)-(\d+)-", archive)
+    if owner and hidden_backups(client, storage, [int(owner.group(1))]):
+        if node:
+            return check_node(client, node)
+        raise InvalidArgument(f"The token cannot see backups on '{storage}', each node's own disk, so which node holds "
+                              f"{archive} is unknown: give node=<the node it was taken on>.")
     candidates = [check_node(client, node)] if node else [r["node"] for r in rows]
     for name in candidates:
         volumes = client.get(f"/nodes/{name}/storage/{storage}/content", content="backup") or []
@@ -282,3 +285,136 @@ def job_selects(job: dict, guest: dict) -> tuple[bool, bool]:
         excluded = vmid in vmid_set(job.get("exclude"))
         return not excluded, excluded
     return False, False
+
+
+# ---------------------------------------------------------------- backups the token cannot see
+
+BACKUP_ROLE = "BackupReader"  # the custom role the README's recipe adds (a role may not start with PVE)
+
+
+def hidden_backups(client: ProxmoxClient, storage: str, vmids: list[int]) -> list[int]:
+    """The guests whose backups on a storage this token's listing leaves out: PVE lists a backup
+    only to a caller with Datastore.AllocateSpace on the storage and VM.Backup on the guest, or
+    Datastore.Allocate (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). Told from the privileges
+    read once; none while they are unknown."""
+    host, where = client.host, f"/storage/{storage}"
+    if policy.holds(host, "Datastore.Allocate", where) is not False:
+        return []
+    if policy.holds(host, "Datastore.AllocateSpace", where) is False:
+        return sorted(vmids)
+    return sorted(v for v in vmids if policy.holds(host, "VM.Backup", f"/vms/{v}") is False)
+
+
+def backup_grant(client: ProxmoxClient) -> str:
+    """The commands that let this token see backups: a role with the two privileges PVE asks for,
+    granted to the user and the token (a token holds only what both are granted)."""
+    user, _, token = client.host.token_id.partition("!")
+    grants = [f"pveum role add {BACKUP_ROLE} --privs Datastore.AllocateSpace,VM.Backup",
+              f"pveum acl modify / --users '{user}' --roles {BACKUP_ROLE}"]
+    if token:
+        grants.append(f"pveum acl modify / --tokens '{client.host.token_id}' --roles {BACKUP_ROLE}")
+    return "; ".join(grants)
+
+
+def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
+    """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+             for name, vmids in sorted(hidden.items())]
+    return {"not_visible": where,
+            "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
+                   f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
+                   f"(which says nothing about whether they exist).",
+            "grant": backup_grant(client)}
+
+
+def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, tuple[str, str]]:
+    """The PVE storages of type pbs that write to this Backup Server (same host name), each with
+    its datastore and namespace (root without one) (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    server = (urlsplit(pbs.host.url).hostname or "").lower()
+    return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
+            if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
+
+def backup_volumes(client: ProxmoxClient, vmid: int | None = None,
+                   storage: str | None = None) -> tuple[list[dict], dict]:
+    """The backups on every storage that holds them, PBS-backed ones too, newest first (list_backups'
+    rows, the restore drill's newest backup); and what the listing could not show: `not_read`
+    storages, and the backups `not_visible` to this token (why, and the grant that shows them)."""
+    rows, unread, hidden = [], [], {}
+    everything = storage_rows(client)
+    vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
+    on_pbs: dict[str, tuple[str, str]] | None = None
+    for name, node, shared in backup_storages(client, everything):
+        if storage and name != storage:
+            continue
+        unseen = hidden_backups(client, name, vmids)
+        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
+            pbs = _only_pbs()
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+        if unseen and name in on_pbs:
+            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
+            continue
+        if unseen:
+            hidden[name] = unseen
+        if len(unseen) < len(vmids):
+            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
+                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
+    for entry in everything:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
+                and (not storage or entry["storage"] == storage):
+            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
+    rows.sort(key=lambda r: -r["ctime"])
+    notes = {"not_read": unread} if unread else {}
+    return rows, notes | (hidden_note(client, hidden, len(vmids)) if hidden else {})
+
+
+def _backup_row(volume: dict, storage: str, node: str | None) -> dict:
+    return {"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": storage, "node": node,
+            "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+            "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+            "protected": 1 if volume.get("protected") else None,
+            "verify": (volume.get("verification") or {}).get("state")}
+
+
+def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: int | None) -> list[dict]:
+    """A PBS-backed storage's backups read on the Backup Server itself, named as PVE names them
+    (`<storage>:backup/vm/<vmid>/<UTC time>`, docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    found = []
+    for snap in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
+                        **({"backup-id": str(vmid)} if vmid else {})) or []:
+        if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+            found.append(_backup_row({"volid": f"{storage}:backup/{snap['backup-type']}/{snap['backup-id']}/{stamp}",
+                                      "vmid": int(snap["backup-id"]), "size": snap.get("size"),
+                                      "ctime": snap["backup-time"], "notes": snap.get("comment"),
+                                      "protected": snap.get("protected"), "verification": snap.get("verification")},
+                                     storage, None))
+    return found
+
+
+def _only_pbs() -> ProxmoxClient | None:
+    """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
+    return pbs_client() if len(configured("pbs")) == 1 else None
+
+
+# ---------------------------------------------------------------- HA resources that failed
+
+# HA states in which a request has failed or the guest's node is lost, with the way out
+# (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
+HA_FAILED = {
+    "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
+             "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
+    "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
+             "node. Check cluster_status; get_guest shows where it runs once recovered.",
+    "recovery": "its node was lost and fenced, and the HA manager is recovering it on another node; it stays in "
+                "recovery while no node can take it. Check cluster_status and the resource's HA rules.",
+}
+
+
+def ha_failure(row: dict) -> str:
+    """What an HA state of HA_FAILED means for a guest (its /cluster/resources row), and the way out."""
+    vmid, node = row["vmid"], row.get("node")
+    sid = f"{'vm' if row.get('type') == 'qemu' else 'ct'}:{vmid}"
+    return f"HA resource {sid} is in state '{row['hastate']}' on {node}: " + \
+        HA_FAILED[row["hastate"]].format(vmid=vmid, sid=sid, node=node)

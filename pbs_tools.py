@@ -15,7 +15,7 @@ from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
                        release_name, s3_stores)
 from proxmox_client import ProxmoxClient, pbs_client
-from tasks import log_page, run_task, task_report
+from tasks import TASK_GOING, log_page, run_task, task_report
 
 Store = str
 Ns = str | None
@@ -254,13 +254,13 @@ def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dr
     client = pbs_client(host)
     _check_store(client, store)
     outcome = run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
-    if outcome.get("status") != "stopped":
+    if outcome.get("task") in TASK_GOING:
         return outcome  # started, or still running at the deadline
     # the finished run's counters, under its UPID (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
     counters = client.get(f"/admin/datastore/{store}/gc") or {}
     if counters.get("upid") != outcome["upid"]:
         counters = {}
-    return compact({"store": store, "task": outcome["result"], "warnings": outcome.get("warnings"),
+    return compact({"store": store, "task": outcome["task"], "warnings": outcome.get("warnings"),
                     "freed": human_bytes(counters.get("removed-bytes")), "removed_chunks": counters.get(
                         "removed-chunks"), "pending": human_bytes(counters.get("pending-bytes")),
                     "disk_used": human_bytes(counters.get("disk-bytes")), "upid": outcome["upid"]})
@@ -302,19 +302,19 @@ def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
               "ignore-verified": not reverify}
     upid = client.request("POST", f"/admin/datastore/{store}/verify", params)
     if not wait_seconds:
-        return {"action": f"verify {store}", "status": "started", "upid": upid,
+        return {"action": f"verify {store}", "task": "started", "upid": upid,
                 "next": "pbs_get_task with this upid and wait_seconds to follow it"}
     try:
         outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
     except TaskFailed:
-        outcome = {"status": "stopped", "result": "failed"}
-    if outcome["status"] != "stopped":
-        return {"action": f"verify {store}"} | outcome
+        outcome = {"status": "stopped", "result": "failed", "exitstatus": "failed"}
+    if outcome["status"] != "stopped":  # still running at the deadline (docs/CONVENTIONS.md: `task`)
+        return {"action": f"verify {store}", "task": outcome.pop("status")} | outcome
     summary = verify_summary([line["t"] for line in client.task_log(upid, limit=0)])
     if outcome["result"] == "failed" and not summary["failed"]:
         raise TaskFailed(f"Verification task {upid} failed before checking its snapshots; read its log with "
                          f"pbs_task_log.")
-    answer = {"store": store, "task": outcome["result"], "checked": summary["checked"],
+    answer = {"store": store, "task": outcome["exitstatus"], "checked": summary["checked"],
               "ok": summary["checked"] - len(summary["failed"]), "failed": summary["failed"],
               "skipped": summary["skipped"], "upid": upid}
     if summary["skipped"]:
@@ -335,8 +335,8 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
     if job_id not in jobs:
         raise InvalidArgument(f"No {kind} job '{job_id}'. Jobs: {', '.join(jobs) or 'none'} (pbs_list_jobs).")
     outcome = run_task(client, "POST", f"/admin/{kind}/{job_id}/run", {}, wait_seconds, ctx, f"run {kind} job {job_id}")
-    if outcome.get("status") != "stopped":
+    if outcome.get("task") in TASK_GOING:
         return outcome  # started, or still running at the deadline
     # the job's outcome, not the task's "stopped" (a failed run raises with its log lines)
-    return compact({"job": f"{kind} {job_id}", "task": outcome["result"], "warnings": outcome.get("warnings"),
+    return compact({"job": f"{kind} {job_id}", "task": outcome["task"], "warnings": outcome.get("warnings"),
                     "upid": outcome["upid"]})

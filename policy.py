@@ -15,7 +15,8 @@ anything is sent, and runs the same sequence for both:
                 client can ask (before the call runs, about the whole plan: see plan_call and
                 plan_steps); confirm=true stands in only for clients that cannot
   5. audit      one line before sending (if it cannot be written, nothing is sent), one after
-  6. send       and mask the secrets the answer carries
+  6. send       and mask the secrets the answer carries; a write gets a receipt (receipts.py: the
+                state before and after, a safety snapshot first where one is due)
 
 Refusals raise PolicyError (ConfirmationNeeded when only the user's yes is missing); nothing is
 sent then. Which guests a request reaches is protection.py; what a job, rule or group edit will
@@ -41,6 +42,7 @@ import catalog
 import firewall_guard
 import job_edits
 import protection
+import receipts
 import runtime
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
@@ -116,6 +118,7 @@ class Settings:
     dry_run: bool = False
     elicit: bool = True
     audit_path: Path | None = None
+    receipts: receipts.Keeping = field(default_factory=receipts.Keeping)  # beside the audit log
     exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
     source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
@@ -296,6 +299,7 @@ def judge(host: Any, decision: Decision) -> None:
             if MASK in str(value):  # ours, or Proxmox's own ********** (cipassword)
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
+    decision.reasons += receipts.announce(settings().receipts, decision)  # shown by a dry run and in the question
 
 
 def _refuse_invalid(decision: Decision) -> None:
@@ -387,9 +391,10 @@ def _check_exec_allowed(decision: Decision) -> None:
 
 def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Callable[[Decision], Any], *,
           read: Callable[[str], Any] | None = None, plan: Callable[[Decision], dict] | None = None,
-          decision: Decision | None = None) -> Any:
+          decision: Decision | None = None, client: Any = None) -> Any:
     """The one admission step: classify and judge (or take a shell's `decision`), then dry run,
-    confirmation, audit, and `send(decision)`. Reads are neither confirmed nor audited."""
+    confirmation, audit, and `send(decision)`. Reads are neither confirmed nor audited. A write
+    gets a receipt, read through `client` (the HTTP client: receipts.start)."""
     try:
         decision = decision or classify(host, method, path, params, read)
         judge(host, decision)
@@ -402,12 +407,14 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
         raise DryRun({}, [(host, decision)])
     audited = _audited(decision)
     # a dry run holds back what changes something or needs the user's yes; a sensitive read changes
-    # nothing (and the preview of a dry run reads the current state that way)
-    if (current_call().get("dry_run") or settings().dry_run) and (decision.method != "GET" or decision.confirm):
+    # nothing (and the preview of a dry run reads the current state that way), but a GET a tool raised
+    # above it (a download it saves to disk: write_restore_file) does
+    holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
+    if (current_call().get("dry_run") or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])
-    result = _send_audited(host, decision, audited, send)
+    result = _send_audited(host, decision, audited, send, client)
     if decision.confirm and CALL.get() is not None:  # what a follow-up in this call may read
         confirmed = (host.product, host.label, decision.path, (result or {}).get("pid") if isinstance(result, dict)
                      else None)
@@ -518,11 +525,19 @@ def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str
     return Plan()
 
 
-def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: Callable[[Decision], Any]) -> Any:
-    """An audit line before sending (if it cannot be written, nothing is sent), one after (if
-    that fails, the answer says so)."""
+def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: Callable[[Decision], Any],
+                  client: Any = None) -> Any:
+    """The receipt started (the state before, a safety snapshot where due), an audit line before
+    sending (if it cannot be written, nothing is sent), one after (if that fails, the answer says
+    so), the receipt kept."""
     try:
-        audit(host, decision.method, decision.path, audited, "sending", strict=True)
+        receipt = receipts.start(settings().receipts, host, decision, client, current_call().get("tool"))
+    except ToolFailure as exc:
+        audit(host, decision.method, decision.path, audited, "refused", error=str(exc))
+        raise
+    try:
+        line = audit(host, decision.method, decision.path, audited, "sending", strict=True,
+                     receipt=receipt.id if receipt else None)
     except OSError as exc:
         raise PolicyError(f"The audit log {settings().audit_path} cannot be written ({exc.strerror or exc}); "
                           f"{decision.method} {decision.path} was NOT sent. Fix the file's directory or "
@@ -534,7 +549,22 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
         _audit_after(host, decision, audited, "failed", error=str(exc), started=started)
         raise
     _audit_after(host, decision, audited, "sent", result=result if isinstance(result, str) else "ok", started=started)
+    _keep_receipt(receipt, result, line)
     return mask_answer(result, decision.secrets)
+
+
+def _keep_receipt(receipt: receipts.Pending | None, result: Any, line: str | None) -> None:
+    """The receipt of a sent write, named in the call's answer; one that cannot be written is a note."""
+    if receipt is None:
+        return
+    notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
+    try:
+        receipt.finish(result, line)
+    except OSError as exc:
+        notes.append(f"The request was sent, but its receipt could not be written ({exc.strerror or exc}).")
+        return
+    if CALL.get() is not None:
+        current_call().setdefault("receipts", []).append(receipt.id)
 
 
 def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict: str, **details: Any) -> None:
@@ -726,11 +756,13 @@ def grant_hint(host: Any, privileges: str, acl_path: str) -> str:
 # ================================================================ audit
 
 def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: str, *, strict: bool = False,
-          result: str | None = None, error: str | None = None, started: float | None = None) -> None:
+          result: str | None = None, error: str | None = None, started: float | None = None,
+          receipt: str | None = None) -> str | None:
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
-    hash (see audit.py for the file). With `strict` a failure to write raises OSError."""
+    hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
+    write raises OSError."""
     if settings().audit_path is None or current_call().get("planning"):
-        return
+        return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
               "params": audit_view(params), "verdict": verdict}
@@ -740,8 +772,12 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
         record["error"] = mask(error)[:500]
     if started is not None:
         record["ms"] = int((time.monotonic() - started) * 1000)
+    if receipt is not None:
+        record["receipt"] = receipt
     try:
         audit_log.append(settings().audit_path, record)
     except OSError:
         if strict:
             raise
+        return None
+    return record["hash"]

@@ -19,6 +19,7 @@ class Product:
     ticket_cookie: str  # the cookie that carries a password login's ticket
     task_tool: str  # the tool that follows one of its tasks
     first_log_line: int  # the `start` of a task log's first line (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)
+    all_log_lines: int  # the `limit` that asks for every line of a task log (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
     env_prefix: str  # of its hosts' variables: <prefix>_<LABEL>_URL
     ssh_variable: str  # the suffix naming its SSH access: one address per node, or the one host
     ssh_pin_variable: str  # the suffix pinning SSH host keys
@@ -41,11 +42,12 @@ PBS_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A
                       r"(?P<user>[^:\s]+):")
 
 # The PBS header uses a colon (docs/PROXMOX-BEHAVIOUR.md#api-tokens); PBS counts a task log's lines
-# from 1, PVE skips `start` lines (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
+# from 1, PVE skips `start` lines (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks); PVE before 7.3 answers a log's
+# limit=0 with no line, so "all" is a limit no log reaches there (docs/PROXMOX-BEHAVIOUR.md#pve-tasks).
 PRODUCTS = {
     "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, False, "PVEAuthCookie", "get_task",
-                   0, "PROXMOX", "SSH_NODES", "SSH_FINGERPRINTS", "/", "pveversion"),
+                   0, 1_000_000, "PROXMOX", "SSH_NODES", "SSH_FINGERPRINTS", "/", "pveversion"),
     "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, True, "PBSAuthCookie",
-                   "pbs_get_task", 1, "PBS", "SSH_HOST", "SSH_FINGERPRINT", "/datastore",
+                   "pbs_get_task", 1, 0, "PBS", "SSH_HOST", "SSH_FINGERPRINT", "/datastore",
                    "proxmox-backup-manager versions"),
 }

@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from urllib.parse import quote, urlsplit
@@ -420,7 +420,7 @@ class ProxmoxClient:
         params = encode_params(params)
         self.ensure_permissions()
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
-                            read=self.get, plan=self._dry_run_plan)
+                            read=self.get, plan=self._dry_run_plan, client=self)
 
     def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str) -> None:
         """Declare the requests a multi-step tool will send, before its first (policy.plan_steps):
@@ -682,8 +682,9 @@ class ProxmoxClient:
                 else self.host.token_variable
             text = (f"Authentication failed for {where}: the API token was refused (wrong, expired or "
                     f"deleted). Check {var or 'its token variable'}; the expected form is user@realm!tokenid=secret.")
-        elif status == 403:
-            text = _permission_message(where, message, self.host)
+        elif status == 403:  # a write went with the write token: the grant is for that one
+            writer = method != "GET" and self.host.write_token_id
+            text = _permission_message(where, message, replace(self.host, token_id=writer) if writer else self.host)
         elif status == 400 and errors:
             details = "; ".join(f"{name}: {msg.strip()}" for name, msg in sorted(errors.items()))
             text = f"Invalid parameters for {where}: {details}."
@@ -712,8 +713,10 @@ class ProxmoxClient:
 
     def task_log(self, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
         """Log lines after the first `start` ones; `limit=0` means all. PBS counts `start` from 1
-        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
-        first = start + self.product.first_log_line
+        (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
+        PVE before 7.3 answers limit=0 with nothing, so "all" is asked as a limit no log reaches
+        (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
+        first, limit = start + self.product.first_log_line, limit or self.product.all_log_lines
         return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,

@@ -17,9 +17,11 @@ from pydantic import Field
 import policy
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
-from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, guest_path, guest_resources,
-                       next_vmid, node_names, online_node, resolve_guest, storage_node, storage_rows, storages_on)
+from config_diff import config_and_pending
+from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
+from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
+                       guest_path, guest_resources, ha_failure, next_vmid, node_names, online_node, resolve_guest,
+                       storage_node, storage_rows, storages_on)
 from masking import MASK, register_secret
 from proxmox_client import ProxmoxClient, agent_result, encode_params, poll, pve_client, task_outcome
 from tasks import TASK_GOING, log_page, run_task, task_report
@@ -156,22 +158,13 @@ GUEST_STATUS_FIELDS = ("status", "qmpstatus", "lock", "cpus", "uptime", "ha", "a
 PAUSED = ("paused", "suspended", "prelaunch")  # qmpstatus of a VM that is `running` but not running
 
 
-def _config_and_pending(rows: list[dict]) -> tuple[dict, dict]:
-    """GET .../pending as the current config and the changes waiting for a restart (a deletion
-    shows as "(delete)") (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
-    config = {r["key"]: r["value"] for r in rows if "value" in r}
-    pending = {r["key"]: r["pending"] for r in rows if "pending" in r}
-    pending |= {r["key"]: "(delete)" for r in rows if r.get("delete")}
-    return config, pending
-
-
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
     """Status, config and pending changes of one guest."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
     status = client.get(f"{base}/status/current") or {}
-    config, pending = _config_and_pending(client.get(f"{base}/pending") or [])
+    config, pending = config_and_pending(client.get(f"{base}/pending") or [])
     summary = {key: status.get(key) for key in GUEST_STATUS_FIELDS if key in status}
     if not (status.get("ha") or {}).get("managed"):
         summary.pop("ha", None)  # every guest has one; only an HA resource's says something
@@ -321,12 +314,9 @@ def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage (PBS too), newest first."""
-    rows, unread = backup_volumes(pve_client(host), vmid, storage)
-    result = table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
-                   limit=limit)
-    if unread:
-        result["not_read"] = unread
-    return result
+    rows, notes = backup_volumes(pve_client(host), vmid, storage)
+    return table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
+                 limit=limit) | notes
 
 
 StorageContent = Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"]
@@ -339,11 +329,20 @@ def storage_content(storage: str, host: Host = None,
                     limit: Limit = 100) -> dict:
     """Volumes on a storage: ISOs, templates, disks, backups."""
     client = pve_client(host)
+    asked = node
     node = storage_node(client, storage, node)
     rows = [{"volid": v["volid"], "content": v.get("content"), "format": v.get("format"),
              "size": human_bytes(v.get("size")), "vmid": v.get("vmid"), "time": iso_time(v.get("ctime"))}
             for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content, vmid=vmid) or []]
-    return table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    result = table(["volid", "content", "format", "size", "vmid", "time"], rows, limit=limit)
+    places = [r["node"] for r in storage_rows(client) if r.get("storage") == storage and not r.get("shared")]
+    if places:  # each node's copy is its own disk (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
+        result["node"] = node
+        others = [n for n in places if n != node]
+        if others and not asked:
+            result["note"] = (f"'{storage}' is local to each node; this is {node}'s. Give node= for "
+                              f"{', '.join(others)}.")
+    return result
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
@@ -358,9 +357,13 @@ def list_networks(host: Host = None, node: Node = None) -> dict:
                 rows += bridges(client, name)
             except ProxmoxError as exc:
                 not_read.append(str(exc)[:200])
-    result = table(["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"], rows)
+    columns = ["node", "bridge", "segment", "uplink", "vlan_aware", "cidr", "gateway", "comment"]
+    result = table(columns + (["pending"] if any(r["pending"] for r in rows) else []),
+                   [r | {"pending": r["pending"] or None} for r in rows])
     if not_read:
         result["not_read"] = not_read
+    if not any(r["segment"] != "sdn-vnet" for r in rows) and bridges_hidden(client):
+        result["note"] = bridges_hidden(client)
     return result
 
 
@@ -435,11 +438,19 @@ def _ha_managed(row: dict) -> bool:
     return row.get("hastate") not in (None, "ignored")
 
 
-def _poll_state(client: ProxmoxClient, base: str, wanted: str, seconds: float) -> dict:
-    """The guest's status/current, read until it is in `wanted` or `seconds` have passed."""
-    status, _ = poll(lambda: client.get(f"{base}/status/current") or {}, lambda status: _guest_state(status) == wanted,
-                     seconds, pause=0.5)  # waiting for the HA manager to carry out a request
-    return status
+HA_SETTLED = {"running": "started", "stopped": "stopped"}  # the HA state a request ends in when it worked
+
+
+def _ha_row(client: ProxmoxClient, vmid: int, wanted: str, seconds: float) -> dict:
+    """The guest's /cluster/resources row, read until the HA manager has done the request, has
+    failed, or `seconds` have passed; the row names the node it is on now (after a relocation or a
+    recovery it is another one)."""
+    def settled(row: dict) -> bool:
+        return row.get("status") == wanted and row.get("hastate") == HA_SETTLED[wanted] \
+            or row.get("hastate") in HA_FAILED
+    row, _ = poll(lambda: next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {}), settled,
+                  seconds, pause=0.5)  # waiting for the HA manager to carry out a request
+    return row
 
 
 def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
@@ -455,14 +466,21 @@ def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | Non
     return answer | {"guest_state": _guest_state(client.get(f"{base}/status/current") or {})}
 
 
-def _ha_outcome(answer: dict, status: dict, action: str, wanted: str) -> dict:
-    """An HA request ended OK at once; say so, and what the HA manager has done since."""
-    state = answer["guest_state"]
-    answer |= {"requested_through": "HA", "ha_state": (status.get("ha") or {}).get("state")}
-    if state != wanted:
+def _ha_outcome(client: ProxmoxClient, before: dict, answer: dict, action: str, seconds: float) -> dict:
+    """An HA request ended OK at once; say what the HA manager has done since, where, or why it failed."""
+    vmid, wanted = before["vmid"], STATE_AFTER[action]
+    row = _ha_row(client, vmid, wanted, max(seconds, 0))
+    state, node = row.get("hastate"), row.get("node", before["node"])
+    if state in HA_FAILED:
+        raise ProxmoxError(f"The HA request to {action} guest {vmid} was queued, but " + ha_failure(row))
+    answer |= {"requested_through": "HA", "ha_state": state, "guest_state": row.get("status"), "node": node}
+    if node != before["node"]:
+        answer["note"] = (f"The HA manager started it on {node}: the start failed on {before['node']}, and it "
+                          f"moved it (relocation).")
+    if row.get("status") != wanted:
         return answer | {"result": "requested",
-                         "note": f"The HA manager has the request (HA state {answer['ha_state']}); the guest is "
-                                 f"{state} so far. get_guest shows when it is {wanted}."}
+                         "note": f"The HA manager has the request (HA state {state}); the guest is "
+                                 f"{row.get('status')} so far. get_guest shows when it is {wanted}."}
     if action in ("stop", "shutdown"):
         answer["note"] = ("Through HA the guest stays stopped until it is started again "
                           "(write_guest_power action=start).")
@@ -482,12 +500,9 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     answer = run_task(client, "POST", f"{base}/status/{action}", {}, wait_seconds, ctx, f"{action} {vmid}")
     if answer.get("task") in TASK_GOING:  # the guest's state comes when the task has ended
         return answer
-    ha = _ha_managed(row) and action in HA_ACTIONS
-    wanted = STATE_AFTER[action]
-    status = _poll_state(client, base, wanted, wait_seconds - (time.monotonic() - started) if ha else 0)
-    answer["guest_state"] = _guest_state(status)
-    if ha:
-        return _ha_outcome(answer, status, action, wanted)
+    if _ha_managed(row) and action in HA_ACTIONS:
+        return _ha_outcome(client, row, answer, action, wait_seconds - (time.monotonic() - started))
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
     return answer
 
 
@@ -510,7 +525,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
         params["delete"] = ",".join(delete)
     client.request("PUT", f"{base}/config", params)
     # on a running guest what cannot be hot-plugged waits for a restart (docs/PROXMOX-BEHAVIOUR.md#pending-config)
-    _, pending = _config_and_pending(client.get(f"{base}/pending") or [])
+    _, pending = config_and_pending(client.get(f"{base}/pending") or [])
     touched = sorted({*changes, *(delete or [])})  # (`set` is the argument here)
     waiting = {key: value for key, value in pending.items() if key in touched}
     answer = {"vmid": vmid, "changed": sorted(changes), "deleted": delete or [],
@@ -522,11 +537,14 @@ def write_guest_config(vmid: Vmid, host: Host = None,
     return answer
 
 
-def _disk_gib(value: str) -> int | None:
-    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT])", value or "")
+def _disk_size(value: str) -> tuple[float, str] | None:
+    """A disk's size in GiB and as its config writes it: `32G`, or `2252M` for an imported image
+    (pve-common format_size, docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value or "")
     if not match:
         return None
-    return int(float(match.group(1)) * {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)])
+    scale = {"": 1 / 1024 ** 3, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
+    return float(match.group(1)) * scale, match.group(1) + match.group(2)
 
 
 def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. scsi0, rootfs")],
@@ -541,9 +559,9 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
         disks = [k for k in config
                  if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
         raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
-    current = _disk_gib(str(config[disk]))
-    if not size.startswith("+") and current is not None and int(size[:-1]) <= current:
-        raise InvalidArgument(f"{disk} of guest {vmid} is {current}G; {size} would not grow it. Disks only grow; "
+    current = _disk_size(str(config[disk]))
+    if not size.startswith("+") and current is not None and int(size[:-1]) <= current[0]:
+        raise InvalidArgument(f"{disk} of guest {vmid} is {current[1]}; {size} would not grow it. Disks only grow; "
                               f"give a larger size or +NG.")
     return run_task(client, "PUT", f"{base}/resize", {"disk": disk, "size": size}, wait_seconds, ctx,
                     f"resize {vmid} {disk}")
@@ -574,15 +592,25 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
         raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
-def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
-                            dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None,
+                            start: Annotated[bool, Field(description="Start it after")] = False,
+                            wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                             ctx: Context | None = None) -> dict:
     """Roll a guest back to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
-    return run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {}, wait_seconds, ctx,
-                    f"rollback {vmid} {name}")
+    answer = run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {"start": start or None}, wait_seconds, ctx,
+                      f"rollback {vmid} {name}")
+    if answer.get("result") not in ("ok", "warnings"):
+        return answer
+    # a rollback stops the guest unless the snapshot holds RAM or start was asked
+    # (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
+    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
+    if answer["guest_state"] == "stopped":
+        answer["note"] = (f"Guest {vmid} is stopped now: the rollback stops it and '{name}' holds no RAM. Start it "
+                          f"with write_guest_power action=start (or roll back with start=true).")
+    return answer
 
 
 def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
@@ -601,19 +629,52 @@ def _backup_storage(client: ProxmoxClient, storage: str) -> None:
         raise InvalidArgument(f"Storage '{storage}' does not hold backups. Backup storages: {', '.join(ok)}.")
 
 
+NOTES_VARIABLES = ("cluster", "guestname", "node", "vmid")
+
+
+def _notes_template(notes: str) -> str:
+    """Notes as vzdump's `notes-template` takes them: a backslash and a line break escaped, and only
+    its four {{variables}} (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
+    unknown = [m.group(0) for m in re.finditer(r"\{\{([^\s{}]+)\}\}", notes) if m.group(1) not in NOTES_VARIABLES]
+    if unknown:
+        known = ", ".join("{{" + name + "}}" for name in NOTES_VARIABLES)
+        raise InvalidArgument(f"notes: Proxmox expands only {known} in backup notes and refuses {unknown[0]}; "
+                              f"write it another way.")
+    return notes.replace("\\", "\\\\").replace("\r\n", "\n").replace("\n", "\\n")
+
+
+def _pruned(client: ProxmoxClient, answer: dict) -> dict:
+    """What vzdump's prune step logged: the retention it applied and how many backups went."""
+    lines = [line["t"] for line in client.task_log(answer["upid"], limit=0) if "prune" in line.get("t", "")]
+    return {"pruning": [line.removeprefix("INFO: ") for line in lines] or ["no retention is set: nothing pruned"]}
+
+
 def write_backup_guest(vmid: Vmid, storage: str,
                        host: Host = None,
                        mode: Literal["snapshot", "suspend", "stop"] = "snapshot",
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
+                       prune: Annotated[bool, Field(description="Let retention delete old ones")] = False,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
     """Back up a guest now (vzdump), to PBS too."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     _backup_storage(client, storage)
-    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "notes-template": notes}
-    return _guest_after(client, run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx,
-                                         f"backup {vmid}"), vmid, base)
+    # vzdump prunes by the storage's retention unless remove=0, which the GUI's "Backup now" sends
+    # (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)
+    params = {"vmid": str(vmid), "storage": storage, "mode": mode, "compress": compress, "remove": prune,
+              "notes-template": _notes_template(notes) if notes else None}
+    try:
+        answer = run_task(client, "POST", f"/nodes/{row['node']}/vzdump", params, wait_seconds, ctx, f"backup {vmid}")
+    except TaskFailed as exc:
+        if "max backup limit" not in str(exc):
+            raise
+        raise TaskFailed(f"{exc} Storage '{storage}' keeps a set number of backups per guest and guest {vmid} has "
+                         f"that many; nothing was deleted. Give prune=true to let its retention remove the oldest, "
+                         f"or delete one (list_backups, write_delete_volume).") from None
+    if prune and answer.get("upid") and answer.get("result"):
+        answer |= _pruned(client, answer)
+    return _guest_after(client, answer, vmid, base)
 
 
 def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
@@ -650,6 +711,8 @@ def write_restore_backup(archive: Volid,
     else:
         vmid = _free_vmid(client, vmid)
     node = archive_node(client, archive, node)
+    if kind == "lxc":
+        storage = _rootdir_storage(client, node, storage)
     # a copy beside the original needs its own MAC addresses (docs/PROXMOX-BEHAVIOUR.md#restore)
     params: dict[str, Any] = {"vmid": vmid, "storage": storage, "start": start or None,
                               "force": True if overwrite else None, "unique": None if overwrite else True}
@@ -659,6 +722,20 @@ def write_restore_backup(archive: Volid,
         params |= {"ostemplate": archive, "restore": True}
     result = run_task(client, "POST", f"/nodes/{node}/{kind}", params, wait_seconds, ctx, f"restore {archive}")
     return result | {"vmid": vmid, "node": node}
+
+
+def _rootdir_storage(client: ProxmoxClient, node: str, storage: str | None) -> str:
+    """Where a container's volumes can go on a node: the given storage if it takes rootdir, else the
+    only one that does. Without it Proxmox picks `local`, which on a fresh install takes no
+    containers (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    fits = sorted(name for name, row in storages_on(storage_rows(client), node).items()
+                  if "rootdir" in (row.get("content") or "").split(","))
+    if storage in fits or (storage is None and len(fits) == 1):
+        return storage or fits[0]
+    choices = f"Storages for containers on {node}: {', '.join(fits) or 'none'}"
+    if storage:
+        raise InvalidArgument(f"Storage '{storage}' takes no container volumes (rootdir) on {node}. {choices}.")
+    raise InvalidArgument(f"Give storage for the container's volumes. {choices}.")
 
 
 VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
@@ -761,12 +838,35 @@ def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, setting
         raise InvalidArgument(f"cloudinit: {exc}. Nothing was sent.") from None
 
 
-def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
-                       target_storage: str | None) -> bool:
+def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dict, rows: list[dict]) -> None:
+    """What Proxmox's migration refuses in its task, refused first with the way out: an ISO on a
+    node's own storage, and snapshots of local disks on storage that cannot carry them (all but
+    zfspool, btrfs and qcow2 files), or any local snapshot of a running VM (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    vmid, shared = row["vmid"], {r["storage"] for r in rows if r.get("shared")}
+    types = {r["storage"]: r.get("plugintype") for r in rows}
+    local = {k: str(v).split(",")[0] for k, v in config.items() if VOLUME_KEY.fullmatch(k) and ":" in str(v)
+             and str(v).split(":")[0] not in shared and not re.search(r"vm-\d+-cloudinit", str(v))}
+    isos = [f"{k} ({v})" for k, v in local.items() if "media=cdrom" in str(config[k])]
+    if isos:
+        raise InvalidArgument(f"Guest {vmid} has an ISO on storage local to {row['node']}: {', '.join(isos)}, which "
+                              f"Proxmox will not migrate. Eject it first: write_guest_config set "
+                              f"{{\"{isos[0].split()[0]}\": \"none,media=cdrom\"}}.")
+    disks = [v for k, v in local.items() if "media=cdrom" not in str(config[k])]
+    live = row.get("status") == "running" and row["type"] == "qemu"
+    stuck = [v for v in disks if live or (types.get(v.split(":")[0]) not in ("zfspool", "btrfs")
+                                          and not v.endswith(".qcow2"))]
+    snapshots = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"] if stuck else []
+    if snapshots:
+        kinds = ", ".join(sorted({types.get(v.split(":")[0]) or "?" for v in stuck}))
+        why = "a running VM's local snapshots" if live else f"snapshots on {kinds} storage"
+        raise InvalidArgument(f"Guest {vmid} has snapshots ({', '.join(snapshots)}) of local disks "
+                              f"({', '.join(stuck)}), and Proxmox cannot migrate {why}. Delete them first "
+                              f"(write_snapshot_delete){', or shut it down' if live else ''}.")
+
+
+def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, target_storage: str | None) -> bool:
     """Check the target has the guest's storages (or the given target_storage); True when disks
     are on storage local to the node (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
-    config = client.get(f"{base}/config") or {}
-    rows = storage_rows(client)
     on_target = storages_on(rows, target)
     content = "images" if row["type"] == "qemu" else "rootdir"
     fits = sorted(n for n, r in on_target.items() if content in (r.get("content") or "").split(","))
@@ -782,10 +882,16 @@ def _migration_storage(client: ProxmoxClient, base: str, row: dict, target: str,
     return any(s not in shared for s in _volume_storages(config, disks_only=True))
 
 
-def _ha_moved(client: ProxmoxClient, vmid: int, target: str, seconds: float) -> dict:
-    """Where an HA resource is after its migration request, read until it is on target."""
-    node, _ = poll(lambda: next((g["node"] for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), None),
-                   lambda node: node == target, seconds, pause=0.5)  # waiting for the HA manager to carry out a request
+def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> dict:
+    """Where an HA resource is after its migration request, read until it is on target or the HA
+    manager failed (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
+    vmid = row["vmid"]
+    now, _ = poll(lambda: next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {}),
+                  lambda now: now.get("node") == target or now.get("hastate") in HA_FAILED, seconds,
+                  pause=0.5)  # waiting for the HA manager to carry out a request
+    node, state = now.get("node"), now.get("hastate")
+    if state in HA_FAILED:
+        raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but " + ha_failure(now))
     answer = {"requested_through": "HA", "node": node}
     if node != target:
         answer |= {"result": "requested", "note": f"The HA manager has the request; the guest is still on {node}. "
@@ -802,7 +908,9 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     check_node(client, target)
     if target == row["node"]:
         raise InvalidArgument(f"Guest {vmid} is already on {target}.")
-    local_disks = _migration_storage(client, base, row, target, target_storage)
+    config, rows = client.get(f"{base}/config") or {}, storage_rows(client)
+    _migration_blockers(client, base, row, config, rows)
+    local_disks = _migration_storage(config, rows, row, target, target_storage)
     running = row.get("status") == "running"
     if row["type"] == "qemu":  # a live migration copies local disks only when asked to
         params = {"target": target, "online": running or None, "with-local-disks": (running and local_disks) or None,
@@ -812,7 +920,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     started = time.monotonic()
     answer = run_task(client, "POST", f"{base}/migrate", params, wait_seconds, ctx, f"migrate {vmid} to {target}")
     if _ha_managed(row) and answer.get("result") == "ok":
-        answer |= _ha_moved(client, vmid, target, wait_seconds - (time.monotonic() - started))
+        answer |= _ha_moved(client, row, target, wait_seconds - (time.monotonic() - started))
     return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
@@ -850,8 +958,13 @@ def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | Non
     except ToolFailure as exc:
         raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
     if bridge not in known:
-        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. "
-                              f"Bridges: {', '.join(known) or 'none'} (list_networks).")
+        hidden = bridges_hidden(client) if not known else None
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. " + (
+            hidden or f"Bridges: {', '.join(known) or 'none'} (list_networks)."))
+    if known[bridge]["pending"]:
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not applied yet (it is only in the pending network "
+                              f"configuration): a guest on it would not start. Apply it first (node > Network > "
+                              f"Apply Configuration, or `ifreload -a` on {node}).")
     if vlan and not known[bridge]["vlan_aware"]:
         aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
         raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
@@ -868,6 +981,13 @@ def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -
 
 
 Vlan = Annotated[int | None, Field(ge=1, le=4094)]
+# What the GUI's wizard gives a new VM per OS type: the disk's bus, the NIC model, and for Windows 11
+# UEFI with a TPM (pve-manager www/manager6/qemu/OSDefaults.js: generic = IDE + e1000, l26 = SCSI +
+# virtio, win11 = q35 + OVMF; SystemEdit.js adds the TPM for win11). A Windows installer has no virtio
+# driver, so it sees no SCSI disk (docs/PROXMOX-BEHAVIOUR.md#new-vms).
+GUEST_OS = {"l26": ("scsi0", "virtio", {}), "win11": ("ide0", "e1000", {"machine": "q35", "bios": "ovmf"}),
+            "win10": ("ide0", "e1000", {}), "other": ("ide0", "e1000", {})}
+CPU = "x86-64-v2-AES"  # the GUI's default for x86_64 (Architecture.js); without cpu qemu-server uses kvm64
 
 
 def write_create_vm(name: GuestName,
@@ -880,21 +1000,28 @@ def write_create_vm(name: GuestName,
                     vlan: Vlan = None, ciuser: str | None = None,
                     ssh_keys: str | None = None,
                     ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
+                    ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
     """Create a VM from an ISO, or from a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
+    if cloud_image and ostype != "l26":
+        raise InvalidArgument("Cloud images here are Linux (ostype l26); install other systems from an iso.")
     node = check_node(client, node) if node else online_node(client)
     vmid = _free_vmid(client, vmid)
     _check_bridge(client, node, bridge, vlan)
-    net = f"virtio,bridge={bridge}" + (f",tag={vlan}" if vlan else "")
+    disk, nic, system = GUEST_OS[ostype]
+    net = f"{nic},bridge={bridge}" + (f",tag={vlan}" if vlan else "")
     params: dict[str, Any] = {"vmid": vmid, "name": name, "memory": memory_mb, "cores": cores, "net0": net,
-                              "ostype": "l26", "scsihw": "virtio-scsi-single", "agent": "1", "start": start or None}
+                              "ostype": ostype, "cpu": CPU, "scsihw": "virtio-scsi-single", "agent": "1",
+                              "start": start or None} | system
+    if ostype == "win11":
+        params |= {"efidisk0": f"{storage}:1,efitype=4m,pre-enrolled-keys=1", "tpmstate0": f"{storage}:1,version=v2.0"}
     if iso:
         _volume_exists(client, node, iso, "iso")
-        params |= {"ide2": f"{iso},media=cdrom", "scsi0": f"{storage}:{disk_gb}", "boot": "order=scsi0;ide2"}
+        params |= {"ide2": f"{iso},media=cdrom", disk: f"{storage}:{disk_gb}", "boot": f"order={disk};ide2"}
     else:
         _volume_exists(client, node, cloud_image, "import")
         params |= {"scsi0": f"{storage}:0,import-from={cloud_image}", "ide2": f"{storage}:cloudinit",
@@ -911,12 +1038,13 @@ def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created:
     """An imported disk has the image's size; grow it to disk_gb (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
     if created.get("result") not in ("ok", "warnings"):
         return f"scsi0 keeps the image's size; once the VM exists, grow it with write_resize_disk size={disk_gb}G"
-    size = _disk_gib(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
-    if size is None or disk_gb <= size:
-        return f"scsi0 is {size}G, the image's own size; disk_gb={disk_gb} would not grow it, so it was left"
+    size = _disk_size(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
+    if size is None or disk_gb <= size[0]:
+        return (f"scsi0 is {size[1] if size else 'of unknown size'}, the image's own size; disk_gb={disk_gb} would "
+                f"not grow it, so it was left")
     run_task(client, "PUT", f"{base}/resize", {"disk": "scsi0", "size": f"{disk_gb}G"}, 120, ctx,
              f"resize {base.rsplit('/', 1)[1]} scsi0")
-    return f"scsi0 grown from {size}G (the image) to {disk_gb}G"
+    return f"scsi0 grown from {size[1]} (the image) to {disk_gb}G"
 
 
 LXC_FEATURES = ("nesting", "keyctl", "fuse", "mknod", "force_rw_sys", "mount")

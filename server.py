@@ -53,6 +53,7 @@ import firewall_tools
 import file_restore
 import dashboard
 import monitor_tools
+import changes
 import pbs_tools
 import pve_tools
 import shell_tools
@@ -140,6 +141,8 @@ def server_info() -> dict:
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
+            "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
+            "safety_snapshot": settings.receipts.safety,
             "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
                                                   "name": e.get("name"), "reason": e.get("reason")})
                                  for e in settings.protected.entries],
@@ -265,6 +268,9 @@ TOOLS = [
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
     ToolSpec(api_tools.write_api_call, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
+    ToolSpec(changes.list_changes, "read", "", "changes"),
+    ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
+    ToolSpec(changes.write_undo, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
 ]
 TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
 # PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
@@ -296,6 +302,13 @@ def annotations_for(spec: ToolSpec):
 
 # ---------------------------------------------------------------- the edge of every tool call
 
+def sent_receipts(call: dict, message: str) -> str:
+    """A failed call that had sent writes names their receipts (unless its message does), so that
+    they can be taken back."""
+    kept = [r for r in call.get("receipts") or [] if r not in message]
+    return f" Sent before the failure: receipt {', '.join(kept)} (write_undo takes it back)." if kept else ""
+
+
 def as_tool(function: Callable) -> Callable:
     """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
     confirmation set up for the policy; every failure a ToolError with a masked message."""
@@ -311,7 +324,7 @@ def as_tool(function: Callable) -> Callable:
         except policy.DryRun as dry:
             result = dry.plan
         except ToolFailure as exc:
-            raise ToolError(mask(str(exc))) from None
+            raise ToolError(mask(str(exc) + sent_receipts(call, str(exc)))) from None
         finally:
             policy.CALL.reset(token)
         view_data = None
@@ -319,6 +332,10 @@ def as_tool(function: Callable) -> Callable:
             result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
+        if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py): the
+            kept = call["receipts"]  # tool's own change last, after a safety snapshot's
+            result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
+                {"receipts": kept} if len(kept) > 1 else {})
         text = mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
         return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:

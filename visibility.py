@@ -64,6 +64,8 @@ class ToolVisibility:
             hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
             if not hosts or any(policy.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
+            if spec.gate not in ("read", "sensitive") and any(getattr(h, "write_token_id", None) for h in hosts):
+                continue  # writes go with the write token, whose privileges are not read (policy._check_privileges)
             if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
                 needs = policy.version_privileges(hosts[0], spec.needs)
                 hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "

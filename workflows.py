@@ -6,12 +6,12 @@ Resources and prompts for MCP clients are defined here too.
 import json
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Callable
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+import config_diff
 import pbs_state
 import pbs_tools
 import policy
@@ -21,9 +21,10 @@ import runtime
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (archive_node, backup_storages, backup_volumes, bridges, check_node, disk_problem,
-                       guest_resources, job_selects, kernels, next_vmid, pool_problem, resolve_guest, storage_rows,
-                       vmid_set, wearout_left)
+from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
+                       disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels,
+                       next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
+                       wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
 from tasks import run_task, task_report
 
@@ -202,11 +203,15 @@ def _storage_fill(h: Health) -> None:
         h.report.unavailable.append({"section": f"storage {storage['storage']} on {storage['node']}",
                                      "reason": f"status {storage.get('status')}: the node reports no usage "
                                                f"(storage offline, disabled or not mounted)"})
-    for storage in (r for r in h.resources if r.get("type") == "storage" and r.get("maxdisk")):
+    # a shared storage has a row per node but one disk: one finding (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    rows = {(r["storage"], "" if r.get("shared") else r["node"]): r for r in h.resources
+            if r.get("type") == "storage" and r.get("maxdisk")}
+    for (name, node), storage in sorted(rows.items()):
         used = percent(storage.get("disk"), storage.get("maxdisk"))
         if used >= h.limits["storage_warn_pct"]:
             severity = "critical" if used >= h.limits["storage_crit_pct"] else "warning"
-            h.report.add(severity, "storage", f"{storage['storage']} on {storage['node']} is {used}% full",
+            where = f"{name} on {node}" if node else f"{name} (shared)"
+            h.report.add(severity, "storage", f"{where} is {used}% full",
                          {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
                          "prune backups (list_backups), delete unused volumes or grow the storage")
 
@@ -217,9 +222,9 @@ def _guest_states(h: Health) -> None:
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
                          {"vmid": guest["vmid"], "lock": guest["lock"]},
                          proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
-        if guest.get("hastate") in ("error", "fence"):
-            h.report.add("critical", "ha", f"HA resource {guest['vmid']} is in state {guest['hastate']}",
-                         {"vmid": guest["vmid"]}, "see the HA status in the web UI; clear the error once fixed")
+        if guest.get("hastate") in HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
+            what, way_out = ha_failure(guest).split(": ", 1)
+            h.report.add("critical", "ha", what, {"vmid": guest["vmid"], "node": guest.get("node")}, way_out)
 
 
 def _failed_tasks(h: Health) -> None:
@@ -305,7 +310,7 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
         origins: dict[str, int] = {}
         for package in pending:
             origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
-        h.report.add("info", "updates", f"{len(pending)} package updates pending on {node}",
+        h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
                       "security": "not told apart by Proxmox's update list",
                       "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},
@@ -431,10 +436,15 @@ def health_check(host: Host = None, pbs_host: Host = None,
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
 
-def _jobs_for(guest: dict, jobs: list[dict]) -> tuple[list[str], list[str]]:
+def _jobs_for(guest: dict, jobs: list[dict], unseen_pools: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """The jobs that back a guest up and those that exclude it; a job selecting a pool this token
+    cannot see (no Pool.Audit: /cluster/resources leaves `pool` out) is listed as `<job>?`, unknown."""
     covering, excluding = [], []
     for job in jobs:
         if not job.get("enabled", 1):
+            continue
+        if job.get("pool") in unseen_pools and (not job.get("node") or job["node"] == guest.get("node")):
+            covering.append(f"{job['id']}?")
             continue
         selects, excludes = job_selects(job, guest)
         if selects:
@@ -458,7 +468,9 @@ class Coverage:
     read_on_pbs: set[str] = field(default_factory=set)  # PVE storages whose backups those are
     newest: dict[int, dict] = field(default_factory=dict)  # vmid -> ctime, where, verify
     pbs_groups: set[tuple[str, int]] = field(default_factory=set)
-    unseen: list[str] = field(default_factory=list)  # places on PBS whose backups could not all be read
+    unseen: dict[str, list[int]] = field(default_factory=dict)  # where -> guests whose backups were not seen
+    hidden: dict[str, list[int]] = field(default_factory=dict)  # those of them hidden from this token
+    unseen_pools: set[str] = field(default_factory=set)  # pools that jobs select and this token cannot see
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
@@ -475,32 +487,42 @@ class Coverage:
 def _guests_and_jobs(c: Coverage) -> None:
     c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
     c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
+    # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
+    # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
+                      and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
     c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
 
 
 def _pbs_storages(c: Coverage) -> None:
-    """Which PVE storages of type pbs write to the configured Backup Server (same host name), and
-    where: a datastore and a namespace (root without one). Those are read on PBS itself, exactly
-    there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    """Which PVE storages of type pbs write to the configured Backup Server, and where: those are
+    read on PBS itself, exactly there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
     if c.pbs is None:
         return
-    server = (urlsplit(c.pbs.host.url).hostname or "").lower()
-    for storage in c.report.section("pbs storages", lambda: c.client.get("/storage", type="pbs")) or []:
-        if str(storage.get("server", "")).strip("[]").lower() == server and storage.get("datastore"):
-            c.pbs_targets.add((storage["datastore"], storage.get("namespace") or ""))
-            c.read_on_pbs.add(storage["storage"])
+    targets = c.report.section("pbs storages", lambda: pbs_backed_storages(c.client, c.pbs)) or {}
+    c.pbs_targets = set(targets.values())
+    c.read_on_pbs = set(targets)
 
 
 def _pve_backups(c: Coverage) -> None:
     # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here. The
-    # reads go side by side (Report.sections).
+    # is a different disk); PBS-backed storages through PBS itself when it is configured here. A
+    # storage that hides some guests' backups from this token, or cannot be read, leaves them unseen
+    # (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). The reads go side by side (Report.sections).
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
-    keys = [(name if shared else f"{name}@{node}", name, node)
-            for name, node, shared in backup_storages(c.client, rows)]
+    vmids = sorted(int(g["vmid"]) for g in c.guests)
+    keys = []
+    for name, node, shared in backup_storages(c.client, rows):
+        hidden = hidden_backups(c.client, name, vmids)
+        if hidden:
+            c.unseen[name] = c.hidden[name] = hidden
+        if len(hidden) < len(vmids):
+            keys.append((name if shared else f"{name}@{node}", name, node))
     listings = c.report.sections([(f"storage {key}", lambda n=node, s=name: c.client.get(
         f"/nodes/{n}/storage/{s}/content", content="backup")) for key, name, node in keys])
     for (key, _, _), volumes in zip(keys, listings, strict=True):
+        if volumes is None:
+            c.unseen[key] = vmids
         for volume in volumes or []:
             if volume.get("vmid"):
                 c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
@@ -519,7 +541,7 @@ def _pbs_backups(c: Coverage) -> None:
     for where, store, ns in targets:
         acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
         if policy.holds(pbs.host, "Datastore.Audit", acl_path) is False:
-            c.unseen.append(where)
+            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
             c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
                                          f"{acl_path}, so PBS lists only the groups it owns. "
                                          + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
@@ -527,7 +549,7 @@ def _pbs_backups(c: Coverage) -> None:
         f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
     for (where, _, _), snapshots in zip(targets, listings, strict=True):
         if snapshots is None:
-            c.unseen.append(where)
+            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
         for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
@@ -539,23 +561,40 @@ def _guest_rows(c: Coverage) -> None:
     now = time.time()
     for guest in sorted(c.guests, key=lambda g: g["vmid"]):
         c.rows.append(_guest_row(c, guest, now))
+    unknown = [r["vmid"] for r in c.rows if r["state"] == "unknown"]
+    if unknown:  # said once, with the grant, instead of a finding per guest
+        why = hidden_note(c.client, c.hidden, len(c.guests)) if c.hidden else {}
+        c.report.add("warning", "backups", f"the backup state of {len(unknown)} guest(s) is unknown: backups on "
+                     f"{', '.join(sorted(c.unseen))} cannot be seen", {"guests": unknown} | why,
+                     "grant the role in `grant` to the user and the token, then run backup_coverage again"
+                     if why else "see `unavailable` for why those storages could not be read")
+
+
+def _coverage_why(covering: list[str], jobs_read: bool) -> str:
+    sure = [j for j in covering if not j.endswith("?")]
+    if sure:
+        return f"covered by {', '.join(sure)}"
+    if covering:
+        return (f"job(s) {', '.join(j.rstrip('?') for j in covering)} select a pool this token cannot see (it "
+                f"lacks Pool.Audit), so whether they cover it is unknown")
+    return "no job covers it" if jobs_read else "the backup jobs could not be read"
 
 
 def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
-    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok."""
+    """A guest's newest backup against the age limit and its jobs; a finding when it is not ok. A
+    guest with no recent backup in sight whose backups some storage hides is unknown, never missing."""
     vmid = int(guest["vmid"])
-    covering, excluding = _jobs_for(guest, c.jobs or [])
+    covering, excluding = _jobs_for(guest, c.jobs or [], c.unseen_pools)
     last = c.newest.get(vmid)
     age = round((now - last["ctime"]) / 3600, 1) if last else None
     state = "missing" if not last else ("stale" if age > c.max_age_hours else "ok")
     if last and last["verify"] in ("failed",):
         state = "verify_failed"
-    if state in ("missing", "stale") and c.unseen:
-        state = _unknown(c, guest, last)
-    elif state != "ok":
+    if state in ("missing", "stale") and any(vmid in hidden for hidden in c.unseen.values()):
+        state = "unknown"
+    if state not in ("ok", "unknown"):
         severity = "critical" if state in ("missing", "verify_failed") else "warning"
-        why = f"covered by {', '.join(covering)}" if covering else (
-            "no job covers it" if c.jobs is not None else "the backup jobs could not be read")
+        why = _coverage_why(covering, c.jobs is not None)
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
                      "write_backup_guest now, and add it to a backup job")
@@ -563,15 +602,6 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
             "age_h": age if age is not None else "", "where": last["where"] if last else "",
             "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
             "excluded_by": ",".join(excluding), "state": state}
-
-
-def _unknown(c: Coverage, guest: dict, last: dict | None) -> str:
-    """A newer backup may be where PBS could not be read: the state is unknown, never "no backup"."""
-    seen = compact({"newest_seen": iso_time((last or {}).get("ctime"))})
-    c.report.add("warning", "backups", f"guest {guest['vmid']} ({guest.get('name')}) backup is unknown: "
-                 f"{', '.join(c.unseen)} could not be read", seen,
-                 "see `unavailable` for why; fix that and run backup_coverage again")
-    return "unknown"
 
 
 def _orphan_groups(c: Coverage) -> None:
@@ -709,7 +739,26 @@ def _guest_configs(a: Security) -> None:
             continue
         a.report.checked.pop()  # one line for all guest configs instead
         _guest_config(a.report, guest, config)
+        _guest_firewall(a, base, guest, config)
     a.report.checked.append(f"configs of {len(guests)} guests")
+
+
+def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
+    """A NIC is filtered only when it has firewall=1 AND the guest's own firewall option enable=1
+    (default 0) (docs/PROXMOX-BEHAVIOUR.md#guest-firewall)."""
+    label = f"guest {guest['vmid']} ({guest.get('name')})"
+    nics = sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+    if not nics:
+        a.report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
+        return
+    options = a.report.section(f"firewall {guest['vmid']}", lambda: a.client.get(f"{base}/firewall/options"))
+    if options is None:
+        return
+    a.report.checked.pop()
+    if not options.get("enable"):
+        a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
+                     f"option is off", {"enable": 0, "nics": nics},
+                     f"turn it on: write_api_call PUT {base}/firewall/options enable=1 (after adding its rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -724,8 +773,6 @@ def _guest_config(report: Report, guest: dict, config: dict) -> None:
     if config.get("hookscript"):
         report.add("warning", "guests", f"{label} runs hookscript {config['hookscript']} on the host",
                    {"hookscript": config["hookscript"]}, "review the script")
-    if not any("firewall=1" in str(v) for k, v in config.items() if k.startswith("net")):
-        report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
 
 
 def _this_server(a: Security) -> None:
@@ -776,18 +823,44 @@ def _looks_pbs(upid: str) -> bool:
 
 # ---------------------------------------------------------------- provisioning in one call
 
-def _node_with_room(client: ProxmoxClient, memory_mb: int) -> str:
-    nodes = [r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"]
-    free = sorted(nodes, key=lambda n: (n.get("maxmem", 0) - n.get("mem", 0)), reverse=True)
-    if not free or (free[0].get("maxmem", 0) - free[0].get("mem", 0)) < memory_mb * 1024 * 1024:
-        raise ProxmoxError(f"No online node has {memory_mb} MiB of free memory.")
-    return free[0]["node"]
+def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
+    """The nodes that can use a volume: all for shared storage, else those whose own disk holds it
+    (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = (volid or "").split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r.get("storage") == storage]
+    if not volid or not rows or any(r.get("shared") for r in rows):
+        return nodes
+    on = {r["node"] for r in rows if r.get("status") == "available"}
+    return [n for n in nodes if n in on and any(v.get("volid") == volid for v in client.get(
+        f"/nodes/{n}/storage/{storage}/content") or [])]
+
+
+def _pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) -> tuple[str, str | None]:
+    """An online node that holds `volid` (when it is on a node's own storage) with the most free
+    memory, and a note when free memory cannot be told: without Sys.Audit the nodes come without
+    figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources), which says nothing about room."""
+    online = {r["node"]: r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"}
+    nodes = _holders(client, sorted(online), volid)
+    if not nodes:
+        raise InvalidArgument(f"No online node holds {volid}; take one from storage_content, or download it to the "
+                              f"node you want (write_download_url node=...).")
+    if any(online[n].get("maxmem") is None for n in nodes):
+        return nodes[0], (f"free memory not checked: the token lacks Sys.Audit on /nodes, so nodes come without "
+                          f"figures; {nodes[0]} holds what it needs")
+    free = {n: online[n]["maxmem"] - online[n].get("mem", 0) for n in nodes}
+    best = max(nodes, key=free.get)
+    if free[best] < memory_mb * 1024 * 1024:
+        raise ProxmoxError(f"No online node that can use it has {memory_mb} MiB of free memory "
+                           f"({', '.join(nodes)} checked); give a smaller memory_mb or free memory.")
+    return best, None
 
 
 def _uplinked_bridge(client: ProxmoxClient, node: str) -> str:
-    uplinked = [b["bridge"] for b in bridges(client, node) if b["segment"] == "uplinked"]
+    found = bridges(client, node)
+    uplinked = [b["bridge"] for b in found if b["segment"] == "uplinked" and not b["pending"]]
     if not uplinked:
-        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly.")
+        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly. "
+                           + ((bridges_hidden(client) or "") if not found else ""))
     return uplinked[0]
 
 
@@ -803,6 +876,8 @@ class Steps:
 
     def answer(self, ok: bool, **extra: Any) -> dict:
         result = {"result": "ok" if ok else "failed", "steps": self.steps}
+        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo)
+            result["receipts"] = list(policy.current_call()["receipts"])
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
@@ -841,12 +916,12 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
-               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None) -> dict:
+               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None, volid: str) -> dict:
     client = pve_client(host)
     steps = Steps()
     try:
-        node = check_node(client, node) if node else _node_with_room(client, memory_mb)
-        steps.record("pick node", "done", node=node)
+        node, unchecked = (check_node(client, node), None) if node else _pick_node(client, memory_mb, volid)
+        steps.record("pick node", "done", node=node, detail=unchecked)
         vmid = next_vmid(client)
         steps.record("next vmid", "done", vmid=vmid)
         bridge = bridge or _uplinked_bridge(client, node)
@@ -885,7 +960,7 @@ def write_provision_lxc(hostname: GuestName,
                                           cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
                                           ssh_keys=ssh_keys, onboot=onboot,
                                           wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx, template)
 
 
 def write_provision_vm(name: GuestName,
@@ -903,7 +978,7 @@ def write_provision_vm(name: GuestName,
                                          memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage,
                                          bridge=bridge, ciuser=ciuser, ssh_keys=ssh_keys,
                                          wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx)
+    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx, cloud_image)
 
 
 # ---------------------------------------------------------------- restore drill
@@ -921,13 +996,18 @@ class Drill:
     steps: Steps = field(default_factory=Steps)
     timings: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    storage: str | None = None  # where the scratch guest's volumes go (None: as Proxmox or the restore picks)
     node: str = ""
     base: str | None = None  # the scratch guest's API path, once it exists
     answered: bool = False
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    found, _ = backup_volumes(pve_client(host), vmid)
+    found, notes = backup_volumes(pve_client(host), vmid)
+    if not found and notes.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
+        raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
+                           f"{', '.join(notes['not_visible'])} cannot be seen ({notes['grant']}). Give "
+                           f"backup=<volid>, or grant that and call again.")
     if not found:
         raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
     return found[0]["volid"]
@@ -941,7 +1021,7 @@ def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
 
 
 def _restore(d: Drill) -> None:
-    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=d.node,
+    restored = pve_tools.write_restore_backup(d.backup, host=d.host, vmid=d.scratch, node=d.node, storage=d.storage,
                                               wait_seconds=d.answer_seconds * 5, ctx=d.ctx)
     d.steps.created.append(f"{d.kind} {d.scratch} on {d.node} (scratch)")
     d.base = f"/nodes/{d.node}/{d.kind}/{d.scratch}"
@@ -954,7 +1034,7 @@ def _drill_node(client: ProxmoxClient, backup: str) -> str:
     shared storage where there is room (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
     storage = backup.split(":", 1)[0]
     shared = any(r.get("shared") for r in storage_rows(client) if r["storage"] == storage)
-    return archive_node(client, backup, _node_with_room(client, 512) if shared else None)
+    return archive_node(client, backup, _pick_node(client, 512)[0] if shared else None)
 
 
 def _declare_drill(d: Drill, vmid: int) -> None:
@@ -1032,15 +1112,17 @@ DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _w
 def write_restore_drill(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
                         scratch_vmid: OptionalVmid = None,
+                        storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
     client = pve_client(host)
-    kind = resolve_guest(client, vmid)["type"]
+    row = resolve_guest(client, vmid)
+    kind = row["type"]
     if backup is None:
         backup = _newest_backup(host, vmid)
     drill = Drill(client, host, kind, backup, _scratch_vmid(client, scratch_vmid), answer_seconds, ctx,
-                  node=_drill_node(client, backup))
+                  node=_drill_node(client, backup), storage=storage)
     _declare_drill(drill, vmid)
     try:
         for step in DRILL_STEPS:
@@ -1050,7 +1132,8 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         drill.answered = False
     if drill.base is not None:
         _destroy_scratch(drill)
-    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch}
+    facts = {"vmid": vmid, "backup": backup, "scratch_vmid": drill.scratch,
+             "config_since_backup": _config_since_backup(drill, row)}
     left = drill.steps.created  # a scratch guest that could not be destroyed fails the drill too
     if not drill.answered or left:
         note = (f"Left behind: {', '.join(left)}; delete it with write_delete_guest." if left else
@@ -1060,6 +1143,18 @@ def write_restore_drill(vmid: Vmid, host: Host = None,
         raise drill.steps.failure(f"The restore drill of guest {vmid}", note=note, **facts, **timed)
     drill.timings["total_s"] = round(time.monotonic() - drill.started, 1)
     return drill.steps.answer(True, **facts, timings=drill.timings)
+
+
+def _config_since_backup(d: Drill, row: dict) -> list[str] | str:
+    """What a restore of this backup would take back: the guest's config now against the one the
+    backup holds, in the words of what_changed (config_diff)."""
+    try:
+        old = config_diff.read_backup_config(d.client, d.node, d.backup)
+        now, pending = config_diff.config_and_pending(
+            d.client.get(f"/nodes/{row['node']}/{row['type']}/{row['vmid']}/pending") or [])
+    except ToolFailure as exc:
+        return f"not read: {str(exc)[:200]}"
+    return config_diff.changed_lines(old, now, pending, skip=config_diff.skip_for_backup) or ["nothing changed"]
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:

@@ -20,7 +20,13 @@ Layout: a package, split by product like the tools, each module importing only t
 above it in this list (no cycles):
     lab.py         the state: Lab, Token, Task, roles
     call.py        what a handler receives (Call) and raises (ApiError); the PVE node and guest a path names
-    pve_guests.py  Proxmox VE guest handlers: power, HA, config, snapshots, clone, migrate, agent
+    pve_history.py what a guest was (configs inside backups and snapshots), which storages snapshot, and
+                   options set and pending values as both products write them
+    pve_cloudinit.py, pve_templates.py, file_restore.py  cloud-init drives, templates and OCI images,
+                   files inside backups
+    pve_backup.py  Proxmox VE backups: who sees which volume (check_volume_access), vzdump and its pruning
+    pve_ha_manager.py  Proxmox VE power effects and the HA manager: relocation, error, fence and recovery
+    pve_guests.py  Proxmox VE guest handlers: power, config, snapshots, clone, migrate, create, agent
     pve_monitor.py Proxmox VE node monitoring: RRD history, logs, disks, ZFS, LVM, packages, clock
     pve_firewall.py     Proxmox VE firewall: options, rules, security groups, IP sets, aliases
     pve_backup_jobs.py  Proxmox VE backup jobs: create, update, delete

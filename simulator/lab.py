@@ -18,6 +18,14 @@ from typing import Any, Callable
 import catalog
 
 GiB = 1024 ** 3
+# Left out of the config a backup keeps (qemu-server VZDump/QemuServer.pm assemble, pve-container
+# VZDump/LXC.pm assemble; docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups).
+NOT_IN_BACKUP = re.compile(r"unused\d+|lock|parent|snapstate|digest|pending")
+
+
+def backup_config(config: dict) -> dict:
+    """The config a backup keeps: the main section without unused disks, lock and parent."""
+    return {k: v for k, v in config.items() if not NOT_IN_BACKUP.fullmatch(k)}
 
 # Built-in roles, reduced to the privileges the simulator checks (PVE 9 names; PVE 8 in `roles_for`).
 # PVE's groups: pve-access-control src/PVE/AccessControl.pm ($privgroups); PBS's: pbs-api-types src/acl.rs.
@@ -45,6 +53,9 @@ ROLES = {
     "DatastoreAdmin": {"Datastore.Audit", "Datastore.Modify", "Datastore.Read", "Datastore.Verify",
                        "Datastore.Backup", "Datastore.Prune"},
     "Audit": {"Sys.Audit", "Datastore.Audit"},
+    # the custom role the README's recipe adds so that the read token sees backups (a backup is listed only
+    # to a caller who could make one: docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    "BackupReader": {"Datastore.AllocateSpace", "VM.Backup"},
     "Admin": {"*"},
 }
 
@@ -155,6 +166,24 @@ def escape_id(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GiB, "T": 1024 ** 4}
+
+
+def size_bytes(value: str) -> int:
+    """The bytes a disk's `size=` says (`32G`, `2252M`, ...); 0 when it says none."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value)
+    return int(float(match.group(1)) * UNITS[match.group(2)]) if match else 0
+
+
+def format_size(size: int) -> str:
+    """A size as Proxmox writes it into a config: the largest unit that divides it exactly
+    (pve-common src/PVE/JSONSchema.pm format_size): 32G, 2252M."""
+    for unit in ("T", "G", "M", "K"):
+        if size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]}{unit}"
+    return str(size)
 
 
 @dataclass
@@ -275,13 +304,15 @@ class Lab:
         return lab
 
     def _add_homelab_nodes(self, names: list[str]) -> None:
-        """The nodes, each with `local` and `local-lvm`, and the shared NFS and PBS storages."""
+        """The nodes, each with a fresh install's `local` and `local-lvm`, and the shared PBS storage.
+        The installer writes `local` (dir) for iso, vztmpl, backup (and import since its PVE 9 version)
+        and `local-lvm` (lvmthin) for images and rootdir (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
         for index, name in enumerate(names):
             self.add_node(name, maxcpu=8 if index else 16, maxmem=(32 if index else 64) * GiB)
+        local = "iso,vztmpl,backup,import" if self.pve_major >= 9 else "iso,vztmpl,backup"
         for name in names:
-            self.add_storage("local", "dir", "iso,vztmpl,backup,import", node=name, total=100 * GiB, used=31 * GiB)
+            self.add_storage("local", "dir", local, node=name, total=100 * GiB, used=31 * GiB)
             self.add_storage("local-lvm", "lvmthin", "images,rootdir", node=name, total=400 * GiB, used=120 * GiB)
-        self.add_storage("nfs-backup", "nfs", "backup,iso", total=2000 * GiB, used=900 * GiB, shared=True)
         self.add_storage("pbs", "pbs", "backup", total=4000 * GiB, used=1200 * GiB, shared=True)
         # where the PBS storage writes: the simulated Backup Server's root namespace of "backup"
         self.storages["pbs"]["config"] = {"server": "127.0.0.1", "datastore": "backup", "username": "pve@pbs",
@@ -315,19 +346,21 @@ class Lab:
             ]
 
     def _add_homelab_volumes(self) -> None:
-        """An ISO, a container template, last night's backup of every running guest, and its job."""
+        """An ISO, a container template, last night's backup of every running guest on its node's
+        own `local` (file names in the node's local time), and the nightly job to the PBS storage."""
         now = int(time.time())
         self.add_volume("local", "local:iso/debian-13.1.0-amd64-netinst.iso", "iso", 754 * 1024 ** 2)
         self.add_volume("local", "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "vztmpl", 126 * 1024 ** 2)
         for vmid, guest in self.guests.items():
             if guest["status"] == "running":
                 kind = "qemu" if guest["type"] == "qemu" else "lxc"
-                stamp = time.strftime("%Y_%m_%d-02_00_01", time.gmtime(now - 86400))
-                self.add_volume("nfs-backup", f"nfs-backup:backup/vzdump-{kind}-{vmid}-{stamp}.vma.zst"
-                                if kind == "qemu" else f"nfs-backup:backup/vzdump-lxc-{vmid}-{stamp}.tar.zst",
-                                "backup", 2 * GiB, vmid=vmid, ctime=now - 86400)
+                stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.localtime(now - 86400))
+                ext = "vma.zst" if kind == "qemu" else "tar.zst"
+                self.add_volume("local", f"local:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}", "backup", 2 * GiB,
+                                vmid=vmid, ctime=now - 86400, node=guest["node"])
+                self.volumes["local"][-1]["_config"] = backup_config(guest["config"])
         self.backup_jobs = [{"id": "backup-nightly", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1,
-                             "exclude": "104", "storage": "nfs-backup", "mode": "snapshot"}]
+                             "exclude": "104", "storage": "pbs", "mode": "snapshot"}]
 
     def _add_homelab_users(self) -> None:
         """The users and ACL entries that /access/users and /access/acl list."""
@@ -349,6 +382,14 @@ class Lab:
         self.pve_tokens["root@pam!admin"] = Token("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
                                                   [("/", "Administrator", True)], privsep=False)
         self.pve_tokens["mcp@pve!empty"] = Token("99999999-8888-7777-6666-555555555555", [], owner=mcp_pve)
+        # the README's reader with the optional grant that shows backups, given to the user and the token
+        lister = [("/", "PVEAuditor", True), ("/", "BackupReader", True)]
+        self.pve_tokens["mcp@pve!backups"] = Token("77777777-6666-5555-4444-333333333333", lister,
+                                                   owner=Token("", lister))
+        # a write token as examples/operator.env pairs with the reader: guests and storage space, no Sys.*
+        operator = [("/", "PVEVMAdmin", True), ("/", "PVEDatastoreUser", True)]
+        self.pve_tokens["ops@pve!operator"] = Token("55555555-4444-3333-2222-111111111111", operator,
+                                                    owner=Token("", operator))
         self.pbs_tokens["root@pam!admin"] = Token("pbs-admin-secret-9876543210", [("/", "Admin", True)])
         # the README's PBS recipe: Audit on /, DatastoreAudit on /datastore (lists, never reads contents)
         mcp_pbs = Token("", [("/", "Audit", True), ("/datastore", "DatastoreAudit", True)])
@@ -409,7 +450,9 @@ class Lab:
                     volume["verification"] = snap["verification"]
                 if snap["protected"]:
                     volume["protected"] = 1
-                volumes.append(volume)
+                if snap["comment"]:
+                    volume["notes"] = snap["comment"]
+                volumes.append(volume | {"_config": snap.get("config") or {}})
         return volumes
 
     def roles(self, product: str) -> dict[str, frozenset[str]]:
@@ -436,7 +479,9 @@ class Lab:
                        "boot": "order=scsi0;net0", "sockets": 1}
         else:
             config |= {"hostname": name, "ostype": "debian", "arch": "amd64", "swap": 512,
-                       "rootfs": f"local-lvm:subvol-{vmid}-disk-0,size={disk_gib}G",
+                       # lvmthin holds raw volumes only, named vm-<id>-disk-N for containers too
+                       # (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)
+                       "rootfs": f"local-lvm:vm-{vmid}-disk-0,size={disk_gib}G",
                        "net0": f"name=eth0,bridge=vmbr0,hwaddr=BC:24:11:{vmid % 256:02X}:00:01,ip=dhcp",
                        "unprivileged": 1}
         if tags:
@@ -476,10 +521,8 @@ class Lab:
                     continue
                 if re.fullmatch(r"(scsi|virtio|sata|ide|efidisk|tpmstate|unused)\d+|rootfs|mp\d+", key):
                     volid = value.split(",")[0]
-                    size = re.search(r"size=(\d+)G", value)
                     found.append({"volid": volid, "content": "images" if guest["type"] == "qemu" else "rootdir",
-                                  "vmid": vmid, "format": "raw",
-                                  "size": int(size.group(1)) * GiB if size else 0, "ctime": 0})
+                                  "vmid": vmid, "format": "raw", "size": size_bytes(value), "ctime": 0})
         return found
 
     def add_datastore(self, name: str, *, total: int, used: int) -> None:
@@ -490,7 +533,8 @@ class Lab:
             if guest["status"] != "running":
                 continue  # stopped guests have no backup: a finding for backup_coverage later
             kind = "vm" if guest["type"] == "qemu" else "ct"
-            groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600) for days in range(3)]
+            groups[("", kind, str(vmid))] = [self.pbs_snapshot(now - days * 86400 - 3600, config=guest["config"])
+                                             for days in range(3)]
         # gc-status holds counters only; the last run's time and state are the GC job's
         # (docs/PROXMOX-BEHAVIOUR.md#garbage-collection); `error` makes the store unavailable
         gc_upid = f"UPID:pbs:000003E8:0000A1B2:{len(self.datastores):08X}:{now - 86400 - 300:08X}:" \
@@ -523,10 +567,13 @@ class Lab:
 
     @staticmethod
     def pbs_snapshot(backup_time: int, *, size: int = 3 * GiB, protected: bool = False, state: str = "ok",
-                     encrypted: bool = False, comment: str = "") -> dict:
+                     encrypted: bool = False, comment: str = "", config: dict | None = None) -> dict:
+        """A PBS snapshot; `comment` is its notes (listings show their first line), `config` the guest
+        config it holds (qemu-server.conf or pct.conf: docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups)."""
         return {"backup-time": backup_time, "size": size, "protected": protected, "comment": comment,
                 "verification": {"state": state, "upid": ""} if state else None,
-                "crypt-mode": "encrypt" if encrypted else "none", "owner": "root@pam"}
+                "crypt-mode": "encrypt" if encrypted else "none", "owner": "root@pam",
+                "config": backup_config(config or {})}
 
     @staticmethod
     def _digest(vmid: int) -> str:

@@ -206,7 +206,8 @@ def pbs_snapshots(call: Call, store: str) -> list:
             continue
         for snap in snaps:
             row = {"backup-type": kind, "backup-id": item, "backup-time": snap["backup-time"], "size": snap["size"],
-                   "protected": snap["protected"], "owner": snap["owner"], "comment": snap["comment"] or None,
+                   "protected": snap["protected"], "owner": snap["owner"],
+                   "comment": snap["comment"].split("\n")[0] or None,  # the notes' first line
                    "files": [{"filename": "index.json.blob", "crypt-mode": snap["crypt-mode"], "size": 512}]}
             if snap["verification"]:
                 row["verification"] = snap["verification"]
@@ -302,7 +303,17 @@ def pbs_set_protected(call: Call, store: str) -> None:
 
 
 def pbs_set_notes(call: Call, store: str) -> None:
-    _snapshot(call, _datastore(call, store))["comment"] = str(call.arg("notes")).split("\n")[0]
+    _snapshot(call, _datastore(call, store))["comment"] = str(call.arg("notes"))
+
+
+def pbs_get_notes(call: Call, store: str) -> str:
+    """A snapshot's notes, whole; "" when it has none (proxmox-backup src/api2/admin/datastore.rs get_notes)."""
+    return _snapshot(call, _datastore(call, store))["comment"] or ""
+
+
+def pbs_get_protection(call: Call, store: str) -> bool:
+    """Whether a snapshot is protected (datastore.rs get_protection)."""
+    return bool(_snapshot(call, _datastore(call, store))["protected"])
 
 
 def _gc_job(name: str, ds: dict) -> dict:
@@ -567,6 +578,8 @@ PBS_HANDLERS: dict[tuple[str, str], Callable] = {
     ("POST", "/admin/datastore/{store}/prune"): pbs_prune,
     ("PUT", "/admin/datastore/{store}/protected"): pbs_set_protected,
     ("PUT", "/admin/datastore/{store}/notes"): pbs_set_notes,
+    ("GET", "/admin/datastore/{store}/notes"): pbs_get_notes,
+    ("GET", "/admin/datastore/{store}/protected"): pbs_get_protection,
     ("GET", "/admin/datastore/{store}/gc"): pbs_gc_status,
     ("POST", "/admin/datastore/{store}/gc"): pbs_gc_start,
     ("POST", "/admin/datastore/{store}/verify"): pbs_verify,

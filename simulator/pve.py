@@ -15,20 +15,24 @@ from typing import Callable
 from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
 from .lab import GiB, Task
+from .pve_history import pve_extractconfig, pve_snapshot_config
+from .pve_backup import pve_vzdump, visible_volume
 from .pve_backup_jobs import BACKUP_JOB_HANDLERS
 from .pve_cloudinit import PVE_CLOUDINIT_HANDLERS
-from .pve_monitor import MONITOR_HANDLERS, monitor
 from .pve_firewall import FIREWALL_HANDLERS
 from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_agent_file_read, pve_agent_file_write,
                          pve_agent_ping, pve_clone, pve_config_update, pve_create, pve_destroy, pve_guest_config,
                          pve_guest_pending, pve_lxc_interfaces, pve_migrate, pve_power, pve_resize, pve_rollback,
-                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template, pve_vzdump)
+                         pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template)
+from .pve_ha_manager import pve_ha_resource_update
+from .pve_monitor import MONITOR_HANDLERS, monitor
 from .pve_templates import PVE_TEMPLATE_HANDLERS
 
 
 # ---------------------------------------------------------------- PVE handlers
 
-PVE_VERSIONS = {8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}  # pve-manager version, release, by major
+# pve-manager version, release, by major; 7 stands for 7.2, before the task log's limit=0 meant all
+PVE_VERSIONS = {7: ("7.2-11", "7.2"), 8: ("8.4.14", "8.4"), 9: ("9.2.1", "9.2")}
 
 
 def pve_version(call: Call, **_: str) -> dict:
@@ -63,7 +67,7 @@ def _guest_row(guest: dict) -> dict:
            "uptime": guest["uptime"] if running else 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
     if kind == "qemu":
         row["memhost"] = row["mem"]  # PVE 9
-    for key in ("tags", "lock", "pool"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
+    for key in ("tags", "lock"):  # only when set (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
         if guest.get(key):
             row[key] = guest[key]
     if guest.get("ha"):  # HA resources only (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
@@ -91,6 +95,9 @@ def _guest_resources(call: Call) -> list[dict]:
     for vmid, guest in sorted(call.lab.guests.items()):
         if call.can(f"/vms/{vmid}", "VM.Audit"):
             row = _guest_row(guest)
+            # `pool` only with Pool.Audit on it (pve-manager PVE/API2/Cluster.pm resources)
+            if guest.get("pool") and call.can(f"/pool/{guest['pool']}", "Pool.Audit"):
+                row["pool"] = guest["pool"]
             if guest["node"] in call.lab.down_nodes:
                 row["status"] = "unknown"
             rows.append(row)
@@ -332,6 +339,8 @@ def pve_task_log(call: Call, node: str, upid: str) -> list:
     start = int(call.arg("start", 0))
     limit = int(call.arg("limit", 50))
     rows = [{"n": i + 1, "t": text} for i, text in enumerate(lines)]
+    if not limit and call.lab.pve_major < 8:  # limit=0 means all since pve-common 7.3 (Nov 2022); before: none
+        return []
     return rows[start:start + limit] if limit else rows[start:]
 
 
@@ -345,8 +354,10 @@ def pve_storage_content(call: Call, node: str, storage: str) -> list:
     if entry["type"] == "pbs":
         rows += call.lab.pbs_volumes(storage)
     content, vmid = call.arg("content"), call.arg("vmid")
+    # a caller sees only what check_volume_access lets it (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
     return [{k: val for k, val in v.items() if not k.startswith("_")} for v in rows  # _node, _oci: the lab's own
-            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))]
+            if (content is None or v["content"] == content) and (vmid is None or v.get("vmid") == int(vmid))
+            and visible_volume(call, storage, v)]
 
 
 def _vnet_rows(call: Call) -> list[dict]:
@@ -368,7 +379,17 @@ def pve_network(call: Call, node: str) -> list:
         rows = [r for r in rows if r["type"] == wanted]
     if wanted in ("any_bridge", "include_sdn", "vnet"):
         rows += _vnet_rows(call)
+    # bridges only to callers with SDN.Audit or SDN.Use on them (docs/PROXMOX-BEHAVIOUR.md#networks); a
+    # bridge only in the pending configuration (interfaces.new) comes without `active`
+    rows = [r for r in rows if r["type"] not in ("bridge", "OVSBridge") or _bridge_visible(call, r["iface"])]
     return [{k: v for k, v in row.items() if v is not None} for row in rows]
+
+
+def _bridge_visible(call: Call, bridge: str) -> bool:
+    """pve-manager PVE/API2/Network.pm $can_access_vnet: root@pam, or SDN.Audit or SDN.Use on
+    /sdn/zones/localnetwork/<bridge> (pve-access-control RPCEnvironment.pm check_sdn_bridge)."""
+    path = f"/sdn/zones/localnetwork/{bridge}"
+    return call.token_id == "root@pam" or call.can(path, "SDN.Audit") or call.can(path, "SDN.Use")
 
 
 
@@ -463,6 +484,34 @@ def pve_backup_job(call: Call, id: str) -> dict:
     return dict(job)
 
 
+# The selection a backup job edit leaves (pve-manager PVE/API2/Backup.pm update_job;
+# docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune): an `exclude` without a pool means all;
+# a given vmid drops all, exclude and pool; all=1 drops vmid and pool; a pool drops the rest.
+
+
+def pve_backup_job_update(call: Call, id: str) -> None:
+    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
+    if job is None:
+        raise ApiError(500, "no such vzdump job")
+    params = {k: call.arg(k) for k in call.params if k not in ("id", "delete")}
+    deleted = [k for k in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if k]
+    if not params and not deleted:
+        raise ApiError(500, "no options specified")
+    for key in deleted:
+        job.pop(key, None)
+    job.update(params)
+    if "exclude" in job and not job.get("pool"):
+        job["all"] = 1
+    if "vmid" in params:
+        for key in ("all", "exclude", "pool"):
+            job.pop(key, None)
+    elif str(params.get("all", "0")) == "1":
+        job.pop("vmid", None), job.pop("pool", None)
+    elif job.get("pool"):
+        for key in ("vmid", "all", "exclude"):
+            job.pop(key, None)
+
+
 def pve_acme_plugins(call: Call, id: str | None = None) -> list | dict:
     """ACME plugins with their stored config, `data` included (pve-manager PVE/API2/ACMEPlugin.pm)."""
     if id is None:
@@ -531,11 +580,14 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
     ("GET", "/cluster/backup"): pve_backup_jobs,
     ("GET", "/cluster/backup/{id}"): pve_backup_job,
+    ("PUT", "/cluster/backup/{id}"): pve_backup_job_update,
+    ("GET", "/nodes/{node}/vzdump/extractconfig"): pve_extractconfig,
     ("GET", "/cluster/acme/plugins"): pve_acme_plugins,
     ("GET", "/cluster/acme/plugins/{id}"): pve_acme_plugins,
     ("GET", "/nodes/{node}/replication"): pve_replication,
     ("GET", "/access/users"): pve_users,
     ("GET", "/access/acl"): pve_acl,
+    ("PUT", "/cluster/ha/resources/{sid}"): pve_ha_resource_update,
 }
 PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
 PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS
@@ -552,6 +604,7 @@ for _kind in ("qemu", "lxc"):
             continue  # containers have no reset
         PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/status/{_action}")] = pve_power(_kind, _action)
     PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshots(_kind)
+    PVE_HANDLERS[("GET", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/config")] = pve_snapshot_config(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot")] = pve_snapshot_create(_kind)
     PVE_HANDLERS[("DELETE", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}")] = pve_snapshot_delete(_kind)
     PVE_HANDLERS[("POST", f"/nodes/{{node}}/{_kind}/{{vmid}}/snapshot/{{snapname}}/rollback")] = pve_rollback(_kind)

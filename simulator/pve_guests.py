@@ -9,50 +9,17 @@ import time
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
-from .lab import GiB
-from .pve_cloudinit import FAST_PLUG, hide_password, record_change, regenerated, stored_password
+from .lab import GiB, format_size, size_bytes
+from .pve_cloudinit import FAST_PLUG, hide_password, record_change, stored_password
+from .pve_ha_manager import ha_migrate, ha_request, power_effect, resumes
+from .pve_history import (UNUSED, cannot_snapshot, cleanup_pending, rollback_blocked, set_option, snapshot_of,
+                          snapshot_section)
 from .pve_templates import OCI_LOG, lxc_create, oci_config
 
 
 # ---- guest power: async tasks that fail later, as the real ones do (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
 
 TASK_TYPE = {("qemu", "suspend"): "qmpause"}  # the rest: qm<action> / vz<action>
-
-
-def _apply_pending(call: Call, guest: dict) -> None:
-    """A start applies what waited in `pending` (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
-    for key, value in guest["pending"].items():
-        if value is None:
-            guest["config"].pop(key, None)
-        else:
-            guest["config"][key] = value
-    if guest["pending"]:
-        guest["pending"] = {}
-        guest["config"]["digest"] = call.lab._digest(guest["vmid"])
-
-
-def _resumes(action: str, guest: dict) -> bool:
-    """A hibernated VM (lock `suspended`, no task) is resumed by a start (qemu-server QemuServer.pm, vm_start)."""
-    return action == "start" and guest["lock"] == "suspended"
-
-
-def _power_effect(call: Call, guest: dict, action: str) -> Callable[[], None]:
-    resumes = _resumes(action, guest)
-
-    def apply() -> None:
-        if resumes:
-            guest["lock"] = None
-        if action in ("start", "reboot", "reset", "resume"):
-            guest["status"], guest["paused"] = "running", False
-            if action in ("start", "reboot"):
-                _apply_pending(call, guest)
-                regenerated(guest)  # a start makes the cloud-init drive anew (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
-        elif action in ("stop", "shutdown"):
-            guest["status"], guest["paused"] = "stopped", False
-        elif action == "suspend":
-            guest["paused"] = True
-        guest["uptime"] = 1 if guest["status"] == "running" else 0
-    return apply
 
 
 def _refused_before_task(kind: str, action: str, guest: dict, call: Call) -> str | None:
@@ -78,33 +45,11 @@ def _refused_before_task(kind: str, action: str, guest: dict, call: Call) -> str
 
 def _in_task_error(kind: str, action: str, guest: dict, call: Call) -> str:
     label = "VM" if kind == "qemu" else "CT"
-    if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not _resumes(action, guest):
+    if guest["lock"] and str(call.arg("skiplock", "0")) != "1" and not resumes(action, guest):
         return f"{label} is locked ({guest['lock']})"
     if action == "start" and guest["status"] == "running":
         return f"{label} {guest['vmid']} already running"
     return "OK"  # stopping or shutting down a stopped VM ends OK (qemu-server QemuServer.pm vm_stop)
-
-
-def _ha_request(call: Call, node: str, kind: str, action: str, guest: dict) -> str:
-    """An HA resource's start/stop/shutdown only queues a request: the hastart/hastop task ends OK at
-    once; the HA manager acts later and a stop stays in force (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
-    label = "VM" if kind == "qemu" else "CT"
-    starting = action == "start"
-    ha = guest["ha"]
-
-    def queued() -> None:
-        if starting and guest["status"] == "running":
-            ha["state"] = "started"
-            return
-        ha["state"] = "request_start" if starting else "request_stop"
-        call.lab.schedule(call.lab.ha_seconds, crm)
-
-    def crm() -> None:
-        ha["state"] = "started" if starting else "stopped"
-        _power_effect(call, guest, "start" if starting else "stop")()
-    line = f"Requesting HA {'start' if starting else 'stop'} for {label} {guest['vmid']}"
-    return call.lab.start_task(node, "hastart" if starting else "hastop", str(guest["vmid"]), user=call.token_id,
-                               lines=[line], on_done=queued)
 
 
 def pve_power(kind: str, action: str) -> Callable:
@@ -116,18 +61,18 @@ def pve_power(kind: str, action: str) -> Callable:
         if refused:
             raise ApiError(500, refused)
         if guest.get("ha") and action in ("start", "stop", "shutdown"):
-            return _ha_request(call, node, kind, action, guest)
+            return ha_request(call, node, kind, action, guest)
         return call.lab.start_task(node, task_type, vmid, user=call.token_id,
                                    exitstatus=_in_task_error(kind, action, guest, call),
-                                   on_done=_power_effect(call, guest, action))
+                                   on_done=power_effect(call.lab, guest, action))
     return handler
 
 
 def pve_snapshots(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> list:
         guest = _guest(call, node, vmid, kind)
-        rows = [dict(snap) for snap in guest["snapshots"]]
-        parent = rows[-1]["name"] if rows else None
+        rows = [{k: v for k, v in snap.items() if not k.startswith("_")} for snap in guest["snapshots"]]
+        parent = guest["config"].get("parent") or (rows[-1]["name"] if rows else None)
         current = {"name": "current", "description": "You are here!", "running": int(guest["status"] == "running")}
         if parent:
             current["parent"] = parent
@@ -139,19 +84,28 @@ def pve_snapshot_create(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         name = call.arg("snapname")
+        # in the task, in this order (pve-guest-common AbstractConfig.pm __snapshot_prepare;
+        # docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
         error = "OK"
-        if any(s["name"] == name for s in guest["snapshots"]):
-            error = f"snapshot name '{name}' already used"
+        if guest["template"]:
+            error = "you can't take a snapshot if it's a template"
         elif guest["lock"]:
             error = f"{'VM' if kind == 'qemu' else 'CT'} is locked ({guest['lock']})"
+        elif any(s["name"] == name for s in guest["snapshots"]):
+            error = f"snapshot name '{name}' already used"
+        else:
+            error = cannot_snapshot(call, guest["config"]) or "OK"
 
         def apply() -> None:
-            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", "")}
-            if guest["snapshots"]:
-                snap["parent"] = guest["snapshots"][-1]["name"]
+            snap = {"name": name, "snaptime": int(time.time()), "description": call.arg("description", ""),
+                    "_config": snapshot_of(guest["config"])}
+            parent = guest["config"].get("parent") or (guest["snapshots"][-1]["name"] if guest["snapshots"] else None)
+            if parent:
+                snap["parent"] = parent
             if kind == "qemu" and str(call.arg("vmstate", "0")) == "1":
                 snap["vmstate"] = 1
             guest["snapshots"].append(snap)
+            guest["config"] |= {"parent": name, "digest": call.lab._digest(guest["vmid"])}  # the new "current" parent
         return call.lab.start_task(node, "qmsnapshot" if kind == "qemu" else "vzsnapshot", vmid,
                                    user=call.token_id, exitstatus=error, on_done=apply)
     return handler
@@ -168,7 +122,15 @@ def pve_snapshot_delete(kind: str) -> Callable:
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
 
         def apply() -> None:
+            # what named it as parent takes its parent (pve-guest-common AbstractConfig.pm snapshot_delete)
+            gone = next(s for s in guest["snapshots"] if s["name"] == snapname)
             guest["snapshots"] = [s for s in guest["snapshots"] if s["name"] != snapname]
+            for holder in [*guest["snapshots"], guest["config"]]:
+                if holder.get("parent") == snapname:
+                    if gone.get("parent"):
+                        holder["parent"] = gone["parent"]
+                    else:
+                        holder.pop("parent")
         return call.lab.start_task(node, "qmdelsnapshot" if kind == "qemu" else "vzdelsnapshot", vmid,
                                    user=call.token_id, on_done=apply)
     return handler
@@ -181,9 +143,12 @@ def _locked(guest: dict, kind: str) -> str | None:
 
 
 def pve_guest_config(kind: str) -> Callable:
-    """GET config: pending values taken in unless current=1 (docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    """GET config: pending values taken in unless current=1; a snapshot's section with `snapshot`
+    (docs/PROXMOX-BEHAVIOUR.md#pending-config, #snapshots)."""
     def handler(call: Call, node: str, vmid: str) -> dict:
         guest = _guest(call, node, vmid, kind)
+        if call.arg("snapshot"):
+            return snapshot_section(guest, str(call.arg("snapshot"))) | {"digest": guest["config"]["digest"]}
         config = dict(guest["config"])
         if str(call.arg("current", "0")) != "1":
             for key, value in guest["pending"].items():
@@ -238,12 +203,16 @@ def _hot_pluggable(kind: str, guest: dict, key: str) -> bool:
     return any(name in features.split(",") and pattern.fullmatch(key) for name, pattern in QEMU_HOTPLUG_FEATURE)
 
 
+DIGEST_MISMATCH = {"qemu": "checksum mismatch (file change by other user?)",
+                   "lxc": "detected modified configuration - file changed by other user? Try again."}
+
+
 def pve_config_update(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> None:
         guest = _guest(call, node, vmid, kind)
         config = guest["config"]
         if call.arg("digest") and call.arg("digest") != config["digest"]:
-            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
+            raise ApiError(500, DIGEST_MISMATCH[kind])
         if _locked(guest, kind) and str(call.arg("skiplock", "0")) != "1":
             raise ApiError(500, _locked(guest, kind))
         changes: dict[str, object] = {key: None for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if key}
@@ -258,12 +227,13 @@ def pve_config_update(kind: str) -> Callable:
                 continue
             if running and kind == "qemu":  # the drive keeps the old value (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
                 record_change(guest, key, config.get(key), value)
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
+            guest["pending"].pop(key, None)
+            set_option(guest, key, value)
+        cleanup_pending(guest)
         if "name" in config or "hostname" in config:
             guest["name"] = config.get("name") or config.get("hostname")
+        if config.get("tags"):
+            config["tags"] = normal_tags(config["tags"])
         guest["tags"] = config.get("tags", "")
         config["digest"] = call.lab._digest(int(vmid))
     return handler
@@ -276,57 +246,57 @@ def pve_resize(kind: str) -> Callable:
         value = guest["config"].get(disk)
         if value is None:
             raise ApiError(500, f"disk '{disk}' does not exist")
-        current = int(re.search(r"size=(\d+)G", value).group(1))
-        wanted = current + int(size[1:-1]) if size.startswith("+") else int(size.rstrip("G"))
+        current = size_bytes(value)
+        wanted = current + int(size[1:-1]) * GiB if size.startswith("+") else int(size.rstrip("G")) * GiB
         if wanted < current:
             raise ApiError(500, "shrinking disks is not supported")
 
         def apply() -> None:
-            guest["config"][disk] = re.sub(r"size=\d+G", f"size={wanted}G", guest["config"][disk])
-            guest["maxdisk"] = wanted * GiB
+            guest["config"][disk] = re.sub(r"size=[\d.]+[KMGT]?", f"size={format_size(wanted)}", guest["config"][disk])
+            guest["maxdisk"] = wanted
         return call.lab.start_task(node, "resize", vmid, user=call.token_id, exitstatus=_locked(guest, kind) or "OK",
                                    on_done=apply)
     return handler
 
 
 def pve_rollback(kind: str) -> Callable:
+    """A rollback stops the guest; it runs again afterwards only when the snapshot holds RAM (VMs) or
+    `start=1` was given (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
     def handler(call: Call, node: str, vmid: str, snapname: str) -> str:
         guest = _guest(call, node, vmid, kind)
         if not _has_snapshot(guest, snapname):
             raise ApiError(500, f"snapshot '{snapname}' does not exist")
+        start = str(call.arg("start", "0")) == "1"
+        if start and kind == "qemu" and not call.can(f"/vms/{vmid}", "VM.PowerMgmt"):
+            raise ApiError(403, f"Permission check failed (/vms/{vmid}, VM.PowerMgmt)")
+        error = _locked(guest, kind) or rollback_blocked(call, guest, snapname) or "OK"
         return call.lab.start_task(node, "qmrollback" if kind == "qemu" else "vzrollback", vmid, user=call.token_id,
-                                   exitstatus=_locked(guest, kind) or "OK", lock=(guest, "rollback"))
+                                   exitstatus=error, lock=(guest, "rollback"),
+                                   on_done=_rolled_back(call, guest, snapname, start))
     return handler
 
 
-def pve_vzdump(call: Call, node: str) -> str:
-    _node(call, node)
-    vmid = int(str(call.arg("vmid", "0")).split(",")[0] or 0)
-    guest = call.lab.guests.get(vmid)
-    if guest is None or guest["node"] != node:
-        return call.lab.start_task(node, "vzdump", "", user=call.token_id, exitstatus="job errors",
-                                   lines=[f"ERROR: guest {vmid} is not on node {node}"])
-    storage = call.arg("storage", "local")
-    kind = "qemu" if guest["type"] == "qemu" else "lxc"
-    stamp = time.strftime("%Y_%m_%d-%H_%M_%S", time.gmtime())
-    ext = "vma.zst" if kind == "qemu" else "tar.zst"
-    volid = f"{storage}:backup/vzdump-{kind}-{vmid}-{stamp}.{ext}"
-    lines = [f"INFO: starting new backup job: vzdump {vmid} --storage {storage} --mode {call.arg('mode', 'snapshot')}",
-             f"INFO: Starting Backup of VM {vmid} ({kind})"] + \
-        [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)] + \
-        [f"INFO: Finished Backup of VM {vmid}"]
-
+def _rolled_back(call: Call, guest: dict, snapname: str, start: bool) -> Callable[[], None]:
+    """The guest is stopped, its config becomes the snapshot's (keeping its description and unused
+    disks), `parent` names the snapshot, pending changes are gone; it runs again only from a RAM
+    snapshot or with start=1 (pve-guest-common AbstractConfig.pm snapshot_rollback,
+    __snapshot_apply_config; docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
     def apply() -> None:
-        call.lab.add_volume(storage, volid, "backup", 2 * GiB, vmid=vmid, node=guest["node"])
-        if call.arg("notes-template"):
-            call.lab.volumes[storage][-1]["notes"] = call.arg("notes-template")
-    return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines,
-                               exitstatus=_locked(guest, kind) or "OK", on_done=apply, lock=(guest, "backup"))
+        snap = next(s for s in guest["snapshots"] if s["name"] == snapname)
+        kept = {k: v for k, v in guest["config"].items() if UNUSED.fullmatch(k) or k == "description"}
+        config = kept | snapshot_of(snap.get("_config") or guest["config"])
+        config |= {"parent": snapname, "digest": call.lab._digest(guest["vmid"])}
+        guest["config"], guest["pending"] = config, {}
+        running = start or bool(snap.get("vmstate"))
+        guest["status"], guest["paused"] = ("running" if running else "stopped"), False
+        guest["uptime"] = 1 if running else 0
+    return apply
 
 
 # The create parameters the simulated guest keeps in its config.
 CREATE_KEEPS = re.compile(r"(net|ipconfig|scsi|ide|sata|virtio|mp)\d+|ciuser|sshkeys|nameserver|tags|ostype|rootfs"
-                          r"|unprivileged|description|features|onboot|searchdomain|ciupgrade|cicustom|citype|cpu")
+                          r"|unprivileged|description|features|onboot|searchdomain|ciupgrade|cicustom|citype|cpu"
+                          r"|machine|bios|scsihw|boot|efidisk0|tpmstate0")
 DISK_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
 MAC = re.compile(r"(?i)\b([0-9a-f]{2}:){5}[0-9a-f]{2}\b")
 
@@ -363,13 +333,13 @@ def _allocate_disks(call: Call, vmid: int, params: dict) -> dict:
         if not match:
             continue
         options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-        size = float(match.group(2))
+        size = int(float(match.group(2)) * GiB)
         source = options.pop("import-from", None)
-        if source:
+        if source:  # the source image's own size, written as format_size does (2252M)
             found = [v for v in call.lab.volumes.get(source.split(":")[0], []) if v["volid"] == source]
-            size = max(1, -(-found[0]["size"] // GiB)) if found else 2
+            size = found[0]["size"] if found else 2 * GiB
         disks[key] = ",".join([f"{match.group(1)}:vm-{vmid}-disk-{index}", *(f"{k}={v}" for k, v in options.items()),
-                               f"size={int(size)}G"])
+                               f"size={format_size(size)}"])
     return disks
 
 
@@ -383,6 +353,43 @@ def _archive_here(call: Call, archive: str, node: str) -> bool:
 def _restored_source(call: Call, archive: str) -> dict | None:
     match = re.search(r"vzdump-(?:qemu|lxc)-(\d+)-|/(?:vm|ct)/(\d+)/", archive)
     return call.lab.guests.get(int(match.group(1) or match.group(2))) if match else None
+
+
+def _check_ct_storages(call: Call, node: str) -> None:
+    """A container's volumes go to storages with `rootdir` content: those `rootfs`/`mpN` name, or
+    `storage` (default `local`) when only sizes or nothing is given; else a 400 before any task
+    (pve-container API2/LXC.pm create_vm; docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    named = [str(v).split(",")[0].split(":")[0] for k, v in call.params.items()
+             if re.fullmatch(r"rootfs|mp\d+", k) and ":" in str(v).split(",")[0]]
+    for sid in named or [call.arg("storage", "local")]:
+        entry = call.lab.storages.get(sid)
+        if entry is None or node not in call.lab.storage_nodes(entry):
+            raise ApiError(500, f"storage '{sid}' is not available on node '{node}'")
+        if "rootdir" not in entry["content"].split(","):
+            raise ApiError(400, "Parameter verification failed.",
+                           {"storage": f"storage '{sid}' does not support container directories"})
+
+
+def normal_tags(tags: object) -> str:
+    """Tags as PVE stores them: split at `;`, `,` or white space, lower case, sorted, each once
+    (pve-guest-common src/PVE/GuestHelpers.pm get_unique_tags, default tag-style)."""
+    return ";".join(sorted({t.lower() for t in re.split(r"[;,\s]+", str(tags)) if t}))
+
+
+def _configure_created(call: Call, guest: dict, restored: bool, volumes: dict) -> None:
+    """A created guest's config: the parameters it keeps and its new volumes; a restore also keeps the
+    backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)."""
+    if not restored:  # a new guest has the disks it was given, not the lab's defaults
+        for key in [k for k in guest["config"] if DISK_KEY.fullmatch(k) or k == "boot"]:
+            guest["config"].pop(key)
+    for key, value in call.params.items():
+        if CREATE_KEEPS.fullmatch(key):
+            guest["config"][key] = value
+    guest["config"] |= volumes
+    if guest["config"].get("tags"):
+        guest["config"]["tags"] = guest["tags"] = normal_tags(guest["config"]["tags"])
+    sizes = [size_bytes(str(v)) for k, v in volumes.items() if not k.startswith(("efidisk", "tpmstate"))]
+    guest["maxdisk"] = next((size for size in sizes if size), guest["maxdisk"])
 
 
 def pve_create(kind: str) -> Callable:
@@ -402,8 +409,13 @@ def pve_create(kind: str) -> Callable:
         missing = archive and not _archive_here(call, archive, node)
         if missing and kind == "qemu":  # a backup on another node's `local` is not here
             raise ApiError(500, f"can't find file '{archive}'")  # docs/PROXMOX-BEHAVIOUR.md#restore
+        if kind == "lxc":
+            _check_ct_storages(call, node)
         name = call.arg("name") or call.arg("hostname") or f"{'vm' if kind == 'qemu' else 'ct'}{vmid}"
         disks = _allocate_disks(call, vmid, call.params)
+        if kind == "lxc" and archive and "rootfs" not in disks:  # restored onto `storage` (default local)
+            size = (_restored_source(call, archive) or {}).get("maxdisk", 8 * GiB) // GiB
+            disks["rootfs"] = f"{call.arg('storage', 'local')}:vm-{vmid}-disk-0,size={size}G"
         source = _restored_source(call, archive) if archive else None
         nics = {k: v for k, v in (source or {}).get("config", {}).items() if re.fullmatch(r"net\d+", k)}
         if str(call.arg("unique", "0")) == "1":
@@ -412,15 +424,9 @@ def pve_create(kind: str) -> Callable:
         def apply() -> None:
             memory_mib = int(str(call.arg("memory", 2048)).split(",")[0].split("=")[-1])
             guest = call.lab.add_guest(vmid, kind, node, name, memory_mib=memory_mib, cores=int(call.arg("cores", 1)))
-            for key, value in call.params.items():
-                if CREATE_KEEPS.fullmatch(key):
-                    guest["config"][key] = value
-            # a restore keeps the backed-up MAC addresses unless unique=1 (docs/PROXMOX-BEHAVIOUR.md#restore)
-            guest["config"] |= disks | nics
+            _configure_created(call, guest, bool(archive), disks | nics)
             if oci:  # an application image brings its entry point (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)
                 guest["config"] |= oci_config(guest["config"])
-            sizes = [int(m.group(1)) for v in disks.values() if (m := re.search(r"size=(\d+)G", v))]
-            guest["maxdisk"] = sizes[0] * GiB if sizes else guest["maxdisk"]
             if str(call.arg("start", "0")) == "1":
                 guest["status"] = "running"
         prefix = "qm" if kind == "qemu" else "vz"
@@ -473,6 +479,7 @@ def pve_clone(kind: str) -> Callable:
             config = {k: v for k, v in source["config"].items() if k not in ("digest", "template")}
             clone["config"] = _new_macs(call, config) | {  # a clone always gets new MACs
                 "digest": call.lab._digest(newid), ("name" if kind == "qemu" else "hostname"): name}
+            clone["config"] |= _own_volumes(config, newid, call.arg("storage"))
         how = "full" if full else "linked"
         lines = [f"create {how} clone of drive scsi0 (local-lvm:vm-{vmid}-disk-0)"] + \
             [f"transferred {p * 32 // 100}.0 GiB of 32.0 GiB ({p}.00%)" for p in (20, 40, 60, 80, 100)]
@@ -503,6 +510,10 @@ def _migrate_refusal(call: Call, kind: str, guest: dict, target: str, node: str)
         return ApiError(500, _locked(guest, kind))
     if running and str(call.arg("online", "0")) != "1":
         return ApiError(500, "can't migrate running VM without --online")
+    jobs = [job for jobs in call.lab.replication.values() for job in jobs if int(job.get("guest", 0)) == guest["vmid"]]
+    if running and jobs and target not in {job.get("target") for job in jobs}:  # qemu-server API2/Qemu.pm migrate_vm
+        return ApiError(500, f"Cannot live-migrate replicated VM to node '{target}' - not a replication target. "
+                             f"Use 'force' to override.")
     mapping = _storage_map(call.arg("targetstorage"))
     for storage in _volume_storages(guest):
         wanted = mapping.get(storage, mapping.get("*", storage))
@@ -512,21 +523,47 @@ def _migrate_refusal(call: Call, kind: str, guest: dict, target: str, node: str)
     return None
 
 
+# Storage types whose snapshots a migration can carry (qemu-server QemuMigrate.pm, pve-container LXC/Migrate.pm
+# scan_local_volumes: zfspool, btrfs; qcow2 files on a directory storage for VMs).
+SNAPSHOTS_MIGRATE = ("zfspool", "btrfs")
+
+
+def _local_volume_errors(call: Call, kind: str, guest: dict) -> list[str]:
+    """Why local volumes block a migration: a CD-ROM image on local storage, a snapshot on storage
+    that cannot carry it, a live VM with local snapshots (docs/PROXMOX-BEHAVIOUR.md#migrate)."""
+    errors = []
+    for key, value in guest["config"].items():
+        volid = str(value).split(",")[0]
+        if not DISK_KEY.fullmatch(key) or ":" not in volid or _shared(call, volid.split(":")[0]):
+            continue
+        entry = call.lab.storages.get(volid.split(":")[0], {})
+        if "media=cdrom" in str(value):
+            if not re.search(r"vm-\d+-cloudinit", volid):
+                errors.append(f"can't migrate local disk '{volid}': local cdrom image")
+        elif guest["snapshots"] and kind == "qemu" and guest["status"] == "running":
+            errors.append(f"can't migrate local disk '{volid}': online storage migration not possible if "
+                          f"non-replicated snapshot exists")
+        elif guest["snapshots"] and entry.get("type") not in SNAPSHOTS_MIGRATE and not volid.endswith(".qcow2"):
+            errors.append(f"can't migrate local disk '{volid}': non-migratable snapshot exists")
+    return errors
+
+
 def _migrate_error(call: Call, kind: str, guest: dict) -> tuple[str, list[str]]:
     """What the migration task itself ends with, and the log lines that say why."""
-    if kind == "lxc":
-        if guest["status"] == "running" and str(call.arg("restart", "0")) != "1":
-            return "lxc live migration is currently not implemented", []
-        return _locked(guest, kind) or "OK", []
+    label = "VM" if kind == "qemu" else "CT"
+    if kind == "lxc" and guest["status"] == "running" and str(call.arg("restart", "0")) != "1":
+        return "lxc live migration is currently not implemented", []
+    errors = _local_volume_errors(call, kind, guest)
     local = [str(v).split(",")[0] for k, v in guest["config"].items() if DISK_KEY.fullmatch(k)
              and "media=cdrom" not in str(v) and ":" in str(v) and not _shared(call, str(v).split(":")[0])]
-    if guest["status"] == "running" and local and str(call.arg("with-local-disks", "0")) != "1":
+    if kind == "qemu" and guest["status"] == "running" and local and str(call.arg("with-local-disks", "0")) != "1":
         # qemu-server QemuMigrate.pm scan_local_volumes, pve-guest-common AbstractMigrate.pm
-        return "migration aborted", [
-            *(f"can't migrate local disk '{v}': can't live migrate attached local disks without "
-              f"with-local-disks option" for v in local),
-            "ERROR: migration aborted (duration 00:00:01): can't migrate VM - check log"]
-    return "OK", []
+        errors += [f"can't migrate local disk '{v}': can't live migrate attached local disks without "
+                   f"with-local-disks option" for v in local]
+    if errors:
+        return "migration aborted", [*errors, f"ERROR: migration aborted (duration 00:00:01): can't migrate "
+                                              f"{label} - check log"]
+    return _locked(guest, kind) or "OK", []
 
 
 def _moved(call: Call, guest: dict, target: str) -> Callable[[], None]:
@@ -541,22 +578,6 @@ def _moved(call: Call, guest: dict, target: str) -> Callable[[], None]:
     return apply
 
 
-def _ha_migrate(call: Call, node: str, kind: str, guest: dict, target: str) -> str:
-    """An HA resource's migration is a request to the HA manager (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
-    ha = guest["ha"]
-    before = ha["state"]
-
-    def queued() -> None:
-        ha["state"] = "migrate"
-        call.lab.schedule(call.lab.ha_seconds, crm)
-
-    def crm() -> None:
-        guest["node"], ha["state"] = target, before
-    line = f"Requesting HA migration for {'VM' if kind == 'qemu' else 'CT'} {guest['vmid']} to node {target}"
-    return call.lab.start_task(node, "hamigrate", str(guest["vmid"]), user=call.token_id, lines=[line],
-                               on_done=queued)
-
-
 def pve_migrate(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
@@ -566,7 +587,7 @@ def pve_migrate(kind: str) -> Callable:
         if refused:
             raise refused
         if guest.get("ha"):
-            return _ha_migrate(call, node, kind, guest, target)
+            return ha_migrate(call, node, kind, guest, target)
         error, why = _migrate_error(call, kind, guest)
         lines = [f"starting migration of {kind.upper()} {vmid} to node '{target}'"] + why + \
             ([f"migration active, transferred {p * 4 // 100} GiB of 4 GiB VM-state ({p}%)" for p in (25, 50, 75, 100)]
@@ -577,7 +598,21 @@ def pve_migrate(kind: str) -> Callable:
     return handler
 
 
+def _own_volumes(config: dict, vmid: int, storage: str | None) -> dict:
+    """A clone's disks: volumes of its own, `vm-<newid>-disk-<n>`, on `storage` or the source's
+    (an lvmthin linked clone's name does not show its base) (docs/PROXMOX-BEHAVIOUR.md#a-fresh-install)."""
+    volumes = {}
+    for key, value in config.items():
+        volid, _, options = str(value).partition(",")
+        match = re.fullmatch(r"([\w.-]+):(?:base|vm)-\d+-disk-(\d+)", volid)
+        if DISK_KEY.fullmatch(key) and match:
+            volumes[key] = f"{storage or match.group(1)}:vm-{vmid}-disk-{match.group(2)}" + (f",{options}" if options
+                                                                                             else "")
+    return volumes
+
+
 def pve_template(kind: str) -> Callable:
+    """A template's volumes are renamed base-<vmid>-disk-<n> (pve-storage LvmThinPlugin.pm create_base)."""
     def handler(call: Call, node: str, vmid: str) -> str | None:
         guest = _guest(call, node, vmid, kind)
         if guest["status"] == "running":
@@ -586,6 +621,9 @@ def pve_template(kind: str) -> Callable:
         def apply() -> None:
             guest["template"] = 1
             guest["config"]["template"] = 1
+            for key, value in guest["config"].items():
+                if DISK_KEY.fullmatch(key) and "media=cdrom" not in str(value):
+                    guest["config"][key] = re.sub(rf"^([\w.-]+):vm-{vmid}-", rf"\1:base-{vmid}-", str(value))
         if kind == "lxc":  # synchronous for containers (the schema returns null)
             apply()
             return None

@@ -167,7 +167,7 @@ def test_a_prune_with_confirmation(plain, sim, snapshots_kept):
 
 def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
     sim.lab.backup_jobs.append({"id": "backup-media", "type": "vzdump", "schedule": "03:00", "enabled": 1,
-                                "vmid": "103,104", "storage": "nfs-backup", "mode": "snapshot"})
+                                "vmid": "103,104", "storage": "local", "mode": "snapshot"})
     edit = {"method": "PUT", "path": "/cluster/backup/backup-media", "params": {"prune-backups": "keep-last=3"}}
     message = plain.error("write_api_call", edit)
     assert "DESTRUCTIVE" in message and "prune-backups" in message  # needs the user's yes
@@ -185,7 +185,7 @@ def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
 
 def test_a_backup_that_prunes_its_own_guest(plain, sim):
     backup = {"method": "POST", "path": "/nodes/pve1/vzdump",
-              "params": {"vmid": "103", "storage": "nfs-backup", "prune-backups": "keep-last=2"}}
+              "params": {"vmid": "103", "storage": "local", "prune-backups": "keep-last=2"}}
     assert "confirm=true" in plain.error("write_api_call", backup)
     assert plain.ok("write_api_call", backup | {"confirm": True})["data"].startswith("UPID:")
 
@@ -194,11 +194,11 @@ def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(plain, 
     """Issue 25: a snapshot-mode backup that never prunes (remove=0) changes nothing on a protected VM;
     any other backup of it is refused, saying what would pass (docs/PROXMOX-BEHAVIOUR.md#job-edits)."""
     backup = {"method": "POST", "path": "/nodes/pve2/vzdump",
-              "params": {"vmid": "101", "storage": "nfs-backup", "mode": "snapshot", "remove": 0}}
+              "params": {"vmid": "101", "storage": "local", "mode": "snapshot", "remove": 0}}
     done, sent = requests_during(sim, lambda: plain.ok("write_api_call", backup))
     assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve2/vzdump") in sent
     for params in ({"mode": "stop", "remove": 0}, {"mode": "snapshot"}, {}):
-        call = backup | {"params": {"vmid": "101", "storage": "nfs-backup"} | params}
+        call = backup | {"params": {"vmid": "101", "storage": "local"} | params}
         message, sent = requests_during(sim, lambda c=call: plain.error("write_api_call", c))
         assert "protected guest 101" in message and "mode=snapshot and remove=0" in message and writes(sent) == []
 

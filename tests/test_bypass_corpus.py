@@ -373,6 +373,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
 def session_env(sim, tmp, session: str) -> dict:
     access, gates, protected, allowed, unblocked = SESSIONS[session]
     (tmp / "protected.json").write_text(json.dumps([e for e in PROTECTED if e["vmid"] in protected]))
+    # the policy must refuse, not Proxmox's privileges: a token that holds everything
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": access, "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}

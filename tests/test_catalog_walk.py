@@ -122,6 +122,8 @@ def call_for(product: str, entry: dict, upid: str):
     params.update(WALK_PARAMS.get((entry["method"], entry["path"]), {}))
     if entry["path"].endswith("/download-url"):  # the name must fit the content type (#downloads-and-imports)
         params["filename"] = "walk1.iso"
+    if entry["method"] == "POST" and entry["path"] == "/nodes/{node}/lxc":  # a fresh install's `local` takes no CT
+        params["storage"] = "local-lvm"
     if entry["path"].endswith("/resize"):
         params.update(disk="rootfs" if "/lxc/" in entry["path"] else "scsi0", size="+1G")
     if "/firewall/" in entry["path"] and params.get("type") == "in":  # an in rule's action (verify_rule)
@@ -185,6 +187,7 @@ def walker(sim, tmp_path_factory):
         status = "stopped" if state == "stopped" else "running"
         guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)
         guest["paused"] = state == "paused"
+    sim.lab.guests[101]["ha"] = {"state": "started"}  # the HA resource the walk edits (vm:101)
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)
@@ -212,8 +215,11 @@ def walker(sim, tmp_path_factory):
         ("GET", "/admin/datastore/{store}/catalog"): container | {"filepath": "/"},
         ("GET", "/admin/datastore/{store}/pxar-file-download"): container | {"filepath": hostname},
         ("POST", "/nodes/{node}/aplinfo"): {"storage": "local",
-                                            "template": "debian-12-standard_12.12-1_amd64.tar.zst"}})
-    env = everything_open(sim, tmp)
+                                            "template": "debian-12-standard_12.12-1_amd64.tar.zst"},
+        ("GET", "/nodes/{node}/vzdump/extractconfig"): {  # a backup the node sees (#configs-inside-backups)
+            "volume": next(v["volid"] for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 100)}})
+    # no safety snapshot before rollbacks: its task would wait out the clone's lock on guest 100
+    env = everything_open(sim, tmp, PROXMOX_SAFETY_SNAPSHOT="off")
     with stdio_session(env, log_name="walk") as session:
         yield session
 
@@ -223,9 +229,10 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
              "pbs": sim.lab.start_task("localhost", "walk", "x", finished=True, product="pbs")}
     failures, refused_blocked, passed = [], 0, 0
     for product in catalog.PRODUCTS:
-        # deleting the walk's guests and HA rules comes last, so that every other method still finds them
-        for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(
-                re.fullmatch(r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}|/cluster/ha/(rules|groups)/\{\w+\}", e["path"]))):
+        # deleting the walk's guests, snapshots and HA rules comes last, so that every other method still finds them
+        for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(re.fullmatch(
+                r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?|/cluster/ha/(rules|groups)/\{\w+\}",
+                e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = method_gate(entry["method"], entry["path"])
             if product == "pve" and "/firewall/" in entry["path"]:

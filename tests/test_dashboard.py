@@ -25,11 +25,11 @@ def build_lab(**sizes) -> simulator.Lab:
     lab = simulator.Lab.homelab(**sizes)
     lab.task_seconds = 0
     now = int(time.time())
-    lab.storages["nfs-backup"]["used"] = 1900 * GiB  # 95 %: a health finding
+    lab.storages["pbs"]["used"] = 3800 * GiB  # 95 %: a health finding (a shared storage)
     lab.nodes["pve2"]["cpu"] = 0.97
     store = lab.datastores["backup"]["groups"]
     store[("", "ct", "102")] = [lab.pbs_snapshot(now - 5 * 86400)]  # guest 102: stale
-    lab.volumes["nfs-backup"] = [v for v in lab.volumes["nfs-backup"] if v.get("vmid") != 102]
+    lab.volumes["local"] = [v for v in lab.volumes["local"] if v.get("vmid") != 102]
     return lab
 
 
@@ -47,7 +47,9 @@ def sim():
 
 @pytest.fixture(scope="module")
 def session(sim):
-    with tool_session(sim.env() | MONITOR, log_name="dashboard") as running:
+    # the README's reader token with its optional backup grant (BackupReader): without it PVE lists no
+    # backup on `local` to the token, and the coverage matrix says "unknown" (tests/test_default_world.py)
+    with tool_session(sim.env(pve_token="mcp@pve!backups") | MONITOR, log_name="dashboard") as running:
         yield running
 
 
@@ -61,11 +63,12 @@ def test_every_part_is_there(session, sim):
     pve2 = as_dicts(answer["nodes"])[1]
     assert pve2["cpu_pct"] == 97.0 and pve2["cores"] == 8 and pve2["status"] == "online"
     storages = as_dicts(answer["storage"])
-    assert storages[0] == {"storage": "nfs-backup", "node": "(shared)", "type": "nfs", "status": "available",
-                           "used_pct": 95.0, "used": "1.9 TiB", "total": "2.0 TiB"}  # fullest first, shared once
-    assert {(s["storage"], s["node"]) for s in storages} >= {("local", "pve1"), ("local", "pve3"), ("pbs", "(shared)")}
+    assert storages[0] == {"storage": "pbs", "node": "(shared)", "type": "pbs", "status": "available",
+                           "used_pct": 95.0, "used": "3.7 TiB", "total": "3.9 TiB"}  # fullest first, shared once
+    assert {(s["storage"], s["node"]) for s in storages} >= {("local", "pve1"), ("local", "pve3"),
+                                                            ("local-lvm", "pve2")}
     health = as_dicts(answer["health"])
-    assert {"severity": "critical", "area": "storage", "finding": "nfs-backup on pve1 is 95.0% full"} in health
+    assert {"severity": "critical", "area": "storage", "finding": "pbs (shared) is 95.0% full"} in health
     assert answer["health"]["summary"]["critical"] >= 1
     # one read of the inventory for nodes, storage and guests; the workflows read what they need
     assert sent.count(("pve", "GET", "/cluster/resources")) >= 1

@@ -99,7 +99,8 @@ def real_result(sim: simulator.Simulator, arguments: dict | None = None) -> tupl
     """The view's HTML (resources/read) and a dashboard tools/call result, over MCP from a client that
     declares MCP Apps; the result as the host hands it on (the wire's camelCase) and its answer."""
     from mcp.client.extension import advertise
-    with stdio_session(sim.env() | MONITOR, log_name="dashboard-view",
+    # the reader token with the README's optional backup grant, as in test_dashboard.py
+    with stdio_session(sim.env(pve_token="mcp@pve!backups") | MONITOR, log_name="dashboard-view",
                        extensions=[advertise(APPS, {"mimeTypes": [APP_MIME]})]) as client:
         resource = client.portal.call(client.client.read_resource, "ui://proxmox/dashboard.html").contents[0]
         assert resource.mime_type == APP_MIME
@@ -156,8 +157,8 @@ def test_nodes_with_cpu_memory_and_storage_bars(browser, drawn, tmp_path):
         assert meters["CPU"] == node["cpu_pct"] and meters["Memory"] == node["mem_pct"]
         assert {"local", "local-lvm"} <= set(meters)  # each node's own storages under it
     shared = browser.run("return [...document.querySelectorAll('.node-shared [data-meter]')].map(m => m.dataset.meter)")
-    assert sorted(shared) == ["nfs-backup", "pbs"]
-    level = browser.run("return document.querySelector('.node-shared [data-meter=\"nfs-backup\"] rect.fill')"
+    assert sorted(shared) == ["pbs"]
+    level = browser.run("return document.querySelector('.node-shared [data-meter=\"pbs\"] rect.fill')"
                         ".getAttribute('class')")
     assert "lvl-crit" in level  # 95 % full
 
@@ -304,5 +305,10 @@ def screenshots(folder: Path) -> list[Path]:
 if __name__ == "__main__":
     if webdriver.missing():
         sys.exit(webdriver.missing())
-    for path in screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
-        print(f"wrote {path}")
+    import tempfile
+
+    import conftest
+    with tempfile.TemporaryDirectory() as logs:  # run as a script: the servers' logs go to a throwaway folder
+        conftest.LOGS = Path(logs)
+        for path in screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
+            print(f"wrote {path}")

@@ -27,7 +27,13 @@ def pbs_backed(lab, vmid: int) -> str:
 
 
 def pve_backup(lab, vmid: int) -> str:
-    return next(v["volid"] for v in lab.volumes["nfs-backup"] if v.get("vmid") == vmid)
+    return next(v["volid"] for v in lab.volumes["local"] if v.get("vmid") == vmid)
+
+
+def newest_receipt(lab, tool: str) -> dict:
+    """The receipt of the last call of a tool (the server keeps them beside its audit log)."""
+    kept = [json.loads(p.read_text()) for p in lab.mcp_receipts.glob("rc-*.json")]
+    return {"receipt": max((r for r in kept if r["tool"] == tool), key=lambda r: r["epoch"])["id"]}
 
 
 # (tool, arguments or a function of the lab giving them), in the order they run: reads, then
@@ -54,11 +60,13 @@ CALLS = [
     ("api_describe", {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}),
     ("api_read", {"path": "/version"}), ("firewall_rules", {}), ("backup_jobs", {}),
     ("list_templates", {}), ("backup_files", lambda lab: {"backup": pbs_backed(lab, 102)}),
+    ("list_changes", {}), ("what_changed", {"vmid": 100}),
     ("write_guest_power", {"vmid": 104, "action": "start"}),
     ("write_snapshot_create", {"vmid": 100, "name": "mcp1"}),
-    ("write_backup_guest", {"vmid": 102, "storage": "nfs-backup"}),
+    ("write_backup_guest", {"vmid": 102, "storage": "local"}),
     ("write_guest_config", {"vmid": 103, "set": {"memory": 1024}}),
     ("write_set_nic", {"vmid": 103, "vlan": 30}),
+    ("write_undo", lambda lab: newest_receipt(lab, "write_set_nic")),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+1G"}),
     ("write_clone_guest", {"vmid": 100, "newid": 150, "name": "mcp-clone"}),
     ("write_migrate_guest", {"vmid": 150, "target": "pve3"}),
@@ -82,7 +90,7 @@ CALLS = [
                              "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}}),
     ("write_firewall_options", {"vmid": 100, "enable": True}),
     ("write_backup_job", {"action": "create", "job_id": "mcp-job", "vmids": [102], "schedule": "03:00",
-                          "storage": "nfs-backup"}),
+                          "storage": "pbs"}),
     ("write_pbs_gc", {"store": "backup"}), ("write_pbs_verify", {"store": "backup"}),
     ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
     ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),
@@ -90,7 +98,7 @@ CALLS = [
     ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
                          "confirm": True}),
     ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),
-    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "confirm": True}),
+    ("write_snapshot_rollback", {"vmid": 100, "name": "mcp1", "start": True, "confirm": True}),
     ("write_snapshot_delete", {"vmid": 100, "name": "mcp1", "confirm": True}),
     ("write_delete_guest", {"vmid": 151, "confirm": True}),
     ("write_delete_volume", {"volid": CLOUD_IMAGE, "confirm": True}),
@@ -106,6 +114,7 @@ def admin(sim, tmp_path_factory):
     sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
+    sim.lab.mcp_receipts = tmp / "audit.receipts"
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session

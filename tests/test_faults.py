@@ -62,7 +62,7 @@ def fault_envs(sim: Any) -> dict[str, dict]:
     """The servers the faults need: the reader and an operator on the simulator, a host that is
     down, and a host whose certificate no longer matches its pin."""
     base = {"PROXMOX_READ_TIMEOUT": str(READ_TIMEOUT)}
-    admin = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin")
+    admin = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin")  # writes need more than the reader
     down = {"PROXMOX_LAB_URL": f"https://127.0.0.1:{closed_port()}", "PROXMOX_LAB_TOKEN": "a@pve!t=" + "s" * 36}
     return {"reader": sim.env() | base, "operator": admin | base | {"PROXMOX_ACCESS": "lifecycle"},
             "host down": down | base,

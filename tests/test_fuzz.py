@@ -56,6 +56,7 @@ def arguments(rng: random.Random, schema: dict) -> dict:
 def fuzz_env(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "fuzz"}]))
+    # every tool offered and every request reaching the argument checks: more than the reader holds
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_DRY_RUN": "true",
         "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"), "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}

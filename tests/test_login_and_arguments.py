@@ -143,6 +143,7 @@ def test_indexed_options_as_a_nested_object(admin_dry, sim):
 
 @pytest.fixture(scope="module")
 def admin_dry(sim):
+    # the write tools offered: the reader's privileges would hide them
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {"PROXMOX_ACCESS": "write"}
     with tool_session(env, log_name="test_login_admin") as running:
         yield running

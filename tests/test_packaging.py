@@ -19,6 +19,9 @@ def test_the_wheel_holds_every_module_the_simulator_and_the_catalog():
     assert set(PROJECT["tool"]["setuptools"]["py-modules"]) == modules
     assert {"simulator", "catalog"} <= set(PROJECT["tool"]["setuptools"]["packages"])
     assert PROJECT["tool"]["setuptools"]["package-data"]["catalog"] == ["*.json"]
+    assert {"views"} <= set(PROJECT["tool"]["setuptools"]["packages"])  # the dashboard's view, for installs too
+    assert PROJECT["tool"]["setuptools"]["package-data"]["views"] == ["*.html"]
+    assert (ROOT / "views" / "dashboard.html").is_file()
     assert not (ROOT / "catalog" / "__init__.py").exists()  # `import catalog` must still find catalog.py
 
 

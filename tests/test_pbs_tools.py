@@ -76,7 +76,7 @@ def test_jobs_and_tasks(pbs):
     assert jobs[("gc", "backup")]["result"] == "OK" and ("verify", "v-backup") in jobs
     progress = []
     gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
-    assert gc["task"] == "ok" and progress
+    assert gc["task"] == "OK" and progress
     assert gc["freed"] == "1.2 GiB" and gc["removed_chunks"] == 612 and gc["pending"] == "0 B"  # the run's counters
     tasks = rows(pbs.ok("pbs_list_tasks"))
     assert tasks[0]["type"] == "garbage_collection" and tasks[0]["status"] == "OK"
@@ -171,10 +171,10 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     # a verify the user asks for checks again what was verified before, the failed snapshot too
     verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
                       progress=progress)
-    assert verified["task"] == "ok" and verified["checked"] == 2 and verified["failed"] == [] and progress
+    assert verified["task"] == "OK" and verified["checked"] == 2 and verified["failed"] == [] and progress
     assert group[-1]["verification"]["state"] == "ok"
     ran = pbs.ok("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"})
-    assert ran["task"] == "ok" and ran["job"] == "verify v-backup" and "status" not in ran
+    assert ran["task"] == "OK" and ran["job"] == "verify v-backup" and "status" not in ran
 
 
 @pytest.mark.parametrize("tool, arguments, expected", [

@@ -73,7 +73,7 @@ def test_http_server_stops_on_sigterm_after_the_call_in_flight(sim, tmp_path):
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     audit_log = tmp_path / "audit.jsonl"
-    env = sim.env(pve_token="root@pam!admin", pbs=False) | {
+    env = sim.env(pve_token="root@pam!admin", pbs=False) | {  # a lifecycle call: more than the reader holds
         "MCP_AUTH_TOKEN": TOKEN, "PROXMOX_ACCESS": "lifecycle", "PROXMOX_AUDIT_LOG": str(audit_log)}
     log_path = tmp_path / "server.log"
     with open(log_path, "w") as log:

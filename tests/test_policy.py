@@ -193,7 +193,8 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
     """An exec-status read skips confirmation only as the follow-up of the exec the user confirmed
     in this tool call (same host, guest and pid); any other read of a guest's exec output is exec."""
     asked = []
-    token = policy.CALL.set({"tool": "test", "confirm": lambda _host, decision: asked.append(decision.path)})
+    token = policy.CALL.set({"tool": "test",
+                             "confirm": lambda _host, decisions, *_: asked.extend(d.path for d in decisions)})
     try:
         assert policy.admit(PVE, "POST", "/nodes/pve2/qemu/104/agent/exec", {"command": ["id"]},
                             lambda _: {"pid": 7}) == {"pid": 7}
@@ -321,6 +322,7 @@ def test_mask():
 def write_env(sim, tmp: Path, **extra) -> dict:
     protected = tmp / "protected.json"
     protected.write_text(json.dumps(PROTECTED))
+    # the policy must decide, not Proxmox's privileges: a token that holds everything
     return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
         "PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_PROTECTED_VMS_FILE": str(protected),

@@ -23,6 +23,8 @@ DEBIAN_TEMPLATE = "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
+    # every write tool at work (and backups and disks listed): more than the README's reader holds; the
+    # reader and an operator's write token: tests/test_default_world.py
     env = sim.env(pve_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
@@ -57,8 +59,8 @@ def test_guest_config_and_snapshots(ops, sim):
 
 def test_backups_storage_content_networks_pools(ops):
     backups = rows(ops.ok("list_backups", {"vmid": 100}))
-    on_nfs = [b for b in backups if b["storage"] == "nfs-backup"]
-    assert len(on_nfs) == 1 and on_nfs[0]["size"] == "2.0 GiB"
+    on_local = [b for b in backups if b["storage"] == "local"]  # last night's, on pve1's own disk
+    assert len(on_local) == 1 and on_local[0]["size"] == "2.0 GiB" and on_local[0]["node"] == "pve1"
     assert len([b for b in backups if b["storage"] == "pbs"]) == 3  # a PBS storage lists its datastore's snapshots
     isos = rows(ops.ok("storage_content", {"storage": "local", "content": "iso"}))
     assert [r["volid"] for r in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
@@ -133,8 +135,13 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert grown["result"] == "ok" and "size=40G" in sim.lab.guests[100]["config"]["scsi0"]
     ops.ok("write_snapshot_create", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
-    assert ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
-    assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": "pre-upgrade", "confirm": True})["result"] == "ok"
+    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
+    assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
+    assert len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's (docs/SECURITY.md#undo)
+    safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
+    assert safety and safety[0].startswith("mcp-safety-")
+    for name in ("pre-upgrade", safety[0]):
+        assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
 
 
@@ -142,10 +149,10 @@ def test_resize_snapshot_rollback_delete(ops, sim):
 @pytest.mark.usefixtures("running_tasks")
 def test_backup_restore_clone_migrate_template_delete(ops, sim):
     progress = []
-    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "nfs-backup", "notes": "before the move"},
+    backup = ops.ok("write_backup_guest", {"vmid": 105, "storage": "local", "notes": "before the move"},
                     progress=progress)
     assert backup["result"] == "ok" and any(p for p, _, _ in progress if p)
-    volid = next(v["volid"] for v in sim.lab.volumes["nfs-backup"] if v.get("vmid") == 105)
+    volid = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 105)
     restored = ops.ok("write_restore_backup", {"archive": volid})
     assert restored["result"] == "ok" and sim.lab.guests[restored["vmid"]]["type"] == "lxc"
     # a guest on local storage clones on its own node only (docs/PROXMOX-BEHAVIOUR.md#clone)
@@ -221,13 +228,14 @@ def test_create_without_a_node_picks_one_that_is_online(ops, sim):
 GUEST_WRITES = [
     ("write_guest_power", {"action": "start"}), ("write_guest_config", {"set": {"memory": 1024}}),
     ("write_set_nic", {"bridge": "vmbr0"}), ("write_resize_disk", {"disk": "scsi0", "size": "+1G"}),
-    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "nfs-backup"}),
+    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs", "mode": "stop"}),
+    ("write_backup_guest", {"storage": "pbs", "prune": True}),
     ("write_clone_guest", {}), ("write_migrate_guest", {"target": "pve3"}),
     ("write_delete_guest", {"confirm": True}), ("write_template", {}),
 ]
 
 
-@pytest.mark.parametrize("tool, arguments", GUEST_WRITES, ids=[t for t, _ in GUEST_WRITES])
+@pytest.mark.parametrize("tool, arguments", GUEST_WRITES, ids=[f"{t}-{i}" for i, (t, _) in enumerate(GUEST_WRITES)])
 def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments):
     if tool in ("write_delete_guest", "write_template"):
         sim.lab.guests[101]["status"] = "stopped"  # past the tool's own "stop it first" check
@@ -239,13 +247,21 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
     assert sent == []
 
 
+def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(ops, sim):
+    """write_backup_guest's defaults (snapshot mode, remove=0) change nothing on the guest: allowed for a
+    protected one (docs/SECURITY.md, issue 25); stop mode or pruning are refused (above)."""
+    done, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_backup_guest",
+                                                                          {"vmid": 101, "storage": "pbs"}))
+    assert done["task"] == "OK" and sent == [("pve", "POST", "/nodes/pve2/vzdump")]
+
+
 def test_snapshot_and_restore_refusals_for_protected(ops, sim):
     sim.lab.guests[101]["snapshots"] = [{"name": "keep", "snaptime": 1}]
     for tool in ("write_snapshot_rollback", "write_snapshot_delete"):
         refused = partial(ops.error, tool, {"vmid": 101, "name": "keep", "confirm": True})
         message, sent = requests_during(sim, refused, writes=True)
         assert "protected" in message and sent == []
-    archive = sim.lab.volumes["nfs-backup"][0]["volid"]
+    archive = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 101)  # on pve2, as 101
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_restore_backup", {
         "archive": archive, "vmid": 101, "overwrite": True, "confirm": True}))
     assert "protected" in message and sent == []
@@ -272,6 +288,7 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
 
 
 def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
+    # the tool offered (the reader lacks VM.PowerMgmt, which would hide it): the tier must refuse
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with in_process(env, log_name="tier-stop") as session:
@@ -299,7 +316,7 @@ BAD_INPUT = [
     # its example is a storage that holds backups on a fresh install (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
     ("write_backup_guest", {"vmid": 100, "storage": 7}, 'argument \'storage\' must be text (got 7), e.g. "local"'),
     ("write_restore_backup", {"archive": "local:iso/x.iso"}, "does not look like a backup"),
-    ("write_restore_backup", {"archive": "nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "vmid": 102}, "is taken"),
+    ("write_restore_backup", {"archive": "pbs:backup/vm/100/2026-01-01T02:00:01Z", "vmid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "newid": 102}, "is taken"),
     ("write_clone_guest", {"vmid": 100, "full": False}, "needs a template"),
     ("write_clone_guest", {"vmid": 100, "target": "pve9"}, "Unknown node"),

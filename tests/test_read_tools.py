@@ -131,8 +131,8 @@ def test_list_storage_merges_shared_storage(session):
     storage = session.ok("list_storage")
     rows = [dict(zip(storage["columns"], row, strict=True)) for row in storage["rows"]]
     shared = [r for r in rows if r["node"] == "(shared)"]
-    assert {r["storage"] for r in shared} == {"nfs-backup", "pbs"}
-    assert len([r for r in rows if r["storage"] == "local"]) == 3
+    assert {r["storage"] for r in shared} == {"pbs"}  # a fresh install: local and local-lvm on each node
+    assert len([r for r in rows if r["storage"] == "local"]) == 3 and len(rows) == 7
     assert all(r["used"].endswith("iB") and 0 <= r["used_pct"] <= 100 for r in rows)
     only = session.ok("list_storage", {"node": "pve2"})
     assert {row[1] for row in only["rows"]} <= {"pve2", "(shared)"}

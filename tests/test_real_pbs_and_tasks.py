@@ -208,7 +208,7 @@ def coverage_rows(report: dict) -> dict[int, dict]:
 def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
     """This cluster backs up to namespace `namespace`; another cluster's guests, numbered alike,
     sit in namespace `office` of the same datastore (103 included, which this cluster never backed up)."""
-    lab.volumes["nfs-backup"] = []
+    lab.volumes["local"] = [v for v in lab.volumes["local"] if v["content"] != "backup"]
     groups = lab.datastores["backup"]["groups"]
     ours = {(kind, item): snaps for (ns, kind, item), snaps in groups.items() if ns == ""}
     groups.clear()
@@ -223,7 +223,8 @@ def only_pbs_backups(lab: simulator.Lab, namespace: str) -> None:
 
 def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
-    with tools_on(sim, tmp_path):
+    # the README's backup grant, so that `local` is seen to hold none (the reader alone: unknown, not missing)
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
     assert {vmid for vmid, r in guests.items() if r["state"] == "ok"} == {100, 101, 102, 105}
@@ -235,7 +236,8 @@ def test_coverage_reads_the_namespace_the_storage_writes_to(sim, lab, tmp_path):
 def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tmp_path):
     only_pbs_backups(lab, "homelab")
     lab.storages["pbs"]["config"]["server"] = "pbs.elsewhere.example"
-    with tools_on(sim, tmp_path):
+    # the reader with the README's backup grant: PVE lists a backup only to a caller who could make one
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):
         before = len(lab.requests)
         report = workflows.backup_coverage()
     guests = coverage_rows(report)
@@ -246,7 +248,7 @@ def test_coverage_reads_a_pbs_storage_of_another_server_through_pve(sim, lab, tm
 
 def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_path):
     lab.fail.append((r"^/cluster/backup$", 403, "Permission check failed (/, Sys.Audit)"))
-    with tools_on(sim, tmp_path):
+    with tools_on(sim, tmp_path, pve_token="mcp@pve!backups"):  # sees `local` (the reader alone: unknown)
         report = workflows.backup_coverage()
     missing = [f["finding"] for f in report["findings"] if "guest 103" in f["finding"]]
     assert missing and "no job covers it" not in missing[0] and "jobs could not be read" in missing[0]
@@ -256,9 +258,9 @@ def test_coverage_without_the_jobs_does_not_say_no_job_covers_it(sim, lab, tmp_p
 def test_coverage_honours_job_node_and_exclude_only_with_all(sim, lab, tmp_path):
     lab.backup_jobs = [
         {"id": "pve2-all", "type": "vzdump", "schedule": "02:00", "enabled": 1, "all": 1, "node": "pve2",
-         "storage": "nfs-backup"},
+         "storage": "pbs"},
         {"id": "listed", "type": "vzdump", "schedule": "03:00", "enabled": 1, "vmid": "103,105", "exclude": "103",
-         "storage": "nfs-backup"}]
+         "storage": "pbs"}]
     with tools_on(sim, tmp_path):
         guests = coverage_rows(workflows.backup_coverage())
     assert guests[101]["jobs"] == "pve2-all" and guests[104]["jobs"] == "pve2-all"  # the guests on pve2
@@ -426,7 +428,7 @@ def test_pbs_tools_work_on_every_release(release, tmp_path):
     assert (("sync", "push-backup") in jobs) == (release >= (3, 2, 11))
     assert (("gc", "backup") in jobs) == (release >= (3, 2, 0)) == ("note" not in listed) == ("note" not in stores)
     assert rows(stores)[0]["last_gc"] and (status["gc"].get("last_run") or status["gc"].get("last_started"))
-    assert ran["task"] == "ok"
+    assert ran["task"] == "OK"
     assert not [u for u in report["unavailable"] if u["section"].startswith("pbs")], report["unavailable"]
     assert not [f for f in findings(report, "pbs") if "garbage" in f], report["findings"]
 
@@ -457,7 +459,7 @@ def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_pa
 
 
 def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
-    confirmed = policy.CALL.set({"confirm": lambda _client, _decision: None})  # a prune job is destructive
+    confirmed = policy.CALL.set({"confirm": lambda *_: None})  # a prune job is destructive
     try:
         with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="destructive"):
             ids = {kind: pbs_tools.pbs_get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]

@@ -406,10 +406,16 @@ def test_storage_content_and_networks(sim):
     pve = client(sim)
     isos = pve.get("/nodes/pve1/storage/local/content", content="iso")
     assert [v["volid"] for v in isos] == ["local:iso/debian-13.1.0-amd64-netinst.iso"]
-    disks = pve.get("/nodes/pve1/storage/local-lvm/content")
-    assert {v["vmid"] for v in disks} == {100, 103}
-    backups = pve.get("/nodes/pve2/storage/nfs-backup/content", content="backup", vmid=100)
+    # the reader token (PVEAuditor) sees no disks and no backups: a disk needs VM.Config.Disk on its guest, a
+    # backup Datastore.AllocateSpace on the storage and VM.Backup on its guest (pve-storage check_volume_access)
+    assert pve.get("/nodes/pve1/storage/local-lvm/content") == []
+    assert pve.get("/nodes/pve1/storage/local/content", content="backup") == []
+    admin = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
+    disks = admin.get("/nodes/pve1/storage/local-lvm/content")
+    assert {v["volid"] for v in disks} == {"local-lvm:vm-100-disk-0", "local-lvm:vm-103-disk-0"}
+    backups = admin.get("/nodes/pve1/storage/local/content", content="backup", vmid=100)
     assert len(backups) == 1 and backups[0]["format"] == "vma.zst"
+    assert admin.get("/nodes/pve2/storage/local/content", content="backup", vmid=100) == []  # pve1's own disk
     bridges = {n["iface"]: n for n in pve.get("/nodes/pve1/network", type="bridge")}
     assert bridges["vmbr0"]["bridge_ports"] == "eno1" and bridges["vmbr0"]["bridge_vlan_aware"] == 1
     assert bridges["vmbr1"]["bridge_ports"] == "" and "bridge_vlan_aware" not in bridges["vmbr1"]

@@ -18,7 +18,7 @@ def sim():
     lab = simulator.Lab.homelab()
     lab.task_seconds = 0  # as in conftest's sim
     now = int(time.time())
-    lab.storages["nfs-backup"]["used"] = 1900 * GiB  # 95 %: a full storage
+    lab.storages["pbs"]["used"] = 3800 * GiB  # 95 %: a full storage (shared)
     lab.acl.append({"path": "/", "type": "user", "ugid": "ops@pve", "roleid": "Administrator", "propagate": 1})
     lab.cert_days["pve3"] = 10  # an expiring certificate
     lab.nodes["pve2"]["cpu"] = 0.97  # a node at full load
@@ -30,7 +30,7 @@ def sim():
     # guest 102: its newest backups are five days old (stale)
     store = lab.datastores["backup"]["groups"]
     store[("", "ct", "102")] = [lab.pbs_snapshot(now - 5 * 86400 - d * 86400) for d in range(3)]
-    lab.volumes["nfs-backup"] = [v for v in lab.volumes["nfs-backup"] if v.get("vmid") != 102]
+    lab.volumes["local"] = [v for v in lab.volumes["local"] if v.get("vmid") != 102]
     store[("", "vm", "999")] = [lab.pbs_snapshot(now - 86400)]  # a group whose guest is gone
     lab.add_volume("local", "local:import/debian-13.qcow2", "import", 600 * 1024 ** 2)
     with simulator.Simulator(lab) as running:
@@ -49,6 +49,7 @@ def reader(sim):
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("workflows")
     (tmp / "protected.json").write_text("[]")
+    # provisioning and the drill create, start and destroy guests: more than the README's reader tokens
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS_FILE": str(tmp / "protected.json"),
         "PROXMOX_AUDIT_LOG": str(tmp / "audit.jsonl")}
@@ -60,10 +61,11 @@ def areas(report):
     return {(f["severity"], f["area"], f["finding"]) for f in report["findings"]}
 
 
-def test_health_check_reports_what_is_wrong_and_only_that(ops, sim):
-    report, sent = requests_during(sim, lambda: ops.ok("health_check"))
+def test_health_check_reports_what_is_wrong_and_only_that(session, sim):
+    report, sent = requests_during(sim, lambda: session.ok("health_check"))
     found = areas(report)
-    assert ("critical", "storage", "nfs-backup on pve1 is 95.0% full") in found
+    # a shared storage is one finding, not one per node that mounts it
+    assert [f for f in found if f[1] == "storage"] == [("critical", "storage", "pbs (shared) is 95.0% full")]
     assert ("warning", "locks", "guest 101 (db) is locked (backup)") in found
     assert ("warning", "certificates", "pve-ssl.pem on pve3 expires in 9 days") in found \
         or ("warning", "certificates", "pve-ssl.pem on pve3 expires in 10 days") in found
@@ -109,16 +111,16 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(reade
     assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
     assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
     assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found
-    assert ("info", "updates", "1 package updates pending on pve1") in found  # Proxmox's: no Sys.Modify
+    assert ("info", "updates", "1 package update pending on pve1") in found  # Proxmox's: no Sys.Modify
     assert any(f[:2] == ("warning", "certificates") and f[2].startswith("pveproxy-ssl.pem on pve2") for f in found)
     assert any(f[:2] == ("info", "certificates") and f[2].startswith("pve-ssl.pem on pve1") for f in found)
     assert report["summary"]["unavailable"] == 0 and "disks pve1" in report["checked"]
 
 
-def test_unreadable_sections_are_unavailable_not_healthy(ops, sim):
+def test_unreadable_sections_are_unavailable_not_healthy(session, sim):
     sim.lab.fail.append((r"^/cluster/tasks$", 500, "pvestatd not responding"))
     try:
-        report = ops.ok("health_check")
+        report = session.ok("health_check")
     finally:
         sim.lab.fail.clear()
     assert report["unavailable"][0]["section"] == "tasks" and "pvestatd" in report["unavailable"][0]["reason"]
@@ -126,6 +128,7 @@ def test_unreadable_sections_are_unavailable_not_healthy(ops, sim):
 
 
 def test_backup_coverage_checks_pve_and_pbs_against_each_other(ops, sim):
+    # the admin token: PVE lists backups only to a caller holding Datastore.AllocateSpace and VM.Backup
     report, sent = requests_during(sim, lambda: ops.ok("backup_coverage"))
     rows = {r[0]: dict(zip(report["guests"]["columns"], r, strict=True)) for r in report["guests"]["rows"]}
     assert rows[100]["state"] == "ok" and rows[100]["where"] == "pbs:backup" and rows[100]["verify"] == "ok"
@@ -136,9 +139,9 @@ def test_backup_coverage_checks_pve_and_pbs_against_each_other(ops, sim):
     assert report["orphan_pbs_groups"] == ["vm/999"]
     assert {f["finding"].split(" backup")[0] for f in report["findings"] if f["area"] == "backups"} >= {
         "guest 102 (dns)", "guest 103 (media)", "guest 104 (win11)"}
-    # resources, jobs, `local` on each of 3 nodes, nfs-backup, the PBS datastore list (standing in
-    # for the PBS-backed storage) and one datastore: 2 + storages (5) + datastores (1)
-    assert len(sent) <= 2 + 5 + 1
+    # resources, jobs, `local` on each of 3 nodes, the PBS storage list (standing in for the PBS-backed
+    # storage) and one datastore: 2 + storages (4) + datastores (1)
+    assert len(sent) <= 2 + 4 + 1
     assert sum(1 for r in sent if r[2].endswith("/storage/local/content")) == 3
 
 
@@ -155,8 +158,8 @@ def test_backup_coverage_reads_each_nodes_own_local_storage(ops, sim):
         sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v.get("vmid") != 103]
 
 
-def test_security_audit(ops):
-    report = ops.ok("security_audit")
+def test_security_audit(session):
+    report = session.ok("security_audit")
     found = {f["finding"] for f in report["findings"]}
     assert "token root@pam!admin belongs to root@pam" in found
     assert "token root@pam!admin has privilege separation off (all of its user's rights)" in found
@@ -224,6 +227,7 @@ def test_restore_drill_proves_a_backup_and_cleans_up(ops, sim):
 
 def test_restore_drill_proves_a_protected_guests_backup(sim, tmp_path):
     """Restoring the backup to a scratch vmid leaves the protected guest alone, so it is allowed."""
+    # a drill restores, starts and destroys: more than the README's reader holds
     env = sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
         "PROXMOX_ACCESS": "destructive", "PROXMOX_PROTECTED_VMS": "lab:100",
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
@@ -298,6 +302,7 @@ def test_resources_and_prompts(ops):
 def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
     offered = {}
     for tier in ("lifecycle", "write"):
+        # the admin token: only the gates decide here, not privileges read in the background
         env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": tier,
                                                       "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"workflows-{tier}") as session:

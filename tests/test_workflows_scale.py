@@ -59,12 +59,14 @@ def test_one_session_per_host_keeps_connections_for_the_reads_in_flight(sim):
 
 @pytest.fixture(scope="module")
 def big():
-    """20 nodes and 1,000 guests, the README's reader tokens."""
+    """20 nodes and 1,000 guests, the README's reader tokens; on PVE with the recipe's optional backup
+    grant (BackupReader), without which no backup on `local` is listed and coverage says "unknown"."""
     lab = simulator.Lab.homelab(nodes=20, guests=1000)
     lab.task_seconds = 0
     for vmid in range(100, 160):
         lab.guests[vmid]["lock"] = "backup"  # many findings alike
-    with simulator.Simulator(lab) as running, tool_session(running.env(), log_name="scale") as session:
+    with simulator.Simulator(lab) as running, tool_session(running.env(pve_token="mcp@pve!backups"),
+                                                           log_name="scale") as session:
         yield running, session
         assert running.lab.schema_rejections == []
 

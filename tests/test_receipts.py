@@ -1,0 +1,188 @@
+"""receipts.py, table-driven: which writes are recorded as what, the inverse requests of the kinds the
+simulator does not keep (firewall rules and options, HA rules, PBS jobs: their engineers' tools use
+these paths), each a valid call of the official schema, and the safety snapshot's storage judgement
+(docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)."""
+from types import SimpleNamespace
+
+import pytest
+
+import catalog
+import receipts
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+
+# (product, method, concrete path, kind): what each config-like change of issue 24 is recorded as
+RECORDED = [
+    ("pve", "PUT", "/nodes/pve1/qemu/100/config", "settings"),  # config, NICs, tags, notes, protection, cloud-init
+    ("pve", "POST", "/nodes/pve1/qemu/100/config", "settings"),
+    ("pve", "PUT", "/nodes/pve1/lxc/101/config", "settings"),
+    ("pve", "PUT", "/nodes/pve1/qemu/100/firewall/options", "settings"),
+    ("pve", "PUT", "/nodes/pve1/firewall/options", "settings"),
+    ("pve", "PUT", "/cluster/firewall/options", "settings"),
+    ("pve", "PUT", "/nodes/pve1/lxc/101/firewall/rules/3", "settings"),
+    ("pve", "POST", "/cluster/firewall/rules", "created"),
+    ("pve", "DELETE", "/nodes/pve1/qemu/100/firewall/rules/2", "deleted"),
+    ("pve", "PUT", "/cluster/backup/backup-nightly", "settings"),
+    ("pve", "POST", "/cluster/backup", "created"),
+    ("pve", "DELETE", "/cluster/backup/backup-nightly", "deleted"),
+    ("pve", "PUT", "/cluster/ha/rules/keep-apart", "settings"),
+    ("pve", "POST", "/cluster/ha/rules", "created"),
+    ("pve", "DELETE", "/cluster/ha/resources/vm:100", "deleted"),
+    ("pve", "PUT", "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-x.vma.zst", "settings"),
+    ("pbs", "PUT", "/config/sync/s-backup", "settings"),
+    ("pbs", "POST", "/config/prune", "created"),
+    ("pbs", "DELETE", "/config/verify/v-backup", "deleted"),
+    ("pbs", "PUT", "/admin/datastore/backup/notes", "value"),
+    ("pbs", "PUT", "/admin/datastore/backup/protected", "value"),
+    ("pve", "POST", "/nodes/pve1/qemu/100/snapshot", "snapshot"),
+    ("pve", "POST", "/nodes/pve1/lxc/101/status/start", "power"),
+    ("pve", "POST", "/nodes/pve1/qemu/100/snapshot/before/rollback", "rollback"),
+    ("pve", "PUT", "/nodes/pve1/qemu/100/resize", None),
+    ("pve", "DELETE", "/nodes/pve1/qemu/100", None),
+    ("pve", "POST", "/nodes/pve1/qemu/100/status/reset", None),
+    ("pbs", "POST", "/admin/datastore/backup/prune", None),
+]
+
+
+@pytest.mark.parametrize("product, method, path, kind", RECORDED, ids=[f"{r[1]} {r[2]}" for r in RECORDED])
+def test_each_write_is_recorded_as_its_kind(product, method, path, kind):
+    template = catalog.find_path(product, path)[0]
+    rule = receipts.rule_for(method, template)
+    assert (rule.kind if rule else None) == kind
+    if kind is None:
+        assert not receipts.why_not(method, template).startswith("no inverse is known")
+
+
+class Reads:
+    """A client that answers GETs from a table (what Proxmox would answer now)."""
+
+    def __init__(self, product: str, answers: dict):
+        self.host = SimpleNamespace(product=product, label="lab")
+        self.answers = answers
+
+    def get(self, path: str, **_params):
+        if path not in self.answers:
+            raise ProxmoxError(f"{path} does not exist")
+        return self.answers[path]
+
+
+def receipt_for(product, method, path, **fields):
+    template = catalog.find_path(product, path)[0]
+    return {"id": "rc-12345678", "product": product, "method": method, "path": path, "template": template,
+            "time": "2026-01-01T00:00:00Z", "tool": "write_api_call", "undo": True,
+            "kind": receipts.rule_for(method, template).kind, "object": path} | fields
+
+
+def valid(product, steps):
+    """Every step is a call the official schema accepts."""
+    for method, path, params in steps:
+        entry, path_params = catalog.find_method(product, method, path)
+        assert catalog.check_params(entry, params, path_params=path_params, product=product) == {}, (method, path)
+    return steps
+
+
+RULE = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "enable": 1, "pos": 2, "digest": "d1"}
+
+
+def test_firewall_options_are_set_back_with_the_digest():
+    before = {"enable": 0, "policy_in": "ACCEPT", "digest": "d1"}
+    after = {"enable": 1, "policy_in": "DROP", "log_level_in": "info", "digest": "d2"}
+    path = "/nodes/pve1/qemu/100/firewall/options"
+    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=before, after=after),
+                               Reads("pve", {path: after})).steps
+    assert valid("pve", steps) == [("PUT", path, {"enable": 0, "policy_in": "ACCEPT", "delete": "log_level_in",
+                                                  "digest": "d2"})]
+
+
+def test_a_new_firewall_rule_is_deleted_at_the_top_and_a_deleted_one_made_again_where_it_was():
+    rules = "/cluster/firewall/rules"
+    created = receipt_for("pve", "POST", rules, item=f"{rules}/0", after=RULE | {"pos": 0})
+    steps = receipts.undo_plan(created, Reads("pve", {f"{rules}/0": RULE | {"pos": 0}})).steps
+    assert valid("pve", steps) == [("DELETE", f"{rules}/0", {"digest": "d1"})]
+    deleted = receipt_for("pve", "DELETE", f"{rules}/2", before=RULE)
+    steps = receipts.undo_plan(deleted, Reads("pve", {})).steps
+    assert valid("pve", steps) == [("POST", rules, {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22",
+                                                    "enable": 1}),
+                                   ("PUT", f"{rules}/0", {"moveto": 3})]  # before the rule now at 3
+
+
+def test_agent_questions_get_no_receipt(tmp_path):
+    """POST .../agent/ping asks the agent and changes nothing (the restore drill pings every second)."""
+    decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],
+                               template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
+    host = SimpleNamespace(product="pve", label="lab", token_id="t")
+    assert receipts.start(receipts.Keeping(tmp_path), host, decision, Reads("pve", {}), "write_restore_drill") is None
+
+
+def test_a_moved_firewall_rule_cannot_be_taken_back_by_undo():
+    decision = SimpleNamespace(method="PUT", path="/cluster/firewall/rules/0", template="/cluster/firewall/rules/{pos}",
+                               params={"moveto": 3}, path_params={"pos": "0"}, guests=[])
+    pending = receipts.Pending({"id": "rc-1"}, receipts.rule_for("PUT", decision.template), decision, None,
+                               receipts.Keeping())
+    receipts._judge_settings(pending)
+    assert "moved a firewall rule" in pending.receipt["undo"]
+
+
+def test_ha_rules_and_pbs_jobs():
+    rule = {"rule": "keep-apart", "type": "resource-affinity", "resources": "vm:100,vm:101", "affinity": "negative",
+            "digest": "h1"}
+    edited = rule | {"resources": "vm:100,vm:102", "comment": "new", "digest": "h2"}
+    path = "/cluster/ha/rules/keep-apart"
+    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=rule, after=edited),
+                               Reads("pve", {path: edited})).steps
+    assert valid("pve", steps) == [("PUT", path, {"resources": "vm:100,vm:101", "delete": "comment",
+                                                  "type": "resource-affinity", "digest": "h2"})]
+    steps = receipts.undo_plan(receipt_for("pve", "DELETE", path, before=rule), Reads("pve", {})).steps
+    assert valid("pve", steps) == [("POST", "/cluster/ha/rules", {
+        "type": "resource-affinity", "resources": "vm:100,vm:101", "affinity": "negative", "rule": "keep-apart"})]
+    job = {"id": "s-backup", "store": "backup", "remote": "office", "remote-store": "backup", "schedule": "weekly"}
+    changed = job | {"schedule": "daily", "remove-vanished": True}
+    steps = receipts.undo_plan(receipt_for("pbs", "PUT", "/config/sync/s-backup", before=job, after=changed),
+                               Reads("pbs", {"/config/sync/s-backup": changed})).steps
+    assert valid("pbs", steps) == [("PUT", "/config/sync/s-backup", {"schedule": "weekly",
+                                                                     "delete": ["remove-vanished"]})]
+
+
+def test_backup_volume_notes_are_cleared_without_a_delete_parameter():
+    path = "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-x.vma.zst"
+    before, after = {"format": "vma.zst"}, {"format": "vma.zst", "notes": "keep", "protected": 1}
+    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=before, after=after),
+                               Reads("pve", {path: after})).steps
+    assert valid("pve", steps) == [("PUT", path, {"notes": "", "protected": 0})]
+
+
+def test_what_changed_since_is_named_and_nothing_is_planned():
+    path = "/cluster/firewall/options"
+    kept = receipt_for("pve", "PUT", path, before={"enable": 0}, after={"enable": 1, "digest": "a"})
+    with pytest.raises(ProxmoxError, match="changed since receipt rc-12345678: another digest, and policy_in"):
+        receipts.undo_plan(kept, Reads("pve", {path: {"enable": 1, "policy_in": "DROP", "digest": "b"}}))
+    with pytest.raises(InvalidArgument, match="cannot be taken back: disks only grow"):
+        receipts.undo_plan(kept | {"undo": "disks only grow"}, Reads("pve", {}))
+    assert issubclass(InvalidArgument, ToolFailure)
+
+
+# ---------------------------------------------------------------- the safety snapshot's storages
+
+STORAGES = [{"storage": "local-lvm", "type": "lvmthin"}, {"storage": "local", "type": "dir"},
+            {"storage": "local-zfs", "type": "zfspool"}, {"storage": "ceph", "type": "rbd"},
+            {"storage": "chain", "type": "dir", "snapshot-as-volume-chain": 1}, {"storage": "san", "type": "iscsi"}]
+
+
+@pytest.mark.parametrize("disk, rollback, why", [
+    ("local-lvm:vm-100-disk-0,size=32G", True, None),
+    ("ceph:vm-100-disk-0,size=32G", True, None),
+    ("local:100/vm-100-disk-0.qcow2,size=32G", True, None),
+    ("local:100/vm-100-disk-0.raw,size=32G", False, "cannot snapshot it"),
+    ("san:0.0.1.scsi-36001405,size=32G", False, "cannot snapshot it"),
+    ("/dev/sdb,size=32G", False, "a host path"),
+    ("local-zfs:vm-100-disk-0,size=32G", False, None),
+    ("local-zfs:vm-100-disk-0,size=32G", True, "rolls back only to the newest snapshot"),
+    ("chain:100/vm-100-disk-0.qcow2,size=32G", True, "rolls back only to the newest snapshot"),
+])
+def test_which_guests_get_a_safety_snapshot(disk, rollback, why):
+    config = {"scsi0": disk, "ide2": "local:iso/debian.iso,media=cdrom", "net0": "virtio,bridge=vmbr0"}
+    found = receipts.cannot_snapshot(Reads("pve", {"/storage": STORAGES}), config, rollback=rollback)
+    assert (found is None) if why is None else (why in found)
+
+
+def test_a_template_gets_no_safety_snapshot():
+    assert receipts.cannot_snapshot(Reads("pve", {"/storage": STORAGES}), {"template": 1}, rollback=True)
