@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Callable
 
 import anyio.from_thread
+from mcp.server.apps import client_supports_apps
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
@@ -97,7 +98,6 @@ class View:
 def renders_views(ctx: Context | None) -> bool:
     """Whether the client declared MCP Apps (the io.modelcontextprotocol/ui extension with the
     text/html;profile=mcp-app MIME type): mcp.server.apps.client_supports_apps, False outside a request."""
-    from mcp.server.apps import client_supports_apps
     try:
         return ctx is not None and client_supports_apps(ctx)
     except (AttributeError, ValueError):  # no request: called in process, not by a client

@@ -14,8 +14,10 @@ from pydantic import Field
 import catalog
 import policy
 import proxmox_client
+import runtime
 from answers import ConfirmArg, DryRunArg, Host
 from errors import InvalidArgument, ProxmoxError, ToolFailure
+from gates import UNCERTAIN, method_gate
 from proxmox_client import ProxmoxClient
 
 ProductArg = Literal["pve", "pbs"] | None
@@ -44,7 +46,8 @@ def choose(host: str | None, product: str | None) -> tuple[str, ProxmoxClient | 
 
 # ---------------------------------------------------------------- descriptions from the host
 
-_docs: dict[tuple[str, str], tuple[float, dict]] = {}
+# (product, label) -> (when read, descriptions) of each host's API viewer
+_docs = runtime.slot("api_tools.docs", dict[tuple[str, str], tuple[float, dict]])
 _docs_lock = threading.Lock()
 DOC_PATHS = {product: path for product, path in policy.DOCUMENTS}  # the API viewer's file, per product
 
@@ -65,8 +68,9 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
     if client is None:
         return {}
     key = (client.host.product, client.host.label)
+    kept = _docs.get()
     with _docs_lock:
-        cached = _docs.get(key)
+        cached = kept.get(key)
         if cached and (cached[1] or time.monotonic() - cached[0] < 600):
             return cached[1]
         descriptions: dict[tuple[str, str], str] = {}
@@ -82,7 +86,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
                 stack.extend(node.get("children") or [])
         except Exception:  # no viewer data (old host, proxy): facts alone
             descriptions = {}
-        _docs[key] = (time.monotonic(), descriptions)
+        kept[key] = (time.monotonic(), descriptions)
         return descriptions
 
 
@@ -101,7 +105,7 @@ def api_search(query: Annotated[str, Field(description="words or path parts")],
         haystack = " ".join([entry["method"], entry["path"], entry.get("name", ""), summary, *entry["params"]]).lower()
         if all(word in haystack for word in words):
             rows.append({"method": entry["method"], "path": entry["path"],
-                         "gate": policy.method_gate(entry["method"], entry["path"], product),
+                         "gate": method_gate(entry["method"], entry["path"], product),
                          "summary": summary[:100]})
     result: dict[str, Any] = {"product": product, "columns": ["method", "path", "gate", "summary"],
                               "rows": [[r["method"], r["path"], r["gate"], r["summary"]] for r in rows[:limit]],
@@ -130,14 +134,14 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
         item["required"] = not spec.get("optional") and "[n]" not in name
         params[name] = item
     result = {"product": product, "method": method, "path": template,
-              "gate": policy.method_gate(method, template, product), "parameters": params,
+              "gate": method_gate(method, template, product), "parameters": params,
               "permission": entry.get("check") or entry.get("user"), "returns": entry.get("returns")}
     if entry.get("allowtoken") == 0:
         result["note"] = "Proxmox refuses API tokens here; a user login is needed."
     description = host_descriptions(client).get((method, template))
     if description:
         result["description"] = description[:1500]
-    uncertain = policy.UNCERTAIN.get((product, method, template))
+    uncertain = UNCERTAIN.get((product, method, template))
     if uncertain:
         result["gate_note"] = uncertain
     return result

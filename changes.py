@@ -18,7 +18,8 @@ import receipts
 from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path
-from proxmox_client import client_for, pve_client, run_task
+from proxmox_client import client_for, pve_client
+from tasks import run_task
 
 ReceiptId = Annotated[str, Field(pattern=r"^rc-[0-9a-f]{8}$")]
 MAX_LINES = 60  # changed keys listed by what_changed; the rest are counted
@@ -41,7 +42,7 @@ def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 
     """Recent changes this server made, newest first: receipt, tool, guest, change, undoable."""
     rows = [{"receipt": r["id"], "time": r["time"], "host": r["host"], "tool": r.get("tool"), "by": r.get("by"),
              "guests": ",".join(map(str, r.get("guests") or [])), "change": _summary(r), "undo": _undo_state(r)}
-            for r in receipts.recent(policy.SETTINGS.receipts) if vmid is None or vmid in (r.get("guests") or [])]
+            for r in receipts.recent(policy.settings().receipts) if vmid is None or vmid in (r.get("guests") or [])]
     columns = ["receipt", "time", "host", "tool", "by", "guests", "change", "undo"]
     return table(columns, rows, limit=limit, offset=offset)
 
@@ -71,7 +72,7 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
     """The config to compare with, its name, and the keys it cannot hold: a receipt's before, a
     snapshot's section, or a backup's config (newest when `since` is None)."""
     if since and receipts.RECEIPT_ID.fullmatch(since):
-        return _receipt_config(receipts.load(policy.SETTINGS.receipts, since), base, row["vmid"]), \
+        return _receipt_config(receipts.load(policy.settings().receipts, since), base, row["vmid"]), \
             f"before receipt {since}", None
     if since and ":" not in since:
         names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s.get("name") != "current"]
@@ -138,7 +139,7 @@ def backup_node(client: Any, node: str, volume: str) -> str:
 def write_undo(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Take back a change by its receipt (list_changes), under the same policy as any write."""
-    keeping = policy.SETTINGS.receipts
+    keeping = policy.settings().receipts
     found = receipts.load(keeping, receipt)
     client = client_for(found["product"], found["host"])
     undo = receipts.undo_plan(found, client)

@@ -6,6 +6,7 @@ Parsing has no side effects: the secrets it finds are carried in `Config.secrets
 """
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -13,10 +14,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dotenv import dotenv_values
+
 import catalog
 import policy
-import proxmox_client
 import receipts
+from gates import TIERS, method_gate
+from products import PRODUCTS
 from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
@@ -189,7 +193,7 @@ class Config:
     http_port: int = 8765
     log_level: str = "INFO"
     warnings: list[str] = field(default_factory=list)
-    secrets: list[str] = field(default_factory=list, repr=False)  # for policy.register_secret, by server.main
+    secrets: list[str] = field(default_factory=list, repr=False)  # for masking.register_secret, by server.main
     env_origins: EnvOrigins = field(default_factory=lambda: EnvOrigins())  # read_env_files, for --check
     restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
     restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
@@ -249,7 +253,7 @@ class EnvOrigins:
 
 
 def _lower_tier(current: str | None, value: str) -> str | None:
-    tiers = policy.TIERS
+    tiers = TIERS
     low = value.strip().lower()
     return value if low in tiers and tiers.index(low) <= tiers.index((current or "read").strip().lower()) else None
 
@@ -322,7 +326,6 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
     the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
     where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
     narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
-    from dotenv import dotenv_values
     env = dict(os.environ if environ is None else environ)
     origins = EnvOrigins(set_by={name: "the environment" for name in env})
     install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
@@ -467,10 +470,9 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
     if not unknown:
         return []
     labels = {(product, label) for product, label in host_variables(env)} | {("pve", "default"), ("pbs", "default")}
-    known = list(GLOBALS) + [f"{'PROXMOX' if product == 'pve' else 'PBS'}_"
+    known = list(GLOBALS) + [f"{PRODUCTS[product].env_prefix}_"
                              + (f"{label.upper()}_" if label != "default" else "") + suffix
                              for product, label in labels for suffix in HOST_SUFFIXES]
-    import difflib  # only when a name is unknown (above): not at every start
     warnings = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
@@ -530,7 +532,8 @@ def host_variables(env: dict[str, str]) -> dict[tuple[str, str], HostValues]:
     grouped: dict[tuple[str, str], HostValues] = {}
     suffixes = sorted(HOST_SUFFIXES, key=len, reverse=True)
     for name, value in env.items():
-        for prefix, product in (("PROXMOX_", "pve"), ("PBS_", "pbs")):
+        for product, facts in PRODUCTS.items():
+            prefix = facts.env_prefix + "_"
             if not name.startswith(prefix) or name in GLOBALS:
                 continue
             rest = name[len(prefix):]
@@ -544,7 +547,7 @@ def host_variables(env: dict[str, str]) -> dict[tuple[str, str], HostValues]:
 
 def read_host(product: str, label: str, values: HostValues, config: Config) -> None:
     """One host's variables: its URL, credentials, TLS, gates and SSH access."""
-    prefix = "PROXMOX" if product == "pve" else "PBS"
+    prefix = PRODUCTS[product].env_prefix
     where = f"{prefix}_{label.upper()}_" if label != "default" else f"{prefix}_"
     if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", label):
         raise ConfigError(f"Host label {label!r} in {where}URL: use letters, digits and underscores.")
@@ -648,12 +651,11 @@ def parse_host_rules(values: HostValues, defaults: policy.HostPolicy) -> policy.
 def parse_ssh(product: str, label: str, values: HostValues, timeout: float) -> SshTarget | None:
     """SSH access of one host: PVE nodes by name (`pve1=10.0.0.11,pve2=10.0.0.12:2222`) or the PBS
     host; a host key must be verifiable (known_hosts or pinned fingerprints)."""
-    key = "SSH_NODES" if product == "pve" else "SSH_HOST"
+    key = PRODUCTS[product].ssh_variable
     if key not in values:
         stray = [v[0] for k, v in values.items() if k.startswith("SSH_")]
         if stray:
-            raise ConfigError(f"{', '.join(stray)} set without {'PROXMOX' if product == 'pve' else 'PBS'}_"
-                              f"{label.upper()}_{key}.")
+            raise ConfigError(f"{', '.join(stray)} set without {PRODUCTS[product].host_prefix(label)}_{key}.")
         return None
     name, text = values[key]
     nodes = parse_ssh_nodes(product, name, text)
@@ -737,7 +739,7 @@ def parse_url(name: str, value: str, product: str) -> str:
     if not match:
         raise ConfigError(f"{name}={value!r} is not a URL like https://pve.example:8006 "
                           f"(scheme, host and optional port; no path).")
-    port = match.group(3) or str(proxmox_client.PRODUCTS[product].default_port)
+    port = match.group(3) or str(PRODUCTS[product].default_port)
     if match.group(1) == "http" and int(port) in (8006, 8007):  # docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port
         raise ConfigError(f"{name}={value!r}: port {port} speaks TLS (Proxmox redirects plain HTTP to https); "
                           f"use https://{match.group(2)}:{port}.")
@@ -761,8 +763,8 @@ def parse_fingerprint(name: str, value: str) -> str:
 
 def parse_access(name: str, value: str) -> str:
     tier = value.strip().lower()
-    if tier not in policy.TIERS:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(policy.TIERS)}.")
+    if tier not in TIERS:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(TIERS)}.")
     return tier
 
 
@@ -831,7 +833,7 @@ def parse_unblock(value: str) -> frozenset[tuple[str, str]]:
         if not products:
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not a method of the PVE or PBS API; "
                               f"write it as 'METHOD /path/{{param}}' as api_search shows it.")
-        if policy.method_gate(method, path) != "blocked":
+        if method_gate(method, path) != "blocked":
             raise ConfigError(f"PROXMOX_UNBLOCK entry {item!r} is not blocked; its gate is set by PROXMOX_ACCESS "
                               f"and the PROXMOX_ALLOW_* flags.")
         opened.add((method, path))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
+import runtime
 from answers import DryRunArg, Host, Limit, Offset, OptionalVmid, human_bytes, iso_time, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import storage_node, storage_rows
@@ -27,7 +27,7 @@ class RestoreSettings:
     max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
 
 
-RESTORE = RestoreSettings()
+_restore = runtime.slot("file_restore.restore", RestoreSettings)  # this server's (configure)
 SHOWN_TEXT = 16 * 1024  # a restored file up to this size may be shown (show=true)
 KINDS = {"d": "dir", "f": "file", "l": "symlink", "h": "hardlink", "v": "volume", "b": "block device",
          "c": "char device", "p": "fifo", "s": "socket"}  # catalog entry types (pbs-datastore catalog.rs)
@@ -35,8 +35,7 @@ PBS_VOLID = re.compile(r"(?P<storage>[^:]+):backup/(?P<kind>vm|ct)/(?P<vmid>\d+)
 
 
 def configure(folder: Path | None, max_bytes: int) -> None:
-    global RESTORE
-    RESTORE = RestoreSettings(folder, max_bytes)
+    _restore.set(RestoreSettings(folder, max_bytes))
 
 
 @dataclass
@@ -197,8 +196,9 @@ def _saved_entry(source: Source, clean: str) -> dict:
         raise InvalidArgument(f"No '{clean}' in {source.label}; backup_files path={parent} lists what is there.")
     if entry["type"] not in ("file", "dir", "hardlink"):
         raise InvalidArgument(f"'{clean}' is a {entry['type']}; only files and directories can be saved.")
-    if (entry.get("size") or 0) > RESTORE.max_bytes:
-        raise InvalidArgument(f"'{clean}' has {human_bytes(entry['size'])}, over the {human_bytes(RESTORE.max_bytes)} "
+    cap = _restore.get().max_bytes
+    if (entry.get("size") or 0) > cap:
+        raise InvalidArgument(f"'{clean}' has {human_bytes(entry['size'])}, over the {human_bytes(cap)} "
                               f"cap (PROXMOX_RESTORE_MAX_MB). Nothing was sent.")
     return entry
 
@@ -206,7 +206,8 @@ def _saved_entry(source: Source, clean: str) -> dict:
 def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None,
                        dry_run: DryRunArg = False) -> dict:
     """Save a file (a dir as .zip) from a backup, as backup_files names both, to PROXMOX_RESTORE_DIR."""
-    folder = RESTORE.folder
+    settings = _restore.get()
+    folder = settings.folder
     if folder is None:
         raise ProxmoxError("PROXMOX_RESTORE_DIR is not set: restored files go only to the folder it names.")
     clean = "/" + path.strip().strip("/")
@@ -218,7 +219,7 @@ def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host
     entry = {"type": "file"} if dry_run else _saved_entry(source, clean)
     destination = _destination(folder, source, clean, entry["type"] == "dir", create=not dry_run)
     where, params = source.download_path()
-    size = source.client.download(where, params | {"filepath": _encoded(clean)}, destination, RESTORE.max_bytes,
+    size = source.client.download(where, params | {"filepath": _encoded(clean)}, destination, settings.max_bytes,
                                   also=("write", f"saves it to {folder} on this server"))
     answer = {"result": "ok", "backup": source.label, "path": clean, "saved": str(destination),
               "size": human_bytes(size), "sha256": _sha256(destination)}

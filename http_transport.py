@@ -4,6 +4,7 @@ that lets the calls being answered finish. server.py builds the MCP server; this
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import json
@@ -11,10 +12,16 @@ import socket
 import sys
 from typing import Any, Callable
 
-import policy
+import anyio
+import uvicorn
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
 import proxmox_client
 from config import Config
 from errors import ToolFailure
+from masking import mask
 
 
 class BearerAuth:
@@ -77,17 +84,12 @@ def bearer_ok(scope: dict, token: bytes | None) -> bool:
 
 
 def http_app(config: Config, server, bind_host: str):
-    from mcp.server.transport_security import TransportSecuritySettings
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-
     token = config.auth_token.encode() if config.auth_token else None
 
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> JSONResponse:
         body: dict[str, Any] = {"status": "ok", "version": server.version}
         if bearer_ok(request.scope, token):  # host reachability only for a bearer holder
-            import anyio
             body["hosts"] = await anyio.to_thread.run_sync(host_reachability)
         return JSONResponse(body)
 
@@ -112,7 +114,7 @@ def host_reachability() -> dict[str, str]:
                 version = proxmox_client.client_for(product, label).get("/version") or {}
                 result[f"{product}:{label}"] = f"ok {version.get('version', '')}".strip()
             except ToolFailure as exc:
-                result[f"{product}:{label}"] = "unreachable: " + policy.mask(str(exc))[:200]
+                result[f"{product}:{label}"] = "unreachable: " + mask(str(exc))[:200]
     return result
 
 
@@ -127,7 +129,7 @@ HTTP_LIMITS = {"request_seconds": 10.0, "idle_seconds": 5, "connections": 64, "h
 
 
 def timed_protocol(request_seconds: float, header_bytes: int = HTTP_LIMITS["header_bytes"]) -> type:
-    """uvicorn's h11 protocol with the limits of `Limited` (imported here: only HTTP mode needs uvicorn)."""
+    """uvicorn's h11 protocol with the limits of `Limited` (imported here: only HTTP mode loads it)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
     return type("TimedH11Protocol", (Limited, H11Protocol), {"request_seconds": request_seconds,
                                                               "header_bytes": header_bytes})
@@ -223,7 +225,6 @@ def make_room(newcomer: Any, waiting: Callable[[Any], bool]) -> None:
 
 def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS) -> Any:
     """The uvicorn server for `app`, with HTTP_LIMITS."""
-    import uvicorn
     config = uvicorn.Config(app, host=bind_host.strip("[]"), port=port, log_level="warning",
                             http=timed_protocol(limits["request_seconds"], limits["header_bytes"]),
                             timeout_keep_alive=limits["idle_seconds"], limit_concurrency=limits["connections"],
@@ -232,8 +233,6 @@ def http_server(app: Any, bind_host: str, port: int, limits: dict = HTTP_LIMITS)
 
 
 def serve_http(config: Config, server, bind_host: str, port: int) -> None:
-    import asyncio
-
     app = Answering(http_app(config, server, bind_host))
     http = http_server(app, bind_host, port)
     try:
@@ -267,7 +266,6 @@ async def serve_until_stopped(http: Any, app: Answering) -> None:
     sessions (the lifespan shutdown uvicorn sends too), and the serving task is cancelled. A second
     signal skips the wait. uvicorn's own stop would notice the signal on its next 0.1 s tick and
     then sleep 0.1 s before closing anything: issue 17 asks for an exit within 0.1 s."""
-    import asyncio
     loop, serving = asyncio.get_running_loop(), asyncio.current_task()
     signals: list[int] = []
     stopping: list[asyncio.Task] = []  # a reference, so the task is not collected while it runs

@@ -8,13 +8,14 @@ drops the guests, as it may have created, moved or deleted one.
 """
 
 import re
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import policy
-from answers import compact
+from answers import compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError
-from proxmox_client import ProxmoxClient
+from proxmox_client import ProxmoxClient, configured, pbs_client
 
 KEEP_SECONDS = 10.0  # how long guest and node lists are reused between calls
 
@@ -332,6 +333,67 @@ def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, 
     server = (urlsplit(pbs.host.url).hostname or "").lower()
     return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
             if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
+
+def backup_volumes(client: ProxmoxClient, vmid: int | None = None,
+                   storage: str | None = None) -> tuple[list[dict], dict]:
+    """The backups on every storage that holds them, PBS-backed ones too, newest first (list_backups'
+    rows, the restore drill's newest backup); and what the listing could not show: `not_read`
+    storages, and the backups `not_visible` to this token (why, and the grant that shows them)."""
+    rows, unread, hidden = [], [], {}
+    everything = storage_rows(client)
+    vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
+    on_pbs: dict[str, tuple[str, str]] | None = None
+    for name, node, shared in backup_storages(client, everything):
+        if storage and name != storage:
+            continue
+        unseen = hidden_backups(client, name, vmids)
+        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
+            pbs = _only_pbs()
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+        if unseen and name in on_pbs:
+            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
+            continue
+        if unseen:
+            hidden[name] = unseen
+        if len(unseen) < len(vmids):
+            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
+                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
+    for entry in everything:
+        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
+                and (not storage or entry["storage"] == storage):
+            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
+    rows.sort(key=lambda r: -r["ctime"])
+    notes = {"not_read": unread} if unread else {}
+    return rows, notes | (hidden_note(client, hidden, len(vmids)) if hidden else {})
+
+
+def _backup_row(volume: dict, storage: str, node: str | None) -> dict:
+    return {"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": storage, "node": node,
+            "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
+            "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
+            "protected": 1 if volume.get("protected") else None,
+            "verify": (volume.get("verification") or {}).get("state")}
+
+
+def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: int | None) -> list[dict]:
+    """A PBS-backed storage's backups read on the Backup Server itself, named as PVE names them
+    (`<storage>:backup/vm/<vmid>/<UTC time>`, docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
+    found = []
+    for snap in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
+                        **({"backup-id": str(vmid)} if vmid else {})) or []:
+        if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
+            found.append(_backup_row({"volid": f"{storage}:backup/{snap['backup-type']}/{snap['backup-id']}/{stamp}",
+                                      "vmid": int(snap["backup-id"]), "size": snap.get("size"),
+                                      "ctime": snap["backup-time"], "notes": snap.get("comment"),
+                                      "protected": snap.get("protected"), "verification": snap.get("verification")},
+                                     storage, None))
+    return found
+
+
+def _only_pbs() -> ProxmoxClient | None:
+    """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
+    return pbs_client() if len(configured("pbs")) == 1 else None
 
 
 # ---------------------------------------------------------------- HA resources that failed

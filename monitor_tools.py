@@ -17,6 +17,7 @@ from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
                        wearout_left)
+from masking import mask
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 
 # ================================================================ metrics
@@ -211,7 +212,7 @@ def _local_text(epoch: int | None, client: ProxmoxClient, node: str) -> str | No
 
 
 def _clean(text: str) -> str:
-    text = policy.mask(text)  # log lines carry what programs print, secrets included
+    text = mask(text)  # log lines carry what programs print, secrets included
     return text if len(text) <= LINE_CHARS else text[:LINE_CHARS] + "…"
 
 

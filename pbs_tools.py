@@ -14,7 +14,8 @@ from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human
 from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
                        release_name, s3_stores)
-from proxmox_client import TASK_GOING, ProxmoxClient, log_page, pbs_client, run_task, task_report
+from proxmox_client import ProxmoxClient, pbs_client
+from tasks import TASK_GOING, log_page, run_task, task_report
 
 Store = str
 Ns = str | None

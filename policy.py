@@ -43,12 +43,12 @@ import firewall_guard
 import job_edits
 import protection
 import receipts
+import runtime
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
-from gates import (CONFIRMED, DELETING_PARAMS, GATES, TIERS, UNCERTAIN,  # noqa: F401 (re-exported)
-                   call_gate, call_gates, combine, deleting, inside_guest, method_gate)
-from masking import (MASK, _known_secrets, audit_view, mask, mask_answer, mask_params,  # noqa: F401 (re-exported)
-                     register_secret)
-from protection import Protected, Scope, load_protected, named_guests, truthy  # noqa: F401 (re-exported)
+from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
+from masking import MASK, audit_view, mask, mask_answer
+from products import PRODUCTS
+from protection import Protected, Scope, named_guests, truthy
 
 
 class DryRun(Exception):
@@ -100,9 +100,8 @@ def gate_open(rules: HostPolicy, gate: str, method: str = "POST", template: str 
 
 
 def how_to_open(gate: str, label: str, product: str) -> str:
-    prefix = "PROXMOX" if product == "pve" else "PBS"
     return {
-        "sensitive": f"PROXMOX_ALLOW_SENSITIVE=true (or {prefix}_{label.upper()}_ALLOW_SENSITIVE)",
+        "sensitive": f"PROXMOX_ALLOW_SENSITIVE=true (or {PRODUCTS[product].host_prefix(label)}_ALLOW_SENSITIVE)",
         "lifecycle": "PROXMOX_ACCESS=lifecycle or higher",
         "write": "PROXMOX_ACCESS=write or higher",
         "destructive": "PROXMOX_ACCESS=destructive",
@@ -124,7 +123,7 @@ class Settings:
     source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
 
-SETTINGS = Settings()
+_settings = runtime.slot("policy.settings", Settings)  # this server's (configure)
 # Per call, set by the tool wrapper in server.py: tool name, dry run, the confirmation step, and
 # notes for the answer (an audit line that failed after sending). None outside a tool call.
 CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("call", default=None)
@@ -135,13 +134,17 @@ def current_call() -> dict:
     return CALL.get() or {}
 
 
+def settings() -> Settings:
+    """This server's settings (see configure)."""
+    return _settings.get()
+
+
 def configure(settings: Settings) -> None:
-    global SETTINGS
-    SETTINGS = settings
+    _settings.set(settings)
 
 
 def rules_for(host: Any) -> HostPolicy:
-    return SETTINGS.hosts.get((host.product, host.label), HostPolicy())
+    return settings().hosts.get((host.product, host.label), HostPolicy())
 
 
 def writes_enabled(settings: Settings) -> bool:
@@ -237,8 +240,8 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         _judge_as_after(host, decision, read)
     if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
         judge(host, decision)  # read the firewall only for a call the rest of the policy allows
-        firewall_guard.check(host, decision, read, SETTINGS.source_address)
-        protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+        firewall_guard.check(host, decision, read, settings().source_address)
+        protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
@@ -248,7 +251,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
 def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
     """A job, rule or group created, edited, deleted or run (and a one-shot vzdump) is judged as the
     object will be after the request (job_edits): the deletion it adds, the protected guests it changes."""
-    protected = [e["vmid"] for e in SETTINGS.protected.for_host(host.label, host.product)]
+    protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
     verdict = job_edits.judge(host.product, decision.method, decision.template, decision.path_params,
                               decision.params, read, protected, f"{decision.method} {decision.path}")
     decision.gates = combine(set(decision.gates) | verdict.gates)
@@ -296,7 +299,7 @@ def judge(host: Any, decision: Decision) -> None:
             if MASK in str(value):  # ours, or Proxmox's own ********** (cipassword)
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
-    decision.reasons += receipts.announce(SETTINGS.receipts, decision)  # shown by a dry run and in the question
+    decision.reasons += receipts.announce(settings().receipts, decision)  # shown by a dry run and in the question
 
 
 def _refuse_invalid(decision: Decision) -> None:
@@ -346,7 +349,7 @@ def check_protected(host: Any, decision: Decision) -> None:
     with protected ones; refuse every guest-changing request while the list is unreadable."""
     if host.product == "pbs" and not guarded_on_pbs(decision):
         return  # on PBS only what can cost a guest its backups is guarded
-    protected, scope = SETTINGS.protected, decision.scope
+    protected, scope = settings().protected, decision.scope
     if protected.error and (decision.guests or scope.bulk or decision.changed is not None):
         raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "
                           f"request that changes a guest is refused. Fix the file and restart.")
@@ -374,7 +377,7 @@ BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remo
 def _check_exec_allowed(decision: Decision) -> None:
     """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access and the unblocked methods that act inside a
     guest (gates.INSIDE_GUEST) reach only the listed guests."""
-    allowed = SETTINGS.exec_allowed_vmids
+    allowed = settings().exec_allowed_vmids
     if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)):
         return
     for vmid in decision.guests:
@@ -407,7 +410,7 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     # nothing (and the preview of a dry run reads the current state that way), but a GET a tool raised
     # above it (a download it saves to disk: write_restore_file) does
     holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
-    if (current_call().get("dry_run") or SETTINGS.dry_run) and holds_back:
+    if (current_call().get("dry_run") or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])
@@ -454,7 +457,7 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
     """Step 4: the requests that need the user's yes and were not in the plan the user approved
-    are put to the call's confirmation step (server.confirmer); a refusal is audited."""
+    are put to the call's confirmation step (confirmation.confirmer); a refusal is audited."""
     approved = current_call().get("approved", ())
     pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved]
     if not pending:
@@ -488,7 +491,7 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
     writes = [d for d in decisions if d.gates != ("read",)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
-    if current_call().get("dry_run") or SETTINGS.dry_run:
+    if current_call().get("dry_run") or settings().dry_run:
         for decision in writes:
             audit(host, decision.method, decision.path, _audited(decision), "dry_run")
         raise DryRun({"dry_run": True, "host": host.label, "plan": summary,
@@ -528,7 +531,7 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
     sending (if it cannot be written, nothing is sent), one after (if that fails, the answer says
     so), the receipt kept."""
     try:
-        receipt = receipts.start(SETTINGS.receipts, host, decision, client, current_call().get("tool"))
+        receipt = receipts.start(settings().receipts, host, decision, client, current_call().get("tool"))
     except ToolFailure as exc:
         audit(host, decision.method, decision.path, audited, "refused", error=str(exc))
         raise
@@ -536,7 +539,7 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
         line = audit(host, decision.method, decision.path, audited, "sending", strict=True,
                      receipt=receipt.id if receipt else None)
     except OSError as exc:
-        raise PolicyError(f"The audit log {SETTINGS.audit_path} cannot be written ({exc.strerror or exc}); "
+        raise PolicyError(f"The audit log {settings().audit_path} cannot be written ({exc.strerror or exc}); "
                           f"{decision.method} {decision.path} was NOT sent. Fix the file's directory or "
                           f"permissions, or point PROXMOX_AUDIT_LOG elsewhere.") from None
     started = time.monotonic()
@@ -570,7 +573,7 @@ def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict
     except OSError as exc:
         notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
         notes.append(f"The request was sent ({verdict}), but its audit line could not be written to "
-                     f"{SETTINGS.audit_path} ({exc.strerror or exc}).")
+                     f"{settings().audit_path} ({exc.strerror or exc}).")
 
 
 def default_plan(host: Any, decision: Decision) -> dict:
@@ -604,25 +607,26 @@ ROLE_FOR_PRIVILEGE = {
 
 
 # (product, label, token id) -> {path: {privilege: propagate flag}}, from GET /access/permissions
-PERMISSIONS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
-
-
-# (product, label) -> major version, from GET /version when the privileges are read
-VERSIONS: dict[tuple[str, str], int] = {}
-# (product, label) -> (major, minor), read at the same time, for methods newer than a major release
-RELEASES: dict[tuple[str, str], tuple[int, int]] = {}
+_permissions = runtime.slot("policy.permissions", dict[tuple[str, str, str], dict[str, dict[str, Any]]])
+# (product, label) -> (major, minor), from GET /version when the privileges are read: the agent
+# privileges depend on the major version, methods newer than a major release on the minor
+_releases = runtime.slot("policy.releases", dict[tuple[str, str], tuple[int, int]])
 
 
 def set_version(host: Any, version: str) -> None:
     match = re.match(r"(\d+)\.(\d+)", str(version))
     if match:
-        VERSIONS[(host.product, host.label)] = int(match.group(1))
-        RELEASES[(host.product, host.label)] = (int(match.group(1)), int(match.group(2)))
+        _releases.get()[(host.product, host.label)] = (int(match.group(1)), int(match.group(2)))
+
+
+def release_of(host: Any) -> tuple[int, int] | None:
+    """The host's (major, minor) version as read with its privileges; None when not read."""
+    return _releases.get().get((host.product, host.label))
 
 
 def version_at_least(host: Any, release: tuple[int, int]) -> bool | None:
     """Whether the host runs `release` (major, minor) or later; None when its version is not known."""
-    known = RELEASES.get((host.product, host.label))
+    known = release_of(host)
     return None if known is None else known >= release
 
 
@@ -630,18 +634,28 @@ def version_privileges(host: Any, privileges: list[str] | tuple[str, ...]) -> li
     """The privileges a check names, as the host's version has them: PVE 8 checks VM.Monitor for
     every guest agent call, and VM.GuestAgent.* exists from PVE 9 on
     (docs/PROXMOX-BEHAVIOUR.md#agent-privileges-by-version). An unknown version counts as current."""
-    if host.product == "pve" and VERSIONS.get((host.product, host.label), 9) < 9 \
+    if host.product == "pve" and (release_of(host) or (9,))[0] < 9 \
             and any(p.startswith("VM.GuestAgent.") for p in privileges):
         return ["VM.Monitor"]
     return list(privileges)
 
 
 def permissions_of(host: Any) -> dict[str, dict[str, Any]] | None:
-    return PERMISSIONS.get((host.product, host.label, host.token_id))
+    return _permissions.get().get((host.product, host.label, host.token_id))
 
 
 def set_permissions(host: Any, permissions: dict[str, dict[str, Any]]) -> None:
-    PERMISSIONS[(host.product, host.label, host.token_id)] = permissions
+    _permissions.get()[(host.product, host.label, host.token_id)] = permissions
+
+
+def forget_permissions(host: Any) -> None:
+    """Read the token's privileges again at its next request."""
+    _permissions.get().pop((host.product, host.label, host.token_id), None)
+
+
+def permissions_read() -> int:
+    """How many tokens' privileges were read (the tool list changes when this does)."""
+    return len(_permissions.get())
 
 
 def holds(host: Any, privilege: str, acl_path: str) -> bool | None:
@@ -747,7 +761,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
     hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
     write raises OSError."""
-    if SETTINGS.audit_path is None or current_call().get("planning"):
+    if settings().audit_path is None or current_call().get("planning"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
@@ -761,7 +775,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     if receipt is not None:
         record["receipt"] = receipt
     try:
-        audit_log.append(SETTINGS.audit_path, record)
+        audit_log.append(settings().audit_path, record)
     except OSError:
         if strict:
             raise

@@ -3,8 +3,8 @@
 Every request goes through `ProxmoxClient.request`, which passes the policy's admission step
 (`policy.admit`) and then sends, unwraps `{"data": ...}` and turns every failure into a `ProxmoxError`
 whose message tells the model what went wrong and what to do next. Tasks of both products
-are waited for here too (`wait_task`), and answered as the tools answer them (`run_task`,
-`task_report`, `log_page`).
+are waited for here too (`wait_task`); tasks.py answers them as the tools do. This module knows
+HTTP and Proxmox, not MCP (tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -17,17 +17,19 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from urllib.parse import quote, urlsplit
-
-from mcp.server.mcpserver import Context
 
 import catalog
 import policy
-from answers import compact, iso_time, progress_reporter
+import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
+from gates import combine
+from masking import mask_params, register_secret
+from products import PRODUCTS
 
 if TYPE_CHECKING:
     import requests  # imported where it is used: a server's start and first tools/list never need it
@@ -35,32 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("proxmox-mcp")
 
 
-@dataclass(frozen=True)
-class Product:
-    name: str
-    default_port: int
-    token_header: str  # format with id and secret
-    upid: re.Pattern  # what a task id of this product looks like
-    ticket_cookie: str  # the cookie that carries a password login's ticket
-    task_tool: str  # the tool that follows one of its tasks
-
-
-# Task ids, as the products' own parsers accept them (docs/PROXMOX-BEHAVIOUR.md#upids): pve-common
-# src/PVE/UPID.pm (decode); proxmox-rs proxmox-schema/src/upid.rs (PROXMOX_UPID_REGEX), which adds a task
-# counter and allows `/` in the (systemd-escaped) fields.
-_NODE = r"(?P<node>[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)"
-PVE_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
-                      r"(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s/]+):(?P<id>[^:\s/]*):(?P<user>[^:\s/]+):")
-PBS_UPID = re.compile(rf"UPID:{_NODE}:(?P<pid>[0-9A-Fa-f]{{8}}):(?P<pstart>[0-9A-Fa-f]{{8,9}}):"
-                      r"(?P<task>[0-9A-Fa-f]{8,16}):(?P<starttime>[0-9A-Fa-f]{8}):(?P<type>[^:\s]+):(?P<id>[^:\s]*):"
-                      r"(?P<user>[^:\s]+):")
-
-# Differences between the products live here (the PBS header uses a colon: docs/PROXMOX-BEHAVIOUR.md#api-tokens).
-PRODUCTS = {
-    "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, "PVEAuthCookie", "get_task"),
-    "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, "PBSAuthCookie",
-                   "pbs_get_task"),
-}
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
 # Why a connection could not be made, by the operating system's words in the error, and what it means.
 CONNECT_CAUSES = (
@@ -129,7 +105,6 @@ def in_parallel(calls: list[Callable[[], Any]], limit: int = AT_ONCE) -> list[An
     workers, so the shared threads cannot all end up waiting."""
     if len(calls) < 2 or limit < 2 or getattr(_worker_state, "busy", False):
         return [_outcome(call) for call in calls]
-    from concurrent.futures import FIRST_COMPLETED, wait
     pool, results = _executor(), [None] * len(calls)
     waiting = iter(enumerate(calls))
     running: dict[Any, int] = {}
@@ -157,7 +132,6 @@ _pool_lock = threading.Lock()
 def _executor() -> Any:
     with _pool_lock:
         if not _pool:
-            from concurrent.futures import ThreadPoolExecutor
             _pool.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="read"))
         return _pool[0]
 
@@ -168,6 +142,26 @@ def _in_worker(context: contextvars.Context, call: Callable[[], Any]) -> Any:
         return context.run(_outcome, call)
     finally:
         _worker_state.busy = False
+
+
+T = TypeVar("T")
+
+
+def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pause: float = 1.0,
+         growth: float = 1.0, longest: float = 2.0) -> tuple[T, bool]:
+    """The one wait-until loop (tasks, guest states, HA requests, the guest agent, addresses): call
+    `read` until `done` holds for what it returned or `seconds` have passed; the last value, and
+    whether it was done. It reads at least once, waits `pause` between reads (times `growth` after
+    each, at most `longest`) and never sleeps past the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value):
+            return value, True
+        if time.monotonic() + pause > deadline:
+            return value, False
+        time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
+        pause = min(pause * growth, longest)
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -238,11 +232,11 @@ def certificate_line(host: HostConfig) -> str | None:
     if expires is None:
         return None
     days = int((expires - time.time()) // 86400)
-    when = f"expires {iso_time(expires)[:10]} (in {days} days)"
+    when = f"expires {time.strftime('%Y-%m-%d', time.gmtime(expires))} (in {days} days)"
     if days >= CERT_WARN_DAYS:
         return f"certificate: {when}"
     renewal, command, ca_file = RENEWAL[host.product]
-    var = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+    var = PRODUCTS[host.product].host_prefix(host.label)
     pinned = (f" {var}_FINGERPRINT pins this certificate: after the renewal pin the new one (see {command})"
               + (f", or trust the cluster CA with {var}_CA_FILE ({ca_file})" if ca_file else "") + "."
               ) if host.fingerprint else ""
@@ -278,16 +272,13 @@ def never_connected(exc: Exception) -> bool:
     return isinstance(exc, requests.exceptions.ConnectTimeout) or isinstance(reason, NewConnectionError)
 
 
-ALL_LOG_LINES = 1_000_000  # "all lines" for PVE's task log, on every version
-
-
 def parse_upid(upid: str, product: str = "pve") -> dict:
     """Split a task id. PVE: UPID:node:pid:pstart:starttime:type:id:user: ; PBS has a task
     counter before starttime and systemd-escapes the worker id."""
     match = PRODUCTS[product].upid.fullmatch(upid)
     if not match:
         raise ProxmoxError(f"'{upid}' is not a {PRODUCTS[product].name} task id (UPID).")
-    worker = unescape_id(match["id"]) if product == "pbs" else match["id"]
+    worker = unescape_id(match["id"]) if PRODUCTS[product].escaped_ids else match["id"]
     return {"node": match["node"], "pid": int(match["pid"], 16), "pstart": int(match["pstart"], 16),
             "starttime": int(match["starttime"], 16), "type": match["type"], "id": worker, "user": match["user"]}
 
@@ -394,7 +385,7 @@ class ProxmoxClient:
             if current and not renew and time.monotonic() - current[2] < TICKET_RENEW_AFTER:
                 return current
             host = self.host
-            prefix = ("PROXMOX" if host.product == "pve" else "PBS") + f"_{host.label.upper()}"
+            prefix = self.product.host_prefix(host.label)
             try:
                 response = self.session.post(self.base + "/access/ticket", data={
                     "username": host.user, "password": host.password},
@@ -415,8 +406,8 @@ class ProxmoxClient:
                     f"Login as {host.user} on host '{host.label}' needs a second factor (TFA), which this server "
                     f"cannot give. Create an API token for it instead (pveum user token add {host.user} mcp, or "
                     f"Datacenter > Permissions > API Tokens) and set {prefix}_TOKEN.", status=401)
-            policy.register_secret(data["ticket"])
-            policy.register_secret(data["CSRFPreventionToken"])
+            register_secret(data["ticket"])
+            register_secret(data["CSRFPreventionToken"])
             self._ticket = (data["ticket"], data["CSRFPreventionToken"], time.monotonic())
             return self._ticket
 
@@ -451,7 +442,7 @@ class ProxmoxClient:
                       else f"names guest(s) {', '.join(map(str, decision.guests))}, none protected")
         plan = {"dry_run": True, "host": self.host.label,
                 "request": {"method": decision.method, "path": decision.path,
-                            "params": policy.mask_params(decision.params)},
+                            "params": mask_params(decision.params)},
                 "gate": "+".join(decision.gates), "why": decision.reasons, "protection": protection,
                 "needs_confirmation": decision.confirm}
         current = self._current_state(decision)
@@ -580,7 +571,7 @@ class ProxmoxClient:
         self.ensure_permissions()
         decision = policy.classify(self.host, "GET", path, params, self.get)
         if also:
-            decision.gates = policy.combine(set(decision.gates) | {also[0]})
+            decision.gates = combine(set(decision.gates) | {also[0]})
             decision.reasons.append(also[1])
         return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
                             read=self.get, plan=self._dry_run_plan, decision=decision)
@@ -644,8 +635,7 @@ class ProxmoxClient:
         if response.status_code not in (301, 302, 303, 307, 308):
             return
         location = response.headers.get("Location", "")
-        prefix = ("PROXMOX" if self.host.product == "pve" else "PBS") + (
-            f"_{self.host.label.upper()}" if self.host.label != "default" else "")
+        prefix = self.product.env_prefix if self.host.label == "default" else self.product.host_prefix(self.host.label)
         if self.host.url.startswith("http://") and location.startswith("https://"):
             raise ProxmoxError(
                 f"Host '{self.host.label}': port {urlsplit(self.host.url).port} speaks TLS, so {self.host.url} answers "
@@ -657,7 +647,7 @@ class ProxmoxClient:
     def _tls_error(self, exc: Exception) -> ProxmoxError:
         """Why the certificate was refused and what to do: a pin that no longer matches is most
         likely a renewed certificate (docs/PROXMOX-BEHAVIOUR.md#certificate-renewal)."""
-        var = ("PROXMOX" if self.host.product == "pve" else "PBS") + f"_{self.host.label.upper()}"
+        var = self.product.host_prefix(self.host.label)
         offered = server_fingerprint(self.host.url)
         seen = f" The server offers SHA-256 {offered}." if offered else ""
         renewal, command, ca_file = RENEWAL[self.host.product]
@@ -726,11 +716,8 @@ class ProxmoxClient:
         (PVE: lines to skip), so it is sent one higher there (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks).
         PVE before 7.3 answers limit=0 with nothing, so "all" is asked as a limit no log reaches
         (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)."""
-        if self.host.product == "pbs":
-            start += 1
-        elif not limit:
-            limit = ALL_LOG_LINES
-        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=start, limit=limit) or []
+        first, limit = start + self.product.first_log_line, limit or self.product.all_log_lines
+        return self.get(f"/nodes/{self.task_node(upid)}/tasks/{upid}/log", start=first, limit=limit) or []
 
     def wait_task(self, upid: str, timeout: float = 30.0,
                   on_progress: Callable[[float | None, str], None] | None = None) -> dict:
@@ -739,22 +726,19 @@ class ProxmoxClient:
         Returns the final status with `result` "ok" or "warnings", or {"status": "still_running"}
         at the deadline. A failed task raises TaskFailed carrying the last log lines.
         """
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while True:
+        def read() -> dict:
             status = self.task_status(upid)
-            if status.get("status") != "running":
-                return self._finished(upid, status)
-            if on_progress:
+            if status.get("status") == "running" and on_progress:
                 lines = self.task_log(upid, start=0, limit=0)
                 text = next((line["t"] for line in reversed(lines) if PERCENT.search(line.get("t", ""))), "")
                 match = PERCENT.search(text)
                 on_progress(float(match.group(1)) if match else None, text or "running")
-            if time.monotonic() + delay > deadline:
-                return {"status": "still_running", "upid": upid,
-                        "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
-            time.sleep(delay)  # polling a remote task, not synchronising tests
-            delay = min(delay * 1.5, 2.0)
+            return status
+        status, ended = poll(read, lambda status: status.get("status") != "running", timeout, pause=0.2, growth=1.5)
+        if ended:
+            return self._finished(upid, status)
+        return {"status": "still_running", "upid": upid,
+                "next": f"call {self.product.task_tool} with this upid and wait_seconds to keep waiting"}
 
     def _finished(self, upid: str, status: dict) -> dict:
         exit_status = status.get("exitstatus", "")
@@ -768,7 +752,7 @@ class ProxmoxClient:
         raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail))
 
 
-# ---------------------------------------------------------------- tasks, as the tools answer them
+# ---------------------------------------------------------------- downloads
 
 def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
     """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
@@ -795,60 +779,6 @@ def _save(response: requests.Response, destination: Path, max_bytes: int, what: 
         partial.unlink(missing_ok=True)
         raise
     return written
-
-
-TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
-
-
-def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
-             ctx: Context | None, action: str) -> dict:
-    """Send a write and, when it starts a task, wait for it with progress notifications. The
-    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
-    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
-    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
-    data = client.request(method, path, params)
-    if not (isinstance(data, str) and data.startswith("UPID:")):
-        return {"action": action, "result": "ok"}
-    if not wait_seconds:
-        return {"action": action, "task": "started", "upid": data,
-                "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
-    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    task = outcome.pop("exitstatus", None) or outcome.pop("status")
-    outcome.pop("status", None)
-    return {"action": action, "task": task} | outcome
-
-
-def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
-                again: str) -> dict:
-    """A task's status, result and last log lines (both products); with wait_seconds, waits with
-    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
-    parse_upid(upid, client.host.product)
-    if wait_seconds:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-        if outcome["status"] == "still_running":
-            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
-    status = client.task_status(upid)
-    user = status.get("user")  # without the token, which comes as `tokenid` (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
-    if user and status.get("tokenid"):
-        user = f"{user}!{status['tokenid']}"
-    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
-                      "id": status.get("id"), "user": user, "status": status.get("status"),
-                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
-    if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
-    if status.get("status") == "stopped":
-        result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
-    return result
-
-
-def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
-    """Log lines of a task from `start`, with `next_start` when there are more."""
-    parse_upid(upid, client.host.product)
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
-    return result
 
 
 def _error_text(response: requests.Response) -> tuple[str, dict]:
@@ -947,33 +877,34 @@ def _hint_for(message: str, where: str = "") -> str | None:
 
 # ---------------------------------------------------------------- configured hosts
 
-_hosts: dict[str, dict[str, HostConfig]] = {"pve": {}, "pbs": {}}
-_clients: dict[tuple[str, str], ProxmoxClient] = {}
+_hosts = runtime.slot("proxmox_client.hosts", lambda: {"pve": {}, "pbs": {}})  # product -> label -> HostConfig
+_clients = runtime.slot("proxmox_client.clients", dict[tuple[str, str], "ProxmoxClient"])  # made at first use
 _clients_lock = threading.Lock()
 
 
 def configure_hosts(hosts: list[HostConfig]) -> None:
     """Set the hosts tools may use (called once at start). Nothing connects here."""
-    _hosts["pve"].clear()
-    _hosts["pbs"].clear()
-    _clients.clear()
+    configured_hosts = _hosts.get()
+    configured_hosts["pve"].clear()
+    configured_hosts["pbs"].clear()
+    _clients.get().clear()
     for host in hosts:
-        _hosts[host.product][host.label] = host
+        configured_hosts[host.product][host.label] = host
 
 
 def configured(product: str) -> dict[str, HostConfig]:
-    return _hosts[product]
+    return _hosts.get()[product]
 
 
 def client_for(product: str, label: str | None) -> ProxmoxClient:
     """The client of a configured host by label; the label may be left out when there is one."""
-    hosts = _hosts[product]
+    hosts = configured(product)
     name = PRODUCTS[product].name
     if label is None:
         if len(hosts) == 1:
             label = next(iter(hosts))
         elif not hosts:
-            prefix = "PROXMOX" if product == "pve" else "PBS"
+            prefix = PRODUCTS[product].env_prefix
             raise ProxmoxError(f"No {name} host is configured. Set {prefix}_<LABEL>_URL and {prefix}_<LABEL>_TOKEN.")
         else:
             raise InvalidArgument(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")
@@ -981,10 +912,11 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
     if key not in hosts:
         known = ", ".join(sorted(hosts)) or "none"
         raise InvalidArgument(f"No {name} host labelled '{label}'. Configured: {known} (see list_hosts).")
+    clients = _clients.get()
     with _clients_lock:
-        if (product, key) not in _clients:
-            _clients[(product, key)] = ProxmoxClient(hosts[key])
-        return _clients[(product, key)]
+        if (product, key) not in clients:
+            clients[(product, key)] = ProxmoxClient(hosts[key])
+        return clients[(product, key)]
 
 
 def pve_client(label: str | None = None) -> ProxmoxClient:

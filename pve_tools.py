@@ -5,10 +5,11 @@ answer as compact JSON and turns a ToolFailure into a tool error. Lists come as
 {"columns": [...], "rows": [[...], ...]} to keep answers small (answers.py); guests, nodes
 and storages are looked up by inventory.py.
 """
+import ipaddress
 import re
 import time
 from typing import Annotated, Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -18,11 +19,12 @@ from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from config_diff import config_and_pending
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
-from inventory import (HA_FAILED, archive_node, backup_storages, bridges, bridges_hidden, check_node, guest_path,
-                       guest_resources, ha_failure, hidden_backups, hidden_note, next_vmid, node_names, online_node,
-                       pbs_backed_storages, resolve_guest, storage_node, storage_rows, storages_on)
-from proxmox_client import (TASK_GOING, ProxmoxClient, agent_result, configured, encode_params, log_page, pbs_client,
-                            pve_client, run_task, task_outcome, task_report)
+from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
+                       guest_path, guest_resources, ha_failure, next_vmid, node_names, online_node, resolve_guest,
+                       storage_node, storage_rows, storages_on)
+from masking import MASK, register_secret
+from proxmox_client import ProxmoxClient, agent_result, encode_params, poll, pve_client, task_outcome
+from tasks import TASK_GOING, log_page, run_task, task_report
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -115,7 +117,7 @@ def list_guests(host: Host = None,
     client = pve_client(host)
     guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
     filters = _guest_filters(node, type, status, tag, name)
-    protected = policy.SETTINGS.protected
+    protected = policy.settings().protected
     rows = []
     if sort_by:  # busiest first
         guests.sort(key=lambda g: -(g.get(sort_by) or 0))
@@ -174,7 +176,7 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
                 "mem_used": human_bytes(status.get("mem")), "mem_used_bytes": status.get("mem"),
                 "maxmem": human_bytes(status.get("maxmem")), "maxmem_bytes": status.get("maxmem"),
                 "maxdisk": human_bytes(status.get("maxdisk")), "maxdisk_bytes": status.get("maxdisk")}
-    listed = policy.SETTINGS.protected.find(client.host.label, vmid, "pve")
+    listed = policy.settings().protected.find(client.host.label, vmid, "pve")
     if listed:  # on the protected list: no request that changes it is admitted
         summary["protected"] = listed.get("reason") or "yes"
     return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
@@ -308,71 +310,13 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
     return table(["name", "time", "parent", "vmstate", "description"], rows)
 
 
-def _backup_row(volume: dict, storage: str, node: str | None) -> dict:
-    return {"volid": volume["volid"], "vmid": volume.get("vmid"), "storage": storage, "node": node,
-            "size": human_bytes(volume.get("size")), "time": iso_time(volume.get("ctime")),
-            "ctime": volume.get("ctime") or 0, "notes": volume.get("notes"),
-            "protected": 1 if volume.get("protected") else None,
-            "verify": (volume.get("verification") or {}).get("state")}
-
-
-def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: int | None) -> list[dict]:
-    """A PBS-backed storage's backups read on the Backup Server itself, named as PVE names them
-    (`<storage>:backup/vm/<vmid>/<UTC time>`, docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
-    found = []
-    for snap in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
-                        **({"backup-id": str(vmid)} if vmid else {})) or []:
-        if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap["backup-time"]))
-            found.append(_backup_row({"volid": f"{storage}:backup/{snap['backup-type']}/{snap['backup-id']}/{stamp}",
-                                      "vmid": int(snap["backup-id"]), "size": snap.get("size"),
-                                      "ctime": snap["backup-time"], "notes": snap.get("comment"),
-                                      "protected": snap.get("protected"), "verification": snap.get("verification")},
-                                     storage, None))
-    return found
-
-
-def _only_pbs() -> ProxmoxClient | None:
-    """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
-    return pbs_client() if len(configured("pbs")) == 1 else None
-
-
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
     """Backups on every storage (PBS too), newest first."""
-    client = pve_client(host)
-    rows, unread, hidden = [], [], {}
-    everything = storage_rows(client)
-    vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
-    on_pbs: dict[str, tuple[str, str]] | None = None
-    for name, node, shared in backup_storages(client, everything):
-        if storage and name != storage:
-            continue
-        unseen = hidden_backups(client, name, vmids)
-        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
-            pbs = _only_pbs()
-            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
-        if unseen and name in on_pbs:
-            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
-            continue
-        if unseen:
-            hidden[name] = unseen
-        if len(unseen) < len(vmids):
-            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
-                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
-    for entry in everything:
-        if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
-                and (not storage or entry["storage"] == storage):
-            unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
-    rows.sort(key=lambda r: -r["ctime"])
-    result = table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
-                   limit=limit)
-    if unread:
-        result["not_read"] = unread
-    if hidden:
-        result |= hidden_note(client, hidden, len(vmids))
-    return result
+    rows, notes = backup_volumes(pve_client(host), vmid, storage)
+    return table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
+                 limit=limit) | notes
 
 
 StorageContent = Literal["images", "rootdir", "iso", "vztmpl", "backup", "snippets", "import"]
@@ -495,17 +439,18 @@ def _ha_managed(row: dict) -> bool:
 
 
 HA_SETTLED = {"running": "started", "stopped": "stopped"}  # the HA state a request ends in when it worked
+
+
 def _ha_row(client: ProxmoxClient, vmid: int, wanted: str, seconds: float) -> dict:
     """The guest's /cluster/resources row, read until the HA manager has done the request, has
     failed, or `seconds` have passed; the row names the node it is on now (after a relocation or a
     recovery it is another one)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        row = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
-        done = row.get("status") == wanted and row.get("hastate") == HA_SETTLED[wanted]
-        if done or row.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
-            return row
-        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    def settled(row: dict) -> bool:
+        return row.get("status") == wanted and row.get("hastate") == HA_SETTLED[wanted] \
+            or row.get("hastate") in HA_FAILED
+    row, _ = poll(lambda: next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {}), settled,
+                  seconds, pause=0.5)  # waiting for the HA manager to carry out a request
+    return row
 
 
 def _guest_after(client: ProxmoxClient, answer: dict, vmid: int, base: str | None = None) -> dict:
@@ -940,12 +885,10 @@ def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, t
 def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> dict:
     """Where an HA resource is after its migration request, read until it is on target or the HA
     manager failed (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)."""
-    vmid, deadline = row["vmid"], time.monotonic() + seconds
-    while True:
-        now = next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {})
-        if now.get("node") == target or now.get("hastate") in HA_FAILED or time.monotonic() >= deadline:
-            break
-        time.sleep(0.5)  # waiting for the HA manager to carry out a request
+    vmid = row["vmid"]
+    now, _ = poll(lambda: next((g for g in guest_resources(client, fresh=True) if g["vmid"] == vmid), {}),
+                  lambda now: now.get("node") == target or now.get("hastate") in HA_FAILED, seconds,
+                  pause=0.5)  # waiting for the HA manager to carry out a request
     node, state = now.get("node"), now.get("hastate")
     if state in HA_FAILED:
         raise ProxmoxError(f"The HA request to migrate guest {vmid} was queued, but " + ha_failure(now))
@@ -1283,7 +1226,6 @@ def _ssh_keys(text: str) -> str:
     """Public keys as qemu-server stores `sshkeys`: one per line, URL-encoded (it URI-unescapes them
     to check and to write the drive: docs/PROXMOX-BEHAVIOUR.md#cloud-init). Plain keys are taken; an
     already encoded value is decoded first."""
-    from urllib.parse import unquote
     if "%" in text and " " not in text:
         text = unquote(text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -1298,7 +1240,6 @@ def _ssh_keys(text: str) -> str:
 
 def _ip_config(nic: str, value: str) -> str:
     """One NIC's ipconfig: dhcp, a CIDR with an optional gw, or Proxmox's own ip=...,gw=... form."""
-    import ipaddress
     text = value.strip()
     if text in ("dhcp", "auto", "dhcp6"):
         return {"dhcp": "ip=dhcp", "dhcp6": "ip6=dhcp", "auto": "ip6=auto"}[text]
@@ -1323,7 +1264,6 @@ def _ip_config(nic: str, value: str) -> str:
 
 def _dns(text: str) -> dict[str, str]:
     """`dns` as Proxmox keeps it: the addresses are name servers, the names search domains."""
-    import ipaddress
     servers, domains = [], []
     for item in filter(None, re.split(r"[,;\s]+", text.strip())):
         try:
@@ -1346,7 +1286,7 @@ def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | Non
     if password is not None:
         if len(password) < 8:
             raise InvalidArgument("password: use at least 8 characters (or ssh_keys). Nothing was sent.")
-        policy.register_secret(password)  # never shown again, wherever it would appear
+        register_secret(password)  # never shown again, wherever it would appear
         params["cipassword"] = password
     params |= _dns(dns) if dns else {}
     nics = sorted(k for k in config if re.fullmatch(r"net\d+", k))
@@ -1378,9 +1318,9 @@ def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_
         raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
                               f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
     params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
-    changed = {key: policy.MASK if key == "cipassword" else params[key] for key in sorted(params)}
+    changed = {key: MASK if key == "cipassword" else params[key] for key in sorted(params)}
     # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
-    waiting = {r["key"]: "(deleted)" if r.get("delete") else policy.MASK if r["key"] == "cipassword" else r["pending"]
+    waiting = {r["key"]: "(deleted)" if r.get("delete") else MASK if r["key"] == "cipassword" else r["pending"]
                for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
     try:
         if params:

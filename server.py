@@ -7,7 +7,8 @@
     python server.py --check          connect to every host and report what works
 
 Configuration comes from the environment and `.env` (see README.md and .env.example), read by
-config.py; this file is the MCP edge: the TOOLS table, registration, visibility, transports, CLI.
+config.py; this file is the MCP edge: the TOOLS table, registration, transports, CLI. Which tools
+a client sees is visibility.py, the user's yes confirmation.py, a refused argument argument_errors.py.
 """
 from __future__ import annotations
 
@@ -20,24 +21,32 @@ if __name__ == "__main__":  # started as the server (a test that imports this fi
     gc.disable()
 
 import argparse
+import functools
 import inspect
 import json
 import logging
 import sys
-import threading
-import time
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
+
+import anyio
+from mcp.server.apps import Apps
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 import answers
 import audit
+import confirmation
 import demo
 import http_transport
-import inventory
 import policy
 import proxmox_client
+import runtime
+import visibility
 import api_tools
 import backup_jobs
 import firewall_tools
@@ -52,8 +61,10 @@ import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
                     load_config, read_env_files, tool_matches)
-from errors import ConfirmationNeeded, ToolFailure
-from pydantic import BaseModel, Field
+from errors import ToolFailure
+from gates import GATES
+from masking import mask, register_secret
+from products import PRODUCTS
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger("proxmox-mcp")
@@ -113,11 +124,11 @@ def server_info() -> dict:
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():
-            rules = policy.SETTINGS.hosts.get((product, label), policy.HostPolicy())
+            rules = policy.settings().hosts.get((product, label), policy.HostPolicy())
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
                                      "auth": proxmox_client.auth_method(host),
                                      "token": host.token_id, "write_token": host.write_token_id,
-                                     "gates_open": [g for g in policy.GATES if policy.gate_open(rules, g, "POST")]}
+                                     "gates_open": [g for g in GATES if policy.gate_open(rules, g, "POST")]}
             try:
                 entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
             except ToolFailure as exc:
@@ -126,7 +137,7 @@ def server_info() -> dict:
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
-    settings = policy.SETTINGS
+    settings = policy.settings()
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
@@ -142,10 +153,11 @@ def server_info() -> dict:
 def hidden_by_reason() -> dict[str, list[str]]:
     """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
     privileges read)."""
-    left_out = {spec.function.__name__: why_not_offered(VISIBILITY.config, spec) for spec in TOOLS} \
-        if VISIBILITY.config else {}
+    visible = visibility.current()
+    left_out = {spec.function.__name__: why_not_offered(visible.config, spec) for spec in TOOLS} \
+        if visible.config else {}
     grouped: dict[str, list[str]] = {}
-    for name, why in ({name: why for name, why in left_out.items() if why} | VISIBILITY.hidden()).items():
+    for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden()).items():
         grouped.setdefault(why, []).append(name)
     return grouped
 
@@ -278,7 +290,6 @@ ANNOTATIONS = {
 
 
 def annotations_for(spec: ToolSpec):
-    from mcp_types import ToolAnnotations
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
     if spec.may_destroy:  # listed at its lowest gate, but its arguments can make a call destructive
         destructive = True
@@ -291,150 +302,6 @@ def annotations_for(spec: ToolSpec):
 
 # ---------------------------------------------------------------- the edge of every tool call
 
-class Confirmation(BaseModel):
-    confirm: bool = Field(description="Yes, do it")
-
-
-def can_elicit(ctx: Any) -> bool:
-    """Whether the user can be asked: the client declared elicitation, and the connection can
-    carry the question (on 2026-07-28 inside the call's input-required round trip; before it as a
-    request to the client in the middle of the call). See docs/SECURITY.md#confirmation."""
-    try:
-        capabilities = ctx.client_capabilities
-        return bool(policy.SETTINGS.elicit and capabilities and capabilities.elicitation) and \
-            (asks_by_round_trip(ctx) or ctx.session.can_send_request)
-    except (AttributeError, ValueError):
-        return False
-
-
-def asks_by_round_trip(ctx: Any) -> bool:
-    """Whether the call speaks 2026-07-28 or later (questions and notifications travel otherwise)."""
-    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-    return getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
-
-
-def plan_resolver(function: Callable) -> Callable:
-    """Before a tool that can need confirmation runs, for a client that can ask its user: the
-    requests it would send (policy.plan_call), recomputed on every round of the call."""
-    def plan(ctx: Any, **arguments: Any) -> policy.Plan:
-        if arguments.get("dry_run") or policy.SETTINGS.dry_run or not can_elicit(ctx):
-            return policy.Plan()
-        return policy.plan_call(function, arguments | {"ctx": None}, function.__name__)
-    return _resolver(plan, function, f"plan_{function.__name__}")
-
-
-def approval_resolver(function: Callable, plan: Callable) -> Callable:
-    """The question about the whole plan; on 2026-07-28 the SDK carries it in the input-required
-    round trip and, on the retry, takes the answer only if the question (the plan, with its
-    digest) is unchanged; before that revision it asks in the middle of the call."""
-    from mcp.server.mcpserver.resolve import Elicit, Resolve
-
-    def approval(found: Annotated[policy.Plan, Resolve(plan)]) -> Any:
-        return Elicit(describe_plan(found.decisions, found.summary), Confirmation) if found.decisions else None
-    approval.__annotations__ = {"found": Annotated[policy.Plan, Resolve(plan)]}
-    approval.__qualname__ = approval.__name__ = f"approve_{function.__name__}"
-    return approval
-
-
-def _resolver(body: Callable, function: Callable, name: str) -> Callable:
-    """`body` with the tool's own arguments by name (how the SDK hands resolvers a call's arguments)."""
-    from mcp.server.mcpserver import Context
-    names = [n for n in inspect.signature(function).parameters if n != "ctx"]
-    body.__signature__ = inspect.Signature(
-        [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names])
-    body.__annotations__ = {"ctx": Context}
-    body.__qualname__ = body.__name__ = name
-    return body
-
-
-def with_confirmation(tool: Callable, function: Callable) -> Callable:
-    """A tool that can need the user's yes gets two parameters the SDK fills before it runs and
-    that are not in its input schema: the plan and the user's answer to it."""
-    from mcp.server.elicitation import ElicitationResult
-    from mcp.server.mcpserver.resolve import Resolve
-    plan = plan_resolver(function)
-    signature = inspect.signature(tool)
-    answer = Annotated[ElicitationResult[Confirmation], Resolve(approval_resolver(function, plan))]
-    extra = [inspect.Parameter("confirmation_plan", inspect.Parameter.KEYWORD_ONLY,
-                               annotation=Annotated[policy.Plan, Resolve(plan)]),
-             inspect.Parameter("user_answer", inspect.Parameter.KEYWORD_ONLY, annotation=answer)]
-    tool.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])
-    tool.__annotations__ = typing.get_type_hints(function, include_extras=True) | {
-        "confirmation_plan": Annotated[policy.Plan, Resolve(plan)], "user_answer": answer}
-    return tool
-
-
-def approved(plan: policy.Plan | None, answer: Any) -> set[str]:
-    """The approval keys of a plan the user said yes to; a refusal of it raises (and is audited)."""
-    if plan is None or not plan.decisions:
-        return set()
-    data = getattr(answer, "data", None)
-    if getattr(answer, "action", None) == "accept" and isinstance(data, Confirmation) and data.confirm:
-        return {policy.approval_key(host, decision) for host, decision in plan.decisions}
-    why = f"The user did not confirm ({getattr(answer, 'action', 'no answer')}); nothing was done."
-    for host, decision in plan.decisions:
-        policy.audit(host, decision.method, decision.path, decision.params, "refused", error=why)
-    raise policy.PolicyError(why)
-
-
-def confirmer(confirmed: bool, ctx: Any) -> Callable:
-    """The policy's confirmation step for requests that need the user's yes and were not in the
-    plan the user approved before the call ran. A client that can ask is never answered by
-    confirm=true: before 2026-07-28 the user is asked now, in the middle of the call; on
-    2026-07-28 the question can only come before the call runs, so the request is refused and
-    the next call asks. confirm=true stands in only for clients that cannot ask (or
-    PROXMOX_ELICIT=false)."""
-    def confirm(host: Any, decisions: list[policy.Decision], summary: str = "") -> None:
-        question = describe_plan([(host, d) for d in decisions], summary)
-        if ctx is not None and can_elicit(ctx):
-            if asks_by_round_trip(ctx):
-                raise ConfirmationNeeded(f"Not sent: the user confirmed another plan than this one, which came up "
-                                         f"while the call ran ({question}). Call the tool again: the user is "
-                                         f"asked about the plan as it is now.")
-            ask_user(ctx, question)
-        elif not confirmed:
-            raise ConfirmationNeeded(f"Confirmation needed: {question} Ask the user; if they agree, call again "
-                                     f"with confirm=true.")
-    return confirm
-
-
-def ask_user(ctx: Any, message: str) -> None:
-    """Ask the user in the middle of a call (before 2026-07-28); anything but a yes refuses."""
-    import anyio.from_thread
-    try:
-        answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
-    except Exception as exc:  # a client that fails to answer means no
-        raise policy.PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
-    if not (answer.action == "accept" and answer.data is not None and answer.data.confirm):
-        raise policy.PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
-
-
-def describe_plan(plan: list[tuple[Any, policy.Decision]], summary: str = "") -> str:
-    """The question: the plan in words when the tool declared one, each request that needs the
-    yes by its exact target (name and vmid) and consequence, and the plan's digest (another plan
-    is another question)."""
-    lines = [describe_request(host, decision) for host, decision in plan]
-    text = lines[0] if len(lines) == 1 else " ".join(f"{n}) {line}" for n, line in enumerate(lines, 1))
-    return f"{summary + ' ' if summary else ''}{text} (plan {policy.plan_digest(plan)})"
-
-
-def describe_request(host: Any, decision: policy.Decision) -> str:
-    """One request in words: the exact target by name and vmid, and the consequence."""
-    names = {}
-    if decision.guests and host.product == "pve":
-        try:
-            names = {g["vmid"]: g.get("name") for g in inventory.guest_resources(
-                proxmox_client.client_for("pve", host.label))}
-        except ToolFailure:
-            pass
-    targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
-    on = f" on {targets}" if targets else ""
-    gates = " + ".join(g.upper() for g in decision.gates if g not in ("read", "sensitive", "lifecycle", "write"))
-    return (f"{gates or decision.gate.upper()}: {decision.method} {decision.path}{on}, host '{host.label}'. "
-            f"Consequence: {'; '.join(decision.reasons)}.")
-
-
 def sent_receipts(call: dict, message: str) -> str:
     """A failed call that had sent writes names their receipts (unless its message does), so that
     they can be taken back."""
@@ -445,23 +312,19 @@ def sent_receipts(call: dict, message: str) -> str:
 def as_tool(function: Callable) -> Callable:
     """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
     confirmation set up for the policy; every failure a ToolError with a masked message."""
-    import functools
-
-    from mcp.server.mcpserver.exceptions import ToolError
-
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
         call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
-                "confirm": confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
+                "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
         try:
-            call["approved"] = approved(confirmation_plan, user_answer)
+            call["approved"] = confirmation.approved(confirmation_plan, user_answer)
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
             result = dry.plan
         except ToolFailure as exc:
-            raise ToolError(policy.mask(str(exc) + sent_receipts(call, str(exc)))) from None
+            raise ToolError(mask(str(exc) + sent_receipts(call, str(exc)))) from None
         finally:
             policy.CALL.reset(token)
         view_data = None
@@ -473,10 +336,10 @@ def as_tool(function: Callable) -> Callable:
             kept = call["receipts"]  # tool's own change last, after a safety snapshot's
             result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
                 {"receipts": kept} if len(kept) > 1 else {})
-        text = policy.mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
         return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:
-        return with_confirmation(tool, function)
+        return confirmation.with_confirmation(tool, function)
     return tool
 
 
@@ -484,107 +347,8 @@ def view_result(text: str, data: dict) -> Any:
     """The result of a tool with a view, for a client that renders it: the compact answer as text (what
     the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
     hosts hand the view the whole result and keep structuredContent out of the model's context)."""
-    from mcp_types import CallToolResult, TextContent
-    structured = json.loads(policy.mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    structured = json.loads(mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
-
-
-# ---------------------------------------------------------------- arguments that fail validation
-
-# What each argument pattern of the tools means, in words, with an example (a test walks every
-# tool and fails when a pattern is missing here).
-PATTERNS = {
-    r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$": ("2 to 40 letters, digits, _ or -, starting with a letter", "before_upgrade"),
-    r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$": ("a DNS name: letters, digits, . and -, at most 63", "web01"),
-    r"^[A-Za-z0-9_][A-Za-z0-9._\-]*$": ("letters, digits, ., _ and -", "100"),
-    r"^[A-Za-z0-9][A-Za-z0-9._\-]*$": ("a file name: letters, digits, ., _ and -", "debian-12.iso"),
-    r"^https?://\S+$": ("an http or https URL", "https://example.org/debian-12.iso"),
-    r"^\+?\d+G$": ("a size in G, or +G to grow by", "+10G"),
-    r"^net\d+$": ("net and a number", "net0"),
-    r"^rc-[0-9a-f]{8}$": ("a receipt id: rc- and 8 hex digits (list_changes)", "rc-1a2b3c4d"),
-    r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
-}
-# Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
-NAMED_EXAMPLES = {
-    "host": "home", "pbs_host": "home", "node": "pve1", "target": "pve2", "where": "pve1", "storage": "local-lvm",
-    "target_storage": "local-zfs",
-    "disk": "scsi0", "bridge": "vmbr0", "command": "uptime", "method": "GET", "store": "backup",
-    "ns": "prod", "backup_id": "100", "backup_time": 1735693200, "job_id": "verify-backup", "query": "snapshot",
-    "upid": "UPID:pve1:...",
-    "name": "web", "status": "running", "tag": "prod", "snapshot": "before_upgrade", "digest": "9f3c...",
-    "description": "before the upgrade", "notes": "before the upgrade", "content": "text", "stdin": "text",
-    "ciuser": "debian", "ssh_keys": "ssh-ed25519 AAAA... me@laptop", "gateway": "192.0.2.1", "ip": {"net0": "dhcp"},
-    "checksum": "9e107d9d372bb6826bd81d3542a419d6", "delete": ["net1"], "params": {"full": 1},
-    "thresholds": {"storage_warn_pct": 85}, "set": {"memory": 4096}, "path": "/root.pxar.didx/etc/hostname",
-    "search": "debian", "template": "debian-13-standard_13.1-2_amd64.tar.zst", "features": "keyctl=1",
-    "reference": "docker.io/library/nginx:latest", "user": "debian", "password": "a long passphrase",
-    "dns": "192.0.2.1 example.org", "cloudinit": {"user": "debian", "ip": {"net0": "dhcp"}},
-    "backup": "pbs:backup/ct/102/2026-01-01T02:00:00Z",
-    "since": "2h", "until": "1h", "grep": "error", "service": "pvedaemon", "cursor": "syslog|812||||",
-    "smart": "/dev/sda",
-    "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": "192.0.2.0/24"},
-    "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
-    "keep": "keep-daily=7,keep-weekly=4",
-}
-# Where one tool's argument takes other values than the name's example: a fresh install's storage for backups,
-# ISOs and templates is `local`, never `local-lvm` (guest disks only) (docs/PROXMOX-BEHAVIOUR.md#per-node-storages).
-TOOL_EXAMPLES = {("write_backup_guest", "storage"): "local", ("list_backups", "storage"): "local",
-                 ("write_download_url", "storage"): "local"}
-VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
-RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
-    "missing": "is required", "string_too_short": "needs at least {min_length} characters",
-    "string_too_long": "takes at most {max_length} characters", "greater_than_equal": "must be at least {ge}",
-    "less_than_equal": "must be at most {le}", "greater_than": "must be more than {gt}",
-    "less_than": "must be less than {lt}", "int_parsing": "must be a whole number",
-    "int_type": "must be a whole number",
-    "int_from_float": "must be a whole number", "bool_parsing": "must be true or false",
-    "bool_type": "must be true or false", "literal_error": "must be one of {expected}", "string_type": "must be text",
-    "dict_type": "must be an object", "list_type": "must be a list", "float_parsing": "must be a number",
-}
-
-
-def argument_error(tool: str, error: Any, schema: dict) -> str:
-    """A pydantic ValidationError as one readable line: each argument, the rule it breaks and an
-    example (instead of the library's multi-line dump)."""
-    problems = []
-    errors = sorted(error.errors(include_url=False), key=lambda e: e["type"] == "missing")  # given values first
-    for item in errors[:5]:
-        name = str(item["loc"][0]) if item["loc"] else "arguments"
-        prop = schema.get("properties", {}).get(name, {})
-        pattern = next((v["pattern"] for v in prop.get("anyOf") or [prop] if "pattern" in v), None)
-        rule = RULES[item["type"]].format(**item.get("ctx", {})) if item["type"] in RULES \
-            else item["msg"][:1].lower() + item["msg"][1:]
-        if item["type"] == "string_pattern_mismatch":
-            rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"
-        example = TOOL_EXAMPLES.get((tool, name)) or example_for(name, prop, pattern)
-        given = "" if item["type"] == "missing" else f" (got {json.dumps(item.get('input'), default=str)[:40]})"
-        problems.append(f"argument '{name}' {rule}{given}" + (f", e.g. {json.dumps(example)}" if example is not None
-                                                              else ""))
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return policy.mask(f"{tool}: {'; '.join(problems)}{more}. Nothing was sent.")
-
-
-def example_for(name: str, prop: dict, pattern: str | None) -> Any:
-    """A valid value for an argument: from its pattern, its choices, its bounds, its description or
-    its name; None when nothing says."""
-    if pattern:
-        return PATTERNS.get(pattern, (None, None))[1]
-    variants = [v for v in prop.get("anyOf") or [prop] if v.get("type") != "null"]
-    for variant in variants:
-        if "enum" in variant:
-            return variant["enum"][0]
-        if variant.get("type") == "integer":
-            return NAMED_EXAMPLES.get(name, variant.get("minimum", variant.get("maximum", 1)))
-        if variant.get("type") == "boolean":
-            return True
-    if prop.get("default") not in (None, "", False):
-        return prop["default"]
-    described = prop.get("description", "")
-    if "e.g. " in described:
-        return described.split("e.g. ", 1)[1].split(",")[0].split(" ")[0].rstrip(".")
-    if described == "volid" or name == "volid":
-        return VOLID_EXAMPLE
-    return NAMED_EXAMPLES.get(name)
 
 
 # ---------------------------------------------------------------- which tools are offered
@@ -607,7 +371,7 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
     if any(tool_matches(p, name) for p in config.deny_tools):
         return "listed in PROXMOX_DENY_TOOLS"
     if spec.product and products and spec.product not in products:
-        return f"no {proxmox_client.PRODUCTS[spec.product].name} host is configured"
+        return f"no {PRODUCTS[spec.product].name} host is configured"
     if spec.ssh and not config.ssh:
         return "no SSH access is configured (PROXMOX_<LABEL>_SSH_NODES or PBS_<LABEL>_SSH_HOST)"
     if spec.setting and not getattr(config, spec.setting.removeprefix("PROXMOX_").lower()):
@@ -624,156 +388,6 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
 def offered_tools(config: Config) -> list[ToolSpec]:
     """Tools this configuration offers (see why_not_offered)."""
     return [spec for spec in TOOLS if why_not_offered(config, spec) is None]
-
-
-class ToolVisibility:
-    """Server middleware: leaves out of tools/list the tools that no configured token can use
-    (by the privileges read from /access/permissions), refuses calls to them with the reason,
-    and tells connected clients when that set changes (notifications/tools/list_changed)."""
-
-    def __init__(self) -> None:
-        self.specs: list[ToolSpec] = []
-        self.config: Config | None = None
-        self.accepted: dict[str, set[str]] = {}  # tool -> the argument names it takes
-        self.arguments: dict[str, Any] = {}  # tool -> its argument model (the SDK's FuncMetadata), for errors
-        self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw (before 2026-07-28)
-        self.bus: Any = None  # the server's subscriptions/listen bus (2026-07-28 clients listen there)
-        self.published: tuple | None = None  # the hidden set the bus was last told about
-        self.token: Any = None
-        self.lock = threading.Lock()
-        self._hidden: tuple[int, dict[str, str]] = (-1, {})  # (privileges read so far, hidden tools)
-        self.listed = threading.Event()  # a tools/list was answered (see load_permissions_in_background)
-
-    def offer(self, config: Config) -> None:
-        """The tools this configuration offers, and the argument names each takes."""
-        self.config = config
-        self.specs = offered_tools(config)
-        self.accepted = {spec.function.__name__: set(inspect.signature(spec.function).parameters) - {"ctx"}
-                         for spec in self.specs}
-        self._hidden = (-1, {})
-
-    def hidden(self) -> dict[str, str]:
-        """Tools no configured token can use; recomputed only when privileges were read."""
-        seen, hidden = self._hidden
-        if seen == len(policy.PERMISSIONS):
-            return hidden
-        seen, hidden = len(policy.PERMISSIONS), {}
-        for spec in self.specs:
-            if not spec.needs:
-                continue
-            hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
-            if not hosts or any(policy.permissions_of(h) is None for h in hosts):
-                continue  # unknown yet: offer the tool
-            if spec.gate not in ("read", "sensitive") and any(getattr(h, "write_token_id", None) for h in hosts):
-                continue  # writes go with the write token, whose privileges are not read (policy._check_privileges)
-            if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
-                acl_path = "/datastore" if spec.product == "pbs" else "/"
-                needs = policy.version_privileges(hosts[0], spec.needs)
-                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "
-                                                  + policy.grant_hint(hosts[0], spec.needs[0], acl_path))
-        self._hidden = (seen, hidden)
-        return hidden
-
-    def unknown_arguments(self, name: str, arguments: Any) -> str | None:
-        """Strict arguments: a name the tool does not take is refused (nothing is sent), naming
-        the ones it takes, instead of being silently ignored."""
-        accepted = self.accepted.get(name)
-        if accepted is None or not isinstance(arguments, dict):
-            return None
-        unknown = sorted(set(arguments) - accepted)
-        if not unknown:
-            return None
-        shown = ", ".join(repr(u[:40]) for u in unknown[:5])
-        if len(unknown) > 5:
-            shown += f" and {len(unknown) - 5} more"
-        return f"{name} does not take {shown}; nothing was sent. It takes: {', '.join(sorted(accepted))}."
-
-    async def __call__(self, ctx: Any, call_next: Callable) -> Any:
-        import anyio.lowlevel
-        if self.token is None:
-            self.token = anyio.lowlevel.current_token()
-        hidden = self.hidden()
-        if ctx.method == "tools/call":
-            name = (ctx.params or {}).get("name")
-            refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \
-                self.unknown_arguments(name, (ctx.params or {}).get("arguments"))
-            if refusal:
-                from mcp_types import CallToolResult, TextContent
-                return CallToolResult(content=[TextContent(type="text", text=refusal)], is_error=True)
-        result = await call_next(ctx)
-        if ctx.method == "tools/call":
-            self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
-        if ctx.method == "tools/list":
-            tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
-            kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
-            if hasattr(result, "tools"):
-                result.tools = kept
-            else:
-                result["tools"] = kept
-            if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
-                self.published = self.published or tuple(sorted(hidden))
-            else:
-                self.notified[ctx.session] = tuple(sorted(hidden))
-            self.listed.set()
-        return result
-
-    def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
-        """Rewrite an error result of the SDK's argument validation as one line naming the argument,
-        the rule and an example (argument_error); any other result is left as it is."""
-        from pydantic import ValidationError
-        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
-        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
-        block = content[0]
-        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
-        metadata = self.arguments.get(name)
-        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
-                or "validation error" not in text:
-            return
-        try:
-            metadata.validate_arguments(arguments or {})
-            return
-        except ValidationError as exc:
-            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
-        if isinstance(block, dict):
-            block["text"] = readable
-        else:
-            block.text = readable
-
-    def refresh(self) -> None:
-        """After privileges were read: tell each session whose list is now stale."""
-        import anyio.from_thread
-        current = tuple(sorted(self.hidden()))
-        if self.published is not None and self.published != current and self.token is not None:
-            from mcp.shared.subscriptions import ToolsListChanged
-            anyio.from_thread.run(self.bus.publish, ToolsListChanged(), token=self.token)
-            self.published = current
-        for session, seen in list(self.notified.items()):
-            if seen != current and self.token is not None:
-                try:
-                    anyio.from_thread.run(session.send_tool_list_changed, token=self.token)
-                    self.notified[session] = current
-                except Exception:  # the session is gone
-                    self.notified.pop(session, None)
-
-
-VISIBILITY = ToolVisibility()
-
-
-def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> None:
-    """Read every token's privileges without delaying anything; then refresh the list. The reads
-    start `settle` seconds after the first tools/list was answered (its answer is written by
-    then), or after `after` seconds: a client that asks for the list at once has it before they
-    could finish anyway, and running beside it (importing requests, TLS handshakes) they made
-    start to tools/list 4-7 % slower (docs/BENCHMARKS.md)."""
-    def load(product: str, label: str) -> None:
-        if VISIBILITY.listed.wait(timeout=after):
-            time.sleep(settle)
-        proxmox_client.client_for(product, label).ensure_permissions()  # the client imports requests
-        VISIBILITY.refresh()
-    for product in ("pve", "pbs"):
-        for label in proxmox_client.configured(product):
-            threading.Thread(target=load, args=(product, label), daemon=True,
-                             name=f"permissions-{product}-{label}").start()
 
 
 def needless_params(config: Config, spec: ToolSpec) -> set[str]:
@@ -820,7 +434,6 @@ def make_tool(spec: ToolSpec):
     """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
     view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
     still in full (slim_schema trims it)."""
-    from mcp.server.mcpserver.tools import Tool
     return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
                               description=" ".join((spec.function.__doc__ or "").split()),
                               annotations=annotations_for(spec), structured_output=False,
@@ -835,7 +448,6 @@ def views_extension(specs: list[ToolSpec]) -> list:
     """The MCP Apps extension (mcp.server.apps) serving the views of the offered tools as ui://
     resources (text/html;profile=mcp-app), or nothing when no offered tool has one. The views need no
     network: no CSP domains are declared, so hosts apply the extension's most restrictive policy."""
-    from mcp.server.apps import Apps
     views = sorted({spec.view for spec in specs if spec.view})
     if not views:
         return []
@@ -847,19 +459,17 @@ def views_extension(specs: list[ToolSpec]) -> list:
 
 
 def build_server(config: Config):
-    from mcp.server.mcpserver import MCPServer
-
     tools = []
-    VISIBILITY.offer(config)
-    for spec in VISIBILITY.specs:
+    visible = visibility.current()
+    visible.offer(config, offered_tools(config))
+    for spec in visible.specs:
         tool = make_tool(spec)
         slim_schema(tool.parameters, needless_params(config, spec))
-        VISIBILITY.arguments[tool.name] = tool.fn_metadata
+        visible.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
-    from mcp.server.subscriptions import InMemorySubscriptionBus
-    VISIBILITY.bus = InMemorySubscriptionBus()
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[VISIBILITY],
-                       subscriptions=VISIBILITY.bus, extensions=views_extension(VISIBILITY.specs))
+    visible.bus = InMemorySubscriptionBus()
+    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[visible],
+                       subscriptions=visible.bus, extensions=views_extension(visible.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -878,15 +488,11 @@ def build_server(config: Config):
 def as_resource(function: Callable, label: str | None = None) -> Callable:
     """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
     that host's resource (a static one, listed); without, the template's, taking the host."""
-    import functools
-
-    from mcp.server.mcpserver.exceptions import ResourceError
-
     def read_host(host: str) -> str:
         try:
-            return policy.mask(function(host))
+            return mask(function(host))
         except ToolFailure as exc:
-            raise ResourceError(policy.mask(str(exc))) from None
+            raise ResourceError(mask(str(exc))) from None
 
     if label is not None:
         return lambda: read_host(label)
@@ -894,7 +500,6 @@ def as_resource(function: Callable, label: str | None = None) -> Callable:
 
 
 def tool_list_json(server) -> list[dict]:
-    import anyio
     tools = anyio.run(server.list_tools)
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
@@ -919,7 +524,8 @@ def check_hosts(config: Config) -> int:
     """Connect to every configured host; print version, token, privileges, open gates and hidden
     tools. Exit 1 when a host fails."""
     failures = 0
-    VISIBILITY.offer(config)
+    visible = visibility.current()
+    visible.offer(config, offered_tools(config))
     read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
     print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
           f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
@@ -945,12 +551,12 @@ def check_hosts(config: Config) -> int:
                 print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
         except ToolFailure as exc:
             failures += 1
-            print(f"  FAILED: {policy.mask(str(exc))}")
+            print(f"  FAILED: {mask(str(exc))}")
         print(f"  access tier: {rules.access}; gates open: "
-              f"{', '.join(g for g in policy.GATES if policy.gate_open(rules, g, 'POST'))}")
+              f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
-    print(f"tools offered: {len(VISIBILITY.specs) - len(VISIBILITY.hidden())}")
+    print(f"tools offered: {len(visible.specs) - len(visible.hidden())}")
     print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
@@ -1019,7 +625,7 @@ def start_command() -> str:
 
 class _MaskingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = policy.mask(record.getMessage())
+        record.msg = mask(record.getMessage())
         record.args = ()
         return True
 
@@ -1072,7 +678,7 @@ def load_configuration(env: dict[str, str]) -> Config:
     (main starts here, and so does the tests' in-process layer)."""
     config = load_config(env)
     for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
-        policy.register_secret(secret)
+        register_secret(secret)
     check_tool_names(config, TOOL_NAMES)
     return config
 
@@ -1090,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {policy.mask(str(exc))}", file=sys.stderr)
+        print(f"proxmox-mcp: configuration error: {mask(str(exc))}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
     for warning in config.warnings:
@@ -1126,13 +732,13 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
             proxmox_client.client_for(host.product, host.label).ensure_permissions()
     server = build_server(config)
     collect_from_now_on()
-    load_permissions_in_background()
+    visibility.load_permissions_in_background()
     if args.demo or args.http or sys.stdin.isatty():  # say what is happening and how to connect
         print(how_to_connect(args, config, bind_host), file=sys.stderr)
     if not args.http:
         server.run("stdio")
         return 0
-    workflows.RUNTIME["transport"] = "http"
+    runtime.TRANSPORT.set("http")
     try:
         http_transport.serve_http(config, server, bind_host, args.port or config.http_port)
     except ConfigError as exc:

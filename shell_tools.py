@@ -24,11 +24,14 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy
+import runtime
 from answers import ConfirmArg, DryRunArg, Host, Vmid
 from config import NODE_NAME, SshTarget
 from errors import InvalidArgument, ProxmoxError
 from inventory import guest_path, resolve_guest
-from proxmox_client import pve_client
+from masking import mask
+from products import PRODUCTS
+from proxmox_client import poll, pve_client
 
 if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connection, not at start
     import paramiko
@@ -40,12 +43,11 @@ MAX_FILE = 1024 * 1024  # bytes for guest file reads
 MAX_FILE_WRITE = 61440 * 3 // 4
 
 
-TARGETS: dict[tuple[str, str], SshTarget] = {}
+_targets = runtime.slot("shell_tools.targets", dict[tuple[str, str], SshTarget])  # (product, label) -> target
 
 
 def configure(targets: list[SshTarget]) -> None:
-    TARGETS.clear()
-    TARGETS.update({(t.product, t.label): t for t in targets})
+    _targets.set({(t.product, t.label): t for t in targets})
 
 
 # ---------------------------------------------------------------- quoting and output
@@ -65,7 +67,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def clean_output(text: str) -> tuple[str, bool]:
     """Terminal escapes and control characters out, private keys masked, size capped."""
     text = CONTROL.sub("", ANSI.sub("", text.replace("\r\n", "\n")))
-    text = policy.mask(text)
+    text = mask(text)
     if len(text) > MAX_OUTPUT:
         return text[:MAX_OUTPUT], True
     return text, False
@@ -97,16 +99,18 @@ class _VerifyHostKey:
     pin_variable = "_SSH_FINGERPRINTS"
 
 
-_connections: dict[tuple[str, str, str], "paramiko.SSHClient"] = {}
+# (product, label, node) -> an open connection, reused while it stays up
+_connections = runtime.slot("shell_tools.connections", dict[tuple[str, str, str], "paramiko.SSHClient"])
 _connections_lock = threading.Lock()
 
 
 def target_for(product: str, label: str | None) -> SshTarget:
-    targets = {k[1]: t for k, t in TARGETS.items() if k[0] == product}
+    targets = {k[1]: t for k, t in _targets.get().items() if k[0] == product}
     if label is None and len(targets) == 1:
         return next(iter(targets.values()))
     if label is None or label.lower() not in targets:
-        prefix = "PROXMOX_<LABEL>_SSH_NODES" if product == "pve" else "PBS_<LABEL>_SSH_HOST"
+        facts = PRODUCTS[product]
+        prefix = f"{facts.env_prefix}_<LABEL>_{facts.ssh_variable}"
         raise ProxmoxError(f"No SSH access is configured for {product.upper()} host {label or '(any)'}; "
                            f"set {prefix}. Configured: {', '.join(sorted(targets)) or 'none'}.")
     return targets[label.lower()]
@@ -119,18 +123,18 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
         raise InvalidArgument(f"No SSH address for node '{node}' of host '{target.label}'. "
                               f"Known: {', '.join(sorted(target.nodes)) or 'none'}.")
     key = (target.product, target.label, node)
+    connections = _connections.get()
     with _connections_lock:
-        client = _connections.get(key)
+        client = connections.get(key)
         if client is not None and client.get_transport() is not None and client.get_transport().is_active():
             return client
         address, port = target.nodes[node]
         client = paramiko.SSHClient()
         if target.known_hosts:
             client.load_host_keys(target.known_hosts)
-        prefix = "PROXMOX" if target.product == "pve" else "PBS"
+        prefix = PRODUCTS[target.product].host_prefix(target.label)
         verify = _VerifyHostKey(target.fingerprints.get(node), f"{node} ({address}:{port})")
-        verify.pin_variable = f"{prefix}_{target.label.upper()}_SSH_FINGERPRINTS" if target.product == "pve" \
-            else f"{prefix}_{target.label.upper()}_SSH_FINGERPRINT"
+        verify.pin_variable = f"{prefix}_{PRODUCTS[target.product].ssh_pin_variable}"
         client.set_missing_host_key_policy(verify)
         try:
             client.connect(address, port=port, username=target.user, key_filename=target.key_file,
@@ -143,11 +147,11 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
                                f"otherwise treat it as an attack.") from None
         except paramiko.AuthenticationException:
             raise ProxmoxError(f"SSH login as {target.user} on {node} failed: the key was refused. Check "
-                               f"{prefix}_{target.label.upper()}_SSH_KEY_FILE and the node's "
+                               f"{prefix}_SSH_KEY_FILE and the node's "
                                f"authorized_keys.") from None
         except (paramiko.SSHException, socket.error, OSError) as exc:
             raise ProxmoxError(f"SSH to {node} ({address}:{port}) failed: {exc}") from None
-        _connections[key] = client
+        connections[key] = client
         return client
 
 
@@ -172,7 +176,7 @@ class Result:
 
 def _forget(target: SshTarget, node: str) -> None:
     with _connections_lock:
-        _connections.pop((target.product, target.label, node), None)
+        _connections.get().pop((target.product, target.label, node), None)
 
 
 def _open_channel(target: SshTarget, node: str) -> "paramiko.Channel":
@@ -282,7 +286,7 @@ def ssh_check(where: Where, host: Host = None) -> dict:
     target, node = _where(where, host)
     client = connect(target, node)  # the handshake verifies the host key; it runs nothing
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
-    command = "id -un; " + ("proxmox-backup-manager versions" if target.product == "pbs" else "pveversion")
+    command = "id -un; " + PRODUCTS[target.product].version_command
     result = admitted(target.product, target.label, ("read",), f"node {node}: {command}", [],
                       lambda: run(target, node, command, timeout=20))
     lines = result.stdout.splitlines()
@@ -354,13 +358,17 @@ AGENT_STARTING = ("QEMU guest agent is not running", "got timeout")
 
 def _agent_call(call: Callable[[], Any], deadline: float) -> Any:
     """An agent call, repeated while the agent is still starting, until the deadline."""
-    while True:
+    def attempt() -> tuple[Any, ProxmoxError | None]:
         try:
-            return call()
+            return call(), None
         except ProxmoxError as exc:
-            if not any(text in str(exc) for text in AGENT_STARTING) or time.monotonic() > deadline:
+            if not any(text in str(exc) for text in AGENT_STARTING):
                 raise
-        time.sleep(2)  # waiting for the guest agent to come up, not synchronising tests
+            return None, exc
+    (answer, starting), _ = poll(attempt, lambda outcome: outcome[1] is None, deadline - time.monotonic(), pause=2)
+    if starting is not None:  # still starting at the deadline
+        raise starting
+    return answer
 
 
 def _shell_wrapper(client: Any, base: str) -> list[str]:
@@ -383,15 +391,10 @@ def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Time
     started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
                           deadline)
     pid = started["pid"]
-    delay = 0.2
-    while True:
-        status = client.get(f"{base}/agent/exec-status", pid=pid) or {}
-        if status.get("exited"):
-            break
-        if time.monotonic() > deadline:
-            return Result(None, "", "", timed_out=True).answer(vmid=vmid, pid=pid)
-        time.sleep(delay)  # polling the agent
-        delay = min(delay * 1.5, 2.0)
+    status, exited = poll(lambda: client.get(f"{base}/agent/exec-status", pid=pid) or {},
+                          lambda status: bool(status.get("exited")), deadline - time.monotonic(), pause=0.2, growth=1.5)
+    if not exited:
+        return Result(None, "", "", timed_out=True).answer(vmid=vmid, pid=pid)
     stdout, cut_out = clean_output(status.get("out-data", ""))
     stderr, cut_err = clean_output(status.get("err-data", ""))
     truncated = cut_out or cut_err or bool(status.get("out-truncated") or status.get("err-truncated"))

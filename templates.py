@@ -13,7 +13,8 @@ import policy
 from answers import DryRunArg, Host, Limit, Node, WaitArg, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import check_node, online_node, storage_node, storage_rows
-from proxmox_client import ProxmoxClient, pve_client, run_task
+from proxmox_client import ProxmoxClient, pve_client
+from tasks import run_task
 
 # Storages without a file system, where no image can be pulled to (pve-storage
 # API2/Storage/Status.pm oci_registry_pull: "not a file based storage").
@@ -127,7 +128,7 @@ def _oci_supported(client: ProxmoxClient) -> None:
     """OCI pulls exist from PVE 9.1; the version is the one read with the token's privileges."""
     client.ensure_permissions()
     if policy.version_at_least(client.host, OCI_SINCE) is False:
-        major, minor = policy.RELEASES[(client.host.product, client.host.label)]
+        major, minor = policy.release_of(client.host)
         raise ProxmoxError(f"Host '{client.host.label}' runs Proxmox VE {major}.{minor}; pulling OCI images needs "
                            f"9.1 or later. Upgrade the node, or use a system template (list_templates, "
                            f"write_download_template).")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import policy
 from config import INSTALL_DIR, TOOLSET_GROUPS
+from gates import GATES
 from server import INSTRUCTIONS, TOOLS, make_tool, slim_schema, view_uri
 
 
 def tool_summary_markdown() -> str:
     """Every tool by toolset and gate: the top of docs/TOOLS.md and the README's tool summary."""
-    gates = [gate for gate in policy.GATES if any(spec.gate == gate for spec in TOOLS)]
+    gates = [gate for gate in GATES if any(spec.gate == gate for spec in TOOLS)]
     lines = ["| toolset | " + " | ".join(gates) + " |", "|---" * (len(gates) + 1) + "|"]
     for toolset in ("always", *TOOLSET_GROUPS):
         specs = [spec for spec in TOOLS if spec.toolset == toolset]

@@ -17,16 +17,18 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
+import runtime
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (HA_FAILED, archive_node, backup_storages, bridges, bridges_hidden, check_node, disk_problem,
-                       guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels, next_vmid,
-                       pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
-from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, pve_client, run_task, task_report
+from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
+                       disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels,
+                       next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
+                       wearout_left)
+from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
+from tasks import run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
-RUNTIME: dict[str, Any] = {"transport": "stdio"}  # set by server.py: how this server is reached
 
 
 class Report:
@@ -775,12 +777,12 @@ def _guest_config(report: Report, guest: dict, config: dict) -> None:
 
 def _this_server(a: Security) -> None:
     label = a.client.host.label
-    rules = policy.SETTINGS.hosts.get(("pve", label), policy.HostPolicy())
+    rules = policy.settings().hosts.get(("pve", label), policy.HostPolicy())
     for gate in ("exec", "elevated"):
         if gate in rules.allow:
             a.report.add("warning", "this server", f"the {gate} gate is open for host '{label}'",
                          {"gate": gate}, f"close it unless needed ({policy.how_to_open(gate, label, 'pve')})")
-    if RUNTIME.get("transport") == "http":
+    if runtime.TRANSPORT.get() == "http":
         a.report.add("info", "this server", "this server speaks plain HTTP; put TLS in front for remote clients",
                      {"transport": "http"}, "use a reverse proxy with TLS")
 
@@ -807,8 +809,7 @@ def wait_task(upid: str,
               host: Host = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
     """Wait for a PVE or PBS task to end, with progress."""
-    product = "pbs" if _looks_pbs(upid) else "pve"
-    client = pbs_client(host) if product == "pbs" else pve_client(host)
+    client = proxmox_client.client_for("pbs" if _looks_pbs(upid) else "pve", host)
     return task_report(client, upid, wait_seconds, 20, ctx, "wait_task")
 
 
@@ -896,8 +897,7 @@ class Steps:
 
 
 def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int) -> str | None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def address() -> str | None:
         try:
             if kind == "lxc":
                 for iface in client.get(f"{base}/interfaces") or []:
@@ -906,13 +906,13 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
             else:
                 result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
                 for iface in result or []:
-                    for address in iface.get("ip-addresses", []):
-                        if iface.get("name") != "lo" and address.get("ip-address-type") == "ipv4":
-                            return address["ip-address"]
+                    for found in iface.get("ip-addresses", []):
+                        if iface.get("name") != "lo" and found.get("ip-address-type") == "ipv4":
+                            return found["ip-address"]
         except ProxmoxError:
             pass  # not up yet
-        time.sleep(1)  # polling the guest for an address
-    return None
+        return None
+    return poll(address, lambda found: found is not None, seconds)[0]  # polling the guest for an address
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
@@ -1003,14 +1003,14 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    listed = pve_tools.list_backups(host=host, vmid=vmid, limit=1)
-    if not listed["rows"] and listed.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
+    found, notes = backup_volumes(pve_client(host), vmid)
+    if not found and notes.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
         raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
-                           f"{', '.join(listed['not_visible'])} cannot be seen ({listed['grant']}). Give "
+                           f"{', '.join(notes['not_visible'])} cannot be seen ({notes['grant']}). Give "
                            f"backup=<volid>, or grant that and call again.")
-    if not listed["rows"]:
+    if not found:
         raise ProxmoxError(f"Guest {vmid} has no backup to drill; back it up first (write_backup_guest).")
-    return listed["rows"][0][0]
+    return found[0]["volid"]
 
 
 def _scratch_vmid(client: ProxmoxClient, scratch_vmid: int | None) -> int:
@@ -1158,19 +1158,16 @@ def _config_since_backup(d: Drill, row: dict) -> list[str] | str:
 
 
 def _guest_answers(client: ProxmoxClient, base: str, kind: str, seconds: int) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         try:
             if kind == "qemu":
                 client.request("POST", f"{base}/agent/ping", {})
                 return True
             running = (client.get(f"{base}/status/current") or {}).get("status") == "running"
-            if running and client.get(f"{base}/interfaces"):
-                return True
+            return bool(running and client.get(f"{base}/interfaces"))
         except ProxmoxError:
-            pass
-        time.sleep(1)  # polling the scratch guest
-    return False
+            return False
+    return poll(answers, bool, seconds)[1]  # polling the scratch guest
 
 
 # ---------------------------------------------------------------- resources and prompts

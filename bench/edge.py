@@ -21,6 +21,7 @@ import proxmox_client  # noqa: E402
 import pve_tools  # noqa: E402
 import server  # noqa: E402
 import simulator  # noqa: E402
+from masking import mask, register_secret  # noqa: E402
 from side_by_side import direct_get  # noqa: E402
 
 
@@ -32,13 +33,13 @@ def main() -> None:
     with simulator.Simulator(simulator.Lab.homelab()) as sim:
         configured = config.load_config(sim.env())
         for secret in configured.secrets:
-            policy.register_secret(secret)
+            register_secret(secret)
         proxmox_client.configure_hosts(configured.hosts)
         policy.configure(configured.settings)
         list_hosts = server.as_tool(server.list_hosts)
         answer = list_hosts()
         print(f"as_tool(list_hosts): {microseconds(list_hosts)} us; its answer ({len(answer)} characters) "
-              f"masked: {microseconds(lambda: policy.mask(answer))} us")
+              f"masked: {microseconds(lambda: mask(answer))} us")
         actions = {"tool edge": server.as_tool(pve_tools.cluster_status), "direct GET": direct_get(sim)}
         samples: dict[str, list[float]] = {name: [] for name in actions}
         for action in actions.values():

@@ -36,15 +36,12 @@ sys.path.insert(0, str(ROOT))
 os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy") or os.environ.get("NO_PROXY"),
                                                 "127.0.0.1", "localhost"]))
 
-import api_tools  # noqa: E402
-import file_restore  # noqa: E402
 import config  # noqa: E402
-import policy  # noqa: E402
 import proxmox_client  # noqa: E402
+import runtime  # noqa: E402
 import server  # noqa: E402
-import shell_tools  # noqa: E402
 import simulator  # noqa: E402
-import workflows  # noqa: E402
+import visibility  # noqa: E402
 
 STATE_DIR: Path | None = None  # this run's temporary state (audit logs), set by the state_dir fixture
 LOGS: Path | None = None  # this run's logs: every server's stderr and every tool answer, set by state_dir too
@@ -114,24 +111,19 @@ class InProcess(Session):
     build_server registered, server.as_tool (dry run, confirmation, masking, the ToolError edge),
     the answer as JSON."""
 
-    def __init__(self, portal: Any, state: dict):
+    def __init__(self, portal: Any):
         self.portal = portal
-        self.state = state  # this server's module state, installed around each call
+        self.runtime = runtime.Runtime()  # this server's own state (runtime.py), installed around each call
         self.server: Any = None
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        """This server's module state in place while a call runs; what was there before after."""
-        outside = {key: getattr(*key) for key in self.state}
-        for (module, name), value in self.state.items():
-            setattr(module, name, value)
+        """This server's state in place while a call runs; what was there before after."""
+        outside = runtime.install(self.runtime)
         try:
             yield
         finally:
-            for key in self.state:  # the configure functions rebind some of them
-                self.state[key] = getattr(*key)
-            for (module, name), value in outside.items():
-                setattr(module, name, value)
+            runtime.install(outside)
 
     def call(self, name: str, arguments: dict | None = None, progress: list | None = None) -> Any:
         from mcp_types import CallToolResult
@@ -148,9 +140,9 @@ class InProcess(Session):
             return self.portal.call(self._request, "tools/list", None).tools
 
     async def _request(self, method: str, params: dict | None) -> Any:
-        """One request through the server's middleware (server.VISIBILITY) to its handler."""
+        """One request through the server's middleware (visibility.py) to its handler."""
         request = SimpleNamespace(method=method, params=params, session=self)
-        return await self.state[(server, "VISIBILITY")](request, self._handle)
+        return await visibility.current()(request, self._handle)
 
     async def _handle(self, request: Any) -> Any:
         from mcp.shared.exceptions import MCPError
@@ -165,17 +157,6 @@ class InProcess(Session):
             return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
 
 
-def server_state() -> dict:
-    """The module state a server process holds for itself, as it is at start. Each in-process
-    server keeps its own, so that several can be open at once (add new module state here)."""
-    return {(proxmox_client, "_hosts"): {"pve": {}, "pbs": {}}, (proxmox_client, "_clients"): {},
-            (policy, "SETTINGS"): policy.Settings(), (policy, "PERMISSIONS"): {},
-            (shell_tools, "TARGETS"): {},
-            (shell_tools, "_connections"): {}, (api_tools, "_docs"): {},
-            (file_restore, "RESTORE"): file_restore.RestoreSettings(),
-            (server, "VISIBILITY"): server.ToolVisibility(), (workflows, "RUNTIME"): {"transport": "stdio"}}
-
-
 @contextmanager
 def in_process(env: dict[str, str], *, log_name: str = "in-process") -> Iterator[InProcess]:
     """The tools of a server configured by `env`, in this process: configured as server.main
@@ -184,7 +165,7 @@ def in_process(env: dict[str, str], *, log_name: str = "in-process") -> Iterator
     unless `env` names one."""
     variables = server_env({"PROXMOX_AUDIT_LOG": str(STATE_DIR / f"{log_name}-audit.jsonl")} | env)
     with start_blocking_portal() as portal:
-        session = InProcess(portal, server_state())
+        session = InProcess(portal)  # a fresh server's state (runtime.py), so that several can be open at once
         with session.installed():
             config = server.load_configuration(variables)
             server.apply_configuration(config)

@@ -17,6 +17,8 @@ import policy
 import protection
 import server
 from conftest import ROOT, log_dir, run_server, server_env, stdio_session
+from errors import PolicyError
+from protection import load_protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
@@ -24,7 +26,7 @@ OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitiv
 
 @pytest.fixture()
 def audited(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
     token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     yield tmp_path / "audit.jsonl"
@@ -41,7 +43,7 @@ def start_guest(path="/nodes/pve1/qemu/103/status/start"):
 def test_a_line_that_cannot_be_written_before_sending_refuses_the_request(audited):
     audited.mkdir()  # a directory where the log should be: no line can be appended
     sent = []
-    with pytest.raises(policy.PolicyError, match="NOT sent.*PROXMOX_AUDIT_LOG"):
+    with pytest.raises(PolicyError, match="NOT sent.*PROXMOX_AUDIT_LOG"):
         policy.admit(PVE, *start_guest(), sent.append)
     assert sent == []
     audited.rmdir()  # the secrets scan reads every *.jsonl the tests leave
@@ -83,7 +85,7 @@ def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
         with pytest.raises(policy.DryRun):
             client.request("POST", "/nodes/pve1/vzdump", {"vmid": "103", "storage": "local"})
     finally:
-        policy.PERMISSIONS.pop(("pve", "lab", "dry@pam!run"), None)
+        policy.forget_permissions(host)
     lines = [json.loads(line) for line in audited.read_text().splitlines()]
     assert [(line["method"], line["verdict"]) for line in lines] == [("POST", "dry_run")]
 
@@ -205,7 +207,7 @@ def test_verify_audit_command_exit_codes(tmp_path):
 ])
 def test_both_forms_of_the_list_with_labels_normalised(tmp_path, text):
     (tmp_path / "p.json").write_text(text)
-    loaded = policy.load_protected(tmp_path / "p.json")
+    loaded = load_protected(tmp_path / "p.json")
     assert loaded.error is None and loaded.entries[0]["host"] == "demo" and loaded.entries[0]["vmid"] == 101
     assert loaded.find("demo", 101, "pve")["name"] == "db"
     assert loaded.problems({"demo"}) == []
@@ -215,7 +217,7 @@ def test_both_forms_of_the_list_with_labels_normalised(tmp_path, text):
                                   '{"protected_vms": {"vmid": 101}}'])
 def test_a_broken_list_fails_closed(tmp_path, text):
     (tmp_path / "p.json").write_text(text)
-    loaded = policy.load_protected(tmp_path / "p.json")
+    loaded = load_protected(tmp_path / "p.json")
     assert loaded.error and not loaded.entries
     assert "could not be read" in loaded.problems({"demo"})[0]
 

@@ -23,6 +23,8 @@ import pytest
 
 import policy
 from conftest import in_process, requests_during
+from errors import ConfirmationNeeded, PolicyError
+from protection import Protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="root@pam!admin", write_token_id=None)
@@ -293,7 +295,7 @@ def settings_for(session: str) -> policy.Settings:
     access, gates, protected, allowed, unblocked = SESSIONS[session]
     rules = policy.HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
     return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
-                           protected=policy.Protected([e for e in PROTECTED if e["vmid"] in protected]),
+                           protected=Protected([e for e in PROTECTED if e["vmid"] in protected]),
                            exec_allowed_vmids=allowed)
 
 
@@ -348,12 +350,12 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     session, product, method, path, params, expected = entry
     host = PBS if product == "pbs" else PVE
     sent = []
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(settings_for(session))
     confirm = None if expected == "confirm=true" else (lambda *_: None)  # confirm=true elsewhere
     token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
     try:
-        with pytest.raises(policy.PolicyError) as refused:
+        with pytest.raises(PolicyError) as refused:
             policy.admit(host, method, path, dict(params), sent.append, read=STORED.get)
     finally:
         policy.CALL.reset(token)
@@ -361,7 +363,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     message = str(refused.value)
     assert sent == []
     if expected == "confirm=true":
-        assert isinstance(refused.value, policy.ConfirmationNeeded), message
+        assert isinstance(refused.value, ConfirmationNeeded), message
     else:
         assert expected in message, message
 
@@ -447,7 +449,7 @@ ALLOWED = [
 def test_their_legitimate_neighbours_pass(entry):
     session, product, method, path, params = entry
     sent = []
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(settings_for(session))
     token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
     try:

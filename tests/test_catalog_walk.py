@@ -9,9 +9,9 @@ import re
 import pytest
 
 import catalog
-import policy
 import simulator
 from conftest import everything_open, stdio_session
+from gates import call_gate, method_gate
 from simulator.pve_monitor import add_pool
 
 # Values for path parameters that exist in the simulated lab.
@@ -234,7 +234,7 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
                 r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?|/cluster/ha/(rules|groups)/\{\w+\}",
                 e["path"]))):
             path, params = call_for(product, entry, upids[product])
-            gate = policy.method_gate(entry["method"], entry["path"])
+            gate = method_gate(entry["method"], entry["path"])
             if product == "pve" and "/firewall/" in entry["path"]:
                 seed_firewall(sim.lab, entry)
             if product == "pve" and entry["path"].startswith("/cluster/backup"):
@@ -267,7 +267,7 @@ def test_closed_gates_refuse_with_nothing_sent(sim, tmp_path):
         for product in catalog.PRODUCTS:
             for entry in catalog.methods(product):
                 path, params = call_for(product, entry, "UPID:pve1:00000001:00000001:00000001:x::root@pam:")
-                gate, _ = policy.call_gate(entry["method"], entry["path"], params, product)
+                gate, _ = call_gate(entry["method"], entry["path"], params, product)
                 if gate in ("read", "lifecycle"):
                     continue
                 before = len(sim.lab.requests)

@@ -292,16 +292,16 @@ def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):
 
 
 def test_parsing_has_no_side_effects_and_carries_the_secrets(tmp_path):
-    import policy
+    from masking import _known_secrets
     passphrase, mcp_token = "ssh-passphrase-value", "m" * 32
     known = tmp_path / "known_hosts"
     known.write_text("")
-    before = set(policy._known_secrets)
+    before = set(_known_secrets)
     config = load_config({"PROXMOX_URL": "https://x", "PROXMOX_TOKEN": TOKEN, "PROXMOX_USER": "ops@pve",
                           "PROXMOX_PASSWORD": "a-password", "PROXMOX_WRITE_TOKEN": "w@pve!w=write-secret-value",
                           "PROXMOX_SSH_NODES": "pve1=10.0.0.1", "PROXMOX_SSH_KNOWN_HOSTS": str(known),
                           "PROXMOX_SSH_KEY_PASSPHRASE": passphrase, "MCP_AUTH_TOKEN": mcp_token})
-    assert policy._known_secrets == before  # server.main registers them, not the parser
+    assert _known_secrets == before  # server.main registers them, not the parser
     assert set(config.secrets) == {"11111111-2222-3333-4444-555555555555", "a-password", "write-secret-value",
                                    passphrase, mcp_token}
     assert "a-password" not in repr(config) and mcp_token not in repr(config)

@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-import server
+import confirmation
 from conftest import everything_open, requests_during, stdio_session
+from errors import ConfirmationNeeded
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 
@@ -182,5 +183,5 @@ def test_on_2026_07_28_a_request_the_user_did_not_see_is_not_sent():
     host = SimpleNamespace(product="pbs", label="lab")
     decision = policy.Decision("DELETE", "/admin/datastore/backup/snapshots", gates=("read", "destructive"),
                                reasons=["deletes a backup snapshot"])
-    with pytest.raises(server.ConfirmationNeeded, match="Call the tool again"):
-        server.confirmer(True, ModernContext())(host, [decision])
+    with pytest.raises(ConfirmationNeeded, match="Call the tool again"):
+        confirmation.confirmer(True, ModernContext())(host, [decision])

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import catalog
-import policy
+from gates import DELETING_PARAMS, call_gates, deleting
 
 DELETING_VALUE = {"boolean": 1, "integer": 1, "string": "unused0"}
 SPECIAL = {"prune-backups": "keep-last=1", "remove_job": "full", "remove-vanished": "1"}
@@ -22,7 +22,7 @@ def deleting_params():
                 continue
             for name, spec in entry["params"].items():
                 if any(re.fullmatch(pattern, name) and kind in (None, spec.get("type"))
-                       for pattern, kind, _, _ in policy.DELETING_PARAMS):
+                       for pattern, kind, _, _ in DELETING_PARAMS):
                     rows.append((product, entry["method"], entry["path"], name, spec))
     return rows
 
@@ -44,7 +44,7 @@ def test_a_deleting_parameter_makes_its_call_destructive(product, method, path, 
     value = SPECIAL.get(name, DELETING_VALUE.get(spec.get("type"), "1"))
     if spec.get("type") == "array":
         value = [value]
-    gates, reasons = policy.call_gates(product, method, path, {name: value})
+    gates, reasons = call_gates(product, method, path, {name: value})
     if "blocked" in gates:
         return
     assert "destructive" in gates, (gates, reasons)
@@ -52,8 +52,8 @@ def test_a_deleting_parameter_makes_its_call_destructive(product, method, path, 
 
 
 def test_a_default_that_deletes_counts_when_the_parameter_is_left_out():
-    assert "destructive" in policy.call_gates("pve", "POST", "/cluster/bulk-action/guest/shutdown", {})[0]
-    assert "destructive" not in policy.call_gates("pve", "POST", "/cluster/bulk-action/guest/shutdown",
+    assert "destructive" in call_gates("pve", "POST", "/cluster/bulk-action/guest/shutdown", {})[0]
+    assert "destructive" not in call_gates("pve", "POST", "/cluster/bulk-action/guest/shutdown",
                                                   {"force-stop": 0})[0]
 
 
@@ -71,11 +71,11 @@ def test_a_default_that_deletes_counts_when_the_parameter_is_left_out():
 ])
 def test_look_alikes_do_not_delete(product, method, path, params):
     entry = catalog.entry_for(product, method, path)
-    assert policy.deleting(entry, params) == []
+    assert deleting(entry, params) == []
 
 
 @pytest.mark.parametrize("spelling", ["TRUE", "Yes", "on", " 1"])
 def test_every_spelling_of_true_deletes(spelling):
     """PBS accepts 1/on/yes/true in any case (docs/PROXMOX-BEHAVIOUR.md#request-encoding)."""
     entry = catalog.entry_for("pbs", "DELETE", "/config/datastore/{name}")
-    assert policy.deleting(entry, {"destroy-data": spelling})
+    assert deleting(entry, {"destroy-data": spelling})

@@ -18,6 +18,7 @@ import requests
 import config
 from config import ConfigError, load_config
 from conftest import ROOT, log_dir, run_server, server_env, stdio_session
+from errors import ProxmoxError
 
 # ---------------------------------------------------------------- the demo
 
@@ -223,7 +224,7 @@ def test_an_unreachable_address_is_tried_once_and_named(monkeypatch):
     monkeypatch.setattr(urllib3.util.connection, "create_connection", no_route)
     monkeypatch.setattr(proxmox_client, "SLOW_CONNECT_FAILURE", 0.0)  # every failure counts as slow here
     host = load_config({"PROXMOX_X_URL": "https://192.0.2.77:8006", "PROXMOX_X_TOKEN": "a@pve!b=c"}).hosts[0]
-    with pytest.raises(proxmox_client.ProxmoxError, match="no route to host") as caught:
+    with pytest.raises(ProxmoxError, match="no route to host") as caught:
         proxmox_client.ProxmoxClient(host).get("/cluster/resources")  # the privilege read first, then the request
     assert len(tried) == 1, tried  # neither retried nor tried again by the request after the privilege read
     assert "192.0.2.77" in str(caught.value)
@@ -240,6 +241,7 @@ def test_every_tool_explains_every_argument_it_refuses():
     from pydantic import ValidationError
 
     import server
+    from argument_errors import argument_error
     from mcp.server.mcpserver.tools import Tool
     bad = {"integer": "not-a-number", "boolean": "maybe", "string": 12345, "object": "x", "array": "x"}
     for spec in server.TOOLS:
@@ -252,11 +254,11 @@ def test_every_tool_explains_every_argument_it_refuses():
             try:
                 tool.fn_metadata.validate_arguments(arguments)
             except ValidationError as exc:
-                message = server.argument_error(tool.name, exc, schema)
+                message = argument_error(tool.name, exc, schema)
                 named = next(part for part in message.split("; ") if f"argument '{name}'" in part)
                 assert "\n" not in message and "e.g." in named, (
                     f"{message} -- give '{name}' a description with 'e.g. <value>' (or add the name to "
-                    f"server.NAMED_EXAMPLES) so that a refusal can show a valid value")
+                    f"argument_errors.NAMED_EXAMPLES) so that a refusal can show a valid value")
 
 
 def breaking(prop: dict, bad: dict):

@@ -10,6 +10,8 @@ import pytest
 import job_edits
 import policy
 from conftest import everything_open, in_process, requests_during
+from errors import PolicyError
+from protection import Protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 
@@ -162,18 +164,18 @@ def test_an_ha_group_is_judged_by_the_resources_that_name_it():
 
 
 def test_an_object_that_cannot_be_read_refuses_the_request():
-    with pytest.raises(policy.PolicyError, match="could not be read"):
+    with pytest.raises(PolicyError, match="could not be read"):
         verdict("PUT", "/cluster/ha/rules/gone", {"type": "node-affinity", "comment": "x"}, {})
 
 
 # ---------------------------------------------------------------- in the admission step
 
 def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
-    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=policy.Protected(error="broken")))
+    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=Protected(error="broken")))
     try:
-        with pytest.raises(policy.PolicyError, match="protected-guest list could not be read"):
+        with pytest.raises(PolicyError, match="protected-guest list could not be read"):
             policy.check(PVE, "PUT", "/cluster/ha/rules/r1", {"type": "node-affinity", "comment": "x"},
                          read={"/cluster/ha/rules/r1": {"type": "node-affinity", "resources": "vm:103"}}.get)
     finally:
@@ -181,13 +183,13 @@ def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
 
 
 def test_the_refusal_says_what_changes_for_which_guest_and_what_would_pass():
-    original = policy.SETTINGS
+    original = policy.settings()
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
-    protected = policy.Protected([{"host": "lab", "vmid": 101, "name": "db", "reason": "production"}])
+    protected = Protected([{"host": "lab", "vmid": 101, "name": "db", "reason": "production"}])
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=protected))
     stored = {"/cluster/backup/j": {"all": 1, "exclude": "101", "mode": "snapshot", "enabled": 1}}
     try:
-        with pytest.raises(policy.PolicyError) as refused:
+        with pytest.raises(PolicyError) as refused:
             policy.check(PVE, "PUT", "/cluster/backup/j", {"delete": "exclude", "mode": "stop"}, read=stored.get)
     finally:
         policy.configure(original)

@@ -13,6 +13,10 @@ import policy
 import server
 import simulator
 from conftest import in_process, requests_during, run_server, stdio_session, tool_session
+from errors import ConfirmationNeeded, PolicyError
+from gates import GATES, UNCERTAIN, call_gate, call_gates, method_gate
+from masking import mask, mask_params
+from protection import Protected, load_protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="mcp@pbs!t", write_token_id=None)
@@ -24,9 +28,9 @@ PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family w
 @pytest.fixture()
 def open_policy():
     """Every gate open, guests 100 and 102 protected, no privileges known (so none is pre-checked)."""
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN, ("pbs", "lab"): OPEN},
-                                     protected=policy.Protected(entries=PROTECTED)))
+                                     protected=Protected(entries=PROTECTED)))
     yield
     policy.configure(original)
 
@@ -39,15 +43,15 @@ def test_every_schema_method_has_exactly_one_gate():
         methods = catalog.methods(product)
         assert len(methods) == expected
         for entry in methods:
-            gate = policy.method_gate(entry["method"], entry["path"])
-            assert gate in policy.GATES
+            gate = method_gate(entry["method"], entry["path"])
+            assert gate in GATES
             counts[gate] = counts.get(gate, 0) + 1
-    assert set(counts) == set(policy.GATES), counts
+    assert set(counts) == set(GATES), counts
 
 
 def test_uncertain_classifications_are_listed_with_a_reason():
-    assert len(policy.UNCERTAIN) >= 5
-    for (product, method, path), reason in policy.UNCERTAIN.items():
+    assert len(UNCERTAIN) >= 5
+    for (product, method, path), reason in UNCERTAIN.items():
         assert any(e["method"] == method and e["path"] == path for e in catalog.methods(product)), path
         assert len(reason) > 20
 
@@ -103,7 +107,7 @@ def test_uncertain_classifications_are_listed_with_a_reason():
 ])
 def test_gate_of_method(product, method, path, gate):
     assert catalog.find_method(product, method, path)  # the row names a real method of that API
-    assert policy.method_gate(method, path) == gate
+    assert method_gate(method, path) == gate
 
 
 @pytest.mark.parametrize("method, path, params, gate", [
@@ -140,28 +144,28 @@ def test_gate_of_method(product, method, path, gate):
     ("POST", "/nodes/{node}/qemu", {"vmid": 200, "archive": "/mnt/x.vma"}, "elevated"),
 ])
 def test_arguments_raise_the_gate(method, path, params, gate):
-    assert policy.call_gate(method, path, params)[0] == gate
+    assert call_gate(method, path, params)[0] == gate
 
 
 def test_a_ceph_osd_wipes_its_devices():
     """pve-manager API2/Ceph/OSD.pm createosd wipes the device first: destructive on top of elevated."""
-    gates = policy.call_gates("pve", "POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"})[0]
+    gates = call_gates("pve", "POST", "/nodes/{node}/ceph/osd", {"dev": "/dev/sdb"})[0]
     assert gates == ("destructive", "elevated")
 
 
 def test_closed_gates_name_the_variable_that_opens_them():
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("lifecycle")}))
     try:
-        with pytest.raises(policy.PolicyError, match="PROXMOX_ACCESS=destructive"):
+        with pytest.raises(PolicyError, match="PROXMOX_ACCESS=destructive"):
             policy.check(PVE, "POST", "/nodes/pve1/qemu/100/status/stop", {})
-        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_EXEC"):
+        with pytest.raises(PolicyError, match="PROXMOX_ALLOW_EXEC"):
             policy.check(PVE, "POST", "/nodes/pve1/qemu/100/agent/exec", {"command": ["id"]})
-        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_ELEVATED"):
+        with pytest.raises(PolicyError, match="PROXMOX_ALLOW_ELEVATED"):
             policy.check(PVE, "PUT", "/nodes/pve1/qemu/100/config", {"hookscript": "local:snippets/a.sh"})
-        with pytest.raises(policy.PolicyError, match="PROXMOX_UNBLOCK"):
+        with pytest.raises(PolicyError, match="PROXMOX_UNBLOCK"):
             policy.check(PVE, "POST", "/nodes/pve1/termproxy", {})
-        with pytest.raises(policy.PolicyError, match="PROXMOX_ALLOW_SENSITIVE"):
+        with pytest.raises(PolicyError, match="PROXMOX_ALLOW_SENSITIVE"):
             policy.check(PVE, "GET", "/nodes/pve1/qemu/100/agent/file-read", {"file": "/etc/shadow"})
         assert policy.check(PVE, "POST", "/nodes/pve1/qemu/100/status/start", {}).gate == "lifecycle"
     finally:
@@ -174,14 +178,14 @@ def test_closed_gates_name_the_variable_that_opens_them():
     "/nodes/pve1/qemu/100%252Fstatus%252Fstart",
 ])
 def test_unknown_or_disguised_paths_are_refused(path, open_policy):
-    with pytest.raises(policy.PolicyError):
+    with pytest.raises(PolicyError):
         policy.check(PVE, "POST", path, {})
 
 
 def test_bad_parameters_are_refused_before_sending(open_policy):
-    with pytest.raises(policy.PolicyError, match="vmid"):
+    with pytest.raises(PolicyError, match="vmid"):
         policy.check(PVE, "GET", "/nodes/pve1/qemu/abc/config", {})
-    with pytest.raises(policy.PolicyError, match="not defined in schema"):
+    with pytest.raises(PolicyError, match="not defined in schema"):
         policy.check(PVE, "POST", "/nodes/pve1/qemu/101/status/start", {"now": 1})
 
 
@@ -204,7 +208,7 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
         policy.CALL.reset(token)
     token = policy.CALL.set({"tool": "other", "confirm": None})  # the next call starts with nothing confirmed
     try:
-        with pytest.raises(policy.ConfirmationNeeded):
+        with pytest.raises(ConfirmationNeeded):
             policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})
     finally:
         policy.CALL.reset(token)
@@ -212,7 +216,7 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
 
 def test_masked_values_are_never_written_back(open_policy):
     for value in ("***", "**********", "pre***post"):
-        with pytest.raises(policy.PolicyError, match="overwrite the real secret"):
+        with pytest.raises(PolicyError, match="overwrite the real secret"):
             policy.check(PVE, "PUT", "/nodes/pve1/qemu/101/config", {"cipassword": value})
 
 
@@ -228,7 +232,7 @@ def test_unprotected_guests_and_reads_pass(open_policy):
     assert policy.check(PVE, "POST", "/nodes/pve1/qemu", restore).guests == [150]
     assert policy.check(PVE, "POST", "/nodes/pve3/lxc", {"vmid": 151, "restore": 1,
                                                          "ostemplate": "nfs-backup:backup/vzdump-lxc-102-x.tar.zst"})
-    with pytest.raises(policy.PolicyError, match="protected"):
+    with pytest.raises(PolicyError, match="protected"):
         policy.check(PVE, "POST", "/nodes/pve1/qemu", restore | {"vmid": 100, "force": 1})
     assert policy.check(PVE, "GET", "/nodes/pve1/qemu/100/config", {}).gate == "read"
     assert policy.check(PVE, "POST", "/nodes/pve1/vzdump", {"all": 1, "exclude": "100,102"}).gate == "lifecycle"
@@ -240,13 +244,13 @@ def test_unprotected_guests_and_reads_pass(open_policy):
 def test_a_broken_protected_list_fails_closed(tmp_path):
     broken = tmp_path / "protected.json"
     broken.write_text("[{oops")
-    loaded = policy.load_protected(broken)
+    loaded = load_protected(broken)
     assert loaded.error and not loaded.entries
-    assert policy.load_protected(tmp_path / "missing.json").error
-    original = policy.SETTINGS
+    assert load_protected(tmp_path / "missing.json").error
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, protected=loaded))
     try:
-        with pytest.raises(policy.PolicyError, match="could not be read"):
+        with pytest.raises(PolicyError, match="could not be read"):
             policy.check(PVE, "POST", "/nodes/pve1/qemu/105/status/start", {})
         assert policy.check(PVE, "GET", "/nodes/pve1/qemu/105/config", {}).gate == "read"
     finally:
@@ -275,7 +279,7 @@ def test_privileges_decide_before_sending():
 # ---------------------------------------------------------------- audit
 
 def test_audit_lines_chain_and_tampering_is_found(tmp_path):
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(audit_path=tmp_path / "audit.jsonl"))
     try:
         threads = [threading.Thread(target=lambda i=i: [
@@ -304,12 +308,12 @@ def test_audit_lines_chain_and_tampering_is_found(tmp_path):
 
 
 def test_mask():
-    text = policy.mask('PVEAPIToken=a@b!c=1234-5678 {"password": "pw1", "cipassword":"pw2"} https://u:pw3@h/ '
+    text = mask('PVEAPIToken=a@b!c=1234-5678 {"password": "pw1", "cipassword":"pw2"} https://u:pw3@h/ '
                        '-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY----- '
                        'PVEAuthCookie=PVE:x:y CSRFPreventionToken: tok')
     for secret in ("1234-5678", "pw1", "pw2", "pw3", "abc", "PVE:x:y", "tok"):
         assert secret not in text
-    assert policy.mask_params({"password": "x", "cipassword": "y", "sshkeys": "ssh-ed25519 AAA", "memory": 4}) == \
+    assert mask_params({"password": "x", "cipassword": "y", "sshkeys": "ssh-ed25519 AAA", "memory": 4}) == \
         {"password": "***", "cipassword": "***", "sshkeys": "ssh-ed25519 AAA", "memory": 4}
 
 
@@ -479,7 +483,7 @@ def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
             finally:
                 policy.admit = admit
     assert ("GET", "/pve-docs/api-viewer/apidoc.js") in admitted
-    with pytest.raises(policy.PolicyError, match="not a file"):
+    with pytest.raises(PolicyError, match="not a file"):
         policy.document_decision("pve", "/pve-docs/../../etc/passwd")
 
 

@@ -14,10 +14,11 @@ import pbs_tools
 import policy
 import proxmox_client
 import pve_tools
+import runtime
 import simulator
 import workflows
-from answers import human_bytes
-from errors import ProxmoxError, ToolFailure
+from answers import human_bytes, iso_time
+from errors import PolicyError, ProxmoxError, ToolFailure
 
 LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
 
@@ -25,21 +26,17 @@ LABEL = "real"  # a label of its own: privileges read here never mix with other 
 @contextmanager
 def tools_on(sim: simulator.Simulator, tmp_path: Any, pve_token: str = "mcp@pve!reader",
              pbs_token: str = "mcp@pbs!reader", **env: str) -> Iterator[None]:
-    """The tool functions of this process pointed at `sim` (host label `real`)."""
+    """The tool functions of this process pointed at `sim` (host label `real`), with a server's state of
+    their own (runtime.py): what they read (privileges, versions) is gone afterwards."""
     settings = config_module.load_config(sim.env(LABEL, pve_token=pve_token, pbs_token=pbs_token) | {
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")} | env)
-    before = [h for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
-    original = policy.SETTINGS
-    proxmox_client.configure_hosts(settings.hosts)
-    policy.configure(settings.settings)
+    outside = runtime.install(runtime.Runtime())
     try:
+        proxmox_client.configure_hosts(settings.hosts)
+        policy.configure(settings.settings)
         yield
     finally:
-        proxmox_client.configure_hosts(before)
-        policy.configure(original)
-        for kept in (policy.PERMISSIONS, getattr(policy, "VERSIONS", {})):
-            for key in [k for k in kept if k[1] == LABEL]:
-                kept.pop(key)
+        runtime.install(outside)
 
 
 def rows(answer: dict) -> list[dict]:
@@ -88,9 +85,9 @@ def test_gc_times_come_from_the_gc_job(sim, lab, tmp_path):
         asked = [path for _, _, path in lab.requests[before:] if path not in ("/access/permissions", "/version")]
         status = pbs_tools.pbs_datastore_status("backup")
         report = workflows.health_check()
-    assert stores[0]["last_gc"] == pbs_tools.iso_time(ran) and stores[0]["gc_result"] == "OK"
+    assert stores[0]["last_gc"] == iso_time(ran) and stores[0]["gc_result"] == "OK"
     assert asked == ["/status/datastore-usage", "/admin/gc"]  # one extra read for every store
-    assert status["gc"]["last_run"] == pbs_tools.iso_time(ran) and status["gc"]["state"] == "OK"
+    assert status["gc"]["last_run"] == iso_time(ran) and status["gc"]["state"] == "OK"
     assert status["gc"]["next_run"]
     assert not [f for f in findings(report, "pbs") if "garbage collection" in f], report["findings"]
 
@@ -292,11 +289,12 @@ def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pve_token=AGENT_OPS,
                                                     PROXMOX_ALLOW_EXEC="true"):
         import server
+        import visibility
         client = proxmox_client.pve_client()
         client.ensure_permissions()
-        visibility = server.ToolVisibility()
-        visibility.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
-        assert visibility.hidden() == {}
+        visible = visibility.ToolVisibility()
+        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
+        assert visible.hidden() == {}
         info = pve_tools.guest_agent_info(100)
     assert info["hostname"] == "web"
 
@@ -305,7 +303,7 @@ def test_agent_refusal_names_the_privilege_the_version_has(tmp_path):
     lab = simulator.Lab.homelab(pve_major=8)
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
         before = len(lab.requests)
-        with pytest.raises(policy.PolicyError) as refused:
+        with pytest.raises(PolicyError) as refused:
             pve_tools.guest_agent_info(100)
         sent = [p for _, _, p in lab.requests[before:] if "/agent/" in p]
     text = str(refused.value)
@@ -400,7 +398,7 @@ def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
         client.ensure_permissions()
         listed = policy.permissions_of(client.host)
         before = len(lab.requests)
-        with pytest.raises(policy.PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
+        with pytest.raises(PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
             pve_tools.write_guest_power(100, "shutdown")
         sent = [r for r in lab.requests[before:] if r[1] != "GET"]
     assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)

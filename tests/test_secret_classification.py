@@ -10,6 +10,7 @@ import pytest
 import catalog
 import masking
 import policy
+from gates import call_gates, method_gate
 
 # The whole classification over both catalogs: (product, GET path) -> the secrets its answer carries.
 EXPECTED = {
@@ -79,7 +80,7 @@ def test_the_classification_over_both_whole_catalogs():
 def test_untyped_secrets_are_gated_like_typed_ones_and_masked(product, method, path):
     names = EXPECTED_UNTYPED[(product, method, path)]
     if method == "GET":  # the least-privilege token reads them at the read tier otherwise
-        assert policy.method_gate("GET", path, product) != "read"
+        assert method_gate("GET", path, product) != "read"
     value = {"id": "x", "otel-headers": "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIHNlY3JldCJ9", "token": "nb-token",
              "key": "pdns-key", "client-key": "oidc-key", "value": "token-secret", "type": "t"}
     masked = masking.mask_answer([value], names)[0]
@@ -89,8 +90,8 @@ def test_untyped_secrets_are_gated_like_typed_ones_and_masked(product, method, p
 
 @pytest.mark.parametrize("product, path", sorted(EXPECTED))
 def test_a_get_that_returns_secrets_is_sensitive(product, path):
-    assert policy.method_gate("GET", path, product) == "sensitive"
-    gates, reasons = policy.call_gates(product, "GET", path, {})
+    assert method_gate("GET", path, product) == "sensitive"
+    gates, reasons = call_gates(product, "GET", path, {})
     assert gates == ("sensitive",) and any("returns secrets" in r for r in reasons)
 
 
@@ -100,11 +101,11 @@ def test_a_list_is_gated_like_its_items_over_both_catalogs():
         if entry["method"] != "GET":
             continue
         items = catalog.item_templates(product, entry["path"])
-        if any(policy.method_gate("GET", item, product) == "sensitive" for item in items):
-            assert policy.method_gate("GET", entry["path"], product) == "sensitive", (product, entry["path"])
+        if any(method_gate("GET", item, product) == "sensitive" for item in items):
+            assert method_gate("GET", entry["path"], product) == "sensitive", (product, entry["path"])
             checked += 1
     assert checked >= 15  # /config/remote, /config/s3, the ACME plugins, the notification endpoints, ...
-    assert policy.method_gate("GET", "/config/remote", "pbs") == "sensitive"  # auth-id, as /config/remote/{name}
+    assert method_gate("GET", "/config/remote", "pbs") == "sensitive"  # auth-id, as /config/remote/{name}
 
 
 def test_reads_without_secrets_stay_at_the_read_gate():
@@ -112,7 +113,7 @@ def test_reads_without_secrets_stay_at_the_read_gate():
                           ("pve", "/nodes/{node}/qemu/{vmid}/pending"), ("pve", "/access/users"),
                           ("pbs", "/admin/sync"), ("pbs", "/config/sync"), ("pve", "/nodes/{node}/apt/repositories"),
                           ("pve", "/cluster/sdn/fabrics/all"), ("pve", "/cluster/acme/directories")):
-        assert policy.method_gate("GET", path, product) == "read", (product, path)
+        assert method_gate("GET", path, product) == "read", (product, path)
 
 
 # ---------------------------------------------------------------- the name rule, on schemas of our own
@@ -224,7 +225,7 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
     from types import SimpleNamespace
     host = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
-    original = policy.SETTINGS
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
     token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
     commands = json.dumps([{"method": "GET", "path": "subscription"}])

@@ -9,9 +9,10 @@ import requests
 import catalog
 import policy
 import proxmox_client
-import server
 import simulator
-from proxmox_client import ProxmoxError, parse_upid
+from config import load_config
+from errors import PolicyError, ProxmoxError, TaskFailed
+from proxmox_client import parse_upid
 
 READER = "mcp@pve!reader"
 
@@ -29,7 +30,7 @@ def client(sim, product="pve", token=None, **overrides):
     if token:
         env["PROXMOX_LAB_TOKEN"] = token
     env.update(overrides)
-    config = server.load_config(env)
+    config = load_config(env)
     host = next(h for h in config.hosts if h.product == product)
     return proxmox_client.ProxmoxClient(host)
 
@@ -231,7 +232,7 @@ def test_client_reads_data_and_translates_errors(sim):
         client(sim, token=f"{READER}=00000000-0000-0000-0000-000000000000").get("/version")
     assert "PROXMOX_LAB_TOKEN" in str(caught.value) and "00000000-0000" not in str(caught.value)
     before = len(sim.lab.requests)
-    with pytest.raises(policy.PolicyError) as caught:  # the policy checks the schema before sending
+    with pytest.raises(PolicyError) as caught:  # the policy checks the schema before sending
         pve.get("/cluster/resources", type="bogus")
     assert "type" in str(caught.value) and "enumeration" in str(caught.value)
     assert len(sim.lab.requests) == before
@@ -247,7 +248,7 @@ def test_client_reads_data_and_translates_errors(sim):
 def test_403_names_privilege_path_and_the_grant(sim):
     empty = client(sim, token=f"mcp@pve!empty={sim.lab.pve_tokens['mcp@pve!empty'].secret}")
     before = len(sim.lab.requests)
-    with pytest.raises(policy.PolicyError) as caught:  # refused before sending: its privileges are known
+    with pytest.raises(PolicyError) as caught:  # refused before sending: its privileges are known
         empty.get("/cluster/status")
     # the privileges, and the version whose privileges they are (agent calls: VM.Monitor before PVE 9)
     assert sim.lab.requests[before:] == [("pve", "GET", "/access/permissions"), ("pve", "GET", "/version")]
@@ -294,12 +295,12 @@ def test_tls_pin_mismatch_and_unverified_certificates(sim):
     assert "does not match the pinned fingerprint" in str(caught.value) and sim.fingerprint in str(caught.value)
     env = sim.env()
     del env["PROXMOX_LAB_FINGERPRINT"]
-    host = next(h for h in server.load_config(env).hosts if h.product == "pve")
+    host = next(h for h in load_config(env).hosts if h.product == "pve")
     with pytest.raises(ProxmoxError) as caught:
         proxmox_client.ProxmoxClient(host).get("/version")
     assert "PROXMOX_LAB_FINGERPRINT" in str(caught.value) and sim.fingerprint in str(caught.value)
     ca_env = env | {"PROXMOX_LAB_CA_FILE": str(sim.cert_file)}
-    host = next(h for h in server.load_config(ca_env).hosts if h.product == "pve")
+    host = next(h for h in load_config(ca_env).hosts if h.product == "pve")
     assert proxmox_client.ProxmoxClient(host).get("/version")["release"] == "9.2"
 
 
@@ -326,9 +327,9 @@ def test_policy_refuses_unknown_paths_before_sending(sim):
     pve = client(sim)
     before = len(sim.lab.requests)
     for path in ("/nodes/pve1/../../access/secret", "/nodes//pve1/nope", "/nodes/pve1%2Fqemu%2F100/zzz"):
-        with pytest.raises(policy.PolicyError):
+        with pytest.raises(PolicyError):
             pve.get(path)
-    with pytest.raises(policy.PolicyError) as caught:
+    with pytest.raises(PolicyError) as caught:
         pve.request("POST", "/nodes/pve1/qemu/100/status/start")
     assert "PROXMOX_ACCESS" in str(caught.value)
     assert len(sim.lab.requests) == before
@@ -337,8 +338,8 @@ def test_policy_refuses_unknown_paths_before_sending(sim):
 def test_403_from_the_server_when_privileges_were_not_read(sim):
     reader = client(sim)
     reader._permissions_retry = float("inf")  # as if /access/permissions had failed
-    policy.PERMISSIONS.pop(("pve", "lab", READER), None)
-    original = policy.SETTINGS
+    policy.forget_permissions(reader.host)
+    original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
     token = policy.CALL.set({"confirm": lambda *_: None})
     try:
@@ -358,7 +359,7 @@ def test_wait_task_outcomes(sim):
     outcome = pve.wait_task(warned, timeout=20)
     assert outcome["result"] == "warnings" and outcome["warnings"]
     failed = sim.lab.start_task("pve1", "qmstart", "101", exitstatus="VM is locked (backup)", duration=0.1)
-    with pytest.raises(proxmox_client.TaskFailed) as caught:
+    with pytest.raises(TaskFailed) as caught:
         pve.wait_task(failed, timeout=20)
     assert "VM is locked (backup)" in str(caught.value) and "TASK ERROR" in str(caught.value)
     slow = sim.lab.start_task("pve1", "qmmigrate", "102", duration=60)
@@ -369,7 +370,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     admin = client(sim, token=f"root@pam!admin={sim.lab.pve_tokens['root@pam!admin'].secret}")
     admin_request = admin.request
     import policy as policy_module
-    original = policy_module.SETTINGS
+    original = policy_module.settings()
     policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
     confirmed = policy_module.CALL.set({"confirm": lambda *_: None})
     try:
@@ -377,13 +378,13 @@ def test_power_actions_are_tasks_that_change_state(sim):
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"
         assert sim.lab.guests[103]["status"] == "running"
         again = admin_request("POST", "/nodes/pve1/qemu/100/status/start")  # 200 + UPID, fails later
-        with pytest.raises(proxmox_client.TaskFailed, match="VM 100 already running"):
+        with pytest.raises(TaskFailed, match="VM 100 already running"):
             admin.wait_task(again, timeout=20)
         with pytest.raises(ProxmoxError, match="CT 103 already running"):  # a container refuses before any task
             admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         sim.lab.guests[100]["lock"] = "backup"
         locked = admin_request("POST", "/nodes/pve1/qemu/100/status/shutdown")
-        with pytest.raises(proxmox_client.TaskFailed, match=r"VM is locked \(backup\)"):
+        with pytest.raises(TaskFailed, match=r"VM is locked \(backup\)"):
             admin.wait_task(locked, timeout=20)
         sim.lab.guests[100]["lock"] = None
         snap = admin_request("POST", "/nodes/pve1/qemu/100/snapshot", {"snapname": "before-upgrade"})
@@ -393,7 +394,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
         gone = admin_request("DELETE", "/nodes/pve1/qemu/100/snapshot/before-upgrade")
         admin.wait_task(gone, timeout=20)
         assert [s["name"] for s in admin.get("/nodes/pve1/qemu/100/snapshot")] == ["current"]
-        with pytest.raises(policy_module.PolicyError, match="VM.PowerMgmt"):  # known before sending
+        with pytest.raises(PolicyError, match="VM.PowerMgmt"):  # known before sending
             client(sim).request("POST", "/nodes/pve1/qemu/100/status/stop")
     finally:
         policy_module.CALL.reset(confirmed)
@@ -452,7 +453,7 @@ def test_the_cluster_ca_file_works_with_strict_x509_checking(tmp_path, monkeypat
         del env["PROXMOX_LAB_FINGERPRINT"]
 
         def trusting(ca_file):  # a client that trusts the CA in `ca_file`, no pin
-            config = server.load_config(env | {"PROXMOX_LAB_CA_FILE": str(tmp_path / ca_file)})
+            config = load_config(env | {"PROXMOX_LAB_CA_FILE": str(tmp_path / ca_file)})
             return proxmox_client.ProxmoxClient(next(h for h in config.hosts if h.product == "pve"))
         assert trusting("pve-root-ca.pem").get("/version")["release"] == "9.2"
         # the chain and the host name are still checked: another CA, or a name the certificate lacks, fails
@@ -463,3 +464,12 @@ def test_the_cluster_ca_file_works_with_strict_x509_checking(tmp_path, monkeypat
         own.serve_certificate(*simulator.make_certificate(tmp_path / "elsewhere", ca=old_ca, names=("pve9.example",)))
         with pytest.raises(ProxmoxError, match="Hostname mismatch|IP address mismatch"):
             trusting("pve-root-ca.pem").get("/version")
+
+
+def test_poll_reads_until_done_or_the_deadline_and_says_which():
+    answers = iter(["running", "running", "stopped"])
+    done = lambda state: state == "stopped"  # noqa: E731
+    assert proxmox_client.poll(lambda: next(answers), done, 60, pause=0) == ("stopped", True)
+    reads = []
+    assert proxmox_client.poll(lambda: reads.append(1) or "running", done, 0) \
+        == ("running", False) and reads == [1]  # read once even with no time left, never slept past the deadline

@@ -11,7 +11,6 @@ import file_restore
 import dashboard
 import monitor_tools
 import pbs_tools
-import policy
 import pve_tools
 import server
 import shell_tools
@@ -20,6 +19,7 @@ import tool_docs
 import workflows
 from config import TOOLSET_GROUPS
 from conftest import ROOT, run_server
+from gates import CONFIRMED, GATES
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
                 dashboard, firewall_tools, backup_jobs)
@@ -50,7 +50,7 @@ def test_a_write_tool_takes_dry_run(name):
 @pytest.mark.parametrize("name", SPECS)
 def test_a_tool_that_may_need_confirmation_takes_confirm_and_ctx(name):
     spec, taken = SPECS[name], parameters(name)
-    if set((spec.gate, *spec.also)) & set(policy.CONFIRMED) or spec.may_destroy:
+    if set((spec.gate, *spec.also)) & set(CONFIRMED) or spec.may_destroy:
         assert "confirm" in taken, f"{name} can need the user's yes, so it takes confirm"
     if "confirm" in taken:
         assert "ctx" in taken, f"{name} takes confirm, so it takes ctx: the user is asked when the client can"
@@ -78,7 +78,7 @@ def test_a_table_entry_is_complete_and_consistent(name):
     spec = SPECS[name]
     assert spec.toolset in ("always", *TOOLSET_GROUPS)
     assert spec.product in ("", "pve", "pbs")
-    assert spec.gate in policy.GATES and spec.gate != "blocked" and set(spec.also) <= set(policy.GATES)
+    assert spec.gate in GATES and spec.gate != "blocked" and set(spec.also) <= set(GATES)
     changes = spec.gate not in ("read", "sensitive")
     assert name.startswith("write_") == changes, f"{name}: the write_ prefix marks exactly the tools that change"
     assert not (spec.may_destroy and spec.gate in ("destructive", "exec")), f"{name}: may_destroy is for lower gates"

@@ -1,0 +1,65 @@
+"""Tasks as the tools answer them: a write that starts a task, waited for with progress
+notifications to the MCP client (`run_task`); a task's status and log (`task_report`, `log_page`).
+The waiting itself is the client's (`ProxmoxClient.wait_task`), which knows no MCP.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.mcpserver import Context
+
+from answers import compact, iso_time, progress_reporter
+from proxmox_client import ProxmoxClient, parse_upid, task_outcome
+
+TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
+
+
+def run_task(client: ProxmoxClient, method: str, path: str, params: dict[str, Any], wait_seconds: int,
+             ctx: Context | None, action: str) -> dict:
+    """Send a write and, when it starts a task, wait for it with progress notifications. The
+    answer says the task's outcome as `task` (its exit status `OK`, `WARNINGS: n`, or started,
+    still_running): a task's own `status` ("stopped" when it ended) would read as the guest's
+    (docs/CONVENTIONS.md). A failed task raises TaskFailed (a tool error with the last log lines)."""
+    data = client.request(method, path, params)
+    if not (isinstance(data, str) and data.startswith("UPID:")):
+        return {"action": action, "result": "ok"}
+    if not wait_seconds:
+        return {"action": action, "task": "started", "upid": data,
+                "next": f"{client.product.task_tool} with this upid and wait_seconds to follow it"}
+    outcome = client.wait_task(data, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+    task = outcome.pop("exitstatus", None) or outcome.pop("status")
+    outcome.pop("status", None)
+    return {"action": action, "task": task} | outcome
+
+
+def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: int, ctx: Context | None,
+                again: str) -> dict:
+    """A task's status, result and last log lines (both products); with wait_seconds, waits with
+    progress and answers still_running at the deadline, naming the tool (`again`) to continue."""
+    parse_upid(upid, client.host.product)
+    if wait_seconds:
+        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
+        if outcome["status"] == "still_running":
+            return outcome | {"next": f"call {again} with this upid and wait_seconds to keep waiting"}
+    status = client.task_status(upid)
+    user = status.get("user")  # without the token, which comes as `tokenid` (docs/PROXMOX-BEHAVIOUR.md#pve-tasks)
+    if user and status.get("tokenid"):
+        user = f"{user}!{status['tokenid']}"
+    result = compact({"upid": upid, "node": status.get("node"), "type": status.get("type"),
+                      "id": status.get("id"), "user": user, "status": status.get("status"),
+                      "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
+    if log_lines:
+        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+    if status.get("status") == "stopped":
+        result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
+    return result
+
+
+def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
+    """Log lines of a task from `start`, with `next_start` when there are more."""
+    parse_upid(upid, client.host.product)
+    lines = client.task_log(upid, start=start, limit=limit + 1)
+    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
+    if len(lines) > limit:
+        result["next_start"] = start + limit
+    return result

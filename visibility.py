@@ -1,0 +1,178 @@
+"""Which tools a client sees, at the MCP edge: the server's middleware leaves out of tools/list the tools
+no configured token can use (by the privileges read from /access/permissions), refuses calls to them and
+calls with arguments a tool does not take, rewrites the SDK's argument errors as one readable line
+(argument_errors.py), and tells connected clients when the set changes. Which tools a configuration
+offers at all is server.offered_tools.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from typing import Any, Callable
+
+import anyio.from_thread
+import anyio.lowlevel
+from mcp.shared.subscriptions import ToolsListChanged
+from mcp_types import CallToolResult, TextContent
+from pydantic import ValidationError
+
+import policy
+import proxmox_client
+import runtime
+from argument_errors import argument_error
+from config import Config
+from confirmation import asks_by_round_trip
+from products import PRODUCTS
+
+
+class ToolVisibility:
+    """Server middleware: leaves out of tools/list the tools that no configured token can use
+    (by the privileges read from /access/permissions), refuses calls to them with the reason,
+    and tells connected clients when that set changes (notifications/tools/list_changed)."""
+
+    def __init__(self) -> None:
+        self.specs: list[Any] = []  # the offered tools' server.ToolSpec
+        self.config: Config | None = None
+        self.accepted: dict[str, set[str]] = {}  # tool -> the argument names it takes
+        self.arguments: dict[str, Any] = {}  # tool -> its argument model (the SDK's FuncMetadata), for errors
+        self.notified: dict[Any, tuple] = {}  # session -> the hidden set it last saw (before 2026-07-28)
+        self.bus: Any = None  # the server's subscriptions/listen bus (2026-07-28 clients listen there)
+        self.published: tuple | None = None  # the hidden set the bus was last told about
+        self.token: Any = None
+        self.lock = threading.Lock()
+        self._hidden: tuple[int, dict[str, str]] = (-1, {})  # (privileges read so far, hidden tools)
+        self.listed = threading.Event()  # a tools/list was answered (see load_permissions_in_background)
+
+    def offer(self, config: Config, specs: list[Any]) -> None:
+        """The tools this configuration offers (server.offered_tools), and the argument names each takes."""
+        self.config = config
+        self.specs = specs
+        self.accepted = {spec.function.__name__: set(inspect.signature(spec.function).parameters) - {"ctx"}
+                         for spec in self.specs}
+        self._hidden = (-1, {})
+
+    def hidden(self) -> dict[str, str]:
+        """Tools no configured token can use; recomputed only when privileges were read."""
+        seen, hidden = self._hidden
+        if seen == policy.permissions_read():
+            return hidden
+        seen, hidden = policy.permissions_read(), {}
+        for spec in self.specs:
+            if not spec.needs:
+                continue
+            hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
+            if not hosts or any(policy.permissions_of(h) is None for h in hosts):
+                continue  # unknown yet: offer the tool
+            if spec.gate not in ("read", "sensitive") and any(getattr(h, "write_token_id", None) for h in hosts):
+                continue  # writes go with the write token, whose privileges are not read (policy._check_privileges)
+            if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
+                needs = policy.version_privileges(hosts[0], spec.needs)
+                hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "
+                                                  + policy.grant_hint(hosts[0], spec.needs[0],
+                                                                      PRODUCTS[spec.product].acl_root))
+        self._hidden = (seen, hidden)
+        return hidden
+
+    def unknown_arguments(self, name: str, arguments: Any) -> str | None:
+        """Strict arguments: a name the tool does not take is refused (nothing is sent), naming
+        the ones it takes, instead of being silently ignored."""
+        accepted = self.accepted.get(name)
+        if accepted is None or not isinstance(arguments, dict):
+            return None
+        unknown = sorted(set(arguments) - accepted)
+        if not unknown:
+            return None
+        shown = ", ".join(repr(u[:40]) for u in unknown[:5])
+        if len(unknown) > 5:
+            shown += f" and {len(unknown) - 5} more"
+        return f"{name} does not take {shown}; nothing was sent. It takes: {', '.join(sorted(accepted))}."
+
+    async def __call__(self, ctx: Any, call_next: Callable) -> Any:
+        if self.token is None:
+            self.token = anyio.lowlevel.current_token()
+        hidden = self.hidden()
+        if ctx.method == "tools/call":
+            name = (ctx.params or {}).get("name")
+            refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \
+                self.unknown_arguments(name, (ctx.params or {}).get("arguments"))
+            if refusal:
+                return CallToolResult(content=[TextContent(type="text", text=refusal)], is_error=True)
+        result = await call_next(ctx)
+        if ctx.method == "tools/call":
+            self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
+        if ctx.method == "tools/list":
+            tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
+            kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
+            if hasattr(result, "tools"):
+                result.tools = kept
+            else:
+                result["tools"] = kept
+            if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
+                self.published = self.published or tuple(sorted(hidden))
+            else:
+                self.notified[ctx.session] = tuple(sorted(hidden))
+            self.listed.set()
+        return result
+
+    def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
+        """Rewrite an error result of the SDK's argument validation as one line naming the argument,
+        the rule and an example (argument_error); any other result is left as it is."""
+        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
+        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
+        block = content[0]
+        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
+        metadata = self.arguments.get(name)
+        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
+                or "validation error" not in text:
+            return
+        try:
+            metadata.validate_arguments(arguments or {})
+            return
+        except ValidationError as exc:
+            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
+        if isinstance(block, dict):
+            block["text"] = readable
+        else:
+            block.text = readable
+
+    def refresh(self) -> None:
+        """After privileges were read: tell each session whose list is now stale."""
+        current = tuple(sorted(self.hidden()))
+        if self.published is not None and self.published != current and self.token is not None:
+            anyio.from_thread.run(self.bus.publish, ToolsListChanged(), token=self.token)
+            self.published = current
+        for session, seen in list(self.notified.items()):
+            if seen != current and self.token is not None:
+                try:
+                    anyio.from_thread.run(session.send_tool_list_changed, token=self.token)
+                    self.notified[session] = current
+                except Exception:  # the session is gone
+                    self.notified.pop(session, None)
+
+
+_visibility = runtime.slot("visibility.tools", ToolVisibility)  # this server's tool list middleware
+
+
+def current() -> ToolVisibility:
+    """This server's middleware."""
+    return _visibility.get()
+
+
+def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> None:
+    """Read every token's privileges without delaying anything; then refresh the list. The reads
+    start `settle` seconds after the first tools/list was answered (its answer is written by
+    then), or after `after` seconds: a client that asks for the list at once has it before they
+    could finish anyway, and running beside it (importing requests, TLS handshakes) they made
+    start to tools/list 4-7 % slower (docs/BENCHMARKS.md)."""
+    visible = current()
+
+    def load(product: str, label: str) -> None:
+        if visible.listed.wait(timeout=after):
+            time.sleep(settle)
+        proxmox_client.client_for(product, label).ensure_permissions()  # the client imports requests
+        visible.refresh()
+    for product in ("pve", "pbs"):
+        for label in proxmox_client.configured(product):
+            threading.Thread(target=load, args=(product, label), daemon=True,
+                             name=f"permissions-{product}-{label}").start()
