@@ -583,8 +583,8 @@ class ProxmoxClient:
             response = self.session.get(url, params=decision.params, headers=self._auth_headers("GET"),
                                         timeout=(self.host.connect_timeout, self.host.read_timeout),
                                         verify=self.verify, allow_redirects=False, stream=True)
-        except requests.exceptions.SSLError:
-            raise self._tls_error() from None
+        except requests.exceptions.SSLError as exc:
+            raise self._tls_error(exc) from None
         except requests.exceptions.RequestException as exc:
             raise self._connection_error(exc) from None
         with response:

@@ -435,6 +435,18 @@ def test_a_renewed_certificate_breaks_the_pin_and_the_error_says_how_to_repin(tm
     assert renewed[2] in text and "PROXMOX_LAB_FINGERPRINT=" in text and "pve-root-ca.pem" in text
 
 
+def test_a_download_with_a_renewed_certificate_says_how_to_repin_too(tmp_path):
+    """A file download (write_restore_file) meets the same TLS refusal as any request, with the same
+    words; it raised a TypeError before (the refusal's message was built without its cause)."""
+    with simulator.Simulator(simulator.Lab.homelab()) as own:
+        pinned = own.env()
+        own.serve_certificate(*simulator.make_certificate(tmp_path))
+        decision = policy.Decision("GET", "/nodes/pve1/storage/pbs/file-restore/download", {"volume": "x"})
+        with pytest.raises(ProxmoxError, match="renewed"):
+            client(own, **pinned)._stream(decision, tmp_path / "file", 1 << 20)
+    assert not (tmp_path / "file").exists()
+
+
 def test_the_cluster_ca_file_works_with_strict_x509_checking(tmp_path, monkeypatch):
     """Python 3.13 (and urllib3 2.3+ on it) check X.509 strictly, which refuses a cluster CA made before
     pve-cluster 9.1.2 (no keyUsage). Here urllib3 is made to behave as on 3.13."""
