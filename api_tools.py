@@ -165,7 +165,7 @@ def api_read(path: Path, params: Params = None, host: Host = None, product: Prod
     return {"data": data}
 
 
-def write_api_call(method: Literal["POST", "PUT", "DELETE"], path: Path,
+def write_call_api(method: Literal["POST", "PUT", "DELETE"], path: Path,
                    params: Params = None, host: Host = None, product: ProductArg = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """POST, PUT or DELETE any API path the policy allows."""

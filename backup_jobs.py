@@ -130,7 +130,7 @@ def _job_params(schedule: str | None, storage: str | None, mode: str | None, kee
     return params
 
 
-def write_backup_job(action: Literal["create", "update", "delete"],
+def write_edit_backup_job(action: Literal["create", "update", "delete"],
                      job_id: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$")],
                      host: Host = None, vmids: VmidList | None = None, pool: str | None = None,
                      all_except: VmidList | None = None, schedule: str | None = None, storage: str | None = None,

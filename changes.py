@@ -1,8 +1,8 @@
 """Changes: the receipts of what this server changed (list_changes), what changed on a guest since a
-backup, a snapshot or a receipt (what_changed), and taking a change back (write_undo).
+backup, a snapshot or a receipt (what_changed), and taking a change back (write_undo_change).
 
 The receipts themselves are written by the policy's admission step (receipts.py); the diff is
-config_diff.py's, shared with the restore drill. write_undo sends the inverse requests through
+config_diff.py's, shared with the restore drill. write_undo_change sends the inverse requests through
 the same policy as any write: declared first as one plan (gates, protected guests, dry run and
 the user's yes for the whole undo), then sent one by one.
 """
@@ -136,7 +136,7 @@ def backup_node(client: Any, node: str, volume: str) -> str:
 
 # ---------------------------------------------------------------- undo
 
-def write_undo(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
+def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Take back a change by its receipt (list_changes), under the same policy as any write."""
     keeping = policy.settings().receipts
@@ -154,7 +154,7 @@ def write_undo(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunA
               "result": "ok" if all(s.get("result") in ("ok", "warnings") for s in steps) else "started"}
     redo = [r for r in made if receipts.load(keeping, r).get("undo") is True]
     if redo and len(redo) == len(made):
-        answer["redo"] = f"write_undo receipt={redo[-1]} takes this undo back"
+        answer["redo"] = f"write_undo_change receipt={redo[-1]} takes this undo back"
     if re.search(r"/snapshot/[^/]+/rollback$", undo.steps[-1][1]) and found.get("before") == "running":
         answer["note"] = "The guest was running before the rollback; it is started again."
     return answer

@@ -4,7 +4,7 @@ Backup Server runs on the node), judged as pve-firewall judges a new connection
 (docs/PROXMOX-BEHAVIOUR.md#firewall-lockout).
 
 policy.classify calls `check` for every firewall write of the cluster and the nodes (`guards`), so
-write_api_call passes it as the curated tools do. It reads the firewall as it is (`read_firewall`),
+write_call_api passes it as the curated tools do. It reads the firewall as it is (`read_firewall`),
 computes it as the request will leave it, the way pve-firewall's API changes it (`apply`), and
 evaluates both for each node, port and source address (`verdict`). A port let in before and cut
 after is refused, naming the node, the port, the address, what cuts it and a rule that keeps it open.
@@ -541,5 +541,5 @@ def _refusal(what: str, decision: Any, node: str, name: str, port: int, source: 
     return (f"Refused, nothing was sent: {what} would cut {name} on node {node} from {source}, judged for {who}. "
             f"After it, {why_after} decides; now {why_before} lets it in (pve-firewall applies node rules, then "
             f"cluster rules, first match wins, then the management IP set, then the input policy). To keep it "
-            f"open, first add at {level}: write_firewall_rule action=add rule="
+            f"open, first add at {level}: write_edit_firewall_rule action=add rule="
             f"{json.dumps(fixing_rule(source, port))}{below}; or add {source} to the IP set management.")

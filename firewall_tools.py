@@ -62,7 +62,7 @@ def _why_not(level: str, state: dict) -> str | None:
     """Why a level's rules filter nothing now, in words; None when they filter."""
     if state["filters"]:
         return None
-    missing = [] if state["cluster"] else ["the cluster firewall is off (write_firewall_options enable=true)"]
+    missing = [] if state["cluster"] else ["the cluster firewall is off (write_set_firewall_options enable=true)"]
     if state.get("node") is False:
         missing.append(f"{level}'s firewall is off")
     if state.get("guest") is False:
@@ -166,11 +166,11 @@ def _add(client: ProxmoxClient, base: str, rule: dict[str, Any], pos: int | None
             client.request("PUT", f"{base}/{placed}", {"enable": 1, "digest": _current(client, base, None, None)[1]})
         except PolicyError as exc:
             raise PolicyError(f"{exc} The rule was added at pos {placed} but left disabled: delete it "
-                              f"(write_firewall_rule action=delete pos={placed}) or leave it off.") from None
+                              f"(write_edit_firewall_rule action=delete pos={placed}) or leave it off.") from None
     return placed
 
 
-def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host: Host = None, node: Node = None,
+def write_edit_firewall_rule(action: Literal["add", "update", "delete", "move"], host: Host = None, node: Node = None,
                         vmid: OptionalVmid = None, pos: Annotated[int | None, Field(ge=0)] = None,
                         rule: dict | None = None, digest: str | None = None,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
@@ -203,7 +203,7 @@ def write_firewall_rule(action: Literal["add", "update", "delete", "move"], host
                     "rules": len(after), "result": "ok", "note": note})
 
 
-def write_firewall_options(host: Host = None, node: Node = None, vmid: OptionalVmid = None,
+def write_set_firewall_options(host: Host = None, node: Node = None, vmid: OptionalVmid = None,
                            enable: bool | None = None, policy_in: Policy | None = None,
                            policy_out: Policy | None = None, dry_run: DryRunArg = False,
                            confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:

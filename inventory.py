@@ -403,7 +403,7 @@ def _only_pbs() -> ProxmoxClient | None:
 HA_FAILED = {
     "error": "the HA manager could not start it and holds it in state error, where it ignores every request "
              "until the resource is disabled. Find why (list_tasks vmid={vmid} errors=true on its nodes), fix it, "
-             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_api_call PUT "
+             "disable it (`ha-manager set {sid} --state disabled` on a node, or write_call_api PUT "
              "/cluster/ha/resources/{sid} state=disabled, which needs Sys.Console), then start it again.",
     "fence": "its node {node} was lost and is being fenced; the HA manager then recovers the guest on another "
              "node. Check cluster_status; get_guest shows where it runs once recovered.",

@@ -183,7 +183,7 @@ def pbs_task_log(upid: str, host: Host = None,
 
 # ---------------------------------------------------------------- writes
 
-def write_pbs_prune(store: Store, backup_type: GroupType, backup_id: GroupId, host: Host = None, ns: Ns = None,
+def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: GroupId, host: Host = None, ns: Ns = None,
                     keep_last: Annotated[int | None, Field(ge=1)] = None,
                     keep_hourly: Annotated[int | None, Field(ge=1)] = None,
                     keep_daily: Annotated[int | None, Field(ge=1)] = None,
@@ -248,7 +248,7 @@ def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId
     return {"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "result": "ok"}
 
 
-def write_pbs_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+def write_pbs_run_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                  ctx: Context | None = None) -> dict:
     """Garbage-collect a datastore; answers what it freed."""
     client = pbs_client(host)
@@ -286,7 +286,7 @@ def verify_summary(lines: list[str]) -> dict:
     return {"checked": checked, "failed": failed, "skipped": skipped}
 
 
-def write_pbs_verify(store: Store, host: Host = None, ns: Ns = None,
+def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
                      backup_type: Literal["vm", "ct", "host"] | None = None,
                      backup_id: str | None = None,
                      backup_time: Annotated[int | None, Field(ge=1)] = None,

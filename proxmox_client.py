@@ -824,7 +824,7 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
 # Locks no task holds (docs/PROXMOX-BEHAVIOUR.md#guest-status): what to do about each.
 PERSISTENT_LOCKS = {
     "suspended": "The VM is hibernated (its memory saved to disk; no task holds this lock): start it to resume "
-                 "(write_guest_power action=start).",
+                 "(write_power_guest action=start).",
     "mounted": "The container's volumes are mounted on the host (pct mount; no task holds this lock): run "
                "`pct unmount {vmid}` on its node.",
 }
@@ -862,7 +862,7 @@ HINTS = (
     (r"guest agent is not running|No QEMU guest agent configured",
      "The QEMU guest agent is not available in this VM; install and start qemu-guest-agent and set agent=1."),
     (r"got timeout", "The guest agent did not answer in time; a VM that just booted can need a minute."),
-    (r"(VM|CT) \d+ is not running|not running", "Start the guest first (write_guest_power action=start)."),
+    (r"(VM|CT) \d+ is not running|not running", "Start the guest first (write_power_guest action=start)."),
     (r"does not exist", "Check the id with list_guests or list_storage."),
 )
 

@@ -483,11 +483,11 @@ def _ha_outcome(client: ProxmoxClient, before: dict, answer: dict, action: str, 
                                  f"{row.get('status')} so far. get_guest shows when it is {wanted}."}
     if action in ("stop", "shutdown"):
         answer["note"] = ("Through HA the guest stays stopped until it is started again "
-                          "(write_guest_power action=start).")
+                          "(write_power_guest action=start).")
     return answer
 
 
-def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Field(
+def write_power_guest(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Field(
                           description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
@@ -506,7 +506,7 @@ def write_guest_power(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
     return answer
 
 
-def write_guest_config(vmid: Vmid, host: Host = None,
+def write_configure_guest(vmid: Vmid, host: Host = None,
                        set: Annotated[dict[str, Any] | None, Field(
                            description="e.g. {\"memory\": 4096, \"net\": {\"0\": \"...\"}}")] = None,
                        delete: list[str] | None = None,
@@ -533,7 +533,7 @@ def write_guest_config(vmid: Vmid, host: Host = None,
               "result": "pending until restart" if waiting else "ok"}
     if waiting:
         answer["note"] = (f"Guest {vmid} runs with the old values of {', '.join(sorted(waiting))} until Proxmox "
-                          f"restarts it (write_guest_power action=reboot, or shutdown then start).")
+                          f"restarts it (write_power_guest action=reboot, or shutdown then start).")
     return answer
 
 
@@ -570,7 +570,7 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
 SnapName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{1,39}$")]
 
 
-def write_snapshot_create(vmid: Vmid, name: SnapName, host: Host = None,
+def write_create_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                           description: Annotated[str | None, Field(max_length=1000)] = None,
                           vmstate: Annotated[bool, Field(description="Save RAM (VM)")] = False,
                           wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
@@ -592,7 +592,7 @@ def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -
         raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
-def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None,
+def write_rollback_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                             start: Annotated[bool, Field(description="Start it after")] = False,
                             wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                             ctx: Context | None = None) -> dict:
@@ -609,11 +609,11 @@ def write_snapshot_rollback(vmid: Vmid, name: SnapName, host: Host = None,
     answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
     if answer["guest_state"] == "stopped":
         answer["note"] = (f"Guest {vmid} is stopped now: the rollback stops it and '{name}' holds no RAM. Start it "
-                          f"with write_guest_power action=start (or roll back with start=true).")
+                          f"with write_power_guest action=start (or roll back with start=true).")
     return answer
 
 
-def write_snapshot_delete(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
+def write_delete_snapshot(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
                           dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Delete a guest snapshot."""
     client = pve_client(host)
@@ -774,7 +774,7 @@ def _clone_checks(client: ProxmoxClient, base: str, row: dict, full: bool | None
     linked = full is False or (full is None and bool(row.get("template")))
     if linked and not row.get("template"):
         raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one "
-                              f"(write_template, or full=true).")
+                              f"(write_make_template, or full=true).")
     if storage and linked:
         raise InvalidArgument(f"storage applies to full clones only: guest {vmid} is a template, so its clone is "
                               f"linked unless full=true. Give full=true to copy it to {storage}, or leave storage out.")
@@ -782,7 +782,7 @@ def _clone_checks(client: ProxmoxClient, base: str, row: dict, full: bool | None
         _existing_snapshot(client, base, vmid, snapshot)
     if row["type"] == "lxc" and not linked and row.get("status") == "running" and not snapshot:
         raise InvalidArgument(f"Container {vmid} is running: Proxmox copies a running container only from a "
-                              f"snapshot. Take one (write_snapshot_create) and give snapshot=<name>, or shut it down.")
+                              f"snapshot. Take one (write_create_snapshot) and give snapshot=<name>, or shut it down.")
     if target:
         _clone_target_check(client, base, row, storage)
 
@@ -811,16 +811,16 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
     result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
     answer = result | {"newid": newid}
     if cloudinit and result.get("result") in ("ok", "warnings"):
-        answer["cloudinit"] = write_cloudinit(newid, host=host, **cloudinit)
+        answer["cloudinit"] = write_set_cloudinit(newid, host=host, **cloudinit)
     elif cloudinit:
-        answer["cloudinit"] = f"not applied yet: the clone is still running; when it ends, call write_cloudinit " \
+        answer["cloudinit"] = f"not applied yet: the clone is still running; when it ends, call write_set_cloudinit " \
                               f"vmid={newid} with the same settings"
     return answer
 
 
 def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, settings: dict[str, Any]) -> None:
     """Cloud-init settings for a clone, checked before anything is cloned: a VM with a cloud-init
-    drive, write_cloudinit's own arguments and values."""
+    drive, write_set_cloudinit's own arguments and values."""
     unknown = sorted(set(settings) - set(CLOUDINIT_ARGS))
     if unknown:
         raise InvalidArgument(f"cloudinit takes {', '.join(CLOUDINIT_ARGS)}; not {', '.join(unknown)}. Nothing was "
@@ -830,7 +830,7 @@ def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, setting
     config = client.get(f"{base}/config") or {}
     if _cloudinit_drive(config) is None:
         raise InvalidArgument(f"VM {row['vmid']} has no cloud-init drive, so its clone would have none: add one "
-                              f"(write_guest_config set={{\"ide2\": \"local-lvm:cloudinit\"}}) or leave cloudinit "
+                              f"(write_configure_guest set={{\"ide2\": \"local-lvm:cloudinit\"}}) or leave cloudinit "
                               f"out. Nothing was sent.")
     try:
         _cloudinit_params(config, **settings)
@@ -849,7 +849,7 @@ def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dic
     isos = [f"{k} ({v})" for k, v in local.items() if "media=cdrom" in str(config[k])]
     if isos:
         raise InvalidArgument(f"Guest {vmid} has an ISO on storage local to {row['node']}: {', '.join(isos)}, which "
-                              f"Proxmox will not migrate. Eject it first: write_guest_config set "
+                              f"Proxmox will not migrate. Eject it first: write_configure_guest set "
                               f"{{\"{isos[0].split()[0]}\": \"none,media=cdrom\"}}.")
     disks = [v for k, v in local.items() if "media=cdrom" not in str(config[k])]
     live = row.get("status") == "running" and row["type"] == "qemu"
@@ -861,7 +861,7 @@ def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dic
         why = "a running VM's local snapshots" if live else f"snapshots on {kinds} storage"
         raise InvalidArgument(f"Guest {vmid} has snapshots ({', '.join(snapshots)}) of local disks "
                               f"({', '.join(stuck)}), and Proxmox cannot migrate {why}. Delete them first "
-                              f"(write_snapshot_delete){', or shut it down' if live else ''}.")
+                              f"(write_delete_snapshot){', or shut it down' if live else ''}.")
 
 
 def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, target_storage: str | None) -> bool:
@@ -924,13 +924,13 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
-def write_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
+def write_make_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                    ctx: Context | None = None) -> dict:
     """Turn a stopped guest into a template (irreversible)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
-        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; shut it down first (write_guest_power).")
+        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; shut it down first (write_power_guest).")
     return run_task(client, "POST", f"{base}/template", {}, wait_seconds, ctx, f"template {vmid}")
 
 
@@ -944,7 +944,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
     policy.check(client.host, "DELETE", base, encode_params(params))  # "protected" before "stop it first"
     if row.get("status") != "stopped":
-        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_guest_power action=shutdown).")
+        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; stop it first (write_power_guest action=shutdown).")
     return _guest_after(client, run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}"), vmid)
 
 
@@ -1170,7 +1170,7 @@ def write_delete_volume(volid: str, host: Host = None,
     users = _guests_using(client, volid, volumes[volid])
     if users:
         raise ProxmoxError(f"'{volid}' is in use by guest(s) {', '.join(users)}; "
-                           f"detach it first (write_guest_config delete=...).")
+                           f"detach it first (write_configure_guest delete=...).")
     return run_task(client, "DELETE", f"/nodes/{node}/storage/{storage}/content/{volid}", {}, wait_seconds, ctx,
                     f"delete {volid}")
 
@@ -1303,7 +1303,7 @@ def _cloudinit_drive(config: dict) -> str | None:
                  and "cloudinit" in str(v)), None)
 
 
-def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
+def write_set_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
                     password: str | None = None, ip: dict[str, Any] | None = None, dns: str | None = None,
                     upgrade: bool | None = None, dry_run: DryRunArg = False) -> dict:
     """Set a VM's cloud-init (ip per NIC: dhcp or CIDR,gw=IP) and regenerate its drive."""
@@ -1311,11 +1311,11 @@ def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
         raise InvalidArgument(f"Guest {vmid} is a container; cloud-init is for VMs (containers take ssh_keys at "
-                              f"write_create_lxc, and their network from write_set_nic/write_guest_config).")
+                              f"write_create_lxc, and their network from write_set_nic/write_configure_guest).")
     config = client.get(f"{base}/config") or {}
     drive = _cloudinit_drive(config)
     if drive is None:
-        raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_guest_config "
+        raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_configure_guest "
                               f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
     params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
     changed = {key: MASK if key == "cipassword" else params[key] for key in sorted(params)}
@@ -1334,6 +1334,6 @@ def write_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_
     if waiting:
         answer["also_applied"] = waiting  # earlier changes the drive lacked until now
     answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
-                      f"its next boot (write_guest_power action=reboot)." if running else
+                      f"its next boot (write_power_guest action=reboot)." if running else
                       f"VM {vmid} is stopped: the changes apply when it starts.")
     return answer

@@ -1,5 +1,5 @@
 """Receipts: what each write that reached Proxmox changed, kept beside the audit log so that it can
-be listed (list_changes), compared (what_changed) and taken back (write_undo).
+be listed (list_changes), compared (what_changed) and taken back (write_undo_change).
 
 The policy's admission step calls `start` just before it sends a write (after the dry run and
 the user's yes, before the audit line) and `Pending.finish` after a successful send:
@@ -13,7 +13,7 @@ the user's yes, before the audit line) and `Pending.finish` after a successful s
            that changed is recorded as changed, never its value), bounded in count and age
 
 `undo_plan` turns a receipt into the requests that take the change back, after checking that
-the object is still as the change left it; write_undo sends them through the same policy.
+the object is still as the change left it; write_undo_change sends them through the same policy.
 What cannot be taken back says why (NOT_INVERTIBLE). Nothing here sends a write but the safety
 snapshot, and only through the client (so through the policy).
 """
@@ -520,7 +520,7 @@ def _follow_guest(receipt: dict, client: Any) -> dict:
 def _safety_hint(receipt: dict) -> str:
     name = receipt.get("safety_snapshot")
     if name and not str(name).startswith("none"):
-        return f" Its safety snapshot {name} holds the guest as it was: write_snapshot_rollback returns to it."
+        return f" Its safety snapshot {name} holds the guest as it was: write_rollback_snapshot returns to it."
     return ""
 
 

@@ -188,28 +188,28 @@ TOOLS = [
     ToolSpec(pve_tools.storage_content, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
     ToolSpec(pve_tools.list_networks, "read", "pve", "network"),
     ToolSpec(pve_tools.list_pools, "read", "pve", "guests"),
-    ToolSpec(pve_tools.write_guest_power, "lifecycle", "pve", "guests", ("VM.PowerMgmt",),
+    ToolSpec(pve_tools.write_power_guest, "lifecycle", "pve", "guests", ("VM.PowerMgmt",),
              may_destroy=True),  # stop and reset
-    ToolSpec(pve_tools.write_snapshot_create, "lifecycle", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_create_snapshot, "lifecycle", "pve", "guests", ("VM.Snapshot",)),
     ToolSpec(pve_tools.write_backup_guest, "lifecycle", "pve", "storage", ("VM.Backup",)),
-    ToolSpec(pve_tools.write_guest_config, "write", "pve", "guests", ("VM.Config.Options", "VM.Config.Memory",
+    ToolSpec(pve_tools.write_configure_guest, "write", "pve", "guests", ("VM.Config.Options", "VM.Config.Memory",
                                                                       "VM.Config.CPU", "VM.Config.Network",
                                                                       "VM.Config.Disk"),
              may_destroy=True),  # delete=unusedN frees a volume
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
     ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
-    ToolSpec(pve_tools.write_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
+    ToolSpec(pve_tools.write_set_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
-    ToolSpec(pve_tools.write_template, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(pve_tools.write_make_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
              may_destroy=True),  # overwrite=true
     ToolSpec(pve_tools.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
-    ToolSpec(pve_tools.write_snapshot_rollback, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
+    ToolSpec(pve_tools.write_rollback_snapshot, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
                                                                                  "VM.Snapshot")),
-    ToolSpec(pve_tools.write_snapshot_delete, "destructive", "pve", "guests", ("VM.Snapshot",)),
+    ToolSpec(pve_tools.write_delete_snapshot, "destructive", "pve", "guests", ("VM.Snapshot",)),
     ToolSpec(pve_tools.write_delete_guest, "destructive", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", "storage", ("Datastore.Allocate",
                                                                               "Datastore.AllocateSpace")),
@@ -222,29 +222,30 @@ TOOLS = [
     ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs", "pbs"),
     ToolSpec(pbs_tools.pbs_get_task, "read", "pbs", "pbs"),
     ToolSpec(pbs_tools.pbs_task_log, "read", "pbs", "pbs"),
-    ToolSpec(pbs_tools.write_pbs_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
-    ToolSpec(pbs_tools.write_pbs_verify, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_run_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
+    ToolSpec(pbs_tools.write_pbs_verify_backups, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify",
                                                                        "Datastore.Backup"),
              may_destroy=True),  # a prune job, a sync that removes vanished backups
     ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
     ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_prune, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
+    ToolSpec(pbs_tools.write_pbs_prune_group, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", "pbs", ("Datastore.Prune",
                                                                                  "Datastore.Modify")),
     ToolSpec(shell_tools.ssh_check, "read", "", "shell", ssh=True),
     ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
-    ToolSpec(shell_tools.write_vm_exec, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
-    ToolSpec(shell_tools.write_lxc_exec, "exec", "pve", "shell", ssh=True),
-    ToolSpec(shell_tools.write_guest_file_read, "exec", "pve", "shell", also=("sensitive",)),
-    ToolSpec(shell_tools.write_guest_file_write, "exec", "pve", "shell"),
-    ToolSpec(shell_tools.write_node_exec, "exec", "", "shell", also=("elevated",), ssh=True),
+    ToolSpec(shell_tools.write_exec_vm, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
+    ToolSpec(shell_tools.write_exec_lxc, "exec", "pve", "shell", ssh=True),
+    ToolSpec(shell_tools.write_get_guest_file, "exec", "pve", "shell", also=("sensitive",)),
+    ToolSpec(shell_tools.write_put_guest_file, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_exec_node, "exec", "", "shell", also=("elevated",), ssh=True),
     ToolSpec(firewall_tools.firewall_rules, "read", "pve", "firewall", ("Sys.Audit", "VM.Audit")),
-    ToolSpec(firewall_tools.write_firewall_rule, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify"),
+    ToolSpec(firewall_tools.write_edit_firewall_rule, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify"),
              may_destroy=True),  # delete; the cluster's and nodes' firewall is elevated too
-    ToolSpec(firewall_tools.write_firewall_options, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify")),
+    ToolSpec(firewall_tools.write_set_firewall_options, "write", "pve", "firewall",
+             ("VM.Config.Network", "Sys.Modify")),
     ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
-    ToolSpec(backup_jobs.write_backup_job, "write", "pve", "backups", ("Sys.Modify",),
+    ToolSpec(backup_jobs.write_edit_backup_job, "write", "pve", "backups", ("Sys.Modify",),
              may_destroy=True),  # delete, and a retention that prunes
     ToolSpec(workflows.health_check, "read", "pve", "workflows"),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
@@ -252,7 +253,7 @@ TOOLS = [
     ToolSpec(workflows.wait_task, "read", "", "workflows"),
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
-    ToolSpec(workflows.write_restore_drill, "destructive", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(templates.list_templates, "read", "pve", "templates"),
     ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),
     ToolSpec(templates.write_pull_oci, "write", "pve", "templates", ("Sys.AccessNetwork",)),
@@ -267,10 +268,10 @@ TOOLS = [
     ToolSpec(api_tools.api_search, "read", "", "api"),
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
-    ToolSpec(api_tools.write_api_call, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
+    ToolSpec(api_tools.write_call_api, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
     ToolSpec(changes.list_changes, "read", "", "changes"),
     ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
-    ToolSpec(changes.write_undo, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
+    ToolSpec(changes.write_undo_change, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
 ]
 TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
 # PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
@@ -306,7 +307,7 @@ def sent_receipts(call: dict, message: str) -> str:
     """A failed call that had sent writes names their receipts (unless its message does), so that
     they can be taken back."""
     kept = [r for r in call.get("receipts") or [] if r not in message]
-    return f" Sent before the failure: receipt {', '.join(kept)} (write_undo takes it back)." if kept else ""
+    return f" Sent before the failure: receipt {', '.join(kept)} (write_undo_change takes it back)." if kept else ""
 
 
 def as_tool(function: Callable) -> Callable:

@@ -326,7 +326,7 @@ def node_diagnostics(where: Where, host: Host = None) -> dict:
     return {"node": node, "sections": {k: v.strip() for k, v in sections.items()}, "untrusted": True}
 
 
-def write_node_exec(where: Where, command: Command, host: Host = None,
+def write_exec_node(where: Where, command: Command, host: Host = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                     ctx: Context | None = None) -> dict:
     """Run a shell command on a node or PBS over SSH."""
@@ -336,14 +336,14 @@ def write_node_exec(where: Where, command: Command, host: Host = None,
     return result.answer(node=node)
 
 
-def write_lxc_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
+def write_exec_lxc(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                    stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a shell command in a container (pct exec)."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
-        raise InvalidArgument(f"Guest {vmid} is a VM; use write_vm_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a VM; use write_exec_vm.")
     target = target_for("pve", client.host.label)
     line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
     data = stdin.encode() if stdin is not None else None
@@ -379,13 +379,13 @@ def _shell_wrapper(client: Any, base: str) -> list[str]:
     return ["cmd.exe", "/c"] if windows else ["/bin/sh", "-c"]
 
 
-def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
+def write_exec_vm(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Run a shell command in a VM (guest agent)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
-        raise InvalidArgument(f"Guest {vmid} is a container; use write_lxc_exec.")
+        raise InvalidArgument(f"Guest {vmid} is a container; use write_exec_lxc.")
     deadline = time.monotonic() + timeout
     wrapper = _agent_call(lambda: _shell_wrapper(client, base), deadline)
     started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
@@ -404,7 +404,7 @@ def write_vm_exec(vmid: Vmid, command: Command, host: Host = None, timeout: Time
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
-def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
+def write_get_guest_file(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
                           confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Read a file in a guest, up to 1 MiB."""
     client = pve_client(host)
@@ -424,7 +424,7 @@ def write_guest_file_read(vmid: Vmid, path: GuestPath, host: Host = None, dry_ru
     return {"vmid": vmid, "path": path, "content": result.stdout, "truncated": result.truncated, "untrusted": True}
 
 
-def write_guest_file_write(vmid: Vmid, path: GuestPath,
+def write_put_guest_file(vmid: Vmid, path: GuestPath,
                            content: Annotated[str, Field(max_length=MAX_FILE_WRITE)],
                            host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                            ctx: Context | None = None) -> dict:
@@ -435,7 +435,7 @@ def write_guest_file_write(vmid: Vmid, path: GuestPath,
         if len(content.encode()) > MAX_FILE_WRITE:
             raise InvalidArgument(f"The guest agent writes at most {MAX_FILE_WRITE} bytes per file; this content "
                                   f"is {len(content.encode())} bytes (UTF-8). Nothing was sent; fetch the file "
-                                  f"inside the guest instead (write_vm_exec).")
+                                  f"inside the guest instead (write_exec_vm).")
         encoded = base64.b64encode(content.encode()).decode()
         client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
         return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

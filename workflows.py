@@ -393,7 +393,7 @@ def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
         return
     h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                  f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_state.full_by(ds, set())}),
-                 "prune (write_pbs_prune) and run GC")
+                 "prune (write_pbs_prune_group) and run GC")
 
 
 def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float, s3: bool) -> None:
@@ -411,11 +411,11 @@ def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: fl
     if proxmox_client.task_outcome(result) in ("failed", "unknown"):
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
                      {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
-                     "read its log (pbs_get_task), fix the cause, run write_pbs_gc")
+                     "read its log (pbs_get_task), fix the cause, run write_pbs_run_gc")
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
                      compact({"last_gc": iso_time(last_gc), "schedule": run.get("schedule")}),
-                     "write_pbs_gc, and schedule it")
+                     "write_pbs_run_gc, and schedule it")
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -473,7 +473,7 @@ class Coverage:
     unseen_pools: set[str] = field(default_factory=set)  # pools that jobs select and this token cannot see
     rows: list[dict] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
-    job_changes: list[dict] = field(default_factory=list)  # write_backup_job calls that cover the uncovered
+    job_changes: list[dict] = field(default_factory=list)  # write_edit_backup_job calls that cover the uncovered
 
     @property
     def guests(self) -> list[dict]:
@@ -609,7 +609,7 @@ def _orphan_groups(c: Coverage) -> None:
     c.orphans = sorted(f"{kind}/{vmid}" for kind, vmid in c.pbs_groups if vmid not in known)
     for group in c.orphans:
         c.report.add("info", "backups", f"PBS group {group} has no guest any more", {"group": group},
-                     "keep it as an archive or prune it (write_pbs_prune)")
+                     "keep it as an archive or prune it (write_pbs_prune_group)")
 
 
 def _fits(job: dict, guest: dict) -> bool:
@@ -623,26 +623,26 @@ def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
     excluding = next((j for j in jobs if _fits(j, guest) and job_selects(j, guest)[1]), None)
     listing = next((j for j in jobs if _fits(j, guest) and j.get("vmid") and not j.get("pool")), None)
     if excluding is not None:
-        change = changes.setdefault(excluding["id"], {"write_backup_job": {
+        change = changes.setdefault(excluding["id"], {"write_edit_backup_job": {
             "action": "update", "job_id": excluding["id"], "all_except": sorted(vmid_set(excluding.get("exclude")))},
             "covers": []})
-        change["write_backup_job"]["all_except"].remove(vmid)
+        change["write_edit_backup_job"]["all_except"].remove(vmid)
     elif listing is not None:
-        change = changes.setdefault(listing["id"], {"write_backup_job": {
+        change = changes.setdefault(listing["id"], {"write_edit_backup_job": {
             "action": "update", "job_id": listing["id"], "vmids": sorted(vmid_set(listing["vmid"]))}, "covers": []})
-        change["write_backup_job"]["vmids"].append(vmid)
+        change["write_edit_backup_job"]["vmids"].append(vmid)
     else:
         model = next((j for j in jobs if j.get("storage")), {})
         storage = model.get("storage") or next((name for name, _, _ in backup_storages(c.client)), None)
-        change = changes.setdefault("", {"write_backup_job": {
+        change = changes.setdefault("", {"write_edit_backup_job": {
             "action": "create", "job_id": "backup-uncovered", "vmids": [], "schedule": model.get("schedule") or
             "02:00", "storage": storage}, "covers": []})
-        change["write_backup_job"]["vmids"].append(vmid)
+        change["write_edit_backup_job"]["vmids"].append(vmid)
     change["covers"].append(vmid)
 
 
 def _job_changes(c: Coverage) -> None:
-    """For the guests no enabled job selects, the write_backup_job arguments that cover them (try them
+    """For the guests no enabled job selects, the write_edit_backup_job arguments that cover them (try them
     with dry_run first); the policy judges each when it is sent."""
     if c.jobs is None:
         return
@@ -758,7 +758,7 @@ def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
     if not options.get("enable"):
         a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
                      f"option is off", {"enable": 0, "nics": nics},
-                     f"turn it on: write_api_call PUT {base}/firewall/options enable=1 (after adding its rules)")
+                     f"turn it on: write_call_api PUT {base}/firewall/options enable=1 (after adding its rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -876,7 +876,7 @@ class Steps:
 
     def answer(self, ok: bool, **extra: Any) -> dict:
         result = {"result": "ok" if ok else "failed", "steps": self.steps}
-        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo)
+        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo_change)
             result["receipts"] = list(policy.current_call()["receipts"])
         if not ok:
             result["created"] = self.created
@@ -1109,7 +1109,7 @@ def _destroy_scratch(d: Drill) -> None:
 DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _wait_for_answer]
 
 
-def write_restore_drill(vmid: Vmid, host: Host = None,
+def write_drill_restore(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
                         scratch_vmid: OptionalVmid = None,
                         storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
@@ -1245,16 +1245,16 @@ def provision_lxc() -> str:
 def safe_guest_change() -> str:
     """Change a guest without surprises."""
     return ("1. get_guest to see the current state; never guess a vmid (list_guests). 2. "
-            "write_snapshot_create before risky changes. 3. Run the change with dry_run=true and show "
+            "write_create_snapshot before risky changes. 3. Run the change with dry_run=true and show "
             "the request. 4. After the user agrees, run it. 5. Verify with get_guest; offer "
-            "write_snapshot_rollback if it went wrong.")
+            "write_rollback_snapshot if it went wrong.")
 
 
 def backup_review() -> str:
     """Check that every guest is backed up and restorable."""
     return ("Call backup_coverage. List guests that are missing, stale or failed verification, and the "
             "jobs that exclude them; name PBS groups without a guest. Suggest write_backup_guest for the "
-            "gaps and a write_restore_drill for the most important guest; change nothing unasked.")
+            "gaps and a write_drill_restore for the most important guest; change nothing unasked.")
 
 
 def security_review() -> str:

@@ -65,11 +65,11 @@ def asking(request, sim, tmp_path_factory):
 def test_an_asking_client_asks_even_with_confirm_true_and_the_user_decides(asking, sim):
     stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop", "confirm": True}
     asking.user.answers = ["decline"]
-    message, sent = requests_during(sim, lambda: asking.error("write_api_call", stop))
+    message, sent = requests_during(sim, lambda: asking.error("write_call_api", stop))
     assert "did not confirm" in message and writes(sent) == []
     assert "ci-runner (vmid 105)" in asking.user.asked[-1] and "DESTRUCTIVE" in asking.user.asked[-1]
     asking.user.answers = ["accept"]
-    done, sent = requests_during(sim, lambda: asking.ok("write_api_call", stop))
+    done, sent = requests_during(sim, lambda: asking.ok("write_call_api", stop))
     assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve3/lxc/105/status/stop") in sent
     sim.lab.tick()  # the stop is done; then 105 runs again, as it was, for the other revision's run
     sim.lab.guests[105]["status"] = "running"
@@ -83,7 +83,7 @@ def test_curated_tools_ask_the_user_too(asking, sim):
     message, sent = requests_during(sim, lambda: asking.error("write_pbs_forget_snapshot", forget))
     assert "did not confirm" in message and writes(sent) == [] and len(asking.user.asked) == asked + 1
     asking.user.answers = ["decline"]
-    assert "did not confirm" in asking.error("write_guest_config", {"vmid": 104, "delete": ["unused0"],
+    assert "did not confirm" in asking.error("write_configure_guest", {"vmid": 104, "delete": ["unused0"],
                                                                     "confirm": True})
     assert "DESTRUCTIVE" in asking.user.asked[-1] and "unused0" in asking.user.asked[-1]
 
@@ -91,16 +91,16 @@ def test_curated_tools_ask_the_user_too(asking, sim):
 def test_a_client_that_cannot_ask_needs_confirm_true(plain, sim):
     sim.lab.guests[103]["snapshots"].append({"name": "admission", "snaptime": 1})
     delete = {"method": "DELETE", "path": "/nodes/pve1/lxc/103/snapshot/admission"}
-    message, sent = requests_during(sim, lambda: plain.error("write_api_call", delete))
+    message, sent = requests_during(sim, lambda: plain.error("write_call_api", delete))
     assert "Confirmation needed" in message and "confirm=true" in message and writes(sent) == []
-    assert plain.ok("write_api_call", delete | {"confirm": True})["data"].startswith("UPID:")
+    assert plain.ok("write_call_api", delete | {"confirm": True})["data"].startswith("UPID:")
 
 
 def test_elevated_calls_are_confirmed(plain, sim):
     reboot = {"method": "POST", "path": "/nodes/pve1/status", "params": {"command": "reboot"}}
-    message, sent = requests_during(sim, lambda: plain.error("write_api_call", reboot))
+    message, sent = requests_during(sim, lambda: plain.error("write_call_api", reboot))
     assert "ELEVATED" in message and "confirm=true" in message and writes(sent) == []
-    _, sent = requests_during(sim, lambda: plain.ok("write_api_call", reboot | {"confirm": True}))
+    _, sent = requests_during(sim, lambda: plain.ok("write_call_api", reboot | {"confirm": True}))
     assert ("pve", "POST", "/nodes/pve1/status") in sent
 
 
@@ -108,9 +108,9 @@ def test_a_guest_file_read_is_confirmed_like_exec(plain, sim):
     read = {"vmid": 104, "path": "/etc/hostname"}
     sim.lab.guests[104]["status"] = "running"
     try:
-        message, sent = requests_during(sim, lambda: plain.error("write_guest_file_read", read))
+        message, sent = requests_during(sim, lambda: plain.error("write_get_guest_file", read))
         assert "confirm=true" in message and not any(r[2].endswith("file-read") for r in sent)
-        assert plain.ok("write_guest_file_read", read | {"confirm": True})["content"] == "win11\n"
+        assert plain.ok("write_get_guest_file", read | {"confirm": True})["content"] == "win11\n"
     finally:
         sim.lab.guests[104]["status"] = "stopped"
 
@@ -119,14 +119,14 @@ def test_a_guest_file_read_is_confirmed_like_exec(plain, sim):
 
 def test_the_exec_allow_list_holds_for_every_way_into_a_guest(sim, tmp_path):
     with stdio_session(env_for(sim, tmp_path, PROXMOX_EXEC_ALLOWED_VMIDS="105"), log_name="admission-allowed") as s:
-        attempts = [("write_api_call", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/exec",
+        attempts = [("write_call_api", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/exec",
                                         "params": {"command": ["id"]}}),
-                    ("write_api_call", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/file-write",
+                    ("write_call_api", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/file-write",
                                         "params": {"file": "/etc/motd", "content": "x"}}),
                     ("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read", "params": {"file": "/etc/hostname"}}),
-                    ("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
-                    ("write_guest_file_read", {"vmid": 100, "path": "/etc/hostname"}),
-                    ("write_vm_exec", {"vmid": 100, "command": "id"})]
+                    ("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
+                    ("write_get_guest_file", {"vmid": 100, "path": "/etc/hostname"}),
+                    ("write_exec_vm", {"vmid": 100, "command": "id"})]
         for tool, arguments in attempts:
             message, sent = requests_during(sim, lambda t=tool, a=arguments: s.error(t, a | {"confirm": True}))
             assert "PROXMOX_EXEC_ALLOWED_VMIDS" in message, (tool, message)
@@ -157,37 +157,37 @@ def snapshots_kept(sim):
 
 def test_a_prune_with_confirmation(plain, sim, snapshots_kept):
     prune = {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 1}
-    preview = plain.ok("write_pbs_prune", prune)
+    preview = plain.ok("write_pbs_prune_group", prune)
     assert preview["removed"] == 0 and len(preview["remove"]) >= 1 and "confirm=true" in preview["next"]
-    done, sent = requests_during(sim, lambda: plain.ok("write_pbs_prune", prune | {"confirm": True}))
+    done, sent = requests_during(sim, lambda: plain.ok("write_pbs_prune_group", prune | {"confirm": True}))
     assert done["removed"] == len(preview["remove"])
     assert ("pbs", "POST", "/admin/datastore/backup/prune") in sent
-    assert "protected" in plain.error("write_pbs_prune", prune | {"backup_id": "101", "confirm": True})
+    assert "protected" in plain.error("write_pbs_prune_group", prune | {"backup_id": "101", "confirm": True})
 
 
 def test_a_job_edit_at_the_destructive_tier(plain, sim, tmp_path):
     sim.lab.backup_jobs.append({"id": "backup-media", "type": "vzdump", "schedule": "03:00", "enabled": 1,
                                 "vmid": "103,104", "storage": "local", "mode": "snapshot"})
     edit = {"method": "PUT", "path": "/cluster/backup/backup-media", "params": {"prune-backups": "keep-last=3"}}
-    message = plain.error("write_api_call", edit)
+    message = plain.error("write_call_api", edit)
     assert "DESTRUCTIVE" in message and "prune-backups" in message  # needs the user's yes
-    _, sent = requests_during(sim, lambda: plain.ok("write_api_call", edit | {"confirm": True}))
+    _, sent = requests_during(sim, lambda: plain.ok("write_call_api", edit | {"confirm": True}))
     assert ("pve", "PUT", "/cluster/backup/backup-media") in sent
     # the same edit of the nightly job, which covers protected guest 101, is refused
     nightly = edit | {"path": "/cluster/backup/backup-nightly", "confirm": True}
-    message, sent = requests_during(sim, lambda: plain.error("write_api_call", nightly))
+    message, sent = requests_during(sim, lambda: plain.error("write_call_api", nightly))
     assert "protected guest 101" in message and writes(sent) == []
     # and below the destructive tier the edit is refused before the job is even read
     with stdio_session(env_for(sim, tmp_path, PROXMOX_ACCESS="write"), log_name="admission-write") as session:
-        message, sent = requests_during(sim, lambda: session.error("write_api_call", edit | {"confirm": True}))
+        message, sent = requests_during(sim, lambda: session.error("write_call_api", edit | {"confirm": True}))
         assert "PROXMOX_ACCESS=destructive" in message and sent == []
 
 
 def test_a_backup_that_prunes_its_own_guest(plain, sim):
     backup = {"method": "POST", "path": "/nodes/pve1/vzdump",
               "params": {"vmid": "103", "storage": "local", "prune-backups": "keep-last=2"}}
-    assert "confirm=true" in plain.error("write_api_call", backup)
-    assert plain.ok("write_api_call", backup | {"confirm": True})["data"].startswith("UPID:")
+    assert "confirm=true" in plain.error("write_call_api", backup)
+    assert plain.ok("write_call_api", backup | {"confirm": True})["data"].startswith("UPID:")
 
 
 def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(plain, sim):
@@ -195,20 +195,20 @@ def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(plain, 
     any other backup of it is refused, saying what would pass (docs/PROXMOX-BEHAVIOUR.md#job-edits)."""
     backup = {"method": "POST", "path": "/nodes/pve2/vzdump",
               "params": {"vmid": "101", "storage": "local", "mode": "snapshot", "remove": 0}}
-    done, sent = requests_during(sim, lambda: plain.ok("write_api_call", backup))
+    done, sent = requests_during(sim, lambda: plain.ok("write_call_api", backup))
     assert done["data"].startswith("UPID:") and ("pve", "POST", "/nodes/pve2/vzdump") in sent
     for params in ({"mode": "stop", "remove": 0}, {"mode": "snapshot"}, {}):
         call = backup | {"params": {"vmid": "101", "storage": "local"} | params}
-        message, sent = requests_during(sim, lambda c=call: plain.error("write_api_call", c))
+        message, sent = requests_during(sim, lambda c=call: plain.error("write_call_api", c))
         assert "protected guest 101" in message and "mode=snapshot and remove=0" in message and writes(sent) == []
 
 
 def test_dry_run_shows_every_gate_and_sends_nothing(plain, sim):
     call = {"method": "DELETE", "path": "/config/datastore/backup", "params": {"destroy-data": 1},
             "product": "pbs", "dry_run": True}
-    with_protected = plain.error("write_api_call", call)  # the protected guests' backups are in its scope
+    with_protected = plain.error("write_call_api", call)  # the protected guests' backups are in its scope
     assert "protected" in with_protected
-    plan, sent = requests_during(sim, lambda: plain.ok("write_api_call", call | {
+    plan, sent = requests_during(sim, lambda: plain.ok("write_call_api", call | {
         "method": "POST", "path": "/nodes/pve1/vzdump",
         "params": {"vmid": "103", "prune-backups": "keep-last=1"}, "product": "pve"}))
     assert plan["gate"] == "destructive" and plan["needs_confirmation"] is True and writes(sent) == []
@@ -220,10 +220,10 @@ def test_audit_lines_hold_sizes_and_hashes_never_contents(plain, sim):
     sim.lab.guests[104]["status"] = "running"
     try:
         text = "root-password-in-a-file\n" * 3
-        plain.ok("write_guest_file_write", {"vmid": 104, "path": "/etc/app.conf", "content": text, "confirm": True})
+        plain.ok("write_put_guest_file", {"vmid": 104, "path": "/etc/app.conf", "content": text, "confirm": True})
     finally:
         sim.lab.guests[104]["status"] = "stopped"
-    plain.ok("write_api_call", {"method": "POST", "path": "/cluster/acme/plugins", "confirm": True,
+    plain.ok("write_call_api", {"method": "POST", "path": "/cluster/acme/plugins", "confirm": True,
                                 "params": {"id": "dns2", "type": "dns", "api": "cf", "data": "CF_Token=cf-4712"}})
     log = (plain.tmp / "audit.jsonl").read_text()
     assert "root-password-in-a-file" not in log and base64.b64encode(text.encode()).decode()[:40] not in log

@@ -1,7 +1,7 @@
 """Backup jobs through the MCP client against the simulator: what each job selects and keeps, each
 change working as Proxmox's update_job applies it, each refusal (closed gate, protected guest, a
 missing privilege, bad input) with nothing sent, and backup_coverage's job changes that
-write_backup_job applies."""
+write_edit_backup_job applies."""
 import copy
 import json
 
@@ -62,7 +62,7 @@ def test_backup_jobs_says_what_each_selects_and_keeps(ops, sim):
 
 
 def test_create_update_and_delete_a_job(ops, sim):
-    created = ops.ok("write_backup_job", {"action": "create", "job_id": "weekly-win", "vmids": [104],
+    created = ops.ok("write_edit_backup_job", {"action": "create", "job_id": "weekly-win", "vmids": [104],
                                           "schedule": "sat 03:00", "storage": "pbs", "mode": "stop",
                                           "notes": "{{guestname}}"})
     assert created["selects"] == "vmids 104" and created["guests"] == [104]
@@ -70,27 +70,27 @@ def test_create_update_and_delete_a_job(ops, sim):
                                            "storage": "pbs", "mode": "stop", "notes-template": "{{guestname}}",
                                            "enabled": 1}
     assert ops.ok("backup_jobs")["uncovered"] == []
-    switched = ops.ok("write_backup_job", {"action": "update", "job_id": "weekly-win", "pool": "prod"})
+    switched = ops.ok("write_edit_backup_job", {"action": "update", "job_id": "weekly-win", "pool": "prod"})
     assert switched["selects"] == "pool prod" and switched["was"] == "vmids 104"
     assert "vmid" not in job(sim, "weekly-win")  # a pool drops the vmid list (update_job)
-    everything = ops.ok("write_backup_job", {"action": "update", "job_id": NIGHTLY, "all_except": []})
+    everything = ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY, "all_except": []})
     assert everything["selects"] == "all" and everything["guests_total"] == 6 and "exclude" not in job(sim, NIGHTLY)
-    deleted = ops.ok("write_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
+    deleted = ops.ok("write_edit_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
     assert deleted["was"] == "all" and deleted["now_uncovered"] == [102, 103, 104, 105]  # prod stays covered
 
 
 def test_a_retention_that_prunes_is_confirmed(ops, sim):
-    message, sent = writes(sim, lambda: ops.error("write_backup_job", {"action": "update", "job_id": NIGHTLY,
+    message, sent = writes(sim, lambda: ops.error("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY,
                                                                       "keep": "keep-daily=7"}))
     assert "destructive" in message.lower() and "prunes backups" in message and "confirm" in message and sent == []
-    ops.ok("write_backup_job", {"action": "update", "job_id": NIGHTLY, "keep": "keep-daily=7", "confirm": True})
+    ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY, "keep": "keep-daily=7", "confirm": True})
     assert job(sim, NIGHTLY)["prune-backups"] == "keep-daily=7"
-    ops.ok("write_backup_job", {"action": "update", "job_id": NIGHTLY, "keep": ""})  # the storage's again
+    ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY, "keep": ""})  # the storage's again
     assert "prune-backups" not in job(sim, NIGHTLY)
 
 
 def test_a_dry_run_sends_nothing(ops, sim):
-    plan, sent = writes(sim, lambda: ops.ok("write_backup_job", {"action": "update", "job_id": NIGHTLY,
+    plan, sent = writes(sim, lambda: ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY,
                                                                  "all_except": [104, 105], "dry_run": True}))
     assert plan["dry_run"] is True and plan["request"]["params"] == {"all": 1, "exclude": "104,105"} and sent == []
 
@@ -111,7 +111,7 @@ def test_a_dry_run_sends_nothing(ops, sim):
     ({"action": "update", "job_id": NIGHTLY, "keep": "keep-often=3", "confirm": True}, "keep-daily=7,keep-weekly"),
 ])
 def test_bad_input_is_refused_with_nothing_sent(ops, sim, arguments, expected):
-    message, sent = writes(sim, lambda: ops.error("write_backup_job", arguments))
+    message, sent = writes(sim, lambda: ops.error("write_edit_backup_job", arguments))
     assert expected in message and sent == []
 
 
@@ -119,7 +119,7 @@ def test_a_job_that_would_stop_a_protected_guest_is_refused(guarded, sim):
     for arguments in ({"action": "update", "job_id": NIGHTLY, "mode": "stop"},
                       {"action": "create", "job_id": "db-cold", "vmids": [101], "schedule": "sun 04:00",
                        "storage": "pbs", "mode": "stop"}):
-        message, sent = writes(sim, lambda a=arguments: guarded.error("write_backup_job", a))
+        message, sent = writes(sim, lambda a=arguments: guarded.error("write_edit_backup_job", a))
         assert "protected" in message and "101" in message and sent == []
     assert job(sim, NIGHTLY)["mode"] == "snapshot" and job(sim, "db-cold") is None
 
@@ -129,17 +129,17 @@ def test_closed_gate_and_missing_privilege(sim, tmp_path):
                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="jobs-lifecycle") as running:  # a tool whose gate is closed is not offered
         hidden = running.ok("server_info")["hidden_tools"]
-        assert any("write gate is closed" in why and "write_backup_job" in tools for why, tools in hidden.items())
-        message, sent = writes(sim, lambda: running.error("write_api_call", {
+        assert any("write gate is closed" in why and "write_edit_backup_job" in tools for why, tools in hidden.items())
+        message, sent = writes(sim, lambda: running.error("write_call_api", {
             "method": "DELETE", "path": f"/cluster/backup/{NIGHTLY}"}))
         assert "PROXMOX_ACCESS=destructive" in message and sent == []
     ops_login = {"PROXMOX_LAB_URL": sim.pve_url, "PROXMOX_LAB_USER": "ops@pve", "PROXMOX_LAB_PASSWORD":
                  "sim-ops-password-4711", "PROXMOX_LAB_FINGERPRINT": sim.fingerprint, "PROXMOX_ACCESS": "write",
                  "PROXMOX_TOOLSETS": "backups,api", "PROXMOX_AUDIT_LOG": str(tmp_path / "audit2.jsonl")}
     with tool_session(ops_login, log_name="jobs-ops-login") as running:  # PVEVMAdmin: no Sys.Modify
-        assert "no configured token holds Sys.Modify" in running.error("write_backup_job", {
+        assert "no configured token holds Sys.Modify" in running.error("write_edit_backup_job", {
             "action": "update", "job_id": NIGHTLY, "mode": "stop"})
-        message, sent = writes(sim, lambda: running.error("write_api_call", {
+        message, sent = writes(sim, lambda: running.error("write_call_api", {
             "method": "PUT", "path": f"/cluster/backup/{NIGHTLY}", "params": {"mode": "stop"}}))
         assert "lacks Sys.Modify on /" in message and sent == []
 
@@ -148,12 +148,12 @@ def test_closed_gate_and_missing_privilege(sim, tmp_path):
 
 def test_backup_coverage_offers_the_job_change_that_covers_a_guest(ops, sim):
     changes = ops.ok("backup_coverage")["job_changes"]
-    assert changes == [{"write_backup_job": {"action": "update", "job_id": NIGHTLY, "all_except": []},
+    assert changes == [{"write_edit_backup_job": {"action": "update", "job_id": NIGHTLY, "all_except": []},
                         "covers": [104]}]
-    arguments = changes[0]["write_backup_job"]
-    plan, sent = writes(sim, lambda: ops.ok("write_backup_job", arguments | {"dry_run": True}))
+    arguments = changes[0]["write_edit_backup_job"]
+    plan, sent = writes(sim, lambda: ops.ok("write_edit_backup_job", arguments | {"dry_run": True}))
     assert plan["dry_run"] is True and sent == []
-    ops.ok("write_backup_job", arguments)
+    ops.ok("write_edit_backup_job", arguments)
     assert ops.ok("backup_coverage")["job_changes"] == []
 
 
@@ -161,12 +161,12 @@ def test_backup_coverage_adds_to_a_vmid_job_or_creates_one(ops, sim):
     sim.lab.backup_jobs[:] = [{"id": "some", "type": "vzdump", "vmid": "100,101", "schedule": "03:00",
                                "storage": "pbs", "enabled": 1}]
     changes = ops.ok("backup_coverage")["job_changes"]
-    assert changes == [{"write_backup_job": {"action": "update", "job_id": "some",
+    assert changes == [{"write_edit_backup_job": {"action": "update", "job_id": "some",
                                              "vmids": [100, 101, 102, 103, 104, 105]}, "covers": [102, 103, 104, 105]}]
     sim.lab.backup_jobs[:] = []
     changes = ops.ok("backup_coverage")["job_changes"]
-    create = changes[0]["write_backup_job"]
+    create = changes[0]["write_edit_backup_job"]
     assert create == {"action": "create", "job_id": "backup-uncovered", "vmids": [100, 101, 102, 103, 104, 105],
                       "schedule": "02:00", "storage": create["storage"]} and create["storage"]
-    ops.ok("write_backup_job", create)
+    ops.ok("write_edit_backup_job", create)
     assert ops.ok("backup_coverage")["job_changes"] == []

@@ -413,8 +413,8 @@ def test_refused_through_the_generic_tools_with_nothing_sent(servers, sim, entry
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
     if expected != "confirm=true":
         arguments["confirm"] = True  # a client that cannot ask its user, and says yes
-    tool = "api_read" if method == "GET" else "write_api_call"
-    if tool == "write_api_call":
+    tool = "api_read" if method == "GET" else "write_call_api"
+    if tool == "write_call_api":
         arguments["method"] = method
     message, sent = requests_during(sim, lambda: servers[session].error(tool, arguments))
     assert expected in message, message

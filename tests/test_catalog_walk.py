@@ -168,12 +168,12 @@ def seed_backup_job(lab) -> None:
 
 
 def call_api(session, product: str, entry: dict, path: str, params: dict):
-    """One method through the generic tools: api_read for GET, write_api_call otherwise."""
+    """One method through the generic tools: api_read for GET, write_call_api otherwise."""
     arguments = {"path": path, "params": params, "host": "lab", "product": product}
     if entry["method"] == "GET":  # a guest file read, or an exec's output read alone, needs the user's yes like exec
         asks = "file-read" in path or "exec-status" in path
         return session.call("api_read", arguments | {"confirm": True} if asks else arguments)
-    return session.call("write_api_call", arguments | {"method": entry["method"], "confirm": True})
+    return session.call("write_call_api", arguments | {"method": entry["method"], "confirm": True})
 
 
 @pytest.fixture(scope="module")

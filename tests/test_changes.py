@@ -191,9 +191,9 @@ def test_a_backup_job_edit_merges_as_update_job_does(sim):
 # ================================================================ receipts
 
 def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, tmp):
-    done = ops.ok("write_guest_config", {"vmid": 200, "set": {"tags": "undo;test"}})
+    done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"tags": "undo;test"}})
     kept = receipt(tmp, done["receipt"])
-    assert kept["tool"] == "write_guest_config" and kept["by"] == ADMIN and kept["guests"] == [200]
+    assert kept["tool"] == "write_configure_guest" and kept["by"] == ADMIN and kept["guests"] == [200]
     # stored normalised: sorted (docs/PROXMOX-BEHAVIOUR.md#tags)
     assert kept["changes"] == ["tags added: test;undo"]
     assert kept["before"].get("tags") is None and kept["after"]["tags"] == "test;undo" and kept["undo"] is True
@@ -201,16 +201,17 @@ def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, 
     sending = next(line for line in lines if line.get("receipt") == done["receipt"])
     assert sending["verdict"] == "sending" and kept["audit"] == sending["hash"]  # each names the other
     row = next(r for r in ops.ok("list_changes", {"vmid": 200})["rows"] if r[0] == done["receipt"])
-    assert row[3] == "write_guest_config" and row[-1] == "yes"
-    assert ops.ok("write_undo", {"receipt": done["receipt"]})["result"] == "ok"
+    assert row[3] == "write_configure_guest" and row[-1] == "yes"
+    assert ops.ok("write_undo_change", {"receipt": done["receipt"]})["result"] == "ok"
     assert "tags" not in sim.lab.guests[200]["config"]
 
 
 def test_a_receipt_keeps_no_secret_and_cannot_bring_one_back(ops, sim, tmp):
-    done = ops.ok("write_guest_config", {"vmid": 200, "set": {"cipassword": "hunter2-very-secret"}})
+    done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"cipassword": "hunter2-very-secret"}})
     text = (tmp / "audit.receipts" / f"{done['receipt']}.json").read_text()
     assert "hunter2" not in text and receipt(tmp, done["receipt"])["changes"] == ["cipassword changed"]
-    message, sent = requests_during(sim, lambda: ops.error("write_undo", {"receipt": done["receipt"]}), writes=True)
+    message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": done["receipt"]}),
+                                    writes=True)
     assert "never keep a secret" in message and "hunter2" not in message and sent == []
     for where in ("config", "pending"):  # cloud-init values are set at once (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
         sim.lab.guests[200][where].pop("cipassword", None)
@@ -220,14 +221,14 @@ def test_receipts_are_bounded_in_count_and_age(sim, tmp_path):
     (tmp_path / "protected.json").write_text("[]")
     env = operator_env(sim, tmp_path, PROXMOX_RECEIPTS_KEEP="10", PROXMOX_RECEIPTS_DAYS="1")
     with tool_session(env, log_name="changes-bounded") as session:
-        first = session.ok("write_guest_config", {"vmid": 205, "set": {"description": "0"}})["receipt"]
+        first = session.ok("write_configure_guest", {"vmid": 205, "set": {"description": "0"}})["receipt"]
         old = tmp_path / "audit.receipts" / f"{first}.json"
         os.utime(old, (time.time() - 2 * 86400, time.time() - 2 * 86400))  # two days old
         for n in range(1, 12):
-            session.ok("write_guest_config", {"vmid": 205, "set": {"description": str(n)}})
+            session.ok("write_configure_guest", {"vmid": 205, "set": {"description": str(n)}})
         kept = list((tmp_path / "audit.receipts").glob("rc-*.json"))
         assert len(kept) == 10 and not old.exists()
-        assert "No receipt" in session.error("write_undo", {"receipt": first})
+        assert "No receipt" in session.error("write_undo_change", {"receipt": first})
     sim.lab.guests[205]["config"].pop("description")
 
 
@@ -236,25 +237,26 @@ def test_receipts_are_bounded_in_count_and_age(sim, tmp_path):
 def test_undo_of_a_config_change_on_a_running_vm_takes_the_pending_change_away(ops, sim):
     guest = sim.lab.guests[200]
     nic = guest["config"]["net0"]
-    done = ops.ok("write_guest_config", {"vmid": 200, "set": {"memory": 8192, "net0": nic.replace("vmbr0", "vmbr1")}})
+    done = ops.ok("write_configure_guest",
+                  {"vmid": 200, "set": {"memory": 8192, "net0": nic.replace("vmbr0", "vmbr1")}})
     assert guest["pending"] == {"memory": "8192"} and "vmbr1" in guest["config"]["net0"]
     changed = ops.ok("list_changes", {"vmid": 200})["rows"][0]
     assert changed[0] == done["receipt"] and changed[6] == "memory 4 -> 8 GiB; net0 moved to vmbr1 (was vmbr0)"
-    undone = ops.ok("write_undo", {"receipt": done["receipt"]})
+    undone = ops.ok("write_undo_change", {"receipt": done["receipt"]})
     assert undone["result"] == "ok" and guest["pending"] == {} and guest["config"]["net0"] == nic
     assert guest["config"]["memory"] == 4096
     assert ops.ok("list_changes", {"vmid": 200})["rows"][1][-1] == f"undone by {undone['receipt']}"
-    again = ops.error("write_undo", {"receipt": done["receipt"]})
+    again = ops.error("write_undo_change", {"receipt": done["receipt"]})
     assert "taken back already" in again and undone["receipt"] in again
 
 
 def test_undo_of_an_undo_redoes_the_change(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 201, "set": {"cores": 3}})
-    undone = ops.ok("write_undo", {"receipt": done["receipt"]})
+    done = ops.ok("write_configure_guest", {"vmid": 201, "set": {"cores": 3}})
+    undone = ops.ok("write_undo_change", {"receipt": done["receipt"]})
     assert str(sim.lab.guests[201]["config"]["cores"]) == "2" and undone["receipt"] in undone["redo"]
-    ops.ok("write_undo", {"receipt": undone["receipt"]})
+    ops.ok("write_undo_change", {"receipt": undone["receipt"]})
     assert str(sim.lab.guests[201]["config"]["cores"]) == "3"
-    ops.ok("write_guest_config", {"vmid": 201, "set": {"cores": 2}})
+    ops.ok("write_configure_guest", {"vmid": 201, "set": {"cores": 2}})
 
 
 def test_undo_of_a_backup_job_edit_restores_its_selection(ops, sim):
@@ -262,9 +264,9 @@ def test_undo_of_a_backup_job_edit_restores_its_selection(ops, sim):
     job = dict(sim.lab.backup_jobs[0])
     try:
         edit = {"method": "PUT", "path": "/cluster/backup/backup-nightly", "params": {"vmid": "100"}}
-        done = ops.ok("write_api_call", edit)
+        done = ops.ok("write_call_api", edit)
         assert sim.lab.backup_jobs[0].get("vmid") == "100" and "all" not in sim.lab.backup_jobs[0]
-        assert ops.ok("write_undo", {"receipt": done["receipt"]})["result"] == "ok"
+        assert ops.ok("write_undo_change", {"receipt": done["receipt"]})["result"] == "ok"
         assert {k: str(sim.lab.backup_jobs[0].get(k)) for k in ("all", "exclude", "vmid")} == \
             {"all": "1", "exclude": "104", "vmid": "None"}
     finally:
@@ -277,49 +279,49 @@ def test_undo_of_pbs_notes_and_protection(ops, sim):
     noted = ops.ok("write_pbs_set_notes", where | {"notes": "keep me"})
     protected = ops.ok("write_pbs_protect_snapshot", where)
     assert snap["protected"] and snap["comment"] == "keep me"
-    ops.ok("write_undo", {"receipt": protected["receipt"]})
-    ops.ok("write_undo", {"receipt": noted["receipt"]})
+    ops.ok("write_undo_change", {"receipt": protected["receipt"]})
+    ops.ok("write_undo_change", {"receipt": noted["receipt"]})
     assert not snap["protected"] and snap["comment"] == ""
 
 
 def test_undo_follows_a_guest_that_moved_to_another_node(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 205, "set": {"onboot": 1}})
+    done = ops.ok("write_configure_guest", {"vmid": 205, "set": {"onboot": 1}})
     ops.ok("write_migrate_guest", {"vmid": 205, "target": "pve2"})
-    undone, sent = requests_during(sim, lambda: ops.ok("write_undo", {"receipt": done["receipt"]}), writes=True)
+    undone, sent = requests_during(sim, lambda: ops.ok("write_undo_change", {"receipt": done["receipt"]}), writes=True)
     assert undone["result"] == "ok" and writes(sent) == [("pve", "PUT", "/nodes/pve2/qemu/205/config")]
     assert "onboot" not in sim.lab.guests[205]["config"]
     ops.ok("write_migrate_guest", {"vmid": 205, "target": "pve1"})
 
 
 def test_undo_of_a_start_shuts_the_guest_down(ops, sim):
-    started = ops.ok("write_guest_power", {"vmid": 205, "action": "start"})
+    started = ops.ok("write_power_guest", {"vmid": 205, "action": "start"})
     assert sim.lab.guests[205]["status"] == "running"
-    undone = ops.ok("write_undo", {"receipt": started["receipt"]})
+    undone = ops.ok("write_undo_change", {"receipt": started["receipt"]})
     assert undone["steps"][0]["action"].endswith("/status/shutdown") and sim.lab.guests[205]["status"] == "stopped"
 
 
 def test_undo_of_a_snapshot_deletes_it(ops, sim):
-    made = ops.ok("write_snapshot_create", {"vmid": 201, "name": "undo_me"})
-    plan = ops.ok("write_undo", {"receipt": made["receipt"], "dry_run": True})
+    made = ops.ok("write_create_snapshot", {"vmid": 201, "name": "undo_me"})
+    plan = ops.ok("write_undo_change", {"receipt": made["receipt"], "dry_run": True})
     assert plan["needs_confirmation"] is True and plan["steps"][0]["run"].endswith("/snapshot/undo_me")
-    assert ops.ok("write_undo", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
+    assert ops.ok("write_undo_change", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
     assert sim.lab.guests[201]["snapshots"] == []
 
 
 def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
     guest = sim.lab.guests[202]
-    ops.ok("write_snapshot_create", {"vmid": 202, "name": "clean"})
-    ops.ok("write_guest_config", {"vmid": 202, "set": {"cores": 4}})  # running: pending
-    plan, sent = requests_during(sim, lambda: ops.ok("write_snapshot_rollback", {"vmid": 202, "name": "clean",
+    ops.ok("write_create_snapshot", {"vmid": 202, "name": "clean"})
+    ops.ok("write_configure_guest", {"vmid": 202, "set": {"cores": 4}})  # running: pending
+    plan, sent = requests_during(sim, lambda: ops.ok("write_rollback_snapshot", {"vmid": 202, "name": "clean",
                                                                                "dry_run": True}), writes=True)
     assert any("safety snapshot is taken first" in why for why in plan["why"]) and sent == []
-    rolled = ops.ok("write_snapshot_rollback", {"vmid": 202, "name": "clean", "confirm": True})
+    rolled = ops.ok("write_rollback_snapshot", {"vmid": 202, "name": "clean", "confirm": True})
     kept = receipt(tmp, rolled["receipts"][-1])
     safety = kept["safety_snapshot"]
     assert safety.startswith("mcp-safety-") and kept["undo"] is True and kept["before"] == "running"
     assert safety in [s["name"] for s in guest["snapshots"]] and guest["status"] == "stopped"
     assert str(guest["config"]["cores"]) == "2"
-    undone = ops.ok("write_undo", {"receipt": kept["id"], "confirm": True})
+    undone = ops.ok("write_undo_change", {"receipt": kept["id"], "confirm": True})
     assert undone["steps"][0]["action"].endswith(f"/snapshot/{safety}/rollback") and "started again" in undone["note"]
     assert guest["status"] == "running"  # as before the rollback
     # a snapshot keeps no pending change: the one that waited is gone (docs/PROXMOX-BEHAVIOUR.md#snapshots-and-rollback)
@@ -330,49 +332,50 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
 def test_no_safety_snapshot_where_the_storage_cannot_take_one(ops, sim, tmp):
     """ZFS rolls back only to the newest snapshot: a safety snapshot would block the rollback; the
     receipt says why there is none, and undo is refused with that reason."""
-    ops.ok("write_snapshot_create", {"vmid": 203, "name": "only"})
-    rolled = ops.ok("write_snapshot_rollback", {"vmid": 203, "name": "only", "confirm": True})
+    ops.ok("write_create_snapshot", {"vmid": 203, "name": "only"})
+    rolled = ops.ok("write_rollback_snapshot", {"vmid": 203, "name": "only", "confirm": True})
     kept = receipt(tmp, rolled["receipt"])
     assert kept["safety_snapshot"].startswith("none: zfspool storage rolls back only to the newest")
-    message = ops.error("write_undo", {"receipt": kept["id"], "confirm": True})
+    message = ops.error("write_undo_change", {"receipt": kept["id"], "confirm": True})
     assert "no safety snapshot was taken" in message
-    ops.ok("write_snapshot_delete", {"vmid": 203, "name": "only", "confirm": True})
+    ops.ok("write_delete_snapshot", {"vmid": 203, "name": "only", "confirm": True})
 
 
 def test_with_safety_all_a_disk_detach_is_snapshotted_first_and_undo_attaches_it_again(sim, tmp_path):
     (tmp_path / "protected.json").write_text("[]")
     guest = sim.lab.guests[206]
     with tool_session(operator_env(sim, tmp_path, PROXMOX_SAFETY_SNAPSHOT="all"), log_name="changes-all") as session:
-        done = session.ok("write_guest_config", {"vmid": 206, "delete": ["scsi1"]})
+        done = session.ok("write_configure_guest", {"vmid": 206, "delete": ["scsi1"]})
         kept = json.loads((tmp_path / "audit.receipts" / f"{done['receipts'][-1]}.json").read_text())
         assert kept["safety_snapshot"].startswith("mcp-safety-") and "unused0" in guest["config"]
         assert kept["changes"] == ["scsi1 removed (was local-lvm:vm-206-disk-1,size=8G)",
                                    "unused0 added: local-lvm:vm-206-disk-1"]
-        assert session.ok("write_undo", {"receipt": kept["id"]})["result"] == "ok"
+        assert session.ok("write_undo_change", {"receipt": kept["id"]})["result"] == "ok"
         assert guest["config"]["scsi1"] == "local-lvm:vm-206-disk-1,size=8G" and "unused0" not in guest["config"]
-        quiet = session.ok("write_guest_config", {"vmid": 206, "set": {"tags": "x"}})  # loses nothing: no snapshot
+        quiet = session.ok("write_configure_guest", {"vmid": 206, "set": {"tags": "x"}})  # loses nothing: no snapshot
         assert "receipt" in quiet and len(guest["snapshots"]) == 1
 
 
 def test_safety_snapshot_off(sim, tmp_path):
     (tmp_path / "protected.json").write_text("[]")
     with tool_session(operator_env(sim, tmp_path, PROXMOX_SAFETY_SNAPSHOT="off"), log_name="changes-off") as session:
-        session.ok("write_snapshot_create", {"vmid": 201, "name": "plain"})
-        rolled = session.ok("write_snapshot_rollback", {"vmid": 201, "name": "plain", "confirm": True})
+        session.ok("write_create_snapshot", {"vmid": 201, "name": "plain"})
+        rolled = session.ok("write_rollback_snapshot", {"vmid": 201, "name": "plain", "confirm": True})
         assert "receipt" in rolled and [s["name"] for s in sim.lab.guests[201]["snapshots"]] == ["plain"]
-        session.ok("write_snapshot_delete", {"vmid": 201, "name": "plain", "confirm": True})
+        session.ok("write_delete_snapshot", {"vmid": 201, "name": "plain", "confirm": True})
     sim.lab.guests[201]["status"] = "running"
 
 
 # ================================================================ refusals: nothing is sent
 
 def test_undo_is_refused_when_the_object_changed_since(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 201, "set": {"description": "mine"}})
+    done = ops.ok("write_configure_guest", {"vmid": 201, "set": {"description": "mine"}})
     raw(sim, "/nodes/pve1/lxc/201/config", method="PUT", swap=1024)  # someone else's edit, after ours
-    message, sent = requests_during(sim, lambda: ops.error("write_undo", {"receipt": done["receipt"]}), writes=True)
+    message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": done["receipt"]}),
+                                    writes=True)
     assert "changed since receipt" in message and "swap" in message and sent == []
     raw(sim, "/nodes/pve1/lxc/201/config", method="PUT", swap=512)
-    assert ops.ok("write_undo", {"receipt": done["receipt"]})["result"] == "ok"  # as the change left it again
+    assert ops.ok("write_undo_change", {"receipt": done["receipt"]})["result"] == "ok"  # as the change left it again
 
 
 @pytest.mark.parametrize("tool, arguments, why", [
@@ -382,58 +385,59 @@ def test_undo_is_refused_when_the_object_changed_since(ops, sim):
 def test_undo_is_refused_for_what_cannot_be_taken_back(ops, sim, tool, arguments, why):
     done = ops.ok(tool, arguments)
     assert ops.ok("list_changes", {})["rows"][0][-1].startswith("no: ")
-    message, sent = requests_during(sim, lambda: ops.error("write_undo", {"receipt": done["receipt"]}), writes=True)
+    message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": done["receipt"]}),
+                                    writes=True)
     assert "cannot be taken back" in message and why in message and sent == []
 
 
 def test_undo_is_refused_when_the_inverse_needs_a_closed_gate(ops, sim, tmp):
     """The same receipts, read by a server whose operator opened only the write tier: deleting the
     snapshot needs the destructive gate."""
-    made = ops.ok("write_snapshot_create", {"vmid": 205, "name": "gated"})
+    made = ops.ok("write_create_snapshot", {"vmid": 205, "name": "gated"})
     env = operator_env(sim, tmp, PROXMOX_ACCESS="write")
     with tool_session(env, log_name="changes-write") as writer:
-        message, sent = requests_during(sim, lambda: writer.error("write_undo", {"receipt": made["receipt"]}),
+        message, sent = requests_during(sim, lambda: writer.error("write_undo_change", {"receipt": made["receipt"]}),
                                         writes=True)
     assert "needs the 'destructive' gate" in message and "PROXMOX_ACCESS=destructive" in message and sent == []
     assert [s["name"] for s in sim.lab.guests[205]["snapshots"]] == ["gated"]
-    ops.ok("write_undo", {"receipt": made["receipt"], "confirm": True})
+    ops.ok("write_undo_change", {"receipt": made["receipt"], "confirm": True})
 
 
 def test_undo_never_reaches_a_protected_guest(ops, sim, tmp):
-    done = ops.ok("write_guest_config", {"vmid": 200, "set": {"onboot": 1}})
+    done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"onboot": 1}})
     env = operator_env(sim, tmp, PROXMOX_PROTECTED_VMS_FILE=str(tmp / "protects-200.json"))
     with tool_session(env, log_name="changes-protected") as guarded:
-        message, sent = requests_during(sim, lambda: guarded.error("write_undo", {"receipt": done["receipt"]}),
+        message, sent = requests_during(sim, lambda: guarded.error("write_undo_change", {"receipt": done["receipt"]}),
                                         writes=True)
     assert "Guest 200" in message and "protected" in message and sent == []
-    ops.ok("write_undo", {"receipt": done["receipt"]})
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
 
 
 def test_an_unknown_receipt_is_named(ops):
-    assert "No receipt rc-00000000" in ops.error("write_undo", {"receipt": "rc-00000000"})
-    assert "receipt id" in ops.error("write_undo", {"receipt": "../../etc/passwd"})
+    assert "No receipt rc-00000000" in ops.error("write_undo_change", {"receipt": "rc-00000000"})
+    assert "receipt id" in ops.error("write_undo_change", {"receipt": "../../etc/passwd"})
 
 
 # ================================================================ what changed
 
 def test_what_changed_since_the_newest_backup_marks_pending_changes(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 100, "set": {"memory": 8192, "tags": "prod"}})
+    done = ops.ok("write_configure_guest", {"vmid": 100, "set": {"memory": 8192, "tags": "prod"}})
     changed = ops.ok("what_changed", {"vmid": 100})
     assert changed["since"].startswith("backup pbs:backup/vm/100/")  # the newest is on the Backup Server
     assert changed["changes"] == ["memory 4 -> 8 GiB (pending until restart)", "tags prod;web -> prod"]
     local = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 100 and v["content"] == "backup")
     assert ops.ok("what_changed", {"vmid": 100, "since": local})["changes"] == changed["changes"]
     assert ops.ok("what_changed", {"vmid": 100, "since": done["receipt"]})["changes"] == changed["changes"]
-    ops.ok("write_undo", {"receipt": done["receipt"]})
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
     assert ops.ok("what_changed", {"vmid": 100})["changes"] == ["nothing changed"]
 
 
 def test_what_changed_since_a_snapshot(ops, sim):
-    ops.ok("write_snapshot_create", {"vmid": 205, "name": "base"})
-    done = ops.ok("write_guest_config", {"vmid": 205, "set": {"cores": 4}, "delete": ["agent"]})
+    ops.ok("write_create_snapshot", {"vmid": 205, "name": "base"})
+    done = ops.ok("write_configure_guest", {"vmid": 205, "set": {"cores": 4}, "delete": ["agent"]})
     assert ops.ok("what_changed", {"vmid": 205, "since": "base"})["changes"] == [
         "agent removed (was 1)", "cores 2 -> 4"]
-    ops.ok("write_undo", {"receipt": done["receipt"]})
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
     assert "no snapshot 'nope'" in ops.error("what_changed", {"vmid": 205, "since": "nope"})
 
 
@@ -443,18 +447,18 @@ def test_what_changed_in_the_default_world(reader, ops):
     message = reader.error("what_changed", {"vmid": 205})
     assert "Datastore.AllocateSpace" in message or "VM.Backup" in message
     assert reader.ok("what_changed", {"vmid": 205, "since": "base"})["changes"] == ["nothing changed"]
-    done = ops.ok("write_guest_config", {"vmid": 205, "set": {"cores": 3}})
+    done = ops.ok("write_configure_guest", {"vmid": 205, "set": {"cores": 3}})
     assert reader.ok("what_changed", {"vmid": 205, "since": done["receipt"]})["changes"] == ["cores 2 -> 3"]
     assert "holds no config of guest 205" in reader.error("what_changed", {"vmid": 205, "since": ops.ok(
         "list_changes", {"vmid": 200})["rows"][0][0]})
-    ops.ok("write_undo", {"receipt": done["receipt"]})
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
 
 
 def test_the_restore_drill_says_what_a_restore_would_take_back(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 102, "set": {"cores": 3}})
-    drill = ops.ok("write_restore_drill", {"vmid": 102, "answer_seconds": 5, "confirm": True})
+    done = ops.ok("write_configure_guest", {"vmid": 102, "set": {"cores": 3}})
+    drill = ops.ok("write_drill_restore", {"vmid": 102, "answer_seconds": 5, "confirm": True})
     assert drill["result"] == "ok" and drill["config_since_backup"] == ["cores 2 -> 3"]
-    ops.ok("write_undo", {"receipt": done["receipt"]})
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
 
 
 # ================================================================ undo of the firewall and backup job tools
@@ -464,35 +468,36 @@ def test_undo_of_a_firewall_rule_and_options(ops, sim):
     key by key (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
     rules = lambda: ops.ok("firewall_rules", {"vmid": 201})  # noqa: E731
     before = json.dumps(rules().get("rules"))
-    added = ops.ok("write_firewall_rule", {"vmid": 201, "action": "add",
+    added = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add",
                                            "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8080"}})
     assert json.dumps(rules().get("rules")) != before
-    undone, sent = requests_during(sim, lambda: ops.ok("write_undo", {"receipt": added["receipt"], "confirm": True}),
+    undone, sent = requests_during(sim, lambda: ops.ok("write_undo_change",
+                                                        {"receipt": added["receipt"], "confirm": True}),
                                    writes=True)  # deleting a rule is destructive: asked
     assert undone["result"] == "ok" and writes(sent) == [("pve", "DELETE", "/nodes/pve1/lxc/201/firewall/rules/0")]
     assert json.dumps(rules().get("rules")) == before
     for port in ("81", "82", "83"):
-        ops.ok("write_firewall_rule", {"vmid": 201, "action": "add",
+        ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add",
                                        "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port}})
     three = json.dumps(rules().get("rules"))
-    deleted = ops.ok("write_firewall_rule", {"vmid": 201, "action": "delete", "pos": 1, "confirm": True})
-    ops.ok("write_undo", {"receipt": deleted["receipt"]})  # made again on top, then moved back to 1
+    deleted = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "delete", "pos": 1, "confirm": True})
+    ops.ok("write_undo_change", {"receipt": deleted["receipt"]})  # made again on top, then moved back to 1
     assert json.dumps(rules().get("rules")) == three
-    enabled = ops.ok("write_firewall_options", {"vmid": 201, "enable": True, "policy_in": "DROP"})
-    ops.ok("write_undo", {"receipt": enabled["receipt"]})
+    enabled = ops.ok("write_set_firewall_options", {"vmid": 201, "enable": True, "policy_in": "DROP"})
+    ops.ok("write_undo_change", {"receipt": enabled["receipt"]})
     options = ops.ok("api_read", {"path": "/nodes/pve1/lxc/201/firewall/options"})["data"]
     assert not options.get("enable") and options.get("policy_in") in (None, "ACCEPT")
 
 
 def test_undo_of_a_backup_job_made_and_edited(ops, sim):
-    made = ops.ok("write_backup_job", {"action": "create", "job_id": "undo-job", "vmids": [205], "schedule": "04:00",
-                                       "storage": "local"})
-    edited = ops.ok("write_backup_job", {"action": "update", "job_id": "undo-job", "schedule": "05:00"})
+    made = ops.ok("write_edit_backup_job", {"action": "create", "job_id": "undo-job", "vmids": [205],
+                                            "schedule": "04:00", "storage": "local"})
+    edited = ops.ok("write_edit_backup_job", {"action": "update", "job_id": "undo-job", "schedule": "05:00"})
     job = lambda: next((j for j in sim.lab.backup_jobs if j["id"] == "undo-job"), None)  # noqa: E731
     assert job()["schedule"] == "05:00"
-    ops.ok("write_undo", {"receipt": edited["receipt"]})
+    ops.ok("write_undo_change", {"receipt": edited["receipt"]})
     assert job()["schedule"] == "04:00"
-    assert ops.ok("write_undo", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
+    assert ops.ok("write_undo_change", {"receipt": made["receipt"], "confirm": True})["result"] == "ok"
     assert job() is None
 
 

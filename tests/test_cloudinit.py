@@ -36,8 +36,8 @@ def cloudinit_drives(sim):
 
 def test_cloudinit_on_a_running_vm(ops, sim):
     # a change made elsewhere on the running VM: the drive still has the old value
-    ops.ok("write_guest_config", {"vmid": 100, "set": {"searchdomain": "old.example"}})
-    answer = ops.ok("write_cloudinit", {"vmid": 100, "user": "debian", "ssh_keys": KEY, "password": PASSWORD,
+    ops.ok("write_configure_guest", {"vmid": 100, "set": {"searchdomain": "old.example"}})
+    answer = ops.ok("write_set_cloudinit", {"vmid": 100, "user": "debian", "ssh_keys": KEY, "password": PASSWORD,
                                         "ip": {"net0": "192.0.2.50/24,gw=192.0.2.1"}, "dns": "192.0.2.1 example.org",
                                         "upgrade": False})
     assert answer["result"] == "ok" and answer["regenerated"] == "ide2"
@@ -46,7 +46,7 @@ def test_cloudinit_on_a_running_vm(ops, sim):
     assert answer["changed"]["nameserver"] == "192.0.2.1" and answer["changed"]["searchdomain"] == "example.org"
     # what the drive lacked before this call, from GET .../cloudinit, now in it as well
     assert answer["also_applied"] == {"searchdomain": "old.example"}
-    assert "next boot" in answer["next"] and "write_guest_power action=reboot" in answer["next"]
+    assert "next boot" in answer["next"] and "write_power_guest action=reboot" in answer["next"]
     config = sim.lab.guests[100]["config"]
     assert unquote(config["sshkeys"]) == KEY and "%20" in config["sshkeys"]  # URL-encoded, as qemu-server stores it
     assert config["cipassword"].startswith("$5$") and str(config["ciupgrade"]) == "0"
@@ -55,24 +55,24 @@ def test_cloudinit_on_a_running_vm(ops, sim):
 
 
 def test_a_stopped_vm_applies_at_start(ops, sim):
-    answer = ops.ok("write_cloudinit", {"vmid": 104, "ip": {"0": "dhcp"}})
+    answer = ops.ok("write_set_cloudinit", {"vmid": 104, "ip": {"0": "dhcp"}})
     assert answer["changed"] == {"ipconfig0": "ip=dhcp"} and "apply when it starts" in answer["next"]
     assert "also_applied" not in answer  # a stopped VM's drive is made at each start anyway
 
 
 def test_regenerate_only(ops, sim):
-    answer, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_cloudinit", {"vmid": 100}))
+    answer, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_set_cloudinit", {"vmid": 100}))
     assert answer["changed"] == {} and sent == [("pve", "PUT", "/nodes/pve1/qemu/100/cloudinit")]
 
 
 def test_dry_run_shows_the_diff_masks_the_password_and_sends_nothing(ops, sim):
-    ops.ok("write_guest_config", {"vmid": 100, "set": {"ciuser": "someone"}})  # the drive lacks this now
+    ops.ok("write_configure_guest", {"vmid": 100, "set": {"ciuser": "someone"}})  # the drive lacks this now
     plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok(
-        "write_cloudinit", {"vmid": 100, "password": "another-secret-99", "dry_run": True}))
+        "write_set_cloudinit", {"vmid": 100, "password": "another-secret-99", "dry_run": True}))
     assert plan["dry_run"] is True and plan["request"]["params"]["cipassword"] == "***" and sent == []
     assert plan["would_change"] == {"cipassword": "***"} and plan["drive_lacks"]["ciuser"] == "someone"
     assert "another-secret-99" not in json.dumps(plan)
-    ops.ok("write_cloudinit", {"vmid": 100})  # regenerated: nothing lacking any more
+    ops.ok("write_set_cloudinit", {"vmid": 100})  # regenerated: nothing lacking any more
 
 
 @pytest.mark.parametrize("arguments, expected", [
@@ -87,14 +87,14 @@ def test_dry_run_shows_the_diff_masks_the_password_and_sends_nothing(ops, sim):
     ({"vmid": 100, "dns": "192.0.2.1 not_a_domain!"}, "neither an address nor a domain name"),
 ])
 def test_bad_input_is_refused_with_nothing_sent(ops, sim, arguments, expected):
-    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_cloudinit", arguments))
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_cloudinit", arguments))
     assert expected in message and sent == []
 
 
 def test_a_vm_without_a_cloudinit_drive(ops, sim):
     drive = sim.lab.guests[104]["config"].pop("ide2")
     try:
-        message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_cloudinit",
+        message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_cloudinit",
                                                                                    {"vmid": 104, "user": "x"}))
         assert "has no cloud-init drive" in message and "ide2" in message and sent == []
     finally:
@@ -103,21 +103,21 @@ def test_a_vm_without_a_cloudinit_drive(ops, sim):
 
 @pytest.mark.mcp  # the refusal as a client sees it, over stdio
 def test_refused_by_the_policy(ops, sim):
-    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_cloudinit",
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_cloudinit",
                                                                                {"vmid": 101, "user": "x"}))
     assert "Guest 101 (db) is protected" in message and sent == []
     with tool_session(sim.env(pve_token="root@pam!admin"), log_name="cloudinit-read") as closed:
-        assert "write_cloudinit" not in {t.name for t in closed.tools()}
+        assert "write_set_cloudinit" not in {t.name for t in closed.tools()}
     # the README's reader token has neither VM.Config.Cloudinit nor VM.Config.Network
     with tool_session(sim.env() | {"PROXMOX_ACCESS": "write"}, log_name="cloudinit-reader") as weak:
-        message = weak.error("write_cloudinit", {"vmid": 100, "user": "x"})
+        message = weak.error("write_set_cloudinit", {"vmid": 100, "user": "x"})
         assert "VM.Config.Cloudinit" in message and "pveum acl modify" in message
 
 
 def test_cicustom_snippets_are_elevated(ops, sim):
     """A host file fed to the guest: the elevated gate, through any tool (docs/PROXMOX-BEHAVIOUR.md#cloud-init)."""
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error(
-        "write_guest_config", {"vmid": 100, "set": {"cicustom": "user=local:snippets/user.yaml"}}))
+        "write_configure_guest", {"vmid": 100, "set": {"cicustom": "user=local:snippets/user.yaml"}}))
     assert "elevated" in message and "PROXMOX_ALLOW_ELEVATED" in message and sent == []
 
 

@@ -209,7 +209,7 @@ def test_toolsets_choose_the_tools():
     # the api and workflows groups of the tool table up to the write gate, and the tools every set has
     expected = {spec.function.__name__ for spec in server.TOOLS if spec.toolset in ("api", "workflows", "always")
                 and spec.gate in ("read", "lifecycle", "write") and not spec.ssh}
-    assert names == expected and {"api_read", "health_check", "write_api_call"} <= names
+    assert names == expected and {"api_read", "health_check", "write_call_api"} <= names
     guests = json.loads(run_server(["--list-tools", "--json"], {"PROXMOX_TOOLSETS": "guests,tasks"}).stdout)
     assert "list_guests" in {t["name"] for t in guests["tools"]} and "pbs_list_groups" not in {
         t["name"] for t in guests["tools"]}
@@ -229,6 +229,21 @@ def test_allow_and_deny_tools():
     assert {t["name"] for t in allowed["tools"]} == expected and {"list_guests", "list_hosts"} <= expected
     typo = run_server(["--list-tools"], {"PROXMOX_DENY_TOOLS": "wirte_*"})
     assert typo.returncode == 2 and "wirte_* names no tool" in typo.stderr and "list_guests" in typo.stderr
+
+
+@pytest.mark.parametrize("entry, denied", [
+    ("write_guest_power", {"write_power_guest"}),  # an old name: its new one
+    ("write_snapshot_*", {"write_create_snapshot", "write_rollback_snapshot", "write_delete_snapshot"}),
+    ("write_pbs_*", {"write_pbs_run_gc", "write_pbs_verify_backups", "write_pbs_prune_group", "write_pbs_run_job",
+                     "write_pbs_protect_snapshot", "write_pbs_set_notes", "write_pbs_forget_snapshot"}),
+])
+def test_settings_naming_tools_by_their_names_before_the_rename_keep_working(entry, denied):
+    """0.2.0 named every write_ tool verb first (config.RENAMED_TOOLS): a deny list written before it
+    denies the same tools (never fewer), with a start-up line saying so."""
+    listed = run_server(["--list-tools", "--json"], {"PROXMOX_ACCESS": "destructive", "PROXMOX_DENY_TOOLS": entry})
+    names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
+    assert listed.returncode == 0 and not names & denied and "write_clone_guest" in names
+    assert ("now means" in listed.stderr) == (entry != "write_pbs_*")  # a pattern that matches them still says nothing
 
 
 def test_protected_vms_variable_adds_to_the_file(tmp_path):

@@ -80,11 +80,11 @@ def test_confirm_true_never_stands_in_for_a_client_that_can_ask(asking, user, si
     """The README's demo example: "stop guest 105" with confirm=true asks the user, whose no wins."""
     stop = {"vmid": 105, "action": "stop", "confirm": True}
     user.answers = ["decline"]
-    message, sent = requests_during(sim, lambda: asking.error("write_guest_power", stop))
+    message, sent = requests_during(sim, lambda: asking.error("write_power_guest", stop))
     assert "did not confirm" in message and writes(sent) == []
     assert len(user.asked) == 1 and "ci-runner (vmid 105)" in user.asked[0] and "DESTRUCTIVE" in user.asked[0]
     user.answers = ["accept"]
-    done, sent = requests_during(sim, lambda: asking.ok("write_guest_power", stop))
+    done, sent = requests_during(sim, lambda: asking.ok("write_power_guest", stop))
     assert done["guest_state"] == "stopped" and ("pve", "POST", "/nodes/pve3/lxc/105/status/stop") in sent
     assert len(user.asked) == 2  # one question per call, about the request that was sent
     sim.lab.guests[105]["status"] = "running"
@@ -115,7 +115,7 @@ def test_a_plan_that_changes_before_it_is_sent_is_asked_again(asking, user, sim)
             job["exclude"] = "101,104,102"
     user.on_question, user.answers = someone_edits_the_job, ["accept", "accept"]
     try:
-        done, sent = requests_during(sim, lambda: asking.ok("write_api_call", edit))
+        done, sent = requests_during(sim, lambda: asking.ok("write_call_api", edit))
         assert len(user.asked) == 2 and user.asked[0] != user.asked[1]  # another plan, another question
         assert writes(sent) == [("pve", "PUT", f"/cluster/backup/{job['id']}")], done
     finally:
@@ -125,14 +125,14 @@ def test_a_plan_that_changes_before_it_is_sent_is_asked_again(asking, user, sim)
 
 def test_the_restore_drill_asks_for_the_whole_drill_before_its_first_step(asking, user, sim):
     user.answers = ["decline"]
-    message, sent = requests_during(sim, lambda: asking.error("write_restore_drill", {"vmid": 100}))
+    message, sent = requests_during(sim, lambda: asking.error("write_drill_restore", {"vmid": 100}))
     assert "did not confirm" in message and writes(sent) == []  # nothing restored, nothing booted
     question = user.asked[0]
     assert "Restore drill of guest 100" in question and "delete the scratch guest" in question
     assert "DELETE" in question and "/status/stop" in question
     user.answers = ["accept"]
     before = set(sim.lab.guests)
-    done = asking.ok("write_restore_drill", {"vmid": 100, "answer_seconds": 5})
+    done = asking.ok("write_drill_restore", {"vmid": 100, "answer_seconds": 5})
     assert done["result"] == "ok" and set(sim.lab.guests) == before  # restored, booted, deleted
     assert len(user.asked) == 2  # asked once for the whole drill
 
@@ -141,13 +141,13 @@ def test_without_a_yes_the_drill_sends_nothing(plain, sim):
     """Before, a drill without confirmation restored and booted a copy, then stopped at the delete
     and left it running."""
     before = set(sim.lab.guests)
-    message, sent = requests_during(sim, lambda: plain.error("write_restore_drill", {"vmid": 100}))
+    message, sent = requests_during(sim, lambda: plain.error("write_drill_restore", {"vmid": 100}))
     assert "Confirmation needed" in message and "confirm=true" in message and "Restore drill" in message
     assert writes(sent) == [] and set(sim.lab.guests) == before
 
 
 def test_the_drills_dry_run_shows_the_whole_plan(plain, sim):
-    plan, sent = requests_during(sim, lambda: plain.ok("write_restore_drill", {"vmid": 100, "dry_run": True}))
+    plan, sent = requests_during(sim, lambda: plain.ok("write_drill_restore", {"vmid": 100, "dry_run": True}))
     assert plan["needs_confirmation"] is True and "Restore drill of guest 100" in plan["plan"]
     start, stop, delete = (step["run"] for step in plan["steps"])
     assert start.endswith("/status/start") and stop == start.replace("start", "stop") and stop.startswith(delete)
@@ -157,9 +157,9 @@ def test_the_drills_dry_run_shows_the_whole_plan(plain, sim):
 
 def test_a_client_that_cannot_ask_needs_confirm_true(plain, sim):
     stop = {"vmid": 105, "action": "stop"}
-    message, sent = requests_during(sim, lambda: plain.error("write_guest_power", stop))
+    message, sent = requests_during(sim, lambda: plain.error("write_power_guest", stop))
     assert "Confirmation needed" in message and "confirm=true" in message and writes(sent) == []
-    assert plain.ok("write_guest_power", stop | {"confirm": True})["guest_state"] == "stopped"
+    assert plain.ok("write_power_guest", stop | {"confirm": True})["guest_state"] == "stopped"
     sim.lab.guests[105]["status"] = "running"
 
 

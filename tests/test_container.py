@@ -124,13 +124,13 @@ def test_the_image_serves_writes_and_audits_as_compose_runs_it(container, sim):
     with http_session(base + "/mcp", token=TOKEN) as session:
         assert session.ok("list_guests")["total"] == 6
         assert [g["vmid"] for g in session.ok("server_info")["protected_guests"]] == [101]  # the list mounted read-only
-        session.ok("write_snapshot_create", {"vmid": 100, "name": "from_the_container"})
-        assert "protected" in session.error("write_snapshot_create", {"vmid": 101, "name": "from_the_container"})
+        session.ok("write_create_snapshot", {"vmid": 100, "name": "from_the_container"})
+        assert "protected" in session.error("write_create_snapshot", {"vmid": 101, "name": "from_the_container"})
 
     mountpoint = Path(podman("volume", "inspect", "--format", "{{.Mountpoint}}", container["volume"]).stdout.strip())
     audited = [json.loads(line) for line in (mountpoint / "audit.jsonl").read_text().splitlines()]
-    assert [(a["verdict"], a["tool"]) for a in audited][-2:] == [("sent", "write_snapshot_create"),
-                                                                ("refused", "write_snapshot_create")]
+    assert [(a["verdict"], a["tool"]) for a in audited][-2:] == [("sent", "write_create_snapshot"),
+                                                                ("refused", "write_create_snapshot")]
 
     user = podman("exec", name, "id", "-u").stdout.strip()
     read_only = podman("exec", name, "touch", "/app/written", check=False)

@@ -162,10 +162,10 @@ def test_a_container_restore_goes_to_a_storage_that_takes_containers(operator, s
 
 
 def test_the_drill_restores_a_container_where_containers_go(operator, sim):
-    drill = operator.ok("write_restore_drill", {"vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105),
+    drill = operator.ok("write_drill_restore", {"vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105),
                                                 "storage": "local-lvm", "confirm": True})
     assert drill["result"] == "ok"
-    message, sent = writes(sim, lambda: operator.error("write_restore_drill", {
+    message, sent = writes(sim, lambda: operator.error("write_drill_restore", {
         "vmid": 105, "backup": pbs_archive(sim.lab, "ct", 105), "storage": "local", "confirm": True}))
     assert "takes no container volumes" in message and sent == []
 
@@ -224,13 +224,13 @@ def test_a_rollback_says_the_guest_is_stopped_or_starts_it_when_asked(operator, 
     guest = sim.lab.guests[100]
     guest["snapshots"] = [{"name": "disk-only", "snaptime": 1}, {"name": "with-ram", "snaptime": 2, "vmstate": 1}]
     try:
-        stopped = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "disk-only", "confirm": True})
+        stopped = operator.ok("write_rollback_snapshot", {"vmid": 100, "name": "disk-only", "confirm": True})
         assert stopped["guest_state"] == "stopped" and guest["status"] == "stopped"
         assert "is stopped now" in stopped["note"] and "start=true" in stopped["note"]
-        started = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "disk-only", "start": True,
+        started = operator.ok("write_rollback_snapshot", {"vmid": 100, "name": "disk-only", "start": True,
                                                           "confirm": True})
         assert started["guest_state"] == "running" and "note" not in started
-        ram = operator.ok("write_snapshot_rollback", {"vmid": 100, "name": "with-ram", "confirm": True})
+        ram = operator.ok("write_rollback_snapshot", {"vmid": 100, "name": "with-ram", "confirm": True})
         assert ram["guest_state"] == "running"  # a snapshot with RAM resumes where it was
     finally:
         guest["snapshots"], guest["status"] = [], "running"
@@ -239,8 +239,8 @@ def test_a_rollback_says_the_guest_is_stopped_or_starts_it_when_asked(operator, 
 # ---------------------------------------------------------------- migration of local things
 
 def migrate_fails_in_task(operator, sim, vmid, target):
-    """The simulator's own refusal, through write_api_call (the tool now refuses before sending)."""
-    return operator.ok("write_api_call", {"method": "POST", "path": f"/nodes/{sim.lab.guests[vmid]['node']}/qemu/"
+    """The simulator's own refusal, through write_call_api (the tool now refuses before sending)."""
+    return operator.ok("write_call_api", {"method": "POST", "path": f"/nodes/{sim.lab.guests[vmid]['node']}/qemu/"
                                           f"{vmid}/migrate", "params": {"target": target}})
 
 
@@ -263,7 +263,7 @@ def test_migration_refuses_snapshots_on_lvmthin_before_sending(operator, sim):
     guest["snapshots"] = [{"name": "pre-update", "snaptime": 1}]
     try:
         message, sent = writes(sim, lambda: operator.error("write_migrate_guest", {"vmid": 104, "target": "pve3"}))
-        assert "pre-update" in message and "lvmthin" in message and "write_snapshot_delete" in message
+        assert "pre-update" in message and "lvmthin" in message and "write_delete_snapshot" in message
         assert sent == []
         upid = migrate_fails_in_task(operator, sim, 104, "pve3")["data"]
         assert "non-migratable snapshot exists" in " ".join(sim.lab.tasks[upid].lines)
@@ -295,16 +295,16 @@ def ha_guest(sim):
 
 def test_an_ha_start_that_fails_is_relocated_and_polled_where_the_guest_is_now(operator, ha_guest):
     ha_guest["ha"]["fails_on"] = {"pve1"}
-    started = operator.ok("write_guest_power", {"vmid": 103, "action": "start"})
+    started = operator.ok("write_power_guest", {"vmid": 103, "action": "start"})
     assert started["guest_state"] == "running" and started["node"] == "pve2" and started["ha_state"] == "started"
     assert "failed on pve1" in started["note"]
 
 
 def test_an_ha_error_is_a_failure_with_the_way_out_and_sticks(operator, ha_guest, sim):
     ha_guest["ha"]["fails_on"] = set(sim.lab.nodes)
-    message = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
+    message = operator.error("write_power_guest", {"vmid": 103, "action": "start"})
     assert "is in state 'error'" in message and "ha-manager set ct:103 --state disabled" in message
-    again = operator.error("write_guest_power", {"vmid": 103, "action": "start"})
+    again = operator.error("write_power_guest", {"vmid": 103, "action": "start"})
     assert "is in state 'error'" in again and ha_guest["ha"]["state"] == "error"  # sticky until disabled
     health = operator.ok("health_check")
     assert any(f["finding"] == "HA resource ct:103 is in state 'error' on pve2" and "disabled" in f["next"]
@@ -314,7 +314,7 @@ def test_an_ha_error_is_a_failure_with_the_way_out_and_sticks(operator, ha_guest
 def test_a_lost_node_is_fence_then_recovery_not_success(operator, ha_guest, sim):
     ha_guest["ha"]["state"], ha_guest["status"] = "started", "running"
     sim.lab.schedule(0.1, lambda: simulator.pve_ha_manager.fence_node(sim.lab, "pve1"))  # while the tool waits
-    message = operator.error("write_guest_power", {"vmid": 103, "action": "stop", "confirm": True})
+    message = operator.error("write_power_guest", {"vmid": 103, "action": "stop", "confirm": True})
     assert "is in state 'fence'" in message or "is in state 'recovery'" in message
     assert "another node" in message
 
@@ -361,7 +361,7 @@ def test_provisioning_picks_a_node_whose_own_storage_has_the_template(operator, 
     try:
         made = operator.ok("write_provision_lxc", {"hostname": "alpine", "template": ALPINE, "bridge": "vmbr0"})
         assert made["result"] == "ok" and made["node"] == "pve2" and sim.lab.guests[made["vmid"]]["node"] == "pve2"
-        operator.ok("write_guest_power", {"vmid": made["vmid"], "action": "stop", "confirm": True})
+        operator.ok("write_power_guest", {"vmid": made["vmid"], "action": "stop", "confirm": True})
         operator.ok("write_delete_guest", {"vmid": made["vmid"], "confirm": True})
     finally:
         sim.lab.volumes["local"] = [v for v in sim.lab.volumes["local"] if v["volid"] != ALPINE]
@@ -425,7 +425,7 @@ def test_an_imported_disk_keeps_a_size_like_2252M_and_is_grown_from_it(operator,
 
 def test_tags_are_stored_normalised(operator, sim):
     saved = sim.lab.guests[103]["config"].get("tags")
-    operator.ok("write_guest_config", {"vmid": 103, "set": {"tags": "Web,prod web;DB"}})
+    operator.ok("write_configure_guest", {"vmid": 103, "set": {"tags": "Web,prod web;DB"}})
     try:
         assert sim.lab.guests[103]["config"]["tags"] == "db;prod;web"
         listed = {r["vmid"]: r for r in rows(operator.ok("list_guests"))}
@@ -438,7 +438,7 @@ def test_tags_are_stored_normalised(operator, sim):
 def test_a_template_has_base_volumes_and_its_clones_their_own(operator, sim):
     vm = operator.ok("write_create_vm", {"name": "golden", "iso": DEBIAN_ISO})
     vmid = vm["vmid"]
-    operator.ok("write_template", {"vmid": vmid})
+    operator.ok("write_make_template", {"vmid": vmid})
     assert sim.lab.guests[vmid]["config"]["scsi0"].startswith(f"local-lvm:base-{vmid}-disk-")
     clone = operator.ok("write_clone_guest", {"vmid": vmid})  # linked, a template's default
     disk = sim.lab.guests[clone["newid"]]["config"]["scsi0"]
@@ -488,5 +488,5 @@ def test_cloud_images_land_on_local_from_pve9_on(operator, sim):
 
 
 def test_a_drill_without_visible_backups_does_not_say_there_are_none(operator, sim):
-    message = operator.error("write_restore_drill", {"vmid": 104, "confirm": True})  # 104: none it can see
+    message = operator.error("write_drill_restore", {"vmid": 104, "confirm": True})  # 104: none it can see
     assert "has no backup" not in message and "cannot be seen" in message and "backup=<volid>" in message

@@ -47,7 +47,7 @@ FAULTS = [
           "list_guests", {}, ("failed (500)", "got timeout"), lambda lab: lab.fail.clear()),
     Fault("failing task", _failing_task, "get_task", {"upid": "{fault_upid}", "wait_seconds": 10},
           ("TASK ERROR", "QEMU exited with code 1")),
-    Fault("locked guest", _lock, "write_guest_power", {"vmid": 100, "action": "shutdown"},
+    Fault("locked guest", _lock, "write_power_guest", {"vmid": 100, "action": "shutdown"},
           ("locked (backup)",), lambda lab: lab.guests[100].update(lock=None), env="operator"),
 ]
 

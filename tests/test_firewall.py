@@ -102,30 +102,30 @@ def test_a_guest_filters_only_with_its_option_and_the_nic_flag(admin, sim):
 
 def test_add_update_move_and_delete_a_guest_rule(admin, sim):
     web = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80", "comment": "web"}
-    added = admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": web})
+    added = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "rule": web})
     assert added["pos"] == 0 and added["rule"]["enable"] == 1  # Proxmox would add it disabled
     assert added["note"] == ("The firewall of guest 100 filters nothing now: guest 100's option enable is off; "
                              "no NIC has firewall=1 (write_set_nic firewall=true).")
-    admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": web | {"dport": "443"}})
+    admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "rule": web | {"dport": "443"}})
     rules = sim.lab.firewall["guests"][100]["rules"]
     assert [r["dport"] for r in rules] == ["443", "80"]  # a new rule goes on top
-    admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "pos": 1,
+    admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 1,
                                      "rule": {"type": "in", "action": "DROP", "proto": "tcp", "dport": "25"}})
     assert [(r["dport"], r["enable"]) for r in rules] == [("443", 1), ("25", 1), ("80", 1)]
-    updated = admin.ok("write_firewall_rule", {"vmid": 100, "action": "update", "pos": 2,
+    updated = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "update", "pos": 2,
                                                "rule": {"dport": "8080", "delete": "comment"}})
     assert updated["rule"]["match"] == "tcp 8080" and "comment" not in rules[2]
-    moved = admin.ok("write_firewall_rule", {"vmid": 100, "action": "move", "pos": 0, "rule": {"moveto": 2}})
+    moved = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "move", "pos": 0, "rule": {"moveto": 2}})
     assert moved["pos"] == 2 and [r["dport"] for r in rules] == ["25", "8080", "443"]
-    deleted = admin.ok("write_firewall_rule", {"vmid": 100, "action": "delete", "pos": 0, "confirm": True})
+    deleted = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "delete", "pos": 0, "confirm": True})
     assert deleted["deleted"]["match"] == "tcp 25" and [r["dport"] for r in rules] == ["8080", "443"]
 
 
 def test_a_stale_digest_is_refused_with_nothing_sent(admin, sim):
-    admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH})
+    admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH})
     digest = admin.ok("firewall_rules", {"vmid": 100})["digest"]
-    admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH | {"dport": "23"}})
-    message, sent = writes(sim, lambda: admin.error("write_firewall_rule", {
+    admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH | {"dport": "23"}})
+    message, sent = writes(sim, lambda: admin.error("write_edit_firewall_rule", {
         "vmid": 100, "action": "delete", "pos": 0, "digest": digest, "confirm": True}))
     assert "changed since you read them" in message and sent == []
 
@@ -140,29 +140,30 @@ def test_a_stale_digest_is_refused_with_nothing_sent(admin, sim):
     ({"action": "add", "rule": {"type": "sideways", "action": "DROP"}}, "type"),  # the schema's check
 ])
 def test_bad_rule_input_is_refused_with_nothing_sent(admin, sim, arguments, expected):
-    message, sent = writes(sim, lambda: admin.error("write_firewall_rule", {"vmid": 100} | arguments))
+    message, sent = writes(sim, lambda: admin.error("write_edit_firewall_rule", {"vmid": 100} | arguments))
     assert expected in message and sent == []
 
 
 def test_an_unknown_node_is_refused_with_nothing_sent(admin, sim):
-    message, sent = writes(sim, lambda: admin.error("write_firewall_rule", {
+    message, sent = writes(sim, lambda: admin.error("write_edit_firewall_rule", {
         "node": "PVE1", "action": "add", "rule": DROP_SSH, "confirm": True}))
     assert "did you mean 'pve1'" in message and sent == []
 
 
 def test_options_enable_a_guest_and_refuse_a_node_policy(admin, sim):
-    answer = admin.ok("write_firewall_options", {"vmid": 100, "enable": True, "policy_in": "DROP"})
+    answer = admin.ok("write_set_firewall_options", {"vmid": 100, "enable": True, "policy_in": "DROP"})
     assert answer["options"] == {"enable": 1, "policy_in": "DROP"} and answer["filtering"]["guest"] is True
-    message, sent = writes(sim, lambda: admin.error("write_firewall_options", {"node": "pve1", "policy_in": "DROP"}))
+    message, sent = writes(sim, lambda: admin.error("write_set_firewall_options",
+                                                    {"node": "pve1", "policy_in": "DROP"}))
     assert "cluster's policy_in" in message and sent == []
-    assert "Nothing to change" in admin.error("write_firewall_options", {"vmid": 100})
+    assert "Nothing to change" in admin.error("write_set_firewall_options", {"vmid": 100})
 
 
 # ---------------------------------------------------------------- the lockout guard
 
 @pytest.mark.mcp  # a refusal as the client sees it
 def test_a_rule_that_cuts_ssh_from_this_server_is_refused(admin, sim):
-    message, sent = writes(sim, lambda: admin.error("write_firewall_rule", {"action": "add", "rule": DROP_SSH,
+    message, sent = writes(sim, lambda: admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH,
                                                                             "confirm": True}))
     assert "would cut SSH (22) on node pve1 from 192.0.2.50" in message and sent == []
     assert "cluster rule 0 (in DROP tcp 22 from anywhere)" in message  # what cuts it
@@ -171,61 +172,63 @@ def test_a_rule_that_cuts_ssh_from_this_server_is_refused(admin, sim):
 
 
 def test_a_rule_that_spares_this_server_is_allowed(admin, sim):
-    admin.ok("write_firewall_rule", {"action": "add", "rule": DROP_SSH | {"source": "10.0.0.0/8"}, "confirm": True})
+    admin.ok("write_edit_firewall_rule",
+             {"action": "add", "rule": DROP_SSH | {"source": "10.0.0.0/8"}, "confirm": True})
     keep = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": LAN}
-    admin.ok("write_firewall_rule", {"action": "add", "rule": keep, "confirm": True})
-    added = admin.ok("write_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH, "confirm": True})
+    admin.ok("write_edit_firewall_rule", {"action": "add", "rule": keep, "confirm": True})
+    added = admin.ok("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH, "confirm": True})
     assert added["pos"] == 1 and [r.get("source") for r in cluster_rules(sim)] == [LAN, None, "10.0.0.0/8"]
-    message = admin.error("write_firewall_rule", {"action": "move", "pos": 0, "rule": {"moveto": 2},
+    message = admin.error("write_edit_firewall_rule", {"action": "move", "pos": 0, "rule": {"moveto": 2},
                                                   "confirm": True})
     assert "would cut SSH (22)" in message  # moving the ACCEPT below the DROP
 
 
 def test_a_node_rule_is_judged_for_that_node(admin, sim):
     cut_api = {"type": "in", "action": "REJECT", "proto": "tcp", "dport": "8000:8010", "source": "192.0.2.0/24"}
-    message = admin.error("write_firewall_rule", {"node": "pve2", "action": "add", "rule": cut_api, "confirm": True})
+    message = admin.error("write_edit_firewall_rule",
+                          {"node": "pve2", "action": "add", "rule": cut_api, "confirm": True})
     assert "would cut the API (8006) on node pve2" in message and "node=pve2" in message
     assert sim.lab.firewall["hosts"].get("pve2", {}).get("rules", []) == []
 
 
-def test_write_api_call_cannot_bypass_the_guard(admin, sim):
+def test_write_call_api_cannot_bypass_the_guard(admin, sim):
     request = {"method": "POST", "path": "/cluster/firewall/rules", "confirm": True,
                "params": {"type": "in", "action": "DROP", "macro": "PMG", "enable": 1}}
-    message, sent = writes(sim, lambda: admin.error("write_api_call", request))
+    message, sent = writes(sim, lambda: admin.error("write_call_api", request))
     assert "would cut the API (8006)" in message and sent == []
     request["params"].pop("enable")  # Proxmox adds it disabled: it cuts nothing
-    admin.ok("write_api_call", request)
+    admin.ok("write_call_api", request)
     assert cluster_rules(sim)[0]["enable"] == 0
 
 
 def test_enabling_the_firewall_from_outside_needs_a_rule_first(remote, sim):
     sim.lab.firewall["cluster"]["options"] = {}  # off, as on a fresh install
-    message, sent = writes(sim, lambda: remote.error("write_firewall_options", {"enable": True, "confirm": True}))
+    message, sent = writes(sim, lambda: remote.error("write_set_firewall_options", {"enable": True, "confirm": True}))
     assert "would cut the API (8006) on node pve1 from 198.51.100.7" in message and sent == []
     assert "the input policy DROP" in message and '"source": "198.51.100.7"' in message
     for port in ("8006", "22"):
-        remote.ok("write_firewall_rule", {"action": "add", "confirm": True, "rule": {
+        remote.ok("write_edit_firewall_rule", {"action": "add", "confirm": True, "rule": {
             "type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port, "source": OUTSIDE}})
-    assert remote.ok("write_firewall_options", {"enable": True, "confirm": True})["filtering"]["filters"] is True
+    assert remote.ok("write_set_firewall_options", {"enable": True, "confirm": True})["filtering"]["filters"] is True
 
 
 def test_the_management_ip_set_counts_and_is_guarded(remote, sim):
     sim.lab.firewall["cluster"]["ipsets"]["management"] = {"entries": [{"cidr": OUTSIDE}]}
     call = {"method": "DELETE", "path": f"/cluster/firewall/ipset/management/{OUTSIDE}", "confirm": True}
-    assert "would cut the API (8006)" in remote.error("write_api_call", call)
+    assert "would cut the API (8006)" in remote.error("write_call_api", call)
     # the management IP set is let in before the policy applies
-    assert remote.ok("write_firewall_options", {"policy_in": "REJECT", "confirm": True})["result"] == "ok"
+    assert remote.ok("write_set_firewall_options", {"policy_in": "REJECT", "confirm": True})["result"] == "ok"
 
 
 def test_an_unknown_source_is_judged_for_every_address_let_in(unknown, sim):
-    message = unknown.error("write_firewall_rule", {"action": "add", "rule": DROP_SSH, "confirm": True})
+    message = unknown.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "confirm": True})
     assert "PROXMOX_SOURCE_ADDRESS" in message and "192.0.2." in message
 
 
 def test_a_disabled_node_firewall_cuts_nothing(admin, sim):
     sim.lab.firewall["hosts"] = {name: {"options": {"enable": 0}, "rules": []} for name in ("pve1", "pve2", "pve3")}
-    admin.ok("write_firewall_rule", {"action": "add", "rule": DROP_SSH, "confirm": True})
-    message = admin.error("write_firewall_options", {"node": "pve3", "enable": True, "confirm": True})
+    admin.ok("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "confirm": True})
+    message = admin.error("write_set_firewall_options", {"node": "pve3", "enable": True, "confirm": True})
     assert "would cut SSH (22) on node pve3" in message
 
 
@@ -235,14 +238,15 @@ def test_the_cluster_firewall_needs_the_elevated_gate(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "destructive", "PROXMOX_TOOLSETS": "firewall",
                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="firewall-no-elevated") as session:
-        message, sent = writes(sim, lambda: session.error("write_firewall_rule", {"action": "add", "rule": DROP_SSH}))
+        message, sent = writes(sim, lambda: session.error("write_edit_firewall_rule",
+                                                          {"action": "add", "rule": DROP_SSH}))
         assert "elevated" in message and "PROXMOX_ALLOW_ELEVATED" in message and sent == []
-        session.ok("write_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH})  # a guest's: write
+        session.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "rule": DROP_SSH})  # a guest's: write
 
 
 def test_a_protected_guests_firewall_is_refused(admin, sim):
-    for tool, arguments in [("write_firewall_rule", {"action": "add", "rule": DROP_SSH}),
-                            ("write_firewall_options", {"enable": False})]:
+    for tool, arguments in [("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH}),
+                            ("write_set_firewall_options", {"enable": False})]:
         message, sent = writes(sim, lambda t=tool, a=arguments: admin.error(t, a | {"vmid": 101}))
         assert "Guest 101 (db) is protected" in message and sent == []
 
@@ -257,11 +261,11 @@ def test_what_a_protected_guests_firewall_uses_is_protected(admin, sim):
     rule = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}
     for call in ({"method": "POST", "path": "/cluster/firewall/groups/dbaccess", "params": rule},
                  {"method": "PUT", "path": "/cluster/firewall/aliases/dbclients", "params": {"cidr": "0.0.0.0/1"}}):
-        message, sent = writes(sim, lambda c=call: admin.error("write_api_call", c | {"confirm": True}))
+        message, sent = writes(sim, lambda c=call: admin.error("write_call_api", c | {"confirm": True}))
         assert "Guest 101 (db) is protected" in message and sent == []
-    message = admin.error("write_firewall_options", {"enable": False, "confirm": True})  # its firewall needs this
+    message = admin.error("write_set_firewall_options", {"enable": False, "confirm": True})  # its firewall needs this
     assert "Guest 101 (db) is protected" in message and fw["cluster"]["options"]["enable"] == 1
-    admin.ok("write_api_call", {"method": "POST", "path": "/cluster/firewall/groups/web", "params": rule,
+    admin.ok("write_call_api", {"method": "POST", "path": "/cluster/firewall/groups/web", "params": rule,
                                 "confirm": True})  # a group it does not use
 
 
@@ -272,20 +276,20 @@ def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
            "PROXMOX_ALLOW_ELEVATED": "true", "PROXMOX_TOOLSETS": "firewall",
            "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="firewall-ops") as session:
-        message, sent = writes(sim, lambda: session.error("write_firewall_options", {"enable": False,
+        message, sent = writes(sim, lambda: session.error("write_set_firewall_options", {"enable": False,
                                                                                      "confirm": True}))
         assert "lacks Sys.Modify on /" in message and "pveum acl modify" in message and sent == []
     with tool_session(sim.env() | {"PROXMOX_ACCESS": "write", "PROXMOX_TOOLSETS": "firewall"},
                       log_name="firewall-reader") as session:  # the reader token holds neither: not offered
         assert "no configured token holds VM.Config.Network or Sys.Modify" in session.error(
-            "write_firewall_rule", {"action": "add", "rule": DROP_SSH})
+            "write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH})
 
 
 def test_a_dry_run_sends_nothing_and_still_meets_the_guard(admin, sim):
-    plan, sent = writes(sim, lambda: admin.ok("write_firewall_rule", {"vmid": 100, "action": "add", "pos": 2,
+    plan, sent = writes(sim, lambda: admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 2,
                                                                       "rule": DROP_SSH, "dry_run": True}))
     assert plan["dry_run"] is True and plan["then"][0].endswith("moveto=3 (it lands at pos 0)") and sent == []
-    assert "would cut" in admin.error("write_firewall_rule", {"action": "add", "rule": DROP_SSH, "dry_run": True})
+    assert "would cut" in admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "dry_run": True})
 
 
 # ---------------------------------------------------------------- the guard's model against the simulator

@@ -30,23 +30,23 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
         audit_log = Path(info["audit_log"])
         assert audit_log.parent.name.startswith("pve-sim-")  # the lab's own temporary directory, not the user's
         unheld = [names for why, names in info["hidden_tools"].items() if "no configured token holds" in why]
-        assert unheld == [] and "write_pbs_gc" in first  # admin tokens on both products
+        assert unheld == [] and "write_pbs_run_gc" in first  # admin tokens on both products
         assert {t.name for t in demo.tools()} == first  # the privilege read changed nothing: it came first
 
-        short = demo.error("write_snapshot_create", {"vmid": 100, "name": "a"})
+        short = demo.error("write_create_snapshot", {"vmid": 100, "name": "a"})
         assert "\n" not in short and "validation error" not in short and "argument 'name'" in short
         assert 'e.g. "before_upgrade"' in short and "Nothing was sent" in short
-        made = demo.ok("write_snapshot_create", {"vmid": 100, "name": "before_upgrade"})
+        made = demo.ok("write_create_snapshot", {"vmid": 100, "name": "before_upgrade"})
         assert "before_upgrade" in {row[0] for row in demo.ok("list_snapshots", {"vmid": 100})["rows"]}, made
-        assert "protected" in demo.error("write_snapshot_create", {"vmid": 101, "name": "before_upgrade"})
-        asked = demo.error("write_guest_power", {"vmid": 100, "action": "stop"})
+        assert "protected" in demo.error("write_create_snapshot", {"vmid": 101, "name": "before_upgrade"})
+        asked = demo.error("write_power_guest", {"vmid": 100, "action": "stop"})
         assert "Confirmation needed" in asked and "confirm=true" in asked
-        demo.ok("write_guest_power", {"vmid": 100, "action": "stop", "confirm": True})
+        demo.ok("write_power_guest", {"vmid": 100, "action": "stop", "confirm": True})
         assert demo.ok("get_guest", {"vmid": 100})["status"] == "stopped"
-        assert demo.ok("write_pbs_gc", {"store": "backup"})
+        assert demo.ok("write_pbs_run_gc", {"store": "backup"})
         audited = [json.loads(line) for line in audit_log.read_text().splitlines()]
         assert [(a["verdict"], a.get("tool")) for a in audited if a["verdict"] == "sent"][-2:] == [
-            ("sent", "write_guest_power"), ("sent", "write_pbs_gc")]
+            ("sent", "write_power_guest"), ("sent", "write_pbs_run_gc")]
 
 
 def test_demo_on_stdio_says_where_it_serves_and_how_to_connect():

@@ -117,7 +117,7 @@ def test_the_user_is_asked_over_http_on_both_revisions(sim, tmp_path, mode):
     with http_server(everything_open(sim, tmp_path) | {"MCP_AUTH_TOKEN": TOKEN}) as base:
         with http_session(base + "/mcp", mode=mode, elicitation_callback=user) as session:
             stop = {"vmid": 105, "action": "stop", "confirm": True}
-            message, sent = requests_during(sim, lambda: session.error("write_guest_power", stop))
+            message, sent = requests_during(sim, lambda: session.error("write_power_guest", stop))
     assert "did not confirm" in message and [r for r in sent if r[1] != "GET"] == []
     assert len(asked) == 1 and "ci-runner (vmid 105)" in asked[0]
 

@@ -210,11 +210,11 @@ def test_an_ha_rule_edit_is_judged_and_the_simulator_stores_what_was_judged(sim,
         edit = {"type": "node-affinity", "nodes": "pve2:2,pve3", "delete": "strict"}
         stored = sim.lab.ha_rules["web-first"]
         judged = job_edits.merge_ha_rule(dict(stored), {k: v for k, v in edit.items() if k != "delete"}, ["strict"])
-        session.ok("write_api_call", {"method": "PUT", "path": "/cluster/ha/rules/web-first", "params": edit})
+        session.ok("write_call_api", {"method": "PUT", "path": "/cluster/ha/rules/web-first", "params": edit})
         assert sim.lab.ha_rules["web-first"] == judged == {"type": "node-affinity", "resources": "vm:103",
                                                             "nodes": "pve2:2,pve3"}
         move = {"method": "PUT", "path": "/cluster/ha/rules/db-here", "params": {"type": "node-affinity",
                                                                                 "nodes": "pve3"}}
-        message, sent = requests_during(sim, lambda: session.error("write_api_call", move), writes=True)
+        message, sent = requests_during(sim, lambda: session.error("write_call_api", move), writes=True)
         assert "changes protected guest 101" in message and sent == []
         assert sim.lab.ha_rules["db-here"]["nodes"] == "pve2"

@@ -51,7 +51,7 @@ def test_server_info_and_list_hosts_name_the_login_method(ops):
 
 
 def test_writes_carry_the_csrf_token(ops, sim):
-    _, sent = requests_during(sim, lambda: ops.ok("write_snapshot_create", {"vmid": 100, "name": "viaticket"}),
+    _, sent = requests_during(sim, lambda: ops.ok("write_create_snapshot", {"vmid": 100, "name": "viaticket"}),
                               writes=True)
     assert any(r[1] == "POST" and r[2].endswith("/100/snapshot") for r in sent)
     assert "viaticket" in str(ops.ok("list_snapshots", {"vmid": 100}))
@@ -130,12 +130,12 @@ def test_booleans_and_numbers_are_accepted_as_proxmox_accepts_them(session):
 
 
 def test_indexed_options_as_a_nested_object(admin_dry, sim):
-    plan, sent = requests_during(sim, lambda: admin_dry.ok("write_guest_config", {
+    plan, sent = requests_during(sim, lambda: admin_dry.ok("write_configure_guest", {
         "vmid": 100, "set": {"net": {"1": "virtio,bridge=vmbr0"}, "memory": "4096"}, "dry_run": True}), writes=True)
     assert sent == []
     text = str(plan)
     assert "net1" in text and "virtio,bridge=vmbr0" in text
-    plan, sent = requests_during(sim, lambda: admin_dry.ok("write_api_call", {
+    plan, sent = requests_during(sim, lambda: admin_dry.ok("write_call_api", {
         "method": "PUT", "path": "/nodes/pve1/qemu/100/config", "params": {"net": {"2": "virtio,bridge=vmbr0"}},
         "dry_run": True}), writes=True)
     assert sent == [] and "net2" in str(plan)
@@ -159,7 +159,7 @@ def test_server_info_says_why_each_tool_is_hidden(sim):
     assert len(grouped) == len(set(grouped)) and all(grouped.values())  # each reason said once, with its tools
     hidden = {name: why for why, names in grouped.items() for name in names}
     assert len(hidden) == sum(len(names) for names in grouped.values())
-    assert "lifecycle gate is closed" in hidden["write_guest_power"] and "PROXMOX_ACCESS" in hidden["write_guest_power"]
+    assert "lifecycle gate is closed" in hidden["write_power_guest"] and "PROXMOX_ACCESS" in hidden["write_power_guest"]
     assert "PROXMOX_TOOLSETS" in hidden["pbs_list_snapshots"]
     assert hidden["security_audit"] == "listed in PROXMOX_DENY_TOOLS"
     assert "SSH" in hidden["ssh_check"] or "PROXMOX_TOOLSETS" in hidden["ssh_check"]
@@ -179,7 +179,7 @@ def test_an_endpoint_that_refuses_tokens_uses_the_password_login(sim, tmp_path):
         assert info["hosts"][0]["auth"] == "API token; password login as ops@pve where tokens are refused"
         session.ok("list_nodes")
         before = len(sim.lab.requests)
-        session.ok("write_api_call", {"method": "PUT", "path": "/access/password", "confirm": True,
+        session.ok("write_call_api", {"method": "PUT", "path": "/access/password", "confirm": True,
                                       "params": {"userid": "ops@pve", "password": "changed-password-4714"}})
         # strict=False: a background read may append to both lists between the two slices
         sent = list(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:], strict=False))

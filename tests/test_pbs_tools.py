@@ -75,7 +75,7 @@ def test_jobs_and_tasks(pbs):
     assert jobs[("sync", "s-backup")]["result"].startswith("sync failed")
     assert jobs[("gc", "backup")]["result"] == "OK" and ("verify", "v-backup") in jobs
     progress = []
-    gc = pbs.ok("write_pbs_gc", {"store": "backup"}, progress=progress)
+    gc = pbs.ok("write_pbs_run_gc", {"store": "backup"}, progress=progress)
     assert gc["task"] == "OK" and progress
     assert gc["freed"] == "1.2 GiB" and gc["removed_chunks"] == 612 and gc["pending"] == "0 B"  # the run's counters
     tasks = rows(pbs.ok("pbs_list_tasks"))
@@ -100,8 +100,8 @@ EXPECTED_KEPT = [  # keep-last 2, keep-daily 5, keep-weekly 3, keep-monthly 2 ov
 
 
 def test_prune_follows_pbs_keep_rules_on_70_days(pbs, sim):
-    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "200", "keep_last": 2,
-                                        "keep_daily": 5, "keep_weekly": 3, "keep_monthly": 2})
+    answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "200",
+                                              "keep_last": 2, "keep_daily": 5, "keep_weekly": 3, "keep_monthly": 2})
     expected = sorted((f"2026-{m:02d}-{d:02d}T02:00:00Z" for m, d in EXPECTED_KEPT), reverse=True)
     assert answer["keep"] == expected
     assert len(answer["remove"]) == 70 - len(expected) and answer["removed"] == 0
@@ -116,7 +116,7 @@ def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
     sim.lab.datastores["backup"]["groups"][("", "vm", "300")] = [Lab.pbs_snapshot(t) for t in moments]
     sim.lab.pbs_timezone = "Europe/Berlin"
     try:
-        answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "300",
+        answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "300",
                                             "keep_daily": 2, "dry_run": True})
     finally:
         sim.lab.pbs_timezone = "UTC"
@@ -125,18 +125,18 @@ def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
 
 
 def test_prune_without_keep_options_keeps_everything(pbs):
-    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "200"})
+    answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "200"})
     assert answer["remove"] == [] and len(answer["keep"]) == 70 and answer["options"].startswith("none")
 
 
 def test_prune_removes_after_confirmation(pbs, sim):
-    answer = pbs.ok("write_pbs_prune", {"store": "backup", "backup_type": "ct", "backup_id": "102", "keep_last": 1,
-                                        "confirm": True})
+    answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "ct", "backup_id": "102",
+                                              "keep_last": 1, "confirm": True})
     assert answer["removed"] == 2 and len(sim.lab.datastores["backup"]["groups"][("", "ct", "102")]) == 1
 
 
 def test_protected_guest_backups_cannot_be_pruned_or_forgotten(pbs, sim):
-    message, sent = pbs_writes(sim, lambda: pbs.error("write_pbs_prune", {
+    message, sent = pbs_writes(sim, lambda: pbs.error("write_pbs_prune_group", {
         "store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 1, "confirm": True}))
     assert "protected" in message and "production database" in message
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "101")]) == 3  # only the preview ran
@@ -169,7 +169,7 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
     group[-1]["verification"] = {"state": "failed", "upid": ""}
     progress = []
     # a verify the user asks for checks again what was verified before, the failed snapshot too
-    verified = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
+    verified = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "ct", "backup_id": "105"},
                       progress=progress)
     assert verified["task"] == "OK" and verified["checked"] == 2 and verified["failed"] == [] and progress
     assert group[-1]["verification"]["state"] == "ok"
@@ -178,13 +178,15 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
 
 
 @pytest.mark.parametrize("tool, arguments, expected", [
-    ("write_pbs_gc", {"store": "nope"}, "No datastore 'nope'"),
-    ("write_pbs_verify", {"store": "backup", "backup_type": "vm"}, "together"),
-    ("write_pbs_verify", {"store": "backup", "backup_time": 5}, "together"),
+    ("write_pbs_run_gc", {"store": "nope"}, "No datastore 'nope'"),
+    ("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm"}, "together"),
+    ("write_pbs_verify_backups", {"store": "backup", "backup_time": 5}, "together"),
     ("write_pbs_run_job", {"kind": "sync", "job_id": "nope"}, "Jobs: s-backup"),
     ("write_pbs_run_job", {"kind": "backup", "job_id": "x"}, "kind"),
-    ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "../x", "keep_last": 1}, "backup_id"),
-    ("write_pbs_prune", {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 0}, "keep_last"),
+    ("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "../x", "keep_last": 1},
+     "backup_id"),
+    ("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "100", "keep_last": 0},
+     "keep_last"),
     ("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 0},
      "backup_time"),
     ("write_pbs_set_notes", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5, "notes": "x"},
@@ -208,7 +210,7 @@ def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
             offered[tier] = {t.name for t in session.tools()} & set(writes)
     for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
         assert names == {name for name, gate in writes.items() if TIERS.index(gate) <= TIERS.index(tier)}
-    assert offered["read"] == set() and "write_pbs_gc" in offered["lifecycle"]
+    assert offered["read"] == set() and "write_pbs_run_gc" in offered["lifecycle"]
     assert "write_pbs_protect_snapshot" in offered["write"] - offered["lifecycle"]
 
 
@@ -221,13 +223,13 @@ def test_generic_api_reaches_pbs(pbs):
 def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
     group = sim.lab.datastores["backup"]["groups"][("", "vm", "100")]
     group[0]["corrupt"] = True  # its chunks are damaged: verifying it fails
-    rechecked = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
+    rechecked = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
     name = "vm/100/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group[0]["backup-time"]))
     assert rechecked["task"] == "failed" and rechecked["checked"] == 3 and rechecked["ok"] == 2
     assert rechecked["failed"] == [name] and "do not restore" in rechecked["next"]
     assert group[0]["verification"]["state"] == "failed"
     # without reverify PBS skips what was verified before, and the answer says so
-    skipped = pbs.ok("write_pbs_verify", {"store": "backup", "backup_type": "vm", "backup_id": "100",
+    skipped = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "100",
                                           "reverify": False})
     assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
 

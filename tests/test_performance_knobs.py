@@ -91,7 +91,7 @@ def test_http_server_stops_on_sigterm_after_the_call_in_flight(sim, tmp_path):
 
                         async def call() -> None:
                             results.append(await client.call_tool(
-                                "write_guest_power", {"vmid": 104, "action": "start", "wait_seconds": 0}))
+                                "write_power_guest", {"vmid": 104, "action": "start", "wait_seconds": 0}))
                         group.start_soon(call)
                         while not any(r[1] == "POST" for r in sim.lab.requests[sent:]):
                             await anyio.sleep(0.01)  # until the simulator has the POST

@@ -341,7 +341,7 @@ def admin(sim, tmp_path_factory):
 
 def test_read_tier_hides_write_tools_and_annotations_hold(session):
     tools = {t.name: t for t in session.tools()}
-    assert "write_api_call" not in tools and {"api_search", "api_describe", "api_read"} <= set(tools)
+    assert "write_call_api" not in tools and {"api_search", "api_describe", "api_read"} <= set(tools)
     message = session.error("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read",
                                          "params": {"file": "/etc/shadow"}})
     assert "sensitive" in message and "PROXMOX_ALLOW_SENSITIVE" in message
@@ -349,7 +349,7 @@ def test_read_tier_hides_write_tools_and_annotations_hold(session):
 
 def test_annotations_match_gates_over_the_whole_list(admin):
     tools = admin.tools()
-    assert "write_api_call" in {t.name for t in tools}
+    assert "write_call_api" in {t.name for t in tools}
     for tool in tools:
         changes = not tool.annotations.read_only_hint
         assert changes == tool.name.startswith("write_"), tool.name
@@ -359,20 +359,20 @@ def test_annotations_match_gates_over_the_whole_list(admin):
 
 
 def test_write_runs_is_audited_and_verified(admin, sim):
-    result, sent = requests_during(sim, lambda: admin.ok("write_api_call", {
+    result, sent = requests_during(sim, lambda: admin.ok("write_call_api", {
         "method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "pre-upgrade"}}))
     assert result["data"].startswith("UPID:pve2:") and "get_task" in result["next"]
     assert ("pve", "POST", "/nodes/pve2/qemu/101/snapshot") in sent
     audit = [json.loads(line) for line in (admin.tmp / "audit.jsonl").read_text().splitlines()]
     assert audit[-1]["verdict"] == "sent" and audit[-1]["result"].startswith("UPID:")
-    assert audit[-1]["tool"] == "write_api_call"
+    assert audit[-1]["tool"] == "write_call_api"
     from conftest import run_server as run
     verified = run(["--verify-audit"], {"PROXMOX_AUDIT_LOG": str(admin.tmp / "audit.jsonl")})
     assert verified.returncode == 0 and "chain intact" in verified.stdout
 
 
 def test_dry_run_shows_the_exact_request_and_sends_nothing(admin, sim):
-    plan, sent = requests_during(sim, lambda: admin.ok("write_api_call", {
+    plan, sent = requests_during(sim, lambda: admin.ok("write_call_api", {
         "method": "PUT", "path": "/nodes/pve2/qemu/101/config", "params": {"memory": "4096", "cipassword": "s3cret!"},
         "dry_run": True}))
     assert plan["dry_run"] is True and plan["gate"] == "write"
@@ -385,17 +385,17 @@ def test_dry_run_shows_the_exact_request_and_sends_nothing(admin, sim):
 
 
 def test_refusals_are_audited(admin):
-    admin.error("write_api_call", {"method": "DELETE", "path": "/nodes/pve1/qemu/100", "confirm": True})
+    admin.error("write_call_api", {"method": "DELETE", "path": "/nodes/pve1/qemu/100", "confirm": True})
     last = json.loads((admin.tmp / "audit.jsonl").read_text().splitlines()[-1])
     assert last["verdict"] == "refused" and "protected" in last["error"]
 
 
 def test_destructive_needs_confirmation_without_elicitation(admin, sim):
-    message, sent = requests_during(sim, lambda: admin.error("write_api_call", {
+    message, sent = requests_during(sim, lambda: admin.error("write_call_api", {
         "method": "POST", "path": "/nodes/pve2/qemu/104/status/stop"}))
     assert "confirm=true" in message and "win11 (vmid 104)" in message
     assert [s for s in sent if s[1] != "GET"] == []
-    done = admin.ok("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/104/status/stop", "confirm": True})
+    done = admin.ok("write_call_api", {"method": "POST", "path": "/nodes/pve2/qemu/104/status/stop", "confirm": True})
     assert done["data"].startswith("UPID:")
 
 
@@ -411,10 +411,10 @@ def test_elicitation_asks_the_user(sim, tmp_path, mode):
 
     with stdio_session(write_env(sim, tmp_path), mode=mode, log_name="elicit", elicitation_callback=answer) as session:
         call = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
-        assert "did not confirm" in session.error("write_api_call", call)
-        assert session.ok("write_api_call", call)["data"].startswith("UPID:")
+        assert "did not confirm" in session.error("write_call_api", call)
+        assert session.ok("write_call_api", call)["data"].startswith("UPID:")
         assert len(asked) == 2 and "ci-runner (vmid 105)" in asked[0] and "DESTRUCTIVE" in asked[0]
-        assert session.ok("write_api_call", call | {"dry_run": True})["needs_confirmation"] is True
+        assert session.ok("write_call_api", call | {"dry_run": True})["needs_confirmation"] is True
         assert len(asked) == 2  # a dry run asks nobody
     sim.lab.tick()  # the stop is done; then 105 runs again, as it was, for the other revision's run
     sim.lab.guests[105]["status"] = "running"
@@ -428,13 +428,13 @@ def test_elicit_off_requires_confirm(sim, tmp_path, mode):
     env = write_env(sim, tmp_path, PROXMOX_ELICIT="false")
     with stdio_session(env, mode=mode, log_name="no-elicit", elicitation_callback=answer) as session:
         stop = {"method": "POST", "path": "/nodes/pve3/lxc/105/status/stop"}
-        assert "confirm=true" in session.error("write_api_call", stop)
+        assert "confirm=true" in session.error("write_call_api", stop)
 
 
 def test_global_dry_run(sim, tmp_path):
     with in_process(write_env(sim, tmp_path, PROXMOX_DRY_RUN="true"), log_name="dry") as session:
         before = len([r for r in sim.lab.requests if r[1] != "GET"])
-        plan = session.ok("write_api_call", {"method": "POST", "path": "/nodes/pve2/qemu/101/status/reboot"})
+        plan = session.ok("write_call_api", {"method": "POST", "path": "/nodes/pve2/qemu/101/status/reboot"})
         assert plan["dry_run"] is True
         assert len([r for r in sim.lab.requests if r[1] != "GET"]) == before
 
@@ -536,7 +536,7 @@ def test_tools_no_token_can_use_are_hidden_and_clients_told(sim, mode):
             needing = {spec.function.__name__ for spec in server.TOOLS if spec.needs and spec.gate == "read"
                        and spec.product == "pve" and spec.function.__name__ in server.TOOLSETS["default"]}
             assert by_privilege == needing and {"cluster_status", "get_guest", "list_backups"} <= needing
-            assert "gate is closed" in info["hidden_tools"]["write_template"]  # and the other reasons too
+            assert "gate is closed" in info["hidden_tools"]["write_make_template"]  # and the other reasons too
             assert "no Proxmox Backup Server host" in info["hidden_tools"]["pbs_list_groups"]
     finally:
         sim.lab.slow_paths.clear()
@@ -550,12 +550,12 @@ def test_per_host_access_and_the_write_token(sim, tmp_path):
                                        "PROXMOX_OTHER_URL": sim.pve_url, "PROXMOX_OTHER_FINGERPRINT": sim.fingerprint,
                                        "PROXMOX_OTHER_TOKEN": admin}
     with in_process(env, log_name="per-host") as session:
-        assert "write_api_call" in {t.name for t in session.tools()}  # open on one host
+        assert "write_call_api" in {t.name for t in session.tools()}  # open on one host
         call = {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "split"}}
-        message = session.error("write_api_call", call | {"host": "other", "product": "pve"})
+        message = session.error("write_call_api", call | {"host": "other", "product": "pve"})
         assert "'lifecycle' gate" in message and "PROXMOX_ACCESS" in message
         before = len(sim.lab.requests)
-        session.ok("write_api_call", call | {"host": "lab", "product": "pve"})
+        session.ok("write_call_api", call | {"host": "lab", "product": "pve"})
         # strict=False: a background read may append to both lists between the two slices
         tokens = dict(zip(sim.lab.requests[before:], sim.lab.request_tokens[before:], strict=False))
         assert tokens[("pve", "POST", "/nodes/pve2/qemu/101/snapshot")] == "root@pam!admin"

@@ -92,7 +92,7 @@ def test_guest_agent_info(ops):
     ct = ops.ok("guest_agent_info", {"vmid": 102})
     assert ct["interfaces"] == [{"iface": "eth0", "ipv4": "192.0.2.102/24", "ipv6": "fe80::1/64"}]
     message = ops.error("guest_agent_info", {"vmid": 104})
-    assert "not running" in message and "write_guest_power" in message
+    assert "not running" in message and "write_power_guest" in message
 
 
 # ---------------------------------------------------------------- writes that work
@@ -100,30 +100,30 @@ def test_guest_agent_info(ops):
 @pytest.mark.mcp  # progress notifications
 def test_power_cycle_with_progress(ops, sim):
     progress = []
-    started = ops.ok("write_guest_power", {"vmid": 104, "action": "start"}, progress=progress)
+    started = ops.ok("write_power_guest", {"vmid": 104, "action": "start"}, progress=progress)
     assert started["result"] == "ok" and sim.lab.guests[104]["status"] == "running"
-    stopped = ops.ok("write_guest_power", {"vmid": 104, "action": "stop", "confirm": True})
+    stopped = ops.ok("write_power_guest", {"vmid": 104, "action": "stop", "confirm": True})
     assert stopped["result"] == "ok" and sim.lab.guests[104]["status"] == "stopped"
-    message = ops.error("write_guest_power", {"vmid": 104, "action": "stop"})  # destructive: confirm
+    message = ops.error("write_power_guest", {"vmid": 104, "action": "stop"})  # destructive: confirm
     assert "confirm=true" in message and "win11 (vmid 104)" in message
     # shutting down a stopped VM ends OK in Proxmox (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
-    assert ops.ok("write_guest_power", {"vmid": 104, "action": "shutdown"})["guest_state"] == "stopped"
-    assert "VM 104 not running" in ops.error("write_guest_power", {"vmid": 104, "action": "reboot"})
+    assert ops.ok("write_power_guest", {"vmid": 104, "action": "shutdown"})["guest_state"] == "stopped"
+    assert "VM 104 not running" in ops.error("write_power_guest", {"vmid": 104, "action": "reboot"})
     sim.lab.guests[104]["lock"] = "backup"
     try:
-        failed = ops.error("write_guest_power", {"vmid": 104, "action": "start"})
+        failed = ops.error("write_power_guest", {"vmid": 104, "action": "start"})
     finally:
         sim.lab.guests[104]["lock"] = None
     assert "VM is locked (backup)" in failed and "TASK ERROR" in failed
 
 
 def test_config_with_digest_and_nic(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 103, "set": {"memory": 4096, "description": "media box"},
+    done = ops.ok("write_configure_guest", {"vmid": 103, "set": {"memory": 4096, "description": "media box"},
                                          "delete": ["swap"]})
     assert done["changed"] == ["description", "memory"]
     config = sim.lab.guests[103]["config"]
     assert config["memory"] == "4096" and "swap" not in config
-    stale = ops.error("write_guest_config", {"vmid": 103, "set": {"cores": 4}, "digest": "0" * 40})
+    stale = ops.error("write_configure_guest", {"vmid": 103, "set": {"cores": 4}, "digest": "0" * 40})
     assert "modified configuration" in stale
     nic = ops.ok("write_set_nic", {"vmid": 103, "vlan": 30, "firewall": True})
     assert nic["net0"].startswith("name=eth0,bridge=vmbr0") and "tag=30" in nic["net0"] and "firewall=1" in nic["net0"]
@@ -133,15 +133,15 @@ def test_config_with_digest_and_nic(ops, sim):
 def test_resize_snapshot_rollback_delete(ops, sim):
     grown = ops.ok("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "+8G"})
     assert grown["result"] == "ok" and "size=40G" in sim.lab.guests[100]["config"]["scsi0"]
-    ops.ok("write_snapshot_create", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
+    ops.ok("write_create_snapshot", {"vmid": 100, "name": "pre-upgrade", "description": "before apt upgrade"})
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
-    rolled = ops.ok("write_snapshot_rollback", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
+    rolled = ops.ok("write_rollback_snapshot", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
     assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
     assert len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's (docs/SECURITY.md#undo)
     safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
     assert safety and safety[0].startswith("mcp-safety-")
     for name in ("pre-upgrade", safety[0]):
-        assert ops.ok("write_snapshot_delete", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
+        assert ops.ok("write_delete_snapshot", {"vmid": 100, "name": name, "confirm": True})["result"] == "ok"
     assert sim.lab.guests[100]["snapshots"] == []
 
 
@@ -161,7 +161,7 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
     assert sim.lab.guests[clone["newid"]]["name"] == "web-test"
     moved = ops.ok("write_migrate_guest", {"vmid": clone["newid"], "target": "pve3"})
     assert moved["result"] == "ok" and sim.lab.guests[clone["newid"]]["node"] == "pve3"
-    assert ops.ok("write_template", {"vmid": clone["newid"]})["result"] == "ok"
+    assert ops.ok("write_make_template", {"vmid": clone["newid"]})["result"] == "ok"
     assert sim.lab.guests[clone["newid"]]["template"] == 1
     linked = ops.ok("write_clone_guest", {"vmid": clone["newid"], "full": False})
     assert linked["result"] == "ok"
@@ -172,11 +172,11 @@ def test_backup_restore_clone_migrate_template_delete(ops, sim):
 def test_write_answers_say_the_tasks_outcome_and_the_guests_state_after_it(ops, sim):
     """A finished task's "status":"stopped" next to a running guest reads as a stopped guest: a write
     answers the task's outcome as `task` and the guest's state after it (a migration also the node it
-    is on now; a deletion that the guest is gone), as write_guest_power does."""
-    running = ops.ok("write_snapshot_create", {"vmid": 100, "name": "answer_shape"})
+    is on now; a deletion that the guest is gone), as write_power_guest does."""
+    running = ops.ok("write_create_snapshot", {"vmid": 100, "name": "answer_shape"})
     assert running["task"] == "OK" and running["guest_state"] == "running" and "status" not in running
     assert "exitstatus" not in running and running["result"] == "ok"
-    dropped = ops.ok("write_snapshot_delete", {"vmid": 100, "name": "answer_shape", "confirm": True})
+    dropped = ops.ok("write_delete_snapshot", {"vmid": 100, "name": "answer_shape", "confirm": True})
     assert dropped["task"] == "OK" and dropped["guest_state"] == "running" and "status" not in dropped
     backup = ops.ok("write_backup_guest", {"vmid": 100, "storage": "local", "mode": "snapshot"})
     assert backup["task"] == "OK" and backup["guest_state"] == "running" and "status" not in backup
@@ -226,18 +226,18 @@ def test_create_without_a_node_picks_one_that_is_online(ops, sim):
 # ---------------------------------------------------------------- refused by the policy
 
 GUEST_WRITES = [
-    ("write_guest_power", {"action": "start"}), ("write_guest_config", {"set": {"memory": 1024}}),
+    ("write_power_guest", {"action": "start"}), ("write_configure_guest", {"set": {"memory": 1024}}),
     ("write_set_nic", {"bridge": "vmbr0"}), ("write_resize_disk", {"disk": "scsi0", "size": "+1G"}),
-    ("write_snapshot_create", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs", "mode": "stop"}),
+    ("write_create_snapshot", {"name": "x1"}), ("write_backup_guest", {"storage": "pbs", "mode": "stop"}),
     ("write_backup_guest", {"storage": "pbs", "prune": True}),
     ("write_clone_guest", {}), ("write_migrate_guest", {"target": "pve3"}),
-    ("write_delete_guest", {"confirm": True}), ("write_template", {}),
+    ("write_delete_guest", {"confirm": True}), ("write_make_template", {}),
 ]
 
 
 @pytest.mark.parametrize("tool, arguments", GUEST_WRITES, ids=[f"{t}-{i}" for i, (t, _) in enumerate(GUEST_WRITES)])
 def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments):
-    if tool in ("write_delete_guest", "write_template"):
+    if tool in ("write_delete_guest", "write_make_template"):
         sim.lab.guests[101]["status"] = "stopped"  # past the tool's own "stop it first" check
     try:
         message, sent = requests_during(sim, writes=True, action=lambda: ops.error(tool, {"vmid": 101} | arguments))
@@ -257,7 +257,7 @@ def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(ops, si
 
 def test_snapshot_and_restore_refusals_for_protected(ops, sim):
     sim.lab.guests[101]["snapshots"] = [{"name": "keep", "snaptime": 1}]
-    for tool in ("write_snapshot_rollback", "write_snapshot_delete"):
+    for tool in ("write_rollback_snapshot", "write_delete_snapshot"):
         refused = partial(ops.error, tool, {"vmid": 101, "name": "keep", "confirm": True})
         message, sent = requests_during(sim, refused, writes=True)
         assert "protected" in message and sent == []
@@ -283,7 +283,7 @@ def test_tiers_decide_which_write_tools_exist(sim, tmp_path):
             offered[tier] = {t.name for t in session.tools()} & set(WRITE_TOOLS)
     for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
         assert names == {name for name, gate in WRITE_TOOLS.items() if TIERS.index(gate) <= TIERS.index(tier)}
-    assert offered["read"] == set() and "write_guest_power" in offered["lifecycle"]
+    assert offered["read"] == set() and "write_power_guest" in offered["lifecycle"]
     assert "write_create_vm" in offered["write"] and "write_delete_guest" not in offered["write"]
 
 
@@ -292,7 +292,7 @@ def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle",
                                                   "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
     with in_process(env, log_name="tier-stop") as session:
-        stop = partial(session.error, "write_guest_power", {"vmid": 100, "action": "stop", "confirm": True})
+        stop = partial(session.error, "write_power_guest", {"vmid": 100, "action": "stop", "confirm": True})
         message, sent = requests_during(sim, stop, writes=True)
         assert "destructive" in message and "PROXMOX_ACCESS=destructive" in message and sent == []
 
@@ -300,18 +300,18 @@ def test_stop_at_the_lifecycle_tier_is_refused(sim, tmp_path):
 # ---------------------------------------------------------------- bad input, nothing written
 
 BAD_INPUT = [
-    ("write_guest_power", {"vmid": 102, "action": "reset"}, "Containers have no reset"),
-    ("write_guest_power", {"vmid": 150, "action": "start"}, "No guest with vmid 150"),
-    ("write_guest_power", {"vmid": 100, "action": "explode"}, "action"),
-    ("write_guest_config", {"vmid": 100}, "Nothing to change"),
-    ("write_guest_config", {"vmid": 100, "set": {"colour": "red"}}, "colour"),
+    ("write_power_guest", {"vmid": 102, "action": "reset"}, "Containers have no reset"),
+    ("write_power_guest", {"vmid": 150, "action": "start"}, "No guest with vmid 150"),
+    ("write_power_guest", {"vmid": 100, "action": "explode"}, "action"),
+    ("write_configure_guest", {"vmid": 100}, "Nothing to change"),
+    ("write_configure_guest", {"vmid": 100, "set": {"colour": "red"}}, "colour"),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "8G"}, "Disks only grow"),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi9", "size": "+1G"}, "Disks: scsi0"),
     ("write_resize_disk", {"vmid": 100, "disk": "scsi0", "size": "-1G"}, "size"),
-    ("write_snapshot_create", {"vmid": 100, "name": "has space"}, "name"),
-    ("write_snapshot_create", {"vmid": 102, "name": "s1", "vmstate": True}, "only for VMs"),
-    ("write_snapshot_rollback", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
-    ("write_snapshot_delete", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
+    ("write_create_snapshot", {"vmid": 100, "name": "has space"}, "name"),
+    ("write_create_snapshot", {"vmid": 102, "name": "s1", "vmstate": True}, "only for VMs"),
+    ("write_rollback_snapshot", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
+    ("write_delete_snapshot", {"vmid": 100, "name": "nope", "confirm": True}, "no snapshot 'nope'"),
     ("write_backup_guest", {"vmid": 100, "storage": "local-lvm"}, "does not hold backups"),
     # its example is a storage that holds backups on a fresh install (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)
     ("write_backup_guest", {"vmid": 100, "storage": 7}, 'argument \'storage\' must be text (got 7), e.g. "local"'),
@@ -322,7 +322,7 @@ BAD_INPUT = [
     ("write_clone_guest", {"vmid": 100, "target": "pve9"}, "Unknown node"),
     ("write_migrate_guest", {"vmid": 100, "target": "pve1"}, "already on pve1"),
     ("write_migrate_guest", {"vmid": 100, "target": "Pve2"}, "did you mean 'pve2'"),
-    ("write_template", {"vmid": 100}, "shut it down first"),
+    ("write_make_template", {"vmid": 100}, "shut it down first"),
     ("write_delete_guest", {"vmid": 100, "confirm": True}, "stop it first"),
     ("write_create_vm", {"name": "x1"}, "exactly one of iso"),
     ("write_create_vm", {"name": "x1", "iso": "local:iso/missing.iso"}, "not on storage local"),
@@ -363,7 +363,7 @@ def test_nic_changes_fail_closed_when_bridges_cannot_be_read(ops, sim):
 # ---------------------------------------------------------------- dry run and long tasks
 
 def test_dry_run_of_tool_writes(ops, sim):
-    reboot = partial(ops.ok, "write_guest_power", {"vmid": 100, "action": "reboot", "dry_run": True})
+    reboot = partial(ops.ok, "write_power_guest", {"vmid": 100, "action": "reboot", "dry_run": True})
     plan, sent = requests_during(sim, reboot, writes=True)
     assert plan["request"] == {"method": "POST", "path": "/nodes/pve1/qemu/100/status/reboot", "params": {}}
     assert plan["gate"] == "lifecycle" and plan["current"]["status"] == "running" and sent == []
@@ -377,9 +377,9 @@ def test_dry_run_of_tool_writes(ops, sim):
 def test_still_running_then_get_task_continues(ops, sim):
     before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
     try:
-        first = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow", "wait_seconds": 1})
+        first = ops.ok("write_create_snapshot", {"vmid": 102, "name": "slow", "wait_seconds": 1})
         assert first["task"] == "still_running" and first["upid"].startswith("UPID:pve3:") and "status" not in first
-        started = ops.ok("write_snapshot_create", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
+        started = ops.ok("write_create_snapshot", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
         assert started["task"] == "started" and "status" not in started
         progress = []
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)

@@ -167,7 +167,7 @@ def test_pbs_task_log_pages_without_repeating_a_line(sim, lab, tmp_path):
 def test_pbs_worker_ids_are_systemd_escaped_and_decoded(sim, lab, tmp_path):
     lab.datastores["backup"]["groups"][("", "vm", "100")][0]["verification"] = None
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
-        started = pbs_tools.write_pbs_verify("backup", backup_type="vm", backup_id="100", wait_seconds=0)
+        started = pbs_tools.write_pbs_verify_backups("backup", backup_type="vm", backup_id="100", wait_seconds=0)
         task = pbs_tools.pbs_get_task(started["upid"])
     # the worker id as PBS builds it: store, then the namespace path (empty at the root), type and id
     assert ":vm-100:" not in started["upid"] and "verify_group:backup\\x3a-vm-100:" in started["upid"]
@@ -195,7 +195,7 @@ def test_malformed_upids_are_refused(upid, product):
 def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
     lab.task_seconds = 30
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
-        outcome = pbs_tools.write_pbs_gc("backup", wait_seconds=1)
+        outcome = pbs_tools.write_pbs_run_gc("backup", wait_seconds=1)
     assert outcome["task"] == "still_running" and "pbs_get_task" in outcome["next"] and "status" not in outcome
 
 
@@ -293,7 +293,7 @@ def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
         client = proxmox_client.pve_client()
         client.ensure_permissions()
         visible = visibility.ToolVisibility()
-        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_vm_exec"]
+        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_exec_vm"]
         assert visible.hidden() == {}
         info = pve_tools.guest_agent_info(100)
     assert info["hostname"] == "web"
@@ -344,7 +344,7 @@ def test_persistent_locks_are_not_tasks(sim, lab, tmp_path):
     with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ACCESS="write"):
         report = workflows.health_check()
         with pytest.raises(ToolFailure) as refused:
-            pve_tools.write_guest_config(101, set={"description": "x"})
+            pve_tools.write_configure_guest(101, set={"description": "x"})
         locks = {f["evidence"]["vmid"]: f for f in report["findings"] if f["area"] == "locks"}
     assert "hibernated" in locks[100]["next"] and "list_tasks" not in locks[100]["next"]
     assert "(snapshot-delete)" in locks[101]["finding"] and "snapshot-delete" in locks[101]["next"]
@@ -375,16 +375,16 @@ def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
 
     import shell_tools
     from pydantic import TypeAdapter
-    schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file_write)
+    schema = TypeAdapter(inspect.signature(shell_tools.write_put_guest_file)
                          .parameters["content"].annotation).json_schema()
     assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
     confirmed = policy.CALL.set({"confirm": lambda *_: None})
     try:
         with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
-            written = shell_tools.write_guest_file_write(100, "/tmp/big", "x" * 46080)
+            written = shell_tools.write_put_guest_file(100, "/tmp/big", "x" * 46080)
             before = len(lab.requests)
             with pytest.raises(ToolFailure, match="46080 bytes"):
-                shell_tools.write_guest_file_write(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
+                shell_tools.write_put_guest_file(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
             sent = lab.requests[before:]
     finally:
         policy.CALL.reset(confirmed)
@@ -399,7 +399,7 @@ def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
         listed = policy.permissions_of(client.host)
         before = len(lab.requests)
         with pytest.raises(PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
-            pve_tools.write_guest_power(100, "shutdown")
+            pve_tools.write_power_guest(100, "shutdown")
         sent = [r for r in lab.requests[before:] if r[1] != "GET"]
     assert {"/", "/access", "/nodes", "/pool", "/sdn", "/storage", "/vms", "/vms/100", "/vms/101"} <= set(listed)
     assert listed["/vms/100"]["VM.Audit"] == 1 and sent == []  # /vms/100: a member of pool prod
@@ -437,7 +437,7 @@ def test_a_running_job_is_running_not_never_run(sim, lab, tmp_path):
     lab.task_seconds = 30
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         pbs_tools.write_pbs_run_job("verify", "v-backup", wait_seconds=0)
-        pbs_tools.write_pbs_gc("backup", wait_seconds=0)
+        pbs_tools.write_pbs_run_gc("backup", wait_seconds=0)
         jobs = {(r["kind"], r["id"]): r for r in rows(pbs_tools.pbs_list_jobs())}
         stores = rows(pbs_tools.pbs_list_datastores())
         report = workflows.health_check()

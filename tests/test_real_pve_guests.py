@@ -112,7 +112,7 @@ def test_restore_happens_on_the_node_that_holds_the_archive(ops, sim):
 
 def test_restore_drill_restores_where_the_backup_is(ops, sim):
     before = set(sim.lab.guests)
-    drill = ops.ok("write_restore_drill", {"vmid": 104, "confirm": True})
+    drill = ops.ok("write_drill_restore", {"vmid": 104, "confirm": True})
     restore = next(s for s in drill["steps"] if s["step"] == "restore")
     assert drill["result"] == "ok" and restore["node"] == "pve2" and restore["backup"] == LOCAL_VM_BACKUP
     assert set(sim.lab.guests) == before
@@ -186,7 +186,7 @@ def test_nic_may_join_a_vnet(ops, sim):
 
 
 def test_drill_never_attaches_the_copy_to_a_routed_bridge_or_vnet(ops, sim):
-    drill = ops.ok("write_restore_drill", {"vmid": 105, "confirm": True})
+    drill = ops.ok("write_drill_restore", {"vmid": 105, "confirm": True})
     cut = next(s for s in drill["steps"] if s["step"] == "cut network")
     restore = next(s for s in drill["steps"] if s["step"] == "restore")
     assert restore["node"] == "pve2" and cut["how"] == "NICs removed"
@@ -195,13 +195,13 @@ def test_drill_never_attaches_the_copy_to_a_routed_bridge_or_vnet(ops, sim):
 # ---------------------------------------------------------------- 11. pending config
 
 def test_config_change_on_a_running_vm_is_pending_until_restart(ops, sim):
-    done = ops.ok("write_guest_config", {"vmid": 100, "set": {"memory": 6144, "description": "web front"}})
+    done = ops.ok("write_configure_guest", {"vmid": 100, "set": {"memory": 6144, "description": "web front"}})
     assert done["pending"] == {"memory": "6144"} and done["applied"] == ["description"]
     assert "restart" in done["note"] and done["result"] != "ok"
     assert sim.lab.guests[100]["config"]["memory"] == 4096
     guest = ops.ok("get_guest", {"vmid": 100})
     assert guest["pending"] == {"memory": "6144"} and guest["config"]["memory"] == 4096
-    stopped = ops.ok("write_guest_config", {"vmid": 103, "set": {"cores": 3}})
+    stopped = ops.ok("write_configure_guest", {"vmid": 103, "set": {"cores": 3}})
     assert stopped["pending"] == {} and stopped["applied"] == ["cores"] and stopped["result"] == "ok"
 
 
@@ -218,10 +218,10 @@ def test_restore_to_a_new_vmid_gets_new_macs(ops, sim):
 # ---------------------------------------------------------------- 13. HA-managed guests
 
 def test_ha_start_and_stop_are_requests_with_the_real_outcome(ops, sim):
-    started = ops.ok("write_guest_power", {"vmid": 121, "action": "start"})
+    started = ops.ok("write_power_guest", {"vmid": 121, "action": "start"})
     assert started["requested_through"] == "HA" and started["guest_state"] == "running"
     assert started["ha_state"] == "started" and sim.lab.tasks[started["upid"]].type == "hastart"
-    stopped = ops.ok("write_guest_power", {"vmid": 121, "action": "stop", "confirm": True})
+    stopped = ops.ok("write_power_guest", {"vmid": 121, "action": "stop", "confirm": True})
     assert stopped["guest_state"] == "stopped" and stopped["ha_state"] == "stopped"
     assert "stays stopped" in stopped["note"]
 
@@ -229,7 +229,7 @@ def test_ha_start_and_stop_are_requests_with_the_real_outcome(ops, sim):
 def test_ha_request_not_acted_on_yet_says_so(ops, sim):
     sim.lab.ha_seconds = 30
     try:
-        queued = ops.ok("write_guest_power", {"vmid": 121, "action": "start", "wait_seconds": 2})
+        queued = ops.ok("write_power_guest", {"vmid": 121, "action": "start", "wait_seconds": 2})
     finally:
         sim.lab.ha_seconds = 0.3
     assert queued["result"] == "requested" and queued["guest_state"] == "stopped"
@@ -245,21 +245,21 @@ def test_ha_migration_is_a_request_too(ops, sim):
 # ---------------------------------------------------------------- 17. paused VMs
 
 def test_suspend_and_resume_report_the_guest_state(ops, sim):
-    paused = ops.ok("write_guest_power", {"vmid": 120, "action": "suspend"})
+    paused = ops.ok("write_power_guest", {"vmid": 120, "action": "suspend"})
     assert paused["result"] == "ok" and paused["guest_state"] == "paused"
     guest = ops.ok("get_guest", {"vmid": 120})
     assert guest["status"] == "running" and guest["qmpstatus"] == "paused" and guest["paused"] is True
     assert [r["status"] for r in rows(ops.ok("list_guests", {"name": "zfs-vm"}))] == ["running"]
-    resumed = ops.ok("write_guest_power", {"vmid": 120, "action": "resume"})
+    resumed = ops.ok("write_power_guest", {"vmid": 120, "action": "resume"})
     assert resumed["guest_state"] == "running"
 
 
 # ---------------------------------------------------------------- answers a model can misread
 
 def test_power_answer_is_the_guest_state_not_the_task_status(ops, sim):
-    started = ops.ok("write_guest_power", {"vmid": 104, "action": "start"})
+    started = ops.ok("write_power_guest", {"vmid": 104, "action": "start"})
     assert started["guest_state"] == "running" and started["task"] == "OK" and "status" not in started
-    ops.ok("write_guest_power", {"vmid": 104, "action": "stop", "confirm": True})
+    ops.ok("write_power_guest", {"vmid": 104, "action": "stop", "confirm": True})
 
 
 def test_memory_is_named_for_what_it_is(ops):
@@ -297,7 +297,7 @@ def test_failed_drill_is_a_tool_error_with_the_steps(ops, sim):
     before = set(sim.lab.guests)
     sim.lab.fail.append((r"^/nodes/[^/]+/qemu$", 500, "restore failed - no space left on device"))
     try:
-        message = ops.error("write_restore_drill", {"vmid": 101, "confirm": True})
+        message = ops.error("write_drill_restore", {"vmid": 101, "confirm": True})
     finally:
         sim.lab.fail.clear()
     report = json.loads(message.split("Step report: ", 1)[1])
@@ -324,14 +324,14 @@ def test_health_check_says_what_it_could_not_see(sim, tmp_path):
 
 def test_vm_exec_waits_for_the_agent_after_boot(ops, sim):
     sim.lab.guests[120]["agent_boot_pings"] = 1  # just booted: the agent is not up yet
-    result = ops.ok("write_vm_exec", {"vmid": 120, "command": "true", "confirm": True})
+    result = ops.ok("write_exec_vm", {"vmid": 120, "command": "true", "confirm": True})
     assert result["exit_code"] == 0
 
 
 def test_vm_exec_on_windows_uses_cmd(ops, sim):
     sim.lab.guests[104]["status"] = "running"
     try:
-        result = ops.ok("write_vm_exec", {"vmid": 104, "command": "ver", "confirm": True})
+        result = ops.ok("write_exec_vm", {"vmid": 104, "command": "ver", "confirm": True})
     finally:
         sim.lab.guests[104]["status"] = "stopped"
     assert result["exit_code"] == 0 and result["stdout"] == "ran: ver\n"

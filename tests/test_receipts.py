@@ -68,7 +68,7 @@ class Reads:
 def receipt_for(product, method, path, **fields):
     template = catalog.find_path(product, path)[0]
     return {"id": "rc-12345678", "product": product, "method": method, "path": path, "template": template,
-            "time": "2026-01-01T00:00:00Z", "tool": "write_api_call", "undo": True,
+            "time": "2026-01-01T00:00:00Z", "tool": "write_call_api", "undo": True,
             "kind": receipts.rule_for(method, template).kind, "object": path} | fields
 
 
@@ -110,7 +110,7 @@ def test_agent_questions_get_no_receipt(tmp_path):
     decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],
                                template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
     host = SimpleNamespace(product="pve", label="lab", token_id="t")
-    assert receipts.start(receipts.Keeping(tmp_path), host, decision, Reads("pve", {}), "write_restore_drill") is None
+    assert receipts.start(receipts.Keeping(tmp_path), host, decision, Reads("pve", {}), "write_drill_restore") is None
 
 
 def test_a_moved_firewall_rule_cannot_be_taken_back_by_undo():

@@ -198,7 +198,7 @@ def test_a_token_created_through_the_tools_is_masked_in_the_answer_and_the_audit
     with in_process(everything_open(sim, tmp_path), log_name="token-create") as session:
         for product, path in (("pve", "/access/users/mcp@pve/token/fresh"),
                               ("pbs", "/access/users/mcp@pbs/token/fresh")):
-            answer = session.ok("write_api_call", {"method": "POST", "path": path, "product": product,
+            answer = session.ok("write_call_api", {"method": "POST", "path": path, "product": product,
                                                     "confirm": True})["data"]
             assert answer["value"] == masking.MASK, answer
             secret = sim.lab.created_tokens[-1]
@@ -248,7 +248,7 @@ def test_a_dry_run_preview_masks_the_secrets_of_the_request_and_of_the_current_s
     (tmp_path / "protected.json").write_text("[]")
     new = "eyJBdXRob3JpemF0aW9uIjoiQmVhcmVyIG5ldy00NzEyIn0="
     with in_process(everything_open(sim, tmp_path), log_name="dry-secrets") as session:
-        plan = session.ok("write_api_call", {"method": "PUT", "path": "/cluster/metrics/server/otel", "dry_run": True,
+        plan = session.ok("write_call_api", {"method": "PUT", "path": "/cluster/metrics/server/otel", "dry_run": True,
                                              "params": {"server": "otel.example", "port": 4318, "otel-headers": new}})
     assert plan["request"]["params"]["otel-headers"] == masking.MASK
     assert plan["current"]["otel-headers"] == masking.MASK and plan["current"]["server"] == "otel.example"

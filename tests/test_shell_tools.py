@@ -187,88 +187,88 @@ def test_exec_tools_need_the_gate_and_ssh(sim, sshd, tmp_path):
             return {t.name for t in session.tools()}
     base = ssh_env(sim, sshd, tmp_path)
     closed = offered(base | {"PROXMOX_ALLOW_EXEC": "false"})
-    assert not {"write_lxc_exec", "write_vm_exec", "write_node_exec", "write_guest_file_write"} & closed
+    assert not {"write_exec_lxc", "write_exec_vm", "write_exec_node", "write_put_guest_file"} & closed
     assert {"ssh_check", "node_diagnostics"} <= closed
     no_ssh = offered({k: v for k, v in base.items() if "SSH" not in k})
-    assert "write_vm_exec" in no_ssh and "write_lxc_exec" not in no_ssh and "ssh_check" not in no_ssh
-    assert "write_node_exec" not in offered(base | {"PROXMOX_ALLOW_ELEVATED": "false"})
+    assert "write_exec_vm" in no_ssh and "write_exec_lxc" not in no_ssh and "ssh_check" not in no_ssh
+    assert "write_exec_node" not in offered(base | {"PROXMOX_ALLOW_ELEVATED": "false"})
 
 
 # ---------------------------------------------------------------- running
 
 def test_node_exec_results_exit_codes_and_sudo(shell, sim, tmp_path, sshd):
-    ok = shell.ok("write_node_exec", {"where": "pve1", "command": "echo hello; echo oops >&2; exit 3", "confirm": True})
+    ok = shell.ok("write_exec_node", {"where": "pve1", "command": "echo hello; echo oops >&2; exit 3", "confirm": True})
     assert ok["stdout"] == "hello\n" and ok["stderr"] == "oops\n" and ok["exit_code"] == 3 and ok["untrusted"]
     env = ssh_env(sim, sshd, tmp_path, PROXMOX_LAB_SSH_SUDO="true")
     with stdio_session(env, log_name="shell-sudo") as session:
-        result = session.ok("write_node_exec", {"where": "pve1", "command": "id -un", "confirm": True})
+        result = session.ok("write_exec_node", {"where": "pve1", "command": "id -un", "confirm": True})
         assert result["stdout"] == "root\n" and "via-sudo" in result["stderr"]
 
 
 def test_node_exec_needs_confirmation(shell):
-    message = shell.error("write_node_exec", {"where": "pve1", "command": "reboot"})
+    message = shell.error("write_exec_node", {"where": "pve1", "command": "reboot"})
     assert "confirm=true" in message
 
 
 def test_timeout_signals_the_command(shell):
-    result = shell.ok("write_node_exec", {"where": "pve1", "command": "echo start; sleep 30; echo never",
+    result = shell.ok("write_exec_node", {"where": "pve1", "command": "echo start; sleep 30; echo never",
                                           "timeout": 1, "confirm": True})
     assert result["timed_out"] is True and result["stdout"] == "start\n" and "may still be running" in result["note"]
 
 
 def test_huge_output_is_capped_and_escapes_stripped(shell):
-    result = shell.ok("write_node_exec", {"where": "pve1", "confirm": True, "command":
+    result = shell.ok("write_exec_node", {"where": "pve1", "confirm": True, "command":
                                           "printf '\\033[31mred\\033[0m\\n'; head -c 300000 /dev/zero | tr '\\0' x"})
     assert result["stdout"].startswith("red\n") and "\x1b" not in result["stdout"]
     assert result["truncated"] is True and len(result["stdout"]) == 64 * 1024
 
 
 def test_private_keys_are_masked(shell, sshd):
-    result = shell.ok("write_node_exec", {"where": "pve1", "command": f"cat {sshd['base'] / 'user'}", "confirm": True})
+    result = shell.ok("write_exec_node", {"where": "pve1", "command": f"cat {sshd['base'] / 'user'}", "confirm": True})
     assert "PRIVATE KEY-----***" in result["stdout"] and "b3BlbnNzaC1rZXkt" not in result["stdout"]
 
 
 def test_lxc_exec_with_stdin_and_a_stopped_container(shell):
-    result = shell.ok("write_lxc_exec", {"vmid": 102, "command": "tr a-z A-Z", "stdin": "quiet\n", "confirm": True})
+    result = shell.ok("write_exec_lxc", {"vmid": 102, "command": "tr a-z A-Z", "stdin": "quiet\n", "confirm": True})
     assert result["stdout"] == "QUIET\n" and result["exit_code"] == 0 and result["node"] == "pve3"
-    stopped = shell.ok("write_lxc_exec", {"vmid": 103, "command": "true", "confirm": True})
+    stopped = shell.ok("write_exec_lxc", {"vmid": 103, "command": "true", "confirm": True})
     assert stopped["exit_code"] == 255 and "not running" in stopped["stderr"]
-    assert "is a VM" in shell.error("write_lxc_exec", {"vmid": 100, "command": "true", "confirm": True})
+    assert "is a VM" in shell.error("write_exec_lxc", {"vmid": 100, "command": "true", "confirm": True})
 
 
 def test_protected_and_not_allowed_guests_are_refused(shell, sim, sshd, tmp_path):
-    assert "release pipeline" in shell.error("write_lxc_exec", {"vmid": 105, "command": "true", "confirm": True})
-    message = shell.error("write_vm_exec", {"vmid": 101, "command": "id", "confirm": True})
+    assert "release pipeline" in shell.error("write_exec_lxc", {"vmid": 105, "command": "true", "confirm": True})
+    message = shell.error("write_exec_vm", {"vmid": 101, "command": "id", "confirm": True})
     assert "protected" in message and "production database" in message
     env = ssh_env(sim, sshd, tmp_path, PROXMOX_EXEC_ALLOWED_VMIDS="102")
     with stdio_session(env, log_name="shell-allowed") as session:
-        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_lxc_exec", {"vmid": 103, "command": "true",
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_lxc", {"vmid": 103, "command": "true",
                                                                                 "confirm": True})
-        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_vm_exec", {"vmid": 100, "command": "id",
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_vm", {"vmid": 100, "command": "id",
                                                                                "confirm": True})
-        assert session.ok("write_lxc_exec", {"vmid": 102, "command": "echo ok", "confirm": True})["stdout"] == "ok\n"
+        assert session.ok("write_exec_lxc", {"vmid": 102, "command": "echo ok", "confirm": True})["stdout"] == "ok\n"
 
 
 def test_guest_files_in_containers_and_vms(shell, sshd, sim):
-    read = shell.ok("write_guest_file_read", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
+    read = shell.ok("write_get_guest_file", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
     assert read["content"] == "dns\n" and read["untrusted"]
-    shell.ok("write_guest_file_write", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
+    shell.ok("write_put_guest_file", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
                                         "confirm": True})
     assert (sshd["root"] / "102" / "etc" / "motd").read_text() == "secret-motd-text\n"
-    shell.ok("write_guest_file_write", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
+    shell.ok("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
     assert sim.lab.guests[100]["files"]["/etc/motd"] == "vm motd\n"
-    missing = shell.error("write_guest_file_read", {"vmid": 102, "path": "/nope", "confirm": True})
+    missing = shell.error("write_get_guest_file", {"vmid": 102, "path": "/nope", "confirm": True})
     assert "Reading /nope in container 102 failed" in missing
 
 
 def test_vm_exec_through_the_guest_agent(shell, sim):
-    result = shell.ok("write_vm_exec", {"vmid": 100, "command": "uname -a; exit 4", "confirm": True})
+    result = shell.ok("write_exec_vm", {"vmid": 100, "command": "uname -a; exit 4", "confirm": True})
     assert result["exit_code"] == 4 and result["stdout"] == "ran: uname -a; exit 4\n" and result["untrusted"]
     sim.lab.guests[100]["agent_boot_pings"] = 1  # just booted: the first call times out, then it answers
-    assert shell.ok("write_vm_exec", {"vmid": 100, "command": "true", "confirm": True})["exit_code"] == 0
-    slow = shell.ok("write_vm_exec", {"vmid": 100, "command": "sleep 20", "timeout": 1, "confirm": True})
+    assert shell.ok("write_exec_vm", {"vmid": 100, "command": "true", "confirm": True})["exit_code"] == 0
+    slow = shell.ok("write_exec_vm", {"vmid": 100, "command": "sleep 20", "timeout": 1, "confirm": True})
     assert slow["timed_out"] is True
-    assert "not running" in shell.error("write_vm_exec", {"vmid": 104, "command": "true", "confirm": True})
+    assert "not running" in shell.error("write_exec_vm", {"vmid": 104, "command": "true", "confirm": True})
 
 
 def test_node_diagnostics_runs_fixed_commands(shell):
@@ -308,10 +308,10 @@ def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
         assert shell_of.endswith("bash" if user == "root" else "dash")
         for payload in PAYLOADS:
             command = f"printf %s {shell_tools.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
-            for tool, target in (("write_node_exec", {"where": "pve1"}), ("write_lxc_exec", {"vmid": 102})):
+            for tool, target in (("write_exec_node", {"where": "pve1"}), ("write_exec_lxc", {"vmid": 102})):
                 result = session.ok(tool, target | {"command": command, "confirm": True})
                 assert result["stdout"] == hexdump(payload), (tool, payload)
-        message = session.error("write_node_exec", {"where": "pve1", "command": "echo a\x00b", "confirm": True})
+        message = session.error("write_exec_node", {"where": "pve1", "command": "echo a\x00b", "confirm": True})
         assert "NUL" in message
 
 
@@ -357,10 +357,10 @@ def test_a_connection_dropped_mid_command_is_a_clear_error(shell, sshd):
             time.sleep(0.05)
     cutter = threading.Thread(target=cut_when_running)
     cutter.start()
-    message = shell.error("write_node_exec", {"where": "pve1", "command": marker, "timeout": 60, "confirm": True})
+    message = shell.error("write_exec_node", {"where": "pve1", "command": marker, "timeout": 60, "confirm": True})
     cutter.join()
     assert "dropped while the command ran" in message
-    assert shell.ok("write_node_exec", {"where": "pve1", "command": "echo back", "confirm": True})["stdout"] == "back\n"
+    assert shell.ok("write_exec_node", {"where": "pve1", "command": "echo back", "confirm": True})["stdout"] == "back\n"
 
 
 def command_line(pid: int) -> str:

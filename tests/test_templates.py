@@ -214,13 +214,13 @@ def test_keyctl_stays_elevated_and_proxmox_refuses_it_to_a_token(sim, tmp_path):
     with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "write", "PROXMOX_TOOLSETS": "api",
                                                              "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")},
                       log_name="templates-keyctl") as session:
-        message = session.error("write_api_call", {"method": "POST", "path": "/nodes/pve1/lxc", "params": params})
+        message = session.error("write_call_api", {"method": "POST", "path": "/nodes/pve1/lxc", "params": params})
         assert "elevated" in message and "PROXMOX_ALLOW_ELEVATED" in message
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "write", "PROXMOX_TOOLSETS": "api",
                                                  "PROXMOX_ALLOW_ELEVATED": "true", "PROXMOX_ELICIT": "false",
                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "b.jsonl")}
     with tool_session(env, log_name="templates-keyctl-open") as session:
-        message = session.error("write_api_call", {"method": "POST", "path": "/nodes/pve1/lxc", "params": params,
+        message = session.error("write_call_api", {"method": "POST", "path": "/nodes/pve1/lxc", "params": params,
                                                    "confirm": True})
         assert "changing feature flags (except nesting) is only allowed for root@pam" in message
     assert 190 not in sim.lab.guests

@@ -215,13 +215,13 @@ def test_provision_failure_says_what_exists_and_deletes_nothing(ops, sim):
 
 def test_restore_drill_proves_a_backup_and_cleans_up(ops, sim):
     before = set(sim.lab.guests)
-    drill = ops.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+    drill = ops.ok("write_drill_restore", {"vmid": 100, "confirm": True})
     assert drill["result"] == "ok" and set(sim.lab.guests) == before
     assert [s["step"] for s in drill["steps"]] == ["restore", "cut network", "start", "guest answers",
                                                    "destroy scratch"]
     assert next(s for s in drill["steps"] if s["step"] == "cut network")["how"] == "link_down"
     assert set(drill["timings"]) == {"restore_s", "start_s", "answer_s", "total_s"}
-    ct = ops.ok("write_restore_drill", {"vmid": 105, "confirm": True})
+    ct = ops.ok("write_drill_restore", {"vmid": 105, "confirm": True})
     assert ct["result"] == "ok" and next(s for s in ct["steps"] if s["step"] == "cut network")["how"] == "bridge vmbr1"
 
 
@@ -233,34 +233,34 @@ def test_restore_drill_proves_a_protected_guests_backup(sim, tmp_path):
         "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with in_process(env, log_name="workflows-protected") as session:
         config_before = dict(sim.lab.guests[100]["config"]) if "config" in sim.lab.guests[100] else None
-        drill = session.ok("write_restore_drill", {"vmid": 100, "confirm": True})
+        drill = session.ok("write_drill_restore", {"vmid": 100, "confirm": True})
         assert drill["result"] == "ok"
         if config_before is not None:
             assert sim.lab.guests[100]["config"] == config_before
-        assert "protected" in session.error("write_guest_power", {"vmid": 100, "action": "start"})
+        assert "protected" in session.error("write_power_guest", {"vmid": 100, "action": "start"})
 
 
 def test_restore_drill_failure_paths(ops, sim):
-    assert "Scratch vmid 101 exists" in ops.error("write_restore_drill", {"vmid": 100, "scratch_vmid": 101,
+    assert "Scratch vmid 101 exists" in ops.error("write_drill_restore", {"vmid": 100, "scratch_vmid": 101,
                                                                           "confirm": True})
-    assert "has no backup" in ops.error("write_restore_drill", {"vmid": 103, "confirm": True})
+    assert "has no backup" in ops.error("write_drill_restore", {"vmid": 103, "confirm": True})
     before = set(sim.lab.guests)
     sim.lab.fail.append((r"/agent/ping$", 500, "QEMU guest agent is not running"))
     try:
-        silent = step_report(ops.error("write_restore_drill", {"vmid": 100, "answer_seconds": 5, "confirm": True}))
+        silent = step_report(ops.error("write_drill_restore", {"vmid": 100, "answer_seconds": 5, "confirm": True}))
     finally:
         sim.lab.fail.clear()
     assert silent["result"] == "failed" and set(sim.lab.guests) == before  # scratch destroyed anyway
     assert next(s for s in silent["steps"] if s["step"] == "guest answers")["state"] == "failed"
     sim.lab.fail.append((r"^/nodes/[^/]+/qemu$", 500, "restore failed - no space left on device"))
     try:
-        broken = step_report(ops.error("write_restore_drill", {"vmid": 100, "confirm": True}))
+        broken = step_report(ops.error("write_drill_restore", {"vmid": 100, "confirm": True}))
     finally:
         sim.lab.fail.clear()
     assert broken["result"] == "failed" and "no space left" in broken["steps"][-1]["detail"]
     assert broken["created"] == [] and set(sim.lab.guests) == before
     # a drill refused before any step ran says so without a timing (its text is the same on every run)
-    early = step_report(ops.error("write_restore_drill", {"vmid": 100, "backup": "not-a-backup", "confirm": True}))
+    early = step_report(ops.error("write_drill_restore", {"vmid": 100, "backup": "not-a-backup", "confirm": True}))
     assert "timings" not in early and "does not look like a backup" in early["steps"][-1]["detail"]
 
 
@@ -268,7 +268,7 @@ def test_restore_drill_that_cannot_destroy_its_scratch_guest_is_an_error(ops, si
     before = set(sim.lab.guests)
     sim.lab.fail.append((r"/qemu/\d+$", 500, "unable to remove the disk"))  # the DELETE of the scratch VM
     try:
-        stuck = step_report(ops.error("write_restore_drill", {"vmid": 100, "confirm": True}))
+        stuck = step_report(ops.error("write_drill_restore", {"vmid": 100, "confirm": True}))
     finally:
         sim.lab.fail.clear()
     left = set(sim.lab.guests) - before
@@ -307,9 +307,9 @@ def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
                                                       "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"workflows-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()}
-    assert not {"write_provision_lxc", "write_provision_vm", "write_restore_drill"} & offered["lifecycle"]
+    assert not {"write_provision_lxc", "write_provision_vm", "write_drill_restore"} & offered["lifecycle"]
     assert {"write_provision_lxc", "write_provision_vm"} <= offered["write"]
-    assert "write_restore_drill" not in offered["write"]  # it destroys its scratch guest: destructive
+    assert "write_drill_restore" not in offered["write"]  # it destroys its scratch guest: destructive
 
 
 def test_provision_dry_run_sends_no_write(ops, sim):
