@@ -304,12 +304,20 @@ def everything_open(sim: Any, tmp: Path, **extra: str) -> dict[str, str]:
 
 @contextmanager
 def stdio_session(env: dict[str, str], *, mode: str = "auto", log_name: str = "server",
-                  args: list[str] | None = None, **client_kw: Any) -> Iterator[Session]:
+                  args: list[str] | None = None, fresh_process: bool = False, **client_kw: Any) -> Iterator[Session]:
+    """An MCP client session with the server on stdio. The server is forked from a process that
+    imported it once (tests/fork_server.py --stdio; its start is what `python server.py` does after
+    the imports), unless `fresh_process` asks for a real `python server.py` (a test of the start)."""
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=[str(ROOT / "server.py"), *(args or [])],
-                                   env=server_env(env), cwd=str(log_dir()))
+    if fresh_process:
+        command, variables = [str(ROOT / "server.py")], server_env(env)
+    else:
+        command, variables = [str(ROOT / "tests" / "stdio_launcher.py")], server_env(env) | {
+            "FORK_SERVER_SOCKET": stdio_fork_server()}
+    params = StdioServerParameters(command=sys.executable, args=[*command, *(args or [])],
+                                   env=variables, cwd=str(log_dir()))
     with open(log_dir() / f"{log_name}.log", "a") as errlog, start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(
                 Client(stdio_client(params, errlog=errlog), mode=mode, **client_kw)) as client:
@@ -334,6 +342,19 @@ def session(sim: simulator.Simulator, request: pytest.FixtureRequest) -> Iterato
 
 
 FORK_SERVER: subprocess.Popen | None = None  # tests/fork_server.py, started on first use
+STDIO_FORK_SERVER: tuple[subprocess.Popen, str] | None = None  # tests/fork_server.py --stdio and its socket
+
+
+def stdio_fork_server() -> str:
+    """The socket of the process stdio sessions are forked from (started on first use)."""
+    global STDIO_FORK_SERVER
+    if STDIO_FORK_SERVER is None:
+        path = str(STATE_DIR / "stdio-fork.sock")
+        process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py"), "--stdio", path],
+                                   env=server_env({}), stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip() == "ready", "tests/fork_server.py --stdio did not start"
+        STDIO_FORK_SERVER = (process, path)
+    return STDIO_FORK_SERVER[1]
 
 
 def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -361,6 +382,9 @@ def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> sub
 @pytest.fixture(scope="session", autouse=True)
 def _fork_server_ends() -> Iterator[None]:
     yield
+    if STDIO_FORK_SERVER is not None:
+        STDIO_FORK_SERVER[0].terminate()
+        STDIO_FORK_SERVER[0].wait(timeout=10)
     if FORK_SERVER is not None:
         FORK_SERVER.stdin.close()
         FORK_SERVER.wait(timeout=10)
