@@ -271,6 +271,24 @@ def running_tasks(sim: simulator.Simulator) -> Iterator[None]:
     sim.lab.task_seconds = before
 
 
+class User:
+    """The person behind an eliciting client: answers each question from a script; `on_question`
+    lets a test change the world while the user reads."""
+
+    def __init__(self) -> None:
+        self.answers: list[str] = []
+        self.asked: list[str] = []
+        self.on_question = None
+
+    async def __call__(self, _context: Any, params: Any) -> Any:
+        from mcp_types import ElicitResult
+        self.asked.append(params.message)
+        if self.on_question:
+            self.on_question(len(self.asked))
+        action = self.answers.pop(0) if self.answers else "decline"
+        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
+
+
 def requests_during(sim: Any, action: Any, *, writes: bool = False) -> tuple[Any, list]:
     """Run `action` and return its result with the requests the simulator received meanwhile
     (only non-GET ones with writes=True). Background reads of token privileges (and of the PVE

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import everything_open, requests_during, run_server, stdio_session
+from conftest import User, everything_open, requests_during, run_server, stdio_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 
@@ -34,20 +34,6 @@ def plain(request, sim, tmp_path_factory):
     with stdio_session(env_for(sim, tmp), mode=request.param, log_name="admission-plain") as session:
         session.tmp = tmp
         yield session
-
-
-class User:
-    """The person behind an eliciting client: answers each question from a script."""
-
-    def __init__(self):
-        self.answers: list[str] = []
-        self.asked: list[str] = []
-
-    async def __call__(self, _context, params):
-        from mcp_types import ElicitResult
-        self.asked.append(params.message)
-        action = self.answers.pop(0) if self.answers else "decline"
-        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
 
 
 @pytest.fixture(scope="module", params=REVISIONS)

@@ -9,21 +9,7 @@ import json
 import pytest
 import requests
 
-from conftest import everything_open, requests_during, stdio_session
-
-
-class User:
-    """The person behind an eliciting client: answers each question from a script."""
-
-    def __init__(self):
-        self.answers: list[str] = []
-        self.asked: list[str] = []
-
-    async def __call__(self, _context, params):
-        from mcp_types import ElicitResult
-        self.asked.append(params.message)
-        action = self.answers.pop(0) if self.answers else "decline"
-        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
+from conftest import User, everything_open, requests_during, stdio_session
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import confirmation
-from conftest import everything_open, requests_during, stdio_session
+from conftest import User, everything_open, requests_during, stdio_session
 from errors import ConfirmationNeeded
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -20,24 +20,6 @@ PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the productio
 
 def writes(sent: list) -> list:
     return [r for r in sent if r[1] != "GET"]
-
-
-class User:
-    """The person behind an eliciting client: answers each question from a script; `on_question`
-    lets a test change the world while the user reads."""
-
-    def __init__(self):
-        self.answers: list[str] = []
-        self.asked: list[str] = []
-        self.on_question = None
-
-    async def __call__(self, _context, params):
-        from mcp_types import ElicitResult
-        self.asked.append(params.message)
-        if self.on_question:
-            self.on_question(len(self.asked))
-        action = self.answers.pop(0) if self.answers else "decline"
-        return ElicitResult(action=action, content={"confirm": True} if action == "accept" else None)
 
 
 @pytest.fixture(scope="module", params=["auto", "legacy"])
