@@ -100,7 +100,7 @@ def approved(plan: policy.Plan | None, answer: Any) -> set[str]:
         return {policy.approval_key(host, decision) for host, decision in plan.decisions}
     why = f"The user did not confirm ({getattr(answer, 'action', 'no answer')}); nothing was done."
     for host, decision in plan.decisions:
-        policy.audit(host, decision.method, decision.path, decision.params, "refused", error=why)
+        policy.audit(host, decision.method, decision.path, policy.audited_params(decision), "refused", error=why)
     raise PolicyError(why)
 
 

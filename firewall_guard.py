@@ -513,7 +513,7 @@ def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_
     what = f"{decision.method} {decision.path}"
     if read is None:
         raise PolicyError(f"{what} changes the firewall, which is judged against the firewall as it is; it cannot "
-                          f"be read here (inside a batch), so it is refused. Send it on its own.")
+                          f"be read here (no reader was given), so it is refused. Send it on its own.")
     where = decision.path_params
     try:
         before = read_firewall(read, where.get("node"))

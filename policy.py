@@ -238,7 +238,8 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
         _judge_as_after(host, decision, read)
-    if firewall_guard.guards(host.product, method, template):  # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout
+    # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
+    if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
         judge(host, decision)  # read the firewall only for a call the rest of the policy allows
         firewall_guard.check(host, decision, read, settings().source_address)
         protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
@@ -312,9 +313,13 @@ def _refuse_invalid(decision: Decision) -> None:
 def check(host: Any, method: str, path: str, params: dict[str, Any],
           read: Callable[[str], Any] | None = None) -> Decision:
     """Classify and judge one request (steps 1 and 2); raises PolicyError with the reason and
-    what would allow it."""
-    decision = classify(host, method, path, params, read)
-    judge(host, decision)
+    what would allow it (and is audited)."""
+    try:
+        decision = classify(host, method, path, params, read)
+        judge(host, decision)
+    except PolicyError as exc:
+        audit(host, method, path, params, "refused", error=str(exc))
+        raise
     return decision
 
 
@@ -403,13 +408,13 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
         raise
     if decision.gates == ("read",) or follows_confirmed(host, decision):
         return mask_answer(send(decision), decision.secrets)
-    if current_call().get("planning"):  # the plan the user is asked about: nothing is sent
-        raise DryRun({}, [(host, decision)])
-    audited = _audited(decision)
-    # a dry run holds back what changes something or needs the user's yes; a sensitive read changes
-    # nothing (and the preview of a dry run reads the current state that way), but a GET a tool raised
-    # above it (a download it saves to disk: write_restore_file) does
+    audited = audited_params(decision)
+    # planning and a dry run hold back what changes something or needs the user's yes; a sensitive read
+    # changes nothing (and the preview of a dry run reads the current state that way), but a GET a tool
+    # raised above it (a download it saves to disk: write_restore_file) does
     holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
+    if current_call().get("planning") and holds_back:  # the plan the user is asked about: nothing is sent
+        raise DryRun({}, [(host, decision)])
     if (current_call().get("dry_run") or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
@@ -437,7 +442,8 @@ def follows_confirmed(host: Any, decision: Decision) -> bool:
     return False
 
 
-def _audited(decision: Decision) -> dict[str, Any]:
+def audited_params(decision: Decision) -> dict[str, Any]:
+    """What an audit line shows of a request's parameters (contents as size and hash)."""
     return decision.audit_params if decision.audit_params is not None else decision.params
 
 
@@ -470,7 +476,7 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
         confirm(host, pending, summary)
     except PolicyError as exc:
         for decision in pending:
-            audit(host, decision.method, decision.path, _audited(decision), "refused", error=str(exc))
+            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=str(exc))
         raise
     current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
 
@@ -481,19 +487,13 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
     (the restore drill: the start, stop and delete of its scratch guest) and the whole plan in
     words: they are judged now, a dry run shows them, and those that need the user's yes are asked
     together, once, before anything is sent."""
-    decisions = []
-    for method, path, params in steps:
-        try:
-            decisions.append(check(host, method, path, params, read))
-        except PolicyError as exc:
-            audit(host, method, path, params, "refused", error=str(exc))
-            raise
+    decisions = [check(host, method, path, params, read) for method, path, params in steps]
     writes = [d for d in decisions if d.gates != ("read",)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
     if current_call().get("dry_run") or settings().dry_run:
         for decision in writes:
-            audit(host, decision.method, decision.path, _audited(decision), "dry_run")
+            audit(host, decision.method, decision.path, audited_params(decision), "dry_run")
         raise DryRun({"dry_run": True, "host": host.label, "plan": summary,
                       "steps": [default_plan(host, d) for d in writes],
                       "needs_confirmation": any(d.confirm for d in writes)}, [(host, d) for d in writes], summary)
@@ -510,8 +510,10 @@ class Plan:
 
 def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str) -> Plan:
     """Run a tool as far as its first write (or its declared plan_steps) without sending it: the
-    requests it would send that need the user's yes. Nothing is sent but reads, nothing audited;
-    a call that fails before its first write needs no question (it fails again when it runs)."""
+    requests it would send that need the user's yes. Nothing is sent but reads (a sensitive one is
+    audited as sent), no refusal or dry run audited; a call that fails before its first write needs no
+    question (it fails again when it runs). A tool that sends a request needing the yes after another
+    write must declare its steps first (client.plan): on 2026-07-28 a yes cannot be asked mid-call."""
     token = CALL.set({"tool": tool, "planning": True})
     try:
         function(**arguments)
@@ -761,7 +763,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
     hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
     write raises OSError."""
-    if settings().audit_path is None or current_call().get("planning"):
+    if settings().audit_path is None or current_call().get("planning") and verdict in ("refused", "dry_run"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),

@@ -30,6 +30,7 @@ from typing import Any
 
 import catalog
 import config_diff
+from job_edits import delete_names
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from masking import MASK, audit_view, mask, secret_param
 
@@ -287,7 +288,7 @@ def _judge_settings(p: Pending) -> None:
     """A config edit that frees a volume (delete=unusedN, vmstate) or moves a firewall rule cannot
     be taken back; one that deletes an option has its old value in `before`."""
     d = p.decision
-    deleted = [k for k in re.split(r"[,;\s]+", str(d.params.get("delete", ""))) if k]
+    deleted = delete_names(d.params.get("delete"))
     if any(UNUSED.fullmatch(k) or k == "vmstate" for k in deleted):
         p.receipt["undo"] = "it freed a volume (unusedN or vmstate), whose data is gone"
     if "moveto" in d.params:
@@ -379,11 +380,14 @@ def announce(keeping: Keeping, decision: Any) -> list[str]:
     """What a dry run and the user's question say about the safety snapshot an admitted request gets."""
     rollback = re.fullmatch(rf"{GUEST}/snapshot/\{{snapname\}}/rollback", decision.template)
     config = re.fullmatch(rf"{GUEST}/config", decision.template) and decision.method != "GET"
-    deleted = [k for k in re.split(r"[,;\s]+", str(decision.params.get("delete", ""))) if k]
+    deleted = delete_names(decision.params.get("delete"))
     risky = any(DISK.fullmatch(k) for k in [*deleted, *decision.params]) or \
         {"cpu", "machine"} & {*deleted, *decision.params}
-    if (rollback and keeping.safety != "off") or (config and keeping.safety == "all" and risky):
+    if rollback and keeping.safety != "off":
         return ["a safety snapshot is taken first where the guest's storage can (PROXMOX_SAFETY_SNAPSHOT)"]
+    if config and keeping.safety == "all" and risky:  # what safety_due decides when it knows the config
+        return ["a safety snapshot is taken first if this detaches or replaces a disk, or changes the CPU type or "
+                "machine of a running VM, where the guest's storage can (PROXMOX_SAFETY_SNAPSHOT=all)"]
     return []
 
 
@@ -398,7 +402,7 @@ def safety_due(keeping: Keeping, p: Pending) -> bool:
 
 
 def risky_keys(decision: Any, before: dict, client: Any) -> list[str]:
-    deleted = [k for k in re.split(r"[,;\s]+", str(decision.params.get("delete", ""))) if k]
+    deleted = delete_names(decision.params.get("delete"))
     risky = [k for k in deleted if DISK.fullmatch(k) and "media=cdrom" not in str(before.get(k, ""))]
     risky += [k for k, v in decision.params.items() if DISK.fullmatch(k) and k in before
               and str(v).split(",")[0] != str(before[k]).split(",")[0]]
