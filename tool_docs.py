@@ -19,11 +19,12 @@ def tool_summary_markdown() -> str:
         specs = [spec for spec in TOOLS if spec.toolset == toolset]
         cells = [", ".join(f"`{spec.function.__name__}`" + "†" * spec.may_destroy
                            + "".join(f" (+ {also})" for also in spec.also) + " (SSH)" * spec.ssh
+                           + (f" (needs {spec.setting})" if spec.setting else "")
                            for spec in specs if spec.gate == gate) for gate in gates]
         lines.append(f"| {toolset} | " + " | ".join(cells) + " |")
     lines += ["", f"{len(TOOLS)} tools. †: its arguments can make a call destructive (then it is confirmed like "
-              f"one); (+ gate): that gate must be open too; (SSH): offered when SSH is configured. The `compact` "
-              f"toolset is api + workflows."]
+              f"one); (+ gate): that gate must be open too; (SSH): offered when SSH is configured; (needs X): "
+              f"offered when the setting X is set. The `compact` toolset is api + workflows."]
     return "\n".join(lines)
 
 
@@ -46,7 +47,8 @@ def tool_catalog_markdown() -> str:
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
                   f"- gate: {gates}; toolset: {spec.toolset}; "
-                  f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}",
+                  f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}"
+                  f"{f'; offered when {spec.setting} is set' if spec.setting else ''}",
                   f"- annotations: {hints}"]
         if spec.view:
             lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`")

@@ -70,7 +70,7 @@ def test_curated_tools_ask_the_user_too(asking, sim):
     assert "did not confirm" in message and writes(sent) == [] and len(asking.user.asked) == asked + 1
     asking.user.answers = ["decline"]
     assert "did not confirm" in asking.error("write_configure_guest", {"vmid": 104, "delete": ["unused0"],
-                                                                    "confirm": True})
+                                                                       "confirm": True})
     assert "DESTRUCTIVE" in asking.user.asked[-1] and "unused0" in asking.user.asked[-1]
 
 
@@ -88,6 +88,13 @@ def test_elevated_calls_are_confirmed(plain, sim):
     assert "ELEVATED" in message and "confirm=true" in message and writes(sent) == []
     _, sent = requests_during(sim, lambda: plain.ok("write_call_api", reboot | {"confirm": True}))
     assert ("pve", "POST", "/nodes/pve1/status") in sent
+
+
+def test_exec_in_a_protected_vm_is_refused_without_ssh(plain, sim):
+    """The guest agent's exec goes through the API (no sshd needed): refused for a protected guest."""
+    message, sent = requests_during(sim, lambda: plain.error("write_exec_vm", {"vmid": 101, "command": "true",
+                                                                               "confirm": True}))
+    assert "protected" in message and writes(sent) == []
 
 
 def test_a_guest_file_read_is_confirmed_like_exec(plain, sim):

@@ -63,8 +63,8 @@ def test_backup_jobs_says_what_each_selects_and_keeps(ops, sim):
 
 def test_create_update_and_delete_a_job(ops, sim):
     created = ops.ok("write_edit_backup_job", {"action": "create", "job_id": "weekly-win", "vmids": [104],
-                                          "schedule": "sat 03:00", "storage": "pbs", "mode": "stop",
-                                          "notes": "{{guestname}}"})
+                                               "schedule": "sat 03:00", "storage": "pbs", "mode": "stop",
+                                               "notes": "{{guestname}}"})
     assert created["selects"] == "vmids 104" and created["guests"] == [104]
     assert job(sim, "weekly-win") == {"id": "weekly-win", "type": "vzdump", "vmid": "104", "schedule": "sat 03:00",
                                            "storage": "pbs", "mode": "stop", "notes-template": "{{guestname}}",
@@ -81,7 +81,7 @@ def test_create_update_and_delete_a_job(ops, sim):
 
 def test_a_retention_that_prunes_is_confirmed(ops, sim):
     message, sent = writes(sim, lambda: ops.error("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY,
-                                                                      "keep": "keep-daily=7"}))
+                                                                            "keep": "keep-daily=7"}))
     assert "destructive" in message.lower() and "prunes backups" in message and "confirm" in message and sent == []
     ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY, "keep": "keep-daily=7", "confirm": True})
     assert job(sim, NIGHTLY)["prune-backups"] == "keep-daily=7"
@@ -91,7 +91,7 @@ def test_a_retention_that_prunes_is_confirmed(ops, sim):
 
 def test_a_dry_run_sends_nothing(ops, sim):
     plan, sent = writes(sim, lambda: ops.ok("write_edit_backup_job", {"action": "update", "job_id": NIGHTLY,
-                                                                 "all_except": [104, 105], "dry_run": True}))
+                                                                      "all_except": [104, 105], "dry_run": True}))
     assert plan["dry_run"] is True and plan["request"]["params"] == {"all": 1, "exclude": "104,105"} and sent == []
 
 
@@ -125,6 +125,7 @@ def test_a_job_that_would_stop_a_protected_guest_is_refused(guarded, sim):
 
 
 def test_closed_gate_and_missing_privilege(sim, tmp_path):
+    # the admin token first: only the closed gate may refuse; the missing privilege comes with a login below
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "lifecycle", "PROXMOX_TOOLSETS": "backups,api",
                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="jobs-lifecycle") as running:  # a tool whose gate is closed is not offered

@@ -313,7 +313,7 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
     ops.ok("write_create_snapshot", {"vmid": 202, "name": "clean"})
     ops.ok("write_configure_guest", {"vmid": 202, "set": {"cores": 4}})  # running: pending
     plan, sent = requests_during(sim, lambda: ops.ok("write_rollback_snapshot", {"vmid": 202, "name": "clean",
-                                                                               "dry_run": True}), writes=True)
+                                                                                 "dry_run": True}), writes=True)
     assert any("safety snapshot is taken first" in why for why in plan["why"]) and sent == []
     rolled = ops.ok("write_rollback_snapshot", {"vmid": 202, "name": "clean", "confirm": True})
     kept = receipt(tmp, rolled["receipts"][-1])
@@ -413,8 +413,10 @@ def test_undo_never_reaches_a_protected_guest(ops, sim, tmp):
     ops.ok("write_undo_change", {"receipt": done["receipt"]})
 
 
-def test_an_unknown_receipt_is_named(ops):
-    assert "No receipt rc-00000000" in ops.error("write_undo_change", {"receipt": "rc-00000000"})
+def test_an_unknown_receipt_is_named(ops, sim):
+    message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": "rc-00000000"}),
+                                    writes=True)
+    assert "No receipt rc-00000000" in message and sent == []
     assert "receipt id" in ops.error("write_undo_change", {"receipt": "../../etc/passwd"})
 
 
@@ -468,8 +470,8 @@ def test_undo_of_a_firewall_rule_and_options(ops, sim):
     key by key (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
     rules = lambda: ops.ok("firewall_rules", {"vmid": 201})  # noqa: E731
     before = json.dumps(rules().get("rules"))
-    added = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add",
-                                           "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8080"}})
+    accept = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8080"}
+    added = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add", "rule": accept})
     assert json.dumps(rules().get("rules")) != before
     undone, sent = requests_during(sim, lambda: ops.ok("write_undo_change",
                                                         {"receipt": added["receipt"], "confirm": True}),
@@ -478,7 +480,7 @@ def test_undo_of_a_firewall_rule_and_options(ops, sim):
     assert json.dumps(rules().get("rules")) == before
     for port in ("81", "82", "83"):
         ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add",
-                                       "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port}})
+                                            "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port}})
     three = json.dumps(rules().get("rules"))
     deleted = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "delete", "pos": 1, "confirm": True})
     ops.ok("write_undo_change", {"receipt": deleted["receipt"]})  # made again on top, then moved back to 1

@@ -38,8 +38,8 @@ def test_cloudinit_on_a_running_vm(ops, sim):
     # a change made elsewhere on the running VM: the drive still has the old value
     ops.ok("write_configure_guest", {"vmid": 100, "set": {"searchdomain": "old.example"}})
     answer = ops.ok("write_set_cloudinit", {"vmid": 100, "user": "debian", "ssh_keys": KEY, "password": PASSWORD,
-                                        "ip": {"net0": "192.0.2.50/24,gw=192.0.2.1"}, "dns": "192.0.2.1 example.org",
-                                        "upgrade": False})
+                                            "ip": {"net0": "192.0.2.50/24,gw=192.0.2.1"},
+                                            "dns": "192.0.2.1 example.org", "upgrade": False})
     assert answer["result"] == "ok" and answer["regenerated"] == "ide2"
     assert answer["changed"]["cipassword"] == "***" and answer["changed"]["ipconfig0"] == \
         "ip=192.0.2.50/24,gw=192.0.2.1"
@@ -106,6 +106,7 @@ def test_refused_by_the_policy(ops, sim):
     message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_set_cloudinit",
                                                                                {"vmid": 101, "user": "x"}))
     assert "Guest 101 (db) is protected" in message and sent == []
+    # the admin token: only the closed gate may hide the tool here, not a missing privilege
     with tool_session(sim.env(pve_token="root@pam!admin"), log_name="cloudinit-read") as closed:
         assert "write_set_cloudinit" not in {t.name for t in closed.tools()}
     # the README's reader token has neither VM.Config.Cloudinit nor VM.Config.Network

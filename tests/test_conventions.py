@@ -27,7 +27,8 @@ READS = [("list_nodes", {}), ("node_status", {"node": "pve1"}), ("list_guests", 
 
 @pytest.fixture(scope="module")
 def reads(sim):
-    with tool_session(sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin"), log_name="conventions") as s:
+    # the reader with the README's backup grant: every read tool answers (backups on `local` included)
+    with tool_session(sim.env(pve_token="mcp@pve!backups"), log_name="conventions") as s:
         yield s
 
 

@@ -87,7 +87,7 @@ def test_paging_bounds_a_big_directory(restorer, sim):
 @pytest.mark.parametrize("backup, expected", [
     ("backup:vm/100", "no file catalog for"),
     ("backup:ct/102/2001-01-01T00:00:00Z", "No snapshot backup:ct/102/2001-01-01T00:00:00Z"),
-    ("nfs-backup:backup/vzdump-lxc-102-2026_01_01-02_00_01.tar.zst", "is not a backup on a PBS storage"),
+    ("local:backup/vzdump-lxc-102-2026_01_01-02_00_01.tar.zst", "is not a backup on a PBS storage"),
 ])
 def test_backups_that_cannot_be_browsed_are_explained(restorer, sim, backup, expected):
     message, sent = requests_during(sim, writes=True, action=lambda: restorer.error("backup_files",
@@ -181,8 +181,19 @@ def test_restore_dry_run_sends_and_saves_nothing(restorer, sim):
     ({"path": "/root.pxar.didx/etc/nothing"}, "No '/root.pxar.didx/etc/nothing'"),
 ])
 def test_restore_refuses_bad_paths(restorer, sim, arguments, expected):
-    message = restorer.error("write_restore_file", {"backup": newest(sim, "ct", 102)} | arguments)
+    before = sorted(restorer.folder.rglob("*"))
+    message, sent = requests_during(sim, action=lambda: restorer.error(
+        "write_restore_file", {"backup": newest(sim, "ct", 102)} | arguments))
     assert expected in message
+    assert not [r for r in sent if "download" in r[2]] and sorted(restorer.folder.rglob("*")) == before
+
+
+def test_a_protected_guests_file_is_not_restored_through_pve(restorer, sim):
+    before = sorted(restorer.folder.rglob("*"))
+    message, sent = requests_during(sim, action=lambda: restorer.error(
+        "write_restore_file", {"backup": newest(sim, "ct", 105), "path": "/root.pxar.didx/etc/hostname"}))
+    assert "Guest 105 (ci-runner) is protected" in message
+    assert not [r for r in sent if "file-restore" in r[2]] and sorted(restorer.folder.rglob("*")) == before
 
 
 def test_restore_needs_the_folder_and_the_write_gate(sim, tokens, tmp_path):

@@ -110,10 +110,10 @@ def test_add_update_move_and_delete_a_guest_rule(admin, sim):
     rules = sim.lab.firewall["guests"][100]["rules"]
     assert [r["dport"] for r in rules] == ["443", "80"]  # a new rule goes on top
     admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 1,
-                                     "rule": {"type": "in", "action": "DROP", "proto": "tcp", "dport": "25"}})
+                                          "rule": {"type": "in", "action": "DROP", "proto": "tcp", "dport": "25"}})
     assert [(r["dport"], r["enable"]) for r in rules] == [("443", 1), ("25", 1), ("80", 1)]
     updated = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "update", "pos": 2,
-                                               "rule": {"dport": "8080", "delete": "comment"}})
+                                                    "rule": {"dport": "8080", "delete": "comment"}})
     assert updated["rule"]["match"] == "tcp 8080" and "comment" not in rules[2]
     moved = admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "move", "pos": 0, "rule": {"moveto": 2}})
     assert moved["pos"] == 2 and [r["dport"] for r in rules] == ["25", "8080", "443"]
@@ -164,7 +164,7 @@ def test_options_enable_a_guest_and_refuse_a_node_policy(admin, sim):
 @pytest.mark.mcp  # a refusal as the client sees it
 def test_a_rule_that_cuts_ssh_from_this_server_is_refused(admin, sim):
     message, sent = writes(sim, lambda: admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH,
-                                                                            "confirm": True}))
+                                                                                 "confirm": True}))
     assert "would cut SSH (22) on node pve1 from 192.0.2.50" in message and sent == []
     assert "cluster rule 0 (in DROP tcp 22 from anywhere)" in message  # what cuts it
     assert "management IP set" in message  # what lets it in now
@@ -179,7 +179,7 @@ def test_a_rule_that_spares_this_server_is_allowed(admin, sim):
     added = admin.ok("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH, "confirm": True})
     assert added["pos"] == 1 and [r.get("source") for r in cluster_rules(sim)] == [LAN, None, "10.0.0.0/8"]
     message = admin.error("write_edit_firewall_rule", {"action": "move", "pos": 0, "rule": {"moveto": 2},
-                                                  "confirm": True})
+                                                       "confirm": True})
     assert "would cut SSH (22)" in message  # moving the ACCEPT below the DROP
 
 
@@ -235,6 +235,7 @@ def test_a_disabled_node_firewall_cuts_nothing(admin, sim):
 # ---------------------------------------------------------------- gates, protection, privileges
 
 def test_the_cluster_firewall_needs_the_elevated_gate(sim, tmp_path):
+    # the admin token: only the gates decide here, not a missing privilege
     env = sim.env(pve_token="root@pam!admin") | {"PROXMOX_ACCESS": "destructive", "PROXMOX_TOOLSETS": "firewall",
                                                  "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="firewall-no-elevated") as session:
@@ -277,7 +278,7 @@ def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
            "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="firewall-ops") as session:
         message, sent = writes(sim, lambda: session.error("write_set_firewall_options", {"enable": False,
-                                                                                     "confirm": True}))
+                                                                                         "confirm": True}))
         assert "lacks Sys.Modify on /" in message and "pveum acl modify" in message and sent == []
     with tool_session(sim.env() | {"PROXMOX_ACCESS": "write", "PROXMOX_TOOLSETS": "firewall"},
                       log_name="firewall-reader") as session:  # the reader token holds neither: not offered
@@ -287,7 +288,7 @@ def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
 
 def test_a_dry_run_sends_nothing_and_still_meets_the_guard(admin, sim):
     plan, sent = writes(sim, lambda: admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 2,
-                                                                      "rule": DROP_SSH, "dry_run": True}))
+                                                                           "rule": DROP_SSH, "dry_run": True}))
     assert plan["dry_run"] is True and plan["then"][0].endswith("moveto=3 (it lands at pos 0)") and sent == []
     assert "would cut" in admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "dry_run": True})
 

@@ -117,7 +117,7 @@ def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
     sim.lab.pbs_timezone = "Europe/Berlin"
     try:
         answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "300",
-                                            "keep_daily": 2, "dry_run": True})
+                                                  "keep_daily": 2, "dry_run": True})
     finally:
         sim.lab.pbs_timezone = "UTC"
     assert answer["keep"] == ["2026-01-01T23:30:00Z", "2026-01-01T22:30:00Z"]
@@ -230,7 +230,7 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
     assert group[0]["verification"]["state"] == "failed"
     # without reverify PBS skips what was verified before, and the answer says so
     skipped = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "100",
-                                          "reverify": False})
+                                                  "reverify": False})
     assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
 
 

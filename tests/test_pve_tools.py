@@ -32,8 +32,6 @@ def ops(sim, tmp_path_factory):
         yield session
 
 
-
-
 def rows(answer):
     return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]
 
@@ -119,7 +117,7 @@ def test_power_cycle_with_progress(ops, sim):
 
 def test_config_with_digest_and_nic(ops, sim):
     done = ops.ok("write_configure_guest", {"vmid": 103, "set": {"memory": 4096, "description": "media box"},
-                                         "delete": ["swap"]})
+                                            "delete": ["swap"]})
     assert done["changed"] == ["description", "memory"]
     config = sim.lab.guests[103]["config"]
     assert config["memory"] == "4096" and "swap" not in config
@@ -245,6 +243,18 @@ def test_protected_guest_is_refused_with_no_write_sent(ops, sim, tool, arguments
         sim.lab.guests[101]["status"] = "running"
     assert "protected" in message and "production database" in message
     assert sent == []
+
+
+def test_a_protected_guests_disk_is_not_deleted(ops, sim):
+    """An unused disk of protected guest 101 (no config names it, so the tool's own in-use check passes)."""
+    sim.lab.add_volume("local-lvm", "local-lvm:vm-101-disk-9", "images", 1 << 30, vmid=101, node="pve2")
+    try:
+        message, sent = requests_during(sim, writes=True, action=lambda: ops.error(
+            "write_delete_volume", {"volid": "local-lvm:vm-101-disk-9", "node": "pve2", "confirm": True}))
+    finally:
+        volumes = sim.lab.volumes["local-lvm"]
+        volumes[:] = [v for v in volumes if v["volid"] != "local-lvm:vm-101-disk-9"]
+    assert "protected" in message and sent == []
 
 
 def test_a_protected_guest_is_backed_up_in_snapshot_mode_without_pruning(ops, sim):

@@ -106,7 +106,7 @@ def test_restore_happens_on_the_node_that_holds_the_archive(ops, sim):
     assert restored["result"] == "ok" and restored["node"] == "pve2"
     assert sim.lab.guests[restored["vmid"]]["node"] == "pve2"
     message, sent = writes(sim, lambda: ops.error("write_restore_backup", {"archive": LOCAL_VM_BACKUP,
-                                                                             "node": "pve1"}))
+                                                                           "node": "pve1"}))
     assert "pve2" in message and sent == []
 
 

@@ -199,7 +199,7 @@ def test_a_token_created_through_the_tools_is_masked_in_the_answer_and_the_audit
         for product, path in (("pve", "/access/users/mcp@pve/token/fresh"),
                               ("pbs", "/access/users/mcp@pbs/token/fresh")):
             answer = session.ok("write_call_api", {"method": "POST", "path": path, "product": product,
-                                                    "confirm": True})["data"]
+                                                   "confirm": True})["data"]
             assert answer["value"] == masking.MASK, answer
             secret = sim.lab.created_tokens[-1]
             assert secret not in (tmp_path / "audit.jsonl").read_text()

@@ -253,7 +253,7 @@ def test_guest_files_in_containers_and_vms(shell, sshd, sim):
     read = shell.ok("write_get_guest_file", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
     assert read["content"] == "dns\n" and read["untrusted"]
     shell.ok("write_put_guest_file", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
-                                        "confirm": True})
+                                      "confirm": True})
     assert (sshd["root"] / "102" / "etc" / "motd").read_text() == "secret-motd-text\n"
     shell.ok("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
     assert sim.lab.guests[100]["files"]["/etc/motd"] == "vm motd\n"

@@ -94,6 +94,7 @@ def test_download_template_refuses_bad_input_with_nothing_sent(writer, sim, argu
 
 
 def test_download_template_needs_the_write_gate_and_the_privilege(sim):
+    # the admin token: only the closed gate may hide the tools, not a missing privilege
     with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "templates"},
                       log_name="templates-closed") as closed:
         assert "write_download_template" not in {t.name for t in closed.tools()}
@@ -227,6 +228,7 @@ def test_keyctl_stays_elevated_and_proxmox_refuses_it_to_a_token(sim, tmp_path):
 
 
 def test_with_the_write_gate_closed_no_template_write_is_offered(sim):
+    # the admin token: only the closed gate may hide the tools, not a missing privilege
     with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "guests,templates"},
                       log_name="templates-read-only") as closed:
         offered = {t.name for t in closed.tools()}

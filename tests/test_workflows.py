@@ -39,13 +39,6 @@ def sim():
 
 
 @pytest.fixture(scope="module")
-def reader(sim):
-    """The README's read-only token (PVEAuditor), as a first conversation has it."""
-    with tool_session(sim.env(), log_name="workflows-reader") as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
 def ops(sim, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("workflows")
     (tmp / "protected.json").write_text("[]")
@@ -85,7 +78,8 @@ def test_health_check_reports_what_is_wrong_and_only_that(session, sim):
     assert len(pve_requests) <= 3 + 6 * 3
 
 
-def test_health_check_reports_disks_pools_kernels_certificates_and_updates(reader, sim):
+def test_health_check_reports_disks_pools_kernels_certificates_and_updates(session, sim):
+    """conftest's session: the README's read-only token (PVEAuditor), as a first conversation has it."""
     world = monitor(sim.lab)
     world.disks["pve1"].append({"devpath": "/dev/sdb", "type": "hdd", "size": 4 * 10 ** 12, "model": "WDC WD40EFRX",
                                 "health": "FAILED!", "wearout": "N/A", "used": "ZFS"})
@@ -97,7 +91,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(reade
     world.proxy_certs["pve2"] = 20  # an ACME certificate that did not renew at 30 days
     sim.lab.cert_days["pve1"] = 20  # pve-ssl.pem: renews itself at 14 days
     try:
-        report = reader.ok("health_check")
+        report = session.ok("health_check")
     finally:
         world.disks["pve1"].pop()
         world.disks["pve2"][0]["wearout"] = "98"
@@ -195,6 +189,16 @@ def test_provision_lxc_and_vm_in_one_call(ops, sim):
 def step_report(message):
     """A failed workflow is a tool error carrying its step report."""
     return json.loads(message.split("Step report: ", 1)[1])
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"name": "bad name!", "cloud_image": "local:import/debian-13.qcow2"}, "argument 'name'"),
+    ({"name": "cloudy2", "cloud_image": "local:import/nothing.qcow2"}, "nothing.qcow2"),
+    ({"name": "cloudy2", "cloud_image": "local:import/debian-13.qcow2", "memory_mb": 1}, "argument 'memory_mb'"),
+])
+def test_provision_vm_refuses_bad_input_with_nothing_sent(ops, sim, arguments, expected):
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_provision_vm", arguments))
+    assert expected in message and sent == []
 
 
 def test_provision_failure_says_what_exists_and_deletes_nothing(ops, sim):
