@@ -140,10 +140,13 @@ def stored(key: str, value: Any) -> Any:
     return mask(value) if isinstance(value, str) else value
 
 
-def stored_object(data: Any) -> Any:
+def stored_object(data: Any, key: str = "value") -> Any:
+    """An object as a receipt keeps it: every secret masked by its name, at any depth."""
     if isinstance(data, dict):
-        return {k: stored(k, v) if not isinstance(v, (dict, list)) else v for k, v in data.items()}
-    return stored("value", data) if isinstance(data, str) else data
+        return {k: stored_object(v, k) for k, v in data.items()}
+    if isinstance(data, list):
+        return [stored_object(v, key) for v in data]
+    return stored(key, data) if isinstance(data, str) else data
 
 
 def path_of(keeping: Keeping, receipt_id: str) -> Path:

@@ -9,6 +9,7 @@ import pytest
 import catalog
 import receipts
 from errors import InvalidArgument, ProxmoxError, ToolFailure
+from masking import MASK
 
 # (product, method, concrete path, kind): what each config-like change of issue 24 is recorded as
 RECORDED = [
@@ -186,3 +187,11 @@ def test_which_guests_get_a_safety_snapshot(disk, rollback, why):
 
 def test_a_template_gets_no_safety_snapshot():
     assert receipts.cannot_snapshot(Reads("pve", {"/storage": STORAGES}), {"template": 1}, rollback=True)
+
+
+def test_a_secret_nested_in_a_stored_object_is_masked():
+    """Objects a receipt keeps are masked at every depth, not only their top-level values."""
+    kept = receipts.stored_object({"id": "m1", "otel": {"password": "hunter2-secret", "port": 4317},
+                                   "endpoints": [{"token": "tok-0123456789", "url": "https://x"}]})
+    assert kept["otel"] == {"password": MASK, "port": 4317} and kept["endpoints"][0]["token"] == MASK
+    assert kept["endpoints"][0]["url"] == "https://x" and kept["id"] == "m1"
