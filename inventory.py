@@ -205,6 +205,9 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
 # (node_disks and node_updates show these; health_check reports them: docs/PROXMOX-BEHAVIOUR.md#node-monitoring)
 
 HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
+# not a verdict on the disk: smartctl could not or would not judge it (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)
+UNJUDGED = ("UNKNOWN", "SMART DISABLED")
+SMART_OFF = "SMART Disabled"
 WEAROUT_LEFT_WARN = 20  # percent of rated life left
 
 
@@ -218,9 +221,10 @@ def wearout_left(disk: dict) -> float | None:
 
 
 def disk_problem(disk: dict) -> str | None:
-    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
+    """Why a disk needs attention: SMART health other than PASSED/OK (UNKNOWN and `SMART Disabled` judge
+    nothing), or under 20 % life left."""
     health = str(disk.get("health") or "UNKNOWN")
-    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
+    if health.upper() not in HEALTHY + UNJUDGED:
         return f"SMART health {health}"
     left = wearout_left(disk)
     if left is not None and left < WEAROUT_LEFT_WARN:

@@ -21,9 +21,9 @@ import runtime
 from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
                      human_bytes, iso_time, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
-                       disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels,
-                       next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
+from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
+                       check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
+                       kernels, next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
                        wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
 from tasks import run_task, task_report
@@ -272,10 +272,15 @@ def _certificates(h: Health, node: str, certs: list[dict]) -> None:
 
 
 def _disks(h: Health, node: str, disks: list[dict]) -> None:
-    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life
-    (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life; SMART turned off is
+    said as info (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
     for disk in disks:
         problem = disk_problem(disk)
+        if disk.get("health") == SMART_OFF:
+            h.report.add("info", "disks",
+                         f"{disk.get('devpath')} on {node}: SMART is off, so its health is not watched",
+                         {"model": disk.get("model"), "health": disk.get("health")},
+                         f"turn it on: smartctl -s on {disk.get('devpath')} on the node")
         if problem:
             failing = problem.startswith("SMART")
             h.report.add("critical" if failing else "warning", "disks", f"{disk.get('devpath')} on {node}: {problem}",
