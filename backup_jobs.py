@@ -11,6 +11,7 @@ from pydantic import Field
 from answers import ConfirmArg, DryRunArg, Host, compact, iso_time, table
 from errors import InvalidArgument
 from inventory import backup_storages, guest_resources, job_selects, vmid_set
+from job_edits import property_string
 from proxmox_client import ProxmoxClient, pve_client
 
 JOB_COLUMNS = ["id", "enabled", "schedule", "next_run", "storage", "mode", "selects", "guests", "retention", "notes"]
@@ -36,10 +37,10 @@ def retention(job: dict, storages: dict[str, dict]) -> str:
     (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
     if str(job.get("remove", 1)) == "0":
         return "none (remove=0)"
-    if job.get("prune-backups"):
-        return str(job["prune-backups"])
+    if job.get("prune-backups"):  # GET answers it as an object (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit)
+        return property_string(job["prune-backups"])
     stored = storages.get(job.get("storage", ""), {}).get("prune-backups")
-    return f"the storage's: {stored or 'keep-all=1'}"
+    return f"the storage's: {property_string(stored) if stored else 'keep-all=1'}"
 
 
 def _guests(client: ProxmoxClient) -> list[dict]:

@@ -61,6 +61,14 @@ def test_backup_jobs_says_what_each_selects_and_keeps(ops, sim):
     del sim.lab.storages["pbs"]["config"]["prune-backups"]
 
 
+def test_a_jobs_own_retention_is_read_as_proxmox_answers_it(ops, sim):
+    """GET /cluster/backup answers prune-backups as an object (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit)."""
+    job(sim, NIGHTLY)["prune-backups"] = "keep-daily=7,keep-weekly=4"
+    assert ops.ok("api_read", {"path": f"/cluster/backup/{NIGHTLY}"})["data"]["prune-backups"] == {"keep-daily": 7,
+                                                                                             "keep-weekly": 4}
+    assert rows(ops.ok("backup_jobs"))[0]["retention"] == "keep-daily=7,keep-weekly=4"
+
+
 def test_create_update_and_delete_a_job(ops, sim):
     created = ops.ok("write_edit_backup_job", {"action": "create", "job_id": "weekly-win", "vmids": [104],
                                           "schedule": "sat 03:00", "storage": "pbs", "mode": "stop",
