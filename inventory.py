@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import policy
-from answers import compact, human_bytes, iso_time
+from answers import capped, compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient, configured, pbs_client
 
@@ -322,9 +322,9 @@ def backup_grant(client: ProxmoxClient) -> str:
 
 def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
     """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
-    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, capped(vmids)))})"
              for name, vmids in sorted(hidden.items())]
-    return {"not_visible": where,
+    return {"not_visible": capped(where),
             "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
                    f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
                    f"(which says nothing about whether they exist).",

@@ -18,8 +18,8 @@ import policy
 import proxmox_client
 import pve_tools
 import runtime
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
-                     human_bytes, iso_time, percent, table)
+from answers import (LIST_CAP, ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
+                     capped, compact, human_bytes, iso_time, more, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
                        check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
@@ -82,7 +82,6 @@ class Report:
 
 
 FOLD_AFTER = 3  # findings alike shown one by one before the rest are counted
-LIST_CAP = 12  # names of sections checked or unavailable shown
 
 
 # Where the findings folded away can be seen one by one.
@@ -108,14 +107,6 @@ def folded(findings: list[dict]) -> list[dict]:
                                     "evidence": [f["finding"][:60] for f in group[:5]],
                                     "next": FOLDED_NEXT.get(area, "the evidence names the first few")})
     return shown
-
-
-def more(items: list, filler: Any) -> list:
-    """What a list cut at LIST_CAP says about the rest: one entry naming how many."""
-    if len(items) <= LIST_CAP:
-        return []
-    count = f"+{len(items) - LIST_CAP} more"
-    return [filler | {"section": count} if isinstance(filler, dict) else count]
 
 
 def _pbs(label: str | None) -> ProxmoxClient | None:
@@ -570,7 +561,7 @@ def _guest_rows(c: Coverage) -> None:
     if unknown:  # said once, with the grant, instead of a finding per guest
         why = hidden_note(c.client, c.hidden, len(c.guests)) if c.hidden else {}
         c.report.add("warning", "backups", f"the backup state of {len(unknown)} guest(s) is unknown: backups on "
-                     f"{', '.join(sorted(c.unseen))} cannot be seen", {"guests": unknown} | why,
+                     f"{', '.join(capped(sorted(c.unseen)))} cannot be seen", {"guests": capped(unknown)} | why,
                      "grant the role in `grant` to the user and the token, then run backup_coverage again"
                      if why else "see `unavailable` for why those storages could not be read")
 
@@ -648,14 +639,33 @@ def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
 
 def _job_changes(c: Coverage) -> None:
     """For the guests no enabled job selects, the write_edit_backup_job arguments that cover them (try them
-    with dry_run first); the policy judges each when it is sent."""
+    with dry_run first); the policy judges each when it is sent. A new job selects every guest but the
+    others when that is the shorter list; a list still longer than LIST_CAP is cut, and the change says so."""
     if c.jobs is None:
         return
     changes: dict[str, dict] = {}
     for guest in sorted(c.guests, key=lambda g: int(g["vmid"])):
         if not any(_fits(j, guest) and job_selects(j, guest)[0] for j in c.jobs):
             _job_change(c, guest, changes)
-    c.job_changes = list(changes.values())
+    if "" in changes:
+        arguments = changes[""]["write_edit_backup_job"]
+        others = sorted(set(int(r["vmid"]) for r in c.resources if r.get("type") in ("qemu", "lxc"))
+                        - set(arguments["vmids"]))
+        if len(others) < len(arguments["vmids"]):
+            arguments["all_except"] = others
+            del arguments["vmids"]
+    c.job_changes = [_cut(change) for change in changes.values()]
+
+
+def _cut(change: dict) -> dict:
+    """A job change whose lists stay small: a cut argument cannot be sent as it is, and the note says so."""
+    arguments = change["write_edit_backup_job"]
+    for key in ("vmids", "all_except"):
+        if len(arguments.get(key) or []) > LIST_CAP:
+            change["note"] = (f"cut: {key} names {len(arguments[key])} guests, too many to show; send the whole "
+                              f"list (the job's own guests and those `covers` counts), or select by pool")
+            arguments[key] = capped(arguments[key])
+    return change | {"covers": capped(change["covers"])}
 
 
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
@@ -680,7 +690,7 @@ def backup_coverage(host: Host = None, pbs_host: Host = None,
         states[row["state"]] = states.get(row["state"], 0) + 1
     ranked = sorted(coverage.rows, key=lambda r: (STATE_RANK.get(r["state"], 5), r["vmid"]))
     guests = table(columns, ranked, limit=COVERAGE_PAGE, offset=offset)
-    orphans = coverage.orphans[:LIST_CAP] + more(coverage.orphans, "")
+    orphans = capped(coverage.orphans)
     return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans,
                                   job_changes=coverage.job_changes)
 

@@ -174,7 +174,9 @@ def test_backup_coverage_adds_to_a_vmid_job_or_creates_one(ops, sim):
     sim.lab.backup_jobs[:] = []
     changes = ops.ok("backup_coverage")["job_changes"]
     create = changes[0]["write_edit_backup_job"]
-    assert create == {"action": "create", "job_id": "backup-uncovered", "vmids": [100, 101, 102, 103, 104, 105],
+    # every guest is uncovered: the new job selects all (the shorter list), not each of them
+    assert create == {"action": "create", "job_id": "backup-uncovered", "all_except": [],
                       "schedule": "02:00", "storage": create["storage"]} and create["storage"]
+    assert changes[0]["covers"] == [100, 101, 102, 103, 104, 105]
     ops.ok("write_edit_backup_job", create)
     assert ops.ok("backup_coverage")["job_changes"] == []
