@@ -151,7 +151,8 @@ def write_edit_backup_job(action: Literal["create", "update", "delete"],
         client.request("DELETE", f"/cluster/backup/{job_id}", {})
         left = [j for name, j in jobs.items() if name != job_id]
         now_uncovered = sorted(set(uncovered(left, guests)) & set(selected(job, guests)))
-        return {"deleted": job_id, "was": selection(job), "now_uncovered": now_uncovered, "result": "ok"}
+        return {"deleted": job_id, "was": selection(job), "now_uncovered": now_uncovered[:SHOWN_UNCOVERED],
+                "now_uncovered_total": len(now_uncovered), "result": "ok"}
     selecting, options = _selection_params(vmids, pool, all_except, job), _job_params(schedule, storage, mode, keep,
                                                                                      notes)
     deleted = ",".join(filter(None, (selecting.pop("delete", None), options.pop("delete", None))))

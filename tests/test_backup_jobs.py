@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import backup_jobs
 from conftest import everything_open, requests_during, tool_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -85,6 +86,12 @@ def test_create_update_and_delete_a_job(ops, sim):
     assert everything["selects"] == "all" and everything["guests_total"] == 6 and "exclude" not in job(sim, NIGHTLY)
     deleted = ops.ok("write_edit_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
     assert deleted["was"] == "all" and deleted["now_uncovered"] == [102, 103, 104, 105]  # prod stays covered
+
+
+def test_deleting_a_job_names_the_guests_it_leaves_uncovered_within_a_bound(ops, sim, monkeypatch):
+    monkeypatch.setattr(backup_jobs, "SHOWN_UNCOVERED", 2)  # the bound, met by the lab's six guests
+    deleted = ops.ok("write_edit_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
+    assert deleted["now_uncovered"] == [100, 101] and deleted["now_uncovered_total"] == 5
 
 
 def test_a_retention_that_prunes_is_confirmed(ops, sim):
