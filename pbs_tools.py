@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent,
+from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, capped, compact, human_bytes, iso_time, percent,
                      progress_reporter, table)
 from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
@@ -203,8 +203,10 @@ def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: Group
     preview = sorted(preview, key=lambda p: -p["backup-time"])
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]
     removed = [iso_time(p["backup-time"]) for p in preview if not p.get("keep")]
+    # the lists cut at LIST_CAP, with their totals: a group can hold years of snapshots
     result: dict[str, Any] = {"group": f"{backup_type}/{backup_id}", "options": options or "none: keeps everything",
-                              "keep": kept, "remove": removed}
+                              "keep": capped(kept), "keep_total": len(kept), "remove": capped(removed),
+                              "remove_total": len(removed)}
     if not removed or dry_run:
         return result | {"removed": 0, "dry_run": True}
     try:
@@ -315,7 +317,7 @@ def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
         raise TaskFailed(f"Verification task {upid} failed before checking its snapshots; read its log with "
                          f"pbs_task_log.")
     answer = {"store": store, "task": outcome["exitstatus"], "checked": summary["checked"],
-              "ok": summary["checked"] - len(summary["failed"]), "failed": summary["failed"],
+              "ok": summary["checked"] - len(summary["failed"]), "failed": capped(summary["failed"]),
               "skipped": summary["skipped"], "upid": upid}
     if summary["skipped"]:
         answer["skipped_why"] = "verified before; reverify=true checks them again"
