@@ -267,6 +267,21 @@ def kernels(versions: list[dict]) -> dict:
     newest = installed[0] if installed else None
     return compact({"kernel_running": running, "kernel_newest": newest,
                     "reboot_for_kernel": bool(running and newest and running != newest) or None})
+
+
+def pending_updates(versions: list[dict], everything: list[dict] | None) -> tuple[list[dict], dict[str, int]]:
+    """The packages with an update pending and their count by origin: the whole update list when it
+    could be read (it needs Sys.Modify), else the packages `versions` lists (Proxmox's own and the
+    kernels) whose candidate is not what is installed (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    packages = everything if everything is not None else [
+        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    by_origin: dict[str, int] = {}
+    for package in packages:
+        origin = package.get("Origin") or "unknown"
+        by_origin[origin] = by_origin.get(origin, 0) + 1
+    return packages, by_origin
+
+
 # ---------------------------------------------------------------- backup jobs
 
 def vmid_set(text: Any) -> set[int]:

@@ -15,8 +15,8 @@ from pydantic import Field
 import policy
 from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
-                       wearout_left)
+from inventory import (check_node, disk_problem, kernels, node_names, pending_updates, pool_problem, resolve_guest,
+                       storage_node, vdevs, wearout_left)
 from masking import mask
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 
@@ -468,10 +468,8 @@ def node_disks(node: str, host: Host = None,
 
 # ================================================================ updates
 
-def _pending(packages: list[dict]) -> dict:
-    by_origin: dict[str, int] = {}
-    for package in packages:
-        by_origin[package.get("Origin") or "unknown"] = by_origin.get(package.get("Origin") or "unknown", 0) + 1
+def _pending(versions: list[dict], everything: list[dict] | None) -> dict:
+    packages, by_origin = pending_updates(versions, everything)
     names = [f"{p.get('Package')} {p.get('OldVersion', '')}→{p.get('Version')}" for p in packages[:8]]
     return {"pending": len(packages), "by_origin": by_origin, "packages": names + (
         [f"+{len(packages) - 8} more"] if len(packages) > 8 else [])}
@@ -502,9 +500,9 @@ def node_update_status(client: ProxmoxClient, node: str) -> dict:
             raise result
     row = {"node": node} | kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
     if full:
-        return row | _pending(everything[0]) | {"security": SECURITY_UNKNOWN}
-    proxmox = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
-    return row | _pending(proxmox) | {"covers": "Proxmox packages and kernels only: the full list needs Sys.Modify"}
+        return row | _pending(versions, everything[0]) | {"security": SECURITY_UNKNOWN}
+    return row | _pending(versions, None) | {"covers": "Proxmox packages and kernels only: the full list needs "
+                                                       "Sys.Modify"}
 
 
 SECURITY_UNKNOWN = "not told: each package names its origin (Debian, Proxmox), not the Debian-Security archive"

@@ -23,8 +23,8 @@ from answers import (LIST_CAP, ConfirmArg, DryRunArg, GuestName, Host, Node, Off
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
                        check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
-                       kernels, next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
-                       wearout_left)
+                       kernels, next_vmid, pbs_backed_storages, pending_updates, pool_problem, resolve_guest,
+                       storage_rows, vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
 from tasks import run_task, task_report
 
@@ -300,12 +300,8 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
         h.report.add("warning", "updates", f"{node} runs kernel {booted['kernel_running']}, "
                      f"{booted['kernel_newest']} is installed", booted,
                      "reboot the node (migrate its guests first) to run the newest kernel")
-    pending = everything if everything is not None else [
-        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    pending, origins = pending_updates(versions, everything)
     if pending:
-        origins: dict[str, int] = {}
-        for package in pending:
-            origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
         h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
                       "security": "not told apart by Proxmox's update list",
