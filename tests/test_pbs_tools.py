@@ -228,7 +228,9 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
     group[0]["corrupt"] = True  # its chunks are damaged: verifying it fails
     rechecked = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
     name = "vm/100/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group[0]["backup-time"]))
-    assert rechecked["task"] == "failed" and rechecked["checked"] == 3 and rechecked["ok"] == 2
+    # the task's own exit status (docs/PROXMOX-BEHAVIOUR.md#verify), not a word of ours
+    assert rechecked["task"] == "verification failed - please check the log for details"
+    assert rechecked["checked"] == 3 and rechecked["ok"] == 2
     assert rechecked["failed"] == [name] and "do not restore" in rechecked["next"]
     assert group[0]["verification"]["state"] == "failed"
     # without reverify PBS skips what was verified before, and the answer says so
@@ -236,6 +238,17 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
                                           "reverify": False})
     assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
 
+
+
+@pytest.mark.usefixtures("running_tasks")
+def test_a_verify_that_fails_before_checking_raises_with_its_exit_status(pbs, sim, monkeypatch):
+    start = sim.lab.start_task
+
+    def failing(*args, **kwargs):  # a task that ends in an error before checking anything (a fault of the test's)
+        return start(*args, **kwargs | {"lines": ["verify datastore backup"], "exitstatus": "unable to open store"})
+    monkeypatch.setattr(sim.lab, "start_task", failing)
+    message = pbs.error("write_pbs_verify_backups", {"store": "backup"})
+    assert "failed (unable to open store) before checking its snapshots" in message
 
 
 @pytest.mark.usefixtures("running_tasks")
