@@ -7,7 +7,7 @@ import time
 import pytest
 
 import inventory
-import monitor_tools
+import rrd
 import simulator
 from conftest import requests_during, tool_session
 from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off
@@ -113,11 +113,11 @@ def test_summary_of_real_shaped_points_with_gaps():
     """RRD leaves a source out of a step that has no value (PVE::RRD): a guest off for a while."""
     points = [{"time": 60 * i, "maxcpu": 4, "maxmem": 2 ** 30} | (
         {"cpu": 0.5, "mem": 2 ** 29, "netin": 1000.0} if i < 10 or i >= 20 else {}) for i in range(30)]
-    series = monitor_tools.summarize(points, "guest")
+    series = rrd.summarize(points, "guest")
     assert series["cpu"]["avg"] == "50.0%" and series["cpu"]["of"] == "4 cores"
     assert series["mem"]["last_pct"] == 50.0 and " " in series["cpu"]["spark"]  # the gap shows
-    assert monitor_tools.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
-    assert monitor_tools.trend([1, 1, 1, 5, 5, 5]) == "rising" and monitor_tools.trend([3, 3, 3]) == "steady"
+    assert rrd.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
+    assert rrd.trend([1, 1, 1, 5, 5, 5]) == "rising" and rrd.trend([3, 3, 3]) == "steady"
 
 
 # ---------------------------------------------------------------- logs
