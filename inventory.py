@@ -126,10 +126,11 @@ def bridges_hidden(client: ProxmoxClient) -> str | None:
 
 # ---------------------------------------------------------------- storages
 
-def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
+def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None,
+                 rows: list[dict] | None = None) -> str:
     """A node where a storage is available (the given one, checked), or a clear error; with
-    `content`, the storage must accept that content type."""
-    rows = storage_rows(client)
+    `content`, the storage must accept that content type. `rows`: storage_rows, when the caller has them."""
+    rows = storage_rows(client) if rows is None else rows
     entries = [e for e in rows if e.get("storage") == storage]
     if not entries:
         names = sorted({e["storage"] for e in rows})
