@@ -80,6 +80,23 @@ def table(columns: list[str], rows: list[dict], *, limit: int | None = None, off
     return result
 
 
+LIST_CAP = 12  # items of a list an answer shows when the list grows with the cluster; the rest are counted
+
+
+def more(items: list, filler: Any) -> list:
+    """What a list cut at LIST_CAP says about the rest: one entry naming how many (`filler`, a dict,
+    carries it as its `section`)."""
+    if len(items) <= LIST_CAP:
+        return []
+    count = f"+{len(items) - LIST_CAP} more"
+    return [filler | {"section": count} if isinstance(filler, dict) else count]
+
+
+def capped(items: list) -> list:
+    """A list cut at LIST_CAP, its last entry naming how many more there are."""
+    return items[:LIST_CAP] + more(items, "")
+
+
 def compact(data: dict) -> dict:
     """Drop None and empty values; answers carry no nulls."""
     return {k: v for k, v in data.items() if v is not None and v != "" and v != []}

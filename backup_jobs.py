@@ -11,6 +11,7 @@ from pydantic import Field
 from answers import ConfirmArg, DryRunArg, Host, compact, iso_time, table
 from errors import InvalidArgument
 from inventory import backup_storages, guest_resources, job_selects, vmid_set
+from job_edits import property_string
 from proxmox_client import ProxmoxClient, pve_client
 
 JOB_COLUMNS = ["id", "enabled", "schedule", "next_run", "storage", "mode", "selects", "guests", "retention", "notes"]
@@ -36,10 +37,10 @@ def retention(job: dict, storages: dict[str, dict]) -> str:
     (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune)."""
     if str(job.get("remove", 1)) == "0":
         return "none (remove=0)"
-    if job.get("prune-backups"):
-        return str(job["prune-backups"])
+    if job.get("prune-backups"):  # GET answers it as an object (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit)
+        return property_string(job["prune-backups"])
     stored = storages.get(job.get("storage", ""), {}).get("prune-backups")
-    return f"the storage's: {stored or 'keep-all=1'}"
+    return f"the storage's: {property_string(stored) if stored else 'keep-all=1'}"
 
 
 def _guests(client: ProxmoxClient) -> list[dict]:
@@ -150,7 +151,8 @@ def write_edit_backup_job(action: Literal["create", "update", "delete"],
         client.request("DELETE", f"/cluster/backup/{job_id}", {})
         left = [j for name, j in jobs.items() if name != job_id]
         now_uncovered = sorted(set(uncovered(left, guests)) & set(selected(job, guests)))
-        return {"deleted": job_id, "was": selection(job), "now_uncovered": now_uncovered, "result": "ok"}
+        return {"deleted": job_id, "was": selection(job), "now_uncovered": now_uncovered[:SHOWN_UNCOVERED],
+                "now_uncovered_total": len(now_uncovered), "result": "ok"}
     selecting, options = _selection_params(vmids, pool, all_except, job), _job_params(schedule, storage, mode, keep,
                                                                                      notes)
     deleted = ",".join(filter(None, (selecting.pop("delete", None), options.pop("delete", None))))

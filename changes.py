@@ -17,7 +17,7 @@ import policy
 import receipts
 from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, table
 from errors import InvalidArgument, ProxmoxError
-from inventory import guest_path
+from inventory import archive_node, backup_storages, backup_volumes, guest_path, hidden_backups, hidden_note
 from proxmox_client import client_for, pve_client
 from tasks import run_task
 
@@ -84,7 +84,7 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
     if since is None:
         volume, node = newest_backup(client, row["vmid"])
     else:
-        volume, node = since, backup_node(client, row["node"], since)
+        volume, node = since, backup_node(client, row["vmid"], since)
     return config_diff.read_backup_config(client, node, volume), f"backup {volume}", config_diff.skip_for_backup
 
 
@@ -96,42 +96,35 @@ def _receipt_config(receipt: dict, base: str, vmid: int) -> dict:
     return receipt["before"]
 
 
-def _backup_storages(client: Any) -> list[dict]:
-    """Storage rows (one per node) that hold backups and report in; shared ones once."""
-    rows, seen = [], set()
-    for row in client.get("/cluster/resources", type="storage") or []:
-        if "backup" in str(row.get("content", "")).split(",") and row.get("status") == "available":
-            key = row["storage"] if row.get("shared") else (row["storage"], row["node"])
-            if key not in seen:
-                seen.add(key)
-                rows.append(row)
-    return rows
-
-
 def newest_backup(client: Any, vmid: int) -> tuple[str, str]:
-    """The newest backup of a guest this token can read, and a node that sees it (each node's
-    `local` is its own: docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
-    found = []
-    for row in _backup_storages(client):
-        for volume in client.get(f"/nodes/{row['node']}/storage/{row['storage']}/content",
-                                 content="backup", vmid=vmid) or []:
-            found.append((volume.get("ctime") or 0, volume["volid"], row["node"]))
-    if not found:
-        raise ProxmoxError(f"Guest {vmid} has no backup this token can see (list_backups needs Datastore.AllocateSpace "
-                           f"and VM.Backup to list one); compare with a snapshot or a receipt instead.")
-    _, volume, node = max(found)
-    return volume, node
+    """The newest backup of a guest whose config this token can read, and a node that sees it (each
+    node's `local` is its own: docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    found, _ = backup_volumes(client, vmid)
+    # the config inside a backup asks what listing it asks; a PBS-backed one may have been listed on
+    # PBS itself (docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups)
+    readable = [r for r in found if not hidden_backups(client, r["storage"], [vmid])]
+    if readable:
+        return readable[0]["volid"], readable[0]["node"] or archive_node(client, readable[0]["volid"], None)
+    hidden = sorted({name for name, _, _ in backup_storages(client) if hidden_backups(client, name, [vmid])})
+    if hidden:
+        raise _unreadable(client, vmid, hidden)
+    raise ProxmoxError(f"Guest {vmid} has no backup; compare with a snapshot (since=<name>) or a receipt instead.")
 
 
-def backup_node(client: Any, node: str, volume: str) -> str:
-    """A node that sees a backup, the guest's own first."""
+def backup_node(client: Any, vmid: int, volume: str) -> str:
+    """A node that sees a backup: any for a shared storage, the one whose disk holds it for a node's
+    own `local` (inventory.archive_node)."""
     storage = volume.split(":", 1)[0]
-    rows = sorted((r for r in _backup_storages(client) if r["storage"] == storage), key=lambda r: r["node"] != node)
-    for row in rows:
-        listing = client.get(f"/nodes/{row['node']}/storage/{storage}/content", content="backup") or []
-        if any(v.get("volid") == volume for v in listing):
-            return node if row.get("shared") else row["node"]
-    raise InvalidArgument(f"No backup {volume} is visible on any node; list_backups shows them.")
+    if hidden_backups(client, storage, [vmid]):
+        raise _unreadable(client, vmid, [storage])
+    return archive_node(client, volume, None)
+
+
+def _unreadable(client: Any, vmid: int, storages: list[str]) -> ProxmoxError:
+    note = hidden_note(client, {name: [vmid] for name in storages}, 1)
+    return ProxmoxError(f"Guest {vmid}'s backups on {', '.join(storages)} cannot be read by this token: "
+                        f"{note['why']} Grant: {note['grant']}. Or compare with a snapshot (since=<name>) or a "
+                        f"receipt.")
 
 
 # ---------------------------------------------------------------- undo

@@ -1,8 +1,8 @@
 """The dashboard: one picture of a cluster (node CPU, memory and storage; the busiest guests'
 charts; backup coverage; health findings). Clients that render MCP Apps views draw it with
 views/dashboard.html; every client gets the same content as compact JSON. It composes the answers of
-health_check, backup_coverage and metrics with one read of /cluster/resources, and is bounded at
-any size: each part shows its first rows and says how many more there are.
+health_check and backup_coverage and the guests' history (rrd.py, as metrics reads it) with one read of
+/cluster/resources, and is bounded at any size: each part shows its first rows and says how many more there are.
 """
 from functools import partial
 from pathlib import Path
@@ -10,12 +10,12 @@ from typing import Any
 
 from mcp.server.mcpserver import Context
 
-import monitor_tools
 import workflows
 from answers import Host, OptionalVmid, View, human_bytes, human_duration, percent, renders_views
 from errors import ToolFailure
 from inventory import resolve_guest
 from proxmox_client import in_parallel, pve_client
+from rrd import read_history
 
 # served as ui://proxmox/dashboard.html (server.view_uri)
 VIEW_HTML = Path(__file__).with_name("views") / "dashboard.html"
@@ -116,18 +116,17 @@ def _points(raw: dict, guest: dict) -> dict[str, list]:
     return {name: [value(row, name) for row in rows] for name in HISTORY}
 
 
-def _history(host: Host, guests: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The last hour of each shown guest, read side by side: its summary line per series (for every
-    client) and its points (for the view). A guest whose history cannot be read says why."""
-    calls = [partial(monitor_tools.metrics, vmid=int(g["vmid"]), host=host, raw=raw) for g in guests
-             for raw in (False, True)]
-    answers = in_parallel(calls)
+def _history(client: Any, guests: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The last hour of each shown guest, read once each and side by side: its summary line per series
+    (for every client) and its points (for the view). A guest whose history cannot be read says why."""
+    histories = in_parallel([partial(read_history, client, int(g["vmid"]), row=g) for g in guests])
     lines, charts = [], []
-    for guest, summary, raw in zip(guests, answers[::2], answers[1::2], strict=True):
+    for guest, history in zip(guests, histories, strict=True):
         vmid = int(guest["vmid"])
-        if isinstance(summary, ToolFailure) or isinstance(raw, ToolFailure):
-            lines.append({"vmid": vmid, "unavailable": str(summary if isinstance(summary, ToolFailure) else raw)})
+        if isinstance(history, ToolFailure):
+            lines.append({"vmid": vmid, "unavailable": str(history)})
             continue
+        summary, raw = history.summary(), history.raw()
         series = summary.get("series") or {}
         lines.append({"vmid": vmid} | _summary(series) | ({"note": summary["note"]} if summary.get("note") else {}))
         charts.append({"vmid": vmid, "timeframe": summary["timeframe"], "step_s": summary.get("step_s"),
@@ -136,14 +135,14 @@ def _history(host: Host, guests: list[dict]) -> tuple[list[dict], list[dict]]:
     return lines, charts
 
 
-def _guests(client: Any, host: Host, vmid: int | None) -> tuple[list[dict], dict, list[dict]]:
+def _guests(client: Any, vmid: int | None) -> tuple[list[dict], dict, list[dict]]:
     """The inventory (one read of /cluster/resources), the busiest or the chosen guests with their
     last hour, and the points the view draws."""
     resources = client.get("/cluster/resources") or []
     picked, guests = _picked_guests(client, resources, vmid)
     running = sum(1 for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running")
     total = sum(1 for r in resources if r.get("type") in ("qemu", "lxc"))
-    lines, charts = _history(host, guests)
+    lines, charts = _history(client, guests)
     return resources, {"picked": picked, "running": running, "total": total,
                        "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
                        "rows": [_guest_row(g) for g in guests], "last_hour": lines}, charts
@@ -208,7 +207,7 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
         resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read
     # One part after the other, each reading side by side within (in_parallel): run inside one of its
     # reads, the workflows' own reads of every node would go one by one.
-    resources, guests, charts = _guests(client, host, vmid)
+    resources, guests, charts = _guests(client, vmid)
     health = workflows.health_check(host=host, pbs_host=pbs_host)
     coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),

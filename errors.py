@@ -41,4 +41,10 @@ class ProxmoxError(ToolFailure):
 
 
 class TaskFailed(ProxmoxError):
-    """A Proxmox task that ended in an error; the message carries its last log lines."""
+    """A Proxmox task that ended in an error; the message carries its last log lines, `upid` and
+    `exit_status` (the task's own words) when they are known."""
+
+    def __init__(self, message: str, *, upid: str | None = None, exit_status: str | None = None):
+        super().__init__(message)
+        self.upid = upid
+        self.exit_status = exit_status

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from answers import ConfirmArg, DryRunArg, Host, Node, OptionalVmid, compact, table
+from answers import ConfirmArg, DryRunArg, Host, Node, OptionalVmid, capped, compact, table
 import policy
 from errors import InvalidArgument, PolicyError, ProxmoxError
 from inventory import check_node, guest_path
@@ -22,6 +22,7 @@ RULE_COLUMNS = ["pos", "type", "action", "match", "source", "dest", "iface", "en
 RULE_KEYS = ("type", "action", "macro", "iface", "source", "dest", "proto", "enable", "log", "sport", "dport",
              "comment", "icmp-type")
 Policy = Literal["ACCEPT", "DROP", "REJECT"]
+SHOWN_RULES = 50  # rules a listing shows, in order; the rest are counted and api_read lists them
 
 
 def _level(client: ProxmoxClient, node: str | None, vmid: int | None) -> tuple[str, str, dict | None]:
@@ -81,14 +82,17 @@ def _rule_row(rule: dict) -> dict:
     return {k: v for k, v in rule.items() if k != "digest"} | {"match": match, "enable": int(rule.get("enable") or 0)}
 
 
-def _rules_table(rules: list[dict]) -> dict:
-    return table(RULE_COLUMNS, [_rule_row(r) for r in rules])
+def _rules_table(rules: list[dict], base: str) -> dict:
+    shown = table(RULE_COLUMNS, [_rule_row(r) for r in rules], limit=SHOWN_RULES)
+    if shown.pop("next_offset", None) is not None:
+        shown["next"] = f"api_read path={base}/rules lists every rule with its pos"
+    return shown
 
 
 def _sets(client: ProxmoxClient, base: str) -> dict:
-    """IP sets (a `!` marks a nomatch entry) and aliases of the cluster or a guest."""
-    ipsets = {s["name"]: [("!" if e.get("nomatch") else "") + e["cidr"]
-                          for e in client.get(f"{base}/ipset/{s['name']}") or []]
+    """IP sets (a `!` marks a nomatch entry; each cut at LIST_CAP) and aliases of the cluster or a guest."""
+    ipsets = {s["name"]: capped([("!" if e.get("nomatch") else "") + e["cidr"]
+                                 for e in client.get(f"{base}/ipset/{s['name']}") or []])
               for s in client.get(f"{base}/ipset") or []}
     aliases = {a["name"]: a["cidr"] for a in client.get(f"{base}/aliases") or []}
     return compact({"ipsets": ipsets, "aliases": aliases})
@@ -102,12 +106,12 @@ def firewall_rules(host: Host = None, node: Node = None, vmid: OptionalVmid = No
     rules = client.get(f"{base}/rules") or []
     answer = {"level": level, "filtering": _filtering(client, base, options, row),
               "options": {k: v for k, v in options.items() if k != "digest"},
-              "rules": _rules_table(rules), "digest": rules[0]["digest"] if rules else None}
+              "rules": _rules_table(rules, base), "digest": rules[0]["digest"] if rules else None}
     if node is None:
         answer |= _sets(client, base)
     if level == "cluster":
-        answer["groups"] = {g["group"]: [_rule_row(r)["match"] + f" {r['type']} {r['action']}"
-                                         for r in client.get(f"{base}/groups/{g['group']}") or []]
+        answer["groups"] = {g["group"]: capped([_rule_row(r)["match"] + f" {r['type']} {r['action']}"
+                                                for r in client.get(f"{base}/groups/{g['group']}") or []])
                             for g in client.get(f"{base}/groups") or []}
     return compact(answer)
 

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import policy
-from answers import compact, human_bytes, iso_time
+from answers import capped, compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient, configured, pbs_client
 
@@ -126,10 +126,11 @@ def bridges_hidden(client: ProxmoxClient) -> str | None:
 
 # ---------------------------------------------------------------- storages
 
-def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None) -> str:
+def storage_node(client: ProxmoxClient, storage: str, node: str | None, content: str | None = None,
+                 rows: list[dict] | None = None) -> str:
     """A node where a storage is available (the given one, checked), or a clear error; with
-    `content`, the storage must accept that content type."""
-    rows = storage_rows(client)
+    `content`, the storage must accept that content type. `rows`: storage_rows, when the caller has them."""
+    rows = storage_rows(client) if rows is None else rows
     entries = [e for e in rows if e.get("storage") == storage]
     if not entries:
         names = sorted({e["storage"] for e in rows})
@@ -205,6 +206,9 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
 # (node_disks and node_updates show these; health_check reports them: docs/PROXMOX-BEHAVIOUR.md#node-monitoring)
 
 HEALTHY = ("PASSED", "OK")  # smartctl's ATA and SCSI words; UNKNOWN: no SMART (pve-storage Diskmanage.pm)
+# not a verdict on the disk: smartctl could not or would not judge it (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)
+UNJUDGED = ("UNKNOWN", "SMART DISABLED")
+SMART_OFF = "SMART Disabled"
 WEAROUT_LEFT_WARN = 20  # percent of rated life left
 
 
@@ -218,9 +222,10 @@ def wearout_left(disk: dict) -> float | None:
 
 
 def disk_problem(disk: dict) -> str | None:
-    """Why a disk needs attention: SMART health other than PASSED/OK/UNKNOWN, or under 20 % life left."""
+    """Why a disk needs attention: SMART health other than PASSED/OK (UNKNOWN and `SMART Disabled` judge
+    nothing), or under 20 % life left."""
     health = str(disk.get("health") or "UNKNOWN")
-    if health.upper() not in HEALTHY and health.upper() != "UNKNOWN":
+    if health.upper() not in HEALTHY + UNJUDGED:
         return f"SMART health {health}"
     left = wearout_left(disk)
     if left is not None and left < WEAROUT_LEFT_WARN:
@@ -263,6 +268,21 @@ def kernels(versions: list[dict]) -> dict:
     newest = installed[0] if installed else None
     return compact({"kernel_running": running, "kernel_newest": newest,
                     "reboot_for_kernel": bool(running and newest and running != newest) or None})
+
+
+def pending_updates(versions: list[dict], everything: list[dict] | None) -> tuple[list[dict], dict[str, int]]:
+    """The packages with an update pending and their count by origin: the whole update list when it
+    could be read (it needs Sys.Modify), else the packages `versions` lists (Proxmox's own and the
+    kernels) whose candidate is not what is installed (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    packages = everything if everything is not None else [
+        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    by_origin: dict[str, int] = {}
+    for package in packages:
+        origin = package.get("Origin") or "unknown"
+        by_origin[origin] = by_origin.get(origin, 0) + 1
+    return packages, by_origin
+
+
 # ---------------------------------------------------------------- backup jobs
 
 def vmid_set(text: Any) -> set[int]:
@@ -318,9 +338,9 @@ def backup_grant(client: ProxmoxClient) -> str:
 
 def hidden_note(client: ProxmoxClient, hidden: dict[str, list[int]], guests: int) -> dict:
     """What cannot be seen, said once: where, whose, why, and the grant that shows it."""
-    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, vmids))})"
+    where = [f"{name} ({'every guest' if len(vmids) >= guests else 'guests ' + ', '.join(map(str, capped(vmids)))})"
              for name, vmids in sorted(hidden.items())]
-    return {"not_visible": where,
+    return {"not_visible": capped(where),
             "why": f"Proxmox lists a backup only to a token holding Datastore.AllocateSpace on its storage and "
                    f"VM.Backup on its guest; {client.host.token_id} lacks them there, so backups there are not shown "
                    f"(which says nothing about whether they exist).",

@@ -161,7 +161,7 @@ def property_string(value: Any) -> str:
     """A property string in one spelling: PUT takes `keep-last=1,keep-daily=7`, GET answers the same
     as an object (pve-manager PVE/API2/Backup.pm: `prune-backups`, `fleecing`, `performance`)."""
     parts = value.items() if isinstance(value, dict) else (p.partition("=")[::2] for p in str(value).split(","))
-    return ",".join(sorted(f"{k.strip()}={v}" for k, v in parts if k.strip()))
+    return ",".join(sorted(f"{k.strip()}={int(v) if isinstance(v, bool) else v}" for k, v in parts if k.strip()))
 
 
 def backup_prunes(job: dict) -> list[str]:

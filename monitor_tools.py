@@ -15,151 +15,21 @@ from pydantic import Field
 import policy
 from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (check_node, disk_problem, kernels, node_names, pool_problem, resolve_guest, storage_node, vdevs,
-                       wearout_left)
+from inventory import (check_node, disk_problem, kernels, node_names, pending_updates, pool_problem, resolve_guest,
+                       vdevs, wearout_left)
 from masking import mask
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
+from rrd import read_history
 
 # ================================================================ metrics
-
-# What each kind of target records (pve-cluster src/pmxcfs/status.c): (answer name, RRD source,
-# unit, the source holding its ceiling). cpu is a fraction of the target's cores; net and disk
-# I/O are DERIVE sources, i.e. bytes per second (docs/PROXMOX-BEHAVIOUR.md#rrd-history).
-SERIES = {
-    "guest": [("cpu", "cpu", "cores", "maxcpu"), ("mem", "mem", "bytes", "maxmem"),
-              ("disk", "disk", "bytes", "maxdisk"), ("netin", "netin", "rate", None),
-              ("netout", "netout", "rate", None), ("diskread", "diskread", "rate", None),
-              ("diskwrite", "diskwrite", "rate", None)],
-    "node": [("cpu", "cpu", "cores", "maxcpu"), ("iowait", "iowait", "share", None),
-             ("load", "loadavg", "number", None), ("mem", "memused", "bytes", "memtotal"),
-             ("swap", "swapused", "bytes", "swaptotal"),
-             ("rootfs", "rootused", "bytes", "roottotal"), ("netin", "netin", "rate", None),
-             ("netout", "netout", "rate", None)],
-    "storage": [("used", "used", "bytes", "total")],
-}
-SPARK = "▁▂▃▄▅▆▇█"
-SPARK_WIDTH = 24
-
-
-def _format(value: float, unit: str) -> Any:
-    if unit in ("cores", "share"):
-        return f"{value * 100:.1f}%"
-    if unit == "bytes":
-        return human_bytes(value)
-    if unit == "rate":
-        return f"{human_bytes(value)}/s"
-    return round(value, 2)
-
-
-def sparkline(values: list[float | None], width: int = SPARK_WIDTH) -> str:
-    """The values in at most `width` characters from ▁ to █ (each the mean of its share of the
-    points); a share without any value (the guest was off) is a space."""
-    if not values:
-        return ""
-    size = max(1, -(-len(values) // width))
-    buckets = []
-    for start in range(0, len(values), size):
-        present = [v for v in values[start:start + size] if v is not None]
-        buckets.append(sum(present) / len(present) if present else None)
-    known = [b for b in buckets if b is not None]
-    low, high = min(known), max(known)
-    span = (high - low) or 1.0
-    return "".join(" " if b is None else SPARK[min(7, int((b - low) / span * 8))] if high > low else SPARK[0]
-                   for b in buckets)
-
-
-def trend(values: list[float]) -> str:
-    """rising, falling or steady: the mean of the last third against the first third, by a fifth
-    of the largest value."""
-    third = max(1, len(values) // 3)
-    delta = sum(values[-third:]) / third - sum(values[:third]) / third
-    scale = max(abs(v) for v in values) or 1.0
-    return "rising" if delta > 0.2 * scale else "falling" if delta < -0.2 * scale else "steady"
-
-
-def summarize(points: list[dict], kind: str, *, skip_disk: bool = False) -> dict:
-    """Per series: min, avg, max, last, trend and a sparkline, in human units; `of` is the ceiling
-    (the target's cores, memory, disk) at the last point. Series without any value are left out."""
-    series = {}
-    for name, source, unit, ceiling in SERIES[kind]:
-        column = [p.get(source) if isinstance(p.get(source), (int, float)) else None for p in points]
-        values = [v for v in column if v is not None]
-        if not values or (skip_disk and name == "disk"):
-            continue
-        entry = {"min": _format(min(values), unit), "avg": _format(sum(values) / len(values), unit),
-                 "max": _format(max(values), unit), "last": _format(values[-1], unit), "trend": trend(values),
-                 "spark": sparkline(column)}
-        top = next((p.get(ceiling) for p in reversed(points) if p.get(ceiling)), None) if ceiling else None
-        if top:
-            entry["of"] = f"{top:g} cores" if unit == "cores" else human_bytes(top)  # a CT may have 1.5
-            if unit == "bytes":
-                entry["last_pct"] = percent(values[-1], top)
-        series[name] = entry
-    return series
-
-
-def _target(client: ProxmoxClient, vmid: int | None, node: str | None, storage: str | None) -> tuple[str, str, dict]:
-    """(kind, rrddata path, facts about the target) for a guest, a storage (on a node) or a node."""
-    if vmid is not None:
-        if storage:
-            raise InvalidArgument("metrics: give vmid or storage, not both.")
-        row = resolve_guest(client, vmid)
-        return "guest", f"/nodes/{row['node']}/{row['type']}/{vmid}/rrddata", compact(
-            {"vmid": vmid, "name": row.get("name"), "type": row["type"], "node": row["node"],
-             "status": row.get("status")})
-    if storage:
-        where = storage_node(client, storage, node)
-        return "storage", f"/nodes/{where}/storage/{storage}/rrddata", {"storage": storage, "node": where}
-    if node:
-        return "node", f"/nodes/{check_node(client, node)}/rrddata", {"node": node}
-    raise InvalidArgument("metrics needs a vmid, a node, or a storage (with node when it is not shared). "
-                          "Nothing was sent.")
-
-
-RAW_COLUMNS = {"cores": "{}_pct", "share": "{}_pct"}
-
-
-def _raw(points: list[dict], kind: str, limit: int, offset: int, skip_disk: bool) -> dict:
-    """The points newest first, paged; percentages as numbers, bytes and rates as they are."""
-    rows = []
-    for point in reversed(points):
-        row: dict[str, Any] = {"time": iso_time(point.get("time"))}
-        for name, source, unit, _ in SERIES[kind]:
-            value = point.get(source)
-            if isinstance(value, (int, float)) and not (skip_disk and name == "disk"):
-                row[RAW_COLUMNS.get(unit, "{}").format(name)] = round(value * 100, 2) if unit in RAW_COLUMNS \
-                    else round(value, 2)
-        rows.append(row)
-    columns = ["time"] + [RAW_COLUMNS.get(unit, "{}").format(name) for name, _, unit, _ in SERIES[kind]
-                          if any(RAW_COLUMNS.get(unit, "{}").format(name) in r for r in rows)]
-    return table(columns, rows, limit=limit, offset=offset)
-
-
-RAW_PAGE = 60  # points per page of raw=true
-
 
 def metrics(vmid: OptionalVmid = None, node: Node = None, storage: str | None = None, host: Host = None,
             timeframe: Literal["hour", "day", "week", "month", "year"] = "hour",
             cf: Literal["AVERAGE", "MAX"] = "AVERAGE", raw: bool = False, offset: Offset = 0) -> dict:
     """History of a guest (vmid), node or storage+node: min/avg/max/last, trend, sparkline; raw: points
     by offset."""
-    client = pve_client(host)
-    kind, path, facts = _target(client, vmid, node, storage)
-    points = [p for p in client.get(path, timeframe=timeframe, cf=cf) or [] if len(p) > 1]
-    answer = facts | {"timeframe": timeframe, "cf": cf, "points": len(points)}
-    if points:
-        step = points[1]["time"] - points[0]["time"] if len(points) > 1 else 0
-        answer |= {"from": iso_time(points[0].get("time")), "to": iso_time(points[-1].get("time")),
-                   "step_s": step}
-    # QEMU reports no disk use inside a VM: its `disk` is always 0 (qemu-server QemuServer.pm, vmstatus)
-    skip_disk = facts.get("type") == "qemu"
-    if raw:
-        return answer | _raw(points, kind, RAW_PAGE, offset, skip_disk)
-    answer["series"] = summarize(points, kind, skip_disk=skip_disk)
-    if kind == "guest" and "cpu" not in answer["series"]:
-        # a stopped guest's steps hold only its sizes (pve-manager PVE/Service/pvestatd.pm)
-        answer["note"] = "No CPU, memory or I/O values: the guest was not running in this timeframe."
-    return answer
+    history = read_history(pve_client(host), vmid, node, storage, timeframe, cf)
+    return history.raw(offset) if raw else history.summary()
 
 
 # ================================================================ logs
@@ -468,10 +338,8 @@ def node_disks(node: str, host: Host = None,
 
 # ================================================================ updates
 
-def _pending(packages: list[dict]) -> dict:
-    by_origin: dict[str, int] = {}
-    for package in packages:
-        by_origin[package.get("Origin") or "unknown"] = by_origin.get(package.get("Origin") or "unknown", 0) + 1
+def _pending(versions: list[dict], everything: list[dict] | None) -> dict:
+    packages, by_origin = pending_updates(versions, everything)
     names = [f"{p.get('Package')} {p.get('OldVersion', '')}→{p.get('Version')}" for p in packages[:8]]
     return {"pending": len(packages), "by_origin": by_origin, "packages": names + (
         [f"+{len(packages) - 8} more"] if len(packages) > 8 else [])}
@@ -502,9 +370,9 @@ def node_update_status(client: ProxmoxClient, node: str) -> dict:
             raise result
     row = {"node": node} | kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
     if full:
-        return row | _pending(everything[0]) | {"security": SECURITY_UNKNOWN}
-    proxmox = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
-    return row | _pending(proxmox) | {"covers": "Proxmox packages and kernels only: the full list needs Sys.Modify"}
+        return row | _pending(versions, everything[0]) | {"security": SECURITY_UNKNOWN}
+    return row | _pending(versions, None) | {"covers": "Proxmox packages and kernels only: the full list needs "
+                                                       "Sys.Modify"}
 
 
 SECURITY_UNKNOWN = "not told: each package names its origin (Debian, Proxmox), not the Debian-Security archive"

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, compact, human_bytes, iso_time, percent,
-                     progress_reporter, table)
+from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, capped, compact, human_bytes, iso_time, percent,
+                     table)
 from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
                        release_name, s3_stores)
@@ -203,8 +203,10 @@ def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: Group
     preview = sorted(preview, key=lambda p: -p["backup-time"])
     kept = [iso_time(p["backup-time"]) for p in preview if p.get("keep")]
     removed = [iso_time(p["backup-time"]) for p in preview if not p.get("keep")]
+    # the lists cut at LIST_CAP, with their totals: a group can hold years of snapshots
     result: dict[str, Any] = {"group": f"{backup_type}/{backup_id}", "options": options or "none: keeps everything",
-                              "keep": kept, "remove": removed}
+                              "keep": capped(kept), "keep_total": len(kept), "remove": capped(removed),
+                              "remove_total": len(removed)}
     if not removed or dry_run:
         return result | {"removed": 0, "dry_run": True}
     try:
@@ -300,22 +302,20 @@ def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
     # PBS skips snapshots verified before (even failed ones) unless ignore-verified is off (verify_filter)
     params = {"ns": ns, "backup-type": backup_type, "backup-id": backup_id, "backup-time": backup_time,
               "ignore-verified": not reverify}
-    upid = client.request("POST", f"/admin/datastore/{store}/verify", params)
-    if not wait_seconds:
-        return {"action": f"verify {store}", "task": "started", "upid": upid,
-                "next": "pbs_get_task with this upid and wait_seconds to follow it"}
     try:
-        outcome = client.wait_task(upid, timeout=wait_seconds, on_progress=progress_reporter(ctx))
-    except TaskFailed:
-        outcome = {"status": "stopped", "result": "failed", "exitstatus": "failed"}
-    if outcome["status"] != "stopped":  # still running at the deadline (docs/CONVENTIONS.md: `task`)
-        return {"action": f"verify {store}", "task": outcome.pop("status")} | outcome
+        outcome = run_task(client, "POST", f"/admin/datastore/{store}/verify", params, wait_seconds, ctx,
+                           f"verify {store}")
+    except TaskFailed as exc:  # a failed verify still says what it checked: its log names the failed snapshots
+        outcome = {"task": exc.exit_status, "upid": exc.upid, "failed": True}
+    if outcome.get("task") in TASK_GOING:
+        return outcome  # started, or still running at the deadline
+    upid = outcome["upid"]
     summary = verify_summary([line["t"] for line in client.task_log(upid, limit=0)])
-    if outcome["result"] == "failed" and not summary["failed"]:
-        raise TaskFailed(f"Verification task {upid} failed before checking its snapshots; read its log with "
-                         f"pbs_task_log.")
-    answer = {"store": store, "task": outcome["exitstatus"], "checked": summary["checked"],
-              "ok": summary["checked"] - len(summary["failed"]), "failed": summary["failed"],
+    if outcome.get("failed") and not summary["failed"]:
+        raise TaskFailed(f"Verification task {upid} failed ({outcome['task']}) before checking its snapshots; read "
+                         f"its log with pbs_task_log.", upid=upid, exit_status=outcome["task"])
+    answer = {"store": store, "task": outcome["task"], "checked": summary["checked"],
+              "ok": summary["checked"] - len(summary["failed"]), "failed": capped(summary["failed"]),
               "skipped": summary["skipped"], "upid": upid}
     if summary["skipped"]:
         answer["skipped_why"] = "verified before; reverify=true checks them again"

@@ -749,7 +749,8 @@ class ProxmoxClient:
             lines = [line["t"] for line in self.task_log(upid, limit=0) if "WARN" in line.get("t", "")]
             return result | {"result": "warnings", "warnings": lines[-10:]}
         tail = [line["t"] for line in self.task_log(upid, limit=0)][-8:]
-        raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail))
+        raise TaskFailed(f"Task {upid} failed: {exit_status}. Last log lines: " + " | ".join(tail), upid=upid,
+                         exit_status=exit_status)
 
 
 # ---------------------------------------------------------------- downloads

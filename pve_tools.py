@@ -671,7 +671,8 @@ def write_backup_guest(vmid: Vmid, storage: str,
             raise
         raise TaskFailed(f"{exc} Storage '{storage}' keeps a set number of backups per guest and guest {vmid} has "
                          f"that many; nothing was deleted. Give prune=true to let its retention remove the oldest, "
-                         f"or delete one (list_backups, write_delete_volume).") from None
+                         f"or delete one (list_backups, write_delete_volume).", upid=exc.upid,
+                         exit_status=exc.exit_status) from None
     if prune and answer.get("upid") and answer.get("result"):
         answer |= _pruned(client, answer)
     return _guest_after(client, answer, vmid, base)

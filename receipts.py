@@ -30,7 +30,7 @@ from typing import Any
 
 import catalog
 import config_diff
-from job_edits import delete_names
+from job_edits import delete_names, property_string
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from masking import MASK, audit_view, mask, secret_param
 
@@ -576,7 +576,7 @@ def restore_params(before: dict, after: dict, accepted: dict) -> dict[str, Any]:
     if secret:
         raise InvalidArgument(f"{', '.join(secret)} changed, and receipts never keep a secret's old value: set it "
                               f"again yourself. Nothing was sent.")
-    params = {k: before[k] for k in keys if k in before}
+    params = {k: sendable(accepted, k, before[k]) for k in keys if k in before}
     gone = [k for k in keys if k not in before and not UNUSED.fullmatch(k)]
     if gone and "delete" in accepted:
         params["delete"] = gone if accepted["delete"].get("type") == "array" else ",".join(gone)
@@ -585,6 +585,14 @@ def restore_params(before: dict, after: dict, accepted: dict) -> dict[str, Any]:
     if not params:
         raise InvalidArgument("Nothing to take back: the change left every option as it was.")
     return params
+
+
+def sendable(accepted: dict, key: str, value: Any) -> Any:
+    """A value as the write takes it: an object GET answered for a property string (a backup job's
+    `prune-backups`: docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit) written as one."""
+    if isinstance(value, dict) and (catalog.spec_for(accepted, key) or {}).get("type") == "string":
+        return property_string(value)
+    return value
 
 
 def _undo_value(receipt: dict, client: Any) -> list:
@@ -630,7 +638,8 @@ def _undo_deleted(receipt: dict, client: Any) -> list:
     accepted = (catalog.entry_for(receipt["product"], "POST", receipt["template"].rsplit("/", 1)[0]) or {}).get(
         "params", {})
     before = receipt["before"] if isinstance(receipt["before"], dict) else {}
-    params = {k: v for k, v in before.items() if catalog.spec_for(accepted, k) and k not in CONTROL | {"pos"}
+    params = {k: sendable(accepted, k, v) for k, v in before.items() if catalog.spec_for(accepted, k)
+              and k not in CONTROL | {"pos"}
               and not config_diff.BOOKKEEPING.fullmatch(k)}
     if any(MASK in str(v) for v in params.values()):
         raise InvalidArgument("It held something secret-looking, which receipts never keep. Nothing was sent.")

@@ -78,8 +78,9 @@ def list_templates(host: Host = None, search: str | None = None, limit: Limit = 
 
 def _template_storage(client: ProxmoxClient, storage: str, node: str) -> dict:
     """The storage's row on that node: it must be there and take container templates."""
-    storage_node(client, storage, node, "vztmpl")
-    rows = [r for r in storage_rows(client) if r["storage"] == storage and r["node"] == node]
+    everything = storage_rows(client)
+    storage_node(client, storage, node, "vztmpl", everything)
+    rows = [r for r in everything if r["storage"] == storage and r["node"] == node]
     if not rows or rows[0].get("status") != "available":
         raise ProxmoxError(f"Storage '{storage}' is not available on {node} right now.")
     return rows[0]

@@ -18,13 +18,13 @@ import policy
 import proxmox_client
 import pve_tools
 import runtime
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg, compact,
-                     human_bytes, iso_time, percent, table)
+from answers import (LIST_CAP, ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
+                     capped, compact, human_bytes, iso_time, more, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
-                       disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels,
-                       next_vmid, pbs_backed_storages, pool_problem, resolve_guest, storage_rows, vmid_set,
-                       wearout_left)
+from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
+                       check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
+                       kernels, next_vmid, pbs_backed_storages, pending_updates, pool_problem, resolve_guest,
+                       storage_rows, vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
 from tasks import run_task, task_report
 
@@ -82,7 +82,6 @@ class Report:
 
 
 FOLD_AFTER = 3  # findings alike shown one by one before the rest are counted
-LIST_CAP = 12  # names of sections checked or unavailable shown
 
 
 # Where the findings folded away can be seen one by one.
@@ -108,14 +107,6 @@ def folded(findings: list[dict]) -> list[dict]:
                                     "evidence": [f["finding"][:60] for f in group[:5]],
                                     "next": FOLDED_NEXT.get(area, "the evidence names the first few")})
     return shown
-
-
-def more(items: list, filler: Any) -> list:
-    """What a list cut at LIST_CAP says about the rest: one entry naming how many."""
-    if len(items) <= LIST_CAP:
-        return []
-    count = f"+{len(items) - LIST_CAP} more"
-    return [filler | {"section": count} if isinstance(filler, dict) else count]
 
 
 def _pbs(label: str | None) -> ProxmoxClient | None:
@@ -272,10 +263,15 @@ def _certificates(h: Health, node: str, certs: list[dict]) -> None:
 
 
 def _disks(h: Health, node: str, disks: list[dict]) -> None:
-    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life
-    (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    """SMART health that is not PASSED/OK, or an SSD under 20 % of its rated life; SMART turned off is
+    said as info (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
     for disk in disks:
         problem = disk_problem(disk)
+        if disk.get("health") == SMART_OFF:
+            h.report.add("info", "disks",
+                         f"{disk.get('devpath')} on {node}: SMART is off, so its health is not watched",
+                         {"model": disk.get("model"), "health": disk.get("health")},
+                         f"turn it on: smartctl -s on {disk.get('devpath')} on the node")
         if problem:
             failing = problem.startswith("SMART")
             h.report.add("critical" if failing else "warning", "disks", f"{disk.get('devpath')} on {node}: {problem}",
@@ -304,12 +300,8 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
         h.report.add("warning", "updates", f"{node} runs kernel {booted['kernel_running']}, "
                      f"{booted['kernel_newest']} is installed", booted,
                      "reboot the node (migrate its guests first) to run the newest kernel")
-    pending = everything if everything is not None else [
-        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    pending, origins = pending_updates(versions, everything)
     if pending:
-        origins: dict[str, int] = {}
-        for package in pending:
-            origins[package.get("Origin") or "unknown"] = origins.get(package.get("Origin") or "unknown", 0) + 1
         h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
                       "security": "not told apart by Proxmox's update list",
@@ -565,7 +557,7 @@ def _guest_rows(c: Coverage) -> None:
     if unknown:  # said once, with the grant, instead of a finding per guest
         why = hidden_note(c.client, c.hidden, len(c.guests)) if c.hidden else {}
         c.report.add("warning", "backups", f"the backup state of {len(unknown)} guest(s) is unknown: backups on "
-                     f"{', '.join(sorted(c.unseen))} cannot be seen", {"guests": unknown} | why,
+                     f"{', '.join(capped(sorted(c.unseen)))} cannot be seen", {"guests": capped(unknown)} | why,
                      "grant the role in `grant` to the user and the token, then run backup_coverage again"
                      if why else "see `unavailable` for why those storages could not be read")
 
@@ -643,14 +635,33 @@ def _job_change(c: Coverage, guest: dict, changes: dict[str, dict]) -> None:
 
 def _job_changes(c: Coverage) -> None:
     """For the guests no enabled job selects, the write_edit_backup_job arguments that cover them (try them
-    with dry_run first); the policy judges each when it is sent."""
+    with dry_run first); the policy judges each when it is sent. A new job selects every guest but the
+    others when that is the shorter list; a list still longer than LIST_CAP is cut, and the change says so."""
     if c.jobs is None:
         return
     changes: dict[str, dict] = {}
     for guest in sorted(c.guests, key=lambda g: int(g["vmid"])):
         if not any(_fits(j, guest) and job_selects(j, guest)[0] for j in c.jobs):
             _job_change(c, guest, changes)
-    c.job_changes = list(changes.values())
+    if "" in changes:
+        arguments = changes[""]["write_edit_backup_job"]
+        others = sorted(set(int(r["vmid"]) for r in c.resources if r.get("type") in ("qemu", "lxc"))
+                        - set(arguments["vmids"]))
+        if len(others) < len(arguments["vmids"]):
+            arguments["all_except"] = others
+            del arguments["vmids"]
+    c.job_changes = [_cut(change) for change in changes.values()]
+
+
+def _cut(change: dict) -> dict:
+    """A job change whose lists stay small: a cut argument cannot be sent as it is, and the note says so."""
+    arguments = change["write_edit_backup_job"]
+    for key in ("vmids", "all_except"):
+        if len(arguments.get(key) or []) > LIST_CAP:
+            change["note"] = (f"cut: {key} names {len(arguments[key])} guests, too many to show; send the whole "
+                              f"list (the job's own guests and those `covers` counts), or select by pool")
+            arguments[key] = capped(arguments[key])
+    return change | {"covers": capped(change["covers"])}
 
 
 COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
@@ -675,7 +686,7 @@ def backup_coverage(host: Host = None, pbs_host: Host = None,
         states[row["state"]] = states.get(row["state"], 0) + 1
     ranked = sorted(coverage.rows, key=lambda r: (STATE_RANK.get(r["state"], 5), r["vmid"]))
     guests = table(columns, ranked, limit=COVERAGE_PAGE, offset=offset)
-    orphans = coverage.orphans[:LIST_CAP] + more(coverage.orphans, "")
+    orphans = capped(coverage.orphans)
     return coverage.report.answer(states=states, guests=guests, orphan_pbs_groups=orphans,
                                   job_changes=coverage.job_changes)
 

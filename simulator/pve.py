@@ -472,46 +472,6 @@ def pve_replication(call: Call, node: str) -> list:
     return [dict(job) for job in call.lab.replication.get(node, [])]
 
 
-def pve_backup_jobs(call: Call) -> list:
-    return [dict(job) for job in call.lab.backup_jobs]
-
-
-def pve_backup_job(call: Call, id: str) -> dict:
-    """One backup job as stored (pve-manager PVE/API2/Backup.pm `read_job`)."""
-    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
-    if job is None:
-        raise ApiError(400, "Parameter verification failed.", {"id": f"No such job '{id}'"})
-    return dict(job)
-
-
-# The selection a backup job edit leaves (pve-manager PVE/API2/Backup.pm update_job;
-# docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune): an `exclude` without a pool means all;
-# a given vmid drops all, exclude and pool; all=1 drops vmid and pool; a pool drops the rest.
-
-
-def pve_backup_job_update(call: Call, id: str) -> None:
-    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
-    if job is None:
-        raise ApiError(500, "no such vzdump job")
-    params = {k: call.arg(k) for k in call.params if k not in ("id", "delete")}
-    deleted = [k for k in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if k]
-    if not params and not deleted:
-        raise ApiError(500, "no options specified")
-    for key in deleted:
-        job.pop(key, None)
-    job.update(params)
-    if "exclude" in job and not job.get("pool"):
-        job["all"] = 1
-    if "vmid" in params:
-        for key in ("all", "exclude", "pool"):
-            job.pop(key, None)
-    elif str(params.get("all", "0")) == "1":
-        job.pop("vmid", None), job.pop("pool", None)
-    elif job.get("pool"):
-        for key in ("vmid", "all", "exclude"):
-            job.pop(key, None)
-
-
 def pve_acme_plugins(call: Call, id: str | None = None) -> list | dict:
     """ACME plugins with their stored config, `data` included (pve-manager PVE/API2/ACMEPlugin.pm)."""
     if id is None:
@@ -578,9 +538,6 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,
-    ("GET", "/cluster/backup"): pve_backup_jobs,
-    ("GET", "/cluster/backup/{id}"): pve_backup_job,
-    ("PUT", "/cluster/backup/{id}"): pve_backup_job_update,
     ("GET", "/nodes/{node}/vzdump/extractconfig"): pve_extractconfig,
     ("GET", "/cluster/acme/plugins"): pve_acme_plugins,
     ("GET", "/cluster/acme/plugins/{id}"): pve_acme_plugins,

@@ -1,6 +1,7 @@
 """Proxmox VE backup jobs (`/cluster/backup`): create, update and delete as pve-manager's
 PVE/API2/Backup.pm does them, with PVE/VZDump.pm verify_vzdump_parameters for the selection
-(docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune). The list and the read are in pve.py.
+(docs/PROXMOX-BEHAVIOUR.md#backup-jobs-and-vzdump-prune), and the list and the read with their
+property strings as objects (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit).
 """
 from __future__ import annotations
 
@@ -12,6 +13,19 @@ from .call import ApiError, Call
 
 SELECTION = ("vmid", "all", "exclude", "pool")
 DELETABLE = ("comment", "repeat-missed")  # besides every vzdump option (update_job $deletable)
+# taken as property strings, answered as objects (Backup.pm $backup_job_return_schema; pve-guest-common
+# src/PVE/VZDump/JobBase.pm decode_value)
+PROPERTY_STRINGS = ("prune-backups", "fleecing", "performance")
+
+
+def answered(job: dict[str, Any]) -> dict[str, Any]:
+    """A stored job as GET answers it: its property strings as objects, numbers as numbers."""
+    shown = dict(job)
+    for name in PROPERTY_STRINGS:
+        if isinstance(shown.get(name), str):
+            parts = (part.partition("=") for part in shown[name].split(",") if part.strip())
+            shown[name] = {k.strip(): int(v) if v.strip().isdigit() else v for k, _, v in parts}
+    return shown
 
 
 def _job(call: Call, id: str) -> dict:
@@ -40,6 +54,18 @@ def _verify(job: dict[str, Any], check_missing: bool) -> None:
 def _check_pool(call: Call, values: dict[str, Any]) -> None:
     if values.get("pool") and values["pool"] not in call.lab.pools:
         raise ApiError(500, f"pool '{values['pool']}' does not exist")
+
+
+def backup_jobs(call: Call) -> list:
+    return [answered(job) for job in call.lab.backup_jobs]
+
+
+def backup_job(call: Call, id: str) -> dict:
+    """One backup job (pve-manager PVE/API2/Backup.pm `read_job`)."""
+    job = next((j for j in call.lab.backup_jobs if j["id"] == id), None)
+    if job is None:
+        raise ApiError(400, "Parameter verification failed.", {"id": f"No such job '{id}'"})
+    return answered(job)
 
 
 def backup_job_create(call: Call) -> None:
@@ -88,6 +114,8 @@ def backup_job_delete(call: Call, id: str) -> None:
 
 
 BACKUP_JOB_HANDLERS: dict[tuple[str, str], Callable] = {
+    ("GET", "/cluster/backup"): backup_jobs,
+    ("GET", "/cluster/backup/{id}"): backup_job,
     ("POST", "/cluster/backup"): backup_job_create,
     ("PUT", "/cluster/backup/{id}"): backup_job_update,
     ("DELETE", "/cluster/backup/{id}"): backup_job_delete,

@@ -358,10 +358,19 @@ def pve_disks(call: Call, node: str) -> list:
     rows = []
     for disk in monitor(call.lab).disks[node]:
         row = _public(disk)
+        if disk.get("_smart_off"):  # smartctl prints "SMART Disabled" and no attributes to read the wear from
+            row |= {"health": "SMART Disabled", "wearout": "N/A"}
         if str(call.arg("skipsmart", "0")) == "1":
             row |= {"health": "UNKNOWN", "wearout": "N/A"}
         rows.append(row)
     return rows
+
+
+def smart_off(lab: Lab, node: str, devpath: str, off: bool = True) -> None:
+    """SMART turned off on a disk (`smartctl -s off`): PVE then reports its health as `SMART Disabled`
+    (pve-storage src/PVE/Diskmanage.pm, get_smart_data)."""
+    disk = next(d for d in monitor(lab).disks[node] if d["devpath"] == devpath)
+    disk["_smart_off"] = off
 
 
 def pve_smart(call: Call, node: str) -> dict:
@@ -369,6 +378,8 @@ def pve_smart(call: Call, node: str) -> dict:
     disk = next((d for d in monitor(call.lab).disks[node] if d["devpath"] == call.arg("disk")), None)
     if disk is None:
         raise ApiError(500, f"disk '{call.arg('disk')}' is not a block device")  # Diskmanage assert_blockdev
+    if disk.get("_smart_off"):  # no data section: `type` stays undefined (Diskmanage.pm, get_smart_data)
+        return {"health": "SMART Disabled", "type": None}
     if str(call.arg("healthonly", "0")) == "1":
         return {"health": disk["health"]}
     if disk["type"] == "nvme":

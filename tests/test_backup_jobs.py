@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import backup_jobs
 from conftest import everything_open, requests_during, tool_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -61,6 +62,14 @@ def test_backup_jobs_says_what_each_selects_and_keeps(ops, sim):
     del sim.lab.storages["pbs"]["config"]["prune-backups"]
 
 
+def test_a_jobs_own_retention_is_read_as_proxmox_answers_it(ops, sim):
+    """GET /cluster/backup answers prune-backups as an object (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit)."""
+    job(sim, NIGHTLY)["prune-backups"] = "keep-daily=7,keep-weekly=4"
+    assert ops.ok("api_read", {"path": f"/cluster/backup/{NIGHTLY}"})["data"]["prune-backups"] == {"keep-daily": 7,
+                                                                                             "keep-weekly": 4}
+    assert rows(ops.ok("backup_jobs"))[0]["retention"] == "keep-daily=7,keep-weekly=4"
+
+
 def test_create_update_and_delete_a_job(ops, sim):
     created = ops.ok("write_edit_backup_job", {"action": "create", "job_id": "weekly-win", "vmids": [104],
                                                "schedule": "sat 03:00", "storage": "pbs", "mode": "stop",
@@ -77,6 +86,12 @@ def test_create_update_and_delete_a_job(ops, sim):
     assert everything["selects"] == "all" and everything["guests_total"] == 6 and "exclude" not in job(sim, NIGHTLY)
     deleted = ops.ok("write_edit_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
     assert deleted["was"] == "all" and deleted["now_uncovered"] == [102, 103, 104, 105]  # prod stays covered
+
+
+def test_deleting_a_job_names_the_guests_it_leaves_uncovered_within_a_bound(ops, sim, monkeypatch):
+    monkeypatch.setattr(backup_jobs, "SHOWN_UNCOVERED", 2)  # the bound, met by the lab's six guests
+    deleted = ops.ok("write_edit_backup_job", {"action": "delete", "job_id": NIGHTLY, "confirm": True})
+    assert deleted["now_uncovered"] == [100, 101] and deleted["now_uncovered_total"] == 5
 
 
 def test_a_retention_that_prunes_is_confirmed(ops, sim):
@@ -167,7 +182,9 @@ def test_backup_coverage_adds_to_a_vmid_job_or_creates_one(ops, sim):
     sim.lab.backup_jobs[:] = []
     changes = ops.ok("backup_coverage")["job_changes"]
     create = changes[0]["write_edit_backup_job"]
-    assert create == {"action": "create", "job_id": "backup-uncovered", "vmids": [100, 101, 102, 103, 104, 105],
+    # every guest is uncovered: the new job selects all (the shorter list), not each of them
+    assert create == {"action": "create", "job_id": "backup-uncovered", "all_except": [],
                       "schedule": "02:00", "storage": create["storage"]} and create["storage"]
+    assert changes[0]["covers"] == [100, 101, 102, 103, 104, 105]
     ops.ok("write_edit_backup_job", create)
     assert ops.ok("backup_coverage")["job_changes"] == []

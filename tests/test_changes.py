@@ -443,11 +443,16 @@ def test_what_changed_since_a_snapshot(ops, sim):
     assert "no snapshot 'nope'" in ops.error("what_changed", {"vmid": 205, "since": "nope"})
 
 
-def test_what_changed_in_the_default_world(reader, ops):
+def test_what_changed_in_the_default_world(reader, ops, sim):
     """A backup's config needs VM.Backup and Datastore.AllocateSpace, which the reader token lacks:
     it is told which to grant (or that it sees no backup); a snapshot or a receipt it can compare."""
     message = reader.error("what_changed", {"vmid": 205})
     assert "Datastore.AllocateSpace" in message or "VM.Backup" in message
+    # hidden backups are explained with the grant that shows them (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume)
+    local = next(v["volid"] for v in sim.lab.volumes["local"] if v.get("vmid") == 100 and v["content"] == "backup")
+    for arguments in ({"vmid": 100}, {"vmid": 100, "since": local}):
+        message = reader.error("what_changed", arguments)
+        assert "pveum role add BackupReader" in message and "local" in message and "since=" in message
     assert reader.ok("what_changed", {"vmid": 205, "since": "base"})["changes"] == ["nothing changed"]
     done = ops.ok("write_configure_guest", {"vmid": 205, "set": {"cores": 3}})
     assert reader.ok("what_changed", {"vmid": 205, "since": done["receipt"]})["changes"] == ["cores 2 -> 3"]

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 import firewall_guard
+import firewall_tools
+from answers import LIST_CAP
 from conftest import everything_open, requests_during, tool_session
 from simulator import Lab, handle
 
@@ -87,6 +89,22 @@ def test_firewall_rules_says_where_it_filters(admin, sim):
     assert node["filtering"] == {"cluster": True, "node": False, "filters": False}
     guest = admin.ok("firewall_rules", {"vmid": 100})
     assert guest["filtering"] == {"cluster": True, "guest": False, "nics": {"net0": False}, "filters": []}
+
+
+def test_firewall_rules_stays_small_with_long_lists(admin, sim):
+    """Many rules, a long IP set and a long security group: each cut, with what was left out counted."""
+    fw = sim.lab.firewall["cluster"]
+    fw["rules"] = [{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": str(1000 + n), "enable": 1}
+                   for n in range(firewall_tools.SHOWN_RULES + 5)]
+    fw["ipsets"]["blocked"] = {"entries": [{"cidr": f"203.0.113.{n}"} for n in range(LIST_CAP + 3)]}
+    fw["groups"]["web"] = [{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": str(8000 + n), "enable": 1}
+                           for n in range(LIST_CAP + 4)]
+    cluster = admin.ok("firewall_rules")
+    assert len(cluster["rules"]["rows"]) == firewall_tools.SHOWN_RULES and cluster["rules"]["truncated"]
+    assert cluster["rules"]["total"] == firewall_tools.SHOWN_RULES + 5 and "/cluster/firewall/rules" in \
+        cluster["rules"]["next"] and "next_offset" not in cluster["rules"]
+    assert len(cluster["ipsets"]["blocked"]) == LIST_CAP + 1 and cluster["ipsets"]["blocked"][-1] == "+3 more"
+    assert len(cluster["groups"]["web"]) == LIST_CAP + 1 and cluster["groups"]["web"][-1] == "+4 more"
 
 
 def test_a_guest_filters_only_with_its_option_and_the_nic_flag(admin, sim):

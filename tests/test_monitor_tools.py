@@ -7,10 +7,10 @@ import time
 import pytest
 
 import inventory
-import monitor_tools
+import rrd
 import simulator
 from conftest import requests_during, tool_session
-from simulator.pve_monitor import add_pool, firewall_line, monitor
+from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +113,11 @@ def test_summary_of_real_shaped_points_with_gaps():
     """RRD leaves a source out of a step that has no value (PVE::RRD): a guest off for a while."""
     points = [{"time": 60 * i, "maxcpu": 4, "maxmem": 2 ** 30} | (
         {"cpu": 0.5, "mem": 2 ** 29, "netin": 1000.0} if i < 10 or i >= 20 else {}) for i in range(30)]
-    series = monitor_tools.summarize(points, "guest")
+    series = rrd.summarize(points, "guest")
     assert series["cpu"]["avg"] == "50.0%" and series["cpu"]["of"] == "4 cores"
     assert series["mem"]["last_pct"] == 50.0 and " " in series["cpu"]["spark"]  # the gap shows
-    assert monitor_tools.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
-    assert monitor_tools.trend([1, 1, 1, 5, 5, 5]) == "rising" and monitor_tools.trend([3, 3, 3]) == "steady"
+    assert rrd.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
+    assert rrd.trend([1, 1, 1, 5, 5, 5]) == "rising" and rrd.trend([3, 3, 3]) == "steady"
 
 
 # ---------------------------------------------------------------- logs
@@ -208,6 +208,20 @@ def test_disks_of_a_fresh_install(session):
     assert "problem" not in answer["disks"]["columns"] and answer["zfs_pools"] == []
     assert answer["volume_groups"][0]["vg"] == "pve" and answer["thin_pools"][0]["pool"] == "pve/data"
     assert answer["thin_pools"][0]["used_pct"] == 30.0
+
+
+def test_disks_with_smart_off_are_not_failing(session, sim):
+    """`SMART Disabled` says smartctl cannot judge the disk, not that it fails
+    (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    smart_off(sim.lab, "pve1", "/dev/sda")
+    try:
+        answer = session.ok("node_disks", {"node": "pve1", "smart": "/dev/sda"})
+    finally:
+        smart_off(sim.lab, "pve1", "/dev/sda", off=False)
+    disks = dict(zip(answer["disks"]["columns"], answer["disks"]["rows"][0], strict=True))
+    assert disks["health"] == "SMART Disabled" and "problem" not in disks
+    assert answer["smart"] == {"disk": "/dev/sda", "health": "SMART Disabled"}
+    assert inventory.disk_problem({"health": "SMART Disabled", "wearout": "N/A"}) is None
 
 
 def test_disks_show_a_failing_disk_a_worn_ssd_and_a_degraded_pool(session, sim):

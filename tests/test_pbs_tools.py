@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import server
+from answers import LIST_CAP
 from conftest import in_process, requests_during, tool_session
 from gates import TIERS
 from simulator import Lab
@@ -103,9 +104,11 @@ def test_prune_follows_pbs_keep_rules_on_70_days(pbs, sim):
     answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "200",
                                               "keep_last": 2, "keep_daily": 5, "keep_weekly": 3, "keep_monthly": 2})
     expected = sorted((f"2026-{m:02d}-{d:02d}T02:00:00Z" for m, d in EXPECTED_KEPT), reverse=True)
-    assert answer["keep"] == expected
-    assert len(answer["remove"]) == 70 - len(expected) and answer["removed"] == 0
-    assert "confirm=true" in answer["next"]  # nothing removed without the user's yes
+    # the lists are cut at LIST_CAP, newest first, with their totals (the answer stays small for any group)
+    assert answer["keep"] == expected[:LIST_CAP] + [f"+{len(expected) - LIST_CAP} more"]
+    assert answer["keep_total"] == len(expected) and answer["remove_total"] == 70 - len(expected)
+    assert len(answer["remove"]) == LIST_CAP + 1 and answer["removed"] == 0
+    assert "confirm=true" in answer["next"] and f"remove {70 - len(expected)} snapshot" in answer["next"]
     assert len(sim.lab.datastores["backup"]["groups"][("", "vm", "200")]) == 70
 
 
@@ -126,7 +129,7 @@ def test_prune_counts_days_in_the_servers_local_time(pbs, sim):
 
 def test_prune_without_keep_options_keeps_everything(pbs):
     answer = pbs.ok("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "200"})
-    assert answer["remove"] == [] and len(answer["keep"]) == 70 and answer["options"].startswith("none")
+    assert answer["remove"] == [] and answer["keep_total"] == 70 and answer["options"].startswith("none")
 
 
 def test_prune_removes_after_confirmation(pbs, sim):
@@ -225,7 +228,9 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
     group[0]["corrupt"] = True  # its chunks are damaged: verifying it fails
     rechecked = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "100"})
     name = "vm/100/" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(group[0]["backup-time"]))
-    assert rechecked["task"] == "failed" and rechecked["checked"] == 3 and rechecked["ok"] == 2
+    # the task's own exit status (docs/PROXMOX-BEHAVIOUR.md#verify), not a word of ours
+    assert rechecked["task"] == "verification failed - please check the log for details"
+    assert rechecked["checked"] == 3 and rechecked["ok"] == 2
     assert rechecked["failed"] == [name] and "do not restore" in rechecked["next"]
     assert group[0]["verification"]["state"] == "failed"
     # without reverify PBS skips what was verified before, and the answer says so
@@ -233,6 +238,29 @@ def test_verify_answers_what_it_checked_failed_and_skipped(pbs, sim):
                                                   "reverify": False})
     assert skipped["checked"] == 0 and skipped["skipped"] == 3 and "reverify=true" in skipped["skipped_why"]
 
+
+
+@pytest.mark.usefixtures("running_tasks")
+def test_a_verify_that_fails_before_checking_raises_with_its_exit_status(pbs, sim, monkeypatch):
+    start = sim.lab.start_task
+
+    def failing(*args, **kwargs):  # a task that ends in an error before checking anything (a fault of the test's)
+        return start(*args, **kwargs | {"lines": ["verify datastore backup"], "exitstatus": "unable to open store"})
+    monkeypatch.setattr(sim.lab, "start_task", failing)
+    message = pbs.error("write_pbs_verify_backups", {"store": "backup"})
+    assert "failed (unable to open store) before checking its snapshots" in message
+
+
+@pytest.mark.usefixtures("running_tasks")
+def test_verify_names_the_first_failed_snapshots_and_counts_the_rest(pbs, sim):
+    damaged = [Lab.pbs_snapshot(day(8, 1) + n * 86400) | {"corrupt": True} for n in range(LIST_CAP + 3)]
+    sim.lab.datastores["backup"]["groups"][("", "vm", "400")] = damaged
+    try:
+        verified = pbs.ok("write_pbs_verify_backups", {"store": "backup", "backup_type": "vm", "backup_id": "400"})
+    finally:
+        del sim.lab.datastores["backup"]["groups"][("", "vm", "400")]
+    assert verified["checked"] == LIST_CAP + 3 and verified["ok"] == 0
+    assert len(verified["failed"]) == LIST_CAP + 1 and verified["failed"][-1] == "+3 more"
 
 
 def test_the_pbs_reader_token_is_the_readme_recipe_and_reads_no_backup_contents():

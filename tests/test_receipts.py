@@ -106,6 +106,20 @@ def test_a_new_firewall_rule_is_deleted_at_the_top_and_a_deleted_one_made_again_
                                    ("PUT", f"{rules}/0", {"moveto": 3})]  # before the rule now at 3
 
 
+def test_a_backup_jobs_retention_object_is_sent_back_as_a_property_string():
+    """GET /cluster/backup answers prune-backups as an object, POST and PUT take a property string
+    (docs/PROXMOX-BEHAVIOUR.md#backup-jobs-after-an-edit)."""
+    path = "/cluster/backup/nightly"
+    job = {"id": "nightly", "type": "vzdump", "schedule": "02:00", "all": 1, "storage": "pbs", "enabled": 1,
+           "prune-backups": {"keep-daily": 7, "keep-weekly": 4}}
+    steps = receipts.undo_plan(receipt_for("pve", "DELETE", path, before=job), Reads("pve", {})).steps
+    assert valid("pve", steps)[0][2]["prune-backups"] == "keep-daily=7,keep-weekly=4"
+    edited = job | {"prune-backups": {"keep-last": 1}}
+    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=job, after=edited),
+                               Reads("pve", {path: edited})).steps
+    assert valid("pve", steps) == [("PUT", path, {"prune-backups": "keep-daily=7,keep-weekly=4"})]
+
+
 def test_agent_questions_get_no_receipt(tmp_path):
     """POST .../agent/ping asks the agent and changes nothing (the restore drill pings every second)."""
     decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],

@@ -80,6 +80,8 @@ def test_a_template_already_there_is_not_downloaded_again(writer, sim):
     answer, sent = requests_during(sim, writes=True, action=lambda: writer.ok(
         "write_download_template", {"template": DEBIAN, "node": "pve1"}))
     assert sent == [] and "Already there" in answer["note"]
+    _, read = requests_during(sim, lambda: writer.ok("write_download_template", {"template": DEBIAN, "node": "pve1"}))
+    assert read.count(("pve", "GET", "/cluster/resources")) == 1  # the storage rows, read once
 
 
 @pytest.mark.parametrize("arguments, expected", [

@@ -8,7 +8,7 @@ import pytest
 
 import simulator
 from conftest import in_process, requests_during, tool_session
-from simulator.pve_monitor import add_pool, monitor
+from simulator.pve_monitor import add_pool, monitor, smart_off
 
 GiB = 1024 ** 3
 
@@ -84,6 +84,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
     world.disks["pve1"].append({"devpath": "/dev/sdb", "type": "hdd", "size": 4 * 10 ** 12, "model": "WDC WD40EFRX",
                                 "health": "FAILED!", "wearout": "N/A", "used": "ZFS"})
     world.disks["pve2"][0]["wearout"] = "15"
+    smart_off(sim.lab, "pve3", "/dev/sda")
     add_pool(sim.lab, "pve3", "tank", state="DEGRADED", bad_disk="/dev/disk/by-id/ata-WDC_2-part1")
     healthy = add_pool(sim.lab, "pve3", "rpool")
     healthy["_detail"]["children"][0]["children"][0]["children"][0]["cksum"] = 3  # ONLINE, yet a device errs
@@ -95,6 +96,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
     finally:
         world.disks["pve1"].pop()
         world.disks["pve2"][0]["wearout"] = "98"
+        smart_off(sim.lab, "pve3", "/dev/sda", off=False)
         world.zfs["pve3"].clear()
         world.kernels["pve2"].pop(0)
         world.proxy_certs.clear()
@@ -102,6 +104,9 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
     found = areas(report)
     assert ("critical", "disks", "/dev/sdb on pve1: SMART health FAILED!") in found
     assert ("warning", "disks", "/dev/sda on pve2: 15% of its rated life left") in found
+    # SMART off is not a failing disk (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)
+    assert [f for f in found if "pve3" in f[2] and f[1] == "disks"] == [
+        ("info", "disks", "/dev/sda on pve3: SMART is off, so its health is not watched")]
     assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
     assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
     assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found

@@ -11,6 +11,7 @@ import policy
 import proxmox_client
 import simulator
 import workflows
+from answers import LIST_CAP
 from conftest import tool_session
 from errors import ProxmoxError
 
@@ -95,7 +96,7 @@ def test_health_check_reads_nodes_side_by_side_within_the_bound(big, monkeypatch
         report = session.ok("health_check")
     finally:
         sim.lab.delay = 0.0
-    assert len(report["checked"]) <= workflows.LIST_CAP + 1 and report["checked"][-1].startswith("+")
+    assert len(report["checked"]) <= LIST_CAP + 1 and report["checked"][-1].startswith("+")
     assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
 
 
@@ -122,3 +123,48 @@ def test_backup_coverage_answers_counts_then_the_worst_guests_paged(big):
     assert second["rows"][0] != guests["rows"][-1] and len(last["rows"]) == 7 and "next_offset" not in last
     seen = {row[0] for page in (guests, second, last) for row in page["rows"]}
     assert len(seen) == 2 * workflows.COVERAGE_PAGE + 7
+
+
+@pytest.fixture
+def jobs_kept(big):
+    sim, _ = big
+    before = [dict(job) for job in sim.lab.backup_jobs]
+    yield sim.lab.backup_jobs
+    sim.lab.backup_jobs[:] = before
+
+
+def test_backup_coverage_without_a_job_proposes_one_small_change(big, jobs_kept):
+    """No backup job at all: one new job for every guest (all_except=[]), not a list of 1,000."""
+    _, session = big
+    jobs_kept.clear()
+    report = session.ok("backup_coverage")
+    assert answer_bytes(report) <= 4096
+    [change] = report["job_changes"]
+    assert change["write_edit_backup_job"]["all_except"] == [] and "vmids" not in change["write_edit_backup_job"]
+    assert len(change["covers"]) == LIST_CAP + 1 and change["covers"][-1] == "+988 more"
+
+
+def test_backup_coverage_cuts_a_long_job_change_and_says_it_is_cut(big, jobs_kept):
+    """A vmid job of 500 guests and 500 guests no job selects: the arguments would name 1,000 guests."""
+    _, session = big
+    jobs_kept[:] = [{"id": "half", "type": "vzdump", "schedule": "02:00", "enabled": 1, "storage": "pbs",
+                     "vmid": ",".join(map(str, range(100, 600)))}]
+    report = session.ok("backup_coverage")
+    assert answer_bytes(report) <= 4096
+    [change] = report["job_changes"]
+    vmids = change["write_edit_backup_job"]["vmids"]
+    assert len(vmids) == LIST_CAP + 1 and vmids[-1] == "+988 more" and "cut" in change["note"]
+
+
+def test_backup_coverage_with_the_reader_token_stays_small(big, jobs_kept):
+    """The reader token sees no backup on `local`: the state of many guests is unknown, said once, bounded."""
+    sim, _ = big
+    with tool_session(sim.env(), log_name="scale-reader") as reader:
+        report = reader.ok("backup_coverage")
+        jobs_kept.clear()
+        without_jobs = reader.ok("backup_coverage")
+    for answer in (report, without_jobs):
+        assert answer_bytes(answer) <= 4096
+        unknown = next(f for f in answer["findings"] if "is unknown" in f["finding"])
+        assert len(unknown["evidence"]["guests"]) == LIST_CAP + 1
+        assert unknown["evidence"]["guests"][-1].startswith("+")
