@@ -22,8 +22,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def http_server(env: dict, *args: str):
-    port = free_port()
+def http_server(env: dict, *args: str, port: int | None = None):
+    port = port or free_port()
     with open(log_dir() / "http.log", "a") as log:
         process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--http", "--port", str(port), *args],
                                    env=server_env(env), stdout=log, stderr=log, cwd=str(log_dir()))
