@@ -632,8 +632,10 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
         url = f"http://{reach}:{args.port or config.http_port}/mcp"
         bearer = demo.DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
+        remote = config.auth.resource if config.auth.oauth or config.auth.issuer else None
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
-                f"  claude mcp add --transport http {name} {url}{header}")
+                f"  claude mcp add --transport http {name} {url}{header}"
+                + (f"\n  or, through OAuth (claude.ai and Gemini connectors): {remote}" if remote else ""))
     return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
             f"connect one with: claude mcp add {name} -- {start_command()}{' --demo' * args.demo}")
 

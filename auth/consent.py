@@ -89,6 +89,7 @@ class Consent:
             self.store.drop_consent(consent_id)
             return redirect(self.provider.refuse(client, params, "the operator denied it"))
         if not hmac.compare_digest(str(form.get("secret") or "").encode(), self.secret.encode()):
+            self.provider.wrong_secret(client)
             if self.store.failed_attempt(consent_id) >= ATTEMPTS:
                 self.store.drop_consent(consent_id)
                 return redirect(self.provider.refuse(client, params, "the operator's secret was wrong"))

@@ -91,6 +91,9 @@ class Provider:
                     redirect_uri=consent["redirect_uri"])
         return construct_redirect_uri(consent["redirect_uri"], code=code, state=consent["state"], iss=self.issuer)
 
+    def wrong_secret(self, client: OAuthClientInformationFull) -> None:
+        self.record("oauth_wrong_secret", principal=client_principal(client))
+
     def refuse(self, client: OAuthClientInformationFull, consent: dict, why: str) -> str:
         self.record("oauth_denied", principal=client_principal(client), reason=why)
         return construct_redirect_uri(consent["redirect_uri"], error="access_denied", error_description=why,
@@ -157,7 +160,8 @@ class Provider:
         grant_id = self.store.grant_of(token.token)
         if grant_id:
             self.store.revoke_grant(grant_id)
-            self.record("oauth_revoked", client_id=token.client_id)
+            client = await self.get_client(token.client_id)
+            self.record("oauth_revoked", principal=client_principal(client) if client else f"oauth:{token.client_id}")
 
     async def exchange_identity_assertion(self, client: Any, params: Any) -> OAuthToken:  # noqa: ARG002
         raise TokenError("unsupported_grant_type", "only authorization_code and refresh_token are granted here")

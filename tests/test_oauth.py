@@ -110,7 +110,8 @@ def test_the_resource_and_the_server_describe_themselves(base):
 def test_mcp_answers_401_naming_the_resource_metadata(base):
     bare = requests.post(base + "/mcp", json=oc.INIT, headers=oc.HEADERS, timeout=10)
     assert bare.status_code == 401
-    assert bare.headers["www-authenticate"] == f'Bearer resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+    metadata = f"{base}/.well-known/oauth-protected-resource/mcp"
+    assert bare.headers["www-authenticate"] == f'Bearer resource_metadata="{metadata}"'
     wrong = requests.post(base + "/mcp", json=oc.INIT, headers=oc.HEADERS | {"Authorization": "Bearer nope-nope-nope"},
                           timeout=10)
     assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
@@ -254,7 +255,8 @@ def test_an_expired_access_token_is_refused(base, state):
     client = oc.register(base)
     first = tokens_of(base, client)
     with sqlite3.connect(state / "state.sqlite3") as db:  # an hour later, as far as the token is concerned
-        db.execute("UPDATE oauth_tokens SET expires = 0 WHERE kind = 'access' AND client_id = ?", (client["client_id"],))
+        db.execute("UPDATE oauth_tokens SET expires = 0 WHERE kind = 'access' AND client_id = ?",
+                   (client["client_id"],))
     assert oc.mcp_status(base, first["access_token"]) == 401
     renewed = oc.refresh(base, client["client_id"], first["refresh_token"]).json()
     assert oc.mcp_status(base, renewed["access_token"]) == 200
@@ -377,3 +379,14 @@ def test_state_survives_a_restart_and_holds_no_token(sim, tmp_path):
 def test_what_oauth_needs_to_start(env, expected):
     result = run_server(["--http"], env)
     assert result.returncode == 2 and expected in result.stderr, result.stderr
+
+
+def test_the_other_servers_oauth_variables_mean_the_same_here():
+    """Proxmox MCP Server's MCP_OAUTH=1 and MCP_PUBLIC_URL (its ngrok example) are read, not warned
+    about; the public URL's host is a name the server answers to."""
+    from config import load_config
+    loaded = load_config({"MCP_OAUTH": "1", "MCP_PUBLIC_URL": "https://abc.ngrok-free.app/",
+                          "MCP_ALLOWED_HOSTS": "abc.ngrok-free.app"})
+    assert loaded.auth.oauth and loaded.auth.public_url == "https://abc.ngrok-free.app"
+    assert loaded.auth.resource == "https://abc.ngrok-free.app/mcp" and "abc.ngrok-free.app" in loaded.allowed_hosts
+    assert not [w for w in loaded.warnings if "MCP_OAUTH" in w or "MCP_PUBLIC_URL" in w]

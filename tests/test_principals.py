@@ -326,3 +326,18 @@ def test_every_entry_is_compared_in_constant_time(monkeypatch):
     entries = [tokens.NamedToken(n, tokens.digest(t), "read") for n, t in TOKENS.items()]
     assert tokens.find(entries, TOKENS["alice"]).name == "alice"
     assert len(compared) == len(entries)  # no early exit that would tell which entry matched
+
+
+def test_check_reports_the_auth_mode_and_the_principals(sim, tmp_path):
+    checked = run_server(["--check"], env_of(sim, tmp_path, MCP_STATE_KEY=STATE_KEY))
+    assert "HTTP access: the static bearer MCP_AUTH_TOKEN (the operator), 4 named tokens" in checked.stdout
+    assert "principal alice: profile read, every host" in checked.stdout
+    assert "principal dave: profile admin, home" in checked.stdout
+    assert "sealed with MCP_STATE_KEY (1 key)" in checked.stdout and STATE_KEY not in checked.stdout
+    alone = run_server(["--check"], sim.env() | {"MCP_AUTH_TOKEN": OPERATOR})
+    assert "HTTP access: the static bearer MCP_AUTH_TOKEN (single user)" in alone.stdout
+
+
+def test_a_short_state_key_stops_the_server():
+    result = run_server(["--http"], {"MCP_AUTH_TOKEN": OPERATOR, "MCP_STATE_KEY": "short"})
+    assert result.returncode == 2 and "MCP_STATE_KEY" in result.stderr and "32 characters" in result.stderr
