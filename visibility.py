@@ -108,7 +108,8 @@ class ToolVisibility:
     async def __call__(self, ctx: Any, call_next: Callable) -> Any:
         if self.token is None:
             self.token = anyio.lowlevel.current_token()
-        hidden = self.hidden() | self.beyond(principal.current())  # per principal over HTTP
+        reach = principal.current()  # over HTTP: who calls
+        hidden = self.hidden() | self.beyond(reach)
         if ctx.method == "tools/call":
             name = (ctx.params or {}).get("name")
             refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \
@@ -118,6 +119,8 @@ class ToolVisibility:
         result = await call_next(ctx)
         if ctx.method == "tools/call":
             self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
+        if ctx.method == "resources/list" and reach is not None and reach.hosts is not None:
+            keep_reachable(result, reach)
         if ctx.method == "tools/list":
             tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
             kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
@@ -167,6 +170,21 @@ class ToolVisibility:
                     self.notified[session] = current
                 except Exception:  # the session is gone
                     self.notified.pop(session, None)
+
+
+def keep_reachable(result: Any, reach: policy.Reach) -> None:
+    """resources/list for a principal limited to some hosts: the resources of those hosts only
+    (`proxmox://<label>/...`, `pbs://<label>/...`; reading another's is refused anyway)."""
+    def host_of(resource: Any) -> str | None:
+        uri = str(resource.uri if hasattr(resource, "uri") else resource.get("uri", ""))
+        scheme, _, rest = uri.partition("://")
+        return rest.split("/", 1)[0] if scheme in ("proxmox", "pbs") else None
+    resources = result.resources if hasattr(result, "resources") else result.get("resources", [])
+    kept = [r for r in resources if host_of(r) is None or reach.reaches(host_of(r))]
+    if hasattr(result, "resources"):
+        result.resources = kept
+    else:
+        result["resources"] = kept
 
 
 _visibility = runtime.slot("visibility.tools", ToolVisibility)  # this server's tool list middleware

@@ -76,7 +76,7 @@ class Provider:
     async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
         """The request waits for the operator: the SDK's handler would redirect to the consent page,
         which routes.py shows in its place."""
-        if params.resource and params.resource.rstrip("/") != self.resource.rstrip("/"):
+        if params.resource and params.resource.rstrip("/") not in (self.resource, self.issuer):  # RFC 8707
             raise AuthorizeError("invalid_target", f"this server grants access to {self.resource} only")
         consent = self.store.add_consent(client.client_id, {
             "redirect_uri": str(params.redirect_uri), "explicit": params.redirect_uri_provided_explicitly,

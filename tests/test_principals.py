@@ -134,6 +134,9 @@ def test_a_principal_reaches_only_its_hosts(base, sim):
         assert dave.ok("list_guests")["total"] == 6  # host may be left out: dave reaches one
         message, sent = requests_during(sim, lambda: dave.error("list_guests", {"host": "lab"}))
         assert "host 'lab' is not one of the hosts 'dave' may use (home)" in message and sent == []
+        listed = dave.portal.call(dave.client.list_resources).resources
+        assert {str(r.uri) for r in listed if not str(r.uri).startswith("ui:")} == {"proxmox://home/guests",
+                                                                                 "proxmox://home/health"}
         from mcp.shared.exceptions import MCPError
         with pytest.raises(MCPError, match="host 'lab' is not one of the hosts 'dave' may use"):
             dave.portal.call(lambda: dave.client.read_resource("proxmox://lab/guests"))
