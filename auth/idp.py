@@ -129,7 +129,7 @@ class Issuer:
             log.info("bearer token refused (identity provider): %s", str(exc)[:200])
             return None
         profile = self.profile(claims)
-        return principal.access_token(f"idp:{claims['sub']}", profile, client_id=str(
+        return principal.access_token(f"idp:{str(claims['sub'])[:200]}", profile, client_id=str(
             claims.get("azp") or claims.get("client_id") or "idp"), token_id=f"jwt:{claims.get('jti', '')}",
             expires_at=int(claims["exp"]), subject=str(claims["sub"]), issuer=self.issuer, resource=self.audience)
 
