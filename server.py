@@ -140,7 +140,7 @@ def server_info() -> dict:
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
     settings = policy.settings()
-    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(), **calling_principal(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
             "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
@@ -159,6 +159,16 @@ def reachable(product: str) -> dict[str, proxmox_client.HostConfig]:
             if reach is None or reach.reaches(label)}
 
 
+def calling_principal() -> dict:
+    """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and its reach;
+    nothing for the single user."""
+    reach = policy.current_call().get("reach")
+    if reach is None:
+        return {}
+    return {"principal": answers.compact({"name": reach.name, "profile": reach.profile,
+                                          "hosts": sorted(reach.hosts) if reach.hosts is not None else None})}
+
+
 def hidden_by_reason() -> dict[str, list[str]]:
     """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
     privileges read)."""
@@ -166,7 +176,8 @@ def hidden_by_reason() -> dict[str, list[str]]:
     left_out = {spec.function.__name__: why_not_offered(visible.config, spec) for spec in TOOLS} \
         if visible.config else {}
     grouped: dict[str, list[str]] = {}
-    for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden()).items():
+    beyond = visible.beyond(policy.current_call().get("reach"))  # the calling principal's reach
+    for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden() | beyond).items():
         grouped.setdefault(why, []).append(name)
     return grouped
 

@@ -140,8 +140,14 @@ def test_a_principal_reaches_only_its_hosts(base, sim):
         from mcp.shared.exceptions import MCPError
         with pytest.raises(MCPError, match="host 'lab' is not one of the hosts 'dave' may use"):
             dave.portal.call(lambda: dave.client.read_resource("proxmox://lab/guests"))
+        info = dave.ok("server_info")
+        assert info["principal"] == {"name": "dave", "profile": "admin", "hosts": ["home"]}
+        assert [h["host"] for h in info["hosts"]] == ["home"]
     with session_as(base + "/mcp", TOKENS["carol"]) as carol:
         assert {row[0] for row in carol.ok("list_hosts")["rows"]} == {"home", "lab"}
+    with session_as(base + "/mcp", TOKENS["alice"]) as alice:
+        hidden = alice.ok("server_info")["hidden_tools"]
+        assert "write_create_snapshot" in hidden["it needs the lifecycle gate, beyond the profile 'read' of 'alice'"]
 
 
 def test_health_shows_a_principal_its_own_hosts(base):
