@@ -214,3 +214,23 @@ def test_an_audience_of_its_own(sim, issuer, tmp_path):
     with http_server(env, port=port) as base:
         assert oc.mcp_status(base, issuer.token(audience="proxmox-mcp")) == 200
         assert oc.mcp_status(base, issuer.token(audience=base + "/mcp")) == 401
+
+
+def test_rfc_8414_metadata_when_there_is_no_openid_configuration():
+    """An issuer with a path (Authentik's /application/o/<slug>/): OpenID discovery first, then RFC 8414
+    with the path inserted after /.well-known/oauth-authorization-server; its `issuer` must be this one."""
+    from auth import idp
+    issuer = "https://auth.example.com/application/o/proxmox/"
+    assert idp.metadata_urls(issuer) == [
+        "https://auth.example.com/application/o/proxmox/.well-known/openid-configuration",
+        "https://auth.example.com/.well-known/oauth-authorization-server/application/o/proxmox"]
+    served = {idp.metadata_urls(issuer)[1]: {"issuer": issuer, "jwks_uri": "https://auth.example.com/jwks"}}
+
+    def fetch(url):
+        if url not in served:
+            raise OSError("404 Not Found")
+        return served[url]
+    assert idp.Issuer(issuer, "aud", {}, fetch=fetch).discover() == "https://auth.example.com/jwks"
+    served[idp.metadata_urls(issuer)[1]]["issuer"] = "https://evil.example/"
+    with pytest.raises(LookupError, match="names issuer 'https://evil.example/'"):
+        idp.Issuer(issuer, "aud", {}, fetch=fetch).discover()
