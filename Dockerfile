@@ -12,6 +12,7 @@ COPY requirements.txt .
 RUN python3 -m venv /venv && /venv/bin/pip install --quiet -r requirements.txt
 COPY *.py ./
 COPY views/ views/
+COPY auth/ auth/
 COPY catalog/ catalog/
 COPY simulator/ simulator/
 # Compiled here: at run time the root is read-only (and PYTHONDONTWRITEBYTECODE is set), so

@@ -21,6 +21,7 @@ import policy
 import receipts
 from gates import TIERS, method_gate
 from products import PRODUCTS
+from auth.tokens import PROFILES, NamedToken, parse_tokens
 from protection import Protected, load_protected
 from proxmox_client import HostConfig
 
@@ -82,12 +83,20 @@ GLOBALS = {
     "MCP_AUTH_TOKEN": "a long random string",
     "MCP_AUTH_TOKEN_FILE": "a file holding the token",
     "MCP_AUTH_REQUIRED": "true or false",
+    "MCP_AUTH_TOKENS_FILE": "path of the JSON list of named tokens (python server.py --new-token NAME)",
+    "MCP_OAUTH": "true or false (1 or 0): the built-in OAuth authorization server",
+    "MCP_PUBLIC_URL": "the URL clients reach this server at, e.g. https://mcp.example.com",
+    "MCP_OAUTH_ISSUER": "your identity provider's issuer URL, e.g. https://auth.example.com/application/o/proxmox/",
+    "MCP_OAUTH_AUDIENCE": "the audience its tokens name, by default MCP_PUBLIC_URL/mcp",
+    "MCP_OAUTH_PROFILES": "comma list of group-or-scope=profile, e.g. proxmox-admins=admin,proxmox-ops=operate",
+    "MCP_STATE_KEY": "comma list of secrets of 32+ characters sealing the confirmation round trip (first seals)",
+    "PROXMOX_STATE_DB": "path of the SQLite state database (OAuth clients and token hashes)",
     "MCP_ALLOWED_HOSTS": "comma list of host[:port] names clients use",
     "MCP_HTTP_HOST": "an address to bind, e.g. 127.0.0.1",
     "MCP_HTTP_PORT": "a port number",
 }
 BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
-                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT")
+                   "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT", "MCP_OAUTH")
 INSTALL_DIR = Path(__file__).resolve().parent
 
 HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
@@ -115,8 +124,6 @@ FOREIGN = {
     "PVE_READONLY": ("Proxmox MCP Server", "nothing: read-only is the default; PROXMOX_ACCESS=lifecycle, write or "
                                            "destructive opens more"),
     "MCP_HTTP_TOKEN": ("Proxmox MCP Server", "MCP_AUTH_TOKEN=<the same token>: every HTTP request needs it"),
-    "MCP_OAUTH": ("Proxmox MCP Server", "MCP_AUTH_TOKEN: HTTP mode takes a static bearer token, no OAuth"),
-    "MCP_PUBLIC_URL": ("Proxmox MCP Server", "MCP_ALLOWED_HOSTS=<the name clients use>"),
     "PROXMOX_MCP_CONFIG": ("Proxmox MCP Server", "one set of variables per host: PROXMOX_<LABEL>_URL, _TOKEN"),
     "PROXMOX_SERVER": ("Proxmox MCP Server", "nothing: tools take host=<label> (see list_hosts)"),
     # proxmox-ve-mcp
@@ -172,6 +179,34 @@ class SshTarget:
 
 
 @dataclass
+class AuthConfig:
+    """Who may use the HTTP transport beside the MCP_AUTH_TOKEN holder (docs/SECURITY.md#principals)."""
+    tokens: list[NamedToken] = field(default_factory=list)  # MCP_AUTH_TOKENS_FILE
+    tokens_file: str | None = None
+    oauth: bool = False  # MCP_OAUTH: the embedded authorization server
+    public_url: str | None = None  # MCP_PUBLIC_URL, no trailing slash
+    issuer: str | None = None  # MCP_OAUTH_ISSUER: an external identity provider
+    audience: str | None = None  # MCP_OAUTH_AUDIENCE, by default public_url + /mcp
+    profiles: dict[str, str] = field(default_factory=dict)  # MCP_OAUTH_PROFILES: group or scope -> profile
+    state_keys: list[str] = field(default_factory=list, repr=False)  # MCP_STATE_KEY, the first seals
+    state_db: Path | None = None  # PROXMOX_STATE_DB
+
+    @property
+    def resource(self) -> str | None:
+        """The protected resource (RFC 9728): /mcp at the public URL."""
+        return f"{self.public_url}/mcp" if self.public_url else None
+
+    def mode(self) -> str:
+        """In words, for --check and the start."""
+        kinds = [f"{len(self.tokens)} named token{'s' * (len(self.tokens) != 1)}"] if self.tokens else []
+        if self.oauth:
+            kinds.append(f"the built-in OAuth authorization server at {self.public_url}")
+        if self.issuer:
+            kinds.append(f"JWTs of the identity provider {self.issuer} for {self.audience}")
+        return ", ".join(kinds)
+
+
+@dataclass
 class Config:
     """The whole configuration, read once at start by load_config."""
     hosts: list[HostConfig] = field(default_factory=list)
@@ -188,6 +223,7 @@ class Config:
     deny_tools: tuple[str, ...] = ()
     auth_token: str | None = field(default=None, repr=False)
     auth_required: bool = True
+    auth: AuthConfig = field(default_factory=AuthConfig)  # named tokens, OAuth, the state key
     allowed_hosts: list[str] = field(default_factory=list)
     http_host: str = "127.0.0.1"
     http_port: int = 8765
@@ -220,6 +256,7 @@ def load_config(env: dict[str, str] | None = None) -> Config:
         config.warnings += [f"PROTECTED GUEST LIST: {problem}."
                             for problem in config.settings.protected.problems({h.label for h in config.hosts})]
     read_http_settings(env, config)
+    read_auth_settings(env, config)
     check_read_only_flags(foreign, config)
     config.warnings += unknown_variables(env)
     if not config.hosts:
@@ -458,6 +495,58 @@ def read_http_settings(env: dict[str, str], config: Config) -> None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"MCP_HTTP_PORT={port!r} is not a port number (1-65535).")
     config.http_port = int(port)
+
+
+def read_auth_settings(env: dict[str, str], config: Config) -> None:
+    """Named tokens, the built-in OAuth server or an identity provider, the state key and database."""
+    auth = config.auth
+    if env.get("MCP_AUTH_TOKENS_FILE"):
+        auth.tokens_file = env["MCP_AUTH_TOKENS_FILE"]
+        try:
+            auth.tokens = parse_tokens(read_secret_file("MCP_AUTH_TOKENS_FILE", auth.tokens_file))
+        except ValueError as exc:
+            raise ConfigError(f"MCP_AUTH_TOKENS_FILE={auth.tokens_file!r} {exc}.") from None
+        labels = {h.label for h in config.hosts}
+        config.warnings += [f"MCP_AUTH_TOKENS_FILE: {t.name}'s hosts name no configured host: "
+                            f"{', '.join(sorted(t.hosts - labels))}"
+                            for t in auth.tokens if t.hosts and t.hosts - labels]
+    auth.oauth = flag(env, "MCP_OAUTH", "false")
+    auth.public_url = parse_public_url("MCP_PUBLIC_URL", env["MCP_PUBLIC_URL"]) if env.get("MCP_PUBLIC_URL") else None
+    if auth.public_url:  # the name clients use is one the server answers to
+        config.allowed_hosts.append(auth.public_url.split("://", 1)[1])
+    auth.issuer = parse_public_url("MCP_OAUTH_ISSUER", env["MCP_OAUTH_ISSUER"], keep_path=True) \
+        if env.get("MCP_OAUTH_ISSUER") else None
+    auth.audience = env.get("MCP_OAUTH_AUDIENCE", "").strip() or auth.resource
+    auth.profiles = parse_profiles(env.get("MCP_OAUTH_PROFILES", ""))
+    auth.state_keys = [k.strip() for k in env.get("MCP_STATE_KEY", "").split(",") if k.strip()]
+    if any(len(k) < 32 for k in auth.state_keys):
+        raise ConfigError("MCP_STATE_KEY: each key (comma-separated) needs 32 characters or more; make one with "
+                          "`openssl rand -hex 32`.")
+    config.secrets += auth.state_keys
+    auth.state_db = Path(env["PROXMOX_STATE_DB"]).expanduser() if env.get("PROXMOX_STATE_DB") else \
+        config.settings.audit_path.with_name("state.sqlite3") if config.settings.audit_path else None
+
+
+def parse_public_url(name: str, value: str, keep_path: bool = False) -> str:
+    """An https URL (http only on loopback: tests, a tunnel's local end), without query or fragment;
+    no path unless `keep_path` (an issuer may have one)."""
+    match = re.fullmatch(r"(https?)://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?(/[^?#\s]*)?", value.strip())
+    if not match or match[1] == "http" and not is_loopback(match[2]) or (match[4] or "/") != "/" and not keep_path:
+        raise ConfigError(f"{name}={value!r} is not an https:// URL{'' if keep_path else ' without a path'} (http:// "
+                          f"only on loopback), e.g. https://mcp.example.com.")
+    return value.strip() if keep_path else value.strip().rstrip("/")
+
+
+def parse_profiles(value: str) -> dict[str, str]:
+    """MCP_OAUTH_PROFILES: `group-or-scope=profile,...`."""
+    profiles = {}
+    for item in parse_list(value):
+        name, _, profile = item.partition("=")
+        if not name.strip() or profile.strip() not in PROFILES:
+            raise ConfigError(f"MCP_OAUTH_PROFILES: {item!r} is not NAME=PROFILE with a profile of "
+                              f"{', '.join(PROFILES)}, e.g. proxmox-admins=admin.")
+        profiles[name.strip()] = profile.strip()
+    return profiles
 
 
 def unknown_variables(env: dict[str, str]) -> list[str]:
@@ -918,7 +1007,8 @@ def _renamed(entries: tuple[str, ...], tool_names: Collection[str]) -> tuple[tup
 
 
 def check_http_auth(config: Config, bind_host: str) -> None:
-    if config.auth_token:
+    check_oauth(config)
+    if config.auth_token or config.auth.tokens or config.auth.issuer:
         return
     if not is_loopback(bind_host):
         raise ConfigError(f"HTTP on {bind_host} needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE); "
@@ -928,3 +1018,19 @@ def check_http_auth(config: Config, bind_host: str) -> None:
                           "MCP_AUTH_REQUIRED=false opts out explicitly.")
     config.warnings.append("HTTP without a bearer token (MCP_AUTH_REQUIRED=false): any local process can "
                            "use this server.")
+
+
+def check_oauth(config: Config) -> None:
+    """HTTP mode with OAuth: what it needs (the seed's MCP_OAUTH=1 and MCP_PUBLIC_URL, and more)."""
+    auth = config.auth
+    if auth.oauth and auth.issuer:
+        raise ConfigError("MCP_OAUTH=1 and MCP_OAUTH_ISSUER both set: either this server grants access itself, or "
+                          "your identity provider does. Unset one.")
+    if (auth.oauth or auth.issuer) and not auth.public_url:
+        raise ConfigError(f"{'MCP_OAUTH=1' if auth.oauth else 'MCP_OAUTH_ISSUER'} needs MCP_PUBLIC_URL, the https:// "
+                          f"URL clients reach this server at (the protected resource is MCP_PUBLIC_URL/mcp).")
+    if auth.oauth and not config.auth_token:
+        raise ConfigError("MCP_OAUTH=1 needs MCP_AUTH_TOKEN (or MCP_AUTH_TOKEN_FILE): the operator's secret, typed "
+                          "into the consent page before any client is granted access.")
+    if auth.oauth and auth.state_db is None:
+        raise ConfigError("MCP_OAUTH=1 needs a place for its state: set PROXMOX_STATE_DB (or PROXMOX_AUDIT_LOG).")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 import inventory
 import policy
 import proxmox_client
+from auth import principal
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 
 
@@ -50,7 +51,7 @@ def plan_resolver(function: Callable) -> Callable:
     def plan(ctx: Any, **arguments: Any) -> policy.Plan:
         if arguments.get("dry_run") or policy.settings().dry_run or not can_elicit(ctx):
             return policy.Plan()
-        return policy.plan_call(function, arguments | {"ctx": None}, function.__name__)
+        return policy.plan_call(function, arguments | {"ctx": None}, function.__name__, principal.call_fields())
     return _resolver(plan, function, f"plan_{function.__name__}")
 
 

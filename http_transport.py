@@ -1,12 +1,12 @@
-"""The HTTP transport: Streamable HTTP at /mcp behind a static bearer token, with DNS-rebinding
-protection, /health, limits on slow and idle connections, and a stop within 0.1 s of SIGTERM
-that lets the calls being answered finish. server.py builds the MCP server; this serves it.
+"""The HTTP transport: Streamable HTTP at /mcp behind the credentials the guard accepts (the static
+bearer token, named tokens, OAuth: auth/), with DNS-rebinding protection, /health, limits on slow
+and idle connections, and a stop within 0.1 s of SIGTERM that lets the calls being answered finish.
+server.py builds the MCP server; this serves it.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import json
 import socket
 import sys
@@ -14,35 +14,55 @@ from typing import Any, Callable
 
 import anyio
 import uvicorn
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 import proxmox_client
+from auth import principal
 from config import Config
 from errors import ToolFailure
 from masking import mask
 
 
-class BearerAuth:
-    """Pure ASGI middleware (SSE streams pass unbuffered): every HTTP request but GET /health
-    needs `Authorization: Bearer <MCP_AUTH_TOKEN>`, compared in constant time."""
+class Authenticated:
+    """Pure ASGI middleware (SSE streams pass unbuffered) inside the SDK's bearer middleware, which
+    has checked the credential (auth.verifier) and put the principal on the request: every HTTP
+    request but the guard's public paths (GET /health, and with OAuth its metadata and endpoints)
+    needs a credential it accepted. A refusal is 401; with OAuth it names the resource metadata
+    (RFC 9728), without it names nothing, so that a static-token client is never sent looking."""
 
-    def __init__(self, app: Any, token: bytes | None):
+    def __init__(self, app: Any, guard: Any):
         self.app = app
-        self.token = token
+        self.guard = guard
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
+        if scope["type"] != "http" or not self.guard.required or scope["path"] in self.guard.public or \
+                isinstance(scope.get("user"), AuthenticatedUser):
             return await self.app(scope, receive, send)
-        if not bearer_ok(scope, self.token):
-            body = b'{"error":"unauthorized","detail":"send Authorization: Bearer <MCP_AUTH_TOKEN>"}'
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
+        presented = b"authorization" in dict(scope.get("headers") or [])
+        challenge = "Bearer" + (' error="invalid_token",' if presented else "")
+        if self.guard.metadata_url:
+            challenge += f' resource_metadata="{self.guard.metadata_url}"'
+        detail = "send Authorization: Bearer <token>" + (" or authorize through OAuth (the resource metadata "
+                                                         "names the authorization server)" if self.guard.metadata_url
+                                                         else "")
+        body = json.dumps({"error": "unauthorized", "detail": detail}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"www-authenticate", challenge.rstrip(",").encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def authenticating(app: Any, guard: Any) -> Any:
+    """The SDK's bearer middleware (each credential checked by the guard's verifier, the principal kept
+    for the request: mcp.server.auth), then Authenticated."""
+    return AuthenticationMiddleware(AuthContextMiddleware(Authenticated(app, guard)),
+                                    backend=BearerAuthBackend(guard.verifier))
 
 
 class AllowedHostsHint:
@@ -75,22 +95,20 @@ class AllowedHostsHint:
         await self.app(scope, receive, hinted)
 
 
-def bearer_ok(scope: dict, token: bytes | None) -> bool:
-    if token is None:
-        return False
-    header = dict(scope.get("headers") or []).get(b"authorization", b"")
-    scheme, _, presented = header.partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), token)
-
-
 def http_app(config: Config, server, bind_host: str):
-    token = config.auth_token.encode() if config.auth_token else None
+    from auth.guard import guard_for  # the OAuth parts (sqlite3 among them): loaded in HTTP mode only
+    guard = guard_for(config)
+    for route in guard.routes:  # with OAuth: its metadata and endpoints (auth/routes.py)
+        server.custom_route(route.path, methods=sorted(route.methods or ()))(route.endpoint)
 
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Request) -> JSONResponse:
         body: dict[str, Any] = {"status": "ok", "version": server.version}
-        if bearer_ok(request.scope, token):  # host reachability only for a bearer holder
-            body["hosts"] = await anyio.to_thread.run_sync(host_reachability)
+        user = request.scope.get("user")
+        if isinstance(user, AuthenticatedUser):  # host reachability only for a bearer holder, of its hosts
+            reach = principal.reach_of(user.access_token)
+            hosts = await anyio.to_thread.run_sync(host_reachability)
+            body["hosts"] = {k: v for k, v in hosts.items() if reach is None or reach.reaches(k.split(":", 1)[1])}
         return JSONResponse(body)
 
     loopback_names = ["127.0.0.1", "localhost", "[::1]"]
@@ -103,7 +121,7 @@ def http_app(config: Config, server, bind_host: str):
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=allowed,
                                          allowed_origins=origins)
     app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=bind_host)
-    return BearerAuth(AllowedHostsHint(app), token)
+    return authenticating(AllowedHostsHint(app), guard)
 
 
 def host_reachability() -> dict[str, str]:

@@ -123,6 +123,31 @@ class Settings:
     source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
 
 
+# What each principal's profile may reach beside the server's own gates, which still apply
+# (docs/SECURITY.md#principals): the highest tier, and the side gates it may use.
+PROFILES = {"read": ("read", frozenset()),
+            "operate": ("write", frozenset({"sensitive"})),
+            "admin": ("destructive", frozenset({"sensitive", "exec", "elevated", "blocked"}))}
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and what
+    that principal may reach: its profile (PROFILES) and, when it lists them, the host labels it may
+    use. The MCP edge puts it in the call (current_call()["reach"], beside "principal", its name);
+    the single user (stdio, the one static token) has none."""
+    name: str
+    profile: str = "read"
+    hosts: frozenset[str] | None = None
+
+    def allows(self, gate: str) -> bool:
+        tier, side = PROFILES[self.profile]
+        return TIERS.index(gate) <= TIERS.index(tier) if gate in TIERS else gate in side
+
+    def reaches(self, label: str) -> bool:
+        return self.hosts is None or label in self.hosts
+
+
 _settings = runtime.slot("policy.settings", Settings)  # this server's (configure)
 # Per call, set by the tool wrapper in server.py: tool name, dry run, the confirmation step, and
 # notes for the answer (an audit line that failed after sending). None outside a tool call.
@@ -325,7 +350,9 @@ def check(host: Any, method: str, path: str, params: dict[str, Any],
 
 def require_gates(host: Any, gates: tuple[str, ...], what: str, reasons: list[str], method: str = "POST",
                   template: str = "") -> None:
-    """Refuse when a gate the call needs is closed for this host, naming the variables that open them."""
+    """Refuse when a gate the call needs is closed for this host, naming the variables that open them;
+    or beyond the calling principal's reach (its hosts, its profile)."""
+    _check_reach(host, gates, what)
     closed = [gate for gate in gates if not gate_open(rules_for(host), gate, method, template)]
     if closed:
         names = " and ".join(f"'{gate}'" for gate in closed)
@@ -333,6 +360,21 @@ def require_gates(host: Any, gates: tuple[str, ...], what: str, reasons: list[st
                           f"({'; '.join(reasons)}), which {'are' if len(closed) > 1 else 'is'} closed. The operator "
                           f"can open {'them' if len(closed) > 1 else 'it'} with "
                           f"{'; '.join(how_to_open(gate, host.label, host.product) for gate in closed)}.")
+
+
+def _check_reach(host: Any, gates: tuple[str, ...], what: str) -> None:
+    """A principal's reach (Reach): only its hosts, only the gates its profile allows."""
+    reach = current_call().get("reach")
+    if reach is None:
+        return
+    if not reach.reaches(host.label):
+        raise PolicyError(f"{what}: host '{host.label}' is not one of the hosts '{reach.name}' may use "
+                          f"({', '.join(sorted(reach.hosts or ())) or 'none'}). Nothing was sent.")
+    beyond = [gate for gate in gates if not reach.allows(gate)]
+    if beyond:
+        raise PolicyError(f"{what} needs the {' and '.join(repr(g) for g in beyond)} gate, beyond the profile "
+                          f"'{reach.profile}' of '{reach.name}'. Nothing was sent; the operator can give "
+                          f"'{reach.name}' a higher profile (docs/SECURITY.md#principals).")
 
 
 # On PBS a protected guest's backups are guarded against what deletes them (the destructive gate)
@@ -451,9 +493,11 @@ def audited_params(decision: Decision) -> dict[str, Any]:
 
 def approval_key(host: Any, decision: Decision) -> str:
     """What the user's yes is pinned to: the host, the method, the path and every parameter, and
-    what the decision was judged with (a stored job), so that a changed request is asked again."""
+    what the decision was judged with (a stored job), so that a changed request is asked again; and who
+    asks (the principal), so that one principal's yes never stands for another's."""
     return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, decision.params,
-                                      decision.basis], sort_keys=True, default=str).encode()).hexdigest()
+                                      decision.basis, current_call().get("principal")], sort_keys=True,
+                                     default=str).encode()).hexdigest()
 
 
 def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
@@ -508,13 +552,13 @@ class Plan:
     summary: str = ""
 
 
-def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str) -> Plan:
+def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str, caller: dict | None = None) -> Plan:
     """Run a tool as far as its first write (or its declared plan_steps) without sending it: the
     requests it would send that need the user's yes. Nothing is sent but reads (a sensitive one is
     audited as sent), no refusal or dry run audited; a call that fails before its first write needs no
     question (it fails again when it runs). A tool that sends a request needing the yes after another
     write must declare its steps first (client.plan): on 2026-07-28 a yes cannot be asked mid-call."""
-    token = CALL.set({"tool": tool, "planning": True})
+    token = CALL.set({"tool": tool, "planning": True} | (caller or {}))  # caller: the principal and its reach
     try:
         function(**arguments)
     except DryRun as planned:
@@ -767,7 +811,7 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
-              "params": audit_view(params), "verdict": verdict}
+              "params": audit_view(params), "verdict": verdict, "principal": current_call().get("principal")}
     if result is not None:
         record["result"] = mask(str(result))
     if error is not None:

@@ -902,13 +902,15 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
     hosts = configured(product)
     name = PRODUCTS[product].name
     if label is None:
-        if len(hosts) == 1:
-            label = next(iter(hosts))
+        reach = policy.current_call().get("reach")  # a principal limited to some hosts: the one of them it reaches
+        reachable = [k for k in hosts if reach is None or reach.reaches(k)] or list(hosts)
+        if len(reachable) == 1:
+            label = reachable[0]
         elif not hosts:
             prefix = PRODUCTS[product].env_prefix
             raise ProxmoxError(f"No {name} host is configured. Set {prefix}_<LABEL>_URL and {prefix}_<LABEL>_TOKEN.")
         else:
-            raise InvalidArgument(f"Several {name} hosts are configured ({', '.join(sorted(hosts))}): pass host.")
+            raise InvalidArgument(f"Several {name} hosts are configured ({', '.join(sorted(reachable))}): pass host.")
     key = label.lower()
     if key not in hosts:
         known = ", ".join(sorted(hosts)) or "none"

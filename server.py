@@ -35,6 +35,7 @@ from mcp.server.apps import Apps
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.request_state import RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
@@ -59,6 +60,7 @@ import pve_tools
 import shell_tools
 import templates
 import workflows
+from auth import principal, tokens
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
                     load_config, read_env_files, tool_matches)
 from errors import ToolFailure
@@ -115,7 +117,7 @@ def list_hosts() -> dict:
     """Configured hosts: label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
-            for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
+            for product in ("pve", "pbs") for h in reachable(product).values()]
     return answers.table(["host", "product", "url", "token", "tls"], rows)
 
 
@@ -123,7 +125,7 @@ def server_info() -> dict:
     """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
     hosts = []
     for product in ("pve", "pbs"):
-        for label, host in proxmox_client.configured(product).items():
+        for label, host in reachable(product).items():
             rules = policy.settings().hosts.get((product, label), policy.HostPolicy())
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
                                      "auth": proxmox_client.auth_method(host),
@@ -138,7 +140,7 @@ def server_info() -> dict:
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))
     settings = policy.settings()
-    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(),
+    return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(), **calling_principal(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
             "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
@@ -150,6 +152,23 @@ def server_info() -> dict:
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 
 
+def reachable(product: str) -> dict[str, proxmox_client.HostConfig]:
+    """The configured hosts of a product the calling principal may use (all, for the single user)."""
+    reach = policy.current_call().get("reach")
+    return {label: host for label, host in proxmox_client.configured(product).items()
+            if reach is None or reach.reaches(label)}
+
+
+def calling_principal() -> dict:
+    """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and its reach;
+    nothing for the single user."""
+    reach = policy.current_call().get("reach")
+    if reach is None:
+        return {}
+    return {"principal": answers.compact({"name": reach.name, "profile": reach.profile,
+                                          "hosts": sorted(reach.hosts) if reach.hosts is not None else None})}
+
+
 def hidden_by_reason() -> dict[str, list[str]]:
     """Each reason a tool is not offered, once, with the tools it hides (by configuration, then by the
     privileges read)."""
@@ -157,7 +176,8 @@ def hidden_by_reason() -> dict[str, list[str]]:
     left_out = {spec.function.__name__: why_not_offered(visible.config, spec) for spec in TOOLS} \
         if visible.config else {}
     grouped: dict[str, list[str]] = {}
-    for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden()).items():
+    beyond = visible.beyond(policy.current_call().get("reach"))  # the calling principal's reach
+    for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden() | beyond).items():
         grouped.setdefault(why, []).append(name)
     return grouped
 
@@ -316,8 +336,9 @@ def as_tool(function: Callable) -> Callable:
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
-        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
-                "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
+        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),  # and who calls (over HTTP)
+                "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx")),
+                **principal.call_fields()}
         token = policy.CALL.set(call)
         try:
             call["approved"] = confirmation.approved(confirmation_plan, user_answer)
@@ -470,7 +491,8 @@ def build_server(config: Config):
         tools.append(tool)
     visible.bus = InMemorySubscriptionBus()
     server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[visible],
-                       subscriptions=visible.bus, extensions=views_extension(visible.specs))
+                       subscriptions=visible.bus, extensions=views_extension(visible.specs),
+                       request_state_security=state_security(config))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
             as_resource(function))
@@ -486,14 +508,24 @@ def build_server(config: Config):
     return server
 
 
+def state_security(config: Config) -> RequestStateSecurity | None:
+    """MCP_STATE_KEY: the key ring sealing the 2026-07-28 confirmation round trip (the first key seals,
+    every key unseals), so that a retry reaching another replica is unsealed there; unset, the SDK's
+    key of this process alone."""
+    return RequestStateSecurity(keys=config.auth.state_keys) if config.auth.state_keys else None
+
+
 def as_resource(function: Callable, label: str | None = None) -> Callable:
     """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
     that host's resource (a static one, listed); without, the template's, taking the host."""
     def read_host(host: str) -> str:
+        token = policy.CALL.set(principal.call_fields() or None)  # a principal reads only what it may reach
         try:
             return mask(function(host))
         except ToolFailure as exc:
             raise ResourceError(mask(str(exc))) from None
+        finally:
+            policy.CALL.reset(token)
 
     if label is not None:
         return lambda: read_host(label)
@@ -562,10 +594,14 @@ def check_hosts(config: Config) -> int:
     problems = config.settings.protected.problems({h.label for h in config.hosts})
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
+    from auth import report  # --check only
+    auth_lines, auth_failed = report.check(config)
+    for line in auth_lines:
+        print(line)
     cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
     if cannot_audit:
         print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
-    return 1 if failures or problems or cannot_audit or not config.hosts else 0
+    return 1 if failures or problems or cannot_audit or auth_failed or not config.hosts else 0
 
 
 def verify_audit_command(config: Config) -> int:
@@ -607,8 +643,10 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
         url = f"http://{reach}:{args.port or config.http_port}/mcp"
         bearer = demo.DEMO.get("token", "$MCP_AUTH_TOKEN")  # the token this process made up, never a configured one
         header = f' --header "Authorization: Bearer {bearer}"' if config.auth_token else ""
+        remote = config.auth.resource if config.auth.oauth or config.auth.issuer else None
         return (f"{what}: serving MCP over HTTP at {url}; connect a client with:\n"
-                f"  claude mcp add --transport http {name} {url}{header}")
+                f"  claude mcp add --transport http {name} {url}{header}"
+                + (f"\n  or, through OAuth (claude.ai and Gemini connectors): {remote}" if remote else ""))
     return (f"{what}: serving MCP on stdio, waiting for a client (clients start this command themselves); "
             f"connect one with: claude mcp add {name} -- {start_command()}{' --demo' * args.demo}")
 
@@ -653,6 +691,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-docs", action="store_true", help="regenerate docs/TOOLS.md and README's tool summary")
     parser.add_argument("--check", action="store_true", help="connect to every host and report")
     parser.add_argument("--verify-audit", action="store_true", help="check the audit log's hash chain")
+    parser.add_argument("--new-token", metavar="NAME", help="make a named HTTP token: print it once, and the line "
+                                                            "for MCP_AUTH_TOKENS_FILE")
+    parser.add_argument("--profile", choices=tokens.PROFILES, default="read", help="with --new-token (default read)")
+    parser.add_argument("--hosts", help="with --new-token: the host labels it may use, comma-separated (default all)")
     return parser.parse_args(argv)
 
 
@@ -694,6 +736,8 @@ def apply_configuration(config: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.new_token:  # needs no configuration: prints a token once and the line to add for it
+        return new_token_command(args)
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
@@ -724,6 +768,17 @@ def main(argv: list[str] | None = None) -> int:
         print(cannot_start, file=sys.stderr)
         return 2
     return serve(args, config, bind_host)
+
+
+def new_token_command(args: argparse.Namespace) -> int:
+    hosts = [h.strip() for h in (args.hosts or "").split(",") if h.strip()] or None
+    try:
+        tokens_file = read_env_files()[0].get("MCP_AUTH_TOKENS_FILE")
+        print(tokens.new_token_text(args.new_token, args.profile, hosts, tokens_file))
+    except (ValueError, ConfigError) as exc:
+        print(f"proxmox-mcp: --new-token: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:

@@ -1,5 +1,6 @@
 """Which tools a client sees, at the MCP edge: the server's middleware leaves out of tools/list the tools
-no configured token can use (by the privileges read from /access/permissions), refuses calls to them and
+no configured token can use (by the privileges read from /access/permissions) and, over HTTP, those
+outside the calling principal's reach (its profile and hosts: auth/), refuses calls to them and
 calls with arguments a tool does not take, rewrites the SDK's argument errors as one readable line
 (argument_errors.py), and tells connected clients when the set changes. Which tools a configuration
 offers at all is server.offered_tools.
@@ -21,6 +22,7 @@ import policy
 import proxmox_client
 import runtime
 from argument_errors import argument_error
+from auth import principal
 from config import Config
 from confirmation import asks_by_round_trip
 from products import PRODUCTS
@@ -74,6 +76,21 @@ class ToolVisibility:
         self._hidden = (seen, hidden)
         return hidden
 
+    def beyond(self, reach: policy.Reach | None) -> dict[str, str]:
+        """Tools outside a principal's reach (its profile, its hosts), left out of its list and refused."""
+        if reach is None:
+            return {}
+        beyond = {}
+        for spec in self.specs:
+            gates = [g for g in (spec.gate, *spec.also) if not reach.allows(g)]
+            hosts = [label for label in proxmox_client.configured(spec.product)] if spec.product else None
+            if gates:
+                beyond[spec.function.__name__] = (f"it needs the {' and '.join(gates)} gate, beyond the profile "
+                                                  f"'{reach.profile}' of '{reach.name}'")
+            elif hosts and not any(reach.reaches(label) for label in hosts):
+                beyond[spec.function.__name__] = f"'{reach.name}' may use none of its hosts ({', '.join(hosts)})"
+        return beyond
+
     def unknown_arguments(self, name: str, arguments: Any) -> str | None:
         """Strict arguments: a name the tool does not take is refused (nothing is sent), naming
         the ones it takes, instead of being silently ignored."""
@@ -91,7 +108,8 @@ class ToolVisibility:
     async def __call__(self, ctx: Any, call_next: Callable) -> Any:
         if self.token is None:
             self.token = anyio.lowlevel.current_token()
-        hidden = self.hidden()
+        reach = principal.current()  # over HTTP: who calls
+        hidden = self.hidden() | self.beyond(reach)
         if ctx.method == "tools/call":
             name = (ctx.params or {}).get("name")
             refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \
@@ -101,6 +119,8 @@ class ToolVisibility:
         result = await call_next(ctx)
         if ctx.method == "tools/call":
             self.readable_argument_error((ctx.params or {}).get("name"), (ctx.params or {}).get("arguments"), result)
+        if ctx.method == "resources/list" and reach is not None and reach.hosts is not None:
+            keep_reachable(result, reach)
         if ctx.method == "tools/list":
             tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
             kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
@@ -108,10 +128,11 @@ class ToolVisibility:
                 result.tools = kept
             else:
                 result["tools"] = kept
+            seen = tuple(sorted(self.hidden()))  # what changes while serving (a principal's reach does not)
             if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
-                self.published = self.published or tuple(sorted(hidden))
+                self.published = self.published or seen
             else:
-                self.notified[ctx.session] = tuple(sorted(hidden))
+                self.notified[ctx.session] = seen
             self.listed.set()
         return result
 
@@ -149,6 +170,21 @@ class ToolVisibility:
                     self.notified[session] = current
                 except Exception:  # the session is gone
                     self.notified.pop(session, None)
+
+
+def keep_reachable(result: Any, reach: policy.Reach) -> None:
+    """resources/list for a principal limited to some hosts: the resources of those hosts only
+    (`proxmox://<label>/...`, `pbs://<label>/...`; reading another's is refused anyway)."""
+    def host_of(resource: Any) -> str | None:
+        uri = str(resource.uri if hasattr(resource, "uri") else resource.get("uri", ""))
+        scheme, _, rest = uri.partition("://")
+        return rest.split("/", 1)[0] if scheme in ("proxmox", "pbs") else None
+    resources = result.resources if hasattr(result, "resources") else result.get("resources", [])
+    kept = [r for r in resources if host_of(r) is None or reach.reaches(host_of(r))]
+    if hasattr(result, "resources"):
+        result.resources = kept
+    else:
+        result["resources"] = kept
 
 
 _visibility = runtime.slot("visibility.tools", ToolVisibility)  # this server's tool list middleware

@@ -9,8 +9,8 @@ main's code. Two ways in:
 - `fork_server.py --stdio SOCKET` (conftest.stdio_session): a server on stdio for an MCP client.
   tests/stdio_launcher.py, the process the client starts, connects to SOCKET and hands over its
   stdin, stdout and stderr with the request {"args", "env", "cwd"}; the forked child serves on them
-  as `python server.py ARGS` would, and sends its exit code back when it ends. Sessions run side by
-  side (a child per connection).
+  as `python server.py ARGS` would (stdio, or `--http` for test_http.http_server), sends its pid
+  (16 bytes) and, when it ends, its exit code. Sessions run side by side (a child per connection).
 """
 import json
 import os
@@ -94,6 +94,7 @@ def serve_connection(connection: socket.socket) -> int:
     for fd, target in zip(fds, (0, 1, 2), strict=True):
         os.dup2(fd, target)
         os.close(fd)
+    connection.sendall(f"{os.getpid():<15}\n".encode())  # the launcher passes its SIGTERM on to this pid
     sys.stdin, sys.stdout, sys.stderr = (open(0, "r", closefd=False), open(1, "w", closefd=False),
                                          open(2, "w", closefd=False))
     code = run_main(json.loads(message))

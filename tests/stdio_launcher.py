@@ -4,6 +4,7 @@ ARGS` would, and ends with that server's exit code. It imports nothing heavy, so
 a fraction of the SDK's import time. The socket is named by FORK_SERVER_SOCKET (not passed on)."""
 import json
 import os
+import signal
 import socket
 import sys
 
@@ -14,6 +15,13 @@ def main() -> int:
     connection.connect(path)
     request = {"args": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
     socket.send_fds(connection, [json.dumps(request).encode()], [0, 1, 2])
+    pid = b""
+    while len(pid) < 16:  # the server's pid: a SIGTERM to this process is passed on (an HTTP server's stop)
+        part = connection.recv(16 - len(pid))
+        if not part:
+            return 1
+        pid += part
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(int(pid), signal.SIGTERM))
     code = connection.recv(16)  # when the server has ended (b"" if its process was killed)
     return int(code) if code else 1
 

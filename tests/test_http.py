@@ -10,7 +10,7 @@ import pytest
 import requests
 from anyio.from_thread import start_blocking_portal
 
-from conftest import ROOT, Session, everything_open, log_dir, requests_during, run_server, server_env
+from conftest import ROOT, Session, everything_open, log_dir, requests_during, run_server, server_env, stdio_fork_server
 
 TOKEN = "test-bearer-token-0123456789abcdef"
 
@@ -22,11 +22,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def http_server(env: dict, *args: str):
-    port = free_port()
+def http_server(env: dict, *args: str, port: int | None = None):
+    """`python server.py --http` with this environment, forked from the process that imported the
+    server once (tests/fork_server.py, as stdio sessions are); stopped with SIGTERM."""
+    port = port or free_port()
     with open(log_dir() / "http.log", "a") as log:
-        process = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--http", "--port", str(port), *args],
-                                   env=server_env(env), stdout=log, stderr=log, cwd=str(log_dir()))
+        process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "stdio_launcher.py"), "--http", "--port",
+                                    str(port), *args],
+                                   env=server_env(env) | {"FORK_SERVER_SOCKET": stdio_fork_server()},
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(log_dir()))
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 30
