@@ -29,25 +29,75 @@ RRD_SETUP = {9: {"hour": (60, 60), "day": (60, 1440), "week": (1800, 336), "mont
              8: {"hour": (60, 60), "day": (1800, 70), "week": (10800, 70), "month": (43200, 70),
                  "year": (604800, 70)}}
 PRESSURES = ("pressurecpusome", "pressureiosome", "pressureiofull", "pressurememorysome", "pressurememoryfull")
+SAMPLES = 24  # wave readings consolidated into one row of a coarse step
 
 
-def _wave(seed: str, when: int, period: float = 86400.0) -> float:
+def _wave(seed: str, when: float, period: float = 86400.0) -> float:
     """A repeatable value between 0 and 1 that rises and falls over a day."""
     phase = zlib.crc32(seed.encode()) % 1000 / 1000 * 2 * math.pi
     return 0.5 + 0.4 * math.sin(2 * math.pi * when / period + phase) + 0.1 * math.sin(when / 700 + phase)
 
 
-def _points(call: Call, fields: Callable[[int, float], dict]) -> list[dict]:
-    """`time` and the data sources of each step, oldest first; a source without a value is left
-    out, and the newest step is dropped when it holds nothing but `time` (PVE::RRD)."""
-    timeframe = call.arg("timeframe")
-    major = 9 if call.lab.pve_major >= 9 else 8
+def _consolidated(seed: str, end: int, step: int, cf: str) -> float:
+    """The wave over one row's interval (end - step, end], as RRD consolidates it: the mean
+    (AVERAGE) or the largest reading (MAX); a 60 s row is one reading, so both agree there."""
+    count = max(1, min(SAMPLES, step // 60))
+    readings = [_wave(seed, end - step * i / count) for i in range(count)]
+    return max(readings) if cf == "MAX" else sum(readings) / count
+
+
+def _fetch(start: int, end: int, step: int) -> list[int]:
+    """The rows `rrdtool fetch -s start -e end -r step` answers, by the time each one ends: start is
+    rounded down and end up to the step, and each row is labelled with the end of its interval
+    (rrdtool src/rrd_fetch.c, bindings/perl-shared/RRDs.xs: the first row is start + step)."""
+    start -= start % step
+    end += step - end % step
+    return list(range(start + step, end + 1, step))
+
+
+def upgrade(lab: Lab, node: str, days_ago: float, load_before: float = 1.0) -> None:
+    """The node was upgraded from PVE 8 to 9 `days_ago`: its guests', storages' and its own history
+    before then stays in the old pve2 files (their last update is the upgrade), which PVE 9 reads
+    first (pve-cluster src/PVE/RRD.pm, create_rrd_data; docs/PROXMOX-BEHAVIOUR.md#rrd-history).
+    `load_before` scales what the node and its guests did before the upgrade."""
+    monitor(lab).upgraded[node] = (int(time.time() - days_ago * 86400), load_before)
+
+
+def _rows(lab: Lab, node: str, timeframe: str) -> list[tuple[int, int, float]]:
+    """(end time, step, load factor) of each row create_rrd_data answers, oldest first: on a node
+    upgraded within the timeframe, the old file's rows from its own start up to its last update,
+    then the new file's from there on."""
+    major = 9 if lab.pve_major >= 9 else 8
     if timeframe not in RRD_SETUP[major]:
         timeframe = "year"  # pve2 files hold a year at most; `decade` reads that (PVE::RRD)
     step, count = RRD_SETUP[major][timeframe]
-    peak = 1.3 if call.arg("cf") == "MAX" else 1.0
-    now = step * int(time.time() / step)
-    rows = [{"time": when} | fields(when, peak) for when in range(now - step * count, now, step)]
+    now = int(time.time())
+    ctime = step * (now // step)
+    begin, rows = ctime - step * count, []
+    last_old, before = monitor(lab).upgraded.get(node, (None, 1.0)) if major >= 9 else (None, 1.0)
+    if last_old is not None and begin < last_old:
+        if timeframe not in RRD_SETUP[8]:  # $setup_pve2->{decade} is undef: Perl dies dereferencing it
+            raise ApiError(500, "Can't use an undefined value as an ARRAY reference at "
+                                "/usr/share/perl5/PVE/RRD.pm line 92.")
+        old_step, old_count = RRD_SETUP[8][timeframe]
+        old_begin = old_step * (now // old_step) - old_step * old_count
+        stored = last_old - last_old % old_step  # the old file's newest full row; later ones are unknown
+        rows = [(end, old_step, before if end <= stored else math.nan) for end in _fetch(old_begin, last_old, old_step)]
+        begin = last_old
+    return rows + [(end, step, 1.0) for end in _fetch(begin, ctime - 1, step)]
+
+
+def _points(call: Call, node: str, seed: str, fields: Callable[[float], dict]) -> list[dict]:
+    """`time` and the data sources of each step, oldest first; a source without a value is left
+    out, and the newest step is dropped when it holds nothing but `time` (PVE::RRD). `fields` makes a
+    row's sources from its consolidated load (0 to about 1)."""
+    cf = call.arg("cf") or "AVERAGE"
+    rows = []
+    for end, step, scale in _rows(call.lab, node, call.arg("timeframe")):
+        row = {"time": end}
+        if not math.isnan(scale):
+            row |= fields(_consolidated(seed, end, step, cf) * scale)
+        rows.append(row)
     if rows and len(rows[-1]) == 1:
         rows.pop()
     return rows
@@ -57,17 +107,17 @@ def pve_node_rrddata(call: Call, node: str) -> list:
     info = _node(call, node)
     total, swap, root = info["maxmem"], 8 * GiB, info["maxdisk"]
 
-    def fields(when: int, peak: float) -> dict:
-        load = _wave(node, when) * peak
-        row = {"cpu": round(info["cpu"] * 2 * load, 4), "maxcpu": info["maxcpu"], "iowait": round(0.02 * load, 4),
-               "loadavg": round(info["maxcpu"] * info["cpu"] * 2 * load, 2), "memtotal": total,
-               "memused": int(info["mem"] * (0.9 + 0.2 * load)), "swaptotal": swap, "swapused": int(swap * 0.02),
+    def fields(load: float) -> dict:
+        used = int(info["mem"] * (0.9 + 0.2 * load))
+        row = {"cpu": round(min(1.0, info["cpu"] * 2 * load), 4), "maxcpu": info["maxcpu"],
+               "iowait": round(0.02 * load, 4), "loadavg": round(info["maxcpu"] * info["cpu"] * 2 * load, 2),
+               "memtotal": total, "memused": used, "swaptotal": swap, "swapused": int(swap * 0.02),
                "roottotal": root, "rootused": info["disk"], "netin": round(150_000 * load, 2),
                "netout": round(60_000 * load, 2)}
         if call.lab.pve_major >= 9:  # pve-node-9.0 (pve-cluster src/pmxcfs/status.c)
             row |= {"memavailable": total - row["memused"], "arcsize": 0} | {p: round(3 * load, 2) for p in PRESSURES}
         return row
-    return _points(call, fields)
+    return _points(call, node, node, fields)
 
 
 def pve_guest_rrddata(kind: str) -> Callable:
@@ -79,11 +129,10 @@ def pve_guest_rrddata(kind: str) -> Callable:
         lxc_disk = int(guest["maxdisk"] * 0.3) if kind == "lxc" else 0  # QEMU reports no guest disk use
         running = guest["status"] == "running"
 
-        def fields(when: int, peak: float) -> dict:
+        def fields(load: float) -> dict:
             row: dict[str, Any] = {"maxcpu": cores, "maxmem": maxmem, "maxdisk": guest["maxdisk"], "disk": lxc_disk}
             if not running:
                 return row
-            load = _wave(str(vmid), when) * peak
             row |= {"cpu": round(min(1.0, (guest["cpu"] or 0.05) * 2 * load), 4),
                     "mem": int(maxmem * (0.3 + 0.3 * load)), "netin": round(40_000 * load, 2),
                     "netout": round(25_000 * load, 2), "diskread": round(200_000 * load, 2),
@@ -91,7 +140,7 @@ def pve_guest_rrddata(kind: str) -> Callable:
             if call.lab.pve_major >= 9:  # pve-vm-9.0: the host's view of the memory, and pressure
                 row |= {"memhost": int(row["mem"] * 1.05)} | {p: round(2 * load, 2) for p in PRESSURES}
             return row
-        return _points(call, fields)
+        return _points(call, node, str(vmid), fields)
     return handler
 
 
@@ -100,7 +149,7 @@ def pve_storage_rrddata(call: Call, node: str, storage: str) -> list:
     entry = call.lab.storages.get(storage)
     if entry is None or node not in call.lab.storage_nodes(entry):
         raise ApiError(500, f"storage '{storage}' does not exist")
-    return _points(call, lambda _when, _peak: {"total": entry["total"], "used": entry["used"]})
+    return _points(call, node, storage, lambda _load: {"total": entry["total"], "used": entry["used"]})
 
 
 # ---------------------------------------------------------------- the node's world
@@ -122,6 +171,7 @@ class Monitor:
     syslog: dict[str, list[dict]] = field(default_factory=dict)  # node -> entries {time, ident, unit, pid, msg}
     firewall: dict[str, list[str]] = field(default_factory=dict)  # node -> /var/log/pve-firewall.log lines
     proxy_certs: dict[str, int] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
+    upgraded: dict[str, tuple[int, float]] = field(default_factory=dict)  # node -> PVE 9 since, load before
 
 
 def monitor(lab: Lab) -> Monitor:

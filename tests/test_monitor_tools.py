@@ -10,7 +10,7 @@ import inventory
 import rrd
 import simulator
 from conftest import requests_during, tool_session
-from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off
+from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off, upgrade
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,12 @@ def logs(sim):
 
 def answer_bytes(answer: dict) -> int:
     return len(json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def proxmox_answer(sim, path: str, **params) -> list:
+    """What PVE itself answers the reader token, read past the tools."""
+    secret = sim.lab.pve_tokens["mcp@pve!reader"].secret
+    return simulator.api.handle(sim.lab, "pve", "GET", path, params, f"PVEAPIToken=mcp@pve!reader={secret}")
 
 
 # ---------------------------------------------------------------- metrics
@@ -118,6 +124,32 @@ def test_summary_of_real_shaped_points_with_gaps():
     assert series["mem"]["last_pct"] == 50.0 and " " in series["cpu"]["spark"]  # the gap shows
     assert rrd.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
     assert rrd.trend([1, 1, 1, 5, 5, 5]) == "rising" and rrd.trend([3, 3, 3]) == "steady"
+
+
+def test_metrics_after_an_upgrade_from_pve8_weigh_each_point_by_its_own_interval(session, sim):
+    """A node upgraded to PVE 9 120 days ago, busier before: its year is the old pve2 file's weekly
+    rows, then the new file's 6-hourly ones (pve-cluster PVE/RRD.pm create_rrd_data), so a plain mean
+    of the rows counts each of the last 120 days 28 times more than a day before them."""
+    upgrade(sim.lab, "pve1", days_ago=120, load_before=4.0)
+    try:
+        rows = proxmox_answer(sim, "/nodes/pve1/rrddata", timeframe="year")
+        answer = session.ok("metrics", {"node": "pve1", "timeframe": "year"})
+        raw = session.ok("metrics", {"node": "pve1", "timeframe": "year", "raw": True})
+        since = monitor(sim.lab).upgraded["pve1"][0]
+    finally:
+        monitor(sim.lab).upgraded.clear()
+    assert {b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False)} >= {604800, 21600}  # mixed steps
+    # each row covers the step before its time (rrdtool labels a row with its interval's end)
+    cpu = [(row["cpu"], 604800 if row["time"] <= since else 21600) for row in rows if "cpu" in row]
+    weighted = sum(value * weight for value, weight in cpu) / sum(weight for _, weight in cpu)
+    assert weighted > 2 * sum(value for value, _ in cpu) / len(cpu)  # a plain mean would be far off
+    assert abs(float(answer["series"]["cpu"]["avg"].rstrip("%")) - weighted * 100) <= 0.1
+    assert answer["step_s"] == 21600 and [s["step_s"] for s in answer["steps"]] == [604800, 21600]
+    assert answer["steps"][1]["points"] == len([1 for value, weight in cpu if weight == 21600])
+    assert "PVE 8" in answer["note"] and answer["points"] == len(cpu) == raw["total"]
+    # the sparkline and the trend run on time: 370 busy days, then 120 quieter ones
+    spark = answer["series"]["cpu"]["spark"]
+    assert spark[0] in "▇█" and spark[-1] in "▁▂▃" and answer["series"]["cpu"]["trend"] == "falling"
 
 
 # ---------------------------------------------------------------- logs
