@@ -126,6 +126,17 @@ def test_summary_of_real_shaped_points_with_gaps():
     assert rrd.trend([1, 1, 1, 5, 5, 5]) == "rising" and rrd.trend([3, 3, 3]) == "steady"
 
 
+def test_summary_across_the_seam_of_an_upgrade():
+    """Three weekly rows, the old file's unfinished week (only `time`, later than the next rows),
+    then a week of 6-hourly rows: each row weighs what it covers (docs/PROXMOX-BEHAVIOUR.md#rrd-history)."""
+    week, six_hours = 7 * 86400, 6 * 3600
+    points = [{"time": week * k, "cpu": 0.8, "maxcpu": 4} for k in (1, 2, 3)] + [{"time": week * 4}] + [
+        {"time": week * 3 + six_hours * j, "cpu": 0.2, "maxcpu": 4} for j in range(1, 29)]
+    assert [step for _, _, step in rrd.runs(points)] == [week, six_hours]
+    series = rrd.summarize(points, "node")
+    assert series["cpu"]["avg"] == "65.0%" and series["cpu"]["trend"] == "falling"  # (3 × 80 % + 20 %) / 4
+
+
 def test_metrics_after_an_upgrade_from_pve8_weigh_each_point_by_its_own_interval(session, sim):
     """A node upgraded to PVE 9 120 days ago, busier before: its year is the old pve2 file's weekly
     rows, then the new file's 6-hourly ones (pve-cluster PVE/RRD.pm create_rrd_data), so a plain mean
