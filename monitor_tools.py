@@ -13,10 +13,10 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import Field
 
 import policy
-from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
+from answers import Host, Node, Offset, OptionalVmid, capped, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (check_node, disk_problem, kernels, node_names, pending_updates, pool_problem, resolve_guest,
-                       vdevs, wearout_left)
+from inventory import (check_node, device_problem, disk_problem, kernels, node_names, pending_updates, pool_devices,
+                       pool_problem, resolve_guest, wearout_left)
 from masking import mask
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 from rrd import read_history
@@ -268,14 +268,24 @@ def _pool_rows(pools: list[dict], details: list[Any]) -> list[dict]:
         if isinstance(detail, ToolFailure):
             row["detail"] = f"not read: {str(detail)[:150]}"
         else:
-            bad = [compact({"name": d["name"], "state": d.get("state"), "read": d.get("read"), "write": d.get("write"),
-                            "cksum": d.get("cksum"), "msg": d.get("msg")})
-                   for d in vdevs(detail) if not d.get("children")
-                   and (d.get("state") not in (None, "ONLINE") or d.get("read") or d.get("write") or d.get("cksum"))]
+            devices = pool_devices(detail)
+            bad = [compact({"name": d["name"], "section": None if section == "data" else section}
+                           | {k: d.get(k) for k in ("state", "read", "write", "cksum", "msg")})
+                   for section, d in devices if device_problem(section, d)]
             row |= compact({"errors": detail.get("errors"), "scan": detail.get("scan"), "action": detail.get("action"),
-                            "problem": pool_problem(detail), "bad_devices": bad[:6]})
+                            "problem": pool_problem(detail), "bad_devices": capped(bad)} | _sections(devices))
         rows.append(compact(row))
     return rows
+
+
+def _sections(devices: list[tuple[str, dict]]) -> dict:
+    """The devices a pool lists beside its vdevs, by section: `logs`, `cache`, `spares`
+    (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    by_section: dict[str, list[str]] = {}
+    for section, device in devices:
+        if section != "data":
+            by_section.setdefault(section, []).append(f"{device['name']} {device.get('state') or ''}".strip())
+    return {section: capped(names) for section, names in by_section.items()}
 
 
 def _volume_groups(lvm: dict) -> list[dict]:

@@ -286,7 +286,8 @@ def _pools(h: Health, node: str, details: list[dict]) -> None:
     for pool in details:
         problem = pool_problem(pool)
         if problem:
-            h.report.add("warning" if problem.startswith("device errors") else "critical", "zfs",
+            # a pool that lost data or redundancy is critical; device errors, a cache or spare device down warn
+            h.report.add("critical" if problem.startswith(("state", "errors")) else "warning", "zfs",
                          f"pool {pool.get('name')} on {node}: {problem}",
                          {k: pool.get(k) for k in ("state", "errors", "action", "scan") if pool.get(k)},
                          "node_disks shows the devices; replace a faulted one (zpool replace) or clear errors")

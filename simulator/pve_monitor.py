@@ -232,19 +232,42 @@ def _package(name: str, origin: str, version: str, old: str, section: str) -> di
             "Version": version, "OldVersion": old, "Priority": "optional", "Section": section, "Arch": "amd64"}
 
 
+def _leaf(name: str, state: str = "ONLINE", cksum: int = 0, msg: str = "") -> dict:
+    return {"name": name, "state": state, "read": 0, "write": 0, "cksum": cksum, "msg": msg, "leaf": 1}
+
+
+def _section(name: str, devices: list[dict]) -> dict:
+    """A section of `zpool status` beside the pool's own vdevs (logs, cache, spares): its line has a
+    name and nothing else, its devices are its children (OpenZFS cmd/zpool/zpool_main.c,
+    print_class_vdevs, print_l2cache, print_spares; pve-storage src/PVE/API2/Disks/ZFS.pm, detail)."""
+    return {"name": name, "msg": "", "leaf": 0, "children": devices}
+
+
 def add_pool(lab: Lab, node: str, name: str, *, state: str = "ONLINE", errors: str = "No known data errors",
-             bad_disk: str | None = None, size: int = 1000 * GiB, alloc: int = 400 * GiB) -> dict:
+             bad_disk: str | None = None, size: int = 1000 * GiB, alloc: int = 400 * GiB,
+             log: bool = False, cache: str | None = None, spare: str | None = None) -> dict:
     """A ZFS mirror of two disks on a node, as `zpool list` and `zpool status -P` show it
-    (pve-storage src/PVE/API2/Disks/ZFS.pm); `bad_disk` names the vdev that is not ONLINE."""
+    (pve-storage src/PVE/API2/Disks/ZFS.pm); `bad_disk` names the vdev that is not ONLINE. `log` adds a
+    mirrored log, `cache` a cache device in that state, `spare` a hot spare in that state (AVAIL,
+    INUSE, UNAVAIL): a spare's line has no error counts, and INUSE is followed by "currently in use",
+    which PVE's parser reads as the three counts, each 0 (Perl numifies the words)."""
     disks = ["/dev/disk/by-id/ata-WDC_1-part1", "/dev/disk/by-id/ata-WDC_2-part1"]
-    leaves = [{"name": disk, "state": "FAULTED" if disk == bad_disk else "ONLINE", "read": 0, "write": 0,
-               "cksum": 12 if disk == bad_disk else 0, "msg": "too many errors" if disk == bad_disk else "", "leaf": 1}
-              for disk in disks]
+    leaves = [_leaf(disk, "FAULTED", 12, "too many errors") if disk == bad_disk else _leaf(disk) for disk in disks]
+    top = [{"name": name, "state": state, "read": 0, "write": 0, "cksum": 0, "msg": "", "leaf": 0,
+            "children": [{"name": "mirror-0", "state": state, "read": 0, "write": 0, "cksum": 0,
+                          "msg": "", "leaf": 0, "children": leaves}]}]
+    if log:
+        top.append(_section("logs", [{"name": "mirror-1", "state": "ONLINE", "read": 0, "write": 0, "cksum": 0,
+                                      "msg": "", "leaf": 0,
+                                      "children": [_leaf("/dev/disk/by-id/nvme-LOG_1-part1"),
+                                                   _leaf("/dev/disk/by-id/nvme-LOG_2-part1")]}]))
+    if cache:
+        top.append(_section("cache", [_leaf("/dev/disk/by-id/nvme-CACHE_1-part1", cache)]))
+    if spare:
+        device = {"name": "/dev/disk/by-id/ata-WDC_SPARE-part1", "state": spare, "msg": "", "leaf": 1}
+        top.append(_section("spares", [device | ({"read": 0, "write": 0, "cksum": 0} if spare == "INUSE" else {})]))
     detail = {"name": name, "state": state, "errors": errors, "leaf": 0,
-              "scan": "scrub repaired 0B in 00:12:31 with 0 errors on Sun Jan 11 00:36:32 2026",
-              "children": [{"name": name, "state": state, "read": 0, "write": 0, "cksum": 0, "msg": "", "leaf": 0,
-                            "children": [{"name": "mirror-0", "state": state, "read": 0, "write": 0, "cksum": 0,
-                                          "msg": "", "leaf": 0, "children": leaves}]}]}
+              "scan": "scrub repaired 0B in 00:12:31 with 0 errors on Sun Jan 11 00:36:32 2026", "children": top}
     if state != "ONLINE":
         detail |= {"status": "One or more devices are faulted in response to persistent errors.",
                    "action": "Replace the faulted device, or use 'zpool clear' to mark the device repaired."}

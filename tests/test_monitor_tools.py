@@ -283,6 +283,27 @@ def test_disks_show_a_failing_disk_a_worn_ssd_and_a_degraded_pool(session, sim):
     assert answer["smart"]["text"] == ["Percentage Used:                    88%"]
 
 
+def test_a_pools_spares_cache_and_logs_are_its_own_sections(session, sim):
+    """`zpool status` lists logs, cache and spares beside the pool's vdevs; a hot spare waiting is
+    AVAIL, one that took over INUSE (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    add_pool(sim.lab, "pve1", "tank", log=True, cache="ONLINE", spare="AVAIL")
+    add_pool(sim.lab, "pve1", "spared", spare="INUSE")
+    add_pool(sim.lab, "pve1", "fast", cache="UNAVAIL", spare="UNAVAIL")
+    try:
+        pools = {p["pool"]: p for p in session.ok("node_disks", {"node": "pve1"})["zfs_pools"]}
+    finally:
+        monitor(sim.lab).zfs["pve1"].clear()
+    healthy = pools["tank"]
+    assert "bad_devices" not in healthy and "problem" not in healthy
+    assert healthy["spares"] == ["/dev/disk/by-id/ata-WDC_SPARE-part1 AVAIL"]
+    assert healthy["cache"] == ["/dev/disk/by-id/nvme-CACHE_1-part1 ONLINE"] and len(healthy["logs"]) == 2
+    assert "bad_devices" not in pools["spared"] and pools["spared"]["spares"][0].endswith("INUSE")
+    broken = pools["fast"]
+    assert [(d["section"], d["state"]) for d in broken["bad_devices"]] == [("cache", "UNAVAIL"), ("spares", "UNAVAIL")]
+    assert broken["problem"] == "cache device /dev/disk/by-id/nvme-CACHE_1-part1 UNAVAIL; spare " \
+                                "/dev/disk/by-id/ata-WDC_SPARE-part1 UNAVAIL"
+
+
 def test_disks_without_zfs_tools_and_a_bad_smart_path(session, sim):
     monitor(sim.lab).zfs_missing.add("pve3")
     try:

@@ -88,6 +88,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
     add_pool(sim.lab, "pve3", "tank", state="DEGRADED", bad_disk="/dev/disk/by-id/ata-WDC_2-part1")
     healthy = add_pool(sim.lab, "pve3", "rpool")
     healthy["_detail"]["children"][0]["children"][0]["children"][0]["cksum"] = 3  # ONLINE, yet a device errs
+    add_pool(sim.lab, "pve3", "fast", log=True, cache="ONLINE", spare="UNAVAIL")  # the spare could not take over
     world.kernels["pve2"].insert(0, "6.14.11-3-pve")
     world.proxy_certs["pve2"] = 20  # an ACME certificate that did not renew at 30 days
     sim.lab.cert_days["pve1"] = 20  # pve-ssl.pem: renews itself at 14 days
@@ -109,6 +110,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
         ("info", "disks", "/dev/sda on pve3: SMART is off, so its health is not watched")]
     assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
     assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
+    assert ("warning", "zfs", "pool fast on pve3: spare /dev/disk/by-id/ata-WDC_SPARE-part1 UNAVAIL") in found
     assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found
     assert ("info", "updates", "1 package update pending on pve1") in found  # Proxmox's: no Sys.Modify
     assert any(f[:2] == ("warning", "certificates") and f[2].startswith("pveproxy-ssl.pem on pve2") for f in found)
