@@ -119,8 +119,8 @@ def list_guests(host: Host = None,
     filters = _guest_filters(node, type, status, tag, name)
     protected = policy.settings().protected
     rows = []
-    if sort_by:  # busiest first
-        guests.sort(key=lambda g: -(g.get(sort_by) or 0))
+    if sort_by:  # busiest first; disk by the allocated size, as a VM reports no use (SORT_KEYS)
+        guests.sort(key=lambda g: -(g.get(SORT_KEYS.get(sort_by, sort_by)) or 0))
     for guest in guests:
         if not all(test(guest) for test in filters.values()):
             continue
@@ -138,18 +138,32 @@ def list_guests(host: Host = None,
     result = table(columns, rows, limit=limit, offset=offset)
     if not rows:
         result["note"] = _no_match(client, guests, filters, node, tag) if filters else EMPTY_HINT
-    elif sort_by in ("netin", "netout"):
-        result["note"] = f"{sort_by}: bytes since each guest started; metrics gives the rate over time."
+    elif sort_by in SORT_NOTES:
+        result["note"] = SORT_NOTES[sort_by]
     return result
 
 
+# A VM's `disk` is always 0 in PVE's status and a stopped container's too, so disk ranks by the
+# allocated size (docs/PROXMOX-BEHAVIOUR.md#guest-status).
+SORT_KEYS = {"disk": "maxdisk"}
+SORT_NOTES = {
+    "netin": "netin: bytes since each guest started; metrics gives the rate over time.",
+    "netout": "netout: bytes since each guest started; metrics gives the rate over time.",
+    "disk": "disk: ranked by allocated size (a VM's boot disk, a container's root disk): Proxmox reports a VM's "
+            "disk use as always 0 (QEMU cannot see inside), and a container's only while it runs."}
+
+
 def _usage(guest: dict, sort_by: str | None) -> dict:
-    """The column list_guests sorts by: CPU as a share of the guest's cores, the rest in bytes
-    (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
+    """The column list_guests sorts by: CPU as a share of the guest's cores, disk as allocated (and
+    used, where PVE reports it), the rest in bytes (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
     if not sort_by:
         return {}
     if sort_by == "cpu":
         return {"cpu_pct": percent(guest.get("cpu"), 1)}
+    if sort_by == "disk":
+        used = guest.get("disk") if guest.get("type") == "lxc" and guest.get("status") == "running" else None
+        return {"disk": f"{human_bytes(used)} used of {human_bytes(guest.get('maxdisk'))}" if used
+                else f"{human_bytes(guest.get('maxdisk'))} allocated"}
     return {sort_by: human_bytes(guest.get(sort_by))}
 
 

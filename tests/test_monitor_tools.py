@@ -398,6 +398,25 @@ def test_list_guests_sorted_by_what_uses_the_most_now(session, sim):
     assert "cpu_pct" not in session.ok("list_guests")["columns"]
 
 
+def test_list_guests_by_disk_ranks_by_allocated_size(session, sim):
+    """A VM's `disk` is always 0 in PVE's status, a stopped container's too (qemu-server and
+    pve-container vmstatus): ranking by it would show every VM at 0 B. So VMs and containers rank by
+    their allocated size, and a running container also shows what it uses."""
+    sizes = {vmid: sim.lab.guests[vmid]["maxdisk"] for vmid in (100, 104)}
+    sim.lab.guests[104]["maxdisk"], sim.lab.guests[100]["maxdisk"] = 128 * 2 ** 30, 64 * 2 ** 30
+    try:
+        answer = session.ok("list_guests", {"sort_by": "disk", "limit": 4})
+    finally:
+        for vmid, size in sizes.items():
+            sim.lab.guests[vmid]["maxdisk"] = size
+    rows = {row[0]: row[-1] for row in answer["rows"]}
+    assert [row[0] for row in answer["rows"][:2]] == [104, 100] and answer["columns"][-1] == "disk"
+    assert rows[104] == "128.0 GiB allocated" and rows[100] == "64.0 GiB allocated"
+    ci_runner = session.ok("list_guests", {"sort_by": "disk", "name": "ci-runner"})["rows"][0][-1]
+    assert ci_runner == "9.6 GiB used of 32.0 GiB"  # a running container reports its root disk's use
+    assert "always 0" in answer["note"] and "allocated" in answer["note"]
+
+
 def test_logs_refused_by_proxmox_name_the_grant_too(sim):
     """When the token's privileges could not be read, Proxmox's 403 is answered the same way."""
     sim.lab.fail.append((r"^/access/permissions$", 500, "pvedaemon busy"))
