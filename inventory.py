@@ -303,8 +303,9 @@ def pending_updates(versions: list[dict], everything: list[dict] | None) -> tupl
     """The packages with an update pending and their count by origin: the whole update list when it
     could be read (it needs Sys.Modify), else the packages `versions` lists (Proxmox's own and the
     kernels) whose candidate is not what is installed (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
-    packages = everything if everything is not None else [
-        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    pending = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    # versions lists proxmox-kernel-helper twice (among the kernels and in its fixed list): once each
+    packages = everything if everything is not None else list({p.get("Package"): p for p in pending}.values())
     by_origin: dict[str, int] = {}
     for package in packages:
         origin = package.get("Origin") or "unknown"

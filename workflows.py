@@ -305,7 +305,7 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
     if pending:
         h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
-                      "security": "not told apart by Proxmox's update list",
+                      "security": "node_updates tells them apart (it reads their changelogs, with Sys.Modify)",
                       "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},
                      "node_updates lists them; apply them (apt full-upgrade) in a quiet hour")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -166,12 +167,14 @@ class Monitor:
     vgs: dict[str, list[dict]] = field(default_factory=dict)  # node -> volume groups with their PVs
     thinpools: dict[str, list[dict]] = field(default_factory=dict)  # node -> LVM thin pools
     updates: dict[str, list[dict]] = field(default_factory=dict)  # node -> apt/update rows
+    changelog_reads: dict[str, int] = field(default_factory=dict)  # node -> apt/changelog reads (each fetches)
+    changelog_offline: set[str] = field(default_factory=set)  # nodes whose changelog server cannot be reached
+    upgraded: dict[str, tuple[int, float]] = field(default_factory=dict)  # node -> PVE 9 since, load before
     kernels: dict[str, list[str]] = field(default_factory=dict)  # node -> installed kernel releases, newest first
     running_kernel: dict[str, str] = field(default_factory=dict)
     syslog: dict[str, list[dict]] = field(default_factory=dict)  # node -> entries {time, ident, unit, pid, msg}
     firewall: dict[str, list[str]] = field(default_factory=dict)  # node -> /var/log/pve-firewall.log lines
     proxy_certs: dict[str, int] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
-    upgraded: dict[str, tuple[int, float]] = field(default_factory=dict)  # node -> PVE 9 since, load before
 
 
 def monitor(lab: Lab) -> Monitor:
@@ -213,10 +216,11 @@ def _add_node(lab: Lab, world: Monitor, name: str) -> None:
     kernels = KERNELS[9 if lab.pve_major >= 9 else 8]
     world.kernels[name] = list(kernels)
     world.running_kernel[name] = kernels[0]
+    release = "trixie" if lab.pve_major >= 9 else "bookworm"
     world.updates[name] = [_package("libssl3t64" if lab.pve_major >= 9 else "libssl3", "Debian", "3.5.1-1+deb13u1",
-                                    "3.5.1-1", "libs"),
+                                    "3.5.1-1", "libs", suite=f"{release}-security"),
                            _package("pve-manager", "Proxmox", "9.2.2" if lab.pve_major >= 9 else "8.4.15",
-                                    "9.2.1" if lab.pve_major >= 9 else "8.4.14", "admin")]
+                                    "9.2.1" if lab.pve_major >= 9 else "8.4.14", "admin", suite=release)]
     world.syslog[name] = _log_lines(name)
     world.firewall[name] = []
 
@@ -227,9 +231,17 @@ def _smart_attr(number: int, name: str, value: int, threshold: int, raw: str) ->
             "worst": value, "threshold": threshold, "fail": "-", "raw": raw}
 
 
-def _package(name: str, origin: str, version: str, old: str, section: str) -> dict:
-    return {"Package": name, "Title": f"{name} package", "Description": f"The {name} package.", "Origin": origin,
-            "Version": version, "OldVersion": old, "Priority": "optional", "Section": section, "Arch": "amd64"}
+def _package(name: str, origin: str, version: str, old: str, section: str, suite: str | None = None) -> dict:
+    """An apt/update row; `suite` is the distribution its candidate's changelog names (Debian's
+    security archive: `<release>-security`), told by apt/changelog only."""
+    row = {"Package": name, "Title": f"{name} package", "Description": f"The {name} package.", "Origin": origin,
+           "Version": version, "OldVersion": old, "Priority": "optional", "Section": section, "Arch": "amd64"}
+    return row | ({"_suite": suite} if suite else {})
+
+
+def pending_update(lab: Lab, node: str, name: str, origin: str, version: str, old: str, suite: str) -> None:
+    """One more package with an update pending on a node (`suite`: what its changelog names)."""
+    monitor(lab).updates[node].append(_package(name, origin, version, old, "libs", suite=suite))
 
 
 def _leaf(name: str, state: str = "ONLINE", cksum: int = 0, msg: str = "") -> dict:
@@ -496,7 +508,24 @@ def pve_apt_updates(call: Call, node: str) -> list:
     """Every upgradable package, candidate `Version` and installed `OldVersion`, with its repository's
     `Origin` only (pve-manager PVE/API2/APT.pm, list_updates)."""
     _node(call, node)
-    return [dict(p) for p in monitor(call.lab).updates[node]]
+    return [_public(p) for p in monitor(call.lab).updates[node]]
+
+
+def pve_apt_changelog(call: Call, node: str) -> str:
+    """`apt-get changelog -qq -- name[=version]`: the node fetches the changelog from its repository's
+    changelog server (10 s timeout), whose first line names the version and its distribution
+    (`trixie-security` for Debian's security archive). A failure is apt's output and `RC: <code>`,
+    still a 200 (pve-manager PVE/API2/APT.pm, changelog). apt's error text is not verified."""
+    _node(call, node)
+    world = monitor(call.lab)
+    world.changelog_reads[node] = world.changelog_reads.get(node, 0) + 1
+    name, version = call.arg("name"), call.arg("version")
+    package = next((p for p in world.updates[node] if p["Package"] == name), None)
+    if package is None or node in world.changelog_offline or version not in (None, package["Version"]):
+        return (f"E: Failed to fetch changelog:/{name}.changelog  Changelog unavailable for {name}={version}\n"
+                f"RC: 100")
+    return (f"{name} ({package['Version']}) {package.get('_suite', 'unstable')}; urgency=medium\n\n"
+            f"  * New upstream release.\n\n -- Maintainer <maintainer@example.org>  Mon, 01 Sep 2025 10:00:00 +0000\n")
 
 
 def pve_apt_versions(call: Call, node: str) -> list:
@@ -514,8 +543,14 @@ def pve_apt_versions(call: Call, node: str) -> list:
     manager = "9.2.1" if major >= 9 else "8.4.14"
     rows = [row("proxmox-ve", f"{major}.1.0", RunningKernel=world.running_kernel[node]),
             row("pve-manager", manager, ManagerVersion=f"pve-manager/{manager}/0d3f1c6ba8d1e2a7")]
-    rows += [row(f"proxmox-kernel-{release}-signed", release.removesuffix("-pve")) for release in world.kernels[node]]
-    rows += [row("qemu-server", "9.0.23" if major >= 9 else "8.3.14"), row("zfsutils-linux", "2.3.4-pve1")]
+    # installed packages named like a kernel, by version, newest first: proxmox-kernel-helper among them
+    helper = row("proxmox-kernel-helper", "9.0.4" if major >= 9 else "8.1.4")
+    kernels = [row(f"proxmox-kernel-{release}-signed", release.removesuffix("-pve")) for release in world.kernels[node]]
+    rows += sorted(kernels + [helper], key=lambda r: [int(n) for n in re.findall(r"\d+", r["OldVersion"])],
+                   reverse=True)
+    # then the fixed list by name, proxmox-kernel-helper a second time
+    rows += [dict(helper), row("qemu-server", "9.0.23" if major >= 9 else "8.3.14"),
+             row("zfsutils-linux", "2.3.4-pve1")]
     return rows
 
 
@@ -538,4 +573,5 @@ MONITOR_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/disks/lvmthin"): pve_lvmthin,
     ("GET", "/nodes/{node}/apt/update"): pve_apt_updates,
     ("GET", "/nodes/{node}/apt/versions"): pve_apt_versions,
+    ("GET", "/nodes/{node}/apt/changelog"): pve_apt_changelog,
 }

@@ -2,15 +2,17 @@
 journal, firewall log, newest first and paged), node_disks (SMART, ZFS, LVM) and node_updates
 (pending packages, kernel), each with the reader token of the README unless a test says why not."""
 import json
+import threading
 import time
 
 import pytest
 
 import inventory
+import monitor_tools
 import rrd
 import simulator
 from conftest import requests_during, tool_session
-from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off, upgrade
+from simulator.pve_monitor import add_pool, firewall_line, monitor, pending_update, smart_off, upgrade
 
 
 @pytest.fixture(scope="module")
@@ -329,12 +331,86 @@ def test_pool_problem_reads_real_zpool_status_shapes():
 # ---------------------------------------------------------------- updates
 
 def test_updates_with_the_reader_token_cover_proxmox_packages_and_kernel(session, sim):
-    answer = session.ok("node_updates", {})
+    answer, sent = requests_during(sim, lambda: session.ok("node_updates", {}))
     assert [row["node"] for row in answer["nodes"]] == ["pve1", "pve2", "pve3"]
     row = answer["nodes"][0]
     assert row["pending"] == 1 and row["packages"] == ["pve-manager 9.2.1→9.2.2"] and "Sys.Modify" in row["covers"]
     assert row["kernel_running"] == row["kernel_newest"] == "6.14.11-2-pve" and "reboot_for_kernel" not in row
     assert row["list_refreshed"].endswith("Z")  # the newest aptupdate task
+    # security updates are told by the changelogs, which need Sys.Modify too: said, and none is read
+    assert "apt/changelog" in row["security"] and "Sys.Modify" in row["security"]
+    assert not any("changelog" in path for _, _, path in sent)
+
+
+def test_updates_count_proxmox_kernel_helper_once(session, sim):
+    """APT.pm `versions` lists proxmox-kernel-helper among the kernel packages and again in its fixed
+    list (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    pending_update(sim.lab, "pve1", "proxmox-kernel-helper", "Proxmox", "9.0.5", "9.0.4", "trixie")
+    try:
+        listed = proxmox_answer(sim, "/nodes/pve1/apt/versions")
+        row = session.ok("node_updates", {"node": "pve1"})["nodes"][0]
+    finally:
+        monitor(sim.lab).updates["pve1"].pop()
+    assert [p["Package"] for p in listed].count("proxmox-kernel-helper") == 2
+    assert row["pending"] == 2 and row["by_origin"] == {"Proxmox": 2}
+    assert sorted(row["packages"]) == ["proxmox-kernel-helper 9.0.4→9.0.5", "pve-manager 9.2.1→9.2.2"]
+
+
+@pytest.fixture
+def many_debian_updates(sim):
+    """Ten more Debian packages pending on pve1, three from Debian's security archive (Origin is
+    Debian for all: only their changelogs name trixie-security)."""
+    world = monitor(sim.lab)
+    before = list(world.updates["pve1"])
+    for index in range(10):
+        suite = "trixie-security" if index in (2, 5, 9) else "trixie"
+        pending_update(sim.lab, "pve1", f"libdebian{index}", "Debian", f"1.{index}-2", f"1.{index}-1", suite)
+    world.changelog_reads.clear()
+    yield world
+    world.updates["pve1"][:] = before
+    world.changelog_offline.clear()
+
+
+def test_updates_with_sys_modify_count_security_updates_in_bounded_reads(sim, many_debian_updates, monkeypatch):
+    """With Sys.Modify: the first CHANGELOG_CAP Debian packages' changelogs are read, at most two at
+    once per node, and the answer says how many of how many were checked."""
+    active, peak, lock = [0], [0], threading.Lock()
+    original = simulator.api._slow_down
+
+    def counted(lab, path):  # the changelog reads in flight at once
+        busy = path.endswith("/apt/changelog")
+        with lock:
+            active[0] += busy
+            peak[0] = max(peak[0], active[0])
+        try:
+            original(lab, path)
+        finally:
+            with lock:
+                active[0] -= busy
+    monkeypatch.setattr(simulator.api, "_slow_down", counted)
+    sim.lab.delay = 0.02
+    try:
+        with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "monitor"},
+                          log_name="monitor-security") as admin:
+            row = admin.ok("node_updates", {"node": "pve1"})["nodes"][0]
+    finally:
+        sim.lab.delay = 0.0
+    security = row["security"]
+    assert row["pending"] == 12 and row["by_origin"] == {"Debian": 11, "Proxmox": 1}
+    # libssl3t64 and libdebian0..6 were checked; libdebian9, also a security update, was not
+    assert security["updates"] == 3 and security["packages"] == ["libssl3t64", "libdebian2", "libdebian5"]
+    assert security["checked"] == "8 of 11 Debian packages" and "at most 8" in security["not_checked"]
+    assert many_debian_updates.changelog_reads["pve1"] == monitor_tools.CHANGELOG_CAP == 8
+    assert 1 < peak[0] <= monitor_tools.CHANGELOG_LANES  # side by side, within the per-node limit
+
+
+def test_updates_say_when_changelogs_cannot_be_read(sim, many_debian_updates):
+    many_debian_updates.changelog_offline.add("pve1")  # the node cannot reach its changelog server
+    with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "monitor"},
+                      log_name="monitor-security-offline") as admin:
+        security = admin.ok("node_updates", {"node": "pve1"})["nodes"][0]["security"]
+    assert security["updates"] == 0 and security["checked"] == "0 of 11 Debian packages"
+    assert security["unreadable"].startswith("8: E: Failed to fetch changelog:/libssl3t64.changelog")
 
 
 def test_updates_with_sys_modify_list_everything_and_a_pending_kernel(sim):
@@ -348,7 +424,8 @@ def test_updates_with_sys_modify_list_everything_and_a_pending_kernel(sim):
     finally:
         world.kernels["pve1"].pop(0)
     assert row["pending"] == 2 and row["by_origin"] == {"Debian": 1, "Proxmox": 1}
-    assert row["security"].startswith("not told") and "covers" not in row
+    assert row["security"] == {"updates": 1, "packages": ["libssl3t64"], "checked": "1 of 1 Debian packages"}
+    assert "covers" not in row
     assert row["kernel_newest"] == "6.14.11-3-pve" and row["reboot_for_kernel"] is True
 
 
