@@ -67,7 +67,7 @@ def list_nodes(host: Host = None) -> dict:
 
 
 # a guest row's status; unknown: no status data for it (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
-GuestStatus = Literal["running", "stopped", "unknown"]
+GuestStatus = Literal["running", "stopped", "unknown", "locked"]  # locked: any guest with a lock
 
 
 def guest_tags(guest: dict) -> set[str]:
@@ -80,7 +80,7 @@ def _guest_filters(node: str | None, type: str | None, status: str | None, tag: 
                    name: str | None) -> dict[str, Any]:
     """Each filter given, as `name=value` and the test a guest must pass."""
     tests = {"node": (node, lambda g: g.get("node") == node), "type": (type, lambda g: g.get("type") == type),
-             "status": (status, lambda g: g.get("status") == status),
+             "status": (status, lambda g: bool(g.get("lock")) if status == "locked" else g.get("status") == status),
              "tag": (tag, lambda g: tag.lower() in guest_tags(g)),
              "name": (name, lambda g: name.lower() in (g.get("name") or "").lower())}
     return {f"{key}={value}": test for key, (value, test) in tests.items() if value}

@@ -174,7 +174,8 @@ class Monitor:
     running_kernel: dict[str, str] = field(default_factory=dict)
     syslog: dict[str, list[dict]] = field(default_factory=dict)  # node -> entries {time, ident, unit, pid, msg}
     firewall: dict[str, list[str]] = field(default_factory=dict)  # node -> /var/log/pve-firewall.log lines
-    proxy_certs: dict[str, int] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
+    proxy_certs: dict[str, float] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
+    acme: dict[str, str] = field(default_factory=dict)  # node -> its config's `acme` (ACME renews pveproxy-ssl.pem)
 
 
 def monitor(lab: Lab) -> Monitor:
@@ -423,6 +424,16 @@ def pve_firewall_log(scope: str) -> Callable:
     return handler
 
 
+def pve_node_config(call: Call, node: str) -> dict:
+    """The node's config (`/etc/pve/nodes/<node>/config`): `acme` when ACME is set up for the node,
+    which is what makes the daily pveupdate renew its pveproxy-ssl.pem (pve-manager PVE/API2/NodeConfig.pm,
+    bin/pveupdate); `property` picks one key."""
+    _node(call, node)
+    config = {"acme": monitor(call.lab).acme[node]} if node in monitor(call.lab).acme else {}
+    wanted = call.arg("property")
+    return {k: v for k, v in config.items() if wanted in (None, "all", k)} | {"digest": f"{len(config):040x}"}
+
+
 def pve_time(call: Call, node: str) -> dict:
     """`localtime` is the node's wall clock read as UTC (pve-manager PVE/API2/Nodes.pm, time)."""
     _node(call, node)
@@ -565,6 +576,7 @@ MONITOR_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/log"): pve_firewall_log("qemu"),
     ("GET", "/nodes/{node}/lxc/{vmid}/firewall/log"): pve_firewall_log("lxc"),
     ("GET", "/nodes/{node}/time"): pve_time,
+    ("GET", "/nodes/{node}/config"): pve_node_config,
     ("GET", "/nodes/{node}/disks/list"): pve_disks,
     ("GET", "/nodes/{node}/disks/smart"): pve_smart,
     ("GET", "/nodes/{node}/disks/zfs"): pve_zfs_list,
