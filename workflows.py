@@ -165,6 +165,7 @@ class Health:
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
     online: list[str] = field(default_factory=list)  # nodes, filled by _node_load
+    smart: bool = True  # read the disks (SMART: smartctl wakes a disk asleep); the dashboard does not
 
 
 def _quorum(h: Health) -> None:
@@ -378,7 +379,8 @@ NODE_READS = {  # what health_check reads from every online node, side by side
 def _node_services(h: Health) -> None:
     """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
     the ZFS pools' details; then the findings, node by node in order."""
-    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()]
+    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()
+             if h.smart or name != "disks"]
     # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
     reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
               if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
@@ -506,12 +508,24 @@ def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
     """Cluster and PBS health in one call: findings by severity."""
+    return health_report(host, pbs_host, thresholds)
+
+
+# Reading a node's disk list runs smartctl on each disk unless skipsmart, which spins up a disk asleep
+# (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart): health_check, asked for health, reads it; the dashboard not.
+DISKS_NOT_READ = ("not read here: reading SMART wakes sleeping disks; health_check and node_disks read disk "
+                  "health when asked")
+
+
+def health_report(host: str | None = None, pbs_host: str | None = None, thresholds: dict[str, int] | None = None,
+                  *, smart: bool = True) -> dict:
+    """health_check's answer; without `smart`, the disks are not read (and the answer says so)."""
     client = pve_client(host)
     limits = health_thresholds(thresholds)
-    health = Health(client, Report(limits), limits, pbs_host)
+    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
     for check in HEALTH_CHECKS:
         check(health)
-    return health.report.answer(nodes_online=health.online)
+    return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})
 
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other

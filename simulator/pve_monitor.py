@@ -162,6 +162,7 @@ SIM_TIMEZONE = ("Etc/GMT-1", 3600)  # the simulated nodes' clock: UTC+1 all year
 class Monitor:
     """What the nodes report about their disks, packages and logs."""
     disks: dict[str, list[dict]] = field(default_factory=dict)  # node -> /disks/list rows (+ "_smart")
+    smart_reads: dict[str, int] = field(default_factory=dict)  # node -> smartctl runs (each wakes a sleeping disk)
     zfs: dict[str, list[dict]] = field(default_factory=dict)  # node -> pools (list row + "_detail")
     zfs_missing: set[str] = field(default_factory=set)  # nodes without zfsutils-linux
     vgs: dict[str, list[dict]] = field(default_factory=dict)  # node -> volume groups with their PVs
@@ -451,13 +452,16 @@ def pve_disks(call: Call, node: str) -> list:
     """Disks with SMART health (`UNKNOWN` when skipped or unreadable) and, for SSDs, `wearout`: the
     percent of life left, or `N/A` (pve-storage src/PVE/Diskmanage.pm, get_disks)."""
     _node(call, node)
-    rows = []
-    for disk in monitor(call.lab).disks[node]:
+    rows, world = [], monitor(call.lab)
+    skip = str(call.arg("skipsmart", "0")) == "1"
+    for disk in world.disks[node]:
         row = _public(disk)
         if disk.get("_smart_off"):  # smartctl prints "SMART Disabled" and no attributes to read the wear from
             row |= {"health": "SMART Disabled", "wearout": "N/A"}
-        if str(call.arg("skipsmart", "0")) == "1":
+        if skip:
             row |= {"health": "UNKNOWN", "wearout": "N/A"}
+        else:  # smartctl -H -A without -n standby: a disk asleep is spun up (Diskmanage.pm get_smart_data)
+            world.smart_reads[node] = world.smart_reads.get(node, 0) + 1
         rows.append(row)
     return rows
 
@@ -471,9 +475,11 @@ def smart_off(lab: Lab, node: str, devpath: str, off: bool = True) -> None:
 
 def pve_smart(call: Call, node: str) -> dict:
     _node(call, node)
-    disk = next((d for d in monitor(call.lab).disks[node] if d["devpath"] == call.arg("disk")), None)
+    world = monitor(call.lab)
+    disk = next((d for d in world.disks[node] if d["devpath"] == call.arg("disk")), None)
     if disk is None:
         raise ApiError(500, f"disk '{call.arg('disk')}' is not a block device")  # Diskmanage assert_blockdev
+    world.smart_reads[node] = world.smart_reads.get(node, 0) + 1
     if disk.get("_smart_off"):  # no data section: `type` stays undefined (Diskmanage.pm, get_smart_data)
         return {"health": "SMART Disabled", "type": None}
     if str(call.arg("healthonly", "0")) == "1":
