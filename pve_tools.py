@@ -1313,6 +1313,14 @@ def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | Non
     return {k: v for k, v in params.items() if v is not None}
 
 
+def _network_note(config: dict) -> dict:
+    """Proxmox's list of what the drive lacks never names a changed ipconfig<n>, yet the drive is always
+    made from the config's current ones (docs/PROXMOX-BEHAVIOUR.md#cloud-init): said where a NIC has one."""
+    keys = sorted(k for k in config if re.fullmatch(r"ipconfig\d+", k))
+    return {"network": f"{', '.join(keys)} always go to the drive as the config has them now: Proxmox's list of "
+                       f"what the drive lacks never names a changed one"} if keys else {}
+
+
 def _cloudinit_drive(config: dict) -> str | None:
     return next((k for k, v in config.items() if re.fullmatch(r"(ide|sata|scsi|virtio)\d+", k)
                  and "cloudinit" in str(v)), None)
@@ -1337,15 +1345,16 @@ def write_set_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, 
     # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
     waiting = {r["key"]: "(deleted)" if r.get("delete") else MASK if r["key"] == "cipassword" else r["pending"]
                for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
+    network = _network_note(config | params)
     try:
         if params:
             client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
         client.request("PUT", f"{base}/cloudinit", {})
     except policy.DryRun as dry:  # a dry run shows the diff too
-        dry.plan |= {"would_change": changed, "drive_lacks": waiting}
+        dry.plan |= {"would_change": changed, "drive_lacks": waiting} | network
         raise
     running = row.get("status") == "running"
-    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"}
+    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"} | network
     if waiting:
         answer["also_applied"] = waiting  # earlier changes the drive lacked until now
     answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
