@@ -317,7 +317,7 @@ def _smart(client: ProxmoxClient, node: str, disk: str) -> dict:
 
 def node_disks(node: str, host: Host = None,
                smart: str | None = None) -> dict:
-    """A node's disks (SMART health, life left), ZFS pools, LVM, thin pools; smart=/dev/sdX: its attributes."""
+    """A node's disks (SMART health, life left), ZFS pools, LVM; smart=/dev/sdX: its attributes."""
     client = pve_client(host)
     node = check_node(client, node)
     base = f"/nodes/{node}/disks"

@@ -507,7 +507,7 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster and PBS health in one call: findings by severity."""
+    """Cluster and PBS health: findings by severity."""
     return health_report(host, pbs_host, thresholds)
 
 
@@ -691,7 +691,8 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         why = _coverage_why(covering, c.jobs is not None)
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
-                     "write_backup_guest now, and add it to a backup job")
+                     "write_backup_guest now, and add it to a backup job", kind=f"guests whose backup is {state}",
+                     subject=vmid)
     return {"vmid": vmid, "name": guest.get("name"), "newest": iso_time(last["ctime"]) if last else "",
             "age_h": age if age is not None else "", "where": last["where"] if last else "",
             "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
@@ -703,7 +704,8 @@ def _orphan_groups(c: Coverage) -> None:
     c.orphans = sorted(f"{kind}/{vmid}" for kind, vmid in c.pbs_groups if vmid not in known)
     for group in c.orphans:
         c.report.add("info", "backups", f"PBS group {group} has no guest any more", {"group": group},
-                     "keep it as an archive or prune it (write_pbs_prune_group)")
+                     "keep it as an archive or prune it (write_pbs_prune_group)", kind="PBS groups without a guest",
+                     subject=group)
 
 
 def _fits(job: dict, guest: dict) -> bool:
