@@ -209,7 +209,7 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     # One part after the other, each reading side by side within (in_parallel): run inside one of its
     # reads, the workflows' own reads of every node would go one by one.
     resources, guests, charts = _guests(client, vmid)
-    health = workflows.health_report(host, pbs_host, smart=False)  # opened often: wakes no sleeping disk
+    health = workflows.health_check(host=host, pbs_host=pbs_host)  # reads no disk list here (NO_SMART_IN)
     coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
               "guests": guests, "backups": _backups(coverage), "health": _health(health),

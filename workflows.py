@@ -508,24 +508,21 @@ def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
     """Cluster and PBS health: findings by severity."""
-    return health_report(host, pbs_host, thresholds)
-
-
-# Reading a node's disk list runs smartctl on each disk unless skipsmart, which spins up a disk asleep
-# (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart): health_check, asked for health, reads it; the dashboard not.
-DISKS_NOT_READ = ("not read here: reading SMART wakes sleeping disks; health_check and node_disks read disk "
-                  "health when asked")
-
-
-def health_report(host: str | None = None, pbs_host: str | None = None, thresholds: dict[str, int] | None = None,
-                  *, smart: bool = True) -> dict:
-    """health_check's answer; without `smart`, the disks are not read (and the answer says so)."""
+    smart = policy.current_call().get("tool") not in NO_SMART_IN
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host, smart=smart)
     for check in HEALTH_CHECKS:
         check(health)
     return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})
+
+
+# Reading a node's disk list runs smartctl on each disk unless skipsmart, which spins up a disk asleep
+# (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart): health_check, asked for health, reads it; inside these
+# tools, which show its findings each time they open, it reads no disk list.
+NO_SMART_IN = ("dashboard",)
+DISKS_NOT_READ = ("not read here: reading SMART wakes sleeping disks; health_check and node_disks read disk "
+                  "health when asked")
 
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
