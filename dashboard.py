@@ -193,7 +193,8 @@ def _health(report: dict) -> dict:
     findings = report.get("findings") or []
     rows = [[f["severity"], f["area"], f["finding"]] for f in findings[:SHOWN["findings"]]]
     return {"summary": report.get("summary") or {}, "columns": ["severity", "area", "finding"], "rows": rows,
-            "total": len(findings)} | _more(len(findings), SHOWN["findings"]) | _unread(report)
+            "total": len(findings)} | _more(len(findings), SHOWN["findings"]) | _unread(report) | (
+        {"disks": report["disks"]} if report.get("disks") else {})
 
 
 # ---------------------------------------------------------------- the tool
@@ -208,7 +209,7 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     # One part after the other, each reading side by side within (in_parallel): run inside one of its
     # reads, the workflows' own reads of every node would go one by one.
     resources, guests, charts = _guests(client, vmid)
-    health = workflows.health_check(host=host, pbs_host=pbs_host)
+    health = workflows.health_check(host=host, pbs_host=pbs_host)  # reads no disk list here (NO_SMART_IN)
     coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
               "guests": guests, "backups": _backups(coverage), "health": _health(health),

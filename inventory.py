@@ -235,7 +235,8 @@ def disk_problem(disk: dict) -> str | None:
 
 def pool_problem(pool: dict) -> str | None:
     """Why a ZFS pool needs attention: a state other than ONLINE, or errors `zpool status` reports
-    (anything but "No known data errors"), or a device with read, write or checksum errors."""
+    (anything but "No known data errors"), or a device with read, write or checksum errors, or a
+    cache, log or spare device that cannot serve (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
     state = str(pool.get("state") or pool.get("health") or "")
     errors = str(pool.get("errors") or "No known data errors")
     if state and state != "ONLINE":
@@ -243,7 +244,35 @@ def pool_problem(pool: dict) -> str | None:
     if not errors.startswith("No known data errors"):
         return f"errors: {errors}"
     bad = [d["name"] for d in vdevs(pool) if d.get("read") or d.get("write") or d.get("cksum")]
-    return f"device errors on {', '.join(bad[:4])}" if bad else None
+    if bad:
+        return f"device errors on {', '.join(bad[:4])}"
+    unserving = [f"{SECTION_NAMES[section]} {d['name']} {d.get('state')}" for section, d in pool_devices(pool)
+                 if section != "data" and device_problem(section, d)]
+    return "; ".join(unserving[:4]) or None
+
+
+# `zpool status` lists these beside the pool's own vdevs, each a line with only its name and its
+# devices below it (OpenZFS cmd/zpool/zpool_main.c: print_class_vdevs, print_l2cache, print_spares;
+# pve-storage src/PVE/API2/Disks/ZFS.pm keeps them as the pool's siblings): docs/PROXMOX-BEHAVIOUR.md#zfs-pools
+SECTION_NAMES = {"logs": "log device", "cache": "cache device", "spares": "spare", "special": "special device",
+                 "dedup": "dedup device"}
+SPARE_READY = ("AVAIL", "INUSE")  # a hot spare waiting, or one that took a failed disk's place
+
+
+def pool_devices(pool: dict) -> list[tuple[str, dict]]:
+    """(section, device) of each leaf device of a pool's `zpool status` tree: `data` for the pool's
+    own vdevs, else the section (logs, cache, spares, special, dedup) it is listed under."""
+    found = []
+    for top in pool.get("children") or []:
+        section = top["name"] if top.get("name") in SECTION_NAMES and "state" not in top else "data"
+        found += [(section, d) for d in [top, *vdevs(top)] if not d.get("children")]
+    return found
+
+
+def device_problem(section: str, device: dict) -> bool:
+    """A device that is not serving: any state but ONLINE (a spare: AVAIL or INUSE), or I/O errors."""
+    healthy = SPARE_READY if section == "spares" else ("ONLINE",)
+    return device.get("state") not in healthy or bool(device.get("read") or device.get("write") or device.get("cksum"))
 
 
 def vdevs(node: dict) -> list[dict]:
@@ -274,8 +303,9 @@ def pending_updates(versions: list[dict], everything: list[dict] | None) -> tupl
     """The packages with an update pending and their count by origin: the whole update list when it
     could be read (it needs Sys.Modify), else the packages `versions` lists (Proxmox's own and the
     kernels) whose candidate is not what is installed (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
-    packages = everything if everything is not None else [
-        p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    pending = [p for p in versions if p.get("OldVersion") and p.get("Version") != p.get("OldVersion")]
+    # versions lists proxmox-kernel-helper twice (among the kernels and in its fixed list): once each
+    packages = everything if everything is not None else list({p.get("Package"): p for p in pending}.values())
     by_origin: dict[str, int] = {}
     for package in packages:
         origin = package.get("Origin") or "unknown"

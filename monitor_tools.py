@@ -13,10 +13,10 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import Field
 
 import policy
-from answers import Host, Node, Offset, OptionalVmid, compact, human_bytes, iso_time, percent, table
+from answers import Host, Node, Offset, OptionalVmid, capped, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (check_node, disk_problem, kernels, node_names, pending_updates, pool_problem, resolve_guest,
-                       vdevs, wearout_left)
+from inventory import (check_node, device_problem, disk_problem, kernels, node_names, pending_updates, pool_devices,
+                       pool_problem, resolve_guest, wearout_left)
 from masking import mask
 from proxmox_client import ProxmoxClient, in_parallel, pve_client
 from rrd import read_history
@@ -268,14 +268,24 @@ def _pool_rows(pools: list[dict], details: list[Any]) -> list[dict]:
         if isinstance(detail, ToolFailure):
             row["detail"] = f"not read: {str(detail)[:150]}"
         else:
-            bad = [compact({"name": d["name"], "state": d.get("state"), "read": d.get("read"), "write": d.get("write"),
-                            "cksum": d.get("cksum"), "msg": d.get("msg")})
-                   for d in vdevs(detail) if not d.get("children")
-                   and (d.get("state") not in (None, "ONLINE") or d.get("read") or d.get("write") or d.get("cksum"))]
+            devices = pool_devices(detail)
+            bad = [compact({"name": d["name"], "section": None if section == "data" else section}
+                           | {k: d.get(k) for k in ("state", "read", "write", "cksum", "msg")})
+                   for section, d in devices if device_problem(section, d)]
             row |= compact({"errors": detail.get("errors"), "scan": detail.get("scan"), "action": detail.get("action"),
-                            "problem": pool_problem(detail), "bad_devices": bad[:6]})
+                            "problem": pool_problem(detail), "bad_devices": capped(bad)} | _sections(devices))
         rows.append(compact(row))
     return rows
+
+
+def _sections(devices: list[tuple[str, dict]]) -> dict:
+    """The devices a pool lists beside its vdevs, by section: `logs`, `cache`, `spares`
+    (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    by_section: dict[str, list[str]] = {}
+    for section, device in devices:
+        if section != "data":
+            by_section.setdefault(section, []).append(f"{device['name']} {device.get('state') or ''}".strip())
+    return {section: capped(names) for section, names in by_section.items()}
 
 
 def _volume_groups(lvm: dict) -> list[dict]:
@@ -307,7 +317,7 @@ def _smart(client: ProxmoxClient, node: str, disk: str) -> dict:
 
 def node_disks(node: str, host: Host = None,
                smart: str | None = None) -> dict:
-    """A node's disks (SMART health, life left), ZFS pools, LVM, thin pools; smart=/dev/sdX: its attributes."""
+    """A node's disks (SMART health, life left), ZFS pools, LVM; smart=/dev/sdX: its attributes."""
     client = pve_client(host)
     node = check_node(client, node)
     base = f"/nodes/{node}/disks"
@@ -356,10 +366,10 @@ def _refreshed(client: ProxmoxClient, node: str) -> dict:
                     "refresh_result": task.get("status") if task.get("status") not in (None, "OK") else None})
 
 
-def node_update_status(client: ProxmoxClient, node: str) -> dict:
-    """One node's pending packages, kernel and list age. The whole list needs Sys.Modify (APT.pm
-    list_updates checks it); without it, the packages `versions` covers (Proxmox's own and the
-    kernels), which needs Sys.Audit."""
+def node_update_status(client: ProxmoxClient, node: str) -> tuple[dict, list[dict]]:
+    """One node's pending packages, kernel and list age, and the packages whose changelogs tell
+    security updates apart. The whole list needs Sys.Modify (APT.pm list_updates checks it); without
+    it, the packages `versions` covers (Proxmox's own and the kernels), which needs Sys.Audit."""
     full = policy.holds(client.host, "Sys.Modify", f"/nodes/{node}") is True
     calls = [lambda: client.get(f"/nodes/{node}/apt/versions") or [], lambda: _refreshed(client, node)]
     if full:
@@ -370,12 +380,56 @@ def node_update_status(client: ProxmoxClient, node: str) -> dict:
             raise result
     row = {"node": node} | kernels(versions) | (refreshed if isinstance(refreshed, dict) else {})
     if full:
-        return row | _pending(versions, everything[0]) | {"security": SECURITY_UNKNOWN}
-    return row | _pending(versions, None) | {"covers": "Proxmox packages and kernels only: the full list needs "
-                                                       "Sys.Modify"}
+        return row | _pending(versions, everything[0]), [p for p in everything[0] if p.get("Origin") == "Debian"]
+    return row | _pending(versions, None) | {
+        "covers": "Proxmox packages and kernels only: the full list needs Sys.Modify",
+        "security": SECURITY_UNREAD.format(node=node)}, []
 
 
-SECURITY_UNKNOWN = "not told: each package names its origin (Debian, Proxmox), not the Debian-Security archive"
+# Security updates: their Origin is Debian like any other, only the changelog's first line names the
+# distribution (`openssl (3.5.1-1+deb13u1) trixie-security; urgency=medium`). Each read makes the node
+# download the changelog (apt-get changelog, 10 s timeout): a few per node, two at once, of its three
+# API workers (docs/PROXMOX-BEHAVIOUR.md#pending-updates).
+CHANGELOG_CAP = 8
+CHANGELOG_LANES = 2
+CHANGELOG_HEAD = re.compile(r"^\S+ \([^)]*\) ([^;]+);")
+SECURITY_UNREAD = ("not told: only a package's changelog names Debian's security archive, and reading it "
+                   "(GET /nodes/{node}/apt/changelog) needs Sys.Modify on /nodes/{node}, as the full list does")
+
+
+def _changelog(client: ProxmoxClient, node: str, package: dict) -> bool | str:
+    """True when the candidate comes from a `-security` distribution, False when not, or why its
+    changelog could not be read (APT.pm answers apt's output and `RC: <code>` then)."""
+    try:
+        text = str(client.get(f"/nodes/{node}/apt/changelog", name=package.get("Package"),
+                              version=package.get("Version")) or "")
+    except ToolFailure as exc:
+        return str(exc)[:120]
+    head = CHANGELOG_HEAD.match(text)
+    if head is None or "\nRC: " in text:
+        return text.strip().splitlines()[0][:120] if text.strip() else "empty changelog"
+    return any(suite.endswith("-security") for suite in head.group(1).split())
+
+
+def _security(checked: list[tuple[dict, bool | str]], total: int) -> dict:
+    """How many of the checked packages are security updates, and what was not checked or read."""
+    found = [p.get("Package") for p, result in checked if result is True]
+    failed = [result for _, result in checked if isinstance(result, str)]
+    answer = {"updates": len(found), "packages": capped(found),
+              "checked": f"{len(checked) - len(failed)} of {total} Debian packages"}
+    if total > len(checked):
+        answer["not_checked"] = (f"{total - len(checked)}: at most {CHANGELOG_CAP} changelogs are read per node "
+                                 f"(each is a download by the node)")
+    if failed:
+        answer["unreadable"] = f"{len(failed)}: {failed[0]}"
+    return compact(answer)
+
+
+def _lanes(client: ProxmoxClient, node: str, packages: list[dict]) -> list[Callable[[], list]]:
+    """A node's changelog reads as CHANGELOG_LANES lanes, each read one after the other."""
+    chosen = list(enumerate(packages[:CHANGELOG_CAP]))
+    return [lambda lane=chosen[start::CHANGELOG_LANES]: [(i, p, _changelog(client, node, p)) for i, p in lane]
+            for start in range(min(CHANGELOG_LANES, len(chosen)))]
 
 
 def node_updates(node: Node = None, host: Host = None) -> dict:
@@ -383,7 +437,18 @@ def node_updates(node: Node = None, host: Host = None) -> dict:
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes])
-    rows = [r for r in results if isinstance(r, dict)]
+    read = {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, tuple)}
+    # then the changelogs of every node read, side by side, CHANGELOG_LANES at most on each node
+    lanes = [(n, lane) for n, (_, debian) in read.items() if debian for lane in _lanes(client, n, debian)]
+    checked: dict[str, list] = {n: [] for n in read}
+    for (name, _), outcome in zip(lanes, in_parallel([lane for _, lane in lanes]), strict=True):
+        checked[name] += outcome
+    rows = []
+    for name, (row, debian) in read.items():
+        if "security" not in row:  # told when the changelogs could be read
+            row["security"] = _security([(p, result) for _, p, result in sorted(checked[name], key=lambda c: c[0])],
+                                        len(debian))
+        rows.append(row)
     answer: dict[str, Any] = {"nodes": rows}
     failed = {n: str(r)[:200] for n, r in zip(nodes, results, strict=True) if isinstance(r, ToolFailure)}
     if failed:

@@ -67,7 +67,7 @@ def list_nodes(host: Host = None) -> dict:
 
 
 # a guest row's status; unknown: no status data for it (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
-GuestStatus = Literal["running", "stopped", "unknown"]
+GuestStatus = Literal["running", "stopped", "unknown", "locked"]  # locked: any guest with a lock
 
 
 def guest_tags(guest: dict) -> set[str]:
@@ -80,7 +80,7 @@ def _guest_filters(node: str | None, type: str | None, status: str | None, tag: 
                    name: str | None) -> dict[str, Any]:
     """Each filter given, as `name=value` and the test a guest must pass."""
     tests = {"node": (node, lambda g: g.get("node") == node), "type": (type, lambda g: g.get("type") == type),
-             "status": (status, lambda g: g.get("status") == status),
+             "status": (status, lambda g: bool(g.get("lock")) if status == "locked" else g.get("status") == status),
              "tag": (tag, lambda g: tag.lower() in guest_tags(g)),
              "name": (name, lambda g: name.lower() in (g.get("name") or "").lower())}
     return {f"{key}={value}": test for key, (value, test) in tests.items() if value}
@@ -119,8 +119,8 @@ def list_guests(host: Host = None,
     filters = _guest_filters(node, type, status, tag, name)
     protected = policy.settings().protected
     rows = []
-    if sort_by:  # busiest first
-        guests.sort(key=lambda g: -(g.get(sort_by) or 0))
+    if sort_by:  # busiest first; disk by the allocated size, as a VM reports no use (SORT_KEYS)
+        guests.sort(key=lambda g: -(g.get(SORT_KEYS.get(sort_by, sort_by)) or 0))
     for guest in guests:
         if not all(test(guest) for test in filters.values()):
             continue
@@ -138,18 +138,32 @@ def list_guests(host: Host = None,
     result = table(columns, rows, limit=limit, offset=offset)
     if not rows:
         result["note"] = _no_match(client, guests, filters, node, tag) if filters else EMPTY_HINT
-    elif sort_by in ("netin", "netout"):
-        result["note"] = f"{sort_by}: bytes since each guest started; metrics gives the rate over time."
+    elif sort_by in SORT_NOTES:
+        result["note"] = SORT_NOTES[sort_by]
     return result
 
 
+# A VM's `disk` is always 0 in PVE's status and a stopped container's too, so disk ranks by the
+# allocated size (docs/PROXMOX-BEHAVIOUR.md#guest-status).
+SORT_KEYS = {"disk": "maxdisk"}
+SORT_NOTES = {
+    "netin": "netin: bytes since each guest started; metrics gives the rate over time.",
+    "netout": "netout: bytes since each guest started; metrics gives the rate over time.",
+    "disk": "disk: ranked by allocated size (a VM's boot disk, a container's root disk): Proxmox reports a VM's "
+            "disk use as always 0 (QEMU cannot see inside), and a container's only while it runs."}
+
+
 def _usage(guest: dict, sort_by: str | None) -> dict:
-    """The column list_guests sorts by: CPU as a share of the guest's cores, the rest in bytes
-    (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
+    """The column list_guests sorts by: CPU as a share of the guest's cores, disk as allocated (and
+    used, where PVE reports it), the rest in bytes (/cluster/resources: docs/PROXMOX-BEHAVIOUR.md#cluster-resources)."""
     if not sort_by:
         return {}
     if sort_by == "cpu":
         return {"cpu_pct": percent(guest.get("cpu"), 1)}
+    if sort_by == "disk":
+        used = guest.get("disk") if guest.get("type") == "lxc" and guest.get("status") == "running" else None
+        return {"disk": f"{human_bytes(used)} used of {human_bytes(guest.get('maxdisk'))}" if used
+                else f"{human_bytes(guest.get('maxdisk'))} allocated"}
     return {sort_by: human_bytes(guest.get(sort_by))}
 
 
@@ -1299,6 +1313,14 @@ def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | Non
     return {k: v for k, v in params.items() if v is not None}
 
 
+def _network_note(config: dict) -> dict:
+    """Proxmox's list of what the drive lacks never names a changed ipconfig<n>, yet the drive is always
+    made from the config's current ones (docs/PROXMOX-BEHAVIOUR.md#cloud-init): said where a NIC has one."""
+    keys = sorted(k for k in config if re.fullmatch(r"ipconfig\d+", k))
+    return {"network": f"{', '.join(keys)} always go to the drive as the config has them now: Proxmox's list of "
+                       f"what the drive lacks never names a changed one"} if keys else {}
+
+
 def _cloudinit_drive(config: dict) -> str | None:
     return next((k for k, v in config.items() if re.fullmatch(r"(ide|sata|scsi|virtio)\d+", k)
                  and "cloudinit" in str(v)), None)
@@ -1323,15 +1345,16 @@ def write_set_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, 
     # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
     waiting = {r["key"]: "(deleted)" if r.get("delete") else MASK if r["key"] == "cipassword" else r["pending"]
                for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
+    network = _network_note(config | params)
     try:
         if params:
             client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
         client.request("PUT", f"{base}/cloudinit", {})
     except policy.DryRun as dry:  # a dry run shows the diff too
-        dry.plan |= {"would_change": changed, "drive_lacks": waiting}
+        dry.plan |= {"would_change": changed, "drive_lacks": waiting} | network
         raise
     running = row.get("status") == "running"
-    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"}
+    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"} | network
     if waiting:
         answer["also_applied"] = waiting  # earlier changes the drive lacked until now
     answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "

@@ -4,6 +4,7 @@ reason and never counts as healthy; thresholds are arguments and are echoed in t
 Resources and prompts for MCP clients are defined here too.
 """
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable
@@ -40,9 +41,13 @@ class Report:
         self.checked: list[str] = []
         self.thresholds = thresholds
 
-    def add(self, severity: str, area: str, finding: str, evidence: Any, next_step: str) -> None:
+    def add(self, severity: str, area: str, finding: str, evidence: Any, next_step: str, *,
+            kind: str | None = None, subject: Any = None) -> None:
+        """One finding. Findings of one `kind` (default: alike in area) fold together past the first
+        few; `subject` is what a folded one is listed by (default: its text)."""
         self.findings.append({"severity": severity, "area": area, "finding": finding, "evidence": evidence,
-                              "next": next_step})
+                              "next": next_step, "_kind": kind or f"like these ({area})",
+                              "_subject": subject if subject is not None else finding[:60]})
 
     def section(self, name: str, read: Callable[[], Any]) -> Any:
         """Run one section; a failure is recorded as unavailable, never as healthy."""
@@ -71,9 +76,10 @@ class Report:
             self.checked.remove(name)
 
     def answer(self, **extra: Any) -> dict:
-        """Counts first, then the findings worst first; findings alike (same severity and area) beyond
-        the first few are folded into one, and long lists are cut, so that the answer
-        stays small however large the cluster (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
+        """Counts first, then the findings worst first; findings of one kind beyond the first few are
+        summarised in one that counts them, lists the first ones and names the call that lists them all,
+        so that the answer stays small however large the cluster and no finding is dropped
+        (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
         findings = sorted(self.findings, key=lambda f: SEVERITY[f["severity"]])
         counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITY}
         return {"summary": counts | {"unavailable": len(self.unavailable)}, "findings": folded(findings),
@@ -81,32 +87,44 @@ class Report:
                 "checked": self.checked[:LIST_CAP] + more(self.checked, ""), "thresholds": self.thresholds} | extra
 
 
-FOLD_AFTER = 3  # findings alike shown one by one before the rest are counted
+FOLD_AFTER = 3  # findings of one kind shown one by one before the rest are summarised
+
+# The call that lists every finding of an area one by one, named in a summary of them.
+LISTS_ALL = {"locks": "list_guests status=locked", "ha": "api_read path=/cluster/ha/status/current",
+             "tasks": "list_tasks errors=true limit=500", "disks": "node_disks node=<each node named>",
+             "zfs": "node_disks node=<each node named>", "storage": "list_storage", "updates": "node_updates",
+             "certificates": "api_read path=/nodes/<node>/certificates/info",
+             "replication": "api_read path=/nodes/<node>/replication",
+             "backups": "backup_coverage (offset pages through every guest)",
+             "pbs": "pbs_list_jobs and pbs_list_datastores", "guests": "guest_config vmid=<each vmid named>"}
 
 
-# Where the findings folded away can be seen one by one.
-FOLDED_NEXT = {"locks": "list_guests shows every guest's lock", "backups": "backup_coverage pages through every guest",
-               "tasks": "list_tasks errors=true lists every failed task", "disks": "node_disks shows every disk",
-               "zfs": "node_disks shows every pool"}
+def _summary(severity: str, area: str, kind: str, group: list[dict]) -> dict:
+    """Findings of one kind past the first few, in one: how many, the first LIST_CAP by subject, and
+    the call that lists them all."""
+    steps = {f["next"] for f in group}
+    call = LISTS_ALL.get(area, "the first ones are named; look at each")
+    return {"severity": severity, "area": area, "finding": f"{len(group)} more {kind}",
+            "evidence": {"count": len(group), "first": [f["_subject"] for f in group[:LIST_CAP]], "all": call},
+            "next": steps.pop() if len(steps) == 1 else f"each has its own next step; {call} lists them",
+            "_kind": kind}
 
 
 def folded(findings: list[dict]) -> list[dict]:
-    """Findings of the same severity and area keep their first FOLD_AFTER; the rest become one
-    finding that counts them and names the first few."""
+    """Findings of one severity, area and kind keep their first FOLD_AFTER; the rest become one
+    summary after them. Nothing is dropped: the summary counts them all and names the call that lists them."""
     shown: list[dict] = []
-    rest: dict[tuple[str, str], list[dict]] = {}
+    rest: dict[tuple[str, str, str], list[dict]] = {}
     for finding in findings:
-        key = (finding["severity"], finding["area"])
-        if sum(1 for f in shown if (f["severity"], f["area"]) == key) < FOLD_AFTER:
+        key = (finding["severity"], finding["area"], finding["_kind"])
+        if sum(1 for f in shown if (f["severity"], f["area"], f["_kind"]) == key) < FOLD_AFTER:
             shown.append(finding)
         else:
             rest.setdefault(key, []).append(finding)
-    for (severity, area), group in rest.items():
-        position = max(i for i, f in enumerate(shown) if (f["severity"], f["area"]) == (severity, area))
-        shown.insert(position + 1, {"severity": severity, "area": area, "finding": f"{len(group)} more like these",
-                                    "evidence": [f["finding"][:60] for f in group[:5]],
-                                    "next": FOLDED_NEXT.get(area, "the evidence names the first few")})
-    return shown
+    for key, group in rest.items():
+        position = max(i for i, f in enumerate(shown) if (f["severity"], f["area"], f["_kind"]) == key)
+        shown.insert(position + 1, _summary(*key, group))
+    return [{k: v for k, v in f.items() if not k.startswith("_")} for f in shown]
 
 
 def _pbs(label: str | None) -> ProxmoxClient | None:
@@ -147,6 +165,7 @@ class Health:
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
     online: list[str] = field(default_factory=list)  # nodes, filled by _node_load
+    smart: bool = True  # read the disks (SMART: smartctl wakes a disk asleep); the dashboard does not
 
 
 def _quorum(h: Health) -> None:
@@ -204,7 +223,8 @@ def _storage_fill(h: Health) -> None:
             where = f"{name} on {node}" if node else f"{name} (shared)"
             h.report.add(severity, "storage", f"{where} is {used}% full",
                          {"used": human_bytes(storage.get("disk")), "total": human_bytes(storage.get("maxdisk"))},
-                         "prune backups (list_backups), delete unused volumes or grow the storage")
+                         "prune backups (list_backups), delete unused volumes or grow the storage",
+                         kind="storages filling up", subject=where)
 
 
 def _guest_states(h: Health) -> None:
@@ -212,10 +232,12 @@ def _guest_states(h: Health) -> None:
         if guest.get("lock"):
             h.report.add("warning", "locks", f"guest {guest['vmid']} ({guest.get('name')}) is locked ({guest['lock']})",
                          {"vmid": guest["vmid"], "lock": guest["lock"]},
-                         proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")))
+                         proxmox_client.lock_advice(guest["lock"], guest["vmid"], guest.get("type", "qemu")),
+                         kind=f"guests locked ({guest['lock']})", subject=guest["vmid"])
         if guest.get("hastate") in HA_FAILED:  # docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests
             what, way_out = ha_failure(guest).split(": ", 1)
-            h.report.add("critical", "ha", what, {"vmid": guest["vmid"], "node": guest.get("node")}, way_out)
+            h.report.add("critical", "ha", what, {"vmid": guest["vmid"], "node": guest.get("node")}, way_out,
+                         kind=f"HA resources in state {guest['hastate']}", subject=guest["vmid"])
 
 
 def _failed_tasks(h: Health) -> None:
@@ -226,7 +248,7 @@ def _failed_tasks(h: Health) -> None:
                 and proxmox_client.task_outcome(task.get("status")) in ("failed", "unknown"):
             h.report.add("warning", "tasks", f"{task.get('type')} {task.get('id') or ''} on {task.get('node')} failed",
                          {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
-                         "read it with task_log")
+                         "read it with task_log", kind="failed tasks")
 
 
 def _replication(h: Health, node: str, jobs: list[dict]) -> None:
@@ -234,32 +256,66 @@ def _replication(h: Health, node: str, jobs: list[dict]) -> None:
         if job.get("error") or job.get("fail_count"):
             h.report.add("warning", "replication", f"replication {job.get('id')} on {node} is failing",
                          {k: job.get(k) for k in ("id", "target", "error", "fail_count", "last_sync")},
-                         "check the target node and storage; run it again from the web UI")
+                         "check the target node and storage; run it again from the web UI",
+                         kind="replication jobs failing", subject=f"{job.get('id')} on {node}")
 
 
-# Certificates that renew themselves: pveupdate renews pve-ssl.pem from 14 days before it expires
-# and an ACME pveproxy-ssl.pem from 30 (pve-manager bin/pveupdate; docs/PROXMOX-BEHAVIOUR.md#node-certificates)
-SELF_RENEWING = {"pve-ssl.pem": 14}
+# Certificates that renew themselves: pveupdate renews pve-ssl.pem once under 14 days are left and an
+# ACME pveproxy-ssl.pem (the node's config sets up ACME) once under 30; it runs daily at 01:00 plus up to 5 h
+# (pve-daily-update.timer), so runs can be 29 h apart and a renewal is overdue only after that
+# (pve-manager bin/pveupdate, services/pve-daily-update.timer; docs/PROXMOX-BEHAVIOUR.md#node-certificates)
+RENEWS_AT = {"pve-ssl.pem": 14, "acme": 30}
+CERT_KINDS = {"pve-ssl.pem": "node certificates not renewed", "acme": "ACME certificates not renewed",
+              "custom": "custom certificates expiring", "unknown": "certificates expiring"}
+BETWEEN_RUNS_DAYS = 29 / 24
+PROXY_CERT = "pveproxy-ssl.pem"
+RENEW_FAILED = {"pve-ssl.pem": "its automatic renewal failed: run pvecm updatecerts --force on the node",
+                "acme": "its ACME renewal failed: run pvenode acme cert renew on the node, and read the node's log "
+                        "(node_logs grep='ACME') for why the daily run could not",
+                "custom": "a custom certificate is not renewed by Proxmox: upload the new one (pvenode cert set)",
+                "unknown": "renew it (ACME: pvenode acme cert renew; a custom one: upload the new one); whether "
+                           "ACME renews it could not be read (the node's config needs Sys.Audit on /)"}
 
 
-def _certificates(h: Health, node: str, certs: list[dict]) -> None:
+def _kind(name: str, acme: bool | None) -> str:
+    """How a certificate is renewed: pve-ssl.pem by pveupdate, pveproxy-ssl.pem by ACME when the node's
+    config sets it up (else it is a custom one), `unknown` when that config could not be read."""
+    if name != PROXY_CERT:
+        return name
+    return "unknown" if acme is None else "acme" if acme else "custom"
+
+
+def _certificates(h: Health, node: str, certs: list[dict], acme: bool | None) -> None:
     for cert in certs:
         days = (cert.get("notafter", 0) - time.time()) / 86400
         if days >= h.limits["cert_warn_days"]:
             continue
-        name = cert.get("filename")
-        renews_at = SELF_RENEWING.get(name)
-        if renews_at and days >= renews_at:
-            h.report.add("info", "certificates", f"{name} on {node} expires in {int(days)} days",
-                         {"notafter": iso_time(cert.get("notafter")), "renews_itself_at_days": renews_at},
-                         "nothing yet: pveupdate renews it daily from 14 days before it expires")
+        name, kind = cert.get("filename"), _kind(str(cert.get("filename")), acme)
+        renews_at = RENEWS_AT.get(kind)
+        evidence = {"notafter": iso_time(cert.get("notafter"))} | ({"renews_itself_at_days": renews_at}
+                                                                   if renews_at else {})
+        if renews_at and days >= renews_at - BETWEEN_RUNS_DAYS:
+            h.report.add("info", "certificates", f"{name} on {node} expires in {int(days)} days", evidence,
+                         f"nothing yet: pveupdate renews it at its next daily run (from {renews_at} days before "
+                         f"it expires)", kind="certificates renewing themselves", subject=f"{name} on {node}")
             continue
         h.report.add("critical" if days < 7 else "warning", "certificates",
-                     f"{name} on {node} expires in {int(days)} days",
-                     {"notafter": iso_time(cert.get("notafter"))} | (
-                         {"renews_itself_at_days": renews_at} if renews_at else {}),
-                     "its automatic renewal failed: run pvecm updatecerts --force on the node" if renews_at
-                     else "renew it (ACME: pvenode acme cert renew; a custom one: upload the new one)")
+                     f"{name} on {node} expires in {int(days)} days", evidence,
+                     RENEW_FAILED.get(kind, "renew it or replace it"), kind=CERT_KINDS.get(kind, "certificates"),
+                     subject=f"{name} on {node}")
+
+
+def _acme_nodes(h: Health, got: dict) -> dict[str, bool | None]:
+    """Whether ACME renews each node's pveproxy-ssl.pem: the node's config read only where that
+    certificate is inside the warning window (`acme` or an `acmedomain<N>` set: pve-manager
+    bin/pveupdate, PVE/NodeConfig.pm get_acme_conf); None where it could not be read."""
+    soon = time.time() + h.limits["cert_warn_days"] * 86400
+    nodes = [node for node in h.online if any(c.get("filename") == PROXY_CERT and c.get("notafter", 0) < soon
+                                              for c in got.get((node, "certificates")) or [])]
+    configs = h.report.sections([(f"config {node}", lambda n=node: h.client.get(f"/nodes/{n}/config") or {})
+                                 for node in nodes], limit=AT_ONCE * len(NODE_READS))
+    return {node: None if config is None else any(k == "acme" or k.startswith("acmedomain") for k in config)
+            for node, config in zip(nodes, configs, strict=True)}
 
 
 def _disks(h: Health, node: str, disks: list[dict]) -> None:
@@ -271,14 +327,16 @@ def _disks(h: Health, node: str, disks: list[dict]) -> None:
             h.report.add("info", "disks",
                          f"{disk.get('devpath')} on {node}: SMART is off, so its health is not watched",
                          {"model": disk.get("model"), "health": disk.get("health")},
-                         f"turn it on: smartctl -s on {disk.get('devpath')} on the node")
+                         f"turn it on: smartctl -s on {disk.get('devpath')} on the node",
+                         kind="disks with SMART off", subject=f"{disk.get('devpath')} on {node}")
         if problem:
             failing = problem.startswith("SMART")
             h.report.add("critical" if failing else "warning", "disks", f"{disk.get('devpath')} on {node}: {problem}",
                          {"model": disk.get("model"), "health": disk.get("health"),
                           "life_left_pct": wearout_left(disk), "used": disk.get("used")},
                          "replace the disk soon; node_disks smart=<disk> shows its SMART values" if failing
-                         else "plan its replacement; node_disks shows the others")
+                         else "plan its replacement; node_disks shows the others",
+                         kind="failing disks" if failing else "worn disks", subject=f"{disk.get('devpath')} on {node}")
 
 
 def _pools(h: Health, node: str, details: list[dict]) -> None:
@@ -286,10 +344,12 @@ def _pools(h: Health, node: str, details: list[dict]) -> None:
     for pool in details:
         problem = pool_problem(pool)
         if problem:
-            h.report.add("warning" if problem.startswith("device errors") else "critical", "zfs",
+            # a pool that lost data or redundancy is critical; device errors, a cache or spare device down warn
+            h.report.add("critical" if problem.startswith(("state", "errors")) else "warning", "zfs",
                          f"pool {pool.get('name')} on {node}: {problem}",
                          {k: pool.get(k) for k in ("state", "errors", "action", "scan") if pool.get(k)},
-                         "node_disks shows the devices; replace a faulted one (zpool replace) or clear errors")
+                         "node_disks shows the devices; replace a faulted one (zpool replace) or clear errors",
+                         kind="pools", subject=f"{pool.get('name')} on {node}")
 
 
 def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] | None) -> None:
@@ -299,14 +359,16 @@ def _updates(h: Health, node: str, versions: list[dict], everything: list[dict] 
     if booted.get("reboot_for_kernel"):
         h.report.add("warning", "updates", f"{node} runs kernel {booted['kernel_running']}, "
                      f"{booted['kernel_newest']} is installed", booted,
-                     "reboot the node (migrate its guests first) to run the newest kernel")
+                     "reboot the node (migrate its guests first) to run the newest kernel",
+                     kind="nodes running an older kernel", subject=node)
     pending, origins = pending_updates(versions, everything)
     if pending:
         h.report.add("info", "updates", f"{len(pending)} package update{'s' * (len(pending) != 1)} pending on {node}",
                      {"by_origin": origins, "packages": [p.get("Package") for p in pending[:5]],
-                      "security": "not told apart by Proxmox's update list",
+                      "security": "node_updates tells them apart (it reads their changelogs, with Sys.Modify)",
                       "covers": "all packages" if everything is not None else "Proxmox packages and kernels"},
-                     "node_updates lists them; apply them (apt full-upgrade) in a quiet hour")
+                     "node_updates lists them; apply them (apt full-upgrade) in a quiet hour",
+                     kind="nodes with updates pending", subject=node)
 
 
 NODE_READS = {  # what health_check reads from every online node, side by side
@@ -317,7 +379,8 @@ NODE_READS = {  # what health_check reads from every online node, side by side
 def _node_services(h: Health) -> None:
     """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
     the ZFS pools' details; then the findings, node by node in order."""
-    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()]
+    reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()
+             if h.smart or name != "disks"]
     # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
     reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
               if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
@@ -327,9 +390,10 @@ def _node_services(h: Health) -> None:
     pools = [(node, pool["name"]) for node in h.online for pool in got.get((node, "zfs")) or [] if pool.get("name")]
     details = h.report.sections([(f"zfs {name} on {node}", lambda n=node, p=name: h.client.get(
         f"/nodes/{n}/disks/zfs/{p}") or {}) for node, name in pools], limit=AT_ONCE * len(NODE_READS))
+    acme = _acme_nodes(h, got)
     for node in h.online:
         _replication(h, node, got.get((node, "replication")) or [])
-        _certificates(h, node, got.get((node, "certificates")) or [])
+        _certificates(h, node, got.get((node, "certificates")) or [], acme.get(node))
         _disks(h, node, got.get((node, "disks")) or [])
         _pools(h, node, [d for (n, _), d in zip(pools, details, strict=True) if n == node and d])
         if got.get((node, "updates")) is not None:
@@ -365,11 +429,12 @@ def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
                      compact({"job": job["id"], "store": job.get("store"), "ended": ended, "result": result,
                               "upid": job.get("last-run-upid")}),
                      f"read its log (pbs_get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
-                     f"job_id={job['id']}")
+                     f"job_id={job['id']}", kind=f"{kind} jobs failed", subject=job["id"])
     elif kind == "verify" and now - (job.get("last-run-endtime") or 0) > h.limits["verify_max_days"] * 86400:
         h.report.add("warning", "pbs", f"verify job {job['id']} last ran {ended or 'never'}",
                      compact({"job": job["id"], "store": job.get("store"), "ended": ended,
-                              "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify")
+                              "schedule": job.get("schedule")}), "write_pbs_run_job kind=verify",
+                     kind="verify jobs overdue", subject=job["id"])
 
 
 def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
@@ -381,17 +446,41 @@ def _datastore_fill(h: Health, ds: dict, s3: bool) -> None:
     if s3:
         h.report.add("info", "pbs", f"the local cache of S3 datastore {ds['store']} is {used}% full",
                      {"cache_used": human_bytes(ds.get("used")), "cache_total": human_bytes(ds.get("total"))},
-                     "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS")
+                     "check the cache disk; the bucket's own use is reported by the S3 provider, not PBS",
+                     kind="S3 caches filling up", subject=ds["store"])
         return
     h.report.add("critical" if used >= h.limits["storage_crit_pct"] else "warning", "pbs",
                  f"datastore {ds['store']} is {used}% full", compact({"full_by": pbs_state.full_by(ds, set())}),
-                 "prune (write_pbs_prune_group) and run GC")
+                 "prune (write_pbs_prune_group) and run GC", kind="datastores filling up", subject=ds["store"])
+
+
+# Why a datastore cannot be opened, from its status row's `error` (and PBS 4's `mount-status`):
+# (pattern, severity, what, next step) (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+STORE_ERRORS = [
+    (r"is not mounted", "warning", "its removable drive is not mounted",
+     "plug in the drive and mount the datastore (its Mount button in the PBS web UI); backups and syncs to it fail "
+     "until then"),
+    (r"maintenance mode", "warning", "it is in maintenance",
+     "end the maintenance when the work is done (the datastore's Options in the PBS web UI); backups to it fail "
+     "meanwhile"),
+    (r"being deleted", "info", "it is being deleted", "nothing: PBS is removing it"),
+    (r"", "critical", "it cannot be opened",
+     "check the disk and the mount behind its path on the Backup Server (proxmox-backup-manager datastore show "
+     "<store>); backups to it fail"),
+]
+
+
+def _datastore_error(h: Health, ds: dict) -> None:
+    """A store PBS cannot open (offline, unmounted, its removable drive missing) is a finding to act on."""
+    text = "is not mounted" if ds.get("mount-status") == "notmounted" else str(ds["error"])
+    _, severity, what, step = next(e for e in STORE_ERRORS if re.search(e[0], text))
+    h.report.add(severity, "pbs", f"datastore {ds['store']}: {what}", {"error": str(ds["error"])[:300]},
+                 step.replace("<store>", ds["store"]), kind=f"datastores: {what}", subject=ds["store"])
 
 
 def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: float, s3: bool) -> None:
-    # offline or unmounted: nothing about it can be told (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
     if ds.get("error"):
-        h.report.unavailable.append({"section": f"pbs datastore {ds['store']}", "reason": ds["error"][:300]})
+        _datastore_error(h, ds)
         return
     _datastore_fill(h, ds, s3)
     if runs is None:
@@ -403,11 +492,12 @@ def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: fl
     if proxmox_client.task_outcome(result) in ("failed", "unknown"):
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
                      {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
-                     "read its log (pbs_get_task), fix the cause, run write_pbs_run_gc")
+                     "read its log (pbs_get_task), fix the cause, run write_pbs_run_gc",
+                     kind="garbage collections failed", subject=ds["store"])
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
                      compact({"last_gc": iso_time(last_gc), "schedule": run.get("schedule")}),
-                     "write_pbs_run_gc, and schedule it")
+                     "write_pbs_run_gc, and schedule it", kind="garbage collections overdue", subject=ds["store"])
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
@@ -417,13 +507,22 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster and PBS health in one call: findings by severity."""
+    """Cluster and PBS health: findings by severity."""
+    smart = policy.current_call().get("tool") not in NO_SMART_IN
     client = pve_client(host)
     limits = health_thresholds(thresholds)
-    health = Health(client, Report(limits), limits, pbs_host)
+    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
     for check in HEALTH_CHECKS:
         check(health)
-    return health.report.answer(nodes_online=health.online)
+    return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})
+
+
+# Reading a node's disk list runs smartctl on each disk unless skipsmart, which spins up a disk asleep
+# (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart): health_check, asked for health, reads it; inside these
+# tools, which show its findings each time they open, it reads no disk list.
+NO_SMART_IN = ("dashboard",)
+DISKS_NOT_READ = ("not read here: reading SMART wakes sleeping disks; health_check and node_disks read disk "
+                  "health when asked")
 
 
 # ---------------------------------------------------------------- backups: PVE and PBS against each other
@@ -589,7 +688,8 @@ def _guest_row(c: Coverage, guest: dict, now: float) -> dict:
         why = _coverage_why(covering, c.jobs is not None)
         c.report.add(severity, "backups", f"guest {vmid} ({guest.get('name')}) backup is {state}; {why}",
                      {"newest": iso_time(last["ctime"]) if last else None, "excluded_by": excluding},
-                     "write_backup_guest now, and add it to a backup job")
+                     "write_backup_guest now, and add it to a backup job", kind=f"guests whose backup is {state}",
+                     subject=vmid)
     return {"vmid": vmid, "name": guest.get("name"), "newest": iso_time(last["ctime"]) if last else "",
             "age_h": age if age is not None else "", "where": last["where"] if last else "",
             "verify": (last or {}).get("verify") or "", "jobs": ",".join(covering),
@@ -601,7 +701,8 @@ def _orphan_groups(c: Coverage) -> None:
     c.orphans = sorted(f"{kind}/{vmid}" for kind, vmid in c.pbs_groups if vmid not in known)
     for group in c.orphans:
         c.report.add("info", "backups", f"PBS group {group} has no guest any more", {"group": group},
-                     "keep it as an archive or prune it (write_pbs_prune_group)")
+                     "keep it as an archive or prune it (write_pbs_prune_group)", kind="PBS groups without a guest",
+                     subject=group)
 
 
 def _fits(job: dict, guest: dict) -> bool:

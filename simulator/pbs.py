@@ -79,7 +79,22 @@ def _visible(call: Call, name: str) -> bool:
 
 
 def _mount_status(ds: dict) -> str:
-    return "notmounted" if ds["error"] else "nonremovable"
+    if not ds.get("removable"):
+        return "nonremovable"
+    return "notmounted" if ds["error"] else "mounted"
+
+
+def store_unavailable(lab: Lab, store: str, why: str, message: str = "disk swap") -> None:
+    """A store PBS cannot open, with the text its status row carries as `error`: `unmounted` (a
+    removable store whose drive is not mounted), `offline` (offline maintenance), `broken` (its chunk
+    store is gone) (pbs-datastore src/datastore.rs lookup_datastore, chunk_store.rs open; pbs-api-types
+    src/maintenance.rs check: PBS 4 says "is unavailable:", 3.x "is in")."""
+    ds, path = lab.datastores[store], f'"/mnt/datastore/{store}/.chunks"'
+    texts = {"unmounted": f"datastore '{store}' is not mounted",
+             "offline": f"datastore '{store}' is {'unavailable:' if lab.pbs_release >= (4, 0, 0) else 'in'} "
+                        f"offline maintenance mode: {message}",
+             "broken": f"unable to open chunk store '{store}' at {path} - No such file or directory (os error 2)"}
+    ds["error"], ds["removable"] = texts[why], why == "unmounted" or ds.get("removable", False)
 
 
 def _release_fields(call: Call, ds: dict) -> dict:

@@ -455,10 +455,10 @@ def pve_certificates(call: Call, node: str) -> list:
     _node(call, node)
     now = int(time.time())
 
-    def cert(filename: str, days: int, lifetime: int, issuer: str) -> dict:
+    def cert(filename: str, days: float, lifetime: int, issuer: str) -> dict:
         return {"filename": filename, "subject": f"/CN={node}.lab" if filename != "pve-root-ca.pem" else
-                "/CN=Proxmox Virtual Environment", "issuer": issuer, "notafter": now + days * 86400,
-                "notbefore": now + days * 86400 - lifetime * 86400, "fingerprint": "AB:" * 31 + "AB"}
+                "/CN=Proxmox Virtual Environment", "issuer": issuer, "notafter": int(now + days * 86400),
+                "notbefore": int(now + days * 86400) - lifetime * 86400, "fingerprint": "AB:" * 31 + "AB"}
     ca = "/CN=Proxmox Virtual Environment"
     certs = [cert("pve-root-ca.pem", 3000, 3650, ca), cert("pve-ssl.pem", call.lab.cert_days.get(node, 300), 730, ca)]
     proxy_days = monitor(call.lab).proxy_certs.get(node)

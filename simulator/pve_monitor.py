@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -29,25 +30,75 @@ RRD_SETUP = {9: {"hour": (60, 60), "day": (60, 1440), "week": (1800, 336), "mont
              8: {"hour": (60, 60), "day": (1800, 70), "week": (10800, 70), "month": (43200, 70),
                  "year": (604800, 70)}}
 PRESSURES = ("pressurecpusome", "pressureiosome", "pressureiofull", "pressurememorysome", "pressurememoryfull")
+SAMPLES = 24  # wave readings consolidated into one row of a coarse step
 
 
-def _wave(seed: str, when: int, period: float = 86400.0) -> float:
+def _wave(seed: str, when: float, period: float = 86400.0) -> float:
     """A repeatable value between 0 and 1 that rises and falls over a day."""
     phase = zlib.crc32(seed.encode()) % 1000 / 1000 * 2 * math.pi
     return 0.5 + 0.4 * math.sin(2 * math.pi * when / period + phase) + 0.1 * math.sin(when / 700 + phase)
 
 
-def _points(call: Call, fields: Callable[[int, float], dict]) -> list[dict]:
-    """`time` and the data sources of each step, oldest first; a source without a value is left
-    out, and the newest step is dropped when it holds nothing but `time` (PVE::RRD)."""
-    timeframe = call.arg("timeframe")
-    major = 9 if call.lab.pve_major >= 9 else 8
+def _consolidated(seed: str, end: int, step: int, cf: str) -> float:
+    """The wave over one row's interval (end - step, end], as RRD consolidates it: the mean
+    (AVERAGE) or the largest reading (MAX); a 60 s row is one reading, so both agree there."""
+    count = max(1, min(SAMPLES, step // 60))
+    readings = [_wave(seed, end - step * i / count) for i in range(count)]
+    return max(readings) if cf == "MAX" else sum(readings) / count
+
+
+def _fetch(start: int, end: int, step: int) -> list[int]:
+    """The rows `rrdtool fetch -s start -e end -r step` answers, by the time each one ends: start is
+    rounded down and end up to the step, and each row is labelled with the end of its interval
+    (rrdtool src/rrd_fetch.c, bindings/perl-shared/RRDs.xs: the first row is start + step)."""
+    start -= start % step
+    end += step - end % step
+    return list(range(start + step, end + 1, step))
+
+
+def upgrade(lab: Lab, node: str, days_ago: float, load_before: float = 1.0) -> None:
+    """The node was upgraded from PVE 8 to 9 `days_ago`: its guests', storages' and its own history
+    before then stays in the old pve2 files (their last update is the upgrade), which PVE 9 reads
+    first (pve-cluster src/PVE/RRD.pm, create_rrd_data; docs/PROXMOX-BEHAVIOUR.md#rrd-history).
+    `load_before` scales what the node and its guests did before the upgrade."""
+    monitor(lab).upgraded[node] = (int(time.time() - days_ago * 86400), load_before)
+
+
+def _rows(lab: Lab, node: str, timeframe: str) -> list[tuple[int, int, float]]:
+    """(end time, step, load factor) of each row create_rrd_data answers, oldest first: on a node
+    upgraded within the timeframe, the old file's rows from its own start up to its last update,
+    then the new file's from there on."""
+    major = 9 if lab.pve_major >= 9 else 8
     if timeframe not in RRD_SETUP[major]:
         timeframe = "year"  # pve2 files hold a year at most; `decade` reads that (PVE::RRD)
     step, count = RRD_SETUP[major][timeframe]
-    peak = 1.3 if call.arg("cf") == "MAX" else 1.0
-    now = step * int(time.time() / step)
-    rows = [{"time": when} | fields(when, peak) for when in range(now - step * count, now, step)]
+    now = int(time.time())
+    ctime = step * (now // step)
+    begin, rows = ctime - step * count, []
+    last_old, before = monitor(lab).upgraded.get(node, (None, 1.0)) if major >= 9 else (None, 1.0)
+    if last_old is not None and begin < last_old:
+        if timeframe not in RRD_SETUP[8]:  # $setup_pve2->{decade} is undef: Perl dies dereferencing it
+            raise ApiError(500, "Can't use an undefined value as an ARRAY reference at "
+                                "/usr/share/perl5/PVE/RRD.pm line 92.")
+        old_step, old_count = RRD_SETUP[8][timeframe]
+        old_begin = old_step * (now // old_step) - old_step * old_count
+        stored = last_old - last_old % old_step  # the old file's newest full row; later ones are unknown
+        rows = [(end, old_step, before if end <= stored else math.nan) for end in _fetch(old_begin, last_old, old_step)]
+        begin = last_old
+    return rows + [(end, step, 1.0) for end in _fetch(begin, ctime - 1, step)]
+
+
+def _points(call: Call, node: str, seed: str, fields: Callable[[float], dict]) -> list[dict]:
+    """`time` and the data sources of each step, oldest first; a source without a value is left
+    out, and the newest step is dropped when it holds nothing but `time` (PVE::RRD). `fields` makes a
+    row's sources from its consolidated load (0 to about 1)."""
+    cf = call.arg("cf") or "AVERAGE"
+    rows = []
+    for end, step, scale in _rows(call.lab, node, call.arg("timeframe")):
+        row = {"time": end}
+        if not math.isnan(scale):
+            row |= fields(_consolidated(seed, end, step, cf) * scale)
+        rows.append(row)
     if rows and len(rows[-1]) == 1:
         rows.pop()
     return rows
@@ -57,17 +108,17 @@ def pve_node_rrddata(call: Call, node: str) -> list:
     info = _node(call, node)
     total, swap, root = info["maxmem"], 8 * GiB, info["maxdisk"]
 
-    def fields(when: int, peak: float) -> dict:
-        load = _wave(node, when) * peak
-        row = {"cpu": round(info["cpu"] * 2 * load, 4), "maxcpu": info["maxcpu"], "iowait": round(0.02 * load, 4),
-               "loadavg": round(info["maxcpu"] * info["cpu"] * 2 * load, 2), "memtotal": total,
-               "memused": int(info["mem"] * (0.9 + 0.2 * load)), "swaptotal": swap, "swapused": int(swap * 0.02),
+    def fields(load: float) -> dict:
+        used = int(info["mem"] * (0.9 + 0.2 * load))
+        row = {"cpu": round(min(1.0, info["cpu"] * 2 * load), 4), "maxcpu": info["maxcpu"],
+               "iowait": round(0.02 * load, 4), "loadavg": round(info["maxcpu"] * info["cpu"] * 2 * load, 2),
+               "memtotal": total, "memused": used, "swaptotal": swap, "swapused": int(swap * 0.02),
                "roottotal": root, "rootused": info["disk"], "netin": round(150_000 * load, 2),
                "netout": round(60_000 * load, 2)}
         if call.lab.pve_major >= 9:  # pve-node-9.0 (pve-cluster src/pmxcfs/status.c)
             row |= {"memavailable": total - row["memused"], "arcsize": 0} | {p: round(3 * load, 2) for p in PRESSURES}
         return row
-    return _points(call, fields)
+    return _points(call, node, node, fields)
 
 
 def pve_guest_rrddata(kind: str) -> Callable:
@@ -79,11 +130,10 @@ def pve_guest_rrddata(kind: str) -> Callable:
         lxc_disk = int(guest["maxdisk"] * 0.3) if kind == "lxc" else 0  # QEMU reports no guest disk use
         running = guest["status"] == "running"
 
-        def fields(when: int, peak: float) -> dict:
+        def fields(load: float) -> dict:
             row: dict[str, Any] = {"maxcpu": cores, "maxmem": maxmem, "maxdisk": guest["maxdisk"], "disk": lxc_disk}
             if not running:
                 return row
-            load = _wave(str(vmid), when) * peak
             row |= {"cpu": round(min(1.0, (guest["cpu"] or 0.05) * 2 * load), 4),
                     "mem": int(maxmem * (0.3 + 0.3 * load)), "netin": round(40_000 * load, 2),
                     "netout": round(25_000 * load, 2), "diskread": round(200_000 * load, 2),
@@ -91,7 +141,7 @@ def pve_guest_rrddata(kind: str) -> Callable:
             if call.lab.pve_major >= 9:  # pve-vm-9.0: the host's view of the memory, and pressure
                 row |= {"memhost": int(row["mem"] * 1.05)} | {p: round(2 * load, 2) for p in PRESSURES}
             return row
-        return _points(call, fields)
+        return _points(call, node, str(vmid), fields)
     return handler
 
 
@@ -100,7 +150,7 @@ def pve_storage_rrddata(call: Call, node: str, storage: str) -> list:
     entry = call.lab.storages.get(storage)
     if entry is None or node not in call.lab.storage_nodes(entry):
         raise ApiError(500, f"storage '{storage}' does not exist")
-    return _points(call, lambda _when, _peak: {"total": entry["total"], "used": entry["used"]})
+    return _points(call, node, storage, lambda _load: {"total": entry["total"], "used": entry["used"]})
 
 
 # ---------------------------------------------------------------- the node's world
@@ -112,16 +162,21 @@ SIM_TIMEZONE = ("Etc/GMT-1", 3600)  # the simulated nodes' clock: UTC+1 all year
 class Monitor:
     """What the nodes report about their disks, packages and logs."""
     disks: dict[str, list[dict]] = field(default_factory=dict)  # node -> /disks/list rows (+ "_smart")
+    smart_reads: dict[str, int] = field(default_factory=dict)  # node -> smartctl runs (each wakes a sleeping disk)
     zfs: dict[str, list[dict]] = field(default_factory=dict)  # node -> pools (list row + "_detail")
     zfs_missing: set[str] = field(default_factory=set)  # nodes without zfsutils-linux
     vgs: dict[str, list[dict]] = field(default_factory=dict)  # node -> volume groups with their PVs
     thinpools: dict[str, list[dict]] = field(default_factory=dict)  # node -> LVM thin pools
     updates: dict[str, list[dict]] = field(default_factory=dict)  # node -> apt/update rows
+    changelog_reads: dict[str, int] = field(default_factory=dict)  # node -> apt/changelog reads (each fetches)
+    changelog_offline: set[str] = field(default_factory=set)  # nodes whose changelog server cannot be reached
+    upgraded: dict[str, tuple[int, float]] = field(default_factory=dict)  # node -> PVE 9 since, load before
     kernels: dict[str, list[str]] = field(default_factory=dict)  # node -> installed kernel releases, newest first
     running_kernel: dict[str, str] = field(default_factory=dict)
     syslog: dict[str, list[dict]] = field(default_factory=dict)  # node -> entries {time, ident, unit, pid, msg}
     firewall: dict[str, list[str]] = field(default_factory=dict)  # node -> /var/log/pve-firewall.log lines
-    proxy_certs: dict[str, int] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
+    proxy_certs: dict[str, float] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
+    acme: dict[str, str] = field(default_factory=dict)  # node -> its config's `acme` (ACME renews pveproxy-ssl.pem)
 
 
 def monitor(lab: Lab) -> Monitor:
@@ -163,10 +218,11 @@ def _add_node(lab: Lab, world: Monitor, name: str) -> None:
     kernels = KERNELS[9 if lab.pve_major >= 9 else 8]
     world.kernels[name] = list(kernels)
     world.running_kernel[name] = kernels[0]
+    release = "trixie" if lab.pve_major >= 9 else "bookworm"
     world.updates[name] = [_package("libssl3t64" if lab.pve_major >= 9 else "libssl3", "Debian", "3.5.1-1+deb13u1",
-                                    "3.5.1-1", "libs"),
+                                    "3.5.1-1", "libs", suite=f"{release}-security"),
                            _package("pve-manager", "Proxmox", "9.2.2" if lab.pve_major >= 9 else "8.4.15",
-                                    "9.2.1" if lab.pve_major >= 9 else "8.4.14", "admin")]
+                                    "9.2.1" if lab.pve_major >= 9 else "8.4.14", "admin", suite=release)]
     world.syslog[name] = _log_lines(name)
     world.firewall[name] = []
 
@@ -177,24 +233,55 @@ def _smart_attr(number: int, name: str, value: int, threshold: int, raw: str) ->
             "worst": value, "threshold": threshold, "fail": "-", "raw": raw}
 
 
-def _package(name: str, origin: str, version: str, old: str, section: str) -> dict:
-    return {"Package": name, "Title": f"{name} package", "Description": f"The {name} package.", "Origin": origin,
-            "Version": version, "OldVersion": old, "Priority": "optional", "Section": section, "Arch": "amd64"}
+def _package(name: str, origin: str, version: str, old: str, section: str, suite: str | None = None) -> dict:
+    """An apt/update row; `suite` is the distribution its candidate's changelog names (Debian's
+    security archive: `<release>-security`), told by apt/changelog only."""
+    row = {"Package": name, "Title": f"{name} package", "Description": f"The {name} package.", "Origin": origin,
+           "Version": version, "OldVersion": old, "Priority": "optional", "Section": section, "Arch": "amd64"}
+    return row | ({"_suite": suite} if suite else {})
+
+
+def pending_update(lab: Lab, node: str, name: str, origin: str, version: str, old: str, suite: str) -> None:
+    """One more package with an update pending on a node (`suite`: what its changelog names)."""
+    monitor(lab).updates[node].append(_package(name, origin, version, old, "libs", suite=suite))
+
+
+def _leaf(name: str, state: str = "ONLINE", cksum: int = 0, msg: str = "") -> dict:
+    return {"name": name, "state": state, "read": 0, "write": 0, "cksum": cksum, "msg": msg, "leaf": 1}
+
+
+def _section(name: str, devices: list[dict]) -> dict:
+    """A section of `zpool status` beside the pool's own vdevs (logs, cache, spares): its line has a
+    name and nothing else, its devices are its children (OpenZFS cmd/zpool/zpool_main.c,
+    print_class_vdevs, print_l2cache, print_spares; pve-storage src/PVE/API2/Disks/ZFS.pm, detail)."""
+    return {"name": name, "msg": "", "leaf": 0, "children": devices}
 
 
 def add_pool(lab: Lab, node: str, name: str, *, state: str = "ONLINE", errors: str = "No known data errors",
-             bad_disk: str | None = None, size: int = 1000 * GiB, alloc: int = 400 * GiB) -> dict:
+             bad_disk: str | None = None, size: int = 1000 * GiB, alloc: int = 400 * GiB,
+             log: bool = False, cache: str | None = None, spare: str | None = None) -> dict:
     """A ZFS mirror of two disks on a node, as `zpool list` and `zpool status -P` show it
-    (pve-storage src/PVE/API2/Disks/ZFS.pm); `bad_disk` names the vdev that is not ONLINE."""
+    (pve-storage src/PVE/API2/Disks/ZFS.pm); `bad_disk` names the vdev that is not ONLINE. `log` adds a
+    mirrored log, `cache` a cache device in that state, `spare` a hot spare in that state (AVAIL,
+    INUSE, UNAVAIL): a spare's line has no error counts, and INUSE is followed by "currently in use",
+    which PVE's parser reads as the three counts, each 0 (Perl numifies the words)."""
     disks = ["/dev/disk/by-id/ata-WDC_1-part1", "/dev/disk/by-id/ata-WDC_2-part1"]
-    leaves = [{"name": disk, "state": "FAULTED" if disk == bad_disk else "ONLINE", "read": 0, "write": 0,
-               "cksum": 12 if disk == bad_disk else 0, "msg": "too many errors" if disk == bad_disk else "", "leaf": 1}
-              for disk in disks]
+    leaves = [_leaf(disk, "FAULTED", 12, "too many errors") if disk == bad_disk else _leaf(disk) for disk in disks]
+    top = [{"name": name, "state": state, "read": 0, "write": 0, "cksum": 0, "msg": "", "leaf": 0,
+            "children": [{"name": "mirror-0", "state": state, "read": 0, "write": 0, "cksum": 0,
+                          "msg": "", "leaf": 0, "children": leaves}]}]
+    if log:
+        top.append(_section("logs", [{"name": "mirror-1", "state": "ONLINE", "read": 0, "write": 0, "cksum": 0,
+                                      "msg": "", "leaf": 0,
+                                      "children": [_leaf("/dev/disk/by-id/nvme-LOG_1-part1"),
+                                                   _leaf("/dev/disk/by-id/nvme-LOG_2-part1")]}]))
+    if cache:
+        top.append(_section("cache", [_leaf("/dev/disk/by-id/nvme-CACHE_1-part1", cache)]))
+    if spare:
+        device = {"name": "/dev/disk/by-id/ata-WDC_SPARE-part1", "state": spare, "msg": "", "leaf": 1}
+        top.append(_section("spares", [device | ({"read": 0, "write": 0, "cksum": 0} if spare == "INUSE" else {})]))
     detail = {"name": name, "state": state, "errors": errors, "leaf": 0,
-              "scan": "scrub repaired 0B in 00:12:31 with 0 errors on Sun Jan 11 00:36:32 2026",
-              "children": [{"name": name, "state": state, "read": 0, "write": 0, "cksum": 0, "msg": "", "leaf": 0,
-                            "children": [{"name": "mirror-0", "state": state, "read": 0, "write": 0, "cksum": 0,
-                                          "msg": "", "leaf": 0, "children": leaves}]}]}
+              "scan": "scrub repaired 0B in 00:12:31 with 0 errors on Sun Jan 11 00:36:32 2026", "children": top}
     if state != "ONLINE":
         detail |= {"status": "One or more devices are faulted in response to persistent errors.",
                    "action": "Replace the faulted device, or use 'zpool clear' to mark the device repaired."}
@@ -338,6 +425,16 @@ def pve_firewall_log(scope: str) -> Callable:
     return handler
 
 
+def pve_node_config(call: Call, node: str) -> dict:
+    """The node's config (`/etc/pve/nodes/<node>/config`): `acme` when ACME is set up for the node,
+    which is what makes the daily pveupdate renew its pveproxy-ssl.pem (pve-manager PVE/API2/NodeConfig.pm,
+    bin/pveupdate); `property` picks one key."""
+    _node(call, node)
+    config = {"acme": monitor(call.lab).acme[node]} if node in monitor(call.lab).acme else {}
+    wanted = call.arg("property")
+    return {k: v for k, v in config.items() if wanted in (None, "all", k)} | {"digest": f"{len(config):040x}"}
+
+
 def pve_time(call: Call, node: str) -> dict:
     """`localtime` is the node's wall clock read as UTC (pve-manager PVE/API2/Nodes.pm, time)."""
     _node(call, node)
@@ -355,13 +452,16 @@ def pve_disks(call: Call, node: str) -> list:
     """Disks with SMART health (`UNKNOWN` when skipped or unreadable) and, for SSDs, `wearout`: the
     percent of life left, or `N/A` (pve-storage src/PVE/Diskmanage.pm, get_disks)."""
     _node(call, node)
-    rows = []
-    for disk in monitor(call.lab).disks[node]:
+    rows, world = [], monitor(call.lab)
+    skip = str(call.arg("skipsmart", "0")) == "1"
+    for disk in world.disks[node]:
         row = _public(disk)
         if disk.get("_smart_off"):  # smartctl prints "SMART Disabled" and no attributes to read the wear from
             row |= {"health": "SMART Disabled", "wearout": "N/A"}
-        if str(call.arg("skipsmart", "0")) == "1":
+        if skip:
             row |= {"health": "UNKNOWN", "wearout": "N/A"}
+        else:  # smartctl -H -A without -n standby: a disk asleep is spun up (Diskmanage.pm get_smart_data)
+            world.smart_reads[node] = world.smart_reads.get(node, 0) + 1
         rows.append(row)
     return rows
 
@@ -375,9 +475,11 @@ def smart_off(lab: Lab, node: str, devpath: str, off: bool = True) -> None:
 
 def pve_smart(call: Call, node: str) -> dict:
     _node(call, node)
-    disk = next((d for d in monitor(call.lab).disks[node] if d["devpath"] == call.arg("disk")), None)
+    world = monitor(call.lab)
+    disk = next((d for d in world.disks[node] if d["devpath"] == call.arg("disk")), None)
     if disk is None:
         raise ApiError(500, f"disk '{call.arg('disk')}' is not a block device")  # Diskmanage assert_blockdev
+    world.smart_reads[node] = world.smart_reads.get(node, 0) + 1
     if disk.get("_smart_off"):  # no data section: `type` stays undefined (Diskmanage.pm, get_smart_data)
         return {"health": "SMART Disabled", "type": None}
     if str(call.arg("healthonly", "0")) == "1":
@@ -423,7 +525,24 @@ def pve_apt_updates(call: Call, node: str) -> list:
     """Every upgradable package, candidate `Version` and installed `OldVersion`, with its repository's
     `Origin` only (pve-manager PVE/API2/APT.pm, list_updates)."""
     _node(call, node)
-    return [dict(p) for p in monitor(call.lab).updates[node]]
+    return [_public(p) for p in monitor(call.lab).updates[node]]
+
+
+def pve_apt_changelog(call: Call, node: str) -> str:
+    """`apt-get changelog -qq -- name[=version]`: the node fetches the changelog from its repository's
+    changelog server (10 s timeout), whose first line names the version and its distribution
+    (`trixie-security` for Debian's security archive). A failure is apt's output and `RC: <code>`,
+    still a 200 (pve-manager PVE/API2/APT.pm, changelog). apt's error text is not verified."""
+    _node(call, node)
+    world = monitor(call.lab)
+    world.changelog_reads[node] = world.changelog_reads.get(node, 0) + 1
+    name, version = call.arg("name"), call.arg("version")
+    package = next((p for p in world.updates[node] if p["Package"] == name), None)
+    if package is None or node in world.changelog_offline or version not in (None, package["Version"]):
+        return (f"E: Failed to fetch changelog:/{name}.changelog  Changelog unavailable for {name}={version}\n"
+                f"RC: 100")
+    return (f"{name} ({package['Version']}) {package.get('_suite', 'unstable')}; urgency=medium\n\n"
+            f"  * New upstream release.\n\n -- Maintainer <maintainer@example.org>  Mon, 01 Sep 2025 10:00:00 +0000\n")
 
 
 def pve_apt_versions(call: Call, node: str) -> list:
@@ -441,8 +560,14 @@ def pve_apt_versions(call: Call, node: str) -> list:
     manager = "9.2.1" if major >= 9 else "8.4.14"
     rows = [row("proxmox-ve", f"{major}.1.0", RunningKernel=world.running_kernel[node]),
             row("pve-manager", manager, ManagerVersion=f"pve-manager/{manager}/0d3f1c6ba8d1e2a7")]
-    rows += [row(f"proxmox-kernel-{release}-signed", release.removesuffix("-pve")) for release in world.kernels[node]]
-    rows += [row("qemu-server", "9.0.23" if major >= 9 else "8.3.14"), row("zfsutils-linux", "2.3.4-pve1")]
+    # installed packages named like a kernel, by version, newest first: proxmox-kernel-helper among them
+    helper = row("proxmox-kernel-helper", "9.0.4" if major >= 9 else "8.1.4")
+    kernels = [row(f"proxmox-kernel-{release}-signed", release.removesuffix("-pve")) for release in world.kernels[node]]
+    rows += sorted(kernels + [helper], key=lambda r: [int(n) for n in re.findall(r"\d+", r["OldVersion"])],
+                   reverse=True)
+    # then the fixed list by name, proxmox-kernel-helper a second time
+    rows += [dict(helper), row("qemu-server", "9.0.23" if major >= 9 else "8.3.14"),
+             row("zfsutils-linux", "2.3.4-pve1")]
     return rows
 
 
@@ -457,6 +582,7 @@ MONITOR_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/log"): pve_firewall_log("qemu"),
     ("GET", "/nodes/{node}/lxc/{vmid}/firewall/log"): pve_firewall_log("lxc"),
     ("GET", "/nodes/{node}/time"): pve_time,
+    ("GET", "/nodes/{node}/config"): pve_node_config,
     ("GET", "/nodes/{node}/disks/list"): pve_disks,
     ("GET", "/nodes/{node}/disks/smart"): pve_smart,
     ("GET", "/nodes/{node}/disks/zfs"): pve_zfs_list,
@@ -465,4 +591,5 @@ MONITOR_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/disks/lvmthin"): pve_lvmthin,
     ("GET", "/nodes/{node}/apt/update"): pve_apt_updates,
     ("GET", "/nodes/{node}/apt/versions"): pve_apt_versions,
+    ("GET", "/nodes/{node}/apt/changelog"): pve_apt_changelog,
 }

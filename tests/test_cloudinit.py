@@ -75,6 +75,21 @@ def test_dry_run_shows_the_diff_masks_the_password_and_sends_nothing(ops, sim):
     ops.ok("write_set_cloudinit", {"vmid": 100})  # regenerated: nothing lacking any more
 
 
+def test_a_changed_network_is_said_to_go_to_the_drive(ops, sim):
+    """qemu-server's list of what the drive lacks never names a changed ipconfig<n> (cloudinit_pending
+    reports only $cloudinitoptions), but the drive is made from the config's current ones
+    (docs/PROXMOX-BEHAVIOUR.md#cloud-init)."""
+    ops.ok("write_set_cloudinit", {"vmid": 100, "ip": {"net0": "192.0.2.50/24,gw=192.0.2.1"}})
+    ops.ok("write_configure_guest", {"vmid": 100, "set": {"ipconfig0": "ip=192.0.2.77/24,gw=192.0.2.1"}})
+    assert "ipconfig0" in sim.lab.guests[100]["cloudinit"]  # the drive still has the old address
+    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok(
+        "write_set_cloudinit", {"vmid": 100, "dry_run": True}))
+    assert "ipconfig0" not in plan["drive_lacks"] and sent == []
+    assert "ipconfig0" in plan["network"] and "always" in plan["network"]
+    answer = ops.ok("write_set_cloudinit", {"vmid": 100})
+    assert "ipconfig0" in answer["network"] and "cloudinit" not in sim.lab.guests[100]
+
+
 @pytest.mark.parametrize("arguments, expected", [
     ({"vmid": 102, "user": "x"}, "is a container; cloud-init is for VMs"),
     ({"vmid": 103, "user": "x"}, "is a container"),

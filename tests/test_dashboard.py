@@ -12,6 +12,7 @@ import pytest
 import dashboard
 import simulator
 from conftest import in_process, requests_during, stdio_session, tool_session
+from simulator.pve_monitor import monitor
 
 GiB = 1024 ** 3
 MONITOR = {"PROXMOX_TOOLSETS": "default,monitor"}  # the dashboard is in the opt-in monitor group
@@ -141,6 +142,20 @@ def test_the_same_findings_as_health_check(session):
     shown = session.ok("dashboard")["health"]
     assert shown["rows"] == [[f["severity"], f["area"], f["finding"]] for f in health["findings"]]
     assert shown["summary"] == health["summary"]
+
+
+def test_opening_it_wakes_no_sleeping_disk(session, sim):
+    """PVE reads SMART with smartctl on every disk unless skipsmart (pve-storage Diskmanage.pm), which
+    spins up a disk asleep: the dashboard, opened often, reads none; health_check, asked for disk
+    health, does (docs/PROXMOX-BEHAVIOUR.md#disks-and-smart)."""
+    world = monitor(sim.lab)
+    before = dict(world.smart_reads)
+    answer, sent = requests_during(sim, lambda: session.ok("dashboard"))
+    assert world.smart_reads == before
+    assert not any(path.endswith(("/disks/list", "/disks/smart")) for _, _, path in sent)
+    assert "health_check" in answer["health"]["disks"] and "SMART" in answer["health"]["disks"]
+    session.ok("health_check")
+    assert sum(world.smart_reads.values()) > sum(before.values())
 
 
 def test_not_offered_by_default_and_no_view_without_it(sim):

@@ -2,15 +2,17 @@
 journal, firewall log, newest first and paged), node_disks (SMART, ZFS, LVM) and node_updates
 (pending packages, kernel), each with the reader token of the README unless a test says why not."""
 import json
+import threading
 import time
 
 import pytest
 
 import inventory
+import monitor_tools
 import rrd
 import simulator
 from conftest import requests_during, tool_session
-from simulator.pve_monitor import add_pool, firewall_line, monitor, smart_off
+from simulator.pve_monitor import add_pool, firewall_line, monitor, pending_update, smart_off, upgrade
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,12 @@ def logs(sim):
 
 def answer_bytes(answer: dict) -> int:
     return len(json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def proxmox_answer(sim, path: str, **params) -> list:
+    """What PVE itself answers the reader token, read past the tools."""
+    secret = sim.lab.pve_tokens["mcp@pve!reader"].secret
+    return simulator.api.handle(sim.lab, "pve", "GET", path, params, f"PVEAPIToken=mcp@pve!reader={secret}")
 
 
 # ---------------------------------------------------------------- metrics
@@ -118,6 +126,43 @@ def test_summary_of_real_shaped_points_with_gaps():
     assert series["mem"]["last_pct"] == 50.0 and " " in series["cpu"]["spark"]  # the gap shows
     assert rrd.sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
     assert rrd.trend([1, 1, 1, 5, 5, 5]) == "rising" and rrd.trend([3, 3, 3]) == "steady"
+
+
+def test_summary_across_the_seam_of_an_upgrade():
+    """Three weekly rows, the old file's unfinished week (only `time`, later than the next rows),
+    then a week of 6-hourly rows: each row weighs what it covers (docs/PROXMOX-BEHAVIOUR.md#rrd-history)."""
+    week, six_hours = 7 * 86400, 6 * 3600
+    points = [{"time": week * k, "cpu": 0.8, "maxcpu": 4} for k in (1, 2, 3)] + [{"time": week * 4}] + [
+        {"time": week * 3 + six_hours * j, "cpu": 0.2, "maxcpu": 4} for j in range(1, 29)]
+    assert [step for _, _, step in rrd.runs(points)] == [week, six_hours]
+    series = rrd.summarize(points, "node")
+    assert series["cpu"]["avg"] == "65.0%" and series["cpu"]["trend"] == "falling"  # (3 × 80 % + 20 %) / 4
+
+
+def test_metrics_after_an_upgrade_from_pve8_weigh_each_point_by_its_own_interval(session, sim):
+    """A node upgraded to PVE 9 120 days ago, busier before: its year is the old pve2 file's weekly
+    rows, then the new file's 6-hourly ones (pve-cluster PVE/RRD.pm create_rrd_data), so a plain mean
+    of the rows counts each of the last 120 days 28 times more than a day before them."""
+    upgrade(sim.lab, "pve1", days_ago=120, load_before=4.0)
+    try:
+        rows = proxmox_answer(sim, "/nodes/pve1/rrddata", timeframe="year")
+        answer = session.ok("metrics", {"node": "pve1", "timeframe": "year"})
+        raw = session.ok("metrics", {"node": "pve1", "timeframe": "year", "raw": True})
+        since = monitor(sim.lab).upgraded["pve1"][0]
+    finally:
+        monitor(sim.lab).upgraded.clear()
+    assert {b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False)} >= {604800, 21600}  # mixed steps
+    # each row covers the step before its time (rrdtool labels a row with its interval's end)
+    cpu = [(row["cpu"], 604800 if row["time"] <= since else 21600) for row in rows if "cpu" in row]
+    weighted = sum(value * weight for value, weight in cpu) / sum(weight for _, weight in cpu)
+    assert weighted > 2 * sum(value for value, _ in cpu) / len(cpu)  # a plain mean would be far off
+    assert abs(float(answer["series"]["cpu"]["avg"].rstrip("%")) - weighted * 100) <= 0.1
+    assert answer["step_s"] == 21600 and [s["step_s"] for s in answer["steps"]] == [604800, 21600]
+    assert answer["steps"][1]["points"] == len([1 for value, weight in cpu if weight == 21600])
+    assert "PVE 8" in answer["note"] and answer["points"] == len(cpu) == raw["total"]
+    # the sparkline and the trend run on time: 370 busy days, then 120 quieter ones
+    spark = answer["series"]["cpu"]["spark"]
+    assert spark[0] in "▇█" and spark[-1] in "▁▂▃" and answer["series"]["cpu"]["trend"] == "falling"
 
 
 # ---------------------------------------------------------------- logs
@@ -240,6 +285,27 @@ def test_disks_show_a_failing_disk_a_worn_ssd_and_a_degraded_pool(session, sim):
     assert answer["smart"]["text"] == ["Percentage Used:                    88%"]
 
 
+def test_a_pools_spares_cache_and_logs_are_its_own_sections(session, sim):
+    """`zpool status` lists logs, cache and spares beside the pool's vdevs; a hot spare waiting is
+    AVAIL, one that took over INUSE (docs/PROXMOX-BEHAVIOUR.md#zfs-pools)."""
+    add_pool(sim.lab, "pve1", "tank", log=True, cache="ONLINE", spare="AVAIL")
+    add_pool(sim.lab, "pve1", "spared", spare="INUSE")
+    add_pool(sim.lab, "pve1", "fast", cache="UNAVAIL", spare="UNAVAIL")
+    try:
+        pools = {p["pool"]: p for p in session.ok("node_disks", {"node": "pve1"})["zfs_pools"]}
+    finally:
+        monitor(sim.lab).zfs["pve1"].clear()
+    healthy = pools["tank"]
+    assert "bad_devices" not in healthy and "problem" not in healthy
+    assert healthy["spares"] == ["/dev/disk/by-id/ata-WDC_SPARE-part1 AVAIL"]
+    assert healthy["cache"] == ["/dev/disk/by-id/nvme-CACHE_1-part1 ONLINE"] and len(healthy["logs"]) == 2
+    assert "bad_devices" not in pools["spared"] and pools["spared"]["spares"][0].endswith("INUSE")
+    broken = pools["fast"]
+    assert [(d["section"], d["state"]) for d in broken["bad_devices"]] == [("cache", "UNAVAIL"), ("spares", "UNAVAIL")]
+    assert broken["problem"] == "cache device /dev/disk/by-id/nvme-CACHE_1-part1 UNAVAIL; spare " \
+                                "/dev/disk/by-id/ata-WDC_SPARE-part1 UNAVAIL"
+
+
 def test_disks_without_zfs_tools_and_a_bad_smart_path(session, sim):
     monitor(sim.lab).zfs_missing.add("pve3")
     try:
@@ -265,12 +331,86 @@ def test_pool_problem_reads_real_zpool_status_shapes():
 # ---------------------------------------------------------------- updates
 
 def test_updates_with_the_reader_token_cover_proxmox_packages_and_kernel(session, sim):
-    answer = session.ok("node_updates", {})
+    answer, sent = requests_during(sim, lambda: session.ok("node_updates", {}))
     assert [row["node"] for row in answer["nodes"]] == ["pve1", "pve2", "pve3"]
     row = answer["nodes"][0]
     assert row["pending"] == 1 and row["packages"] == ["pve-manager 9.2.1→9.2.2"] and "Sys.Modify" in row["covers"]
     assert row["kernel_running"] == row["kernel_newest"] == "6.14.11-2-pve" and "reboot_for_kernel" not in row
     assert row["list_refreshed"].endswith("Z")  # the newest aptupdate task
+    # security updates are told by the changelogs, which need Sys.Modify too: said, and none is read
+    assert "apt/changelog" in row["security"] and "Sys.Modify" in row["security"]
+    assert not any("changelog" in path for _, _, path in sent)
+
+
+def test_updates_count_proxmox_kernel_helper_once(session, sim):
+    """APT.pm `versions` lists proxmox-kernel-helper among the kernel packages and again in its fixed
+    list (docs/PROXMOX-BEHAVIOUR.md#pending-updates)."""
+    pending_update(sim.lab, "pve1", "proxmox-kernel-helper", "Proxmox", "9.0.5", "9.0.4", "trixie")
+    try:
+        listed = proxmox_answer(sim, "/nodes/pve1/apt/versions")
+        row = session.ok("node_updates", {"node": "pve1"})["nodes"][0]
+    finally:
+        monitor(sim.lab).updates["pve1"].pop()
+    assert [p["Package"] for p in listed].count("proxmox-kernel-helper") == 2
+    assert row["pending"] == 2 and row["by_origin"] == {"Proxmox": 2}
+    assert sorted(row["packages"]) == ["proxmox-kernel-helper 9.0.4→9.0.5", "pve-manager 9.2.1→9.2.2"]
+
+
+@pytest.fixture
+def many_debian_updates(sim):
+    """Ten more Debian packages pending on pve1, three from Debian's security archive (Origin is
+    Debian for all: only their changelogs name trixie-security)."""
+    world = monitor(sim.lab)
+    before = list(world.updates["pve1"])
+    for index in range(10):
+        suite = "trixie-security" if index in (2, 5, 9) else "trixie"
+        pending_update(sim.lab, "pve1", f"libdebian{index}", "Debian", f"1.{index}-2", f"1.{index}-1", suite)
+    world.changelog_reads.clear()
+    yield world
+    world.updates["pve1"][:] = before
+    world.changelog_offline.clear()
+
+
+def test_updates_with_sys_modify_count_security_updates_in_bounded_reads(sim, many_debian_updates, monkeypatch):
+    """With Sys.Modify: the first CHANGELOG_CAP Debian packages' changelogs are read, at most two at
+    once per node, and the answer says how many of how many were checked."""
+    active, peak, lock = [0], [0], threading.Lock()
+    original = simulator.api._slow_down
+
+    def counted(lab, path):  # the changelog reads in flight at once
+        busy = path.endswith("/apt/changelog")
+        with lock:
+            active[0] += busy
+            peak[0] = max(peak[0], active[0])
+        try:
+            original(lab, path)
+        finally:
+            with lock:
+                active[0] -= busy
+    monkeypatch.setattr(simulator.api, "_slow_down", counted)
+    sim.lab.delay = 0.02
+    try:
+        with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "monitor"},
+                          log_name="monitor-security") as admin:
+            row = admin.ok("node_updates", {"node": "pve1"})["nodes"][0]
+    finally:
+        sim.lab.delay = 0.0
+    security = row["security"]
+    assert row["pending"] == 12 and row["by_origin"] == {"Debian": 11, "Proxmox": 1}
+    # libssl3t64 and libdebian0..6 were checked; libdebian9, also a security update, was not
+    assert security["updates"] == 3 and security["packages"] == ["libssl3t64", "libdebian2", "libdebian5"]
+    assert security["checked"] == "8 of 11 Debian packages" and "at most 8" in security["not_checked"]
+    assert many_debian_updates.changelog_reads["pve1"] == monitor_tools.CHANGELOG_CAP == 8
+    assert 1 < peak[0] <= monitor_tools.CHANGELOG_LANES  # side by side, within the per-node limit
+
+
+def test_updates_say_when_changelogs_cannot_be_read(sim, many_debian_updates):
+    many_debian_updates.changelog_offline.add("pve1")  # the node cannot reach its changelog server
+    with tool_session(sim.env(pve_token="root@pam!admin") | {"PROXMOX_TOOLSETS": "monitor"},
+                      log_name="monitor-security-offline") as admin:
+        security = admin.ok("node_updates", {"node": "pve1"})["nodes"][0]["security"]
+    assert security["updates"] == 0 and security["checked"] == "0 of 11 Debian packages"
+    assert security["unreadable"].startswith("8: E: Failed to fetch changelog:/libssl3t64.changelog")
 
 
 def test_updates_with_sys_modify_list_everything_and_a_pending_kernel(sim):
@@ -284,7 +424,8 @@ def test_updates_with_sys_modify_list_everything_and_a_pending_kernel(sim):
     finally:
         world.kernels["pve1"].pop(0)
     assert row["pending"] == 2 and row["by_origin"] == {"Debian": 1, "Proxmox": 1}
-    assert row["security"].startswith("not told") and "covers" not in row
+    assert row["security"] == {"updates": 1, "packages": ["libssl3t64"], "checked": "1 of 1 Debian packages"}
+    assert "covers" not in row
     assert row["kernel_newest"] == "6.14.11-3-pve" and row["reboot_for_kernel"] is True
 
 
@@ -332,6 +473,25 @@ def test_list_guests_sorted_by_what_uses_the_most_now(session, sim):
     by_traffic = session.ok("list_guests", {"sort_by": "netin"})
     assert "since each guest started" in by_traffic["note"]  # /cluster/resources counts, not rates
     assert "cpu_pct" not in session.ok("list_guests")["columns"]
+
+
+def test_list_guests_by_disk_ranks_by_allocated_size(session, sim):
+    """A VM's `disk` is always 0 in PVE's status, a stopped container's too (qemu-server and
+    pve-container vmstatus): ranking by it would show every VM at 0 B. So VMs and containers rank by
+    their allocated size, and a running container also shows what it uses."""
+    sizes = {vmid: sim.lab.guests[vmid]["maxdisk"] for vmid in (100, 104)}
+    sim.lab.guests[104]["maxdisk"], sim.lab.guests[100]["maxdisk"] = 128 * 2 ** 30, 64 * 2 ** 30
+    try:
+        answer = session.ok("list_guests", {"sort_by": "disk", "limit": 4})
+    finally:
+        for vmid, size in sizes.items():
+            sim.lab.guests[vmid]["maxdisk"] = size
+    rows = {row[0]: row[-1] for row in answer["rows"]}
+    assert [row[0] for row in answer["rows"][:2]] == [104, 100] and answer["columns"][-1] == "disk"
+    assert rows[104] == "128.0 GiB allocated" and rows[100] == "64.0 GiB allocated"
+    ci_runner = session.ok("list_guests", {"sort_by": "disk", "name": "ci-runner"})["rows"][0][-1]
+    assert ci_runner == "9.6 GiB used of 32.0 GiB"  # a running container reports its root disk's use
+    assert "always 0" in answer["note"] and "allocated" in answer["note"]
 
 
 def test_logs_refused_by_proxmox_name_the_grant_too(sim):

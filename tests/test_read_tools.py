@@ -89,9 +89,10 @@ def test_a_filter_that_matches_nothing_says_why(session):
     unknown = session.error("list_guests", {"node": "pve9"})
     assert "Unknown node 'pve9'" in unknown and "pve1, pve2, pve3" in unknown
     wrong_case = session.error("list_guests", {"status": "Running"})  # the schema enumerates the states
-    assert "must be one of 'running', 'stopped' or 'unknown'" in wrong_case
+    assert "must be one of 'running', 'stopped', 'unknown' or 'locked'" in wrong_case
     schema = next(t for t in session.tools() if t.name == "list_guests").input_schema
-    assert schema["properties"]["status"]["enum"] == ["running", "stopped", "unknown"]
+    assert schema["properties"]["status"]["enum"] == ["running", "stopped", "unknown", "locked"]  # locked: any lock
+    assert session.ok("list_guests", {"status": "locked"})["note"].startswith("No guest has status=locked")
 
 
 def test_list_guests_pages_with_a_marker(session):

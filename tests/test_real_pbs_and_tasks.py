@@ -19,6 +19,7 @@ import simulator
 import workflows
 from answers import human_bytes, iso_time
 from errors import PolicyError, ProxmoxError, ToolFailure
+from simulator.pbs import store_unavailable
 
 LABEL = "real"  # a label of its own: privileges read here never mix with other tests' hosts
 
@@ -102,9 +103,13 @@ def test_old_or_failed_gc_is_reported(sim, lab, tmp_path):
     assert failed and "out of space" in failed[0]
 
 
-def test_unmounted_datastore_is_unavailable(sim, lab, tmp_path):
-    lab.add_datastore("usb", total=1000 * simulator.GiB, used=10 * simulator.GiB)
-    lab.datastores["usb"]["error"] = "datastore 'usb' is not mounted"
+def test_a_datastore_pbs_cannot_open_is_a_finding(sim, lab, tmp_path):
+    """A store whose status row carries `error` (its removable drive not mounted, offline maintenance,
+    a chunk store gone) is something to act on, each with its own next step
+    (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)."""
+    for name, why in (("usb", "unmounted"), ("old", "offline"), ("nas", "broken")):
+        lab.add_datastore(name, total=1000 * simulator.GiB, used=10 * simulator.GiB)
+        store_unavailable(lab, name, why)
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin"):
         stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
         report = workflows.health_check()
@@ -112,8 +117,14 @@ def test_unmounted_datastore_is_unavailable(sim, lab, tmp_path):
             pbs_tools.pbs_datastore_status("usb")
     assert stores["usb"]["unavailable"] == "datastore 'usb' is not mounted" and stores["usb"]["used"] == ""
     assert stores["backup"]["unavailable"] == ""
-    assert any("usb" in u["section"] and "not mounted" in u["reason"] for u in report["unavailable"])
-    assert not [f for f in findings(report, "pbs") if "usb" in f and "job" not in f]  # its jobs are their own
+    found = {f["finding"]: f for f in report["findings"] if f["area"] == "pbs"}
+    usb = found["datastore usb: its removable drive is not mounted"]
+    assert usb["severity"] == "warning" and "plug in the drive" in usb["next"]
+    assert usb["evidence"]["error"] == "datastore 'usb' is not mounted"
+    assert found["datastore old: it is in maintenance"]["severity"] == "warning"
+    assert found["datastore nas: it cannot be opened"]["severity"] == "critical"
+    assert "proxmox-backup-manager datastore show nas" in found["datastore nas: it cannot be opened"]["next"]
+    assert not any("usb" in u["section"] for u in report["unavailable"])  # read, and found wanting
 
 
 def test_push_sync_jobs_are_listed_and_run(sim, lab, tmp_path):

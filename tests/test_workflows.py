@@ -88,8 +88,10 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
     add_pool(sim.lab, "pve3", "tank", state="DEGRADED", bad_disk="/dev/disk/by-id/ata-WDC_2-part1")
     healthy = add_pool(sim.lab, "pve3", "rpool")
     healthy["_detail"]["children"][0]["children"][0]["children"][0]["cksum"] = 3  # ONLINE, yet a device errs
+    add_pool(sim.lab, "pve3", "fast", log=True, cache="ONLINE", spare="UNAVAIL")  # the spare could not take over
     world.kernels["pve2"].insert(0, "6.14.11-3-pve")
     world.proxy_certs["pve2"] = 20  # an ACME certificate that did not renew at 30 days
+    world.acme["pve2"] = "domains=pve2.example.org"
     sim.lab.cert_days["pve1"] = 20  # pve-ssl.pem: renews itself at 14 days
     try:
         report = session.ok("health_check")
@@ -100,6 +102,7 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
         world.zfs["pve3"].clear()
         world.kernels["pve2"].pop(0)
         world.proxy_certs.clear()
+        world.acme.clear()
         sim.lab.cert_days["pve1"] = 300
     found = areas(report)
     assert ("critical", "disks", "/dev/sdb on pve1: SMART health FAILED!") in found
@@ -109,11 +112,40 @@ def test_health_check_reports_disks_pools_kernels_certificates_and_updates(sessi
         ("info", "disks", "/dev/sda on pve3: SMART is off, so its health is not watched")]
     assert any(f[:2] == ("critical", "zfs") and f[2].startswith("pool tank on pve3: state DEGRADED") for f in found)
     assert ("warning", "zfs", "pool rpool on pve3: device errors on /dev/disk/by-id/ata-WDC_1-part1") in found
+    assert ("warning", "zfs", "pool fast on pve3: spare /dev/disk/by-id/ata-WDC_SPARE-part1 UNAVAIL") in found
     assert ("warning", "updates", "pve2 runs kernel 6.14.11-2-pve, 6.14.11-3-pve is installed") in found
     assert ("info", "updates", "1 package update pending on pve1") in found  # Proxmox's: no Sys.Modify
     assert any(f[:2] == ("warning", "certificates") and f[2].startswith("pveproxy-ssl.pem on pve2") for f in found)
     assert any(f[:2] == ("info", "certificates") and f[2].startswith("pve-ssl.pem on pve1") for f in found)
     assert report["summary"]["unavailable"] == 0 and "disks pve1" in report["checked"]
+
+
+def test_certificates_are_judged_by_how_and_when_they_renew(session, sim):
+    """pveupdate renews an ACME pveproxy-ssl.pem once under 30 days are left and pve-ssl.pem under 14,
+    at its daily run (01:00 plus up to 5 h): a day under the mark is its next run, not a failure. A
+    custom certificate is never renewed (docs/PROXMOX-BEHAVIOUR.md#node-certificates)."""
+    world = monitor(sim.lab)
+    world.acme |= {"pve1": "domains=pve1.example.org", "pve2": "domains=pve2.example.org"}
+    world.proxy_certs |= {"pve1": 29.5, "pve2": 28.5, "pve3": 29.5}  # pve3's is a custom certificate
+    sim.lab.cert_days |= {"pve1": 13.5, "pve2": 12.5}
+    try:
+        report, sent = requests_during(sim, lambda: session.ok("health_check"))
+    finally:
+        world.acme.clear()
+        world.proxy_certs.clear()
+        sim.lab.cert_days |= {"pve1": 300, "pve2": 300}
+    found = {f["finding"]: f for f in report["findings"] if f["area"] == "certificates"}
+    assert found["pveproxy-ssl.pem on pve1 expires in 29 days"]["severity"] == "info"
+    assert "next daily run" in found["pveproxy-ssl.pem on pve1 expires in 29 days"]["next"]
+    assert found["pveproxy-ssl.pem on pve2 expires in 28 days"]["severity"] == "warning"
+    assert "pvenode acme cert renew" in found["pveproxy-ssl.pem on pve2 expires in 28 days"]["next"]
+    assert found["pveproxy-ssl.pem on pve3 expires in 29 days"]["severity"] == "warning"
+    assert "not renewed" in found["pveproxy-ssl.pem on pve3 expires in 29 days"]["next"]
+    assert found["pve-ssl.pem on pve1 expires in 13 days"]["severity"] == "info"
+    assert found["pve-ssl.pem on pve2 expires in 12 days"]["severity"] == "warning"
+    # a node's config (whether ACME is set up) is read only where a pveproxy-ssl.pem expires soon
+    assert sorted(path for _, _, path in sent if path.endswith("/config") and "/nodes/pve" in path
+                  and path.count("/") == 3) == ["/nodes/pve1/config", "/nodes/pve2/config", "/nodes/pve3/config"]
 
 
 def test_unreadable_sections_are_unavailable_not_healthy(session, sim):

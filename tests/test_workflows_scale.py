@@ -100,13 +100,21 @@ def test_health_check_reads_nodes_side_by_side_within_the_bound(big, monkeypatch
     assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
 
 
-def test_health_check_folds_findings_alike(big):
+def test_health_check_summarises_findings_of_a_kind_without_dropping_any(big):
+    """60 locked guests: three shown, then one finding that counts the other 57, names the first of
+    them and the call that lists them all; no "+N more" hides one."""
     _, session = big
     report = session.ok("health_check")
     locks = [f for f in report["findings"] if f["area"] == "locks"]
-    assert len(locks) == workflows.FOLD_AFTER + 1 and locks[-1]["finding"] == "57 more like these"
+    assert len(locks) == workflows.FOLD_AFTER + 1
+    summary = locks[-1]
+    assert summary["finding"] == "57 more guests locked (backup)" and summary["evidence"]["count"] == 57
+    assert summary["evidence"]["first"] == list(range(103, 103 + LIST_CAP))
+    assert summary["evidence"]["all"] == "list_guests status=locked"
     assert report["summary"]["warning"] >= 60  # the counts keep every finding
     assert answer_bytes(report) <= 4096
+    listed = session.ok("list_guests", {"status": "locked", "limit": 100})  # the call it names
+    assert listed["total"] == 60 and {row[0] for row in listed["rows"]} == set(range(100, 160))
 
 
 def test_backup_coverage_answers_counts_then_the_worst_guests_paged(big):
