@@ -57,6 +57,7 @@ import changes
 import pbs_tools
 import pve_tools
 import shell_tools
+import ssh
 import templates
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
@@ -688,7 +689,7 @@ def apply_configuration(config: Config) -> None:
     """Point the client, the policy and the shell tools at this configuration."""
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
-    shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
+    ssh.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
     file_restore.configure(config.restore_dir, config.restore_max_bytes)
 
 

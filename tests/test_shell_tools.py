@@ -300,14 +300,14 @@ def hexdump(text: str) -> str:
 @pytest.mark.parametrize("user", ["root", DASH_USER], ids=["bash", "dash"])
 def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
     assert len(PAYLOADS) >= 50
-    import shell_tools
+    import ssh
     env = ssh_env(sim, sshd, tmp_path, user=user)
     with stdio_session(env, log_name=f"shell-inject-{user}") as session:
         entry = subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout
         shell_of = entry.split(":")[-1].strip()
         assert shell_of.endswith("bash" if user == "root" else "dash")
         for payload in PAYLOADS:
-            command = f"printf %s {shell_tools.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
+            command = f"printf %s {ssh.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
             for tool, target in (("write_exec_node", {"where": "pve1"}), ("write_exec_lxc", {"vmid": 102})):
                 result = session.ok(tool, target | {"command": command, "confirm": True})
                 assert result["stdout"] == hexdump(payload), (tool, payload)
