@@ -41,6 +41,7 @@ import audit as audit_log
 import catalog
 import firewall_guard
 import job_edits
+import power_effects
 import protection
 import receipts
 import runtime
@@ -249,7 +250,26 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
+    if power_effects.judged(host.product, method, template) and not decision.errors \
+            and not current_call().get("planning"):  # like the firewall guard: it only refuses
+        _judge_node_power(host, decision, read)
     return decision
+
+
+def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
+    """A node's reboot or shutdown changes the guests there that HA does not move away
+    (power_effects; docs/PROXMOX-BEHAVIOUR.md#node-power): the protected ones among them are
+    `changed`, which check_protected refuses; an unreadable protected list refuses it outright."""
+    if settings().protected.error:
+        decision.changed = {}
+        return
+    protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
+    if protected:  # read the node's guests only for a call whose own gates are open
+        require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
+                      decision.template)
+        changed = power_effects.protected_changes(read, decision.path_params["node"],
+                                                  str(decision.params.get("command")), protected)
+        decision.changed = (decision.changed or {}) | changed
 
 
 def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
@@ -470,13 +490,12 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
 _standing = runtime.slot("policy.standing", dict[str, Any])
 
 
-def grant_standing(key: str) -> None:
-    """The user's yes to the call now running stands for the decisions carrying `key`, until revoked."""
-    _standing.get()[key] = current_call().get("principal")
-
-
-def revoke_standing(key: str) -> None:
-    _standing.get().pop(key, None)
+def grant_standing(key: str) -> Callable[[], None]:
+    """The user's yes to the call now running stands for the decisions carrying `key`, until the
+    function this returns takes it back."""
+    granted = _standing.get()
+    granted[key] = current_call().get("principal")
+    return lambda: granted.pop(key, None)
 
 
 def _stands(decision: Decision) -> bool:

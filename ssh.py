@@ -249,18 +249,23 @@ class _ShellHost:
 
 
 def shell_step(what: str, gates: tuple[str, ...], guests: list[int], contents: bytes | None = None, *,
-               secret: bool = False, standing: str | None = None) -> policy.Decision:
+               secret: bool = False, standing: str | None = None, audit: dict | None = None) -> policy.Decision:
     """A shell command as the policy judges it (a multi-step tool declares these before its first
-    write: ProxmoxClient.plan); `secret` stdin (a password) is not audited at all."""
-    return policy.shell_decision(what, gates, guests, f"runs: {what}", contents, secret=secret, standing=standing)
+    write: ProxmoxClient.plan); `secret` stdin (a password) is not audited at all; `audit` is what the
+    audit line shows instead (a file sent: its size and SHA-256)."""
+    decision = policy.shell_decision(what, gates, guests, f"runs: {what}", contents, secret=secret,
+                                     standing=standing)
+    if audit is not None:
+        decision.audit_params = audit
+    return decision
 
 
 def admitted(product: str, label: str, gates: tuple[str, ...], what: str, guests: list[int],
              action: Callable[[], Any], contents: bytes | None = None, *, secret: bool = False,
-             standing: str | None = None) -> Any:
+             standing: str | None = None, audit: dict | None = None) -> Any:
     """Run a shell `action` once the policy's admission step lets it: gates, protected guests,
     PROXMOX_EXEC_ALLOWED_VMIDS, dry run, confirmation and audit, as for every HTTP request."""
-    decision = shell_step(what, gates, guests, contents, secret=secret, standing=standing)
+    decision = shell_step(what, gates, guests, contents, secret=secret, standing=standing, audit=audit)
     return policy.admit(_ShellHost(product, label), "SSH", what, {}, lambda _: action(), decision=decision)
 
 

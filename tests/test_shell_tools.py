@@ -10,7 +10,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -23,12 +25,15 @@ pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) 
 
 FAKE_PCT = r"""#!/bin/sh
 # pct as docs/PROXMOX-BEHAVIOUR.md#lxc-exec-over-ssh describes it:
-# exec passes exit codes through, a stopped CT fails with 255
+# exec passes exit codes through, a stopped CT fails with 255; a container with a root of its own
+# (tests/fake_containers.py) runs the command chrooted there with a clean PATH, as lxc-attach does
 root="$FAKE_ROOT"
 case "$1" in
   exec) vmid="$2"; shift 2; [ "$1" = "--" ] && shift
         if [ "$vmid" = "103" ]; then echo "container '103' not running!" >&2; exit 255; fi
+        if [ -x "$root/$vmid/bin/sh" ]; then PATH=/usr/sbin:/usr/bin:/sbin:/bin exec chroot "$root/$vmid" "$@"; fi
         exec "$@" ;;
+  enter) PS1='ct# ' exec /bin/sh -i ;;
   pull) mkdir -p "$(dirname "$4")"; cat "$root/$2$3" > "$4" ;;
   push) mkdir -p "$(dirname "$root/$2$4")"; cat "$3" > "$root/$2$4" ;;
   *) echo "fake pct: unknown command $1" >&2; exit 2 ;;
@@ -56,6 +61,13 @@ def fingerprint(public_key: Path) -> str:
 
 @pytest.fixture(scope="module")
 def sshd():
+    with fake_nodes() as info:
+        yield info
+
+
+@contextmanager
+def fake_nodes() -> Iterator[dict]:
+    """A real sshd for the module that opens it (the fixture `sshd`; other modules define theirs with this)."""
     # not under pytest's tmp (mode 0700): the unprivileged dash user must read keys and run scripts
     base = Path(tempfile.mkdtemp(prefix="mcp-sshd-"))
     base.chmod(0o755)
