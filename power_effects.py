@@ -141,7 +141,7 @@ def _plain(guest: dict, config: dict, command: str) -> tuple[str, bool]:
     down = _property(config.get("startup")).get("down", STOP_TIMEOUT)
     later = ("started again at boot (onboot=1)" if onboot else "stays stopped after the reboot (onboot is off)") \
         if command == "reboot" else "stays off until the node is powered on" + (", then starts (onboot=1)" * onboot)
-    if guest.get("status") == "running":
+    if guest.get("status") != "stopped":  # running (or its state unknown: judged as running)
         return f"shut down by the node's stop-all (hard stop after {down} s); {later}", True
     if onboot and command == "reboot":
         return "stopped now; started at boot (onboot=1)", True
@@ -150,7 +150,7 @@ def _plain(guest: dict, config: dict, command: str) -> tuple[str, bool]:
 
 def _with_ha(reads: _Reads, guest: dict, resource: dict, node: str, command: str) -> tuple[str, bool, str | None]:
     """An HA resource, by the LRM's mode (LRM.pm `shutdown_request`; pve-docs ha-manager.adoc, Shutdown Policy)."""
-    if guest.get("status") != "running" and resource.get("state", "started") in ("stopped", "disabled"):
+    if guest.get("status") == "stopped" and resource.get("state", "started") in ("stopped", "disabled"):
         return "", False, None
     disarm = _manager(reads).get("disarm") or {}
     if disarm:
