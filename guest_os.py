@@ -236,6 +236,11 @@ def upgrade_script(manager: Manager, before: str = "", after: str = "") -> str:
             f"exit $s\n")
 
 
+def upgrade_label(manager: Manager) -> str:
+    """How an upgrade is shown (audit, dry run, the user's question): the commands it runs."""
+    return f"upgrade: {shlex.join(manager.refresh)}; {shlex.join(manager.upgrade)}"
+
+
 def upgraded(before: list[dict], after: list[dict]) -> list[dict]:
     still = {r["name"] for r in after}
     return [r for r in before if r["name"] not in still]

@@ -25,8 +25,8 @@ import policy
 from answers import ConfirmArg, DryRunArg, Host, capped, compact, progress_reporter
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from guest_os import (BY_DISTRIBUTION, INSPECT, MANAGERS, Container, Manager, System, container, inspect, notable,
-                      pending, read_system, running_services, run_in, script, sections, step, upgrade_script,
-                      upgraded)
+                      pending, read_system, running_services, run_in, script, sections, step, upgrade_label,
+                      upgrade_script, upgraded)
 from inventory import guest_resources
 from proxmox_client import ProxmoxClient, poll, pve_client
 from receipts import cannot_snapshot
@@ -222,7 +222,7 @@ def _upgrade_argv(g: Guest) -> list[str]:
 
 
 def _upgrade_label(g: Guest) -> str:
-    return f"{g.manager.name}: refresh the package lists, upgrade everything"
+    return upgrade_label(g.manager)
 
 
 def _shell_steps(run: Run, g: Guest) -> list[policy.Decision]:

@@ -15,8 +15,8 @@ from pydantic import Field
 from answers import ConfirmArg, DryRunArg, Host, Vmid, table
 from errors import InvalidArgument
 from guest_os import (PACKAGE, Container, ServiceName, System, UserName, allowed, container, inspect, need_init,
-                      need_manager, notable, pending, running_services, run_in, script, sections, upgrade_script,
-                      upgraded)
+                      need_manager, notable, pending, running_services, run_in, script, sections, upgrade_label,
+                      upgrade_script, upgraded)
 from masking import register_secret
 from proxmox_client import pve_client
 from ssh import Result
@@ -44,8 +44,7 @@ def _list(ct: Container, system: System) -> dict:
 
 def _upgrade(ct: Container, system: System) -> dict:
     manager = need_manager(ct.vmid, system)
-    result = run_in(ct, script(upgrade_script(manager)), ("exec",),
-                    f"{manager.name}: refresh the package lists, upgrade everything", timeout=3600)
+    result = run_in(ct, script(upgrade_script(manager)), ("exec",), upgrade_label(manager), timeout=3600)
     parts = sections(result.stdout)
     before, after = manager.parse(parts.get("before", "")), manager.parse(parts.get("after", ""))
     done = upgraded(before, after) if result.exit_code == 0 else []

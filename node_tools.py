@@ -54,7 +54,7 @@ REFUSED = [
     (r"/etc/g?shadow-?", "password hashes"),
     (r"/proc/[^/]+(/task/[^/]+)?/environ", "a process's environment (it holds secrets)"),
     (r".*/ssh_host_[^/]*_key", "an SSH host private key"),
-    (r".*/\.ssh/id_[^/.]+", "an SSH private key"),
+    (r".*/\.ssh/id_[^/.]+|.*/id_(rsa|dsa|ecdsa|ed25519)(_sk)?", "an SSH private key"),
     (r".*\.key", "a private key"),
     (r"/etc/proxmox-backup/(shadow\.json|token\.shadow|.*\.key)", "the Backup Server's password or token secrets"),
 ]
@@ -188,7 +188,7 @@ def _open_parent(parts: list[str], create: bool) -> int:
 
 
 def _download(target: Any, node: str, path: str, local: str) -> dict:
-    """Node file -> a new local file (0600), all or nothing, within PROXMOX_TRANSFER_DIR_MAX_MB."""
+    """Node file -> a new local file (0600), all or nothing, within PROXMOX_TRANSFER_MAX_MB."""
     parts = _local_parts(local)
     _, cap = _folder()
     parent = _open_parent(parts, create=True)

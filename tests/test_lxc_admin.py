@@ -38,6 +38,8 @@ def sshd():
 @pytest.fixture(scope="module")
 def roots(sim, sshd):
     made = {}
+    # the protected ci-runner (105) gets a root too: what is read in it before the refusal is the stubs'
+    fake_containers.build(sshd["root"] / "105", "debian", [], ["ssh"])
     for vmid, (distribution, pending, running) in CONTAINERS.items():
         made[vmid] = fake_containers.build(sshd["root"] / str(vmid), distribution, pending, running)
         sim.lab.add_guest(vmid, "lxc", "pve1", f"ct-{distribution}", status="running", tags="autoupdate")
@@ -229,3 +231,12 @@ def test_a_dry_run_sends_nothing_and_the_exec_gate_hides_the_tools(care, fresh, 
     with tool_session(env, log_name="lxc-admin-closed") as closed:
         offered = {t.name for t in closed.tools()}
     assert not {"write_lxc_packages", "write_lxc_services", "write_lxc_users"} & offered
+
+
+@pytest.mark.mcp
+def test_each_tool_over_mcp(care, fresh):
+    """The three tools through the SDK's client over stdio (the other tests here run in process)."""
+    assert care.ok("write_lxc_packages", {"vmid": 106, "action": "list"})["package_manager"] == "apt"
+    assert care.ok("write_lxc_services", {"vmid": 107, "action": "list"})["running"] == ["crond", "sshd"]
+    added = care.ok("write_lxc_users", {"vmid": 106, "action": "add", "user": "carol", "confirm": True})
+    assert added["exit_code"] == 0 and fake_containers.calls(fresh[106])[-1][-1] == "carol"

@@ -108,6 +108,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 AllowUsers root {DASH_USER}
 SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root} HOME={base}
+Subsystem sftp internal-sftp
 LogLevel ERROR
 """)
     Path("/run/sshd").mkdir(exist_ok=True)
