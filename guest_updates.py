@@ -262,7 +262,7 @@ def _agent(client: ProxmoxClient, base: str, command: str, seconds: float) -> di
     """One command through the guest agent, waited for: exit code and output (PVE decodes it)."""
     started = client.request("POST", f"{base}/agent/exec", _agent_command(command))
     status, exited = poll(lambda: client.get(f"{base}/agent/exec-status", pid=started["pid"]) or {},
-                          lambda s: bool(s.get("exited")), seconds, pause=1, growth=1.5)
+                          lambda s: bool(s.get("exited")), seconds, pause=0.2, growth=1.5)
     if not exited:
         return {"exit_code": None, "out": "", "err": f"still running after {int(seconds)} s"}
     return {"exit_code": status.get("exitcode"), "out": status.get("out-data", ""), "err": status.get("err-data", "")}

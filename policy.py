@@ -250,9 +250,8 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
-    if power_effects.judged(host.product, method, template) and not decision.errors \
-            and not current_call().get("planning"):  # like the firewall guard: it only refuses
-        _judge_node_power(host, decision, read)
+    if power_effects.judged(host.product, method, template) and not decision.errors:  # while planning too: no
+        _judge_node_power(host, decision, read)  # question is asked about a reboot that will be refused
     return decision
 
 

@@ -45,7 +45,7 @@ SPECIALS = {"Enter": "\r", "Tab": "\t", "Backspace": "\x7f", "Esc": "\x1b", "Ctr
             "Ctrl-Z": "\x1a", "Ctrl-L": "\x0c", "Up": "\x1b[A", "Down": "\x1b[B", "Right": "\x1b[C", "Left": "\x1b[D"}
 Special = Literal["Enter", "Tab", "Backspace", "Esc", "Ctrl-C", "Ctrl-D", "Ctrl-Z", "Ctrl-L", "Up", "Down", "Right",
                   "Left"]
-TerminalId = Annotated[str, Field(pattern=r"^t[0-9a-f]{6}$", description="e.g. t1a2b3c")]
+TerminalId = Annotated[str, Field(pattern=r"^t[0-9a-f]{6}$")]
 # an escape sequence cut off at the end of what arrived so far: kept for the next read
 PARTIAL_ESCAPE = re.compile(rb"\x1b(\[[0-?]*[ -/]*|\][^\x07\x1b]*|)\Z")
 

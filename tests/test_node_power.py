@@ -147,6 +147,8 @@ def test_the_user_is_asked_once_about_every_guest(sim, lab, tmp_path, mode):
     lab.guests[102]["ha"] = {"state": "started"}
     with stdio_session(power_env(sim, tmp_path), mode=mode, log_name=f"node-power-{mode}",
                        elicitation_callback=user) as session:
+        refused = session.error("write_node_power", {"node": "pve2", "action": "reboot"})
+        assert "protected guest 101" in refused and user.asked == []  # nobody is asked about what is refused
         done = session.ok("write_node_power", {"node": "pve3", "action": "reboot", "confirm": True})
     assert done["result"] == "requested" and len(user.asked) == 1
     question = user.asked[0]
