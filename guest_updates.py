@@ -80,7 +80,19 @@ class Run:
     go_on: bool
     wait: int
     ctx: Context | None
-    date: str = field(default_factory=lambda: time.strftime("%Y%m%d", time.gmtime()))
+    date: str = field(default_factory=lambda: time.strftime("%Y%m%d", time.gmtime()))  # names the snapshots
+
+    @property
+    def keep_until(self) -> str:
+        """The day after which a snapshot of this run may go (KEEP_DAYS), from the run's date (the same
+        in the plan the user was asked about and in the run)."""
+        day = time.mktime(time.strptime(self.date, "%Y%m%d"))
+        return time.strftime("%Y-%m-%d", time.gmtime(day + KEEP_DAYS * 86400))
+
+    @property
+    def description(self) -> str:
+        return f"proxmox-mcp before write_update_guests on {self.date}; remove after {self.keep_until} " \
+               f"(write_delete_snapshot)"
 
 
 # ---------------------------------------------------------------- the plan, read before anything is sent
@@ -187,11 +199,6 @@ def _read_plan(run: Run, without_snapshot: str, backup_storage: str | None) -> N
 
 # ---------------------------------------------------------------- the steps, as the policy sees them
 
-def _description(run: Run) -> str:
-    until = time.strftime("%Y-%m-%d", time.gmtime(time.mktime(time.strptime(run.date, "%Y%m%d")) + KEEP_DAYS * 86400))
-    return f"proxmox-mcp before write_update_guests on {run.date}; remove after {until} (write_delete_snapshot)"
-
-
 def _vm_script(manager: Manager) -> str:
     """Everything a VM's update runs, in one agent command: what it is, the services before, the
     upgrade with what was pending before and after, the services after."""
@@ -206,7 +213,7 @@ def _agent_command(command: str) -> dict:
 def _http_steps(run: Run, g: Guest) -> list[tuple[str, str, dict]]:
     steps: list[tuple[str, str, dict]] = []
     if g.snapshot:
-        steps.append(("POST", f"{g.base}/snapshot", {"snapname": g.snapshot, "description": _description(run)}))
+        steps.append(("POST", f"{g.base}/snapshot", {"snapname": g.snapshot, "description": run.description}))
     if g.backup:
         steps.append(("POST", f"/nodes/{g.row['node']}/vzdump", g.backup))
     if g.kind == "qemu":
@@ -270,12 +277,11 @@ def _agent(client: ProxmoxClient, base: str, command: str, seconds: float) -> di
 
 def _first(run: Run, g: Guest) -> None:
     if g.snapshot:
-        run_task(run.client, "POST", f"{g.base}/snapshot", {"snapname": g.snapshot, "description": _description(run)},
+        run_task(run.client, "POST", f"{g.base}/snapshot", {"snapname": g.snapshot, "description": run.description},
                  max(run.wait, 60), run.ctx, f"snapshot {g.snapshot}")
-        until = _description(run).split("remove after ", 1)[1].split(" ")[0]
         g.result["snapshot"] = {"name": g.snapshot, "kept": True,
                                 "remove": f"write_delete_snapshot vmid={g.vmid} name={g.snapshot} once the guest "
-                                          f"works; suggested after {until}"}
+                                          f"works; suggested after {run.keep_until}"}
     elif g.backup:
         outcome = run_task(run.client, "POST", f"/nodes/{g.row['node']}/vzdump", g.backup, max(run.wait, 600), run.ctx,
                            f"backup {g.vmid}")
@@ -283,8 +289,9 @@ def _first(run: Run, g: Guest) -> None:
                               "restore": "write_restore_backup from list_backups if the update went wrong"}
 
 
-def _upgrade(run: Run, g: Guest) -> tuple[bool, list[dict], list[str] | None]:
-    """The upgrade: whether it succeeded, what it upgraded, the services running after it (None: unknown)."""
+def _upgrade(run: Run, g: Guest) -> tuple[bool, list[str] | None]:
+    """The upgrade (what it upgraded goes into the guest's result): whether it succeeded, and the
+    services running after it (None: unknown)."""
     if g.kind == "lxc":
         result = run_in(g.ct, _upgrade_argv(g), ("exec",), _upgrade_label(g), timeout=UPGRADE_SECONDS)
         exit_code, out, err = result.exit_code, result.stdout, result.stderr
@@ -304,7 +311,7 @@ def _upgrade(run: Run, g: Guest) -> tuple[bool, list[dict], list[str] | None]:
         system = read_system(parts.get("", ""))
         g.services = system.init.parse_running(parts.get("services_before", "")) if system.init else None
         services = system.init.parse_running(parts.get("services_after", "")) if system.init else None
-    return exit_code == 0, done_rows, services
+    return exit_code == 0, services
 
 
 def _checks(run: Run, g: Guest, services: list[str] | None) -> list[dict]:
@@ -336,7 +343,7 @@ def _update(run: Run, g: Guest) -> bool:
     receipts_before = len(policy.current_call().get("receipts") or [])
     try:
         _first(run, g)
-        ok, _, services = _upgrade(run, g)
+        ok, services = _upgrade(run, g)
         g.result["checks"] = _checks(run, g, services)
         ok = ok and all(c["ok"] for c in g.result["checks"])
         g.result["result"] = "updated" if ok else "failed"
