@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # paramiko (8 MB, 60 ms) is imported on the first SSH connect
 MAX_OUTPUT = 64 * 1024  # characters kept of stdout and of stderr
 
 
-_targets = runtime.slot("shell_tools.targets", dict[tuple[str, str], SshTarget])  # (product, label) -> target
+_targets = runtime.slot("ssh.targets", dict[tuple[str, str], SshTarget])  # (product, label) -> target
 
 
 def configure(targets: list[SshTarget]) -> None:
@@ -88,7 +88,7 @@ class _VerifyHostKey:
 
 
 # (product, label, node) -> an open connection, reused while it stays up
-_connections = runtime.slot("shell_tools.connections", dict[tuple[str, str, str], "paramiko.SSHClient"])
+_connections = runtime.slot("ssh.connections", dict[tuple[str, str, str], "paramiko.SSHClient"])
 _connections_lock = threading.Lock()
 
 
