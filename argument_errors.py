@@ -21,6 +21,13 @@ PATTERNS = {
     r"^net\d+$": ("net and a number", "net0"),
     r"^rc-[0-9a-f]{8}$": ("a receipt id: rc- and 8 hex digits (list_changes)", "rc-1a2b3c4d"),
     r"^/[^\x00]*$": ("an absolute path", "/etc/hostname"),
+    r"^[A-Za-z0-9][A-Za-z0-9@._:-]{0,127}$": ("a service name: letters, digits, @ . _ : -, never starting with -",
+                                             "nginx"),
+    r"^[a-z_][a-z0-9_-]{0,31}$": ("a user name: lower-case letters, digits, _ and -, starting with a letter or _",
+                                  "alice"),
+    r"^t[0-9a-f]{6}$": ("a terminal id: t and 6 hex digits (terminal_read lists them)", "t1a2b3c"),
+    r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}$": ("a name below PROXMOX_TRANSFER_DIR: letters, digits, . _ - and /",
+                                             "pve1/interfaces"),
 }
 # Examples for arguments whose schema gives no rule (pattern, choices, bounds, default) to derive one from.
 NAMED_EXAMPLES = {
@@ -43,6 +50,9 @@ NAMED_EXAMPLES = {
     "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": "192.0.2.0/24"},
     "group": "webservers", "vmids": [100, 101], "all_except": [104], "schedule": "02:00", "pool": "prod",
     "keep": "keep-daily=7,keep-weekly=4",
+    "keys": "ls -l", "press": ["Enter"], "names": ["nginx"], "key": "ssh-ed25519 AAAA... me@laptop",
+    "settings": {"PermitRootLogin": "prohibit-password"}, "checks": ["curl -fsS localhost:8080"],
+    "backup_storage": "local", "terminal": "t1a2b3c",
 }
 # Where one tool's argument takes other values than the name's example: a fresh install's storage for backups,
 # ISOs and templates is `local`, never `local-lvm` (guest disks only) (docs/PROXMOX-BEHAVIOUR.md#per-node-storages).

@@ -47,7 +47,7 @@ GATE_FLAGS = {"ALLOW_EXEC": "exec", "ALLOW_ELEVATED": "elevated", "ALLOW_SENSITI
 # PROXMOX_TOOLSETS values: the groups server.TOOLS puts each tool in, "default" (what an unset
 # PROXMOX_TOOLSETS offers), "compact" (the generic API tools plus the workflows) and "all".
 TOOLSET_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api", "templates", "backups",
-                  "monitor", "firewall", "changes")
+                  "monitor", "firewall", "changes", "ops")
 # The groups a first conversation needs; the others are opt-in, so that the default tool list,
 # paid for on every turn, stays within its budget (docs/BENCHMARKS.md).
 DEFAULT_GROUPS = ("guests", "storage", "network", "tasks", "pbs", "shell", "workflows", "api")
@@ -75,6 +75,8 @@ GLOBALS = {
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
     "PROXMOX_RESTORE_MAX_MB": "megabytes one restored file may have, e.g. 1024",
+    "PROXMOX_TRANSFER_DIR": "a folder on this server for node file uploads and downloads, e.g. ~/node-files",
+    "PROXMOX_TRANSFER_MAX_MB": "megabytes one uploaded or downloaded node file may have, e.g. 1024",
     "PROXMOX_SOURCE_ADDRESS": "the IP address the Proxmox nodes see this server connect from, e.g. 192.0.2.50",
     "PROXMOX_TOOLSETS": "comma list of " + ", ".join(TOOLSET_NAMES),
     "PROXMOX_ALLOW_TOOLS": "comma list of tool names or prefixes like write_*",
@@ -143,7 +145,8 @@ FOREIGN = {
     "PROXMOX_MCP_TOKEN": ("pvemcp", "MCP_AUTH_TOKEN=<the same token>"),
     "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS"),
     "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
-    "PROXMOX_LOCAL_DIR": ("pvemcp", "nothing: files move with write_get_guest_file and write_put_guest_file"),
+    "PROXMOX_LOCAL_DIR": ("pvemcp", "PROXMOX_TRANSFER_DIR={value} (node files: write_node_files; guest files: "
+                                    "write_get_guest_file and write_put_guest_file)"),
     # PVEHub-MCP
     "PVEHUB_MCP_AUTH_TOKEN": ("PVEHub-MCP", "MCP_AUTH_TOKEN=<the same token>"),
     "PVEHUB_MCP_AUTH_REQUIRED": ("PVEHub-MCP", "MCP_AUTH_REQUIRED={value}"),
@@ -233,6 +236,8 @@ class Config:
     env_origins: EnvOrigins = field(default_factory=lambda: EnvOrigins())  # read_env_files, for --check
     restore_dir: Path | None = None  # PROXMOX_RESTORE_DIR: where write_restore_file saves; unset: not offered
     restore_max_bytes: int = 1024 ** 3  # PROXMOX_RESTORE_MAX_MB
+    transfer_dir: Path | None = None  # PROXMOX_TRANSFER_DIR: node file uploads and downloads; unset: not offered
+    transfer_max_bytes: int = 1024 ** 3  # PROXMOX_TRANSFER_MAX_MB
 
 
 # ================================================================ the whole configuration
@@ -413,20 +418,31 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
 
 def read_restore_settings(env: dict[str, str], config: Config) -> None:
     """PROXMOX_RESTORE_DIR and PROXMOX_RESTORE_MAX_MB: where files restored from backups go, and
-    how large one may be. The folder must be an absolute path (after ~); it is created on first use."""
-    folder = env.get("PROXMOX_RESTORE_DIR", "").strip()
-    if folder:
-        path = Path(folder).expanduser()
-        if not path.is_absolute():
-            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} is not an absolute path; give e.g. "
-                              f"{Path.home() / 'restored'}.")
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"PROXMOX_RESTORE_DIR={folder!r} exists and is not a folder.")
-        config.restore_dir = path
-    megabytes = env.get("PROXMOX_RESTORE_MAX_MB", "1024").strip()
+    how large one may be; PROXMOX_TRANSFER_DIR and PROXMOX_TRANSFER_MAX_MB the same for node files
+    (write_node_files). A folder must be an absolute path (after ~); it is created on first use."""
+    config.restore_dir = parse_folder(env, "PROXMOX_RESTORE_DIR", "restored")
+    config.restore_max_bytes = parse_megabytes(env, "PROXMOX_RESTORE_MAX_MB")
+    config.transfer_dir = parse_folder(env, "PROXMOX_TRANSFER_DIR", "node-files")
+    config.transfer_max_bytes = parse_megabytes(env, "PROXMOX_TRANSFER_MAX_MB")
+
+
+def parse_folder(env: dict[str, str], name: str, example: str) -> Path | None:
+    folder = env.get(name, "").strip()
+    if not folder:
+        return None
+    path = Path(folder).expanduser()
+    if not path.is_absolute():
+        raise ConfigError(f"{name}={folder!r} is not an absolute path; give e.g. {Path.home() / example}.")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{name}={folder!r} exists and is not a folder.")
+    return path
+
+
+def parse_megabytes(env: dict[str, str], name: str) -> int:
+    megabytes = env.get(name, "1024").strip()
     if not megabytes.isdigit() or not 1 <= int(megabytes) <= 1024 * 1024:
-        raise ConfigError(f"PROXMOX_RESTORE_MAX_MB={megabytes!r} is not a number of megabytes (1 to 1048576).")
-    config.restore_max_bytes = int(megabytes) * 1024 ** 2
+        raise ConfigError(f"{name}={megabytes!r} is not a number of megabytes (1 to 1048576).")
+    return int(megabytes) * 1024 ** 2
 
 
 def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:

@@ -116,6 +116,8 @@ ALSO_GATES: list[tuple[str, str, str, str]] = [
     ("GET", r".*/agent/file-read", "exec", "reads through the guest agent, as exec does"),
     ("POST", r"/nodes/\{node\}/ceph/osd", "destructive",  # docs/PROXMOX-BEHAVIOUR.md#host-devices-and-paths
      "wipes the devices it is given before creating the OSD"),
+    ("POST", r"/nodes/\{node\}/status", "destructive",  # docs/PROXMOX-BEHAVIOUR.md#node-power
+     "stops the node's guests that HA does not move away"),
 ]
 # Blocked methods that act inside a guest (its monitor, keyboard, console, a password): opened by
 # PROXMOX_UNBLOCK, they count as exec for PROXMOX_EXEC_ALLOWED_VMIDS.

@@ -41,6 +41,7 @@ import audit as audit_log
 import catalog
 import firewall_guard
 import job_edits
+import power_effects
 import protection
 import receipts
 import runtime
@@ -210,6 +211,7 @@ class Decision:
     errors: dict[str, str] = field(default_factory=dict)  # parameters the schema refuses
     audit_params: dict[str, Any] | None = None  # what the audit line shows instead of `params`
     basis: Any = None  # what the request was judged with beyond itself (a stored job), for the user's yes
+    standing: str | None = None  # the standing yes that covers it (an open terminal's: grant_standing)
 
     @property
     def gate(self) -> str:
@@ -230,11 +232,13 @@ def document_decision(product: str, path: str) -> Decision:
 
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
-                   contents: bytes | None = None) -> Decision:
+                   contents: bytes | None = None, *, secret: bool = False, standing: str | None = None) -> Decision:
     """A shell command (SSH) as a Decision: the gates it needs and the guests it reaches; file
-    contents or stdin are audited as size and hash only."""
-    audited = {"contents": contents} if contents is not None else {}
-    return Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited)
+    contents or stdin are audited as size and hash only, a `secret` stdin (a password) not at all;
+    `standing`: the open terminal whose yes covers it (grant_standing)."""
+    audited = {"password": MASK} if secret else {"contents": contents} if contents is not None else {}
+    return Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited,
+                    standing=standing)
 
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
@@ -271,7 +275,25 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
+    if power_effects.judged(host.product, method, template) and not decision.errors:  # while planning too: no
+        _judge_node_power(host, decision, read)  # question is asked about a reboot that will be refused
     return decision
+
+
+def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
+    """A node's reboot or shutdown changes the guests there that HA does not move away
+    (power_effects; docs/PROXMOX-BEHAVIOUR.md#node-power): the protected ones among them are
+    `changed`, which check_protected refuses; an unreadable protected list refuses it outright."""
+    if settings().protected.error:
+        decision.changed = {}
+        return
+    protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
+    if protected:  # read the node's guests only for a call whose own gates are open
+        require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
+                      decision.template)
+        changed = power_effects.protected_changes(read, decision.path_params["node"],
+                                                  str(decision.params.get("command")), protected)
+        decision.changed = (decision.changed or {}) | changed
 
 
 def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
@@ -505,11 +527,33 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
     return hashlib.sha256("".join(approval_key(h, d) for h, d in plan).encode()).hexdigest()[:10]
 
 
+# Standing yeses: what the user said yes to once and that stands while its object lives, for the
+# principal who said it (an open terminal: what is typed into it; docs/SECURITY.md#terminals).
+# standing key -> the principal whose yes it is (None: the single-user form).
+_standing = runtime.slot("policy.standing", dict[str, Any])
+
+
+def grant_standing(key: str) -> Callable[[], None]:
+    """The user's yes to the call now running stands for the decisions carrying `key`, until the
+    function this returns takes it back."""
+    granted = _standing.get()
+    granted[key] = current_call().get("principal")
+    return lambda: granted.pop(key, None)
+
+
+def _stands(decision: Decision) -> bool:
+    """Whether a standing yes of this call's principal covers the decision."""
+    granted = _standing.get()
+    return decision.standing is not None and decision.standing in granted \
+        and granted[decision.standing] == current_call().get("principal")
+
+
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
     """Step 4: the requests that need the user's yes and were not in the plan the user approved
-    are put to the call's confirmation step (confirmation.confirmer); a refusal is audited."""
+    (nor covered by a standing yes) are put to the call's confirmation step
+    (confirmation.confirmer); a refusal is audited."""
     approved = current_call().get("approved", ())
-    pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved]
+    pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved and not _stands(d)]
     if not pending:
         return
     try:
@@ -526,12 +570,20 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
 
 
 def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary: str,
-               read: Callable[[str], Any] | None = None) -> list[Decision]:
+               read: Callable[[str], Any] | None = None, prepared: list[Decision] = ()) -> list[Decision]:
     """A tool that sends several requests declares, before the first, those it can name already
-    (the restore drill: the start, stop and delete of its scratch guest) and the whole plan in
-    words: they are judged now, a dry run shows them, and those that need the user's yes are asked
-    together, once, before anything is sent."""
+    (the restore drill: the start, stop and delete of its scratch guest; an update: the shell
+    commands it runs, as `prepared` shell decisions) and the whole plan in words: they are judged
+    now, a dry run shows them, and those that need the user's yes are asked together, once, before
+    anything is sent."""
     decisions = [check(host, method, path, params, read) for method, path, params in steps]
+    for decision in prepared:
+        try:
+            judge(host, decision)
+        except PolicyError as exc:
+            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=str(exc))
+            raise
+        decisions.append(decision)
     writes = [d for d in decisions if d.gates != ("read",)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
@@ -562,7 +614,8 @@ def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str
     try:
         function(**arguments)
     except DryRun as planned:
-        confirmed = [(host, decision) for host, decision in planned.decisions if decision.confirm]
+        confirmed = [(host, decision) for host, decision in planned.decisions
+                     if decision.confirm and not _stands(decision)]
         return Plan(confirmed, planned.summary if confirmed else "")
     except ToolFailure:
         return Plan()

@@ -422,12 +422,14 @@ class ProxmoxClient:
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
                             read=self.get, plan=self._dry_run_plan, client=self)
 
-    def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str) -> None:
-        """Declare the requests a multi-step tool will send, before its first (policy.plan_steps):
-        judged now, shown together by a dry run, confirmed together once."""
+    def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str,
+             shell: list[policy.Decision] = ()) -> None:
+        """Declare the requests a multi-step tool will send, before its first (policy.plan_steps),
+        with the shell commands it runs on this host's nodes (`shell`, already classified): judged
+        now, shown together by a dry run, confirmed together once."""
         self.ensure_permissions()
         policy.plan_steps(self.host, [(m.upper(), path, encode_params(params)) for m, path, params in steps],
-                          summary, read=self.get)
+                          summary, read=self.get, prepared=list(shell))
 
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
         """Send what the policy admitted; a write drops the reads kept meanwhile."""

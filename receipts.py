@@ -240,7 +240,8 @@ class Pending:
 def start(keeping: Keeping, host: Any, decision: Any, client: Any, tool: str | None) -> Pending | None:
     """A receipt for a write about to be sent, with the state before it; a safety snapshot first
     when one is due (which raises when it fails: then nothing is sent)."""
-    if keeping.directory is None or decision.method == "GET" or UNCHANGING.fullmatch(decision.template):
+    if keeping.directory is None or decision.method == "GET" or UNCHANGING.fullmatch(decision.template) \
+            or set(decision.gates) <= {"read", "sensitive"}:  # a read over SSH (a node's file) changes nothing
         return None
     rule = rule_for(decision.method, decision.template) if client is not None else None
     receipt = {"id": f"rc-{random_ids.token_hex(4)}", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

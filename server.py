@@ -58,6 +58,11 @@ import changes
 import pbs_tools
 import pve_tools
 import shell_tools
+import ssh
+import terminals
+import lxc_admin
+import node_tools
+import guest_updates
 import templates
 import workflows
 from auth import principal, tokens
@@ -292,6 +297,18 @@ TOOLS = [
     ToolSpec(changes.list_changes, "read", "", "changes"),
     ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
     ToolSpec(changes.write_undo_change, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
+    ToolSpec(terminals.write_open_terminal, "exec", "", "ops", ssh=True),  # a node's shell: + elevated, by policy
+    ToolSpec(terminals.write_terminal_send, "exec", "", "ops", ssh=True),
+    ToolSpec(terminals.terminal_read, "read", "", "ops", ssh=True),
+    ToolSpec(terminals.write_close_terminal, "exec", "", "ops", ssh=True),
+    ToolSpec(lxc_admin.write_lxc_packages, "exec", "pve", "ops", ssh=True),
+    ToolSpec(lxc_admin.write_lxc_services, "exec", "pve", "ops", ssh=True),
+    ToolSpec(lxc_admin.write_lxc_users, "exec", "pve", "ops", ssh=True),
+    ToolSpec(node_tools.node_files, "read", "", "ops", ssh=True),  # reading a file: sensitive, by policy
+    ToolSpec(node_tools.write_node_files, "write", "", "ops", ssh=True,
+             may_destroy=True),  # download: + sensitive; write, upload: elevated; delete: elevated + destructive
+    ToolSpec(node_tools.write_node_power, "destructive", "pve", "ops", ("Sys.PowerMgmt",), also=("elevated",)),
+    ToolSpec(guest_updates.write_update_guests, "exec", "pve", "ops", ("VM.Snapshot",), also=("lifecycle",)),
 ]
 TOOL_NAMES = tuple(spec.function.__name__ for spec in TOOLS)
 # PROXMOX_TOOLSETS: which tools a configuration offers; the "always" ones are offered by every one.
@@ -730,8 +747,9 @@ def apply_configuration(config: Config) -> None:
     """Point the client, the policy and the shell tools at this configuration."""
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
-    shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
+    ssh.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
     file_restore.configure(config.restore_dir, config.restore_max_bytes)
+    node_tools.configure(config.transfer_dir, config.transfer_max_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -791,15 +809,17 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
     visibility.load_permissions_in_background()
     if args.demo or args.http or sys.stdin.isatty():  # say what is happening and how to connect
         print(how_to_connect(args, config, bind_host), file=sys.stderr)
-    if not args.http:
-        server.run("stdio")
-        return 0
-    runtime.TRANSPORT.set("http")
     try:
+        if not args.http:
+            server.run("stdio")
+            return 0
+        runtime.TRANSPORT.set("http")
         http_transport.serve_http(config, server, bind_host, args.port or config.http_port)
     except ConfigError as exc:
         print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        terminals.close_all()  # the shells hung up when the server stops
     return 0
 
 

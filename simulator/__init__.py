@@ -28,6 +28,8 @@ above it in this list (no cycles):
     pve_ha_manager.py  Proxmox VE power effects and the HA manager: relocation, error, fence and recovery
     pve_guests.py  Proxmox VE guest handlers: power, config, snapshots, clone, migrate, create, agent
     pve_monitor.py Proxmox VE node monitoring: RRD history, logs, disks, ZFS, LVM, packages, clock
+    pve_node_power.py  Proxmox VE node reboot and shutdown and what they do to the guests; cluster
+                   options; the HA manager's status
     pve_firewall.py     Proxmox VE firewall: options, rules, security groups, IP sets, aliases
     pve_backup_jobs.py  Proxmox VE backup jobs: create, update, delete
     pve.py         Proxmox VE cluster, node, storage, network and task handlers, and PVE_HANDLERS

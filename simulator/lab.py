@@ -265,6 +265,13 @@ class Lab:
         self.ticket_lifetime = 7200.0  # real tickets expire after 2 h
         self.task_seconds = 0.6  # how long a simulated task runs
         self.ha_seconds = 0.4  # how long the HA manager takes to act on a queued request
+        # node power (simulator/pve_node_power.py): datacenter.cfg (its `ha` shutdown_policy), the nodes in HA
+        # maintenance mode, how long after the call a node goes down and how long a reboot takes
+        self.datacenter: dict[str, str] = {"keyboard": "en-us"}
+        self.ha_maintenance: set[str] = set()
+        self.node_command_seconds = 0.05
+        self.reboot_seconds = 0.5
+        self.node_commands: list[tuple[str, str]] = []  # (node, command) of each reboot or shutdown asked
         self.later: list[tuple[float, Callable[[], None]]] = []  # (when, effect): the HA manager's work
         # faults, switched on by tests
         self.down_nodes: set[str] = set()

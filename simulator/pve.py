@@ -26,6 +26,7 @@ from .pve_guests import (pve_agent, pve_agent_exec, pve_agent_exec_status, pve_a
                          pve_snapshot_create, pve_snapshot_delete, pve_snapshots, pve_template)
 from .pve_ha_manager import pve_ha_resource_update
 from .pve_monitor import MONITOR_HANDLERS, monitor
+from .pve_node_power import NODE_POWER_HANDLERS
 from .pve_templates import PVE_TEMPLATE_HANDLERS
 
 
@@ -547,7 +548,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("PUT", "/cluster/ha/resources/{sid}"): pve_ha_resource_update,
 }
 PVE_HANDLERS |= PVE_TEMPLATE_HANDLERS | PVE_CLOUDINIT_HANDLERS | PVE_FILE_HANDLERS
-PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS
+PVE_HANDLERS |= FIREWALL_HANDLERS | BACKUP_JOB_HANDLERS | NODE_POWER_HANDLERS
 PVE_HANDLERS |= {("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): pve_agent_exec,
                  ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): pve_agent_ping,
                  ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): pve_agent_exec_status,

@@ -251,7 +251,9 @@ SECRETS = ["11111111-2222-3333-4444-555555555555", "aaaaaaaa-bbbb-cccc-dddd-eeee
            # passwords and tickets of the login tests
            "from-a-file", "changed-password-4714", "PVE:ops@pve:", "PBS:ops@pbs:",
            # ACME DNS credentials, a scanned server's password, guest file contents (admission tests)
-           "cf-secret-4711", "cf-4712", "guess-me-123", "root-password-in-a-file", "hunter2-secret"]
+           "cf-secret-4711", "cf-4712", "guess-me-123", "root-password-in-a-file", "hunter2-secret",
+           # a container user's password (tests/test_lxc_admin.py): it travels on stdin only
+           "ct-password-4715"]
 
 
 def secrets_in(paths: list[Path]) -> list[str]:

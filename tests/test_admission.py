@@ -88,6 +88,7 @@ def test_elevated_calls_are_confirmed(plain, sim):
     assert "ELEVATED" in message and "confirm=true" in message and writes(sent) == []
     _, sent = requests_during(sim, lambda: plain.ok("write_call_api", reboot | {"confirm": True}))
     assert ("pve", "POST", "/nodes/pve1/status") in sent
+    sim.lab.later.clear()  # the reboot itself (simulator/pve_node_power.py) would take pve1 away from the next tests
 
 
 def test_exec_in_a_protected_vm_is_refused_without_ssh(plain, sim):

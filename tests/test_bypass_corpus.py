@@ -116,9 +116,10 @@ CORPUS = [
      "PROXMOX_EXEC_ALLOWED_VMIDS"),
     ("exec_list", "pve", "POST", "/nodes/pve1/qemu/100/agent", {"command": "fsfreeze-status"},
      "PROXMOX_EXEC_ALLOWED_VMIDS"),
-    # ---- 2. confirmation belongs to the gate: node power and guest file reads are asked too
-    ("open", "pve", "POST", "/nodes/pve1/status", {"command": "reboot"}, "confirm=true"),
-    ("open", "pve", "POST", "/nodes/pve3/status", {"command": "shutdown"}, "confirm=true"),
+    # ---- 2. confirmation belongs to the gate: guest file reads are asked too; a node's power reaches the
+    # protected guests running there (100 on pve1, 102 on pve3: stop-all shuts them down; power_effects.py)
+    ("open", "pve", "POST", "/nodes/pve1/status", {"command": "reboot"}, "protected guest 100"),
+    ("open", "pve", "POST", "/nodes/pve3/status", {"command": "shutdown"}, "protected guest 102"),
     ("open", "pve", "GET", "/nodes/pve2/qemu/104/agent/file-read", {"file": "/etc/hostname"}, "confirm=true"),
     ("open", "pbs", "DELETE", "/admin/datastore/backup/snapshots",
      {"backup-type": "vm", "backup-id": "103", "backup-time": 1}, "confirm=true"),

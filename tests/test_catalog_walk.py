@@ -183,6 +183,9 @@ def walker(sim, tmp_path_factory):
     # tasks that run a while, as the walk was written for: the clone's lock keeps guest 100 from
     # being migrated away from under the methods that follow
     sim.lab.task_seconds = 0.6
+    # the walk's node reboot is judged and sent; its effect (simulator/pve_node_power.py) would take pve1 away
+    # from the methods walked after it, so the node goes down only after the walk
+    sim.lab.node_command_seconds = 3600
     for vmid, kind, node, state in WALK_GUESTS.values():
         status = "stopped" if state == "stopped" else "running"
         guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)

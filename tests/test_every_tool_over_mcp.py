@@ -1,8 +1,8 @@
 """Every tool once over MCP: one stdio server with every gate open, each tool called with valid
 arguments through the SDK's client, and it answers. Domain behaviour is tested in process
 (conftest.in_process); this is the MCP edge of each tool: registered, offered, its arguments
-accepted as a client sends them, its answer carried back. The SSH tools are called over MCP by
-test_shell_tools.py, next to the sshd they need."""
+accepted as a client sends them, its answer carried back. The SSH tools are called over MCP next to
+the sshd they need: test_shell_tools.py, test_terminals.py, test_lxc_admin.py, test_node_files.py."""
 import json
 
 import pytest
@@ -95,6 +95,8 @@ CALLS = [
     ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
     ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),
     ("write_pbs_set_notes", lambda lab: pbs_snapshot(lab, "100", 0) | {"notes": "over mcp"}),
+    ("write_update_guests", {"vmids": [100], "confirm": True}),  # a VM, through its guest agent
+    ("write_node_power", {"node": "pve2", "action": "reboot", "dry_run": True}),  # its plan: the lab keeps its node
     ("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,
                                "confirm": True}),
     ("write_pbs_forget_snapshot", lambda lab: pbs_snapshot(lab, "101", -1) | {"confirm": True}),

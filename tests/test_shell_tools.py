@@ -10,7 +10,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -23,12 +25,15 @@ pytestmark = pytest.mark.skipif((not os.path.exists(SSHD) or os.geteuid() != 0) 
 
 FAKE_PCT = r"""#!/bin/sh
 # pct as docs/PROXMOX-BEHAVIOUR.md#lxc-exec-over-ssh describes it:
-# exec passes exit codes through, a stopped CT fails with 255
+# exec passes exit codes through, a stopped CT fails with 255; a container with a root of its own
+# (tests/fake_containers.py) runs the command chrooted there with a clean PATH, as lxc-attach does
 root="$FAKE_ROOT"
 case "$1" in
   exec) vmid="$2"; shift 2; [ "$1" = "--" ] && shift
         if [ "$vmid" = "103" ]; then echo "container '103' not running!" >&2; exit 255; fi
+        if [ -x "$root/$vmid/bin/sh" ]; then PATH=/usr/sbin:/usr/bin:/sbin:/bin exec chroot "$root/$vmid" "$@"; fi
         exec "$@" ;;
+  enter) PS1='ct# ' exec /bin/sh -i ;;
   pull) mkdir -p "$(dirname "$4")"; cat "$root/$2$3" > "$4" ;;
   push) mkdir -p "$(dirname "$root/$2$4")"; cat "$3" > "$root/$2$4" ;;
   *) echo "fake pct: unknown command $1" >&2; exit 2 ;;
@@ -56,6 +61,13 @@ def fingerprint(public_key: Path) -> str:
 
 @pytest.fixture(scope="module")
 def sshd():
+    with fake_nodes() as info:
+        yield info
+
+
+@contextmanager
+def fake_nodes() -> Iterator[dict]:
+    """A real sshd for the module that opens it (the fixture `sshd`; other modules define theirs with this)."""
     # not under pytest's tmp (mode 0700): the unprivileged dash user must read keys and run scripts
     base = Path(tempfile.mkdtemp(prefix="mcp-sshd-"))
     base.chmod(0o755)
@@ -96,6 +108,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 AllowUsers root {DASH_USER}
 SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin FAKE_ROOT={fake_root} HOME={base}
+Subsystem sftp internal-sftp
 LogLevel ERROR
 """)
     Path("/run/sshd").mkdir(exist_ok=True)
@@ -300,14 +313,14 @@ def hexdump(text: str) -> str:
 @pytest.mark.parametrize("user", ["root", DASH_USER], ids=["bash", "dash"])
 def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
     assert len(PAYLOADS) >= 50
-    import shell_tools
+    import ssh
     env = ssh_env(sim, sshd, tmp_path, user=user)
     with stdio_session(env, log_name=f"shell-inject-{user}") as session:
         entry = subprocess.run(["getent", "passwd", user], capture_output=True, text=True).stdout
         shell_of = entry.split(":")[-1].strip()
         assert shell_of.endswith("bash" if user == "root" else "dash")
         for payload in PAYLOADS:
-            command = f"printf %s {shell_tools.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
+            command = f"printf %s {ssh.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
             for tool, target in (("write_exec_node", {"where": "pve1"}), ("write_exec_lxc", {"vmid": 102})):
                 result = session.ok(tool, target | {"command": command, "confirm": True})
                 assert result["stdout"] == hexdump(payload), (tool, payload)

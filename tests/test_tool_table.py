@@ -8,6 +8,10 @@ import api_tools
 import backup_jobs
 import firewall_tools
 import file_restore
+import guest_updates
+import lxc_admin
+import node_tools
+import terminals
 import dashboard
 import monitor_tools
 import pbs_tools
@@ -22,7 +26,7 @@ from conftest import ROOT, run_server
 from gates import CONFIRMED, GATES
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
-                dashboard, firewall_tools, backup_jobs)
+                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.

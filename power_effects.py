@@ -1,0 +1,205 @@
+"""What a node reboot or shutdown (POST /nodes/{node}/status) does to each guest there, as Proxmox
+does it (docs/PROXMOX-BEHAVIOUR.md#node-power):
+
+- guests not managed by HA (and HA resources in state `ignored`) are shut down by the node's
+  stop-all as it goes down, each with a hard stop after its `startup: down=` timeout or 180 s;
+  after a reboot the ones with `onboot=1` start again, stopped ones among them;
+- HA resources follow the cluster's `ha: shutdown_policy` (datacenter.cfg, `conditional` by
+  default): `migrate` (and a node in maintenance mode, whatever the policy) moves them to another
+  allowed node first, and the node's shutdown waits until they are gone; `freeze` (and
+  `conditional` on a reboot) stops and freezes them, to start again on this node when it is back;
+  `failover` (and `conditional` on a power-off) stops them, and the HA manager recovers them on
+  another node once this one is fenced.
+
+Both the tool's plan (node_tools.write_node_power) and the policy's judgement (a protected guest
+the request changes: policy.classify) read it from here, through the policy's own reads.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from errors import PolicyError, ToolFailure
+
+NODE_POWER = "/nodes/{node}/status"
+STOP_TIMEOUT = 180  # seconds before stop-all hard-stops a guest (pve-manager PVE/API2/Nodes.pm `stopall`)
+Read = Callable[[str], Any]
+
+
+def judged(product: str, method: str, template: str) -> bool:
+    return product == "pve" and method == "POST" and template == NODE_POWER
+
+
+@dataclass
+class Effect:
+    """What the node's reboot or shutdown does to one guest."""
+    vmid: int
+    name: str
+    kind: str  # qemu or lxc
+    status: str  # running or stopped, now
+    how: str  # in words
+    changes: bool  # the guest is stopped, started or killed (not moved away while it keeps running)
+    moved_to: str | None = None  # HA moves it there first
+
+    def row(self) -> dict:
+        return {"vmid": self.vmid, "name": self.name, "type": self.kind, "status": self.status,
+                "what_happens": self.how, "moved_to": self.moved_to or ""}
+
+
+class _Reads:
+    """Each path read once, through the policy's read; a read that fails is None (said in the answer)."""
+
+    def __init__(self, read: Read | None):
+        if read is None:
+            raise PolicyError("A node's guests would have to be read to judge its reboot or shutdown, and cannot be "
+                              "here.")
+        self.read, self.kept = read, {}
+
+    def get(self, path: str) -> Any:
+        if path not in self.kept:
+            try:
+                self.kept[path] = self.read(path)
+            except ToolFailure:
+                self.kept[path] = None
+        return self.kept[path]
+
+
+def _property(text: Any) -> dict[str, str]:
+    """A property string (`shutdown_policy=migrate`, `order=2,down=60`) as a dict."""
+    parts = [p.split("=", 1) for p in str(text or "").split(",") if "=" in p]
+    return {k.strip(): v.strip() for k, v in parts}
+
+
+def shutdown_policy(reads: _Reads) -> str:
+    """datacenter.cfg `ha: shutdown_policy`, `conditional` when unset (pve-ha-manager src/PVE/HA/LRM.pm
+    `shutdown_request`)."""
+    options = reads.get("/cluster/options") or {}
+    return _property(options.get("ha")).get("shutdown_policy", "conditional")
+
+
+def _manager(reads: _Reads) -> dict:
+    status = reads.get("/cluster/ha/status/manager_status") or {}
+    return status.get("manager_status") or {} if isinstance(status, dict) else {}
+
+
+def in_maintenance(reads: _Reads, node: str) -> bool:
+    """A node in HA maintenance mode (`ha-manager crm-command node-maintenance enable`): its LRM moves
+    its services away whatever the shutdown policy says (LRM.pm `shutdown_request`)."""
+    manager = _manager(reads)
+    return (manager.get("node_status") or {}).get(node) == "maintenance" or \
+        bool(((manager.get("node_request") or {}).get(node) or {}).get("maintenance"))
+
+
+def ha_mode(policy: str, command: str, maintenance: bool) -> str:
+    """migrate, freeze or failover: what the LRM does with its services (LRM.pm `shutdown_request`)."""
+    if maintenance or policy == "migrate":
+        return "migrate"
+    if policy == "freeze" or (policy not in ("failover",) and command == "reboot"):
+        return "freeze"  # conditional (and an unknown policy) freezes on a reboot
+    return "failover"
+
+
+def _ha_resources(reads: _Reads) -> dict[int, dict]:
+    rows = reads.get("/cluster/ha/resources") or []
+    found = {}
+    for row in rows if isinstance(rows, list) else []:
+        match = re.fullmatch(r"(?:vm|ct):(\d+)", str(row.get("sid", "")))
+        if match:
+            found[int(match.group(1))] = row
+    return found
+
+
+def _allowed_nodes(reads: _Reads, sid: str, resource: dict, online: list[str]) -> list[str]:
+    """Where the HA manager may put a resource: every online node, unless a strict node-affinity rule
+    (PVE 9, /cluster/ha/rules) or a restricted group (PVE 8, /cluster/ha/groups) names it
+    (pve-ha-manager src/PVE/HA/Manager.pm `select_service_node`)."""
+    allowed = set(online)
+    for rule in reads.get("/cluster/ha/rules") or []:
+        names = str(rule.get("resources", "")).split(",")
+        if rule.get("type") == "node-affinity" and str(rule.get("strict", "0")) in ("1", "true") \
+                and str(rule.get("disable", "0")) in ("0", "false") and sid in names:
+            allowed &= {n.split(":")[0] for n in str(rule.get("nodes", "")).split(",")}
+    group = resource.get("group")
+    if group:
+        for row in reads.get("/cluster/ha/groups") or []:
+            if row.get("group") == group and str(row.get("restricted", "0")) in ("1", "true"):
+                allowed &= {n.split(":")[0] for n in str(row.get("nodes", "")).split(",")}
+    return sorted(n for n in online if n in allowed)
+
+
+def _online_nodes(reads: _Reads, node: str) -> list[str]:
+    rows = reads.get("/cluster/resources") or []
+    return sorted(r["node"] for r in rows if r.get("type") == "node" and r.get("status") == "online"
+                  and r.get("node") != node and not in_maintenance(reads, r["node"]))
+
+
+def _plain(guest: dict, config: dict, command: str) -> tuple[str, bool]:
+    """A guest HA does not manage: stop-all shuts it down; `onboot` starts it after a reboot
+    (pve-manager PVE/API2/Nodes.pm `stopall`, `startall`; services/pve-guests.service)."""
+    onboot = str(config.get("onboot", "0")) == "1"
+    down = _property(config.get("startup")).get("down", STOP_TIMEOUT)
+    later = ("started again at boot (onboot=1)" if onboot else "stays stopped after the reboot (onboot is off)") \
+        if command == "reboot" else "stays off until the node is powered on" + (", then starts (onboot=1)" * onboot)
+    if guest.get("status") != "stopped":  # running (or its state unknown: judged as running)
+        return f"shut down by the node's stop-all (hard stop after {down} s); {later}", True
+    if onboot and command == "reboot":
+        return "stopped now; started at boot (onboot=1)", True
+    return "", False
+
+
+def _with_ha(reads: _Reads, guest: dict, resource: dict, node: str, command: str) -> tuple[str, bool, str | None]:
+    """An HA resource, by the LRM's mode (LRM.pm `shutdown_request`; pve-docs ha-manager.adoc, Shutdown Policy)."""
+    if guest.get("status") == "stopped" and resource.get("state", "started") in ("stopped", "disabled"):
+        return "", False, None
+    disarm = _manager(reads).get("disarm") or {}
+    if disarm:
+        return (f"HA is disarmed ({disarm.get('mode', '?')}): stop-all skips HA resources, so it is killed when the "
+                f"node goes down"), True, None
+    mode = ha_mode(shutdown_policy(reads), command, in_maintenance(reads, node))
+    if mode == "migrate":
+        sid = f"{'vm' if guest['type'] == 'qemu' else 'ct'}:{guest['vmid']}"
+        targets = _allowed_nodes(reads, sid, resource, _online_nodes(reads, node))
+        if not targets:
+            return ("HA cannot move it (no other allowed node is online), so the node's shutdown waits until it "
+                    "can"), True, None
+        how = "live-migrated" if guest["type"] == "qemu" else "relocated (stopped, moved, started)"
+        return f"{how} by HA to {targets[0]} before the node goes down; moved back when it returns", False, targets[0]
+    if mode == "freeze":
+        after = "started again on this node after the reboot" if command == "reboot" else \
+            "stays stopped until the node returns, then starts here"
+        return f"stopped and frozen by HA; {after}", True, None
+    return ("stopped by HA; recovered (started) on another node once this one is fenced, about 2 minutes after it "
+            "went down"), True, None
+
+
+def effects(read: Read | None, node: str, command: str, only: set[int] | None = None) -> list[Effect]:
+    """What the node's `command` (reboot or shutdown) does to each of its guests (those in `only`, when
+    given) that it changes or moves, in vmid order; templates are left out."""
+    reads = _Reads(read)
+    rows = [r for r in reads.get("/cluster/resources") or [] if r.get("type") in ("qemu", "lxc")
+            and r.get("node") == node and not r.get("template") and (only is None or int(r["vmid"]) in only)]
+    resources = _ha_resources(reads) if rows else {}
+    found = []
+    for row in sorted(rows, key=lambda r: int(r["vmid"])):
+        guest = row | {"vmid": int(row["vmid"])}
+        resource = resources.get(guest["vmid"])
+        moved = None
+        if resource is not None and resource.get("state") != "ignored":  # HA/Config.pm `vm_is_ha_managed`
+            how, changes, moved = _with_ha(reads, guest, resource, node, command)
+        else:
+            config = reads.get(f"/nodes/{node}/{guest['type']}/{guest['vmid']}/config") or {}
+            how, changes = _plain(guest, config, command)
+        if how:
+            found.append(Effect(guest["vmid"], str(guest.get("name") or ""), guest["type"],
+                                str(guest.get("status") or "?"), how, changes, moved))
+    return found
+
+
+def protected_changes(read: Read | None, node: str, command: str, protected: list[int]) -> dict[int, str]:
+    """The protected guests the node's reboot or shutdown changes, and how (policy.check_protected
+    refuses them); one HA moves away while it keeps running is not changed."""
+    if not protected:
+        return {}
+    return {e.vmid: f"the node's {command}: {e.how}" for e in effects(read, node, command, set(protected))
+            if e.changes}
