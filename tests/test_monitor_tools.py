@@ -159,6 +159,69 @@ def test_journal_newest_first_by_cursor_and_by_identifier(logs, sim):
     assert 0 < len(ranged["lines"]) <= 10
 
 
+@pytest.fixture()
+def busy_journal(sim):
+    """pve2's journal as a busy node's: 20,000 entries over the same three days (one every 13 s)."""
+    entries = monitor(sim.lab).syslog["pve2"]
+    kept = list(entries)
+    now = int(time.time())
+    entries[:] = [{"time": now - 260_000 + i * 13, "ident": "pvestatd" if i % 7 else "sshd", "pid": 800 + i % 50,
+                   "unit": "pvestatd" if i % 7 else "ssh", "msg": f"status update {i}"} for i in range(20_000)]
+    yield entries
+    entries[:] = kept
+
+
+@pytest.fixture()
+def dense_journal(sim):
+    """pve2's journal with an entry in every second: each window of time ends on one."""
+    entries = monitor(sim.lab).syslog["pve2"]
+    kept = list(entries)
+    now = int(time.time())
+    entries[:] = [{"time": now - 5_000 + i, "ident": "pvestatd", "pid": 800, "unit": "pvestatd",
+                   "msg": f"status update {i}"} for i in range(5_000)]
+    yield entries
+    entries[:] = kept
+
+
+def log_reads(sim, action) -> tuple[dict, list[int]]:
+    """An action's answer and the journal entries each of its log reads went through on the node."""
+    reads = monitor(sim.lab).log_reads
+    before = len(reads)
+    answer = action()
+    return answer, [entries for _, _, entries in reads[before:]]
+
+
+@pytest.mark.parametrize("arguments", [
+    {"source": "syslog"}, {"source": "syslog", "grep": "status update 19"}, {"source": "syslog", "service": "sshd"},
+    {"source": "syslog", "since": "2d"}, {"source": "journal"}, {"source": "journal", "since": "2d"},
+    {"source": "journal", "grep": "no such line"}])
+def test_every_log_read_is_bounded_on_a_busy_node(logs, sim, busy_journal, arguments):
+    """journalctl reads the whole range of each syslog read, and mini-journalreader the whole range (or all
+    of the journal) without -n (docs/PROXMOX-BEHAVIOUR.md#system-logs): each read a page costs stays a
+    small part of a busy journal, on the first page and on the next."""
+    first, reads = log_reads(sim, lambda: logs.ok("node_logs", {"node": "pve2", **arguments}))
+    assert reads and max(reads) <= 2_500 and sum(reads) <= 6_000, reads
+    if first.get("next_cursor"):
+        _, reads = log_reads(sim, lambda: logs.ok("node_logs", {"node": "pve2", "cursor": first["next_cursor"]}))
+        assert reads and max(reads) <= 2_500 and sum(reads) <= 6_000, reads
+    if "grep" not in arguments:
+        assert len(first["lines"]) == 50
+
+
+@pytest.mark.parametrize("source", ["syslog", "journal"])
+def test_a_busy_log_pages_back_newest_first_without_gaps(logs, sim, dense_journal, source):
+    """Windows of time meet without a line lost or shown twice (journalctl and mini-journalreader read
+    from `since` up to, not including, `until`), however many lines a window holds."""
+    wanted = [f"status update {i}" for i in range(4_999, 4_999 - 700, -1)]
+    shown, cursor = [], None
+    while len(shown) < 700:
+        page = logs.ok("node_logs", {"node": "pve2", "source": source, "since": "3h"} if cursor is None
+                       else {"node": "pve2", "cursor": cursor})
+        shown += [line.rsplit(": ", 1)[1] for line in page["lines"]]
+        cursor = page["next_cursor"]
+    assert shown[:700] == wanted
+
+
 def test_log_text_is_masked_and_cut(logs, sim):
     entries = monitor(sim.lab).syslog["pve1"]
     entries.append({"time": entries[-1]["time"] + 1, "ident": "backup-script", "unit": "cron", "pid": 99,
