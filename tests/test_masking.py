@@ -127,3 +127,9 @@ def test_a_secret_json_would_escape_is_masked_too():
 ])
 def test_this_servers_own_messages_stay_readable(message):
     assert mask(message) == message
+
+
+def test_the_json_an_answer_is_sent_as_masks_each_string_and_keeps_its_escapes():
+    """Masking the JSON text would read `\\n` as part of a password and eat the next line."""
+    sent = masking.mask_json({"content": "DB_PASSWORD=hunter2\ncurl -u a:b https://nas\n", "n": 1})
+    assert sent == '{"content":"DB_PASSWORD=***\\ncurl -u a:*** https://nas\\n","n":1}'
