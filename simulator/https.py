@@ -51,6 +51,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
         # query keys win (docs/PROXMOX-BEHAVIOUR.md#request-encoding)
         params |= _flatten(parse_qs(parts.query, keep_blank_values=True))
+        if not parts.path.startswith("/api2/json"):
+            self.front.documents.append((self.product, parts.path))  # files beside the API, for tests
+        if parts.path == API_VIEWER[self.product] and self.front.viewer_redirect:  # a proxy in front, say
+            self.send_response(302, "Found")
+            self.send_header("Location", self.front.viewer_redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         if parts.path == API_VIEWER[self.product]:
             schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
             if schema is not None and schema.is_file():  # the viewer data, when the simulator was given some
@@ -232,6 +240,8 @@ class Simulator:
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.load_cert_chain(self.cert_file, key_file)
         self._servers: dict[str, ThreadingHTTPServer] = {}
+        self.documents: list[tuple[str, str]] = []  # (product, path) of each request beside the API
+        self.viewer_redirect: str | None = None  # the API viewer answers a redirect there
 
     def start(self) -> "Simulator":
         for product in ("pve", "pbs"):
