@@ -45,6 +45,9 @@ SCAN_LINES = 2000  # lines read per call while looking for `grep` matches
 FIRST_SPAN, MIN_SPAN, MAX_SPAN = 600, 60, 7 * 86400  # seconds a window covers
 WINDOW_TARGET, WINDOW_LINES = 400, 500  # lines a window should hold; most lines one syslog read brings
 WINDOW_READS = 12  # reads per call at most
+# The one line of a range without entries: journalctl's, and dump_journal's filler when nothing came
+# (docs/PROXMOX-BEHAVIOUR.md#system-logs)
+NOTHING = ("-- No entries --", "no content")
 LOOKBACK = 7 * 86400  # the syslog read without `since`: its last 7 days
 JOURNAL_LINE = re.compile(r"^\w{3} \d{2} \d{2}:\d{2}:\d{2} \S+ ([^\s\[:]+)")  # time, host, identifier
 RELATIVE = re.compile(r"^(\d+)([mhd])$")
@@ -145,7 +148,7 @@ def _syslog(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
         params = {"service": ask["service"], "since": _local_text(low, client, node),
                   "until": _local_text(high, client, node)}
         rows, total = client.get_counted(f"/nodes/{node}/syslog", start=0, limit=WINDOW_LINES, **params)
-        if total == 1 and rows and rows[0].get("t") == "no content":  # dump_journal's filler
+        if total == 1 and rows and rows[0].get("t") in NOTHING:
             return [], 0, True
         total = total or len(rows)
         left = total - skip

@@ -251,8 +251,10 @@ class Counted(list):
 def pve_syslog(call: Call, node: str) -> list:
     """journalctl -o short [--unit] [--since] [--until], oldest first; `start` skips lines, `limit`
     keeps them (0 or none: 50); `n` counts from the first line of the whole output, `total` is its
-    length; nothing at all is one line "no content" (pve-common src/PVE/Tools.pm, dump_journal;
-    the aliases sshd and postfix: pve-manager PVE/API2/Nodes.pm, syslog)."""
+    length; a range without entries is the one line journalctl prints then, `-- No entries --`
+    (pve-common src/PVE/Tools.pm, dump_journal, whose "no content" filler comes only when journalctl
+    prints nothing; systemd journalctl; the aliases sshd and postfix: pve-manager PVE/API2/Nodes.pm,
+    syslog)."""
     _node(call, node)
     service = call.arg("service")
     unit = {"sshd": "ssh", "postfix": "postfix@-"}.get(service, service)
@@ -265,12 +267,10 @@ def pve_syslog(call: Call, node: str) -> list:
     # journalctl goes through the whole range (the unit's entries: a journal match) whatever start and
     # limit keep of it, once per read (pve-common src/PVE/Tools.pm, dump_journal)
     world.log_reads.append((node, "syslog", len(lines)))
+    lines = lines or ["-- No entries --"]  # journalctl without -q (systemd src/journal/journalctl.c)
     start, limit = int(call.arg("start") or 0), int(call.arg("limit") or 0) or 50
     answer = Counted({"n": index + 1, "t": text} for index, text in enumerate(lines) if start <= index < start + limit)
     answer.total = len(lines)
-    if not lines:
-        answer.append({"n": 1, "t": "no content"})
-        answer.total = 1
     return answer
 
 
