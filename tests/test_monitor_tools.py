@@ -134,6 +134,7 @@ def test_syslog_newest_first_and_paged_back_with_a_cursor(logs, sim):
         page = logs.ok("node_logs", {"node": "pve1", "cursor": cursor})
         seen, cursor = seen + len(page["lines"]), page.get("next_cursor")
     assert seen == len(lines)  # every line once, then no cursor
+    assert "(7 days); since= reads further" in page["note"]  # where the syslog read without since ends
 
 
 def test_syslog_filters_by_service_and_text_and_time(logs):
