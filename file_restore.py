@@ -112,8 +112,7 @@ def _newest(client: ProxmoxClient, pbs_host: Host, vmid: int) -> Source:
     """The guest's newest backup on a PBS storage: listed by PVE, or, on a storage where PVE lists
     this token none of the guest's, on the Backup Server the storage writes to."""
     found, seen = [], set()
-    pbs = pbs_client(pbs_host) if configured("pbs") else None
-    on_pbs: dict[str, tuple[str, str]] | None = None
+    pbs, on_pbs = None, None
     for row in storage_rows(client):
         storage = row["storage"]
         if row.get("plugintype") != "pbs" or row.get("status") != "available" or storage in seen:
@@ -123,7 +122,9 @@ def _newest(client: ProxmoxClient, pbs_host: Host, vmid: int) -> Source:
             found += [(v.get("ctime") or 0, v["volid"], row["node"]) for v in client.get(
                 f"/nodes/{row['node']}/storage/{storage}/content", content="backup", vmid=vmid) or []]
             continue
-        on_pbs = pbs_backed_storages(client, pbs) if pbs and on_pbs is None else (on_pbs or {})
+        if on_pbs is None:  # read once, for the first storage that hides the guest's backups
+            pbs = _backup_server(pbs_host)
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
         if storage in on_pbs:
             store, ns = on_pbs[storage]
             found += [(s["backup-time"], f"{storage}:backup/{s['backup-type']}/{vmid}/"
@@ -149,15 +150,21 @@ def _blind(client: ProxmoxClient, pbs_host: Host, match: re.Match) -> Source:
     if kind == "vm":
         raise ProxmoxError(f"{why}. A VM backup is a disk image only PVE opens (the Backup Server has no file "
                            f"catalog of it), so grant that to browse it.", status=403)
-    pbs = pbs_client(pbs_host) if configured("pbs") else None
+    pbs = _backup_server(pbs_host)
     where = pbs_backed_storages(client, pbs).get(storage) if pbs else None
     if where is None:
-        raise ProxmoxError(f"{why}, and no configured Backup Server holds storage {storage}'s datastore, whose "
-                           f"catalog would show it.", status=403)
+        several = " (several are: name it with pbs_host)" if pbs is None and configured("pbs") else ""
+        raise ProxmoxError(f"{why}, and no configured Backup Server{several} holds storage {storage}'s datastore, "
+                           f"whose catalog would show it.", status=403)
     stamp = calendar.timegm(time.strptime(match["time"], "%Y-%m-%dT%H:%M:%SZ"))
     snapshot = {"store": where[0], "ns": where[1] or None, "backup-type": "ct", "backup-id": str(vmid),
                 "backup-time": stamp}
     return Source(pbs, match.group(0), snapshot=snapshot, blind=why)
+
+
+def _backup_server(pbs_host: Host) -> ProxmoxClient | None:
+    """The Backup Server to read a backup PVE hides on: the one named, or the only one configured."""
+    return pbs_client(pbs_host) if pbs_host or len(configured("pbs")) == 1 else None
 
 
 def _pbs_backup(pbs_host: Host, text: str) -> Source:
@@ -256,9 +263,13 @@ class NewFile:
                                f"file is there); nothing was saved. Remove it from PROXMOX_RESTORE_DIR.") from None
         finally:
             os.close(top)
-        self.name = self._free()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        self.file = os.fdopen(os.open(self.name + ".part", flags, 0o600, dir_fd=self.dir_fd), "wb")
+        try:
+            self.name = self._free()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            self.file = os.fdopen(os.open(self.name + ".part", flags, 0o600, dir_fd=self.dir_fd), "wb")
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
 
     def _free(self) -> str:
         """The first of name, name-1, name-2 ... for which neither it nor its .part exists (links count)."""

@@ -142,8 +142,8 @@ def _numbered_log(client: ProxmoxClient, path: str, params: dict, page: Page, be
 
 def _syslog(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
     """The syslog in windows of time: `since` and `until` in the node's local time (journalctl reads
-    entries from `since` up to `until`), `start`/`limit` keeping the newest of a window; a window
-    holding more than WINDOW_LINES is read twice (its count first)."""
+    entries from `since` up to `until`), the first WINDOW_LINES of a window with its count; a window
+    holding more is read again for its newest unshown lines."""
     def window(low: int, high: int, skip: int) -> tuple[list[str], int, bool]:
         params = {"service": ask["service"], "since": _local_text(low, client, node),
                   "until": _local_text(high, client, node)}
