@@ -109,6 +109,11 @@ class Page:
     def filtering(self) -> bool:
         return bool(self.pattern or self.keep)
 
+    @property
+    def full(self) -> bool:
+        """Whether the page holds its lines: the next window is the next page's to read."""
+        return len(self.lines) >= self.limit
+
     def offer(self, text: str) -> bool:
         """Take a line if it is wanted; False once the page is full (the line was not taken)."""
         if (self.keep and not self.keep(text)) or (self.pattern and self.pattern not in text.lower()):
@@ -130,7 +135,7 @@ def _numbered_log(client: ProxmoxClient, path: str, params: dict, page: Page, be
         empty = not first or (total == 1 and first[0].get("t") == "no content")  # dump_logfile's filler
         before = 1 if empty else (total or len(first)) + 1
     scanned = 0
-    while before > 1 and scanned < SCAN_LINES:
+    while before > 1 and scanned < SCAN_LINES and not page.full:
         window = min(before - 1, 500 if page.filtering else page.limit)
         start = before - 1 - window
         for line in sorted(client.get(path, start=start, limit=window, **params) or [], key=lambda x: -x.get("n", 0)):
@@ -169,6 +174,8 @@ def _windows(ask: dict, page: Page, window: Callable[[int, int, int], tuple[list
     high, skip, span = (int(part) for part in ask["position"].split("~")) if ask["position"] else \
         (ask["until"] or int(time.time()) + 1, 0, FIRST_SPAN)
     for _ in range(WINDOW_READS):
+        if page.full:
+            break
         low = max(ask["since"], high - span)
         lines, total, complete = window(low, high, skip)
         for taken, text in enumerate(reversed(lines)):
@@ -211,7 +218,7 @@ def _journal(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
         return _windows(ask, page, window)
     end_cursor, _, skipped = (ask["position"] or "~0").rpartition("~")
     skip, scanned = int(skipped or 0), 0
-    while scanned < SCAN_LINES:
+    while scanned < SCAN_LINES and not page.full:
         window = 500 if page.filtering else page.limit
         params: dict[str, Any] = {"endcursor": end_cursor or None, "until": None if end_cursor else ask["until"],
                                   "lastentries": skip + window}

@@ -209,6 +209,22 @@ def test_every_log_read_is_bounded_on_a_busy_node(logs, sim, busy_journal, argum
         assert len(first["lines"]) == 50
 
 
+@pytest.mark.parametrize("arguments", [{"source": "journal"}, {"source": "firewall"}])
+def test_a_full_page_reads_no_window_beyond_it(logs, sim, busy_journal, arguments):
+    """A page filled by one read ends there: the next window is read by the next page."""
+    monitor(sim.lab).firewall["pve2"][:] = [firewall_line(0, int(time.time()) - 3_000 + i, f"policy DROP {i}")
+                                            for i in range(500)]
+    try:
+        reads = monitor(sim.lab).log_reads
+        first, sent = requests_during(sim, lambda: logs.ok("node_logs", {"node": "pve2", **arguments}))
+        assert len(first["lines"]) == 50
+        logged = [r for r in sent if r[2].endswith(("/journal", "/firewall/log"))]
+        assert len(logged) == (2 if arguments["source"] == "firewall" else 1), sent  # the firewall's count first
+        assert reads[-1][2] == 50 or arguments["source"] == "firewall"
+    finally:
+        monitor(sim.lab).firewall["pve2"][:] = []
+
+
 @pytest.mark.parametrize("source", ["syslog", "journal"])
 def test_a_busy_log_pages_back_newest_first_without_gaps(logs, sim, dense_journal, source):
     """Windows of time meet without a line lost or shown twice (journalctl and mini-journalreader read
