@@ -52,15 +52,32 @@ _docs_lock = threading.Lock()
 DOC_PATHS = {product: path for product, path in policy.DOCUMENTS}  # the API viewer's file, per product
 
 
-def _viewer_text(client: ProxmoxClient) -> str:
-    """The host's API viewer file, fetched through the admission step (policy.document_decision)."""
+def _viewer_methods(client: ProxmoxClient) -> list[list[str]]:
+    """[method, path, description] of each method in the host's API viewer file, fetched through the
+    admission step (policy.document_decision) from exactly the path it judged: a redirect (a proxy in
+    front of the node) is not followed, and answers nothing. The methods, not the file, are what the
+    step hands back, masked like every answer."""
     path = DOC_PATHS[client.host.product]
 
-    def fetch(_decision: policy.Decision) -> str:
-        response = client.session.get(client.host.url + path, timeout=(3, 15), verify=client.verify)
-        return response.text if response.ok else ""
+    def fetch(_decision: policy.Decision) -> list[list[str]]:
+        response = client.session.get(client.host.url + path, timeout=(3, 15), verify=client.verify,
+                                      allow_redirects=False)
+        return _methods(response.text) if response.status_code == 200 else []
     return policy.admit(client.host, "GET", path, {}, fetch,
                         decision=policy.document_decision(client.host.product, path))
+
+
+def _methods(text: str) -> list[list[str]]:
+    """The methods of an apidoc.js (its `apiSchema` tree)."""
+    start = text.find("[", text.find("apiSchema"))
+    stack = list(json.JSONDecoder().raw_decode(text[start:])[0]) if start > 0 else []
+    found = []
+    while stack:
+        node = stack.pop()
+        for method, info in (node.get("info") or {}).items():
+            found.append([method, node["path"], str(info.get("description", "")).strip()])
+        stack.extend(node.get("children") or [])
+    return found
 
 
 def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str]:
@@ -73,17 +90,8 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
         cached = kept.get(key)
         if cached and (cached[1] or time.monotonic() - cached[0] < 600):
             return cached[1]
-        descriptions: dict[tuple[str, str], str] = {}
         try:
-            text = _viewer_text(client)
-            start = text.find("[", text.find("apiSchema"))
-            tree = json.JSONDecoder().raw_decode(text[start:])[0] if start > 0 else []
-            stack = list(tree)
-            while stack:
-                node = stack.pop()
-                for method, info in (node.get("info") or {}).items():
-                    descriptions[(method, node["path"])] = str(info.get("description", "")).strip()
-                stack.extend(node.get("children") or [])
+            descriptions = {(method, path): text for method, path, text in _viewer_methods(client)}
         except Exception:  # no viewer data (old host, proxy): facts alone
             descriptions = {}
         kept[key] = (time.monotonic(), descriptions)

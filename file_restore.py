@@ -1,15 +1,23 @@
 """One file back from a backup: browse inside a backup and save a file (or a directory as a zip)
-into the folder PROXMOX_RESTORE_DIR names, never into the answer.
+into the folder PROXMOX_RESTORE_DIR names. A restored file goes into the answer only when the
+caller asks (`show=true`: a small UTF-8 text file, masked like every answer, marked untrusted);
+otherwise the answer names the saved file, its size and SHA-256.
 
 Two ways in (docs/PROXMOX-BEHAVIOUR.md#backup-file-restore): through Proxmox VE's file-restore for
 a backup on a `pbs` storage (containers and VMs; for a VM, PVE boots a small restore VM to read the
-disk, so the first call can take a while), or through the Backup Server's catalog (containers and
-host backups; a VM backup is a disk image and has none). Backup contents are sensitive: both reads
-are at the sensitive gate, and saving a file is a write to this server's disk.
+disk, and listings inside the image answer 503 until it is up: they are tried again once, then the
+answer says to call again), or through the Backup Server's catalog (containers and host backups; a VM
+backup is a disk image and has none): asked for, or when PVE does not list a container's backup to
+this token. Backup contents are sensitive: both reads are at the sensitive gate, and saving a file
+is a write to this server's disk. The saved file is opened relative to the restore folder without
+following links (`NewFile`): a link planted there cannot send it elsewhere.
 """
 import base64
+import calendar
 import hashlib
+import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +25,9 @@ from typing import Any
 import runtime
 from answers import DryRunArg, Host, Limit, Offset, OptionalVmid, human_bytes, iso_time, table
 from errors import InvalidArgument, ProxmoxError
-from inventory import storage_node, storage_rows
-from proxmox_client import ProxmoxClient, pbs_client, pve_client
+from inventory import backup_grant, hidden_backups, pbs_backed_storages, storage_node, storage_rows
+from masking import mask
+from proxmox_client import ProxmoxClient, configured, pbs_client, pve_client
 
 
 @dataclass
@@ -32,6 +41,9 @@ SHOWN_TEXT = 16 * 1024  # a restored file up to this size may be shown (show=tru
 KINDS = {"d": "dir", "f": "file", "l": "symlink", "h": "hardlink", "v": "volume", "b": "block device",
          "c": "char device", "p": "fifo", "s": "socket"}  # catalog entry types (pbs-datastore catalog.rs)
 PBS_VOLID = re.compile(r"(?P<storage>[^:]+):backup/(?P<kind>vm|ct)/(?P<vmid>\d+)/(?P<time>\S+)")
+# Listings inside a VM image in one call: PVE gives up on each after 25 s while the restore VM boots
+# (503 `list not finished in time`; the GUI lists again: docs/PROXMOX-BEHAVIOUR.md#backup-file-restore)
+RESTORE_VM_TRIES = 2
 
 
 def configure(folder: Path | None, max_bytes: int) -> None:
@@ -47,6 +59,7 @@ class Source:
     storage: str = ""  # PVE
     volid: str = ""  # PVE
     snapshot: dict[str, Any] | None = None  # PBS: store, ns, backup-type, backup-id, backup-time
+    blind: str = ""  # why a PVE backup is read on the Backup Server: PVE does not list it to this token
 
     def list_path(self) -> tuple[str, dict[str, Any]]:
         if self.snapshot:
@@ -78,31 +91,80 @@ PBS_SNAPSHOT = re.compile(r"(?P<store>[A-Za-z0-9_][A-Za-z0-9._-]*):(?P<ns>(?:ns/
                           r"(?P<type>vm|ct|host)/(?P<id>[A-Za-z0-9_][A-Za-z0-9._-]*)(?:/(?P<time>\S+))?")
 
 
-def _pve_backup(host: Host, volid: str | None, vmid: int | None) -> Source:
-    """A PBS-backed backup on PVE, by volid, or the guest's newest one."""
+def _pve_backup(host: Host, pbs_host: Host, volid: str | None, vmid: int | None) -> Source:
+    """A PBS-backed backup on PVE, by volid, or the guest's newest one; read through the Backup Server's
+    catalog when PVE does not list it to this token."""
     client = pve_client(host)
-    if volid:
-        match = PBS_VOLID.fullmatch(volid)
-        if not match:
-            raise InvalidArgument(f"'{volid}' is not a backup on a PBS storage (storage:backup/vm|ct/<vmid>/<time>); "
-                                  f"single files come only out of those. Restore a vzdump archive whole "
-                                  f"(write_restore_backup), or take a volid from list_backups.")
-        storage = match["storage"]
-        return Source(client, volid, storage_node(client, storage, None), storage, volid)
+    if not volid:
+        return _newest(client, pbs_host, vmid)
+    match = PBS_VOLID.fullmatch(volid)
+    if not match:
+        raise InvalidArgument(f"'{volid}' is not a backup on a PBS storage (storage:backup/vm|ct/<vmid>/<time>); "
+                              f"single files come only out of those. Restore a vzdump archive whole "
+                              f"(write_restore_backup), or take a volid from list_backups.")
+    storage = match["storage"]
+    if hidden_backups(client, storage, [int(match["vmid"])]):
+        return _blind(client, pbs_host, match)
+    return Source(client, volid, storage_node(client, storage, None), storage, volid)
+
+
+def _newest(client: ProxmoxClient, pbs_host: Host, vmid: int) -> Source:
+    """The guest's newest backup on a PBS storage: listed by PVE, or, on a storage where PVE lists
+    this token none of the guest's, on the Backup Server the storage writes to."""
     found, seen = [], set()
+    pbs, on_pbs = None, None
     for row in storage_rows(client):
-        if row.get("plugintype") != "pbs" or row.get("status") != "available" or row["storage"] in seen:
+        storage = row["storage"]
+        if row.get("plugintype") != "pbs" or row.get("status") != "available" or storage in seen:
             continue
-        seen.add(row["storage"])
-        for volume in client.get(f"/nodes/{row['node']}/storage/{row['storage']}/content", content="backup",
-                                 vmid=vmid) or []:
-            found.append((volume.get("ctime") or 0, row["storage"], row["node"], volume["volid"]))
+        seen.add(storage)
+        if not hidden_backups(client, storage, [vmid]):
+            found += [(v.get("ctime") or 0, v["volid"], row["node"]) for v in client.get(
+                f"/nodes/{row['node']}/storage/{storage}/content", content="backup", vmid=vmid) or []]
+            continue
+        if on_pbs is None:  # read once, for the first storage that hides the guest's backups
+            pbs = _backup_server(pbs_host)
+            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+        if storage in on_pbs:
+            store, ns = on_pbs[storage]
+            found += [(s["backup-time"], f"{storage}:backup/{s['backup-type']}/{vmid}/"
+                       f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(s['backup-time']))}", None)
+                      for s in pbs.get(f"/admin/datastore/{store}/snapshots", ns=ns or None,
+                                       **{"backup-id": str(vmid)}) or [] if s.get("backup-type") in ("vm", "ct")]
     if not found:
         raise InvalidArgument(f"No PBS-backed backup of guest {vmid} is visible (the token needs "
                               f"Datastore.AllocateSpace on the storage and VM.Backup on the guest to see backups; "
                               f"list_backups shows what is there).")
-    _, storage, node, newest = max(found)
-    return Source(client, newest, node, storage, newest)
+    _, newest, node = max(found)
+    if node is None:  # read on the Backup Server
+        return _blind(client, pbs_host, PBS_VOLID.fullmatch(newest))
+    return Source(client, newest, node, newest.split(":", 1)[0], newest)
+
+
+def _blind(client: ProxmoxClient, pbs_host: Host, match: re.Match) -> Source:
+    """A backup PVE does not list to this token (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume): a
+    container's is read through the catalog of the Backup Server its storage writes to."""
+    storage, kind, vmid = match["storage"], match["kind"], int(match["vmid"])
+    why = (f"PVE does not let {client.host.token_id} read backup {match.group(0)}: it lacks Datastore.AllocateSpace "
+           f"on /storage/{storage} or VM.Backup on /vms/{vmid} ({backup_grant(client)})")
+    if kind == "vm":
+        raise ProxmoxError(f"{why}. A VM backup is a disk image only PVE opens (the Backup Server has no file "
+                           f"catalog of it), so grant that to browse it.", status=403)
+    pbs = _backup_server(pbs_host)
+    where = pbs_backed_storages(client, pbs).get(storage) if pbs else None
+    if where is None:
+        several = " (several are: name it with pbs_host)" if pbs is None and configured("pbs") else ""
+        raise ProxmoxError(f"{why}, and no configured Backup Server{several} holds storage {storage}'s datastore, "
+                           f"whose catalog would show it.", status=403)
+    stamp = calendar.timegm(time.strptime(match["time"], "%Y-%m-%dT%H:%M:%SZ"))
+    snapshot = {"store": where[0], "ns": where[1] or None, "backup-type": "ct", "backup-id": str(vmid),
+                "backup-time": stamp}
+    return Source(pbs, match.group(0), snapshot=snapshot, blind=why)
+
+
+def _backup_server(pbs_host: Host) -> ProxmoxClient | None:
+    """The Backup Server to read a backup PVE hides on: the one named, or the only one configured."""
+    return pbs_client(pbs_host) if pbs_host or len(configured("pbs")) == 1 else None
 
 
 def _pbs_backup(pbs_host: Host, text: str) -> Source:
@@ -133,19 +195,35 @@ def _backup(host: Host, pbs_host: Host, backup: str | None, vmid: int | None) ->
     if not (backup or vmid):
         raise InvalidArgument("Name the backup: backup=<volid from list_backups> or <store>:ct/<id>[/<time>] on the "
                               "Backup Server, or vmid=<vmid> for the guest's newest PBS-backed backup.")
-    return _pve_backup(host, backup, vmid)
+    return _pve_backup(host, pbs_host, backup, vmid)
 
 
 def _entries(source: Source, path: str) -> list[dict]:
-    where, params = source.list_path()
-    rows = source.client.get(where, **params, filepath=_encoded(path)) or []
+    rows = _listing(source, path)
     return [{"path": _decoded(r["filepath"]), "type": KINDS.get(r.get("type"), r.get("type")),
              "size": r.get("size"), "modified": iso_time(r.get("mtime"))} for r in rows]
 
 
+def _listing(source: Source, path: str) -> list[dict]:
+    """One directory's rows; a listing inside a VM image is tried again while its restore VM boots."""
+    where, params = source.list_path()
+    for _ in range(RESTORE_VM_TRIES):
+        try:
+            return source.client.get(where, **params, filepath=_encoded(path)) or []
+        except ProxmoxError as exc:
+            if source.blind and exc.status == 403:
+                raise ProxmoxError(f"{source.blind}; the Backup Server refuses its catalog too: {exc}",
+                                   status=403) from None
+            if exc.status != 503 or "not finished in time" not in str(exc):
+                raise
+    raise ProxmoxError(f"The restore VM that opens {source.label} is still starting: Proxmox gave up listing "
+                       f"{path} after 25 s, {RESTORE_VM_TRIES} times. Call again in about 30 s (it stays up "
+                       f"10 minutes after its last use).", status=503)
+
+
 def backup_files(backup: str | None = None, vmid: OptionalVmid = None, path: str = "/",
                  host: Host = None, pbs_host: Host = None, limit: Limit = 200, offset: Offset = 0) -> dict:
-    """Files in a backup: a volid on a PBS storage, vmid's newest, or PBS store:ct/102[/time]."""
+    """Files in a backup: a PBS volid, vmid's newest, or PBS store:ct/102[/time]."""
     source = _backup(host, pbs_host, backup, vmid)
     rows = _entries(source, path)
     for row in rows:
@@ -154,36 +232,104 @@ def backup_files(backup: str | None = None, vmid: OptionalVmid = None, path: str
     return result | table(["path", "type", "size", "modified"], rows, limit=limit, offset=offset)
 
 
-def _destination(folder: Path, source: Source, path: str, directory: bool, create: bool) -> Path:
-    """A new file under the restore folder: <backup>/<name>, a directory as <name>.zip; never an
-    existing name. `create` makes the folders (not for a dry run)."""
+class NewFile:
+    """A new file `<label>/<name>` under the restore folder, never over an existing name and never
+    through a link: the label folder is opened relative to the restore folder without following a
+    link (O_DIRECTORY | O_NOFOLLOW), the file is made in it as `<name>.part` (O_CREAT | O_EXCL |
+    O_NOFOLLOW, 0600) and linked to a free name once complete (linkat refuses a name that exists).
+    Its SHA-256, and its first SHOWN_TEXT bytes, are kept as it is written. proxmox_client.Sink."""
+
+    def __init__(self, folder: Path, label: str, name: str):
+        self.folder, self.label, self.wanted, self.name = folder, label, name, name
+        self.digest, self.head = hashlib.sha256(), bytearray()
+        self.dir_fd: int | None = None
+        self.file: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.label / self.name
+
+    def open(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # backup contents: this server's user only
+        top = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                os.mkdir(self.label, 0o700, dir_fd=top)
+            except FileExistsError:
+                pass
+            self.dir_fd = os.open(self.label, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        except OSError as exc:
+            raise ProxmoxError(f"{self.folder / self.label} is not a folder of its own ({exc.strerror}: a link or a "
+                               f"file is there); nothing was saved. Remove it from PROXMOX_RESTORE_DIR.") from None
+        finally:
+            os.close(top)
+        try:
+            self.name = self._free()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            self.file = os.fdopen(os.open(self.name + ".part", flags, 0o600, dir_fd=self.dir_fd), "wb")
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
+
+    def _free(self) -> str:
+        """The first of name, name-1, name-2 ... for which neither it nor its .part exists (links count)."""
+        stem, dot, suffix = self.wanted.partition(".zip") if self.wanted.endswith(".zip") else (self.wanted, "", "")
+        for number in range(10_000):
+            name = f"{stem}-{number}{dot}{suffix}" if number else self.wanted
+            if not any(self._exists(n) for n in (name, name + ".part")):
+                return name
+        raise ProxmoxError(f"{self.folder / self.label} holds 10,000 files named {self.wanted}; clear it out.")
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.digest.update(data)
+        if len(self.head) <= SHOWN_TEXT:
+            self.head += data[:SHOWN_TEXT + 1 - len(self.head)]
+
+    def keep(self) -> None:
+        self.file.close()
+        part = self.name + ".part"
+        while True:
+            try:
+                os.link(part, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd, follow_symlinks=False)
+                break
+            except FileExistsError:  # made meanwhile: the next free name
+                self.name = self._free()
+        os.unlink(part, dir_fd=self.dir_fd)
+        os.close(self.dir_fd)
+
+    def drop(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            try:
+                os.unlink(self.name + ".part", dir_fd=self.dir_fd)
+            except FileNotFoundError:
+                pass
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+
+
+def _new_file(folder: Path, source: Source, path: str, directory: bool) -> NewFile:
+    """Where a restore saves: <folder>/<backup>/<name>, a directory as <name>.zip."""
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.label.split(":", 1)[-1]).strip("_")
-    parent = folder / label
-    if create:  # backup contents: readable by this server's user only
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        parent.mkdir(exist_ok=True, mode=0o700)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.rstrip("/").rsplit("/", 1)[-1]) or "backup"
-    suffix = ".zip" if directory else ""
-    candidate, number = parent / f"{name}{suffix}", 1
-    while candidate.exists() or candidate.with_name(candidate.name + ".part").exists():
-        candidate, number = parent / f"{name}-{number}{suffix}", number + 1
-    return candidate
+    return NewFile(folder, label, name + (".zip" if directory else ""))
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as data:
-        for block in iter(lambda: data.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _shown(destination: Path, size: int) -> dict:
-    """A small text file's contents, marked as data from the backup, not instructions."""
+def _shown(saved: NewFile, size: int) -> dict:
+    """A small text file's contents, masked like every answer and marked as data from the backup,
+    not instructions."""
     if size > SHOWN_TEXT:
         return {"not_shown": f"larger than {SHOWN_TEXT // 1024} KiB; read it from the saved file"}
     try:
-        return {"content": destination.read_bytes().decode("utf-8"), "untrusted": True}
+        return {"content": mask(bytes(saved.head).decode("utf-8")), "untrusted": True}
     except UnicodeDecodeError:
         return {"not_shown": "not UTF-8 text"}
 
@@ -203,9 +349,9 @@ def _saved_entry(source: Source, clean: str) -> dict:
     return entry
 
 
-def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None,
+def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None, show: bool = False,
                        dry_run: DryRunArg = False) -> dict:
-    """Save a file (a dir as .zip) from a backup, as backup_files names both, to PROXMOX_RESTORE_DIR."""
+    """Save a backup_files entry (dir: zip) to PROXMOX_RESTORE_DIR; show: text too."""
     settings = _restore.get()
     folder = settings.folder
     if folder is None:
@@ -217,14 +363,14 @@ def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host
     source = _backup(host, pbs_host, backup, None)
     # a dry run answers the download itself: the listing first would be a sensitive read, held back too
     entry = {"type": "file"} if dry_run else _saved_entry(source, clean)
-    destination = _destination(folder, source, clean, entry["type"] == "dir", create=not dry_run)
+    saved = _new_file(folder, source, clean, entry["type"] == "dir")
     where, params = source.download_path()
-    size = source.client.download(where, params | {"filepath": _encoded(clean)}, destination, settings.max_bytes,
+    size = source.client.download(where, params | {"filepath": _encoded(clean)}, saved, settings.max_bytes,
                                   also=("write", f"saves it to {folder} on this server"))
-    answer = {"result": "ok", "backup": source.label, "path": clean, "saved": str(destination),
-              "size": human_bytes(size), "sha256": _sha256(destination)}
+    answer = {"result": "ok", "backup": source.label, "path": clean, "saved": str(saved.path),
+              "size": human_bytes(size), "sha256": saved.digest.hexdigest()}
     if entry["type"] == "dir":
         answer["note"] = "The directory was saved as a zip archive."
-    else:  # the read itself needed the sensitive gate (docs/SECURITY.md)
-        answer |= _shown(destination, size)
+    elif show:  # the read itself needed the sensitive gate (docs/SECURITY.md#files-from-backups)
+        answer |= _shown(saved, size)
     return answer

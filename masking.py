@@ -1,10 +1,14 @@
 """Secrets never shown: masked in answers, errors, logs and the audit log.
 
 Three kinds: the secrets the configuration holds (registered at start and replaced wherever they
-appear); secrets by shape in any text (token headers, private keys, tickets, passwords in URLs);
-and the properties an API answer carries that are secrets (catalog.py derives them from every
-method's return schema at build time and adds what untyped answers hold: `secrets`). File
-contents, agent stdin and header blobs are never logged: the audit sees their size and SHA-256.
+appear); secrets by shape in any text, as programs print them (token headers, private keys,
+tickets, passwords in URLs, `--password X`, `sshpass -p X`, `mysql -pX`, `Authorization: Bearer X`,
+`X-Api-Key: X`, `?token=X`, `curl -u user:X`: `_SECRET_PATTERNS`); and the properties an API answer
+carries that are secrets (catalog.py derives them from every method's return schema at build time
+and adds what untyped answers hold: `secrets`). Every answer is masked in all three ways before a
+tool reads it (`mask_answer`, called by policy.admit), so that what a tool filters, greps, pages,
+sorts or counts is masked text already. File contents, agent stdin and header blobs are never
+logged: the audit sees their size and SHA-256.
 """
 from __future__ import annotations
 
@@ -27,15 +31,56 @@ CONTENT_PARAMS = ("content", "contents", "stdin")  # file contents: size and has
 # headers (an OpenTelemetry server's `otel-headers`, a webhook's `header`: bearer tokens).
 BLOB_PARAMS = re.compile(r"input-data|.*headers?", re.IGNORECASE)
 LONG_VALUE = 256  # characters: a longer parameter value is logged as size and hash
+# A secret's value as programs print it: one word, or a quoted phrase.
+_VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"']+)"""
+# Programs whose -p takes the password: sshpass (`-p X` and `-pX`), the MySQL and MariaDB clients (`-pX`
+# only: with a space they prompt, and the next word is a database). Every other -p (ssh's, rsync's,
+# tar's, mysql's -P) is a port or a flag, and stays.
+_MYSQL = r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mysqlshow|mysqlpump|mariadb|mariadb-dump" \
+         r"|mariadb-admin|mariadb-import|mariadb-check)"
+# Option names whose value is a secret: --password X, --passphrase=X, --s3-secret-access-key X; not
+# --password-file, --token-id and the like, which name where a secret is.
+_SECRET_OPTION = r"--(?:[a-z0-9]+-)*(?:password|passwd|passphrase|pass|secret|token|api-?key|apikey)" \
+                 r"(?:-(?!(?:file|fd|path|id|name|env|cmd|command|prompt|stdin|helper)\b)[a-z0-9]+)*"
+_TOKEN_ID = r"[^\s\"'&,;}=<!]+![^\s\"'&,;}=<]+="  # user@realm!tokenid= before a token's secret
+# The secrets in any text, by shape (issue 28 §2; docs/SECURITY.md#secrets-in-program-shapes). Each keeps
+# what comes before the secret (group `k`) and, where named, after it (`t`); tests/test_masking.py has a
+# line for each.
 _SECRET_PATTERNS = [
-    re.compile(r"(PVEAPIToken=[^=\s]+=)[^\s\"',]+"),
-    re.compile(r"(PBSAPIToken=[^:\s]+:)[^\s\"',]+"),
-    re.compile(r"(-----BEGIN [A-Z ]*PRIVATE KEY-----)[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----)"),
-    re.compile(r"((?:PVE|PBS)AuthCookie=)[^\s;\"',]+"),
-    re.compile(r"((?:\"|')?(?:password|cipassword|secret|ticket|CSRFPreventionToken|token-secret|client-key)"
-               r"(?:\"|')?\s*[:=]\s*(?:\"|')?)[^\"'\s,}&]+", re.IGNORECASE),
-    re.compile(r"(://)[^/\s\"'<>]*(@)"),  # user and password in a URL, even with an @ in the user name
+    re.compile(r"(?P<k>PVEAPIToken=[^=\s]+=)[^\s\"',]+"),
+    re.compile(r"(?P<k>PBSAPIToken=[^:\s]+:)[^\s\"',]+"),
+    re.compile(r"(?P<k>-----BEGIN [A-Z ]*PRIVATE KEY-----)[\s\S]*?(?P<t>-----END [A-Z ]*PRIVATE KEY-----)"),
+    re.compile(r"(?P<k>(?:PVE|PBS)AuthCookie=)[^\s;\"',]+"),
+    re.compile(r"(?P<k>(?:\"|')?(?:password|cipassword|secret|ticket|CSRFPreventionToken|token-secret|client-key)"
+               r"(?:\"|')?\s*[:=]\s*(?:\"|')?)(?![{\[])[^\"'\s,}&]+", re.IGNORECASE),
+    re.compile(r"(?P<k>://)[^/\s\"'<>]*(?P<t>@)"),  # user and password in a URL, even with an @ in the user name
+    # HTTP headers: Authorization with any scheme (to the header's end), API keys and tokens
+    re.compile(r"(?P<k>\b(?:Proxy-)?Authorization\s*:(?!\s*(?:\w+[ =])?<)\s*(?:(?:Bearer|Basic|Digest|Token|Negotiate"
+               r"|NTLM|Bot|PVEAPIToken|PBSAPIToken)[ =])?)[^\"'\n\r]+", re.IGNORECASE),
+    re.compile(r"(?P<k>\b(?:(?!(?:public|host|ssh)-key)(?:[A-Za-z0-9]+-)+(?:key|token|secret|auth|session)"
+               r"|apikey|api_key|cookie)[ \t]*:[ \t]*)(?!<)[^\"'\s]+", re.IGNORECASE),
+    re.compile(r"(?P<k>\bBearer\s+)(?=[A-Za-z0-9\-._~+/]*[0-9._~+/-])[A-Za-z0-9\-._~+/]{8,}=*"),
+    # key=value (URL queries, environment): token=, access_token=, GITHUB_TOKEN=, api_key=; a PVE token
+    # id before its secret stays (PROXMOX_TOKEN=user@pve!id=***), a <placeholder> too
+    re.compile(r"(?P<k>(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.-])*(?:token|api[_-]?key|apikey)="
+               r"(?!(?:" + _TOKEN_ID + r")?<)(?:" + _TOKEN_ID + r")?)[^\s\"'&,;}]+", re.IGNORECASE),
+    # command lines: --password X (a space), -pass pass:X, sshpass -p X, mysql -pX, redis-cli -a X,
+    # curl -u user:X, smbclient -U user%X
+    re.compile(r"(?P<k>" + _SECRET_OPTION + r"[ =])" + _VALUE),
+    re.compile(r"(?P<k>-pass(?:in|out)?\s+pass:)" + _VALUE),
+    re.compile(r"(?P<k>\bsshpass\s+(?:-[^p\s]\S*\s+)*-p\s*)" + _VALUE),
+    re.compile(r"(?P<k>\b" + _MYSQL + r"\b[^\n|;&]*?\s-p)(?=\S)" + _VALUE),
+    re.compile(r"(?P<k>\bredis-cli\b[^\n|;&]*?\s-a\s+)" + _VALUE),
+    re.compile(r"(?P<k>\bcurl\b[^\n|;&]*?\s(?:-u|--user)[\s=]*'[^':\n]*:)[^'\n]*"),
+    re.compile(r"(?P<k>\bcurl\b[^\n|;&]*?\s(?:-u|--user)[\s=]*\"[^\":\n]*:)[^\"\n]*"),
+    re.compile(r"(?P<k>\bcurl\b[^\n|;&]*?\s(?:-u|--user)[\s=]*[^\s:'\"]+:)[^\s'\"]+"),
+    re.compile(r"(?P<k>\bsmbclient\b[^\n|;&]*?\s-U\s*['\"]?[^\s%'\"]+%)[^\s'\"]+"),
 ]
+# Keys whose value is a secret wherever an answer has them, as the words of the pattern above read them
+# in text ("password": "x"): an answer is masked as the text the edge sends would be. A console's
+# `ticket` (termproxy, vncproxy) reaches the tool that opens the console with it; the edge masks it in
+# any answer, as that pattern does.
+_SECRET_KEY = re.compile(r"password|secret|CSRFPreventionToken|client-key", re.IGNORECASE)
 _known_secrets: set[str] = set()
 
 
@@ -46,12 +91,16 @@ def register_secret(secret: str | None) -> None:
 
 
 def mask(text: str) -> str:
-    """Mask token secrets, passwords, keys, tickets and secrets in URLs."""
+    """Mask the configured secrets and every secret of a shape the table knows (_SECRET_PATTERNS)."""
     for secret in _known_secrets:
         text = text.replace(secret, MASK)
     for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: m.group(1) + MASK + (m.group(2) if m.lastindex == 2 else ""), text)
+        text = pattern.sub(_masked_match, text)
     return text
+
+
+def _masked_match(match: re.Match) -> str:
+    return match.group("k") + MASK + (match.groupdict().get("t") or "")
 
 
 @lru_cache(maxsize=None)
@@ -92,20 +141,78 @@ def audit_view(params: dict[str, Any]) -> dict[str, Any]:
             view[name] = fingerprint(value)
         else:
             view[name] = value
-    return json.loads(mask(json.dumps(view, default=str)))
+    return json.loads(mask_json(view))
 
 
 def mask_answer(data: Any, names: tuple[str, ...] | list[str]) -> Any:
-    """An API answer with the secret properties its schema names (or catalog.UNTYPED_SECRETS, where
-    `*` matches any characters) replaced, at any depth."""
-    if not names:
+    """An answer as every tool receives it (policy.admit hands it over so): the secret properties
+    its schema names (or catalog.UNTYPED_SECRETS, where `*` matches any characters) replaced at any
+    depth, and every text masked by shape and by the configured secrets (`mask`). So a tool that
+    filters, greps, pages, sorts or counts what Proxmox answered works on masked text only: whether
+    a line matches can never tell a secret's characters (docs/SECURITY.md#masked-before-filtered).
+    An answer with nothing to mask is returned as it is."""
+    if names:
+        data = _mask_named(data, names)
+    if not _holds_secret(data):
         return data
+    return _mask_texts(data)
+
+
+def mask_json(data: Any) -> str:
+    """An answer as compact JSON with every string masked (mask_answer), keys too. Never the JSON
+    text itself: a pattern would read an escape (`\\n`) as part of the value before it."""
+    plain = json.loads(json.dumps(data, default=str))
+    return json.dumps(mask_answer(plain, ()), separators=(",", ":"), ensure_ascii=False)
+
+
+def _mask_named(data: Any, names: tuple[str, ...] | list[str]) -> Any:
     if isinstance(data, list):
-        return [mask_answer(item, names) for item in data]
+        return [_mask_named(item, names) for item in data]
     if isinstance(data, dict):
-        return {k: (MASK if v not in (None, "") and _named(k, names) else mask_answer(v, names))
+        return {k: (MASK if v not in (None, "") and _named(k, names) else _mask_named(v, names))
                 for k, v in data.items()}
     return data
+
+
+def _texts(data: Any, found: list[str]) -> bool:
+    """Every string of an answer, keys too, into `found`; True when a key names a secret that has a value."""
+    named = False
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found.append(str(key))
+            if _secret_value(key, value):
+                named = True
+            named = _texts(value, found) or named
+    elif isinstance(data, list):
+        for item in data:
+            named = _texts(item, found) or named
+    elif isinstance(data, str):
+        found.append(data)
+    return named
+
+
+def _holds_secret(data: Any) -> bool:
+    """Whether masking would change anything: all the answer's texts are masked at once (one pass of
+    each pattern), the answer walked only when that finds something."""
+    found: list[str] = []
+    if _texts(data, found):
+        return True
+    joined = "\n".join(found)
+    return mask(joined) != joined
+
+
+def _secret_value(key: Any, value: Any) -> bool:
+    return isinstance(key, str) and value not in (None, "") and not isinstance(value, (dict, list, bool)) \
+        and bool(_SECRET_KEY.search(key))
+
+
+def _mask_texts(data: Any) -> Any:
+    if isinstance(data, list):
+        return [_mask_texts(item) for item in data]
+    if isinstance(data, dict):
+        return {(mask(k) if isinstance(k, str) else k): (MASK if _secret_value(k, v) else _mask_texts(v))
+                for k, v in data.items()}
+    return mask(data) if isinstance(data, str) else data
 
 
 def _named(key: str, names: tuple[str, ...] | list[str]) -> bool:

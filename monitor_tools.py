@@ -39,6 +39,16 @@ LOG_LINES = 50  # lines per page, newest first
 LINE_CHARS = 300  # a longer line is cut
 LOG_BYTES = 8000  # line text per answer
 SCAN_LINES = 2000  # lines read per call while looking for `grep` matches
+# Reads that name a time range cost the node the whole range (journalctl, mini-journalreader): such a
+# log is read newest first in windows of time, each sized to hold about WINDOW_TARGET lines
+# (docs/PROXMOX-BEHAVIOUR.md#system-logs). The syslog reaches back LOOKBACK without `since`.
+FIRST_SPAN, MIN_SPAN, MAX_SPAN = 600, 60, 7 * 86400  # seconds a window covers
+WINDOW_TARGET, WINDOW_LINES = 400, 500  # lines a window should hold; most lines one syslog read brings
+WINDOW_READS = 12  # reads per call at most
+# The one line of a range without entries: journalctl's, and dump_journal's filler when nothing came
+# (docs/PROXMOX-BEHAVIOUR.md#system-logs)
+NOTHING = ("-- No entries --", "no content")
+LOOKBACK = 7 * 86400  # the syslog read without `since`: its last 7 days
 JOURNAL_LINE = re.compile(r"^\w{3} \d{2} \d{2}:\d{2}:\d{2} \S+ ([^\s\[:]+)")  # time, host, identifier
 RELATIVE = re.compile(r"^(\d+)([mhd])$")
 ABSOLUTE = {10: "%Y-%m-%d", 16: "%Y-%m-%d %H:%M", 19: "%Y-%m-%d %H:%M:%S"}
@@ -99,6 +109,11 @@ class Page:
     def filtering(self) -> bool:
         return bool(self.pattern or self.keep)
 
+    @property
+    def full(self) -> bool:
+        """Whether the page holds its lines: the next window is the next page's to read."""
+        return len(self.lines) >= self.limit
+
     def offer(self, text: str) -> bool:
         """Take a line if it is wanted; False once the page is full (the line was not taken)."""
         if (self.keep and not self.keep(text)) or (self.pattern and self.pattern not in text.lower()):
@@ -120,7 +135,7 @@ def _numbered_log(client: ProxmoxClient, path: str, params: dict, page: Page, be
         empty = not first or (total == 1 and first[0].get("t") == "no content")  # dump_logfile's filler
         before = 1 if empty else (total or len(first)) + 1
     scanned = 0
-    while before > 1 and scanned < SCAN_LINES:
+    while before > 1 and scanned < SCAN_LINES and not page.full:
         window = min(before - 1, 500 if page.filtering else page.limit)
         start = before - 1 - window
         for line in sorted(client.get(path, start=start, limit=window, **params) or [], key=lambda x: -x.get("n", 0)):
@@ -131,9 +146,50 @@ def _numbered_log(client: ProxmoxClient, path: str, params: dict, page: Page, be
 
 
 def _syslog(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
-    params = {"service": ask["service"], "since": _local_text(ask["since"], client, node),
-              "until": _local_text(ask["until"], client, node)}
-    return _numbered_log(client, f"/nodes/{node}/syslog", params, page, ask["position"])
+    """The syslog in windows of time: `since` and `until` in the node's local time (journalctl reads
+    entries from `since` up to `until`), the first WINDOW_LINES of a window with its count; a window
+    holding more is read again for its newest unshown lines."""
+    def window(low: int, high: int, skip: int) -> tuple[list[str], int, bool]:
+        params = {"service": ask["service"], "since": _local_text(low, client, node),
+                  "until": _local_text(high, client, node)}
+        rows, total = client.get_counted(f"/nodes/{node}/syslog", start=0, limit=WINDOW_LINES, **params)
+        if total == 1 and rows and rows[0].get("t") in NOTHING:
+            return [], 0, True
+        total = total or len(rows)
+        left = total - skip
+        if left > len(rows):  # the newest unshown lines lie beyond the first WINDOW_LINES
+            rows = client.get(f"/nodes/{node}/syslog", start=left - WINDOW_TARGET, limit=WINDOW_TARGET,
+                              **params) or []
+            return [str(r.get("t", "")) for r in rows], total, False
+        return [str(r.get("t", "")) for r in rows[:max(0, left)]], total, True
+    return _windows(ask, page, window)
+
+
+def _windows(ask: dict, page: Page, window: Callable[[int, int, int], tuple[list[str], int, bool]]) -> str | None:
+    """A log read newest first in windows of time from `until` (now) back to `since`. Position
+    `high~skip~span`: the `skip` newest lines before `high` were shown, and the next window reaches
+    `span` seconds back from `high`. `window(low, high, skip)` answers the window's lines that were
+    not shown yet (oldest first; the newest of them when `complete` is False), and how many it
+    holds: what the read cost the node, which sizes the next window."""
+    high, skip, span = (int(part) for part in ask["position"].split("~")) if ask["position"] else \
+        (ask["until"] or int(time.time()) + 1, 0, FIRST_SPAN)
+    for _ in range(WINDOW_READS):
+        if page.full:
+            break
+        low = max(ask["since"], high - span)
+        lines, total, complete = window(low, high, skip)
+        for taken, text in enumerate(reversed(lines)):
+            if not page.offer(text):
+                return f"{high}~{skip + taken}~{span}"
+        # at most four times as long: a quiet hour says little about the day before it
+        span = min(MAX_SPAN, span * 4, max(MIN_SPAN, span * WINDOW_TARGET // max(total, 1)))
+        if not complete:  # older lines of this window are left: the same end, a shorter window
+            skip += len(lines)
+            continue
+        if low <= ask["since"]:
+            return None
+        high, skip = low, max(0, skip - total)
+    return f"{high}~{skip}~{span}"
 
 
 def _firewall(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
@@ -149,23 +205,30 @@ def _firewall(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
 
 
 def _journal(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
-    """The journal backwards. Position `cursor~k`: the k newest entries before that journal cursor
-    (before `until` without one) were shown. Without `since`, windows of the last N entries before
-    it, each next one before the first entry of the last; with `since` (the reader refuses N with a
-    start), the whole range up to `until`, fixed at the first page (docs/PROXMOX-BEHAVIOUR.md#system-logs)."""
+    """The journal backwards. Without `since`: position `cursor~k`, the k newest entries before that
+    journal cursor (before `until` without one) were shown; windows of the last N entries before
+    it, each next one before the first entry of the last (mini-journalreader -n, which costs N).
+    With `since` (the reader refuses N with a start, and a range costs all of it), windows of time
+    as the syslog's (docs/PROXMOX-BEHAVIOUR.md#system-logs)."""
+    if ask["since"]:
+        def window(low: int, high: int, skip: int) -> tuple[list[str], int, bool]:
+            answer = client.get(f"/nodes/{node}/journal", since=low, until=high) or []
+            lines = answer[1:-1]  # the first and the last are cursors
+            return lines[:max(0, len(lines) - skip)], len(lines), True
+        return _windows(ask, page, window)
     end_cursor, _, skipped = (ask["position"] or "~0").rpartition("~")
     skip, scanned = int(skipped or 0), 0
-    while scanned < SCAN_LINES:
+    while scanned < SCAN_LINES and not page.full:
         window = 500 if page.filtering else page.limit
-        params: dict[str, Any] = {"endcursor": end_cursor or None, "until": None if end_cursor else ask["until"]}
-        params |= {"since": ask["since"]} if ask["since"] else {"lastentries": skip + window}
+        params: dict[str, Any] = {"endcursor": end_cursor or None, "until": None if end_cursor else ask["until"],
+                                  "lastentries": skip + window}
         answer = client.get(f"/nodes/{node}/journal", **params) or []
         lines = answer[1:-1]  # the first and the last are cursors
         candidates = lines[:max(0, len(lines) - skip)]
         for taken, text in enumerate(reversed(candidates)):
             if not page.offer(text):
                 return f"{end_cursor}~{skip + taken}"
-        if ask["since"] or len(lines) < skip + window or not answer:
+        if len(lines) < skip + window or not answer:
             return None
         end_cursor, skip, scanned = answer[0], 0, scanned + window
     return f"{end_cursor}~{skip}"
@@ -174,28 +237,31 @@ def _journal(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
 READERS = {"syslog": _syslog, "journal": _journal, "firewall": _firewall}
 
 
+WINDOW_POSITION = re.compile(r"\d+~\d+~\d+")  # high~skip~span (_windows)
+
+
 def _parse_cursor(cursor: str | None) -> dict:
-    """`source|position|since|until|service|vmid`, as the previous page answered it."""
+    """`source|position|since|until|service|vmid|lookback`, as the previous page answered it."""
     if not cursor:
         return {}
-    parts = cursor.split("|")
     try:
-        source, position, since, until, service, vmid = parts
-        if source not in LOG_SOURCES:
+        source, position, since, until, service, vmid, lookback = cursor.split("|")
+        windowed = source == "syslog" or (source == "journal" and since)
+        if source not in LOG_SOURCES or (windowed and position and not WINDOW_POSITION.fullmatch(position)):
             raise ValueError
-        return {"source": source, "position": (int(position) if source != "journal" else position) or None,
+        return {"source": source, "position": (int(position) if source == "firewall" else position) or None,
                 "since": int(since) if since else None, "until": int(until) if until else None,
-                "service": service or None, "vmid": int(vmid) if vmid else None}
+                "service": service or None, "vmid": int(vmid) if vmid else None, "lookback": bool(lookback)}
     except ValueError:
         raise InvalidArgument("node_logs: cursor is not one this tool answered; pass next_cursor as it came. "
                               "Nothing was sent.") from None
 
 
-CURSOR_FIELDS = ("source", "position", "since", "until", "service", "vmid")
+CURSOR_FIELDS = ("source", "position", "since", "until", "service", "vmid", "lookback")
 
 
 def _as_cursor(ask: dict, position: Any) -> str:
-    values = ask | {"position": position}
+    values = ask | {"position": position, "lookback": "1" if ask.get("lookback") else None}
     return "|".join("" if values.get(k) is None else str(values[k]) for k in CURSOR_FIELDS)
 
 
@@ -228,8 +294,8 @@ def node_logs(node: Node = None, host: Host = None,
     node = check_node(client, node)
     if not cursor:
         ask["since"], ask["until"] = _moment(since, client, node, "since"), _moment(until, client, node, "until")
-        if ask["source"] == "journal" and ask["since"] and not ask["until"]:
-            ask["until"] = int(time.time())  # the range read again for each page must not grow
+        if ask["source"] == "syslog" and not ask["since"]:  # a syslog read always names its range
+            ask["since"], ask["lookback"] = (ask["until"] or int(time.time())) - LOOKBACK, True
     page = Page(LOG_LINES, grep)
     if ask["source"] == "journal" and ask["service"]:  # this API's journal takes no service: its identifier
         wanted = ask["service"].removesuffix(".service")
@@ -247,6 +313,9 @@ def node_logs(node: Node = None, host: Host = None,
         "lines": page.lines, "untrusted": True}
     if not page.lines:
         answer["note"] = "nothing matched in this range" if page.filtering else "the log is empty in this range"
+    if position is None and ask.get("lookback"):
+        answer["note"] = (answer.get("note", "") + "; " * bool(answer.get("note")) +
+                          f"read back to {_local_text(ask['since'], client, node)} (7 days); since= reads further")
     return answer
 
 

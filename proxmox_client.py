@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
-import os
 import re
 import socket
 import ssl
@@ -19,8 +18,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
 import catalog
@@ -563,10 +561,10 @@ class ProxmoxClient:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params)
 
-    def download(self, path: str, params: dict[str, Any], destination: Path, max_bytes: int,
+    def download(self, path: str, params: dict[str, Any], destination: Sink, max_bytes: int,
                  also: tuple[str, str] | None = None) -> int:
         """A file Proxmox streams instead of JSON (file-restore, pxar downloads), admitted like any
-        request, written to `destination` (which must not exist) and never beyond `max_bytes`;
+        request, written to `destination` (a new file it opens) and never beyond `max_bytes`;
         the byte count. `also` (gate, why) raises the call's gates: saving to disk is the tool's
         own act."""
         params = encode_params(params)
@@ -578,7 +576,7 @@ class ProxmoxClient:
         return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
                             read=self.get, plan=self._dry_run_plan, decision=decision)
 
-    def _stream(self, decision: policy.Decision, destination: Path, max_bytes: int) -> int:
+    def _stream(self, decision: policy.Decision, destination: Sink, max_bytes: int) -> int:
         import requests
         url = self.base + quote(decision.path, safe="/:@!=,")
         try:
@@ -757,29 +755,35 @@ class ProxmoxClient:
 
 # ---------------------------------------------------------------- downloads
 
-def _save(response: requests.Response, destination: Path, max_bytes: int, what: str) -> int:
-    """The body of a streamed answer in a new file, all or nothing: a body over `max_bytes` or a
-    broken transfer leaves no file behind."""
+class Sink(Protocol):
+    """Where a streamed answer goes (file_restore.NewFile): opened when the answer starts, written part
+    by part, kept when all of it came, dropped (nothing left behind) otherwise."""
+    def open(self) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def keep(self) -> None: ...
+    def drop(self) -> None: ...
+
+
+def _save(response: requests.Response, destination: Sink, max_bytes: int, what: str) -> int:
+    """The body of a streamed answer into `destination`, all or nothing: a body over `max_bytes` or a
+    broken transfer leaves nothing behind."""
     import requests
-    partial = destination.with_name(destination.name + ".part")
     written = 0
-    # never over a file of the same name; readable by this server's user only (backup contents)
-    out = os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+    destination.open()
     try:
-        with out:
-            for chunk in response.iter_content(chunk_size=1 << 16):
-                written += len(chunk)
-                if written > max_bytes:
-                    raise ProxmoxError(f"{what} is larger than the {max_bytes // 1024 ** 2} MiB cap "
-                                       f"(PROXMOX_RESTORE_MAX_MB); nothing was kept.")
-                out.write(chunk)
-        partial.replace(destination)
+        for chunk in response.iter_content(chunk_size=1 << 16):
+            written += len(chunk)
+            if written > max_bytes:
+                raise ProxmoxError(f"{what} is larger than the {max_bytes // 1024 ** 2} MiB cap "
+                                   f"(PROXMOX_RESTORE_MAX_MB); nothing was kept.")
+            destination.write(chunk)
+        destination.keep()
     except requests.exceptions.RequestException as exc:
-        partial.unlink(missing_ok=True)
+        destination.drop()
         raise ProxmoxError(f"The download of {what} broke off after {written} bytes ({exc}); nothing was "
                            f"kept.") from None
     except BaseException:
-        partial.unlink(missing_ok=True)
+        destination.drop()
         raise
     return written
 

@@ -70,7 +70,7 @@ from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigE
                     load_config, read_env_files, tool_matches)
 from errors import ToolFailure
 from gates import GATES
-from masking import mask, register_secret
+from masking import mask, mask_json, register_secret
 from products import PRODUCTS
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
@@ -375,7 +375,7 @@ def as_tool(function: Callable) -> Callable:
             kept = call["receipts"]  # tool's own change last, after a safety snapshot's
             result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
                 {"receipts": kept} if len(kept) > 1 else {})
-        text = mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
+        text = mask_json(result)  # each string masked (masking.mask_json)
         return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:
         return confirmation.with_confirmation(tool, function)
@@ -386,7 +386,7 @@ def view_result(text: str, data: dict) -> Any:
     """The result of a tool with a view, for a client that renders it: the compact answer as text (what
     the model reads) and, as structuredContent, the answer with what the view draws beyond it (MCP Apps:
     hosts hand the view the whole result and keep structuredContent out of the model's context)."""
-    structured = json.loads(mask(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)))
+    structured = json.loads(mask_json(data))
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
 
 

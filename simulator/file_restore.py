@@ -6,7 +6,8 @@ What the answers look like follows docs/PROXMOX-BEHAVIOUR.md#backup-file-restore
 base64-encoded ("/" for the top), the top lists the snapshot's archives (`root.pxar.didx` of a
 container, `drive-scsi0.img.fidx` of a VM), entries are `{filepath, text, type, leaf, size,
 mtime}` with the catalog's one-letter types, a VM image is opened through partition buckets
-(`part/1`), and a download is the file's bytes, or a zip of a directory.
+(`part/1`) by a restore VM whose boot makes the first listing inside it answer 503 (`RestoreWorld`),
+and a download is the file's bytes, or a zip of a directory.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import base64
 import io
 import time
 import zipfile
+from dataclasses import dataclass, field
 from typing import Any
 
 from .call import ApiError, Call, Download, _node
@@ -22,14 +24,33 @@ Tree = dict[str, Any]  # name -> sub-tree (a directory) or bytes (a file)
 BIG_FILE = 3 * 1024 * 1024  # /var/log/journal.log: larger than a small cap, for the tests
 
 
-def snapshot_tree(name: str) -> Tree:
+@dataclass
+class RestoreWorld:
+    """What the file-restore side of a lab holds beyond its backups: how many listings inside a VM
+    image answer 503 while the snapshot's restore VM boots, how many each snapshot has answered, and
+    files a test adds to every snapshot's tree (under /root)."""
+    boot_lists: int = 1
+    listed: dict[str, int] = field(default_factory=dict)  # volid -> listings inside its image so far
+    files: Tree = field(default_factory=dict)
+
+
+def restore_world(lab: Any) -> RestoreWorld:
+    """The lab's RestoreWorld, made on first use."""
+    with lab.lock:
+        found = getattr(lab, "_restore_world", None)
+        if found is None:
+            found = lab._restore_world = RestoreWorld()
+        return found
+
+
+def snapshot_tree(name: str, extra: Tree | None = None) -> Tree:
     """The file system inside one guest's backup: the same few files for every guest, its own
-    host name in them."""
+    host name in them, and what a test added (`extra`, under /root)."""
     return {
         "etc": {"hostname": f"{name}\n".encode(), "hosts": f"127.0.0.1 localhost\n127.0.1.1 {name}\n".encode(),
                 "os-release": b'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nID=debian\n',
                 "ssh": {"sshd_config": b"PermitRootLogin prohibit-password\n"}},
-        "root": {".bashrc": b"alias ll='ls -l'\n"},
+        "root": {".bashrc": b"alias ll='ls -l'\n"} | (extra or {}),
         "home": {},
         "var": {"log": {"journal.log": b"x" * (BIG_FILE - 1) + b"\n"}},
     }
@@ -151,17 +172,34 @@ def _pve_snapshot(call: Call, storage: str) -> tuple[str, dict, dict]:
     return kind, guest, found
 
 
+def _booting(call: Call, volume: dict, path: str) -> bool:
+    """Whether this listing inside a VM image comes while the snapshot's restore VM boots: the
+    first `boot_lists` do, and PVE gives up after 25 s with 503 (pve-storage FileRestore.pm,
+    `timeout => 25`; proxmox-file-restore main.rs, list: `list not finished in time`)."""
+    if path == "/":  # the archives come from the manifest, without the VM
+        return False
+    world = restore_world(call.lab)
+    with call.lab.lock:
+        count = world.listed.get(volume["volid"], 0)
+        world.listed[volume["volid"]] = count + 1
+    return count < world.boot_lists
+
+
 def pve_file_restore_list(call: Call, node: str, storage: str) -> list:
     _node(call, node)
     kind, guest, volume = _pve_snapshot(call, storage)
-    return _list(snapshot_tree(guest["name"]), kind, _decode(call, "filepath"), volume["size"], catalog=kind == "ct")
+    path = _decode(call, "filepath")
+    if kind == "vm" and _booting(call, volume, path):
+        raise ApiError(503, "list not finished in time")
+    tree = snapshot_tree(guest["name"], restore_world(call.lab).files)
+    return _list(tree, kind, path, volume["size"], catalog=kind == "ct")
 
 
 def pve_file_restore_download(call: Call, node: str, storage: str) -> Download:
     _node(call, node)
     kind, guest, _ = _pve_snapshot(call, storage)
     path = _decode(call, "filepath")
-    found, _ = _walk(snapshot_tree(guest["name"]), kind, path)
+    found, _ = _walk(snapshot_tree(guest["name"], restore_world(call.lab).files), kind, path)
     return _download(found, path)
 
 
@@ -196,13 +234,14 @@ def _pbs_snapshot(call: Call, store: str) -> tuple[str, dict]:
 
 def pbs_catalog(call: Call, store: str) -> list:
     kind, snap = _pbs_snapshot(call, store)
-    return _list(snapshot_tree(snap["name"]), kind, _decode(call, "filepath"), snap["size"], catalog=True)
+    tree = snapshot_tree(snap["name"], restore_world(call.lab).files)
+    return _list(tree, kind, _decode(call, "filepath"), snap["size"], catalog=True)
 
 
 def pbs_pxar_download(call: Call, store: str) -> Download:
     kind, snap = _pbs_snapshot(call, store)
     path = _decode(call, "filepath")
-    found, _ = _walk(snapshot_tree(snap["name"]), kind, path)
+    found, _ = _walk(snapshot_tree(snap["name"], restore_world(call.lab).files), kind, path)
     return _download(found, path)
 
 

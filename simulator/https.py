@@ -51,13 +51,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 params = _flatten(parse_qs(body.decode(), keep_blank_values=True))
         # query keys win (docs/PROXMOX-BEHAVIOUR.md#request-encoding)
         params |= _flatten(parse_qs(parts.query, keep_blank_values=True))
-        if parts.path == API_VIEWER[self.product]:
-            schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
-            if schema is not None and schema.is_file():  # the viewer data, when the simulator was given some
-                return self._send(200, "OK", f"const apiSchema = {schema.read_text()};\n", raw=True)
-            return self._send(404, "Not Found", None)
         if not parts.path.startswith("/api2/json/") and parts.path != "/api2/json":
-            return self._send(404, "Not Found", None)
+            return self._document(parts.path)
         api_path = parts.path[len("/api2/json"):] or "/"
         try:
             data = handle(self.lab, self.product, self.command, api_path, params,
@@ -73,6 +68,23 @@ class _RequestHandler(BaseHTTPRequestHandler):
         elif getattr(data, "total", None) is not None:  # the logs count every line, shown or not
             body_out["total"] = data.total
         self._send(200, "OK", body_out)
+
+    def _document(self, path: str) -> None:
+        """A file beside the API: the API viewer's data (when the simulator was given some; a redirect
+        when a test asks, as a proxy in front might answer), else 404. Each is recorded for tests."""
+        self.front.documents.append((self.product, path))
+        if path != API_VIEWER[self.product]:
+            return self._send(404, "Not Found", None)
+        if self.front.viewer_redirect:
+            self.send_response(302, "Found")
+            self.send_header("Location", self.front.viewer_redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        schema = self.schema_dir / f"{self.product}-api.json" if self.schema_dir else None
+        if schema is not None and schema.is_file():
+            return self._send(200, "OK", f"const apiSchema = {schema.read_text()};\n", raw=True)
+        return self._send(404, "Not Found", None)
 
     def _redirect_to_https(self) -> None:
         """Plain HTTP on the TLS port: 301 for GET and HEAD, 308 for the rest, to https on the same
@@ -232,6 +244,8 @@ class Simulator:
         self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._context.load_cert_chain(self.cert_file, key_file)
         self._servers: dict[str, ThreadingHTTPServer] = {}
+        self.documents: list[tuple[str, str]] = []  # (product, path) of each request beside the API
+        self.viewer_redirect: str | None = None  # the API viewer answers a redirect there
 
     def start(self) -> "Simulator":
         for product in ("pve", "pbs"):

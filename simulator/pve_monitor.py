@@ -177,6 +177,9 @@ class Monitor:
     firewall: dict[str, list[str]] = field(default_factory=dict)  # node -> /var/log/pve-firewall.log lines
     proxy_certs: dict[str, float] = field(default_factory=dict)  # node -> days left of its pveproxy-ssl.pem
     acme: dict[str, str] = field(default_factory=dict)  # node -> its config's `acme` (ACME renews pveproxy-ssl.pem)
+    # what each log read cost the node: (node, endpoint, journal entries journalctl or mini-journalreader
+    # went through), as the range a read names costs (docs/PROXMOX-BEHAVIOUR.md#system-logs)
+    log_reads: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def monitor(lab: Lab) -> Monitor:
@@ -335,22 +338,26 @@ class Counted(list):
 def pve_syslog(call: Call, node: str) -> list:
     """journalctl -o short [--unit] [--since] [--until], oldest first; `start` skips lines, `limit`
     keeps them (0 or none: 50); `n` counts from the first line of the whole output, `total` is its
-    length; nothing at all is one line "no content" (pve-common src/PVE/Tools.pm, dump_journal;
-    the aliases sshd and postfix: pve-manager PVE/API2/Nodes.pm, syslog)."""
+    length; a range without entries is the one line journalctl prints then, `-- No entries --`
+    (pve-common src/PVE/Tools.pm, dump_journal, whose "no content" filler comes only when journalctl
+    prints nothing; systemd journalctl; the aliases sshd and postfix: pve-manager PVE/API2/Nodes.pm,
+    syslog)."""
     _node(call, node)
     service = call.arg("service")
     unit = {"sshd": "ssh", "postfix": "postfix@-"}.get(service, service)
     since = _local_epoch(call.arg("since")) if call.arg("since") else None
     until = _local_epoch(call.arg("until")) if call.arg("until") else None
-    lines = [_journal_text(node, e) for e in monitor(call.lab).syslog[node]
+    world = monitor(call.lab)
+    lines = [_journal_text(node, e) for e in world.syslog[node]
              if (not unit or e["unit"] in (unit, f"{unit}.service")) and (since is None or e["time"] >= since)
-             and (until is None or e["time"] <= until)]
+             and (until is None or e["time"] < until)]  # an entry's microseconds lie past its second
+    # journalctl goes through the whole range (the unit's entries: a journal match) whatever start and
+    # limit keep of it, once per read (pve-common src/PVE/Tools.pm, dump_journal)
+    world.log_reads.append((node, "syslog", len(lines)))
+    lines = lines or ["-- No entries --"]  # journalctl without -q (systemd src/journal/journalctl.c)
     start, limit = int(call.arg("start") or 0), int(call.arg("limit") or 0) or 50
     answer = Counted({"n": index + 1, "t": text} for index, text in enumerate(lines) if start <= index < start + limit)
     answer.total = len(lines)
-    if not lines:
-        answer.append({"n": 1, "t": "no content"})
-        answer.total = 1
     return answer
 
 
@@ -383,6 +390,9 @@ def pve_journal(call: Call, node: str) -> list:
     else:
         first = next((i for i, e in enumerate(entries) if e["time"] >= since), len(entries))
     chosen = range(first, max(first, stop))
+    # -n N seeks to the end (or endcursor) and N entries back; a range reads from its start to its end
+    # (none: the whole journal) (proxmox-mini-journalreader src/mini-journalreader.c, main)
+    monitor(call.lab).log_reads.append((node, "journal", len(chosen)))
     if not chosen:
         return [cursors[min(first, len(entries) - 1)]]
     return [cursors[first]] + [_journal_text(node, entries[i]) for i in chosen] + [cursors[min(stop, len(entries) - 1)]]

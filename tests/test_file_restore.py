@@ -3,12 +3,14 @@ inside PBS-backed backups through PVE's file-restore and the Backup Server's cat
 or a directory into PROXMOX_RESTORE_DIR under a size cap, and the refusals (closed gates, protected
 guest, missing privileges, bad input, the cap) with nothing sent or kept."""
 import json
+import os
 import zipfile
 
 import pytest
 
 import config
 from conftest import requests_during, tool_session
+from simulator.file_restore import restore_world
 from simulator.lab import Token
 
 PROTECTED = [{"host": "lab", "vmid": 105, "name": "ci-runner", "reason": "builds everything"}]
@@ -104,13 +106,36 @@ def test_a_protected_guests_backup_is_refused_through_pve(restorer, sim):
 
 
 def test_the_readers_privileges_are_not_enough(sim, tmp_path):
-    """The README's reader token sees no backup contents: PVE's check_volume_access refuses it, and
-    the answer names the grant."""
+    """The README's reader tokens see no backup contents: PVE does not let the PVE reader read the
+    backup volume (check_volume_access), and the Backup Server refuses its catalog to the PBS
+    reader (DatastoreAudit): the answer names both grants, and nothing reaches PVE's file-restore."""
     env = sim.env() | {"PROXMOX_ALLOW_SENSITIVE": "true", "PROXMOX_TOOLSETS": "backups",
                        "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
     with tool_session(env, log_name="file-restore-reader") as reader:
-        message = reader.error("backup_files", {"backup": newest(sim, "ct", 102)})
+        message, sent = requests_during(sim, lambda: reader.error("backup_files", {"backup": newest(sim, "ct", 102)}))
         assert "lacks Datastore.AllocateSpace on /storage/pbs" in message and "pveum acl modify" in message
+        assert "refuses its catalog too" in message and "proxmox-backup-manager acl update" in message
+        assert not [r for r in sent if "file-restore" in r[2]]
+        vm = reader.error("backup_files", {"backup": newest(sim, "vm", 100)})
+        assert "A VM backup is a disk image only PVE opens" in vm and "pveum acl modify" in vm
+
+
+def test_a_container_backup_pve_does_not_list_is_browsed_on_the_backup_server(sim, tokens, tmp_path):
+    """The README's PVE reader cannot read backup volumes; with a Backup Server token that may read the
+    datastore (DatastoreReader), a container's backup is browsed through the PBS catalog instead, by
+    volid or by vmid, and nothing is asked of PVE's file-restore."""
+    env = sim.env(pbs_token=tokens["pbs_token"]) | {"PROXMOX_ALLOW_SENSITIVE": "true",
+                                                    "PROXMOX_TOOLSETS": "backups",
+                                                    "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    volid = newest(sim, "ct", 102)
+    with tool_session(env, log_name="file-restore-blind") as blind:
+        answer, sent = requests_during(sim, lambda: blind.ok("backup_files", {"backup": volid,
+                                                                              "path": "/root.pxar.didx/etc"}))
+        assert answer["backup"] == volid and "/root.pxar.didx/etc/hostname" in [r["path"] for r in rows(answer)]
+        assert [r for r in sent if r[2] == "/admin/datastore/backup/catalog"]
+        assert not [r for r in sent if "file-restore" in r[2]]
+        by_vmid = blind.ok("backup_files", {"vmid": 102})
+        assert by_vmid["backup"] == volid and rows(by_vmid)[0]["path"] == "/root.pxar.didx"
 
 
 def test_a_pbs_token_without_datastore_read_is_told_the_grant(sim, tmp_path):
@@ -139,9 +164,10 @@ def test_restore_a_small_file(restorer, sim):
     saved = restorer.folder / volid.split(":", 1)[1].replace("/", "_").replace(":", "_") / "hostname"
     assert answer["result"] == "ok" and answer["saved"] == str(saved) and saved.read_bytes() == b"dns\n"
     assert saved.stat().st_mode & 0o777 == 0o600 and saved.parent.stat().st_mode & 0o777 == 0o700
-    assert answer["content"] == "dns\n" and answer["untrusted"] is True  # small text, at the sensitive gate
-    again = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname"})
+    assert "content" not in answer  # a restored file goes into the answer only when asked
+    again = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hostname", "show": True})
     assert again["saved"].endswith("hostname-1")  # never over an earlier file
+    assert again["content"] == "dns\n" and again["untrusted"] is True  # small text, at the sensitive gate
     log = [json.loads(line) for line in restorer.audit.read_text().splitlines()]
     assert any(e["path"].endswith("file-restore/download") and e["verdict"] == "sent" for e in log)
 
@@ -222,3 +248,60 @@ def test_restore_settings_are_read(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(config.ConfigError, match="exists and is not a folder"):
         config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "file")})
+
+
+# ---------------------------------------------------------------- the restore VM, links, shown files
+
+def test_a_vm_backup_whose_restore_vm_is_still_starting_says_to_call_again(restorer, sim):
+    """PVE gives up a listing inside a VM image after 25 s with 503 while the restore VM boots
+    (FileRestore.pm; proxmox-file-restore `list not finished in time`): listed again once, then a clear
+    error that says to call again, which then works."""
+    world = restore_world(sim.lab)
+    volid = newest(sim, "vm", 100)
+    before, world.boot_lists, world.listed[volid] = world.boot_lists, 3, 0
+    try:
+        message = restorer.error("backup_files", {"backup": volid, "path": "/drive-scsi0.img.fidx"})
+        assert "is still starting" in message and "Call again in about 30 s" in message
+        assert world.listed[volid] == 2  # tried twice in the call
+        assert rows(restorer.ok("backup_files", {"backup": volid, "path": "/drive-scsi0.img.fidx"}))
+    finally:
+        world.boot_lists = before
+
+
+def test_a_link_in_the_restore_folder_is_never_followed(restorer, sim, tmp_path):
+    """A link planted in PROXMOX_RESTORE_DIR, where the backup's folder or the file would go, cannot
+    send the file elsewhere: the folder is refused, the file's name is skipped."""
+    volid = newest(sim, "ct", 102)
+    label = volid.split(":", 1)[1].replace("/", "_").replace(":", "_")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    restorer.folder.mkdir(parents=True, exist_ok=True)
+    planted = restorer.folder / label
+    kept = restorer.folder / (label + ".kept")
+    if planted.exists():
+        planted.rename(kept)
+    planted.symlink_to(outside)
+    try:
+        message = restorer.error("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/hosts"})
+        assert "is not a folder of its own" in message and "nothing was saved" in message
+        assert list(outside.iterdir()) == []
+    finally:
+        planted.unlink()
+        if kept.exists():
+            kept.rename(planted)
+    planted.mkdir(exist_ok=True)
+    (planted / "os-release").symlink_to(outside / "os-release")
+    answer = restorer.ok("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/etc/os-release"})
+    assert answer["saved"] == str(planted / "os-release-1") and not (outside / "os-release").exists()
+    assert os.path.islink(planted / "os-release")
+
+
+def test_a_shown_file_is_masked(restorer, sim):
+    world = restore_world(sim.lab)
+    world.files["app.env"] = b"DB_PASSWORD=hunter2-secret\ncurl -u backup:s3cret! https://nas\nname=web\n"
+    try:
+        answer = restorer.ok("write_restore_file", {"backup": "backup:ct/102", "path": "/root.pxar.didx/root/app.env",
+                                                    "show": True})
+        assert answer["content"] == "DB_PASSWORD=***\ncurl -u backup:*** https://nas\nname=web\n"
+    finally:
+        del world.files["app.env"]

@@ -179,6 +179,7 @@ def test_syslog_newest_first_and_paged_back_with_a_cursor(logs, sim):
         page = logs.ok("node_logs", {"node": "pve1", "cursor": cursor})
         seen, cursor = seen + len(page["lines"]), page.get("next_cursor")
     assert seen == len(lines)  # every line once, then no cursor
+    assert "(7 days); since= reads further" in page["note"]  # where the syslog read without since ends
 
 
 def test_syslog_filters_by_service_and_text_and_time(logs):
@@ -202,6 +203,85 @@ def test_journal_newest_first_by_cursor_and_by_identifier(logs, sim):
     assert mail["lines"] and all("postfix/smtp[" in line for line in mail["lines"])
     ranged = logs.ok("node_logs", {"node": "pve3", "source": "journal", "since": "3h"})
     assert 0 < len(ranged["lines"]) <= 10
+
+
+@pytest.fixture()
+def busy_journal(sim):
+    """pve2's journal as a busy node's: 20,000 entries over the same three days (one every 13 s)."""
+    entries = monitor(sim.lab).syslog["pve2"]
+    kept = list(entries)
+    now = int(time.time())
+    entries[:] = [{"time": now - 260_000 + i * 13, "ident": "pvestatd" if i % 7 else "sshd", "pid": 800 + i % 50,
+                   "unit": "pvestatd" if i % 7 else "ssh", "msg": f"status update {i}"} for i in range(20_000)]
+    yield entries
+    entries[:] = kept
+
+
+@pytest.fixture()
+def dense_journal(sim):
+    """pve2's journal with an entry in every second: each window of time ends on one."""
+    entries = monitor(sim.lab).syslog["pve2"]
+    kept = list(entries)
+    now = int(time.time())
+    entries[:] = [{"time": now - 5_000 + i, "ident": "pvestatd", "pid": 800, "unit": "pvestatd",
+                   "msg": f"status update {i}"} for i in range(5_000)]
+    yield entries
+    entries[:] = kept
+
+
+def log_reads(sim, action) -> tuple[dict, list[int]]:
+    """An action's answer and the journal entries each of its log reads went through on the node."""
+    reads = monitor(sim.lab).log_reads
+    before = len(reads)
+    answer = action()
+    return answer, [entries for _, _, entries in reads[before:]]
+
+
+@pytest.mark.parametrize("arguments", [
+    {"source": "syslog"}, {"source": "syslog", "grep": "status update 19"}, {"source": "syslog", "service": "sshd"},
+    {"source": "syslog", "since": "2d"}, {"source": "journal"}, {"source": "journal", "since": "2d"},
+    {"source": "journal", "grep": "no such line"}])
+def test_every_log_read_is_bounded_on_a_busy_node(logs, sim, busy_journal, arguments):
+    """journalctl reads the whole range of each syslog read, and mini-journalreader the whole range (or all
+    of the journal) without -n (docs/PROXMOX-BEHAVIOUR.md#system-logs): each read a page costs stays a
+    small part of a busy journal, on the first page and on the next."""
+    first, reads = log_reads(sim, lambda: logs.ok("node_logs", {"node": "pve2", **arguments}))
+    assert reads and max(reads) <= 2_500 and sum(reads) <= 6_000, reads
+    if first.get("next_cursor"):
+        _, reads = log_reads(sim, lambda: logs.ok("node_logs", {"node": "pve2", "cursor": first["next_cursor"]}))
+        assert reads and max(reads) <= 2_500 and sum(reads) <= 6_000, reads
+    if "grep" not in arguments:
+        assert len(first["lines"]) == 50
+
+
+@pytest.mark.parametrize("arguments", [{"source": "journal"}, {"source": "firewall"}])
+def test_a_full_page_reads_no_window_beyond_it(logs, sim, busy_journal, arguments):
+    """A page filled by one read ends there: the next window is read by the next page."""
+    monitor(sim.lab).firewall["pve2"][:] = [firewall_line(0, int(time.time()) - 3_000 + i, f"policy DROP {i}")
+                                            for i in range(500)]
+    try:
+        reads = monitor(sim.lab).log_reads
+        first, sent = requests_during(sim, lambda: logs.ok("node_logs", {"node": "pve2", **arguments}))
+        assert len(first["lines"]) == 50
+        logged = [r for r in sent if r[2].endswith(("/journal", "/firewall/log"))]
+        assert len(logged) == (2 if arguments["source"] == "firewall" else 1), sent  # the firewall's count first
+        assert reads[-1][2] == 50 or arguments["source"] == "firewall"
+    finally:
+        monitor(sim.lab).firewall["pve2"][:] = []
+
+
+@pytest.mark.parametrize("source", ["syslog", "journal"])
+def test_a_busy_log_pages_back_newest_first_without_gaps(logs, sim, dense_journal, source):
+    """Windows of time meet without a line lost or shown twice (journalctl and mini-journalreader read
+    from `since` up to, not including, `until`), however many lines a window holds."""
+    wanted = [f"status update {i}" for i in range(4_999, 4_999 - 700, -1)]
+    shown, cursor = [], None
+    while len(shown) < 700:
+        page = logs.ok("node_logs", {"node": "pve2", "source": source, "since": "3h"} if cursor is None
+                       else {"node": "pve2", "cursor": cursor})
+        shown += [line.rsplit(": ", 1)[1] for line in page["lines"]]
+        cursor = page["next_cursor"]
+    assert shown[:700] == wanted
 
 
 def test_log_text_is_masked_and_cut(logs, sim):

@@ -487,6 +487,21 @@ def test_api_describe_uses_the_hosts_own_descriptions(admin, tmp_path):
         policy.document_decision("pve", "/pve-docs/../../etc/passwd")
 
 
+def test_the_api_viewer_file_is_read_only_where_the_policy_admitted_it(tmp_path):
+    """A redirect from the viewer's path (a proxy in front of the node) is not followed: the file read is
+    the one the admission step judged, nothing else; the tools answer from the schema alone."""
+    start = {"path": "/nodes/{node}/qemu/{vmid}/status/start", "method": "POST"}
+    (tmp_path / "pve-api.json").write_text("[]")
+    with simulator.Simulator(simulator.Lab.homelab(), schema_dir=tmp_path) as own:
+        own.viewer_redirect = "/elsewhere/apidoc.js"
+        with in_process(own.env(), log_name="policy-viewer-redirect") as session:
+            described = session.ok("api_describe", start)
+            assert described["gate"] == "lifecycle" and "description" not in described
+            assert session.ok("api_search", {"query": "vm start"})["rows"]
+        assert ("pve", "/pve-docs/api-viewer/apidoc.js") in own.documents
+        assert not [path for _, path in own.documents if path.startswith("/elsewhere")]
+
+
 def test_api_read_reads_any_path(admin):
     version = admin.ok("api_read", {"path": "/version"})
     assert version["data"]["release"] == "9.2"
