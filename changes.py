@@ -1,10 +1,12 @@
 """Changes: the receipts of what this server changed (list_changes), what changed on a guest since a
 backup, a snapshot or a receipt (what_changed), and taking a change back (write_undo_change).
 
-The receipts themselves are written by the policy's admission step (receipts.py); the diff is
-config_diff.py's, shared with the restore drill. write_undo_change sends the inverse requests through
-the same policy as any write: declared first as one plan (gates, protected guests, dry run and
-the user's yes for the whole undo), then sent one by one.
+The receipts themselves are written by the policy's admission step (receipts.py) into the state
+database (receipt_store.py), one per tool call; the diff is config_diff.py's, shared with the restore
+drill. write_undo_change takes back only a receipt that verifies and was made on this host, and
+sends the inverse requests (undo.py) through the same policy as any write: declared first as one
+plan (gates, protected guests, a dry run and the user's question showing each request, asked once
+for the whole undo), then sent one by one.
 """
 import re
 from typing import Annotated, Any
@@ -178,9 +180,9 @@ def _declare(client: Any, plan: undo.Undo) -> None:
     try:
         client.plan(plan.steps, plan.summary)
     except policy.DryRun as dry:
-        if dry.plan.get("steps"):
-            dry.plan["steps"] = [shown | {"method": method, "params": mask_params(params)}
-                                 for shown, (method, _, params) in zip(dry.plan["steps"], plan.steps, strict=True)]
+        shown = dry.plan.get("steps") or []  # the undo's requests first, then what the policy adds after them
+        for index, (method, _, params) in enumerate(plan.steps[:len(shown)]):
+            shown[index] |= {"method": method, "params": mask_params(params)}
         raise
 
 

@@ -503,6 +503,7 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
     together, once, before anything is sent."""
     decisions = [check(host, method, path, params, read) for method, path, params in steps]
     writes = [d for d in decisions if d.gates != ("read",)]
+    writes += [after for d in list(writes) for _, after in _follow_ups(host, d, read)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
     if current_call().get("dry_run") or settings().dry_run:

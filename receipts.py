@@ -617,7 +617,8 @@ def _cost(client: Any, base: str, storage: str | None) -> str:
     total, used = status.get("total"), status.get("used")
     if not total or used is None:
         return f"{said}, on storage {storage}"
-    return f"{said}, on storage {storage}: {100 * used / total:.0f}% used, {_gib(total - used)} free"
+    free = status.get("avail", total - used)
+    return f"{said}, on storage {storage}: {100 * used / total:.0f}% used, {_gib(free)} free"
 
 
 def _gib(value: float) -> str:

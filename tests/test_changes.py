@@ -659,6 +659,9 @@ def test_safety_snapshots_are_listed_and_the_rule_keeps_the_newest(sim, tmp_path
         assert kept["steps"][1]["safety"] and session.ok("list_changes", {"vmid": 202})["rows"][0][-1] == "yes"
         with sqlite3.connect(tmp_path / "state.sqlite3") as db:  # eight days old: older than PROXMOX_SAFETY_DAYS
             db.execute("UPDATE safety_snapshots SET epoch = ? WHERE name = ?", (time.time() - 8 * 86400, taken[1]))
+        undo = session.ok("write_undo_change", {"receipt": rolled["receipt"], "dry_run": True})
+        assert [(s.get("method"), s["run"].rsplit("/", 2)[-2:]) for s in undo["steps"]] == [
+            ("POST", [rolled["safety_snapshot"]["name"], "rollback"]), (None, ["snapshot", taken[1]])]
         rolled = session.ok("write_rollback_snapshot", {"vmid": 202, "name": "base2", "confirm": True})
         assert rolled["safety_snapshots_removed"] == [taken[1]]
         for name in set(names()) - earlier:
