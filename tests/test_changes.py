@@ -183,6 +183,17 @@ def test_pbs_notes_are_kept_whole_and_listed_by_their_first_line(sim):
     raw(sim, "/admin/datastore/backup/notes", method="PUT", product="pbs", notes="", **where)
 
 
+def test_a_storages_status_is_its_space_on_that_node(sim):
+    """What a safety snapshot takes from (a snapshot has no size of its own): pve-storage
+    API2/Storage/Status.pm read_status, with the schema's permission (the reader token holds
+    Datastore.Audit); a storage the node does not have is a parameter error."""
+    status = raw(sim, "/nodes/pve2/storage/local-zfs/status", token="mcp@pve!reader").json()["data"]
+    assert status == {"type": "zfspool", "content": "images,rootdir", "shared": 0, "active": 1, "enabled": 1,
+                      "total": 400 * 1024 ** 3, "used": 0, "avail": 400 * 1024 ** 3}
+    missing = raw(sim, "/nodes/pve1/storage/local-zfs/status")
+    assert missing.status_code == 400 and "No such storage." in missing.text
+
+
 def test_a_backup_job_edit_merges_as_update_job_does(sim):
     job = dict(sim.lab.backup_jobs[0])
     try:
@@ -333,7 +344,11 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
     step, = acting(kept)  # the safety snapshot is a step of the same receipt, which undo leaves alone
     safety = step["safety_snapshot"]
     assert safety.startswith("mcp-safety-") and step["undo"] is True and step["before"] == "running"
-    assert rolled["safety_snapshot"]["name"] == safety and "local-lvm" in rolled["safety_snapshot"]["cost"]
+    local_lvm = sim.lab.storages["local-lvm"]
+    free = f"{(local_lvm['total'] - local_lvm['used']) / 1024 ** 3:.1f} GiB free"
+    assert rolled["safety_snapshot"]["name"] == safety and "(copy-on-write)" in rolled["safety_snapshot"]["cost"]
+    assert f"on storage local-lvm: {100 * local_lvm['used'] / local_lvm['total']:.0f}% used, {free}" in \
+        rolled["safety_snapshot"]["cost"]  # GET /nodes/{node}/storage/{storage}/status (the snapshot has no size)
     assert safety in [s["name"] for s in guest["snapshots"]] and guest["status"] == "stopped"
     assert str(guest["config"]["cores"]) == "2"
     undone = ops.ok("write_undo_change", {"receipt": kept["id"], "confirm": True})
