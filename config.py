@@ -395,7 +395,7 @@ def read_restore_settings(env: dict[str, str], config: Config) -> None:
 
 
 def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:
-    """Receipts of changes live in the state database beside the audit log (`state.sqlite3`, with
+    """Receipts of changes live in the state database beside the audit log (`state/state.sqlite3`, with
     the receipts an earlier version kept in `audit.receipts/` imported), bounded in count and age;
     the safety snapshot is taken before rollbacks by default, and a guest keeps the newest few."""
     safety = env.get("PROXMOX_SAFETY_SNAPSHOT", "rollback").strip().lower()

@@ -1,6 +1,6 @@
-"""The server's state database: one SQLite file, `state.sqlite3`, in the server's state directory
-(the folder of the audit log: ~/.local/state/proxmox-mcp by default), for what the server keeps
-across restarts besides the audit log, which stays the hash-chained JSON lines file (audit.py).
+"""The server's state database: one SQLite file, `state/state.sqlite3` in the server's state
+directory (the folder of the audit log: ~/.local/state/proxmox-mcp by default), for what the server
+keeps across restarts besides the audit log, which stays the hash-chained JSON lines file (audit.py).
 Receipts and safety snapshots live here (receipt_store.py); other state (named tokens, OAuth
 clients) takes tables of its own in the same file.
 
@@ -9,8 +9,9 @@ make them) and calls `Database.ensure` before its first use; the database record
 each schema it holds (table `schemas`), so an owner can tell a new file from an old one. Keys that
 sign what is kept (`Database.key`) are files of their own beside it, never rows in it.
 
-The folder is made owner-only (0700) when this module makes it; the file is 0600 from its first
-byte, and SQLite gives its WAL and shared-memory files the file's mode. One connection per Database
+Its folder `state/` is the server's own: made owner-only (0700), and made so again when it is
+found open to others; the file is 0600 from its first byte, and SQLite gives its WAL and
+shared-memory files the file's mode. One connection per Database
 and process (opened on first use, again after a fork), shared by the server's threads under a lock;
 the WAL journal lets a reader go on while another process writes, and a busy timeout lets a second
 server on the same file wait for the first instead of failing.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+FOLDER_NAME = "state"  # beside the audit log
 FILE_NAME = "state.sqlite3"
 KEY_BYTES = 32
 BUSY_SECONDS = 10.0  # how long a write waits for another server process holding the file
@@ -46,18 +48,22 @@ class Schema:
 
 
 def path_for(audit_path: Path) -> Path:
-    """The state database of a server: beside its audit log."""
-    return audit_path.parent / FILE_NAME
+    """The state database of a server: in the folder `state/` beside its audit log."""
+    return audit_path.parent / FOLDER_NAME / FILE_NAME
 
 
 def private_folder(folder: Path) -> None:
-    """A folder for the server's own files: made 0700 (its parents with the usual mode)."""
+    """A folder for the server's own files: made 0700 (its parents with the usual mode), and made
+    0700 again when it is the server user's and open to others."""
     if not folder.is_dir():
         folder.parent.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir(mode=0o700)
         except FileExistsError:
             pass  # made meanwhile by another server process
+    found = folder.stat()
+    if found.st_mode & 0o077 and found.st_uid == os.getuid():
+        folder.chmod(0o700)
 
 
 def _private_file(path: Path) -> None:

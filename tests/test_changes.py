@@ -84,7 +84,7 @@ def task_of(sim, response):
 
 def receipt(tmp, receipt_id):
     """A receipt as the state database beside the audit log keeps it (receipt_store.py)."""
-    with sqlite3.connect(tmp / "state.sqlite3") as db:
+    with sqlite3.connect(tmp / "state" / "state.sqlite3") as db:
         return json.loads(db.execute("SELECT body FROM receipts WHERE id = ?", (receipt_id,)).fetchone()[0])
 
 
@@ -228,7 +228,7 @@ def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, 
 
 def test_a_receipt_keeps_no_secret_and_cannot_bring_one_back(ops, sim, tmp):
     done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"cipassword": "hunter2-very-secret"}})
-    stored = b"".join(path.read_bytes() for path in tmp.glob("state.sqlite3*"))
+    stored = b"".join(path.read_bytes() for path in (tmp / "state").glob("state.sqlite3*"))
     assert b"hunter2" not in stored and receipt(tmp, done["receipt"])["steps"][0]["changes"] == ["cipassword changed"]
     message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": done["receipt"]}),
                                     writes=True)
@@ -242,11 +242,11 @@ def test_receipts_are_bounded_in_count_and_age(sim, tmp_path):
     env = operator_env(sim, tmp_path, PROXMOX_RECEIPTS_KEEP="10", PROXMOX_RECEIPTS_DAYS="1")
     with tool_session(env, log_name="changes-bounded") as session:
         first = session.ok("write_configure_guest", {"vmid": 205, "set": {"description": "0"}})["receipt"]
-        with sqlite3.connect(tmp_path / "state.sqlite3") as db:  # two days old
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:  # two days old
             db.execute("UPDATE receipts SET epoch = ? WHERE id = ?", (time.time() - 2 * 86400, first))
         for n in range(1, 12):
             session.ok("write_configure_guest", {"vmid": 205, "set": {"description": str(n)}})
-        with sqlite3.connect(tmp_path / "state.sqlite3") as db:
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:
             kept = [row[0] for row in db.execute("SELECT id FROM receipts")]
             guests = db.execute("SELECT count(*) FROM receipt_guests").fetchone()[0]
         assert len(kept) == 10 and first not in kept and guests == 10
@@ -672,7 +672,7 @@ def test_safety_snapshots_are_listed_and_the_rule_keeps_the_newest(sim, tmp_path
         kept = receipt(tmp_path, rolled["receipt"])
         assert [s["kind"] for s in kept["steps"]] == ["snapshot", "none", "rollback"]  # the removal is a step too
         assert kept["steps"][1]["safety"] and session.ok("list_changes", {"vmid": 202})["rows"][0][-1] == "yes"
-        with sqlite3.connect(tmp_path / "state.sqlite3") as db:  # eight days old: older than PROXMOX_SAFETY_DAYS
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:  # 8 days old: past PROXMOX_SAFETY_DAYS
             db.execute("UPDATE safety_snapshots SET epoch = ? WHERE name = ?", (time.time() - 8 * 86400, taken[1]))
         undo = session.ok("write_undo_change", {"receipt": rolled["receipt"], "dry_run": True})
         assert [(s.get("method"), s["run"].rsplit("/", 2)[-2:]) for s in undo["steps"]] == [

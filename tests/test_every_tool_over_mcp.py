@@ -116,7 +116,7 @@ def admin(sim, tmp_path_factory):
     sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_set_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
-    sim.lab.mcp_receipts = tmp / "state.sqlite3"
+    sim.lab.mcp_receipts = tmp / "state" / "state.sqlite3"
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session

@@ -31,7 +31,7 @@ def ops(sim, tmp):
 
 
 def db(tmp):
-    return sqlite3.connect(tmp / "state.sqlite3")
+    return sqlite3.connect(tmp / "state" / "state.sqlite3")
 
 
 def body(tmp, receipt_id):
@@ -99,7 +99,7 @@ def from_another_state(tmp, made, _other):
     """The receipt as another server's state signed it (another key): copied in whole."""
     elsewhere = receipts.open_store(tmp / "elsewhere" / "audit.jsonl")
     elsewhere.save(body(tmp, made), 1000, 30)
-    with sqlite3.connect(tmp / "elsewhere" / "state.sqlite3") as theirs:
+    with sqlite3.connect(tmp / "elsewhere" / "state" / "state.sqlite3") as theirs:
         copied = theirs.execute("SELECT row, body, mac FROM receipts WHERE id = ?", (made,)).fetchone()
     with db(tmp) as connection:
         connection.execute("UPDATE receipts SET row = ?, body = ?, mac = ? WHERE id = ?", (*copied, made))

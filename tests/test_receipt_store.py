@@ -43,16 +43,23 @@ def a_receipt(number, guests=(100,), principal=None, epoch=None):
 
 
 def test_the_state_folder_file_and_key_are_the_owners_only(tmp_path):
-    folder = tmp_path / "new-state"
-    keeping = keeping_at(folder)
+    """The audit log's folder is made as audit.py makes it (the usual mode); the state beside it is the
+    server's own: its folder 0700 (made so again when found open), the database and the key 0600."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o755)
+    keeping = keeping_at(logs)
     receipts.save(keeping, a_receipt(1))
+    folder = logs / "state"
     assert mode(folder) == 0o700 and mode(folder / "state.sqlite3") == 0o600 and mode(folder / "receipts.key") == 0o600
     assert all(mode(path) == 0o600 for path in folder.glob("state.sqlite3-*"))  # the WAL files take the file's mode
     assert len((folder / "receipts.key").read_bytes()) == 32
+    folder.chmod(0o755)
+    receipts.save(keeping_at(logs), a_receipt(2))  # another server's start on the same state
+    assert mode(folder) == 0o700
 
 
 def test_several_owners_share_one_file_and_a_newer_layout_is_refused(tmp_path):
-    database = state.Database(tmp_path / state.FILE_NAME)
+    database = state.Database(state.path_for(tmp_path / "audit.jsonl"))
     other = state.Schema("tokens", 1, ("CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY)",))
     assert database.ensure(other) is True and database.ensure(other) is False
     receipts.save(keeping_at(tmp_path), a_receipt(2))
@@ -122,7 +129,7 @@ def test_receipts_kept_as_files_are_imported_listed_and_compared(upgraded, sim):
     compared = session.ok("what_changed", {"vmid": 100, "since": OLD_RECEIPT["id"]})
     assert compared["since"] == f"before receipt {OLD_RECEIPT['id']}"
     assert (tmp / "audit.receipts" / f"{OLD_RECEIPT['id']}.json").exists()  # left where they were
-    with sqlite3.connect(tmp / "state.sqlite3") as db:
+    with sqlite3.connect(tmp / "state" / "state.sqlite3") as db:
         assert db.execute("SELECT folder, count FROM receipt_imports").fetchall() == [(str(tmp / "audit.receipts"), 1)]
 
 
