@@ -1,10 +1,12 @@
 """Changes: the receipts of what this server changed (list_changes), what changed on a guest since a
 backup, a snapshot or a receipt (what_changed), and taking a change back (write_undo_change).
 
-The receipts themselves are written by the policy's admission step (receipts.py); the diff is
-config_diff.py's, shared with the restore drill. write_undo_change sends the inverse requests through
-the same policy as any write: declared first as one plan (gates, protected guests, dry run and
-the user's yes for the whole undo), then sent one by one.
+The receipts themselves are written by the policy's admission step (receipts.py) into the state
+database (receipt_store.py), one per tool call; the diff is config_diff.py's, shared with the restore
+drill. write_undo_change takes back only a receipt that verifies and was made on this host, and
+sends the inverse requests (undo.py) through the same policy as any write: declared first as one
+plan (gates, protected guests, a dry run and the user's question showing each request, asked once
+for the whole undo), then sent one by one.
 """
 import re
 from typing import Annotated, Any
@@ -15,36 +17,47 @@ from pydantic import Field
 import config_diff
 import policy
 import receipts
-from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, table
+import undo
+from answers import LIST_CAP, ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, iso_time, table
 from errors import InvalidArgument, ProxmoxError
+from job_edits import delete_names
+from masking import mask_params
+from state import StateError
 from inventory import archive_node, backup_storages, backup_volumes, guest_path, hidden_backups, hidden_note
 from proxmox_client import client_for, pve_client
 from tasks import run_task
 
 ReceiptId = Annotated[str, Field(pattern=r"^rc-[0-9a-f]{8}$")]
 MAX_LINES = 60  # changed keys listed by what_changed; the rest are counted
+COLUMNS = ["receipt", "time", "host", "tool", "by", "guests", "change", "undo"]
 
 
-def _undo_state(receipt: dict) -> str:
-    if receipt.get("undone_by"):
-        return f"undone by {', '.join(receipt['undone_by'])}"
-    return "yes" if receipt.get("undo") is True else f"no: {receipt.get('undo') or 'not recorded'}"
-
-
-def _summary(receipt: dict) -> str:
-    said = "; ".join(receipt.get("changes") or []) or f"{receipt['method']} {receipt['path']}"
-    if receipt.get("safety_snapshot"):
-        said += f" [safety snapshot: {receipt['safety_snapshot']}]"
-    return said if len(said) <= 200 else said[:199] + "…"
+SAFETY_COLUMNS = ["name", "vmid", "host", "taken", "receipt", "storage"]
 
 
 def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
-    """Recent changes this server made, newest first: receipt, tool, guest, change, undoable."""
-    rows = [{"receipt": r["id"], "time": r["time"], "host": r["host"], "tool": r.get("tool"), "by": r.get("by"),
-             "guests": ",".join(map(str, r.get("guests") or [])), "change": _summary(r), "undo": _undo_state(r)}
-            for r in receipts.recent(policy.settings().receipts) if vmid is None or vmid in (r.get("guests") or [])]
-    columns = ["receipt", "time", "host", "tool", "by", "guests", "change", "undo"]
-    return table(columns, rows, limit=limit, offset=offset)
+    """Recent changes this server made, newest first, and the safety snapshots it keeps."""
+    keeping = policy.settings().receipts
+    if keeping.store is None:
+        return table(COLUMNS, [])
+    try:
+        rows, total = keeping.store.page(vmid, limit, offset)
+        safety, kept = keeping.store.safety_page(vmid, LIST_CAP)
+    except StateError as exc:
+        raise ProxmoxError(f"The receipts cannot be read: {exc}.") from None
+    for row in rows:
+        if not row.pop("verified"):
+            row["undo"] = "no: it does not verify (changed outside this server)"
+    columns = COLUMNS + (["principal"] if any(row.get("principal") for row in rows) else [])
+    answer = table(columns, rows) | {"total": total}
+    if offset + limit < total:
+        answer |= {"truncated": True, "next_offset": offset + limit}
+    if safety:
+        answer["safety_snapshots"] = table(SAFETY_COLUMNS, [s | {"taken": iso_time(s["epoch"])} for s in safety]) | {
+            "total": kept, "rule": f"the newest {keeping.safety_keep} of a guest, none older than "
+                                    f"{keeping.safety_days} days (PROXMOX_SAFETY_KEEP, PROXMOX_SAFETY_DAYS); "
+                                    f"write_delete_snapshot removes one"}
+    return answer
 
 
 # ---------------------------------------------------------------- what changed
@@ -89,11 +102,15 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
 
 
 def _receipt_config(receipt: dict, base: str, vmid: int) -> dict:
-    same_guest = re.fullmatch(rf"/nodes/[^/]+/{base.split('/')[3]}/{vmid}/config", str(receipt.get("object")))
-    if not same_guest or not isinstance(receipt.get("before"), dict):
-        raise InvalidArgument(f"Receipt {receipt['id']} ({receipt['method']} {receipt['path']}) holds no config of "
-                              f"guest {vmid}; give a receipt of a config change, a snapshot or a backup.")
-    return receipt["before"]
+    """The guest's config before the call: the `before` of its first step that read that config."""
+    config = re.compile(rf"/nodes/[^/]+/{base.split('/')[3]}/{vmid}/config")
+    before = next((step.get("before") for step in receipts.acting_steps(receipt)
+                   if config.fullmatch(str(step.get("object"))) and isinstance(step.get("before"), dict)), None)
+    if before is None:
+        first = (receipts.acting_steps(receipt) or receipt.get("steps") or [{}])[0]
+        raise InvalidArgument(f"Receipt {receipt['id']} ({first.get('method')} {first.get('path')}) holds no config "
+                              f"of guest {vmid}; give a receipt of a config change, a snapshot or a backup.")
+    return before
 
 
 def newest_backup(client: Any, vmid: int) -> tuple[str, str]:
@@ -133,21 +150,61 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """Take back a change by its receipt (list_changes), under the same policy as any write."""
     keeping = policy.settings().receipts
-    found = receipts.load(keeping, receipt)
+    found = receipts.load(keeping, receipt)  # verified: a receipt changed outside this server is refused
     client = client_for(found["product"], found["host"])
-    undo = receipts.undo_plan(found, client)
-    client.plan(undo.steps, undo.summary)
+    undo.check_host(found, client.host)
+    plan = undo.undo_plan(found, client)
+    _declare(client, plan)
     steps = []
-    for method, path, params in undo.steps:
+    for method, path, params in plan.steps:
         done = run_task(client, method, path, params, wait_seconds, ctx, f"{method} {path}")
         steps.append({k: v for k, v in done.items() if k in ("action", "result", "status", "upid", "exitstatus")})
     made = list(policy.current_call().get("receipts", []))
     receipts.mark_undone(keeping, found, made or ["(no receipt)"])
-    answer = {"undone": receipt, "change": _summary(found), "steps": steps,
+    answer = {"undone": receipt, "change": receipts.summary(found), "steps": steps,
               "result": "ok" if all(s.get("result") in ("ok", "warnings") for s in steps) else "started"}
-    redo = [r for r in made if receipts.load(keeping, r).get("undo") is True]
-    if redo and len(redo) == len(made):
-        answer["redo"] = f"write_undo_change receipt={redo[-1]} takes this undo back"
-    if re.search(r"/snapshot/[^/]+/rollback$", undo.steps[-1][1]) and found.get("before") == "running":
-        answer["note"] = "The guest was running before the rollback; it is started again."
-    return answer
+    if made and receipts.undo_state(receipts.load(keeping, made[-1])) is True:
+        answer["redo"] = f"write_undo_change receipt={made[-1]} takes this undo back"
+    waiting, notes = _pending(client, plan.steps)
+    if waiting:
+        answer |= {"result": "pending until restart", "pending": waiting}
+    rollback = [s for s in receipts.acting_steps(found) if s.get("kind") == "rollback"]
+    if rollback and rollback[-1].get("before") == "running":
+        notes.append("The guest was running before the rollback; it is started again.")
+    return answer | ({"note": " ".join(notes)} if notes else {})
+
+
+def _declare(client: Any, plan: undo.Undo) -> None:
+    """The undo's requests declared before the first (judged, dry run, one question); a dry run
+    shows each with its method and parameters."""
+    try:
+        client.plan(plan.steps, plan.summary)
+    except policy.DryRun as dry:
+        shown = dry.plan.get("steps") or []  # the undo's requests first, then what the policy adds after them
+        for index, (method, _, params) in enumerate(plan.steps[:len(shown)]):
+            shown[index] |= {"method": method, "params": mask_params(params)}
+        raise
+
+
+def _pending(client: Any, steps: list[tuple[str, str, dict]]) -> tuple[dict, list[str]]:
+    """What the undo left waiting for a restart, and the note that says so: on a running guest a
+    config option Proxmox cannot hot-plug is set back in `pending` (qemu-server `$update_vm_api`,
+    pve-container `vmconfig_hotplug_pending`: docs/PROXMOX-BEHAVIOUR.md#pending-config)."""
+    touched: dict[str, set[str]] = {}
+    for method, path, params in steps:
+        if method in ("PUT", "POST") and re.fullmatch(r"/nodes/[^/]+/(qemu|lxc)/\d+/config", path):
+            keys = {k for k in params if k not in ("digest", "delete")} | set(delete_names(params.get("delete")))
+            touched.setdefault(path.rsplit("/", 1)[0], set()).update(keys)
+    waiting: dict[str, Any] = {}
+    for base, keys in touched.items():
+        try:
+            _, pending = config_diff.config_and_pending(client.get(f"{base}/pending") or [])
+        except ProxmoxError:
+            continue
+        waiting |= {key: value for key, value in pending.items() if key in keys}
+    if not waiting:
+        return {}, []
+    guests = ", ".join(sorted({base.rsplit("/", 1)[1] for base in touched}))
+    return waiting, [f"Guest {guests} runs with the values it has now of {', '.join(sorted(waiting))} until Proxmox "
+                     f"restarts it (write_power_guest action=reboot, or shutdown then start): the undo set them back "
+                     f"in its pending config."]

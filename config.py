@@ -71,6 +71,8 @@ GLOBALS = {
     "PROXMOX_RECEIPTS_KEEP": "how many receipts of changes to keep, e.g. 1000",
     "PROXMOX_RECEIPTS_DAYS": "how many days to keep receipts of changes, e.g. 30",
     "PROXMOX_SAFETY_SNAPSHOT": "off, rollback or all (also before config changes that can lose data)",
+    "PROXMOX_SAFETY_KEEP": "how many safety snapshots of a guest to keep, the newest, e.g. 3",
+    "PROXMOX_SAFETY_DAYS": "how many days to keep a safety snapshot, e.g. 14",
     "PROXMOX_EXEC_ALLOWED_VMIDS": "comma list of vmids exec may reach, e.g. 100,105",
     "PROXMOX_SSH_TIMEOUT": "seconds, e.g. 30",
     "PROXMOX_RESTORE_DIR": "a folder for files restored from backups, e.g. ~/restored",
@@ -446,15 +448,18 @@ def parse_megabytes(env: dict[str, str], name: str) -> int:
 
 
 def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:
-    """Receipts of changes live beside the audit log (`audit.jsonl` -> `audit.receipts/`), bounded in
-    count and age; the safety snapshot is taken before rollbacks by default."""
+    """Receipts of changes live in the state database beside the audit log (`state/state.sqlite3`, with
+    the receipts an earlier version kept in `audit.receipts/` imported), bounded in count and age;
+    the safety snapshot is taken before rollbacks by default, and a guest keeps the newest few."""
     safety = env.get("PROXMOX_SAFETY_SNAPSHOT", "rollback").strip().lower()
     if safety not in receipts.SAFETY_CHOICES:
         raise ConfigError(f"PROXMOX_SAFETY_SNAPSHOT={safety!r} is not one of {', '.join(receipts.SAFETY_CHOICES)}.")
-    return receipts.Keeping(audit_path.with_name(audit_path.stem + ".receipts"),
+    return receipts.Keeping(receipts.open_store(audit_path),
                             parse_count("PROXMOX_RECEIPTS_KEEP", env.get("PROXMOX_RECEIPTS_KEEP", "1000"), 10, 100000),
                             parse_count("PROXMOX_RECEIPTS_DAYS", env.get("PROXMOX_RECEIPTS_DAYS", "30"), 1, 3650),
-                            safety)
+                            safety,
+                            parse_count("PROXMOX_SAFETY_KEEP", env.get("PROXMOX_SAFETY_KEEP", "3"), 1, 100),
+                            parse_count("PROXMOX_SAFETY_DAYS", env.get("PROXMOX_SAFETY_DAYS", "14"), 1, 3650))
 
 
 def parse_count(name: str, value: str, lowest: int, highest: int) -> int:

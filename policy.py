@@ -347,7 +347,7 @@ def judge(host: Any, decision: Decision) -> None:
             if MASK in str(value):  # ours, or Proxmox's own ********** (cipassword)
                 raise PolicyError(f"Parameter '{name}' holds a masked value ({MASK}); sending it would "
                                   f"overwrite the real secret. Leave it out to keep the current value.")
-    decision.reasons += receipts.announce(settings().receipts, decision)  # shown by a dry run and in the question
+    decision.reasons += receipts.announce(settings().receipts, decision, host.label)  # in a dry run and the question
 
 
 def _refuse_invalid(decision: Decision) -> None:
@@ -478,7 +478,7 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     # raised above it (a download it saves to disk: write_restore_file) does
     holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
     if current_call().get("planning") and holds_back:  # the plan the user is asked about: nothing is sent
-        raise DryRun({}, [(host, decision)])
+        raise DryRun({}, [(host, decision), *_follow_ups(host, decision, read)])
     if (current_call().get("dry_run") or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
@@ -489,6 +489,20 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
                      else None)
         current_call().setdefault("confirmed", []).append(confirmed)
     return result
+
+
+def _follow_ups(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> list[tuple[Any, Decision]]:
+    """What the admission sends after this request's yes, declared with it: the older safety
+    snapshots the rule removes (receipts.follow_ups), where the gate that removes them is open."""
+    if not gate_open(rules_for(host), "destructive"):
+        return []
+    planned = []
+    for method, path, params in receipts.follow_ups(settings().receipts, host.label, decision):
+        try:
+            planned.append((host, check(host, method, path, params, read)))
+        except PolicyError:
+            continue  # refused when it comes: the answer names what was kept
+    return planned
 
 
 def follows_confirmed(host: Any, decision: Decision) -> bool:
@@ -585,6 +599,7 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
             raise
         decisions.append(decision)
     writes = [d for d in decisions if d.gates != ("read",)]
+    writes += [after for d in list(writes) for _, after in _follow_ups(host, d, read)]
     if current_call().get("planning"):
         raise DryRun({}, [(host, d) for d in writes], summary)
     if current_call().get("dry_run") or settings().dry_run:
@@ -630,7 +645,7 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
     sending (if it cannot be written, nothing is sent), one after (if that fails, the answer says
     so), the receipt kept."""
     try:
-        receipt = receipts.start(settings().receipts, host, decision, client, current_call().get("tool"))
+        receipt = receipts.start(settings().receipts, host, decision, client, current_call())
     except ToolFailure as exc:
         audit(host, decision.method, decision.path, audited, "refused", error=str(exc))
         raise
@@ -653,7 +668,8 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
 
 
 def _keep_receipt(receipt: receipts.Pending | None, result: Any, line: str | None) -> None:
-    """The receipt of a sent write, named in the call's answer; one that cannot be written is a note."""
+    """The call's receipt, with this write as its latest step, named in the call's answer; one that
+    cannot be written is a note."""
     if receipt is None:
         return
     notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
@@ -662,8 +678,8 @@ def _keep_receipt(receipt: receipts.Pending | None, result: Any, line: str | Non
     except OSError as exc:
         notes.append(f"The request was sent, but its receipt could not be written ({exc.strerror or exc}).")
         return
-    if CALL.get() is not None:
-        current_call().setdefault("receipts", []).append(receipt.id)
+    if CALL.get() is not None and receipt.id not in current_call().setdefault("receipts", []):
+        current_call()["receipts"].append(receipt.id)
 
 
 def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict: str, **details: Any) -> None:

@@ -46,6 +46,7 @@ import demo
 import http_transport
 import policy
 import proxmox_client
+import receipts
 import runtime
 import visibility
 import api_tools
@@ -148,7 +149,7 @@ def server_info() -> dict:
     return {"version": VERSION, "hosts": hosts, "hidden_tools": hidden_by_reason(), **calling_principal(),
             "dry_run": settings.dry_run, "ask_user": settings.elicit,
             "audit_log": str(settings.audit_path) if settings.audit_path else None,
-            "receipts": str(settings.receipts.directory) if settings.receipts.directory else None,
+            "receipts": str(settings.receipts.store.database.path) if settings.receipts.store else None,
             "safety_snapshot": settings.receipts.safety,
             "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
                                                   "name": e.get("name"), "reason": e.get("reason")})
@@ -371,10 +372,8 @@ def as_tool(function: Callable) -> Callable:
             result, view_data = result.answer, result.data
         if call.get("notes"):  # e.g. the audit line after a sent request failed
             result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        if call.get("receipts"):  # what was sent, to list, compare or take back (receipts.py): the
-            kept = call["receipts"]  # tool's own change last, after a safety snapshot's
-            result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
-                {"receipts": kept} if len(kept) > 1 else {})
+        if call.get("receipts"):  # what was sent, to list, compare or take back, and its safety snapshot
+            result = (result if isinstance(result, dict) else {"result": result}) | receipts.answer_fields(call)
         text = mask_json(result)  # each string masked (masking.mask_json)
         return text if view_data is None else view_result(text, result | view_data)
     if "confirm" in inspect.signature(function).parameters:

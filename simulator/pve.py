@@ -232,14 +232,30 @@ def pve_node_storage(call: Call, node: str) -> list:
             content = call.arg("content")
             if content and content not in storage["content"].split(","):
                 continue
-            row = {"storage": storage["storage"], "type": storage["type"], "content": storage["content"],
-                   "shared": storage["shared"], "active": 0, "enabled": 1}
-            if (node, storage["storage"]) not in call.lab.offline_storages:
-                row |= {"active": 1, "total": storage["total"], "used": storage["used"],
-                        "avail": storage["total"] - storage["used"],
-                        "used_fraction": round(storage["used"] / storage["total"], 4)}
-            rows.append(row)
+            rows.append(_storage_status(call, node, storage) | {"storage": storage["storage"]})
     return rows
+
+
+def _storage_status(call: Call, node: str, storage: dict) -> dict:
+    """A storage as PVE::Storage::storage_info answers it on a node: its space only while active."""
+    row = {"type": storage["type"], "content": storage["content"], "shared": storage["shared"], "active": 0,
+           "enabled": 1}
+    if (node, storage["storage"]) not in call.lab.offline_storages:
+        row |= {"active": 1, "total": storage["total"], "used": storage["used"],
+                "avail": storage["total"] - storage["used"],
+                "used_fraction": round(storage["used"] / storage["total"], 4)}
+    return row
+
+
+def pve_storage_status(call: Call, node: str, storage: str) -> dict:
+    """One storage's status on a node (pve-storage PVE/API2/Storage/Status.pm read_status: the
+    storage_info row, "No such storage." for one the node does not have; the permission check is the
+    schema's: Datastore.Audit or Datastore.AllocateSpace on /storage/{storage})."""
+    _node(call, node)
+    found = call.lab.storages.get(storage)
+    if found is None or node not in call.lab.storage_nodes(found):
+        raise ApiError(400, "Parameter verification failed.", {"storage": "No such storage."})
+    return {k: v for k, v in _storage_status(call, node, found).items() if k != "used_fraction"}
 
 
 def _task_row(task: Task, now: float) -> dict:
@@ -526,6 +542,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/lxc/{vmid}/pending"): pve_guest_pending("lxc"),
     ("GET", "/storage"): pve_storage_list,
     ("GET", "/nodes/{node}/storage"): pve_node_storage,
+    ("GET", "/nodes/{node}/storage/{storage}/status"): pve_storage_status,
     ("GET", "/nodes/{node}/tasks"): pve_tasks,
     ("GET", "/nodes/{node}/tasks/{upid}/status"): pve_task_status,
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,

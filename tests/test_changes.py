@@ -5,14 +5,14 @@ and snapshots, rollback, the snapshot feature by storage type, detached disks, p
 PBS notes, backup job edits); then the receipts, each kind of undo and each refusal, and the diff.
 End to end through an MCP client, on both protocol revisions: test_changes_over_mcp.py."""
 import json
-import os
+import sqlite3
 import time
 
 import pytest
 import requests
 
 import simulator
-from conftest import requests_during, tool_session
+from conftest import everything_open, requests_during, tool_session
 
 ADMIN = "root@pam!admin"
 
@@ -83,7 +83,14 @@ def task_of(sim, response):
 
 
 def receipt(tmp, receipt_id):
-    return json.loads((tmp / "audit.receipts" / f"{receipt_id}.json").read_text())
+    """A receipt as the state database beside the audit log keeps it (receipt_store.py)."""
+    with sqlite3.connect(tmp / "state" / "state.sqlite3") as db:
+        return json.loads(db.execute("SELECT body FROM receipts WHERE id = ?", (receipt_id,)).fetchone()[0])
+
+
+def acting(kept):
+    """The steps of a receipt that made the change (not its safety snapshot)."""
+    return [step for step in kept["steps"] if not step.get("safety")]
 
 
 def writes(sent):
@@ -176,6 +183,17 @@ def test_pbs_notes_are_kept_whole_and_listed_by_their_first_line(sim):
     raw(sim, "/admin/datastore/backup/notes", method="PUT", product="pbs", notes="", **where)
 
 
+def test_a_storages_status_is_its_space_on_that_node(sim):
+    """What a safety snapshot takes from (a snapshot has no size of its own): pve-storage
+    API2/Storage/Status.pm read_status, with the schema's permission (the reader token holds
+    Datastore.Audit); a storage the node does not have is a parameter error."""
+    status = raw(sim, "/nodes/pve2/storage/local-zfs/status", token="mcp@pve!reader").json()["data"]
+    assert status == {"type": "zfspool", "content": "images,rootdir", "shared": 0, "active": 1, "enabled": 1,
+                      "total": 400 * 1024 ** 3, "used": 0, "avail": 400 * 1024 ** 3}
+    missing = raw(sim, "/nodes/pve1/storage/local-zfs/status")
+    assert missing.status_code == 400 and "No such storage." in missing.text
+
+
 def test_a_backup_job_edit_merges_as_update_job_does(sim):
     job = dict(sim.lab.backup_jobs[0])
     try:
@@ -194,12 +212,14 @@ def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, 
     done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"tags": "undo;test"}})
     kept = receipt(tmp, done["receipt"])
     assert kept["tool"] == "write_configure_guest" and kept["by"] == ADMIN and kept["guests"] == [200]
+    assert kept["principal"] is None  # the single-user form names no principal
+    step, = kept["steps"]
     # stored normalised: sorted (docs/PROXMOX-BEHAVIOUR.md#tags)
-    assert kept["changes"] == ["tags added: test;undo"]
-    assert kept["before"].get("tags") is None and kept["after"]["tags"] == "test;undo" and kept["undo"] is True
+    assert step["changes"] == ["tags added: test;undo"]
+    assert step["before"].get("tags") is None and step["after"]["tags"] == "test;undo" and step["undo"] is True
     lines = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
     sending = next(line for line in lines if line.get("receipt") == done["receipt"])
-    assert sending["verdict"] == "sending" and kept["audit"] == sending["hash"]  # each names the other
+    assert sending["verdict"] == "sending" and step["audit"] == sending["hash"]  # each names the other
     row = next(r for r in ops.ok("list_changes", {"vmid": 200})["rows"] if r[0] == done["receipt"])
     assert row[3] == "write_configure_guest" and row[-1] == "yes"
     assert ops.ok("write_undo_change", {"receipt": done["receipt"]})["result"] == "ok"
@@ -208,8 +228,8 @@ def test_every_write_answers_with_a_receipt_kept_beside_the_audit_log(ops, sim, 
 
 def test_a_receipt_keeps_no_secret_and_cannot_bring_one_back(ops, sim, tmp):
     done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"cipassword": "hunter2-very-secret"}})
-    text = (tmp / "audit.receipts" / f"{done['receipt']}.json").read_text()
-    assert "hunter2" not in text and receipt(tmp, done["receipt"])["changes"] == ["cipassword changed"]
+    stored = b"".join(path.read_bytes() for path in (tmp / "state").glob("state.sqlite3*"))
+    assert b"hunter2" not in stored and receipt(tmp, done["receipt"])["steps"][0]["changes"] == ["cipassword changed"]
     message, sent = requests_during(sim, lambda: ops.error("write_undo_change", {"receipt": done["receipt"]}),
                                     writes=True)
     assert "never keep a secret" in message and "hunter2" not in message and sent == []
@@ -222,13 +242,16 @@ def test_receipts_are_bounded_in_count_and_age(sim, tmp_path):
     env = operator_env(sim, tmp_path, PROXMOX_RECEIPTS_KEEP="10", PROXMOX_RECEIPTS_DAYS="1")
     with tool_session(env, log_name="changes-bounded") as session:
         first = session.ok("write_configure_guest", {"vmid": 205, "set": {"description": "0"}})["receipt"]
-        old = tmp_path / "audit.receipts" / f"{first}.json"
-        os.utime(old, (time.time() - 2 * 86400, time.time() - 2 * 86400))  # two days old
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:  # two days old
+            db.execute("UPDATE receipts SET epoch = ? WHERE id = ?", (time.time() - 2 * 86400, first))
         for n in range(1, 12):
             session.ok("write_configure_guest", {"vmid": 205, "set": {"description": str(n)}})
-        kept = list((tmp_path / "audit.receipts").glob("rc-*.json"))
-        assert len(kept) == 10 and not old.exists()
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:
+            kept = [row[0] for row in db.execute("SELECT id FROM receipts")]
+            guests = db.execute("SELECT count(*) FROM receipt_guests").fetchone()[0]
+        assert len(kept) == 10 and first not in kept and guests == 10
         assert "No receipt" in session.error("write_undo_change", {"receipt": first})
+        assert session.ok("list_changes", {})["total"] == 10
     sim.lab.guests[205]["config"].pop("description")
 
 
@@ -316,9 +339,16 @@ def test_a_rollback_takes_a_safety_snapshot_that_undo_returns_to(ops, sim, tmp):
                                                                                  "dry_run": True}), writes=True)
     assert any("safety snapshot is taken first" in why for why in plan["why"]) and sent == []
     rolled = ops.ok("write_rollback_snapshot", {"vmid": 202, "name": "clean", "confirm": True})
-    kept = receipt(tmp, rolled["receipts"][-1])
-    safety = kept["safety_snapshot"]
-    assert safety.startswith("mcp-safety-") and kept["undo"] is True and kept["before"] == "running"
+    kept = receipt(tmp, rolled["receipt"])
+    assert "receipts" not in rolled and [s["kind"] for s in kept["steps"]] == ["snapshot", "rollback"]
+    step, = acting(kept)  # the safety snapshot is a step of the same receipt, which undo leaves alone
+    safety = step["safety_snapshot"]
+    assert safety.startswith("mcp-safety-") and step["undo"] is True and step["before"] == "running"
+    local_lvm = sim.lab.storages["local-lvm"]
+    free = f"{(local_lvm['total'] - local_lvm['used']) / 1024 ** 3:.1f} GiB free"
+    assert rolled["safety_snapshot"]["name"] == safety and "(copy-on-write)" in rolled["safety_snapshot"]["cost"]
+    assert f"on storage local-lvm: {100 * local_lvm['used'] / local_lvm['total']:.0f}% used, {free}" in \
+        rolled["safety_snapshot"]["cost"]  # GET /nodes/{node}/storage/{storage}/status (the snapshot has no size)
     assert safety in [s["name"] for s in guest["snapshots"]] and guest["status"] == "stopped"
     assert str(guest["config"]["cores"]) == "2"
     undone = ops.ok("write_undo_change", {"receipt": kept["id"], "confirm": True})
@@ -335,7 +365,8 @@ def test_no_safety_snapshot_where_the_storage_cannot_take_one(ops, sim, tmp):
     ops.ok("write_create_snapshot", {"vmid": 203, "name": "only"})
     rolled = ops.ok("write_rollback_snapshot", {"vmid": 203, "name": "only", "confirm": True})
     kept = receipt(tmp, rolled["receipt"])
-    assert kept["safety_snapshot"].startswith("none: zfspool storage rolls back only to the newest")
+    assert kept["steps"][-1]["safety_snapshot"].startswith("none: zfspool storage rolls back only to the newest")
+    assert "safety_snapshot" not in rolled
     message = ops.error("write_undo_change", {"receipt": kept["id"], "confirm": True})
     assert "no safety snapshot was taken" in message
     ops.ok("write_delete_snapshot", {"vmid": 203, "name": "only", "confirm": True})
@@ -346,9 +377,10 @@ def test_with_safety_all_a_disk_detach_is_snapshotted_first_and_undo_attaches_it
     guest = sim.lab.guests[206]
     with tool_session(operator_env(sim, tmp_path, PROXMOX_SAFETY_SNAPSHOT="all"), log_name="changes-all") as session:
         done = session.ok("write_configure_guest", {"vmid": 206, "delete": ["scsi1"]})
-        kept = json.loads((tmp_path / "audit.receipts" / f"{done['receipts'][-1]}.json").read_text())
-        assert kept["safety_snapshot"].startswith("mcp-safety-") and "unused0" in guest["config"]
-        assert kept["changes"] == ["scsi1 removed (was local-lvm:vm-206-disk-1,size=8G)",
+        kept = receipt(tmp_path, done["receipt"])
+        step, = acting(kept)
+        assert step["safety_snapshot"].startswith("mcp-safety-") and "unused0" in guest["config"]
+        assert step["changes"] == ["scsi1 removed (was local-lvm:vm-206-disk-1,size=8G)",
                                    "unused0 added: local-lvm:vm-206-disk-1"]
         assert session.ok("write_undo_change", {"receipt": kept["id"]})["result"] == "ok"
         assert guest["config"]["scsi1"] == "local-lvm:vm-206-disk-1,size=8G" and "unused0" not in guest["config"]
@@ -512,3 +544,141 @@ def test_list_changes_pages(ops):
     first = ops.ok("list_changes", {"limit": 2})
     assert len(first["rows"]) == 2 and first["truncated"] and first["next_offset"] == 2
     assert ops.ok("list_changes", {"limit": 2, "offset": 2})["rows"][0] != first["rows"][1]
+
+
+# ================================================================ one receipt per call (issue 29)
+
+def test_a_call_of_three_requests_keeps_one_receipt_whose_undo_restores_the_list(ops, sim):
+    """write_edit_firewall_rule adds a rule lower down in three requests (POST on top disabled, move,
+    enable); its one receipt holds all three, and its undo takes them back in reverse order."""
+    rules = lambda: ops.ok("firewall_rules", {"vmid": 201}).get("rules")  # noqa: E731
+    for port in ("91", "92"):
+        ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add",
+                                            "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": port}})
+    before = json.dumps(rules())
+    drop = {"type": "in", "action": "DROP", "proto": "tcp", "dport": "93"}
+    added = ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "add", "pos": 1, "rule": drop})
+    assert added["pos"] == 1 and "receipts" not in added
+    row = next(r for r in ops.ok("list_changes", {"vmid": 201})["rows"] if r[0] == added["receipt"])
+    assert row[-1] == "yes" and "rule added at pos 0" in row[6] and "moved to pos 1" in row[6]
+    undone, sent = requests_during(sim, lambda: ops.ok("write_undo_change", {"receipt": added["receipt"],
+                                                                             "confirm": True}), writes=True)
+    base = "/nodes/pve1/lxc/201/firewall/rules"
+    assert undone["result"] == "ok" and writes(sent) == [("pve", "PUT", f"{base}/1"), ("pve", "PUT", f"{base}/1"),
+                                                         ("pve", "DELETE", f"{base}/0")]
+    assert json.dumps(rules()) == before
+    for _ in range(2):
+        ops.ok("write_edit_firewall_rule", {"vmid": 201, "action": "delete", "pos": 0, "confirm": True})
+
+
+LAN = "192.0.2.50"  # on the nodes' network: in the management IP set (tests/test_firewall.py)
+DROP_SSH = {"type": "in", "action": "DROP", "proto": "tcp", "dport": "22"}
+
+
+def test_a_deleted_cluster_rule_is_made_again_disabled_moved_then_enabled(sim, tmp_path):
+    """A new rule lands on top (pve-firewall Rules.pm create_rule): made again enabled, a DROP that sat
+    below an ACCEPT of this server's address would cut SSH from pos 0 until the move, and the lockout
+    guard refuses that first step. Made as the tool adds one, it never filters out of place."""
+    (tmp_path / "protected.json").write_text("[]")
+    cluster = sim.lab.firewall["cluster"]
+    saved = json.loads(json.dumps(cluster["rules"]))
+    keep = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": LAN}
+    try:
+        env = everything_open(sim, tmp_path, PROXMOX_SOURCE_ADDRESS=LAN)
+        with tool_session(env, log_name="changes-guard") as admin:
+            admin.ok("write_edit_firewall_rule", {"action": "add", "rule": keep, "confirm": True})
+            admin.ok("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH, "confirm": True})
+            listed = json.dumps(cluster["rules"])
+            deleted = admin.ok("write_edit_firewall_rule", {"action": "delete", "pos": 1, "confirm": True})
+            undone, sent = requests_during(sim, lambda: admin.ok("write_undo_change", {
+                "receipt": deleted["receipt"], "confirm": True}), writes=True)
+            assert undone["result"] == "ok" and json.dumps(cluster["rules"]) == listed
+            rules = "/cluster/firewall/rules"
+            assert writes(sent) == [("pve", "POST", rules), ("pve", "PUT", f"{rules}/0"), ("pve", "PUT", f"{rules}/1")]
+    finally:
+        cluster["rules"] = saved
+
+
+def test_undo_on_a_running_vm_of_a_change_it_runs_with_waits_for_a_restart(ops, sim):
+    """Set on a stopped VM, `cores` is applied; the VM starts; setting it back now goes to the
+    pending config, as any write on a running VM that cannot be hot-plugged (qemu-server
+    API2/Qemu.pm $update_vm_api: docs/PROXMOX-BEHAVIOUR.md#pending-config). The answer says so."""
+    guest = sim.lab.guests[205]
+    done = ops.ok("write_configure_guest", {"vmid": 205, "set": {"cores": 4}})
+    assert done["result"] == "ok" and str(guest["config"]["cores"]) == "4"
+    ops.ok("write_power_guest", {"vmid": 205, "action": "start"})
+    try:
+        undone = ops.ok("write_undo_change", {"receipt": done["receipt"]})
+        assert undone["result"] == "pending until restart" and undone["pending"] == {"cores": "2"}
+        assert "runs with the values it has now of cores until Proxmox restarts it" in undone["note"]
+        assert str(guest["config"]["cores"]) == "4" and guest["pending"] == {"cores": "2"}
+    finally:
+        ops.ok("write_power_guest", {"vmid": 205, "action": "stop", "confirm": True})
+    assert str(guest["config"]["cores"]) == "2" or guest["pending"] == {"cores": "2"}
+
+
+def test_undo_of_a_change_still_pending_says_nothing_waits(ops, sim):
+    """The neighbour: a change still pending on a running VM is taken away by its undo (cleanup_pending),
+    so nothing waits for a restart and the answer says none."""
+    done = ops.ok("write_configure_guest", {"vmid": 200, "set": {"memory": 6144}})
+    assert sim.lab.guests[200]["pending"] == {"memory": "6144"}
+    undone = ops.ok("write_undo_change", {"receipt": done["receipt"]})
+    assert undone["result"] == "ok" and "pending" not in undone and "note" not in undone
+
+
+def test_the_dry_run_and_the_question_of_an_undo_show_the_requests_it_sends(ops, sim):
+    """Method, path and every parameter: built from the requests, not from what the receipt says."""
+    done = ops.ok("write_configure_guest", {"vmid": 201, "set": {"description": "undo-dry"}})
+    plan = ops.ok("write_undo_change", {"receipt": done["receipt"], "dry_run": True})
+    step, = plan["steps"]
+    assert step["method"] == "PUT" and step["run"] == "/nodes/pve1/lxc/201/config"
+    assert step["params"]["delete"] == "description" and step["params"]["digest"]
+    assert f"Take back receipt {done['receipt']}" in plan["plan"] and \
+        'PUT /nodes/pve1/lxc/201/config {"delete":"description","digest":' in plan["plan"]
+    ops.ok("write_undo_change", {"receipt": done["receipt"]})
+    made = ops.ok("write_create_snapshot", {"vmid": 201, "name": "asked"})
+    message = ops.error("write_undo_change", {"receipt": made["receipt"]})  # this caller cannot be asked
+    assert "Confirmation needed" in message and "by sending 1 request(s): 1) DELETE " \
+        "/nodes/pve1/lxc/201/snapshot/asked" in message
+    ops.ok("write_undo_change", {"receipt": made["receipt"], "confirm": True})
+
+
+# ================================================================ safety snapshots: named, listed, bounded
+
+def test_safety_snapshots_are_listed_and_the_rule_keeps_the_newest(sim, tmp_path):
+    """PROXMOX_SAFETY_KEEP=2: the third rollback's safety snapshot is taken, then the oldest one is
+    deleted (declared in the question with the rollback); list_changes lists the kept ones. One older
+    than PROXMOX_SAFETY_DAYS goes too."""
+    (tmp_path / "protected.json").write_text("[]")
+    guest = sim.lab.guests[202]
+    names = lambda: [s["name"] for s in guest["snapshots"]]  # noqa: E731
+    env = operator_env(sim, tmp_path, PROXMOX_SAFETY_KEEP="2", PROXMOX_SAFETY_DAYS="7")
+    earlier = set(names())
+    with tool_session(env, log_name="changes-safety") as session:
+        session.ok("write_create_snapshot", {"vmid": 202, "name": "base2"})
+        taken = []
+        for _ in range(2):
+            rolled = session.ok("write_rollback_snapshot", {"vmid": 202, "name": "base2", "confirm": True})
+            taken.append(rolled["safety_snapshot"]["name"])
+            assert "safety_snapshots_removed" not in rolled
+        listed = session.ok("list_changes", {"vmid": 202})["safety_snapshots"]
+        assert [row[0] for row in listed["rows"]] == taken[::-1] and listed["total"] == 2
+        assert "PROXMOX_SAFETY_KEEP" in listed["rule"]
+        plan = session.ok("write_rollback_snapshot", {"vmid": 202, "name": "base2", "dry_run": True})
+        assert any(f"then older safety snapshots of this guest are deleted: {taken[0]}" in why for why in plan["why"])
+        rolled = session.ok("write_rollback_snapshot", {"vmid": 202, "name": "base2", "confirm": True})
+        assert rolled["safety_snapshots_removed"] == [taken[0]] and taken[0] not in names()
+        assert set(names()) - earlier == {"base2", taken[1], rolled["safety_snapshot"]["name"]}
+        kept = receipt(tmp_path, rolled["receipt"])
+        assert [s["kind"] for s in kept["steps"]] == ["snapshot", "none", "rollback"]  # the removal is a step too
+        assert kept["steps"][1]["safety"] and session.ok("list_changes", {"vmid": 202})["rows"][0][-1] == "yes"
+        with sqlite3.connect(tmp_path / "state" / "state.sqlite3") as db:  # 8 days old: past PROXMOX_SAFETY_DAYS
+            db.execute("UPDATE safety_snapshots SET epoch = ? WHERE name = ?", (time.time() - 8 * 86400, taken[1]))
+        undo = session.ok("write_undo_change", {"receipt": rolled["receipt"], "dry_run": True})
+        assert [(s.get("method"), s["run"].rsplit("/", 2)[-2:]) for s in undo["steps"]] == [
+            ("POST", [rolled["safety_snapshot"]["name"], "rollback"]), (None, ["snapshot", taken[1]])]
+        rolled = session.ok("write_rollback_snapshot", {"vmid": 202, "name": "base2", "confirm": True})
+        assert rolled["safety_snapshots_removed"] == [taken[1]]
+        for name in set(names()) - earlier:
+            session.ok("write_delete_snapshot", {"vmid": 202, "name": name, "confirm": True})
+    guest["status"] = "running"

@@ -116,3 +116,31 @@ def test_undo_never_reaches_a_protected_guest(sim, tmp, made):
                                                                    {"receipt": made, "confirm": True}))
     assert "Guest 104" in message and "protected" in message and writes(sent) == []
     assert "shared" in [s["name"] for s in sim.lab.guests[104]["snapshots"]]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_the_safety_snapshots_the_rule_removes_are_in_the_one_question(sim, tmp, mode):
+    """PROXMOX_SAFETY_KEEP=1: the second rollback's question names the older safety snapshot it
+    deletes (declared with the rollback), the user is asked once, and it is deleted: on 2026-07-28,
+    where nothing can be asked in the middle of a call, as on the older handshake."""
+    user = User()
+    env = everything_open(sim, tmp, PROXMOX_SAFETY_KEEP="1")
+    guest = sim.lab.guests[104]
+    with stdio_session(env, mode=mode, log_name=f"undo-safety-{mode}", elicitation_callback=user) as session:
+        session.ok("write_create_snapshot", {"vmid": 104, "name": f"kept_{mode}"})
+        user.answers = ["accept"]
+        first = session.ok("write_rollback_snapshot", {"vmid": 104, "name": f"kept_{mode}"})
+        older = first["safety_snapshot"]["name"]
+        user.answers, asked = ["accept"], len(user.asked)
+        second, sent = requests_during(sim, lambda: session.ok("write_rollback_snapshot",
+                                                               {"vmid": 104, "name": f"kept_{mode}"}))
+        assert len(user.asked) == asked + 1 and f"older safety snapshots of this guest are deleted: {older}" in \
+            user.asked[-1] and f"DELETE /nodes/pve2/qemu/104/snapshot/{older}" in user.asked[-1]
+        assert second["safety_snapshots_removed"] == [older] and "safety_snapshots_note" not in second
+        assert ("pve", "DELETE", f"/nodes/pve2/qemu/104/snapshot/{older}") in writes(sent)
+        names = [s["name"] for s in guest["snapshots"]]
+        assert older not in names and second["safety_snapshot"]["name"] in names
+        for name in (second["safety_snapshot"]["name"], f"kept_{mode}"):
+            user.answers = ["accept"]
+            session.ok("write_delete_snapshot", {"vmid": 104, "name": name})
+    assert guest["status"] == "stopped"  # as the lab has it: a rollback without RAM leaves it stopped

@@ -72,6 +72,8 @@ def test_timeouts_are_configurable():
     ({"PROXMOX_READ_TIMEOUT": "soon"}, "PROXMOX_READ_TIMEOUT"),
     ({"MCP_AUTH_TOKEN": "short"}, "MCP_AUTH_TOKEN"),
     ({"MCP_HTTP_PORT": "99999"}, "MCP_HTTP_PORT"),
+    ({"PROXMOX_SAFETY_KEEP": "0"}, "PROXMOX_SAFETY_KEEP"),
+    ({"PROXMOX_SAFETY_DAYS": "forever"}, "PROXMOX_SAFETY_DAYS"),
 ])
 def test_invalid_values_stop_with_the_variable_named(env, names):
     with pytest.raises(ConfigError) as caught:

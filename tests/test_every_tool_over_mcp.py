@@ -4,6 +4,7 @@ arguments through the SDK's client, and it answers. Domain behaviour is tested i
 accepted as a client sends them, its answer carried back. The SSH tools are called over MCP next to
 the sshd they need: test_shell_tools.py, test_terminals.py, test_lxc_admin.py, test_node_files.py."""
 import json
+import sqlite3
 
 import pytest
 
@@ -32,7 +33,8 @@ def pve_backup(lab, vmid: int) -> str:
 
 def newest_receipt(lab, tool: str) -> dict:
     """The receipt of the last call of a tool (the server keeps them beside its audit log)."""
-    kept = [json.loads(p.read_text()) for p in lab.mcp_receipts.glob("rc-*.json")]
+    with sqlite3.connect(lab.mcp_receipts) as db:
+        kept = [json.loads(body) for body, in db.execute("SELECT body FROM receipts")]
     return {"receipt": max((r for r in kept if r["tool"] == tool), key=lambda r: r["epoch"])["id"]}
 
 
@@ -116,7 +118,7 @@ def admin(sim, tmp_path_factory):
     sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"  # for write_set_cloudinit
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
-    sim.lab.mcp_receipts = tmp / "audit.receipts"
+    sim.lab.mcp_receipts = tmp / "state" / "state.sqlite3"
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session

@@ -135,7 +135,8 @@ def test_resize_snapshot_rollback_delete(ops, sim):
     assert [s["name"] for s in sim.lab.guests[100]["snapshots"]] == ["pre-upgrade"]
     rolled = ops.ok("write_rollback_snapshot", {"vmid": 100, "name": "pre-upgrade", "start": True, "confirm": True})
     assert rolled["result"] == "ok" and rolled["guest_state"] == "running"  # a rollback alone leaves it stopped
-    assert len(rolled["receipts"]) == 2  # the safety snapshot's, the rollback's (docs/SECURITY.md#undo)
+    assert "receipts" not in rolled  # one receipt: the safety snapshot and the rollback (docs/SECURITY.md#undo)
+    assert rolled["safety_snapshot"]["name"].startswith("mcp-safety-")
     safety = [s["name"] for s in sim.lab.guests[100]["snapshots"] if s["name"] != "pre-upgrade"]
     assert safety and safety[0].startswith("mcp-safety-")
     for name in ("pre-upgrade", safety[0]):

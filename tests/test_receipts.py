@@ -8,6 +8,7 @@ import pytest
 
 import catalog
 import receipts
+import undo
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from masking import MASK
 
@@ -19,9 +20,9 @@ RECORDED = [
     ("pve", "PUT", "/nodes/pve1/qemu/100/firewall/options", "settings"),
     ("pve", "PUT", "/nodes/pve1/firewall/options", "settings"),
     ("pve", "PUT", "/cluster/firewall/options", "settings"),
-    ("pve", "PUT", "/nodes/pve1/lxc/101/firewall/rules/3", "settings"),
-    ("pve", "POST", "/cluster/firewall/rules", "created"),
-    ("pve", "DELETE", "/nodes/pve1/qemu/100/firewall/rules/2", "deleted"),
+    ("pve", "PUT", "/nodes/pve1/lxc/101/firewall/rules/3", "rules"),  # the list, read whole
+    ("pve", "POST", "/cluster/firewall/rules", "rules"),
+    ("pve", "DELETE", "/nodes/pve1/qemu/100/firewall/rules/2", "rules"),
     ("pve", "PUT", "/cluster/backup/backup-nightly", "settings"),
     ("pve", "POST", "/cluster/backup", "created"),
     ("pve", "DELETE", "/cluster/backup/backup-nightly", "deleted"),
@@ -67,10 +68,16 @@ class Reads:
 
 
 def receipt_for(product, method, path, **fields):
+    """A receipt of one request (one step), as receipts.py keeps it."""
     template = catalog.find_path(product, path)[0]
-    return {"id": "rc-12345678", "product": product, "method": method, "path": path, "template": template,
-            "time": "2026-01-01T00:00:00Z", "tool": "write_call_api", "undo": True,
+    step = {"method": method, "path": path, "template": template, "params": fields.pop("params", {}), "undo": True,
             "kind": receipts.rule_for(method, template).kind, "object": path} | fields
+    return {"id": "rc-12345678", "product": product, "host": "lab", "time": "2026-01-01T00:00:00Z",
+            "tool": "write_call_api", "steps": [step]}
+
+
+def plan(receipt, client):
+    return undo.undo_plan(receipt, client).steps
 
 
 def valid(product, steps):
@@ -81,29 +88,76 @@ def valid(product, steps):
     return steps
 
 
-RULE = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "enable": 1, "pos": 2, "digest": "d1"}
+RULE = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "enable": 1}
+OTHER = {"type": "in", "action": "DROP", "proto": "tcp", "dport": "8080", "enable": 1}
+
+
+def listed(*rules, digest="d1"):
+    """A firewall rule list as GET .../rules answers it: each rule with its pos and the list's digest."""
+    return [rule | {"pos": pos, "digest": digest} for pos, rule in enumerate(rules)]
 
 
 def test_firewall_options_are_set_back_with_the_digest():
     before = {"enable": 0, "policy_in": "ACCEPT", "digest": "d1"}
     after = {"enable": 1, "policy_in": "DROP", "log_level_in": "info", "digest": "d2"}
     path = "/nodes/pve1/qemu/100/firewall/options"
-    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=before, after=after),
-                               Reads("pve", {path: after})).steps
+    steps = plan(receipt_for("pve", "PUT", path, before=before, after=after), Reads("pve", {path: after}))
     assert valid("pve", steps) == [("PUT", path, {"enable": 0, "policy_in": "ACCEPT", "delete": "log_level_in",
                                                   "digest": "d2"})]
 
 
-def test_a_new_firewall_rule_is_deleted_at_the_top_and_a_deleted_one_made_again_where_it_was():
+def test_a_new_firewall_rule_is_deleted_at_the_top():
     rules = "/cluster/firewall/rules"
-    created = receipt_for("pve", "POST", rules, item=f"{rules}/0", after=RULE | {"pos": 0})
-    steps = receipts.undo_plan(created, Reads("pve", {f"{rules}/0": RULE | {"pos": 0}})).steps
-    assert valid("pve", steps) == [("DELETE", f"{rules}/0", {"digest": "d1"})]
-    deleted = receipt_for("pve", "DELETE", f"{rules}/2", before=RULE)
-    steps = receipts.undo_plan(deleted, Reads("pve", {})).steps
-    assert valid("pve", steps) == [("POST", rules, {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22",
-                                                    "enable": 1}),
-                                   ("PUT", f"{rules}/0", {"moveto": 3})]  # before the rule now at 3
+    after = listed(RULE | {"enable": 0}, OTHER, digest="d2")
+    created = receipt_for("pve", "POST", rules, before=listed(OTHER), after=after, params=RULE | {"enable": 0})
+    steps = plan(created, Reads("pve", {rules: after}))
+    assert valid("pve", steps) == [("DELETE", f"{rules}/0", {"digest": "d2"})]
+
+
+def test_a_deleted_firewall_rule_is_made_again_disabled_moved_then_enabled():
+    """A new rule lands on top (pve-firewall Rules.pm create_rule): made enabled it would filter
+    from pos 0 until the move, so it is made as write_edit_firewall_rule adds one."""
+    rules = "/cluster/firewall/rules"
+    deleted = receipt_for("pve", "DELETE", f"{rules}/1", pos=1, object=rules, before=listed(OTHER, RULE),
+                          after=listed(OTHER, digest="d2"))
+    steps = plan(deleted, Reads("pve", {rules: listed(OTHER, digest="d2")}))
+    assert valid("pve", steps) == [
+        ("POST", rules, {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "enable": 0,
+                         "digest": "d2"}),
+        ("PUT", f"{rules}/0", {"moveto": 2}),  # before the rule now at 2: it lands at 1
+        ("PUT", f"{rules}/1", {"enable": 1})]
+    on_top = receipt_for("pve", "DELETE", f"{rules}/0", pos=0, object=rules, before=listed(RULE | {"enable": 0}),
+                         after=[])
+    assert valid("pve", plan(on_top, Reads("pve", {rules: []}))) == [
+        ("POST", rules, {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "enable": 0})]
+
+
+@pytest.mark.parametrize("pos, moveto, count, back", [(0, 3, 3, (2, 0)), (2, 0, 3, (0, 3)), (1, 9, 3, (2, 1)),
+                                                      (2, 1, 4, (1, 3))])
+def test_a_moved_firewall_rule_is_moved_back(pos, moveto, count, back):
+    """moveto puts the rule before the one at that position (Rules.pm update_rule): from above it
+    lands one lower, past the end it lands last."""
+    rules = "/nodes/pve1/qemu/100/firewall/rules"
+    before = listed(*[OTHER | {"dport": str(8000 + n)} for n in range(count)])
+    moved = [dict(r) for r in before]
+    moved.insert(receipts.moved_to(pos, moveto, count), moved.pop(pos))
+    after = listed(*[{k: v for k, v in r.items() if k not in ("pos", "digest")} for r in moved], digest="d2")
+    step = receipt_for("pve", "PUT", f"{rules}/{pos}", pos=pos, object=rules, before=before, after=after,
+                       params={"moveto": moveto})
+    where, to = back
+    assert valid("pve", plan(step, Reads("pve", {rules: after}))) == [
+        ("PUT", f"{rules}/{where}", {"moveto": to, "digest": "d2"})]
+
+
+def test_a_changed_firewall_rule_is_set_back_and_a_list_changed_since_is_refused():
+    rules = "/nodes/pve1/lxc/101/firewall/rules"
+    after = listed(OTHER, RULE | {"enable": 0, "comment": "off"}, digest="d2")
+    changed = receipt_for("pve", "PUT", f"{rules}/1", pos=1, object=rules, before=listed(OTHER, RULE), after=after,
+                          params={"enable": 0, "comment": "off"})
+    assert valid("pve", plan(changed, Reads("pve", {rules: after}))) == [
+        ("PUT", f"{rules}/1", {"enable": 1, "delete": "comment", "digest": "d2"})]
+    with pytest.raises(ProxmoxError, match="rules of .* changed since receipt rc-12345678"):
+        plan(changed, Reads("pve", {rules: listed(RULE, OTHER, digest="d3")}))
 
 
 def test_a_backup_jobs_retention_object_is_sent_back_as_a_property_string():
@@ -112,11 +166,11 @@ def test_a_backup_jobs_retention_object_is_sent_back_as_a_property_string():
     path = "/cluster/backup/nightly"
     job = {"id": "nightly", "type": "vzdump", "schedule": "02:00", "all": 1, "storage": "pbs", "enabled": 1,
            "prune-backups": {"keep-daily": 7, "keep-weekly": 4}}
-    steps = receipts.undo_plan(receipt_for("pve", "DELETE", path, before=job), Reads("pve", {})).steps
+    steps = plan(receipt_for("pve", "DELETE", path, before=job), Reads("pve", {}))
     assert valid("pve", steps)[0][2]["prune-backups"] == "keep-daily=7,keep-weekly=4"
     edited = job | {"prune-backups": {"keep-last": 1}}
-    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=job, after=edited),
-                               Reads("pve", {path: edited})).steps
+    steps = plan(receipt_for("pve", "PUT", path, before=job, after=edited),
+                               Reads("pve", {path: edited}))
     assert valid("pve", steps) == [("PUT", path, {"prune-backups": "keep-daily=7,keep-weekly=4"})]
 
 
@@ -125,16 +179,8 @@ def test_agent_questions_get_no_receipt(tmp_path):
     decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],
                                template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
     host = SimpleNamespace(product="pve", label="lab", token_id="t")
-    assert receipts.start(receipts.Keeping(tmp_path), host, decision, Reads("pve", {}), "write_drill_restore") is None
-
-
-def test_a_moved_firewall_rule_cannot_be_taken_back_by_undo():
-    decision = SimpleNamespace(method="PUT", path="/cluster/firewall/rules/0", template="/cluster/firewall/rules/{pos}",
-                               params={"moveto": 3}, path_params={"pos": "0"}, guests=[])
-    pending = receipts.Pending({"id": "rc-1"}, receipts.rule_for("PUT", decision.template), decision, None,
-                               receipts.Keeping())
-    receipts._judge_settings(pending)
-    assert "moved a firewall rule" in pending.receipt["undo"]
+    keeping = receipts.Keeping(receipts.open_store(tmp_path / "audit.jsonl"))
+    assert receipts.start(keeping, host, decision, Reads("pve", {}), {"tool": "write_drill_restore"}) is None
 
 
 def test_ha_rules_and_pbs_jobs():
@@ -142,17 +188,17 @@ def test_ha_rules_and_pbs_jobs():
             "digest": "h1"}
     edited = rule | {"resources": "vm:100,vm:102", "comment": "new", "digest": "h2"}
     path = "/cluster/ha/rules/keep-apart"
-    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=rule, after=edited),
-                               Reads("pve", {path: edited})).steps
+    steps = plan(receipt_for("pve", "PUT", path, before=rule, after=edited),
+                               Reads("pve", {path: edited}))
     assert valid("pve", steps) == [("PUT", path, {"resources": "vm:100,vm:101", "delete": "comment",
                                                   "type": "resource-affinity", "digest": "h2"})]
-    steps = receipts.undo_plan(receipt_for("pve", "DELETE", path, before=rule), Reads("pve", {})).steps
+    steps = plan(receipt_for("pve", "DELETE", path, before=rule), Reads("pve", {}))
     assert valid("pve", steps) == [("POST", "/cluster/ha/rules", {
         "type": "resource-affinity", "resources": "vm:100,vm:101", "affinity": "negative", "rule": "keep-apart"})]
     job = {"id": "s-backup", "store": "backup", "remote": "office", "remote-store": "backup", "schedule": "weekly"}
     changed = job | {"schedule": "daily", "remove-vanished": True}
-    steps = receipts.undo_plan(receipt_for("pbs", "PUT", "/config/sync/s-backup", before=job, after=changed),
-                               Reads("pbs", {"/config/sync/s-backup": changed})).steps
+    steps = plan(receipt_for("pbs", "PUT", "/config/sync/s-backup", before=job, after=changed),
+                               Reads("pbs", {"/config/sync/s-backup": changed}))
     assert valid("pbs", steps) == [("PUT", "/config/sync/s-backup", {"schedule": "weekly",
                                                                      "delete": ["remove-vanished"]})]
 
@@ -160,8 +206,8 @@ def test_ha_rules_and_pbs_jobs():
 def test_backup_volume_notes_are_cleared_without_a_delete_parameter():
     path = "/nodes/pve1/storage/nfs-backup/content/nfs-backup:backup/vzdump-qemu-100-x.vma.zst"
     before, after = {"format": "vma.zst"}, {"format": "vma.zst", "notes": "keep", "protected": 1}
-    steps = receipts.undo_plan(receipt_for("pve", "PUT", path, before=before, after=after),
-                               Reads("pve", {path: after})).steps
+    steps = plan(receipt_for("pve", "PUT", path, before=before, after=after),
+                               Reads("pve", {path: after}))
     assert valid("pve", steps) == [("PUT", path, {"notes": "", "protected": 0})]
 
 
@@ -169,9 +215,10 @@ def test_what_changed_since_is_named_and_nothing_is_planned():
     path = "/cluster/firewall/options"
     kept = receipt_for("pve", "PUT", path, before={"enable": 0}, after={"enable": 1, "digest": "a"})
     with pytest.raises(ProxmoxError, match="changed since receipt rc-12345678: another digest, and policy_in"):
-        receipts.undo_plan(kept, Reads("pve", {path: {"enable": 1, "policy_in": "DROP", "digest": "b"}}))
+        plan(kept, Reads("pve", {path: {"enable": 1, "policy_in": "DROP", "digest": "b"}}))
+    kept["steps"][0]["undo"] = "disks only grow"
     with pytest.raises(InvalidArgument, match="cannot be taken back: disks only grow"):
-        receipts.undo_plan(kept | {"undo": "disks only grow"}, Reads("pve", {}))
+        plan(kept, Reads("pve", {}))
     assert issubclass(InvalidArgument, ToolFailure)
 
 
