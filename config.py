@@ -21,7 +21,7 @@ import policy
 import receipts
 from gates import TIERS, method_gate
 from products import PRODUCTS
-from protection import Protected, load_protected
+from protection import Protected, load_protected, parse_tags
 from proxmox_client import HostConfig
 
 
@@ -64,6 +64,7 @@ GLOBALS = {
     "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
     "PROXMOX_UNBLOCK": "comma list of blocked methods to open, like 'PUT /nodes/{node}/qemu/{vmid}/sendkey'",
     "PROXMOX_PROTECTED_VMS_FILE": "path of the protected-guest JSON list",
+    "PROXMOX_PROTECTED_TAGS": "comma list of Proxmox tags that protect a guest, e.g. mcp-protected",
     "PROXMOX_DRY_RUN": "true or false",
     "PROXMOX_ELICIT": "true or false",
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
@@ -89,6 +90,10 @@ GLOBALS = {
 BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
                    "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT")
 INSTALL_DIR = Path(__file__).resolve().parent
+NAME = "proxmox-guard-mcp"  # the distribution and command (pyproject.toml); `proxmox-mcp` on the index is another
+# A clone (or any copy of the repository) keeps the operator's files beside server.py; an installed copy
+# (pipx, uvx, the Desktop extension, the container) does not: its directory is no place to edit (settings_dir).
+SOURCE_TREE = (INSTALL_DIR / "pyproject.toml").is_file()
 
 HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
 
@@ -234,13 +239,14 @@ class EnvOrigins:
     files: list[Path] = field(default_factory=list)  # the .env files read
     set_by: dict[str, str] = field(default_factory=dict)  # variable -> "the environment" or a file
     ignored: dict[str, Path] = field(default_factory=dict)  # variable -> the working-directory file it was ignored from
+    operator_file: Path = field(default_factory=lambda: settings_dir() / ".env")  # the operator's own .env
 
     def warning(self) -> str | None:
         if not self.ignored:
             return None
         files = ", ".join(sorted({str(path) for path in self.ignored.values()}))
         return (f"{files} (the working directory) may only narrow access; ignored from it: "
-                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in the .env beside server.py.")
+                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in {self.operator_file}.")
 
     def report(self) -> list[str]:
         """One line per source: the names of the variables it set (never their values)."""
@@ -288,7 +294,8 @@ def _fewer_tools(current: str | None, value: str) -> str | None:
 NARROWING: dict[str, Callable[[str | None, str], str | None]] = {
     "PROXMOX_ACCESS": _lower_tier, "PROXMOX_ALLOW_EXEC": _only_false, "PROXMOX_ALLOW_ELEVATED": _only_false,
     "PROXMOX_ALLOW_SENSITIVE": _only_false, "PROXMOX_DRY_RUN": _only_true, "PROXMOX_ELICIT": _only_true,
-    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_DENY_TOOLS": _joined, "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
+    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_PROTECTED_TAGS": _joined, "PROXMOX_DENY_TOOLS": _joined,
+    "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
     "PROXMOX_ALLOW_TOOLS": _fewer_tools,
 }
 HOST_NARROWING = {"ACCESS": _lower_tier, "ALLOW_EXEC": _only_false, "ALLOW_ELEVATED": _only_false,
@@ -321,14 +328,26 @@ def _narrowed(env: dict[str, str], values: dict[str, str], path: Path, origins: 
     return taken
 
 
+def settings_dir(env: dict[str, str] | None = None) -> Path:
+    """Where the operator's own files live (`.env`, `protected-vms.json`): beside server.py in a clone;
+    for an installed copy, whose own directory is inside a venv, the user's config directory:
+    $XDG_CONFIG_HOME/proxmox-guard-mcp (~/.config/...; %APPDATA%\\proxmox-guard-mcp on Windows)."""
+    if SOURCE_TREE:
+        return INSTALL_DIR
+    env = dict(os.environ) | (env or {})
+    base = env.get("XDG_CONFIG_HOME") or (os.name == "nt" and env.get("APPDATA")) or Path.home() / ".config"
+    return Path(base) / NAME
+
+
 def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], EnvOrigins]:
     """The variables the server sees, and where they came from. Order: the real environment, then
-    the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
-    where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
-    narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
+    the operator's `.env` (settings_dir: beside server.py in a clone; a GUI client such as Claude
+    Desktop starts servers in `/`, where no .env is); an earlier source wins. Then a `.env` in the
+    working directory, which may only narrow access (NARROWING): a client's working directory may be
+    a repository the agent edits."""
     env = dict(os.environ if environ is None else environ)
-    origins = EnvOrigins(set_by={name: "the environment" for name in env})
-    install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
+    install, working = settings_dir(env) / ".env", (cwd or Path.cwd()) / ".env"
+    origins = EnvOrigins(set_by={name: "the environment" for name in env}, operator_file=install)
     for path in dict.fromkeys((install, working)):
         try:
             values = dotenv_values(path) if path.is_file() else None
@@ -338,7 +357,7 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
             continue
         origins.files.append(path)
         values = {k: v for k, v in values.items() if v is not None and origins.set_by.get(k) != "the environment"}
-        where = f"{path} (beside server.py)"
+        where = f"{path} ({'beside server.py' if SOURCE_TREE else 'your settings'})"
         if path == install:
             values = {k: v for k, v in values.items() if k not in env}
         else:  # it may narrow what the operator's file says, never widen it
@@ -410,28 +429,41 @@ def parse_count(name: str, value: str, lowest: int, highest: int) -> int:
     return int(value)
 
 
-PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped
-PROTECTED_EXAMPLE = INSTALL_DIR / "protected-vms.example.json"  # what ships: copied to PROTECTED_FILE
+PROTECTED_FILE: Path | None = None  # None: protected-vms.json in settings_dir() (the tests point it elsewhere)
+SKIP_WORKTREE = "git update-index --skip-worktree protected-vms.json"  # README: git pull keeps your edits
+
+
+def protected_file(env: dict[str, str]) -> tuple[Path, bool]:
+    """The protected-guest list in force and whether it must exist: a file PROXMOX_PROTECTED_VMS_FILE
+    names (empty: unset), or the one in settings_dir(), which a clone ships (gone: broken, fail closed);
+    an installed copy's is the user's to create."""
+    named = env.get("PROXMOX_PROTECTED_VMS_FILE", "").strip()
+    if named:
+        return Path(named).expanduser(), True
+    return PROTECTED_FILE or settings_dir(env) / "protected-vms.json", SOURCE_TREE
 
 
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
-    """The protected-guest file plus PROXMOX_PROTECTED_VMS. A file that is named (or present) but
-    unreadable fails closed (policy); with none named and none beside server.py, nothing is listed
-    yet, as with an empty list, and the start says how to make one."""
-    named = env.get("PROXMOX_PROTECTED_VMS_FILE")
-    protected_file = Path(named).expanduser() if named else PROTECTED_FILE
-    exists = named or protected_file.exists()
-    protected = load_protected(protected_file) if exists else Protected()
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS and PROXMOX_PROTECTED_TAGS. A list that is
+    configured but missing or unreadable fails closed (policy.check_protected refuses every request
+    that changes a guest); an empty one protects nothing, and the start says so, loudly."""
+    path, required = protected_file(env)
+    protected = load_protected(path) if required or path.exists() else Protected(source=f"{path} (not created)")
     protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
+    try:
+        protected.tags = parse_tags(env.get("PROXMOX_PROTECTED_TAGS", ""))
+    except ValueError as exc:
+        raise ConfigError(f"PROXMOX_PROTECTED_TAGS: {exc}.") from None
     config.settings.protected = protected
     if protected.error:
-        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
+        restore = f" (`git checkout -- {path.name}` brings the repository's back)" if SOURCE_TREE and \
+            path.parent == INSTALL_DIR and not path.exists() else ""
+        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}{restore}): every request "
                                f"that changes a guest will be refused until it is fixed.")
-    elif not protected.entries:
-        where = f"{protected_file} is an empty list" if exists else \
-            f"there is no {protected_file} (copy {PROTECTED_EXAMPLE.name} there, or set PROXMOX_PROTECTED_VMS_FILE)"
-        config.warnings.append(f"NO GUEST IS PROTECTED: {where}. Add the guests no agent may ever change (your "
-                               f"router, your NAS) before allowing writes.")
+    elif not protected.entries and not protected.tags:
+        config.warnings.append(f"NO GUEST IS PROTECTED: {path} lists none{'' if path.exists() else ' (create it)'} "
+                               f"and PROXMOX_PROTECTED_TAGS is not set. Add the guests no agent may ever change (your "
+                               f"router, your NAS) before allowing writes, or tag them and set PROXMOX_PROTECTED_TAGS.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:

@@ -26,7 +26,8 @@ import inspect
 import json
 import logging
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ import confirmation
 import demo
 import http_transport
 import policy
+import protection
 import proxmox_client
 import runtime
 import visibility
@@ -59,15 +61,15 @@ import pve_tools
 import shell_tools
 import templates
 import workflows
-from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
-                    load_config, read_env_files, tool_matches)
+from config import (DEFAULT_GROUPS, INSTALL_DIR, NAME, SOURCE_TREE, TOOLSET_GROUPS, Config, ConfigError,
+                    check_http_auth, check_tool_names, load_config, read_env_files, tool_matches)
 from errors import ToolFailure
 from gates import GATES
 from masking import mask, register_secret
 from products import PRODUCTS
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
-log = logging.getLogger("proxmox-mcp")
+log = logging.getLogger(NAME)  # config.NAME: the distribution and command (tests/test_packaging.py: one everywhere)
 
 INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
 health_check or list_guests; take vmids and node names from answers, never guess. Shared \
@@ -146,6 +148,8 @@ def server_info() -> dict:
             "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
                                                   "name": e.get("name"), "reason": e.get("reason")})
                                  for e in settings.protected.entries],
+            "protected_list": settings.protected.source or None,
+            "protected_tags": list(settings.protected.tags) or None,
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 
@@ -316,7 +320,7 @@ def as_tool(function: Callable) -> Callable:
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
-        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),
+        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")), "started": time.monotonic(),
                 "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx"))}
         token = policy.CALL.set(call)
         try:
@@ -366,7 +370,9 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
     name = spec.function.__name__
     products = {h.product for h in config.hosts}
     if name not in ALWAYS_ON and not any(name in TOOLSETS[t] for t in config.toolsets):
-        return f"not in PROXMOX_TOOLSETS={','.join(config.toolsets)}"
+        chosen = ",".join(config.toolsets)
+        return f"in the {spec.toolset} toolset, not in PROXMOX_TOOLSETS={chosen}: PROXMOX_TOOLSETS={chosen}," \
+               f"{spec.toolset} offers it"
     if config.allow_tools and not any(tool_matches(p, name) for p in config.allow_tools):
         return "not in PROXMOX_ALLOW_TOOLS"
     if any(tool_matches(p, name) for p in config.deny_tools):
@@ -522,50 +528,80 @@ def print_tool_list(config: Config, as_json: bool) -> None:
 # ================================================================ --check and --verify-audit
 
 def check_hosts(config: Config) -> int:
-    """Connect to every configured host; print version, token, privileges, open gates and hidden
-    tools. Exit 1 when a host fails."""
-    failures = 0
+    """Connect to every configured host; print version, tokens (the write token's too), privileges, open
+    gates, hidden tools, and what in the protected list does not match the guests that exist. Exit 1
+    when a host fails or the list is wrong."""
     visible = visibility.current()
     visible.offer(config, offered_tools(config))
     read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
-    print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
-          f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
+    where = "beside server.py" if SOURCE_TREE else "in your settings folder"
+    print(f"settings: the environment first, then .env {where} ({config.env_origins.operator_file}); the first that "
+          f"sets a variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
           f".env files read: {read}")
     for line in config.env_origins.report():
         print(f"  {line}")
-    for host in config.hosts:
-        client = proxmox_client.client_for(host.product, host.label)
-        rules = config.settings.hosts[(host.product, host.label)]
-        auth = proxmox_client.auth_method(host)
-        print(f"{host.product.upper()} host '{host.label}' at {host.url} ({auth}"
-              f"{' ' + host.token_id if host.token_secret else ''})")
-        try:
-            version = client.get("/version") or {}
-            print(f"  version: {version.get('version')}")
-            certificate = proxmox_client.certificate_line(host)
-            if certificate:
-                print(f"  {certificate}")
-            permissions = policy.permissions_of(host) or {}
-            held = sorted({p for privs in permissions.values() for p in privs})
-            print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
-            if not held:
-                print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
-        except ToolFailure as exc:
-            failures += 1
-            print(f"  FAILED: {mask(str(exc))}")
-        print(f"  access tier: {rules.access}; gates open: "
-              f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
+    guests: dict[str, dict[int, dict]] = {}  # PVE label -> vmid -> /cluster/resources row
+    failures = sum(check_host(config, host, guests) for host in config.hosts)
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(visible.specs) - len(visible.hidden())}")
-    print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
-    problems = config.settings.protected.problems({h.label for h in config.hosts})
+    protected = config.settings.protected
+    print(f"protected guests: {len(protected.entries)} listed in {protected.source or 'no file'}"
+          f"{'; tags ' + ', '.join(protected.tags) if protected.tags else ''}; audit log: {config.settings.audit_path}")
+    problems = protected.problems({h.label for h in config.hosts}) + protection.entry_mismatches(protected, guests)
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
     cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
     if cannot_audit:
-        print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
+        print(f"WOULD NOT START: {cannot_audit.removeprefix(f'{NAME}: ')}")
     return 1 if failures or problems or cannot_audit or not config.hosts else 0
+
+
+def check_host(config: Config, host: proxmox_client.HostConfig, guests: dict[str, dict[int, dict]]) -> bool:
+    """--check of one host: version, certificate, the token's privileges and the write token's; a PVE
+    host's guests into `guests` (for the protected list). True when something failed."""
+    client = proxmox_client.client_for(host.product, host.label)
+    rules = config.settings.hosts[(host.product, host.label)]
+    print(f"{host.product.upper()} host '{host.label}' at {host.url} ({proxmox_client.auth_method(host)}"
+          f"{' ' + host.token_id if host.token_secret else ''})")
+    failed = False
+    try:
+        print(f"  version: {(client.get('/version') or {}).get('version')}")
+        certificate = proxmox_client.certificate_line(host)
+        if certificate:
+            print(f"  {certificate}")
+        print(f"  {privileges_line(policy.permissions_of(host) or {})}")
+        if host.product == "pve":
+            guests[host.label] = {int(row["vmid"]): row for row in client.get("/cluster/resources", type="vm") or []}
+    except ToolFailure as exc:
+        failed = True
+        print(f"  FAILED: {mask(str(exc))}")
+    if host.write_token_id:
+        failed = check_write_token(host) or failed
+    print(f"  access tier: {rules.access}; gates open: "
+          f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
+    return failed
+
+
+def privileges_line(permissions: dict) -> str:
+    held = sorted({p for privs in permissions.values() for p in privs})
+    warning = "" if held else "; warning: the token holds no privileges: lists will be empty, writes refused " \
+                              "(a privsep token without ACLs?)"
+    return f"privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}{warning}"
+
+
+def check_write_token(host: proxmox_client.HostConfig) -> bool:
+    """The write token (_WRITE_TOKEN or _WRITE_TOKEN_FILE) reads its own privileges, as the reader's are
+    read: a wrong one fails here, not at the first write. True when it failed."""
+    writer = replace(host, token_id=host.write_token_id, token_secret=host.write_token_secret, write_token_id=None,
+                     write_token_secret=None, token_variable=host.write_token_variable, user=None, password=None)
+    try:
+        permissions = proxmox_client.ProxmoxClient(writer).get("/access/permissions") or {}
+    except ToolFailure as exc:
+        print(f"  write token {host.write_token_id}: FAILED: {mask(str(exc))}")
+        return True
+    print(f"  write token {host.write_token_id}: {privileges_line(permissions)}")
+    return False
 
 
 def verify_audit_command(config: Config) -> int:
@@ -588,7 +624,7 @@ def open_audit_log(config: Config) -> str | None:
     try:
         audit.open_log(path)
     except OSError as exc:
-        return (f"proxmox-mcp: cannot write the audit log {path} ({exc.strerror or exc}); set PROXMOX_AUDIT_LOG "
+        return (f"{NAME}: cannot write the audit log {path} ({exc.strerror or exc}); set PROXMOX_AUDIT_LOG "
                 f"to a file this user can write, or allow no writes (PROXMOX_ACCESS=read).")
     return None
 
@@ -599,8 +635,7 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
     """The line a person starting the server reads on stderr: what it serves, where, and the client
     command that connects to it (Claude Code's; README has the others). Its client name differs
     between stdio and HTTP, so that a user can add both."""
-    what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
-        else "proxmox-mcp"
+    what = f"{NAME} demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo else NAME
     name = ("proxmox-demo" if args.demo else "proxmox") + ("-http" if args.http else "")
     if args.http:
         reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
@@ -614,7 +649,7 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
 
 
 def start_command() -> str:
-    """The command that starts this server as this process was started: the installed `proxmox-mcp`
+    """The command that starts this server as this process was started: the installed `proxmox-guard-mcp`
     script (pyproject.toml), or the interpreter and server.py of a clone."""
     started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
     if started is not None and started.suffix != ".py" and started.is_file():
@@ -640,9 +675,9 @@ def setup_logging(level: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="proxmox-mcp",
+    parser = argparse.ArgumentParser(prog=NAME,
                                      description="MCP server for Proxmox VE and Proxmox Backup Server.")
-    parser.add_argument("--version", action="version", version=f"proxmox-mcp {VERSION}")
+    parser.add_argument("--version", action="version", version=f"{NAME} {VERSION}")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
     parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
@@ -688,6 +723,7 @@ def apply_configuration(config: Config) -> None:
     """Point the client, the policy and the shell tools at this configuration."""
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
+    protection.read_guests_with(lambda label: proxmox_client.client_for("pve", label))  # tags, protection flag
     shell_tools.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
     file_restore.configure(config.restore_dir, config.restore_max_bytes)
 
@@ -697,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {mask(str(exc))}", file=sys.stderr)
+        print(f"{NAME}: configuration error: {mask(str(exc))}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
     for warning in config.warnings:
@@ -743,7 +779,7 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
     try:
         http_transport.serve_http(config, server, bind_host, args.port or config.http_port)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+        print(f"{NAME}: configuration error: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -758,7 +794,7 @@ def collect_from_now_on() -> None:
 
 
 def cli() -> None:
-    """The `proxmox-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
+    """The `proxmox-guard-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
     gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
 

@@ -67,7 +67,8 @@ def test_a_busy_port_is_one_line_naming_the_port_and_the_variable(sim):
     assert f"port {port} on 127.0.0.1 is in use" in by_variable.stderr and "MCP_HTTP_PORT" in by_variable.stderr
     assert "with --port" in by_option.stderr
     assert "serving" not in by_variable.stderr + by_option.stderr  # nothing claimed to serve first
-    assert [line for line in by_variable.stderr.splitlines() if str(port) in line][0].startswith("proxmox-mcp: port")
+    named = [line for line in by_variable.stderr.splitlines() if str(port) in line][0]
+    assert named.startswith("proxmox-guard-mcp: port")
 
 
 @pytest.mark.parametrize("label", ["lab", "default"])
