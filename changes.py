@@ -39,7 +39,7 @@ def _summary(receipt: dict) -> str:
 
 
 def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
-    """Recent changes this server made, newest first: receipt, tool, guest, change, undoable."""
+    """This server's, newest first: receipt, tool, guest, change, undoable."""
     rows = [{"receipt": r["id"], "time": r["time"], "host": r["host"], "tool": r.get("tool"), "by": r.get("by"),
              "guests": ",".join(map(str, r.get("guests") or [])), "change": _summary(r), "undo": _undo_state(r)}
             for r in receipts.recent(policy.settings().receipts) if vmid is None or vmid in (r.get("guests") or [])]
@@ -49,12 +49,12 @@ def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 
 
 # ---------------------------------------------------------------- what changed
 
-Since = Annotated[str | None, Field(description="Snapshot, receipt or backup volid (default: newest backup), "
+Since = Annotated[str | None, Field(description="a snapshot, receipt or volid (default: newest backup), "
                                                 "e.g. before_upgrade")]
 
 
 def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
-    """A guest's config now against a backup, a snapshot or a receipt: one line per changed key."""
+    """A guest's config now vs a backup, snapshot or receipt: a line per changed key."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     old, source, skip = _source(client, base, row, since)
@@ -131,7 +131,7 @@ def _unreadable(client: Any, vmid: int, storages: list[str]) -> ProxmoxError:
 
 def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Take back a change by its receipt (list_changes), under the same policy as any write."""
+    """By its receipt (list_changes), under the same policy as any write."""
     keeping = policy.settings().receipts
     found = receipts.load(keeping, receipt)
     client = client_for(found["product"], found["host"])

@@ -145,7 +145,7 @@ def _entries(source: Source, path: str) -> list[dict]:
 
 def backup_files(backup: str | None = None, vmid: OptionalVmid = None, path: str = "/",
                  host: Host = None, pbs_host: Host = None, limit: Limit = 200, offset: Offset = 0) -> dict:
-    """Files in a backup: a volid on a PBS storage, vmid's newest, or PBS store:ct/102[/time]."""
+    """A volid on a PBS storage, vmid's newest, or PBS store:ct/102[/time]."""
     source = _backup(host, pbs_host, backup, vmid)
     rows = _entries(source, path)
     for row in rows:
@@ -205,7 +205,7 @@ def _saved_entry(source: Source, clean: str) -> dict:
 
 def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None,
                        dry_run: DryRunArg = False) -> dict:
-    """Save a file (a dir as .zip) from a backup, as backup_files names both, to PROXMOX_RESTORE_DIR."""
+    """A file (a dir as .zip) named as backup_files does, to PROXMOX_RESTORE_DIR."""
     settings = _restore.get()
     folder = settings.folder
     if folder is None:

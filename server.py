@@ -19,6 +19,20 @@ if __name__ == "__main__":  # started as the server (a test that imports this fi
     # The collector would walk them again and again while they are made; it waits until the
     # imports are done (frozen below; collecting again before serving: see collect_from_now_on).
     gc.disable()
+    import sys
+    from importlib.util import find_spec
+    # A start that cannot go on is one line a client's log shows, with what to do (not a traceback):
+    # e.g. a client configured with the system's python instead of the venv's.
+    if sys.version_info < (3, 10):
+        sys.exit(f"proxmox-guard-mcp: {sys.executable} is Python {sys.version.split()[0]}; the server needs 3.10 "
+                 f"or newer.")
+    for _module, _package in (("mcp", "mcp"), ("mcp.server.mcpserver", "mcp 2.3 or newer"), ("requests", "requests"),
+                              ("dotenv", "python-dotenv"), ("paramiko", "paramiko")):
+        if find_spec(_module) is None:
+            sys.exit(f"proxmox-guard-mcp: the package {_package} is not installed for {sys.executable}. Start the "
+                     f"server with the Python of the venv you installed it in (/path/to/.venv/bin/python "
+                     f"server.py), or install the requirements into this one: {sys.executable} -m pip install -r "
+                     f"requirements.txt (beside server.py).")
 
 import argparse
 import functools
@@ -30,6 +44,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
+
 
 import anyio
 from mcp.server.apps import Apps
@@ -44,6 +59,7 @@ import audit
 import confirmation
 import demo
 import http_transport
+import migrate
 import policy
 import protection
 import proxmox_client
@@ -60,6 +76,7 @@ import pbs_tools
 import pve_tools
 import shell_tools
 import templates
+import tool_meta
 import workflows
 from config import (DEFAULT_GROUPS, INSTALL_DIR, NAME, SOURCE_TREE, TOOLSET_GROUPS, Config, ConfigError,
                     check_http_auth, check_tool_names, load_config, read_env_files, tool_matches)
@@ -67,6 +84,7 @@ from errors import ToolFailure
 from gates import GATES
 from masking import mask, register_secret
 from products import PRODUCTS
+from tool_meta import OBJECT
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger(NAME)  # config.NAME: the distribution and command (tests/test_packaging.py: one everywhere)
@@ -103,6 +121,7 @@ class ToolSpec:
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
     setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
     view: Path | None = None  # an MCP Apps view (HTML) that draws its answer: view_uri(view) in the tool's _meta
+    output: dict | None = None  # its outputSchema (tool_meta): the answer is also the result's structuredContent
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -114,7 +133,7 @@ def _tls_mode(host: proxmox_client.HostConfig) -> str:
 
 
 def list_hosts() -> dict:
-    """Configured hosts: label, product, URL, TLS."""
+    """Label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in proxmox_client.configured(product).values()]
@@ -122,7 +141,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
+    """Per host: version, privileges, gates; protected guests; hidden tools, why."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in proxmox_client.configured(product).items():
@@ -176,10 +195,10 @@ TOOLS = [
     ToolSpec(list_hosts, "read", "", "always"),
     ToolSpec(server_info, "read", "", "always"),
     ToolSpec(pve_tools.cluster_status, "read", "pve", "guests", ("Sys.Audit",)),
-    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests"),
-    ToolSpec(pve_tools.list_guests, "read", "pve", "guests"),
-    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_storage, "read", "pve", "storage"),
+    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests", output=OBJECT),
+    ToolSpec(pve_tools.list_guests, "read", "pve", "guests", output=OBJECT),
+    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",), output=OBJECT),
+    ToolSpec(pve_tools.list_storage, "read", "pve", "storage", output=OBJECT),
     ToolSpec(pve_tools.list_tasks, "read", "pve", "tasks"),
     ToolSpec(pve_tools.get_task, "read", "pve", "tasks"),
     ToolSpec(pve_tools.task_log, "read", "pve", "tasks"),
@@ -188,7 +207,8 @@ TOOLS = [
     ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.list_snapshots, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.guest_agent_info, "read", "pve", "guests", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace"),
+             output=OBJECT),
     ToolSpec(pve_tools.storage_content, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
     ToolSpec(pve_tools.list_networks, "read", "pve", "network"),
     ToolSpec(pve_tools.list_pools, "read", "pve", "guests"),
@@ -251,8 +271,8 @@ TOOLS = [
     ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
     ToolSpec(backup_jobs.write_edit_backup_job, "write", "pve", "backups", ("Sys.Modify",),
              may_destroy=True),  # delete, and a retention that prunes
-    ToolSpec(workflows.health_check, "read", "pve", "workflows"),
-    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
+    ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
+    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
     ToolSpec(workflows.wait_task, "read", "", "workflows"),
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
@@ -273,7 +293,7 @@ TOOLS = [
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
     ToolSpec(api_tools.write_call_api, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
-    ToolSpec(changes.list_changes, "read", "", "changes"),
+    ToolSpec(changes.list_changes, "read", "", "changes", output=OBJECT),
     ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
     ToolSpec(changes.write_undo_change, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
 ]
@@ -298,11 +318,14 @@ def annotations_for(spec: ToolSpec):
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
     if spec.may_destroy:  # listed at its lowest gate, but its arguments can make a call destructive
         destructive = True
-    # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false),
-    # plus destructive=true said aloud: the tool list is paid for on every turn.
+    # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false): the
+    # tool list is paid for on every turn. A tool that may destroy says nothing (the default); the
+    # policy asks the user about each destructive call whatever a client makes of the hints.
     if read_only:  # the other hints only mean something for tools that change things (MCP spec)
         return ToolAnnotations(read_only_hint=True)
-    return ToolAnnotations(destructive_hint=destructive, idempotent_hint=idempotent or None)
+    if destructive and not idempotent:
+        return None
+    return ToolAnnotations(destructive_hint=destructive or None, idempotent_hint=idempotent or None)
 
 
 # ---------------------------------------------------------------- the edge of every tool call
@@ -314,9 +337,10 @@ def sent_receipts(call: dict, message: str) -> str:
     return f" Sent before the failure: receipt {', '.join(kept)} (write_undo_change takes it back)." if kept else ""
 
 
-def as_tool(function: Callable) -> Callable:
-    """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
-    confirmation set up for the policy; every failure a ToolError with a masked message."""
+def as_tool(function: Callable, structured: bool = False) -> Callable:
+    """The MCP edge of a tool: compact JSON out (with `structured`, the same JSON as structuredContent
+    too); the user's answer to the plan, dry run and confirmation set up for the policy; every failure
+    a ToolError with a masked message."""
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
@@ -342,7 +366,11 @@ def as_tool(function: Callable) -> Callable:
             result = (result if isinstance(result, dict) else {"result": result}) | {"receipt": kept[-1]} | (
                 {"receipts": kept} if len(kept) > 1 else {})
         text = mask(json.dumps(result, separators=(",", ":"), ensure_ascii=False, default=str))
-        return text if view_data is None else view_result(text, result | view_data)
+        if view_data is not None:
+            return view_result(text, result | view_data)
+        if structured and isinstance(result, dict):  # the masked text, parsed: the two say the same
+            return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=json.loads(text))
+        return text
     if "confirm" in inspect.signature(function).parameters:
         return confirmation.with_confirmation(tool, function)
     return tool
@@ -441,10 +469,15 @@ def make_tool(spec: ToolSpec):
     """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
     view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
     still in full (slim_schema trims it)."""
-    return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
+    name = spec.function.__name__
+    tool = Tool.from_function(as_tool(spec.function, structured=spec.output is not None), name=name,
+                              title=tool_meta.title_for(name),
                               description=" ".join((spec.function.__doc__ or "").split()),
                               annotations=annotations_for(spec), structured_output=False,
+                              icons=tool_meta.icons_for(spec.view.with_suffix(".svg")) if spec.view else None,
                               meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
+    tool.fn_metadata.output_schema = spec.output  # published, not validated here: the answer is built by us
+    return tool
 
 
 def view_uri(html: Path) -> str:
@@ -475,7 +508,8 @@ def build_server(config: Config):
         visible.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
     visible.bus = InMemorySubscriptionBus()
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[visible],
+    server = MCPServer("proxmox", title="Proxmox VE and Backup Server", version=VERSION, instructions=INSTRUCTIONS,
+                       icons=tool_meta.icons_for(tool_meta.SERVER_ICON), tools=tools, middleware=[visible],
                        subscriptions=visible.bus, extensions=views_extension(visible.specs))
     for uri, function in workflows.RESOURCES:
         server.resource(uri, name=function.__name__.removeprefix("resource_"), mime_type="application/json")(
@@ -688,6 +722,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-docs", action="store_true", help="regenerate docs/TOOLS.md and README's tool summary")
     parser.add_argument("--check", action="store_true", help="connect to every host and report")
     parser.add_argument("--verify-audit", action="store_true", help="check the audit log's hash chain")
+    parser.add_argument("--from-pvemcp", metavar="FILE", type=Path,
+                        help="print pvemcp's instances.json (PROXMOX_CONFIG) as the .env that says the same here")
     return parser.parse_args(argv)
 
 
@@ -730,6 +766,13 @@ def apply_configuration(config: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_pvemcp:  # needs no configuration: it writes one
+        try:
+            print("\n".join(migrate.pvemcp_env(args.from_pvemcp)))
+        except ConfigError as exc:
+            print(f"{NAME}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
