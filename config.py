@@ -139,7 +139,8 @@ FOREIGN = {
     "PROXMOX_DEFAULT_NODE": ("pvemcp", "nothing: tools find a guest's node from its vmid, or take node="),
     "PROXMOX_USERNAME": ("pvemcp", "PROXMOX_USER={value}"),
     "PROXMOX_MCP_TOKEN": ("pvemcp", "MCP_AUTH_TOKEN=<the same token>"),
-    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS"),
+    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS; "
+                                 "`python server.py --from-pvemcp {value}` prints them from your file"),
     "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
     "PROXMOX_LOCAL_DIR": ("pvemcp", "nothing: files move with write_get_guest_file and write_put_guest_file"),
     # PVEHub-MCP
@@ -209,7 +210,7 @@ class Config:
 def load_config(env: dict[str, str] | None = None) -> Config:
     """Read and validate the whole configuration; raise ConfigError on the first bad value.
     The server then checks what only it knows: check_tool_names, and check_http_auth in HTTP mode."""
-    env = dict(os.environ if env is None else env)
+    env = without_empty(dict(os.environ if env is None else env))
     config = Config()
     foreign = {name: value for name, value in env.items() if foreign_server(name) is not None}
     config.warnings += foreign_variables(foreign)
@@ -328,6 +329,14 @@ def _narrowed(env: dict[str, str], values: dict[str, str], path: Path, origins: 
     return taken
 
 
+def without_empty(env: dict[str, str]) -> dict[str, str]:
+    """Our variables set to nothing are unset: a client's form left blank (the Desktop extension's optional
+    fields) or a template's `NAME=` line means the default (every default is the safe one), and never
+    hides what the operator's .env says."""
+    return {name: value for name, value in env.items()
+            if value.strip() or not name.startswith(("PROXMOX_", "PBS_", "MCP_"))}
+
+
 def settings_dir(env: dict[str, str] | None = None) -> Path:
     """Where the operator's own files live (`.env`, `protected-vms.json`): beside server.py in a clone;
     for an installed copy, whose own directory is inside a venv, the user's config directory:
@@ -345,7 +354,7 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
     Desktop starts servers in `/`, where no .env is); an earlier source wins. Then a `.env` in the
     working directory, which may only narrow access (NARROWING): a client's working directory may be
     a repository the agent edits."""
-    env = dict(os.environ if environ is None else environ)
+    env = without_empty(dict(os.environ if environ is None else environ))
     install, working = settings_dir(env) / ".env", (cwd or Path.cwd()) / ".env"
     origins = EnvOrigins(set_by={name: "the environment" for name in env}, operator_file=install)
     for path in dict.fromkeys((install, working)):
@@ -475,11 +484,11 @@ def read_tool_choice(env: dict[str, str], config: Config) -> None:
 
 def read_http_settings(env: dict[str, str], config: Config) -> None:
     """The HTTP transport: bearer token, bind address and port, host names clients use."""
-    token = env.get("MCP_AUTH_TOKEN")
+    token, source = env.get("MCP_AUTH_TOKEN"), "MCP_AUTH_TOKEN"
     if "MCP_AUTH_TOKEN_FILE" in env:
-        token = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"])
-    if token is not None and len(token) < 16:
-        raise ConfigError("MCP_AUTH_TOKEN is shorter than 16 characters; use e.g. `openssl rand -hex 32`.")
+        token, source = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"]), "MCP_AUTH_TOKEN_FILE"
+    if token is not None:
+        check_auth_token(source, token)
     config.auth_token = token
     if token:
         config.secrets.append(token)
@@ -490,6 +499,24 @@ def read_http_settings(env: dict[str, str], config: Config) -> None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"MCP_HTTP_PORT={port!r} is not a port number (1-65535).")
     config.http_port = int(port)
+
+
+WRITE_AUTH_TOKEN = "echo \"MCP_AUTH_TOKEN=$(openssl rand -hex 32)\" >> .env"  # README, Container: the shell runs it
+
+
+def check_auth_token(source: str, token: str) -> None:
+    """The bearer token: 32 characters or more, nothing a shell was meant to expand (a `.env` is read as
+    it is written: `MCP_AUTH_TOKEN=$(openssl rand -hex 32)` is that text, not a random token), no
+    whitespace. The message never shows the value."""
+    if "$(" in token or "`" in token or "${" in token:
+        why = "holds a shell command ($(...)) instead of its output: a .env file is read, never run"
+    elif any(character.isspace() for character in token):
+        why = "contains spaces or other whitespace"
+    elif len(token) < 32:
+        why = f"is {len(token)} characters long; a bearer token needs 32 or more"
+    else:
+        return
+    raise ConfigError(f"{source} {why}. Write a real one with `{WRITE_AUTH_TOKEN}` (remove the old line first).")
 
 
 def unknown_variables(env: dict[str, str]) -> list[str]:
