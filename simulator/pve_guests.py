@@ -217,13 +217,11 @@ def _protection_refusal(kind: str, guest: dict, deleted: list[str], changed: dic
     """What a config update refuses while the protection flag is set: removing a disk (qemu-server
     API2/Qemu.pm update_vm_api: unusedN, a drive, vmstate; pve-container LXC/Config.pm
     update_pct_config: unusedN, mpN deleted, mpN or rootfs changed). `PVE::AbstractConfig::check_protection`
-    appends ' - protection mode enabled'. Deletions run first, in their order, then the values set."""
+    appends ' - protection mode enabled'. The flag is taken off in a request of its own first."""
     if not protection_set(guest):
         return None
     config, vmid = guest["config"], guest["vmid"]
     for key in deleted:
-        if key == "protection":  # deleted before the disks that follow it in the list
-            return None
         if kind == "qemu" and UNUSED.fullmatch(key):
             return f"can't remove unused disk '{str(config.get(key, '')).split(',')[0]}' - protection mode enabled"
         if kind == "qemu" and key == "vmstate":

@@ -21,7 +21,7 @@ def test_the_wheel_holds_every_module_the_simulator_and_the_catalog():
     assert {"simulator", "catalog"} <= set(PROJECT["tool"]["setuptools"]["packages"])
     assert PROJECT["tool"]["setuptools"]["package-data"]["catalog"] == ["*.json"]
     assert {"views"} <= set(PROJECT["tool"]["setuptools"]["packages"])  # the dashboard's view, for installs too
-    assert PROJECT["tool"]["setuptools"]["package-data"]["views"] == ["*.html"]
+    assert PROJECT["tool"]["setuptools"]["package-data"]["views"] == ["*.html", "*.svg"]  # and its icons
     assert (ROOT / "views" / "dashboard.html").is_file()
     assert not (ROOT / "catalog" / "__init__.py").exists()  # `import catalog` must still find catalog.py
 
