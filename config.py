@@ -470,9 +470,12 @@ def read_protected_guests(env: dict[str, str], config: Config) -> None:
         config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}{restore}): every request "
                                f"that changes a guest will be refused until it is fixed.")
     elif not protected.entries and not protected.tags:
+        keep = f" (then `{SKIP_WORKTREE}` keeps your list through git pull)" if SOURCE_TREE and \
+            path == INSTALL_DIR / "protected-vms.json" else ""
         config.warnings.append(f"NO GUEST IS PROTECTED: {path} lists none{'' if path.exists() else ' (create it)'} "
                                f"and PROXMOX_PROTECTED_TAGS is not set. Add the guests no agent may ever change (your "
-                               f"router, your NAS) before allowing writes, or tag them and set PROXMOX_PROTECTED_TAGS.")
+                               f"router, your NAS) before allowing writes{keep}, or tag them and set "
+                               f"PROXMOX_PROTECTED_TAGS.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:

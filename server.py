@@ -45,7 +45,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-
 import anyio
 from mcp.server.apps import Apps
 from mcp.server.mcpserver import MCPServer
