@@ -1,10 +1,14 @@
-# proxmox-mcp in HTTP mode: non-root, works with a read-only root filesystem; the audit log lives
+# proxmox-guard-mcp in HTTP mode: non-root, works with a read-only root filesystem; the audit log lives
 # under the /data volume, the protected-guest list is mounted read-only at /config (the image's own is an
 # empty list; the user's protected-vms.json is never built in).
 # BASE: any Debian-like image with python3 >= 3.10 and its venv module; the official slim image
 # by default (the tests build on a debootstrapped Debian, see .ci/run).
 ARG BASE=python:3.12-slim
 FROM ${BASE}
+LABEL org.opencontainers.image.title="proxmox-guard-mcp" \
+      org.opencontainers.image.description="MCP server for Proxmox VE and Proxmox Backup Server: every request through one policy check" \
+      org.opencontainers.image.licenses="MIT" \
+      io.modelcontextprotocol.server.name="io.github.proxmox-guard-mcp/proxmox-guard-mcp"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/venv/bin:$PATH
 WORKDIR /app

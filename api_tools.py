@@ -103,7 +103,7 @@ def host_descriptions(client: ProxmoxClient | None) -> dict[tuple[str, str], str
 def api_search(query: Annotated[str, Field(description="words or path parts")],
                host: Host = None, product: ProductArg = None,
                limit: Annotated[int, Field(ge=1, le=100)] = 20) -> dict:
-    """Find PVE and PBS API methods by words."""
+    """PVE/PBS API methods, by words."""
     product, client = choose(host, product)
     words = [w for w in re.split(r"[\s,]+", query.lower()) if w]
     docs = host_descriptions(client)
@@ -125,7 +125,7 @@ def api_search(query: Annotated[str, Field(description="words or path parts")],
 
 def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "GET",
                  host: Host = None, product: ProductArg = None) -> dict:
-    """An API method's parameters, privilege check and gate."""
+    """Parameters, privilege check, gate."""
     product, client = choose(host, product)
     found = catalog.find_path(product, policy.normalise_path(path))
     if found is None:
@@ -157,7 +157,7 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
 
 def api_read(path: Path, params: Params = None, host: Host = None, product: ProductArg = None,
              confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """GET any API path when no other tool answers."""
+    """GET any path no other tool answers."""
     # confirm and ctx are read by the tool edge: a guest file read needs the user's yes, as exec does
     product, client = choose(host, product)
     if client is None:

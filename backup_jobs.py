@@ -58,7 +58,7 @@ def uncovered(jobs: list[dict], guests: list[dict]) -> list[int]:
 
 
 def backup_jobs(host: Host = None) -> dict:
-    """Backup jobs: schedule, storage, mode, retention, guests selected; guests no job selects."""
+    """Schedule, storage, mode, retention, guests; guests no job selects."""
     client = pve_client(host)
     jobs = client.get("/cluster/backup") or []
     guests = _guests(client)
@@ -138,8 +138,8 @@ def write_edit_backup_job(action: Literal["create", "update", "delete"],
                      mode: Literal["snapshot", "suspend", "stop"] | None = None, keep: str | None = None,
                      notes: str | None = None,
                      dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Create, update or delete a backup job; guests: vmids, pool or all_except ([]=all); keep: e.g.
-    keep-daily=7 ("": the storage's)."""
+    """Create, update or delete; guests: vmids, pool or all_except ([]=all); keep: e.g. keep-daily=7 ("": the
+    storage's)."""
     client = pve_client(host)
     jobs = {j["id"]: j for j in client.get("/cluster/backup") or []}
     job = jobs.get(job_id)

@@ -36,7 +36,7 @@ SAFETY_COLUMNS = ["name", "vmid", "host", "taken", "receipt", "storage"]
 
 
 def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
-    """Recent changes this server made, newest first, and the safety snapshots it keeps."""
+    """This server's, newest first: receipt, tool, guest, change, undoable; safety snapshots kept."""
     keeping = policy.settings().receipts
     if keeping.store is None:
         return table(COLUMNS, [])
@@ -62,12 +62,12 @@ def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 
 
 # ---------------------------------------------------------------- what changed
 
-Since = Annotated[str | None, Field(description="Snapshot, receipt or backup volid (default: newest backup), "
+Since = Annotated[str | None, Field(description="a snapshot, receipt or volid (default: newest backup), "
                                                 "e.g. before_upgrade")]
 
 
 def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
-    """A guest's config now against a backup, a snapshot or a receipt: one line per changed key."""
+    """A guest's config now vs a backup, snapshot or receipt: a line per changed key."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     old, source, skip = _source(client, base, row, since)
@@ -148,7 +148,7 @@ def _unreadable(client: Any, vmid: int, storages: list[str]) -> ProxmoxError:
 
 def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Take back a change by its receipt (list_changes), under the same policy as any write."""
+    """By its receipt (list_changes), under the same policy as any write."""
     keeping = policy.settings().receipts
     found = receipts.load(keeping, receipt)  # verified: a receipt changed outside this server is refused
     client = client_for(found["product"], found["host"])

@@ -22,7 +22,7 @@ import receipts
 from gates import TIERS, method_gate
 from products import PRODUCTS
 from auth.tokens import PROFILES, NamedToken, parse_tokens
-from protection import Protected, load_protected
+from protection import Protected, load_protected, parse_tags
 from proxmox_client import HostConfig
 
 
@@ -65,6 +65,7 @@ GLOBALS = {
     "PROXMOX_LOG_LEVEL": "DEBUG, INFO, WARNING or ERROR",
     "PROXMOX_UNBLOCK": "comma list of blocked methods to open, like 'PUT /nodes/{node}/qemu/{vmid}/sendkey'",
     "PROXMOX_PROTECTED_VMS_FILE": "path of the protected-guest JSON list",
+    "PROXMOX_PROTECTED_TAGS": "comma list of Proxmox tags that protect a guest, e.g. mcp-protected",
     "PROXMOX_DRY_RUN": "true or false",
     "PROXMOX_ELICIT": "true or false",
     "PROXMOX_AUDIT_LOG": "path of the JSONL audit log",
@@ -102,6 +103,10 @@ GLOBALS = {
 BOOLEAN_GLOBALS = ("PROXMOX_VERIFY_TLS", "PROXMOX_ALLOW_EXEC", "PROXMOX_ALLOW_ELEVATED",
                    "PROXMOX_ALLOW_SENSITIVE", "MCP_AUTH_REQUIRED", "PROXMOX_DRY_RUN", "PROXMOX_ELICIT", "MCP_OAUTH")
 INSTALL_DIR = Path(__file__).resolve().parent
+NAME = "proxmox-guard-mcp"  # the distribution and command (pyproject.toml); `proxmox-mcp` on the index is another
+# A clone (or any copy of the repository) keeps the operator's files beside server.py; an installed copy
+# (pipx, uvx, the Desktop extension, the container) does not: its directory is no place to edit (settings_dir).
+SOURCE_TREE = (INSTALL_DIR / "pyproject.toml").is_file()
 
 HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
 
@@ -145,7 +150,8 @@ FOREIGN = {
     "PROXMOX_DEFAULT_NODE": ("pvemcp", "nothing: tools find a guest's node from its vmid, or take node="),
     "PROXMOX_USERNAME": ("pvemcp", "PROXMOX_USER={value}"),
     "PROXMOX_MCP_TOKEN": ("pvemcp", "MCP_AUTH_TOKEN=<the same token>"),
-    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS"),
+    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS; "
+                                 "`python server.py --from-pvemcp {value}` prints them from your file"),
     "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
     "PROXMOX_LOCAL_DIR": ("pvemcp", "PROXMOX_TRANSFER_DIR={value} (node files: write_node_files; guest files: "
                                     "write_get_guest_file and write_put_guest_file)"),
@@ -247,7 +253,7 @@ class Config:
 def load_config(env: dict[str, str] | None = None) -> Config:
     """Read and validate the whole configuration; raise ConfigError on the first bad value.
     The server then checks what only it knows: check_tool_names, and check_http_auth in HTTP mode."""
-    env = dict(os.environ if env is None else env)
+    env = without_empty(dict(os.environ if env is None else env))
     config = Config()
     foreign = {name: value for name, value in env.items() if foreign_server(name) is not None}
     config.warnings += foreign_variables(foreign)
@@ -278,13 +284,14 @@ class EnvOrigins:
     files: list[Path] = field(default_factory=list)  # the .env files read
     set_by: dict[str, str] = field(default_factory=dict)  # variable -> "the environment" or a file
     ignored: dict[str, Path] = field(default_factory=dict)  # variable -> the working-directory file it was ignored from
+    operator_file: Path = field(default_factory=lambda: settings_dir() / ".env")  # the operator's own .env
 
     def warning(self) -> str | None:
         if not self.ignored:
             return None
         files = ", ".join(sorted({str(path) for path in self.ignored.values()}))
         return (f"{files} (the working directory) may only narrow access; ignored from it: "
-                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in the .env beside server.py.")
+                f"{', '.join(sorted(self.ignored))}. Set them in the environment or in {self.operator_file}.")
 
     def report(self) -> list[str]:
         """One line per source: the names of the variables it set (never their values)."""
@@ -332,7 +339,8 @@ def _fewer_tools(current: str | None, value: str) -> str | None:
 NARROWING: dict[str, Callable[[str | None, str], str | None]] = {
     "PROXMOX_ACCESS": _lower_tier, "PROXMOX_ALLOW_EXEC": _only_false, "PROXMOX_ALLOW_ELEVATED": _only_false,
     "PROXMOX_ALLOW_SENSITIVE": _only_false, "PROXMOX_DRY_RUN": _only_true, "PROXMOX_ELICIT": _only_true,
-    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_DENY_TOOLS": _joined, "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
+    "PROXMOX_PROTECTED_VMS": _joined, "PROXMOX_PROTECTED_TAGS": _joined, "PROXMOX_DENY_TOOLS": _joined,
+    "PROXMOX_EXEC_ALLOWED_VMIDS": _fewer_vmids,
     "PROXMOX_ALLOW_TOOLS": _fewer_tools,
 }
 HOST_NARROWING = {"ACCESS": _lower_tier, "ALLOW_EXEC": _only_false, "ALLOW_ELEVATED": _only_false,
@@ -365,14 +373,34 @@ def _narrowed(env: dict[str, str], values: dict[str, str], path: Path, origins: 
     return taken
 
 
+def without_empty(env: dict[str, str]) -> dict[str, str]:
+    """Our variables set to nothing are unset: a client's form left blank (the Desktop extension's optional
+    fields) or a template's `NAME=` line means the default (every default is the safe one), and never
+    hides what the operator's .env says."""
+    return {name: value for name, value in env.items()
+            if value.strip() or not name.startswith(("PROXMOX_", "PBS_", "MCP_"))}
+
+
+def settings_dir(env: dict[str, str] | None = None) -> Path:
+    """Where the operator's own files live (`.env`, `protected-vms.json`): beside server.py in a clone;
+    for an installed copy, whose own directory is inside a venv, the user's config directory:
+    $XDG_CONFIG_HOME/proxmox-guard-mcp (~/.config/...; %APPDATA%\\proxmox-guard-mcp on Windows)."""
+    if SOURCE_TREE:
+        return INSTALL_DIR
+    env = dict(os.environ) | (env or {})
+    base = env.get("XDG_CONFIG_HOME") or (os.name == "nt" and env.get("APPDATA")) or Path.home() / ".config"
+    return Path(base) / NAME
+
+
 def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[dict[str, str], EnvOrigins]:
     """The variables the server sees, and where they came from. Order: the real environment, then
-    the operator's `.env` beside server.py (a GUI client such as Claude Desktop starts servers in `/`,
-    where no .env is); an earlier source wins. Then a `.env` in the working directory, which may only
-    narrow access (NARROWING): a client's working directory may be a repository the agent edits."""
-    env = dict(os.environ if environ is None else environ)
-    origins = EnvOrigins(set_by={name: "the environment" for name in env})
-    install, working = INSTALL_DIR / ".env", (cwd or Path.cwd()) / ".env"
+    the operator's `.env` (settings_dir: beside server.py in a clone; a GUI client such as Claude
+    Desktop starts servers in `/`, where no .env is); an earlier source wins. Then a `.env` in the
+    working directory, which may only narrow access (NARROWING): a client's working directory may be
+    a repository the agent edits."""
+    env = without_empty(dict(os.environ if environ is None else environ))
+    install, working = settings_dir(env) / ".env", (cwd or Path.cwd()) / ".env"
+    origins = EnvOrigins(set_by={name: "the environment" for name in env}, operator_file=install)
     for path in dict.fromkeys((install, working)):
         try:
             values = dotenv_values(path) if path.is_file() else None
@@ -382,7 +410,7 @@ def read_env_files(environ: dict[str, str] | None = None, cwd: Path | None = Non
             continue
         origins.files.append(path)
         values = {k: v for k, v in values.items() if v is not None and origins.set_by.get(k) != "the environment"}
-        where = f"{path} (beside server.py)"
+        where = f"{path} ({'beside server.py' if SOURCE_TREE else 'your settings'})"
         if path == install:
             values = {k: v for k, v in values.items() if k not in env}
         else:  # it may narrow what the operator's file says, never widen it
@@ -468,28 +496,44 @@ def parse_count(name: str, value: str, lowest: int, highest: int) -> int:
     return int(value)
 
 
-PROTECTED_FILE = INSTALL_DIR / "protected-vms.json"  # the user's own list: git-ignored, never shipped
-PROTECTED_EXAMPLE = INSTALL_DIR / "protected-vms.example.json"  # what ships: copied to PROTECTED_FILE
+PROTECTED_FILE: Path | None = None  # None: protected-vms.json in settings_dir() (the tests point it elsewhere)
+SKIP_WORKTREE = "git update-index --skip-worktree protected-vms.json"  # README: git pull keeps your edits
+
+
+def protected_file(env: dict[str, str]) -> tuple[Path, bool]:
+    """The protected-guest list in force and whether it must exist: a file PROXMOX_PROTECTED_VMS_FILE
+    names (empty: unset), or the one in settings_dir(), which a clone ships (gone: broken, fail closed);
+    an installed copy's is the user's to create."""
+    named = env.get("PROXMOX_PROTECTED_VMS_FILE", "").strip()
+    if named:
+        return Path(named).expanduser(), True
+    return PROTECTED_FILE or settings_dir(env) / "protected-vms.json", SOURCE_TREE
 
 
 def read_protected_guests(env: dict[str, str], config: Config) -> None:
-    """The protected-guest file plus PROXMOX_PROTECTED_VMS. A file that is named (or present) but
-    unreadable fails closed (policy); with none named and none beside server.py, nothing is listed
-    yet, as with an empty list, and the start says how to make one."""
-    named = env.get("PROXMOX_PROTECTED_VMS_FILE")
-    protected_file = Path(named).expanduser() if named else PROTECTED_FILE
-    exists = named or protected_file.exists()
-    protected = load_protected(protected_file) if exists else Protected()
+    """The protected-guest file plus PROXMOX_PROTECTED_VMS and PROXMOX_PROTECTED_TAGS. A list that is
+    configured but missing or unreadable fails closed (policy.check_protected refuses every request
+    that changes a guest); an empty one protects nothing, and the start says so, loudly."""
+    path, required = protected_file(env)
+    protected = load_protected(path) if required or path.exists() else Protected(source=f"{path} (not created)")
     protected.entries += parse_protected_vms(env.get("PROXMOX_PROTECTED_VMS", ""))
+    try:
+        protected.tags = parse_tags(env.get("PROXMOX_PROTECTED_TAGS", ""))
+    except ValueError as exc:
+        raise ConfigError(f"PROXMOX_PROTECTED_TAGS: {exc}.") from None
     config.settings.protected = protected
     if protected.error:
-        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}): every request "
+        restore = f" (`git checkout -- {path.name}` brings the repository's back)" if SOURCE_TREE and \
+            path.parent == INSTALL_DIR and not path.exists() else ""
+        config.warnings.append(f"PROTECTED GUEST LIST UNREADABLE ({protected.error}{restore}): every request "
                                f"that changes a guest will be refused until it is fixed.")
-    elif not protected.entries:
-        where = f"{protected_file} is an empty list" if exists else \
-            f"there is no {protected_file} (copy {PROTECTED_EXAMPLE.name} there, or set PROXMOX_PROTECTED_VMS_FILE)"
-        config.warnings.append(f"NO GUEST IS PROTECTED: {where}. Add the guests no agent may ever change (your "
-                               f"router, your NAS) before allowing writes.")
+    elif not protected.entries and not protected.tags:
+        keep = f" (then `{SKIP_WORKTREE}` keeps your list through git pull)" if SOURCE_TREE and \
+            path == INSTALL_DIR / "protected-vms.json" else ""
+        config.warnings.append(f"NO GUEST IS PROTECTED: {path} lists none{'' if path.exists() else ' (create it)'} "
+                               f"and PROXMOX_PROTECTED_TAGS is not set. Add the guests no agent may ever change (your "
+                               f"router, your NAS) before allowing writes{keep}, or tag them and set "
+                               f"PROXMOX_PROTECTED_TAGS.")
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:
@@ -501,11 +545,11 @@ def read_tool_choice(env: dict[str, str], config: Config) -> None:
 
 def read_http_settings(env: dict[str, str], config: Config) -> None:
     """The HTTP transport: bearer token, bind address and port, host names clients use."""
-    token = env.get("MCP_AUTH_TOKEN")
+    token, source = env.get("MCP_AUTH_TOKEN"), "MCP_AUTH_TOKEN"
     if "MCP_AUTH_TOKEN_FILE" in env:
-        token = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"])
-    if token is not None and len(token) < 16:
-        raise ConfigError("MCP_AUTH_TOKEN is shorter than 16 characters; use e.g. `openssl rand -hex 32`.")
+        token, source = read_secret_file("MCP_AUTH_TOKEN_FILE", env["MCP_AUTH_TOKEN_FILE"]), "MCP_AUTH_TOKEN_FILE"
+    if token is not None:
+        check_auth_token(source, token)
     config.auth_token = token
     if token:
         config.secrets.append(token)
@@ -568,6 +612,22 @@ def parse_profiles(value: str) -> dict[str, str]:
                               f"{', '.join(PROFILES)}, e.g. proxmox-admins=admin.")
         profiles[name.strip()] = profile.strip()
     return profiles
+WRITE_AUTH_TOKEN = "echo \"MCP_AUTH_TOKEN=$(openssl rand -hex 32)\" >> .env"  # README, Container: the shell runs it
+
+
+def check_auth_token(source: str, token: str) -> None:
+    """The bearer token: 32 characters or more, nothing a shell was meant to expand (a `.env` is read as
+    it is written: `MCP_AUTH_TOKEN=$(openssl rand -hex 32)` is that text, not a random token), no
+    whitespace. The message never shows the value."""
+    if "$(" in token or "`" in token or "${" in token:
+        why = "holds a shell command ($(...)) instead of its output: a .env file is read, never run"
+    elif any(character.isspace() for character in token):
+        why = "contains spaces or other whitespace"
+    elif len(token) < 32:
+        why = f"is {len(token)} characters long; a bearer token needs 32 or more"
+    else:
+        return
+    raise ConfigError(f"{source} {why}. Write a real one with `{WRITE_AUTH_TOKEN}` (remove the old line first).")
 
 
 def unknown_variables(env: dict[str, str]) -> list[str]:

@@ -201,8 +201,8 @@ def _health(report: dict) -> dict:
 
 def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = None,
               ctx: Context | None = None) -> View:
-    """Cluster picture: nodes' CPU/memory/storage, the busiest guests' last hour (or vmid's), backup
-    coverage by job, health findings. MCP Apps clients draw it; others get JSON."""
+    """Nodes' CPU/memory/storage, busiest guests' last hour (or vmid's), backup coverage, health findings; MCP Apps
+    clients draw it."""
     client = pve_client(host)
     if vmid is not None:
         resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read

@@ -223,7 +223,7 @@ def _listing(source: Source, path: str) -> list[dict]:
 
 def backup_files(backup: str | None = None, vmid: OptionalVmid = None, path: str = "/",
                  host: Host = None, pbs_host: Host = None, limit: Limit = 200, offset: Offset = 0) -> dict:
-    """Files in a backup: a PBS volid, vmid's newest, or PBS store:ct/102[/time]."""
+    """A volid on a PBS storage, vmid's newest, or PBS store:ct/102[/time]."""
     source = _backup(host, pbs_host, backup, vmid)
     rows = _entries(source, path)
     for row in rows:
@@ -351,7 +351,7 @@ def _saved_entry(source: Source, clean: str) -> dict:
 
 def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None, show: bool = False,
                        dry_run: DryRunArg = False) -> dict:
-    """Save a backup_files entry (dir: zip) to PROXMOX_RESTORE_DIR; show: text too."""
+    """A file (a dir as .zip) named as backup_files does, to PROXMOX_RESTORE_DIR; show: its text too."""
     settings = _restore.get()
     folder = settings.folder
     if folder is None:

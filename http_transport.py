@@ -321,8 +321,8 @@ def listen_problem(bind_host: str, port: int, given: str) -> str | None:
             probe.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return (f"proxmox-mcp: port {port} on {bind_host} is in use (another server, or another proxmox-mcp); "
-                    f"choose a free one with {given}.")
-        return (f"proxmox-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
+            return (f"proxmox-guard-mcp: port {port} on {bind_host} is in use (another server, or another "
+                    f"proxmox-guard-mcp); choose a free one with {given}.")
+        return (f"proxmox-guard-mcp: cannot listen on {bind_host}:{port} ({exc.strerror or exc}); set MCP_HTTP_HOST "
                 f"(or --host) to an address of this machine, and {given} to a free port.")
     return None

@@ -26,8 +26,7 @@ from rrd import read_history
 def metrics(vmid: OptionalVmid = None, node: Node = None, storage: str | None = None, host: Host = None,
             timeframe: Literal["hour", "day", "week", "month", "year"] = "hour",
             cf: Literal["AVERAGE", "MAX"] = "AVERAGE", raw: bool = False, offset: Offset = 0) -> dict:
-    """History of a guest (vmid), node or storage+node: min/avg/max/last, trend, sparkline; raw: points
-    by offset."""
+    """Of a guest (vmid), node or storage+node: min/avg/max/last, trend, sparkline; raw: points."""
     history = read_history(pve_client(host), vmid, node, storage, timeframe, cf)
     return history.raw(offset) if raw else history.summary()
 
@@ -283,7 +282,7 @@ def node_logs(node: Node = None, host: Host = None,
               since: Annotated[str | None, Field(description="2h or YYYY-MM-DD HH:MM")] = None,
               until: str | None = None, service: str | None = None, grep: str | None = None,
               cursor: str | None = None) -> dict:
-    """Syslog, journal or firewall log of a node (or guest: vmid), newest first; cursor pages back."""
+    """Syslog, journal or firewall log of a node (or vmid's), newest first; cursor pages back."""
     client = pve_client(host)
     ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid,
                                     "position": None}
@@ -386,7 +385,7 @@ def _smart(client: ProxmoxClient, node: str, disk: str) -> dict:
 
 def node_disks(node: str, host: Host = None,
                smart: str | None = None) -> dict:
-    """A node's disks (SMART health, life left), ZFS pools, LVM; smart=/dev/sdX: its attributes."""
+    """SMART health, life left; ZFS, LVM, thin pools; smart=/dev/sdX: its attributes."""
     client = pve_client(host)
     node = check_node(client, node)
     base = f"/nodes/{node}/disks"
@@ -502,7 +501,7 @@ def _lanes(client: ProxmoxClient, node: str, packages: list[dict]) -> list[Calla
 
 
 def node_updates(node: Node = None, host: Host = None) -> dict:
-    """Per node: pending updates, running vs newest kernel, list refresh time."""
+    """Per node: pending, running vs newest kernel, list refresh time."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
     results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes])

@@ -43,7 +43,7 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 # ---------------------------------------------------------------- reads
 
 def pbs_list_datastores(host: Host = None) -> dict:
-    """Datastores: use, fill %, full date, last GC."""
+    """Use, fill %, full date, last GC."""
     client = pbs_client(host)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
@@ -66,7 +66,7 @@ def pbs_list_datastores(host: Host = None) -> dict:
 
 
 def pbs_datastore_status(store: Store, host: Host = None) -> dict:
-    """One datastore: use, group and snapshot counts, GC state."""
+    """Use, group and snapshot counts, GC state."""
     client = pbs_client(host)
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
@@ -86,7 +86,7 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
 
 
 def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
-    """Namespaces of a datastore."""
+    """Of a datastore."""
     client = pbs_client(host)
     _check_store(client, store)
     namespaces = client.get(f"/admin/datastore/{store}/namespace") or []
@@ -95,7 +95,7 @@ def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
 
 
 def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
-    """Backup groups: last backup, count, owner."""
+    """Last backup, count, owner."""
     client = pbs_client(host)
     _check_store(client, store)
     rows = [{"group": f"{g['backup-type']}/{g['backup-id']}", "last": iso_time(g.get("last-backup")),
@@ -109,7 +109,7 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
                        backup_id: str | None = None,
                        since: Annotated[int | None, Field(description="epoch")] = None,
                        limit: Limit = 100) -> dict:
-    """Snapshots, newest first: size, verify, protected."""
+    """Newest first: size, verify, protected."""
     client = pbs_client(host)
     _check_store(client, store)
     snaps = client.get(f"/admin/datastore/{store}/snapshots", ns=ns, **{"backup-type": backup_type,
@@ -131,7 +131,7 @@ def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,
 
 
 def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
-    """Sync, verify, prune, GC jobs: schedule, last and next run."""
+    """Sync, verify, prune, GC: schedule, last and next run."""
     client = pbs_client(host)
     rows = []
     for kind in JOB_KINDS:
@@ -157,7 +157,7 @@ def pbs_list_jobs(host: Host = None, store: str | None = None) -> dict:
 def pbs_list_tasks(host: Host = None, errors: bool = False,
                    running: bool = False,
                    limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
-    """Recent PBS tasks, newest first."""
+    """Newest first."""
     client = pbs_client(host)
     # errors=1 keeps running tasks and warnings; statusfilter keeps finished tasks of those states
     # only (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks); limit=0 would mean all here
@@ -171,13 +171,13 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
 def pbs_get_task(upid: str, host: Host = None,
                  wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
                  log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """A PBS task's result and last log lines; wait_seconds waits."""
+    """Result and last log lines."""
     return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
 
 
 def pbs_task_log(upid: str, host: Host = None,
                  start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """A PBS task's log from line `start`."""
+    """From line `start`."""
     return log_page(pbs_client(host), upid, start, limit)
 
 
@@ -191,7 +191,7 @@ def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: Group
                     keep_monthly: Annotated[int | None, Field(ge=1)] = None,
                     keep_yearly: Annotated[int | None, Field(ge=1)] = None,
                     dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Prune a backup group by keep rules: previews, then removes on confirm."""
+    """By keep rules: previews, then removes on confirm."""
     client = pbs_client(host)
     _check_store(client, store)
     keeps = (keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly)
@@ -220,7 +220,7 @@ def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: Group
 def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                               host: Host = None, ns: Ns = None, dry_run: DryRunArg = False,
                               confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Delete one backup snapshot."""
+    """Deletes one backup snapshot."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time}
@@ -231,7 +231,7 @@ def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: G
 def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                                protected: bool = True,
                                host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
-    """Set or clear a snapshot's protected flag."""
+    """Set or clear its protected flag."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "protected": protected}
@@ -242,7 +242,7 @@ def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: 
 def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                         notes: Annotated[str, Field(max_length=4096)], host: Host = None, ns: Ns = None,
                         dry_run: DryRunArg = False) -> dict:
-    """Set a snapshot's notes."""
+    """Of a snapshot."""
     client = pbs_client(host)
     _check_store(client, store)
     params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "notes": notes}
@@ -252,7 +252,7 @@ def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId
 
 def write_pbs_run_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                  ctx: Context | None = None) -> dict:
-    """Garbage-collect a datastore; answers what it freed."""
+    """On a datastore; answers what it freed."""
     client = pbs_client(host)
     _check_store(client, store)
     outcome = run_task(client, "POST", f"/admin/datastore/{store}/gc", {}, wait_seconds, ctx, f"gc {store}")
@@ -292,9 +292,9 @@ def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
                      backup_type: Literal["vm", "ct", "host"] | None = None,
                      backup_id: str | None = None,
                      backup_time: Annotated[int | None, Field(ge=1)] = None,
-                     reverify: Annotated[bool, Field(description="also snapshots verified before")] = True,
+                     reverify: Annotated[bool, Field(description="also verified ones")] = True,
                      wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Verify a datastore, group or snapshot; answers checked, failed, skipped."""
+    """A datastore, group or snapshot; answers checked, failed, skipped."""
     client = pbs_client(host)
     _check_store(client, store)
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
@@ -329,7 +329,7 @@ def write_pbs_run_job(kind: Literal["sync", "verify", "prune"],
                       job_id: str,
                       host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Run a sync, verify or prune job now."""
+    """A sync, verify or prune job, now."""
     client = pbs_client(host)
     jobs = [j.get("id") for j in jobs_of(client, kind)]
     if job_id not in jobs:

@@ -271,7 +271,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
         judge(host, decision)  # read the firewall only for a call the rest of the policy allows
         firewall_guard.check(host, decision, read, settings().source_address)
-        protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
+        protected = protected_vmids(host)
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
@@ -299,7 +299,7 @@ def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] 
 def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
     """A job, rule or group created, edited, deleted or run (and a one-shot vzdump) is judged as the
     object will be after the request (job_edits): the deletion it adds, the protected guests it changes."""
-    protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
+    protected = protected_vmids(host)
     verdict = job_edits.judge(host.product, decision.method, decision.template, decision.path_params,
                               decision.params, read, protected, f"{decision.method} {decision.path}")
     decision.gates = combine(set(decision.gates) | verdict.gates)
@@ -428,15 +428,27 @@ def check_protected(host: Any, decision: Decision) -> None:
             name = f" ({entry['name']})" if entry.get("name") else ""
             raise PolicyError(f"Guest {vmid}{name} is protected on host '{host.label}': "
                               f"{entry.get('reason', 'no reason given')}. This request is refused.")
+    # as Proxmox marks them: a protected tag, or its own protection flag for what destroys (protection.py)
+    for vmid, why in protection.marked_guests(host, decision.guests, "destructive" in decision.gates, protected,
+                                              current_call()).items():
+        raise PolicyError(f"Guest {vmid} is protected on host '{host.label}': {why}. This request is refused.")
     for vmid, how in (decision.changed or {}).items():
-        entry = protected.find(host.label, vmid, host.product) or {}
+        entry = protected.find(host.label, vmid, host.product) or {"reason": "it carries a protected tag"}
         name = f" ({entry['name']})" if entry.get("name") else ""
         raise PolicyError(f"{decision.method} {decision.path} changes protected guest {vmid}{name} without naming "
                           f"it: {how}. Host '{host.label}' protects it: {entry.get('reason', 'no reason given')}. "
                           f"This request is refused{BACKUP_HINT if 'back' in how else ''}.")
-    if scope.bulk and protected.for_host(host.label, host.product):
+    if scope.bulk and protected_vmids(host):
         raise PolicyError(f"{decision.method} {decision.path} {scope.bulk}, and host '{host.label}' has protected "
                           f"guests. List the guests explicitly, leaving out the protected ones.")
+
+
+def protected_vmids(host: Any) -> list[int]:
+    """The guests a host protects without a request naming them: its list's entries and, on PVE, the
+    guests that carry a protected tag (read once per call)."""
+    listed = settings().protected
+    return sorted({e["vmid"] for e in listed.for_host(host.label, host.product)}
+                  | set(protection.tagged_guests(host, listed, current_call())))
 
 
 BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remove=0 (a VM, or a container whose "

@@ -1,9 +1,14 @@
 """Protected guests: the list no agent may touch, and every guest a request reaches.
 
 The list is `protected-vms.json`: a bare list of `{"host", "vmid", "name", "reason"}` objects,
-or proxmox-ve-mcp's `{"protected_vms": [...]}` with the same entries. Host labels are compared
-as the configuration spells them (lower case, no spaces); `"*"` or no host means every host.
-An unreadable list fails closed: every request that changes a guest is refused.
+or proxmox-ve-mcp's `{"protected_vms": [...]}` with the same entries (and, beside them, a `comment`
+saying what to put there: the file the repository ships). Host labels are compared as the
+configuration spells them (lower case, no spaces); `"*"` or no host means every host. An unreadable
+list fails closed: every request that changes a guest is refused.
+
+Guests are also protected as Proxmox marks them (`marked_guests`): a tag of PROXMOX_PROTECTED_TAGS,
+read from /cluster/resources once per call, and PVE's own `protection` flag, read from the guest's
+config, for requests that destroy (docs/PROXMOX-BEHAVIOUR.md#the-protection-flag).
 
 `named_guests` finds a guest wherever a request names it (path, vmid parameters and lists,
 disk and backup volume ids, HA resource ids and lists, replication ids, PBS backup groups);
@@ -15,13 +20,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import catalog
+import runtime
+from errors import PolicyError, ToolFailure
 
 LIST_KEY = "protected_vms"  # proxmox-ve-mcp's form: {"protected_vms": [...]}
+COMMENT_KEY = "comment"  # beside LIST_KEY: what the file is for (the repository's copy says what to put there)
 
 
 def normalise_label(label: Any) -> str | None:
@@ -36,6 +45,8 @@ def normalise_label(label: Any) -> str | None:
 class Protected:
     entries: list[dict] = field(default_factory=list)
     error: str | None = None  # set when the file could not be read: fail closed
+    tags: tuple[str, ...] = ()  # PROXMOX_PROTECTED_TAGS, lower case: a guest carrying one is protected
+    source: str = ""  # where the list was read from, for --check and server_info
 
     def find(self, host_label: str, vmid: int, product: str) -> dict | None:
         for entry in self.entries:
@@ -75,20 +86,24 @@ def _entry(raw: Any) -> dict:
 
 
 def parse_protected(data: Any) -> list[dict]:
-    """The entries of either form of the file, labels normalised; ValueError when it is neither."""
-    if isinstance(data, dict) and set(data) == {LIST_KEY}:
+    """The entries of either form of the file, labels normalised; ValueError when it is neither (a key
+    beside the list that is not the comment, such as a misspelt `protected_vm`, fails closed too)."""
+    if isinstance(data, dict) and LIST_KEY in data and set(data) <= {LIST_KEY, COMMENT_KEY}:
         data = data[LIST_KEY]
     if not isinstance(data, list):
         raise ValueError(f'expected a list of {{"host", "vmid", "name", "reason"}} objects, '
-                         f'or {{"{LIST_KEY}": [...]}}')
+                         f'or {{"{LIST_KEY}": [...]}} (with an optional "{COMMENT_KEY}")')
     return [_entry(raw) for raw in data]
 
 
 def load_protected(path: Path) -> Protected:
+    """The list in `path`; a file that is missing or cannot be parsed is an error (fail closed)."""
     try:
-        return Protected(entries=parse_protected(json.loads(path.read_text())))
+        return Protected(entries=parse_protected(json.loads(path.read_text())), source=str(path))
+    except FileNotFoundError:
+        return Protected(error=f"{path} does not exist", source=str(path))
     except (OSError, ValueError, TypeError) as exc:
-        return Protected(error=f"{path}: {exc}")
+        return Protected(error=f"{path}: {exc}", source=str(path))
 
 
 # ================================================================ guests a request names
@@ -186,3 +201,124 @@ def bulk_scope(template: str, params: dict[str, Any], deletes: bool) -> Scope:
             scope.bulk = "deletes backups of every guest in its scope" if when == "deletes" else \
                 "acts on every guest without an explicit list"
     return scope
+
+
+# ================================================================ guests Proxmox itself marks as protected
+
+TAG_SEPARATORS = re.compile(r"[;,\s]+")  # a tag list splits on all three (docs/PROXMOX-BEHAVIOUR.md#tags)
+# How the policy reads what Proxmox says of a guest: a function from a PVE host label to its client
+# (anything with `get(path, **params)`; the reads pass the admission step as reads). server.py sets it.
+_client_for = runtime.slot("protection.client_for", lambda: None)
+
+
+def read_guests_with(client_for: Any) -> None:
+    _client_for.set(client_for)
+
+
+def tags_of(row: dict) -> set[str]:
+    """A /cluster/resources row's tags, in lower case (as a default cluster writes and compares them)."""
+    return {tag.lower() for tag in TAG_SEPARATORS.split(str(row.get("tags") or "")) if tag}
+
+
+def parse_tags(value: str) -> tuple[str, ...]:
+    """PROXMOX_PROTECTED_TAGS: a comma list of PVE tags (`[a-z0-9_][a-z0-9_+.-]*`, any case); ValueError
+    naming the first that is not one."""
+    tags = [tag.strip().lower() for tag in value.split(",") if tag.strip()]
+    bad = [tag for tag in tags if not re.fullmatch(r"[a-z0-9_][a-z0-9_+.\-]*", tag)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a Proxmox tag (letters, digits, _ + . -; e.g. mcp-protected)")
+    return tuple(dict.fromkeys(tags))
+
+
+def _guest_rows(label: str, call: dict, why: str) -> dict[int, dict]:
+    """The host's guests from /cluster/resources, read at most once per tool call (kept in `call`, the
+    policy's per-call dict, across the call's writes) and shared with the tool's own lookups: the
+    client's kept "guests" (inventory.guest_resources) when this call read them already, else read now
+    and kept there for them."""
+    kept = call.setdefault("protection_rows", {})
+    if label not in kept:
+        def read() -> list[dict]:
+            guests = client.get("/cluster/resources", type="vm") or []
+            for guest in guests:
+                guest["vmid"] = int(guest["vmid"])  # as inventory keeps them (PVE < 8.2 sends an LXC's as a string)
+            return guests
+        try:
+            client = _client_for.get()(label)
+            age = time.monotonic() - call.get("started", time.monotonic())  # reuse only a read of this call
+            rows = client.cached("guests", read, age, until_write=True) if hasattr(client, "cached") else read()
+        except ToolFailure as exc:  # what decides cannot be read: fail closed
+            raise PolicyError(f"The guests' {why} could not be read from /cluster/resources on host '{label}' "
+                              f"({exc}), so this request is refused. The read token needs VM.Audit on the guests "
+                              f"(PVEAuditor on /).") from None
+        kept[label] = {int(row["vmid"]): row for row in rows if str(row.get("vmid", "")).isdigit()}
+    return kept[label]
+
+
+def _protection_flag(label: str, row: dict, call: dict) -> bool:
+    """Whether PVE's own `protection` flag is set in the guest's config, read once per guest and call."""
+    kept = call.setdefault("protection_flags", {})
+    key = (label, int(row["vmid"]))
+    if key not in kept:
+        path = f"/nodes/{row['node']}/{row.get('type', 'qemu')}/{row['vmid']}/config"
+        try:
+            config = _client_for.get()(label).get(path) or {}
+        except ToolFailure as exc:  # what decides cannot be read: fail closed
+            raise PolicyError(f"Guest {row['vmid']}'s Proxmox protection flag could not be read ({exc}), so this "
+                              f"request, which destroys, is refused. The read token needs VM.Audit on the guest "
+                              f"(PVEAuditor on /).") from None
+        kept[key] = truthy(config.get("protection", 0))
+    return kept[key]
+
+
+def marked_guests(host: Any, guests: list[int], destructive: bool, protected: Protected, call: dict) -> dict[int, str]:
+    """The guests of a PVE request that Proxmox marks as protected, with why: a tag of
+    PROXMOX_PROTECTED_TAGS (any request that changes them), or PVE's own `protection` flag (a request
+    that destroys: Proxmox itself refuses only removing the guest or its disks and restoring over it).
+    A guest /cluster/resources does not list (one the request creates) carries no mark. What decides
+    and cannot be read refuses the request (PolicyError)."""
+    if host.product != "pve" or not guests or not (protected.tags or destructive) or _client_for.get() is None:
+        return {}
+    rows = _guest_rows(host.label, call, "tags (PROXMOX_PROTECTED_TAGS)" if protected.tags else
+                       "nodes (to read their protection flag)")
+    marks = {}
+    for vmid in (v for v in guests if v in rows):
+        tagged = sorted(tags_of(rows[vmid]) & set(protected.tags))
+        if tagged:
+            marks[vmid] = f"it carries the tag '{tagged[0]}' (PROXMOX_PROTECTED_TAGS)"
+        elif destructive and _protection_flag(host.label, rows[vmid], call):
+            marks[vmid] = "its Proxmox protection flag is set (protection=1 in its options)"
+    return marks
+
+
+def tagged_guests(host: Any, protected: Protected, call: dict) -> list[int]:
+    """Every guest of a PVE host that carries a protected tag (for what reaches guests without naming
+    them: bulk actions, backup jobs, firewall groups)."""
+    if host.product != "pve" or not protected.tags or _client_for.get() is None:
+        return []
+    rows = _guest_rows(host.label, call, "tags (PROXMOX_PROTECTED_TAGS)")
+    return sorted(vmid for vmid, row in rows.items() if tags_of(row) & set(protected.tags))
+
+
+def entry_mismatches(protected: Protected, guests: dict[str, dict[int, dict]]) -> list[str]:
+    """--check: list entries that protect nothing as meant: a vmid no configured PVE host has, or a name
+    that is not the guest's (`guests`: label -> vmid -> /cluster/resources row, as the read token sees
+    them; a host whose token sees no guest is not judged). Entries naming no configured host are
+    Protected.problems."""
+    seen = {label: rows for label, rows in guests.items() if rows}
+    found = []
+    for entry in protected.entries:
+        labels = list(seen) if entry.get("host") in (None, "*") else [entry["host"]] if entry["host"] in seen else []
+        if not labels:
+            continue
+        rows = [(label, seen[label][entry["vmid"]]) for label in labels if entry["vmid"] in seen[label]]
+        where = f"host '{labels[0]}'" if len(labels) == 1 else f"any of the hosts {', '.join(labels)}"
+        listed = f" ({entry['name']})" if entry.get("name") else ""
+        if not rows:
+            found.append(f"protected guest {entry['vmid']}{listed} does not exist on {where}; a guest made later "
+                         f"with that vmid would be protected instead: fix or remove the entry")
+        elif entry.get("name") and all(str(row.get("name", "")).lower() != str(entry["name"]).lower()
+                                       for _, row in rows):
+            actual = ", ".join(f"'{row.get('name', '')}' on host '{label}'" for label, row in rows)
+            found.append(f"protected guest {entry['vmid']} is named {actual}, the list says '{entry['name']}': "
+                         f"check that the entry protects the guest you mean")
+    return found

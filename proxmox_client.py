@@ -32,7 +32,7 @@ from products import PRODUCTS
 if TYPE_CHECKING:
     import requests  # imported where it is used: a server's start and first tools/list never need it
 
-log = logging.getLogger("proxmox-mcp")
+log = logging.getLogger("proxmox-guard-mcp")
 
 
 TICKET_RENEW_AFTER = 3600.0  # tickets live 2 h; renew after 1 h, our own margin (docs/PROXMOX-BEHAVIOUR.md#tickets)
@@ -338,7 +338,7 @@ class ProxmoxClient:
         # passes its own headers, timeouts and TLS setting, Proxmox sets no cookies on API answers, and
         # urllib3's connection pool is thread-safe (docs/BENCHMARKS.md#reading-nodes-side-by-side).
         self.session = requests.Session()
-        self.session.headers["User-Agent"] = "proxmox-mcp"
+        self.session.headers["User-Agent"] = "proxmox-guard-mcp"
         for scheme in ("https://", "http://"):
             self.session.mount(scheme, HTTPAdapter(pool_maxsize=POOL_SIZE))
         self._envelope = threading.local()  # the last answer's `total` in this thread (get_counted)

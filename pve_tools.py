@@ -34,7 +34,7 @@ EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what 
 # ---------------------------------------------------------------- tools
 
 def cluster_status(host: Host = None) -> dict:
-    """Cluster name, quorum, nodes online."""
+    """Quorum, nodes online."""
     client = pve_client(host)
     entries = client.get("/cluster/status") or []
     cluster = next((e for e in entries if e.get("type") == "cluster"), None)
@@ -50,7 +50,7 @@ def cluster_status(host: Host = None) -> dict:
 
 
 def list_nodes(host: Host = None) -> dict:
-    """Nodes: status, CPU, memory, uptime."""
+    """Status, CPU, memory, uptime."""
     client = pve_client(host)
     rows = []
     for node in sorted(client.get("/nodes") or [], key=lambda n: n["node"]):
@@ -113,7 +113,7 @@ def list_guests(host: Host = None,
                 name: str | None = None,
                 sort_by: Literal["cpu", "mem", "disk", "netin", "netout"] | None = None,
                 limit: Limit = 50, offset: Offset = 0) -> dict:
-    """VMs and containers: vmid, name, node, status, tags. Find vmids here."""
+    """VMs and CTs: vmid, name, node, status, tags."""
     client = pve_client(host)
     guests = sorted(guest_resources(client, fresh=True), key=lambda g: g["vmid"])
     filters = _guest_filters(node, type, status, tag, name)
@@ -173,7 +173,7 @@ PAUSED = ("paused", "suspended", "prelaunch")  # qmpstatus of a VM that is `runn
 
 
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
-    """Status, config and pending changes of one guest."""
+    """Status, config, pending changes."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
@@ -197,7 +197,7 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
 
 
 def list_storage(host: Host = None, node: Node = None) -> dict:
-    """Storages: type, content, use, fill %."""
+    """Type, content, use, fill %."""
     client = pve_client(host)
     merged: dict[str, dict] = {}
     for entry in client.get("/cluster/resources", type="storage") or []:
@@ -239,7 +239,7 @@ def list_tasks(host: Host = None,
                errors: bool = False,
                running: bool = False,
                limit: Annotated[int, Field(ge=1, le=500)] = 20) -> dict:
-    """Recent tasks, newest first, with result."""
+    """Newest first, with result."""
     client = pve_client(host)
     tasks = _listed_tasks(client, node, vmid, errors and not running, running, limit)
     rows = [_task_row(t) for t in sorted(tasks, key=lambda t: -t.get("starttime", 0))]
@@ -269,16 +269,15 @@ def get_task(upid: str,
              wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
              log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
              ctx: Context | None = None) -> dict:
-    """A task's result and last log lines; wait_seconds waits for its end."""
+    """Result and last log lines."""
     return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
 
 
 # ================================================================ more reads
 
 def node_status(node: str, host: Host = None,
-                timeframe: Annotated[Literal["hour", "day", "week", "month", "year"] | None,
-                                     Field(description="Add RRD averages.")] = None) -> dict:
-    """A node's load, CPU, memory, disk, versions, uptime."""
+                timeframe: Literal["hour", "day", "week", "month", "year"] | None = None) -> dict:
+    """Load, CPU, memory, disk, versions; timeframe adds RRD averages."""
     client = pve_client(host)
     check_node(client, node)
     status = client.get(f"/nodes/{node}/status") or {}
@@ -306,8 +305,8 @@ def node_status(node: str, host: Host = None,
 
 
 def guest_config(vmid: Vmid, host: Host = None,
-                 snapshot: Annotated[str | None, Field(description="As saved in it.")] = None) -> dict:
-    """A guest's full config and digest."""
+                 snapshot: str | None = None) -> dict:
+    """Full config, digest."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     config = client.get(f"{base}/config", snapshot=snapshot) or {}
@@ -315,7 +314,7 @@ def guest_config(vmid: Vmid, host: Host = None,
 
 
 def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
-    """A guest's snapshots: time, parent, RAM saved."""
+    """Time, parent, RAM saved."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     rows = [{"name": s["name"], "time": iso_time(s.get("snaptime")), "parent": s.get("parent"),
@@ -327,7 +326,7 @@ def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
 def list_backups(host: Host = None, vmid: OptionalVmid = None,
                  storage: str | None = None,
                  limit: Limit = 100) -> dict:
-    """Backups on every storage (PBS too), newest first."""
+    """On all storages, newest first."""
     rows, notes = backup_volumes(pve_client(host), vmid, storage)
     return table(["volid", "vmid", "storage", "node", "size", "time", "notes", "protected", "verify"], rows,
                  limit=limit) | notes
@@ -341,7 +340,7 @@ def storage_content(storage: str, host: Host = None,
                     content: StorageContent | None = None,
                     vmid: OptionalVmid = None,
                     limit: Limit = 100) -> dict:
-    """Volumes on a storage: ISOs, templates, disks, backups."""
+    """ISOs, templates, disks, backups."""
     client = pve_client(host)
     asked = node
     node = storage_node(client, storage, node)
@@ -360,7 +359,7 @@ def storage_content(storage: str, host: Host = None,
 
 
 def list_networks(host: Host = None, node: Node = None) -> dict:
-    """Bridges and SDN vnets per node: uplinked, routed or isolated."""
+    """Bridges, vnets: uplinked, routed, isolated."""
     client = pve_client(host)
     if node:
         rows, not_read = bridges(client, check_node(client, node)), []
@@ -382,7 +381,7 @@ def list_networks(host: Host = None, node: Node = None) -> dict:
 
 
 def list_pools(host: Host = None) -> dict:
-    """Pools and their guests."""
+    """With their guests."""
     client = pve_client(host)
     members: dict[str, list[int]] = {}
     for guest in guest_resources(client, fresh=True):
@@ -395,12 +394,12 @@ def list_pools(host: Host = None) -> dict:
 
 def task_log(upid: str, host: Host = None,
              start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """A task's log from line `start`."""
+    """From line `start`."""
     return log_page(pve_client(host), upid, start, limit)
 
 
 def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 50) -> dict:
-    """Recent cluster log, newest first."""
+    """Newest first."""
     client = pve_client(host)
     rows = [{"time": iso_time(e.get("time")), "node": e.get("node"), "user": e.get("user"), "tag": e.get("tag"),
              "msg": (e.get("msg") or "")[:300]} for e in client.get("/cluster/log", max=limit) or []]
@@ -408,7 +407,7 @@ def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 
 
 
 def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
-    """A running guest's OS, hostname and IPs."""
+    """OS, hostname, IPs."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "lxc":
@@ -505,7 +504,7 @@ def write_power_guest(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
                           description="stop, reset: hard.")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Change a guest's power state; answers the state it reached."""
+    """Answers the state the guest reached."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row["type"] == "lxc" and action == "reset":
@@ -526,7 +525,7 @@ def write_configure_guest(vmid: Vmid, host: Host = None,
                        delete: list[str] | None = None,
                        digest: Annotated[str | None, Field(description="From guest_config.")] = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Set or delete guest config options; says what waits for a restart."""
+    """Set or delete options; says what waits for a restart."""
     client = pve_client(host)
     if not set and not delete:
         raise InvalidArgument("Nothing to change: give `set` and/or `delete`.")
@@ -565,7 +564,7 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
                       size: Annotated[str, Field(pattern=r"^\+?\d+G$", description="40G or +10G")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
                       ctx: Context | None = None) -> dict:
-    """Grow a guest disk (never shrinks)."""
+    """Grows a disk (never shrinks)."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     config = client.get(f"{base}/config") or {}
@@ -588,7 +587,7 @@ def write_create_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                           description: Annotated[str | None, Field(max_length=1000)] = None,
                           vmstate: Annotated[bool, Field(description="Save RAM (VM)")] = False,
                           wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Snapshot a guest (before risky changes)."""
+    """Of a guest, before risky changes."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     params = {"snapname": name, "description": description}
@@ -610,7 +609,7 @@ def write_rollback_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                             start: Annotated[bool, Field(description="Start it after")] = False,
                             wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                             ctx: Context | None = None) -> dict:
-    """Roll a guest back to a snapshot; later changes are lost."""
+    """A guest to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
@@ -629,7 +628,7 @@ def write_rollback_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
 
 def write_delete_snapshot(vmid: Vmid, name: SnapName, host: Host = None, wait_seconds: WaitArg = 30,
                           dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Delete a guest snapshot."""
+    """Of a guest."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
     _existing_snapshot(client, base, vmid, name)
@@ -668,9 +667,9 @@ def write_backup_guest(vmid: Vmid, storage: str,
                        mode: Literal["snapshot", "suspend", "stop"] = "snapshot",
                        compress: Literal["zstd", "lzo", "gzip", "0"] = "zstd",
                        notes: Annotated[str | None, Field(max_length=1000)] = None,
-                       prune: Annotated[bool, Field(description="Let retention delete old ones")] = False,
+                       prune: Annotated[bool, Field(description="may prune old ones")] = False,
                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Back up a guest now (vzdump), to PBS too."""
+    """Now (vzdump), to PBS too."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     _backup_storage(client, storage)
@@ -710,7 +709,7 @@ def write_restore_backup(archive: Volid,
                          overwrite: Annotated[bool, Field(description="Replace guest vmid")] = False,
                          start: bool = False, wait_seconds: WaitArg = 300, dry_run: DryRunArg = False,
                          confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Restore a backup to a new vmid, or over a guest (overwrite)."""
+    """To a new vmid, or over a guest (overwrite)."""
     client = pve_client(host)
     if re.search(r"vzdump-lxc-|/ct/|ct/\d+", archive):
         kind = "lxc"
@@ -811,7 +810,7 @@ def write_clone_guest(vmid: Vmid, host: Host = None,
                       snapshot: str | None = None,
                       cloudinit: dict[str, Any] | None = None,
                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Clone a guest: full, or linked (a template's default)."""
+    """Full, or linked (a template's default)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     target = None if target == row["node"] else target
@@ -917,7 +916,7 @@ def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> 
 def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="node")], host: Host = None,
                         target_storage: str | None = None,
                         wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Move a guest to another node (live VM, restarted CT)."""
+    """To another node (live VM, restarted CT)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     check_node(client, target)
@@ -941,7 +940,7 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
 
 def write_make_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                    ctx: Context | None = None) -> dict:
-    """Turn a stopped guest into a template (irreversible)."""
+    """From a stopped guest (irreversible)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     if row.get("status") != "stopped":
@@ -953,7 +952,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
                        purge: Annotated[bool, Field(description="Also from jobs, HA")] = False,
                        wait_seconds: WaitArg = 60, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                        ctx: Context | None = None) -> dict:
-    """Delete a stopped guest and its disks (not backups)."""
+    """A stopped one, with its disks (not backups)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid, fresh=True)
     params = {"purge": True if purge else None, "destroy-unreferenced-disks": True if purge else None}
@@ -1018,7 +1017,7 @@ def write_create_vm(name: GuestName,
                     ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
-    """Create a VM from an ISO, or from a cloud image with cloud-init."""
+    """From an ISO, or a cloud image with cloud-init."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
@@ -1116,7 +1115,7 @@ def write_create_lxc(hostname: GuestName,
                      features: str | None = None, onboot: bool = False,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Create a container from a template."""
+    """A container, from a template."""
     client = pve_client(host)
     flags = _lxc_features(client, unprivileged, features)
     node = check_node(client, node) if node else online_node(client)
@@ -1151,7 +1150,7 @@ def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
                        host: Host = None, node: Node = None,
                        checksum: Annotated[str | None, Field(description="hex: md5 to sha512")] = None,
                        wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Download an ISO, template or image from a URL into a storage."""
+    """An ISO, template or image into a storage."""
     algorithm = None
     if checksum:
         checksum = checksum.strip().lower()
@@ -1175,7 +1174,7 @@ def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
 def write_delete_volume(volid: str, host: Host = None,
                         node: Node = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Delete a volume no guest uses (ISO, template, backup, disk)."""
+    """One no guest uses: ISO, template, backup, disk."""
     client = pve_client(host)
     storage = volid.split(":", 1)[0]
     node = storage_node(client, storage, node)
@@ -1208,7 +1207,7 @@ def write_set_nic(vmid: Vmid, host: Host = None,
                   vlan: Annotated[int | None, Field(ge=0, le=4094, description="0 removes")] = None,
                   firewall: bool | None = None,
                   dry_run: DryRunArg = False) -> dict:
-    """Change a guest NIC's bridge, VLAN tag or firewall flag."""
+    """Bridge, VLAN tag or firewall flag of a guest's NIC."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     config = client.get(f"{base}/config") or {}
@@ -1329,7 +1328,7 @@ def _cloudinit_drive(config: dict) -> str | None:
 def write_set_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
                     password: str | None = None, ip: dict[str, Any] | None = None, dns: str | None = None,
                     upgrade: bool | None = None, dry_run: DryRunArg = False) -> dict:
-    """Set a VM's cloud-init (ip per NIC: dhcp or CIDR,gw=IP) and regenerate its drive."""
+    """A VM's (ip per NIC: dhcp or CIDR,gw=IP); regenerates its drive."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":

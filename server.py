@@ -19,6 +19,20 @@ if __name__ == "__main__":  # started as the server (a test that imports this fi
     # The collector would walk them again and again while they are made; it waits until the
     # imports are done (frozen below; collecting again before serving: see collect_from_now_on).
     gc.disable()
+    import sys
+    from importlib.util import find_spec
+    # A start that cannot go on is one line a client's log shows, with what to do (not a traceback):
+    # e.g. a client configured with the system's python instead of the venv's.
+    if sys.version_info < (3, 10):
+        sys.exit(f"proxmox-guard-mcp: {sys.executable} is Python {sys.version.split()[0]}; the server needs 3.10 "
+                 f"or newer.")
+    for _module, _package in (("mcp", "mcp"), ("mcp.server.mcpserver", "mcp 2.3 or newer"), ("requests", "requests"),
+                              ("dotenv", "python-dotenv"), ("paramiko", "paramiko")):
+        if find_spec(_module) is None:
+            sys.exit(f"proxmox-guard-mcp: the package {_package} is not installed for {sys.executable}. Start the "
+                     f"server with the Python of the venv you installed it in (/path/to/.venv/bin/python "
+                     f"server.py), or install the requirements into this one: {sys.executable} -m pip install -r "
+                     f"requirements.txt (beside server.py).")
 
 import argparse
 import functools
@@ -26,7 +40,8 @@ import inspect
 import json
 import logging
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +59,9 @@ import audit
 import confirmation
 import demo
 import http_transport
+import migrate
 import policy
+import protection
 import proxmox_client
 import receipts
 import runtime
@@ -65,17 +82,19 @@ import lxc_admin
 import node_tools
 import guest_updates
 import templates
+import tool_meta
 import workflows
 from auth import principal, tokens
-from config import (DEFAULT_GROUPS, INSTALL_DIR, TOOLSET_GROUPS, Config, ConfigError, check_http_auth, check_tool_names,
-                    load_config, read_env_files, tool_matches)
+from config import (DEFAULT_GROUPS, INSTALL_DIR, NAME, SOURCE_TREE, TOOLSET_GROUPS, Config, ConfigError,
+                    check_http_auth, check_tool_names, load_config, read_env_files, tool_matches)
 from errors import ToolFailure
 from gates import GATES
 from masking import mask, mask_json, register_secret
 from products import PRODUCTS
+from tool_meta import OBJECT
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
-log = logging.getLogger("proxmox-mcp")
+log = logging.getLogger(NAME)  # config.NAME: the distribution and command (tests/test_packaging.py: one everywhere)
 
 INSTRUCTIONS = """Proxmox VE / Backup Server tools. Discover before acting: list_hosts, then \
 health_check or list_guests; take vmids and node names from answers, never guess. Shared \
@@ -109,6 +128,7 @@ class ToolSpec:
     may_destroy: bool = False  # listed at a lower gate, but its arguments can make a call destructive
     setting: str = ""  # offered only when this variable is set (its Config field: the name without PROXMOX_)
     view: Path | None = None  # an MCP Apps view (HTML) that draws its answer: view_uri(view) in the tool's _meta
+    output: dict | None = None  # its outputSchema (tool_meta): the answer is also the result's structuredContent
 
 
 def _tls_mode(host: proxmox_client.HostConfig) -> str:
@@ -120,7 +140,7 @@ def _tls_mode(host: proxmox_client.HostConfig) -> str:
 
 
 def list_hosts() -> dict:
-    """Configured hosts: label, product, URL, TLS."""
+    """Label, product, URL, TLS."""
     rows = [{"host": h.label, "product": h.product, "url": h.url,
              "token": h.token_id if h.token_secret else f"(password login as {h.user})", "tls": _tls_mode(h)}
             for product in ("pve", "pbs") for h in reachable(product).values()]
@@ -128,7 +148,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, privileges, open gates; protected guests; hidden tools and why."""
+    """Per host: version, privileges, gates; protected guests; hidden tools, why."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in reachable(product).items():
@@ -154,6 +174,8 @@ def server_info() -> dict:
             "protected_guests": [answers.compact({"host": e.get("host") or "*", "vmid": e["vmid"],
                                                   "name": e.get("name"), "reason": e.get("reason")})
                                  for e in settings.protected.entries],
+            "protected_list": settings.protected.source or None,
+            "protected_tags": list(settings.protected.tags) or None,
             "protected_list_error": settings.protected.error,
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 
@@ -198,10 +220,10 @@ TOOLS = [
     ToolSpec(list_hosts, "read", "", "always"),
     ToolSpec(server_info, "read", "", "always"),
     ToolSpec(pve_tools.cluster_status, "read", "pve", "guests", ("Sys.Audit",)),
-    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests"),
-    ToolSpec(pve_tools.list_guests, "read", "pve", "guests"),
-    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_storage, "read", "pve", "storage"),
+    ToolSpec(pve_tools.list_nodes, "read", "pve", "guests", output=OBJECT),
+    ToolSpec(pve_tools.list_guests, "read", "pve", "guests", output=OBJECT),
+    ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",), output=OBJECT),
+    ToolSpec(pve_tools.list_storage, "read", "pve", "storage", output=OBJECT),
     ToolSpec(pve_tools.list_tasks, "read", "pve", "tasks"),
     ToolSpec(pve_tools.get_task, "read", "pve", "tasks"),
     ToolSpec(pve_tools.task_log, "read", "pve", "tasks"),
@@ -210,7 +232,8 @@ TOOLS = [
     ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.list_snapshots, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.guest_agent_info, "read", "pve", "guests", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
+    ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace"),
+             output=OBJECT),
     ToolSpec(pve_tools.storage_content, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace")),
     ToolSpec(pve_tools.list_networks, "read", "pve", "network"),
     ToolSpec(pve_tools.list_pools, "read", "pve", "guests"),
@@ -273,8 +296,8 @@ TOOLS = [
     ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
     ToolSpec(backup_jobs.write_edit_backup_job, "write", "pve", "backups", ("Sys.Modify",),
              may_destroy=True),  # delete, and a retention that prunes
-    ToolSpec(workflows.health_check, "read", "pve", "workflows"),
-    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows"),
+    ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
+    ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
     ToolSpec(workflows.wait_task, "read", "", "workflows"),
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
@@ -295,7 +318,7 @@ TOOLS = [
     ToolSpec(api_tools.api_describe, "read", "", "api"),
     ToolSpec(api_tools.api_read, "read", "", "api"),
     ToolSpec(api_tools.write_call_api, "lifecycle", "", "api", may_destroy=True),  # any method, by its gate
-    ToolSpec(changes.list_changes, "read", "", "changes"),
+    ToolSpec(changes.list_changes, "read", "", "changes", output=OBJECT),
     ToolSpec(changes.what_changed, "read", "pve", "changes", ("VM.Audit",)),
     ToolSpec(changes.write_undo_change, "lifecycle", "", "changes", may_destroy=True),  # the inverse's gates, by policy
     ToolSpec(terminals.write_open_terminal, "exec", "", "ops", ssh=True),  # a node's shell: + elevated, by policy
@@ -332,11 +355,14 @@ def annotations_for(spec: ToolSpec):
     read_only, destructive, idempotent = ANNOTATIONS[spec.gate]
     if spec.may_destroy:  # listed at its lowest gate, but its arguments can make a call destructive
         destructive = True
-    # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false),
-    # plus destructive=true said aloud: the tool list is paid for on every turn.
+    # Only what differs from the MCP defaults (readOnly false, destructive true, idempotent false): the
+    # tool list is paid for on every turn. A tool that may destroy says nothing (the default); the
+    # policy asks the user about each destructive call whatever a client makes of the hints.
     if read_only:  # the other hints only mean something for tools that change things (MCP spec)
         return ToolAnnotations(read_only_hint=True)
-    return ToolAnnotations(destructive_hint=destructive, idempotent_hint=idempotent or None)
+    if destructive and not idempotent:
+        return None
+    return ToolAnnotations(destructive_hint=destructive or None, idempotent_hint=idempotent or None)
 
 
 # ---------------------------------------------------------------- the edge of every tool call
@@ -348,15 +374,16 @@ def sent_receipts(call: dict, message: str) -> str:
     return f" Sent before the failure: receipt {', '.join(kept)} (write_undo_change takes it back)." if kept else ""
 
 
-def as_tool(function: Callable) -> Callable:
-    """The MCP edge of a tool: compact JSON out; the user's answer to the plan, dry run and
-    confirmation set up for the policy; every failure a ToolError with a masked message."""
+def as_tool(function: Callable, structured: bool = False) -> Callable:
+    """The MCP edge of a tool: compact JSON out (with `structured`, the same JSON as structuredContent
+    too); the user's answer to the plan, dry run and confirmation set up for the policy; every failure
+    a ToolError with a masked message."""
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
-        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")),  # and who calls (over HTTP)
+        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")), "started": time.monotonic(),
                 "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx")),
-                **principal.call_fields()}
+                **principal.call_fields()}  # and who calls (over HTTP)
         token = policy.CALL.set(call)
         try:
             call["approved"] = confirmation.approved(confirmation_plan, user_answer)
@@ -375,7 +402,11 @@ def as_tool(function: Callable) -> Callable:
         if call.get("receipts"):  # what was sent, to list, compare or take back, and its safety snapshot
             result = (result if isinstance(result, dict) else {"result": result}) | receipts.answer_fields(call)
         text = mask_json(result)  # each string masked (masking.mask_json)
-        return text if view_data is None else view_result(text, result | view_data)
+        if view_data is not None:
+            return view_result(text, result | view_data)
+        if structured and isinstance(result, dict):  # the masked text, parsed: the two say the same
+            return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=json.loads(text))
+        return text
     if "confirm" in inspect.signature(function).parameters:
         return confirmation.with_confirmation(tool, function)
     return tool
@@ -403,7 +434,9 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
     name = spec.function.__name__
     products = {h.product for h in config.hosts}
     if name not in ALWAYS_ON and not any(name in TOOLSETS[t] for t in config.toolsets):
-        return f"not in PROXMOX_TOOLSETS={','.join(config.toolsets)}"
+        chosen = ",".join(config.toolsets)
+        return f"in the {spec.toolset} toolset, not in PROXMOX_TOOLSETS={chosen}: PROXMOX_TOOLSETS={chosen}," \
+               f"{spec.toolset} offers it"
     if config.allow_tools and not any(tool_matches(p, name) for p in config.allow_tools):
         return "not in PROXMOX_ALLOW_TOOLS"
     if any(tool_matches(p, name) for p in config.deny_tools):
@@ -472,10 +505,15 @@ def make_tool(spec: ToolSpec):
     """The SDK's tool for a TOOLS entry: its name, its docstring on one line, its annotations, its
     view (MCP Apps: `_meta.ui.resourceUri`), the MCP edge around its function (as_tool); the schema
     still in full (slim_schema trims it)."""
-    return Tool.from_function(as_tool(spec.function), name=spec.function.__name__,
+    name = spec.function.__name__
+    tool = Tool.from_function(as_tool(spec.function, structured=spec.output is not None), name=name,
+                              title=tool_meta.title_for(name),
                               description=" ".join((spec.function.__doc__ or "").split()),
                               annotations=annotations_for(spec), structured_output=False,
+                              icons=tool_meta.icons_for(spec.view.with_suffix(".svg")) if spec.view else None,
                               meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
+    tool.fn_metadata.output_schema = spec.output  # published, not validated here: the answer is built by us
+    return tool
 
 
 def view_uri(html: Path) -> str:
@@ -506,7 +544,8 @@ def build_server(config: Config):
         visible.arguments[tool.name] = tool.fn_metadata
         tools.append(tool)
     visible.bus = InMemorySubscriptionBus()
-    server = MCPServer("proxmox", version=VERSION, instructions=INSTRUCTIONS, tools=tools, middleware=[visible],
+    server = MCPServer("proxmox", title="Proxmox VE and Backup Server", version=VERSION, instructions=INSTRUCTIONS,
+                       icons=tool_meta.icons_for(tool_meta.SERVER_ICON), tools=tools, middleware=[visible],
                        subscriptions=visible.bus, extensions=views_extension(visible.specs),
                        request_state_security=state_security(config))
     for uri, function in workflows.RESOURCES:
@@ -570,44 +609,27 @@ def print_tool_list(config: Config, as_json: bool) -> None:
 # ================================================================ --check and --verify-audit
 
 def check_hosts(config: Config) -> int:
-    """Connect to every configured host; print version, token, privileges, open gates and hidden
-    tools. Exit 1 when a host fails."""
-    failures = 0
+    """Connect to every configured host; print version, tokens (the write token's too), privileges, open
+    gates, hidden tools, and what in the protected list does not match the guests that exist. Exit 1
+    when a host fails or the list is wrong."""
     visible = visibility.current()
     visible.offer(config, offered_tools(config))
     read = ", ".join(str(f) for f in config.env_origins.files) or "none found"
-    print(f"settings: the environment first, then .env beside server.py ({INSTALL_DIR}); the first that sets a "
-          f"variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
+    where = "beside server.py" if SOURCE_TREE else "in your settings folder"
+    print(f"settings: the environment first, then .env {where} ({config.env_origins.operator_file}); the first that "
+          f"sets a variable wins; then .env in the working directory ({Path.cwd()}), which may only narrow access. "
           f".env files read: {read}")
     for line in config.env_origins.report():
         print(f"  {line}")
-    for host in config.hosts:
-        client = proxmox_client.client_for(host.product, host.label)
-        rules = config.settings.hosts[(host.product, host.label)]
-        auth = proxmox_client.auth_method(host)
-        print(f"{host.product.upper()} host '{host.label}' at {host.url} ({auth}"
-              f"{' ' + host.token_id if host.token_secret else ''})")
-        try:
-            version = client.get("/version") or {}
-            print(f"  version: {version.get('version')}")
-            certificate = proxmox_client.certificate_line(host)
-            if certificate:
-                print(f"  {certificate}")
-            permissions = policy.permissions_of(host) or {}
-            held = sorted({p for privs in permissions.values() for p in privs})
-            print(f"  privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}")
-            if not held:
-                print("  warning: the token holds no privileges; lists will be empty (privsep token without ACLs?)")
-        except ToolFailure as exc:
-            failures += 1
-            print(f"  FAILED: {mask(str(exc))}")
-        print(f"  access tier: {rules.access}; gates open: "
-              f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
+    guests: dict[str, dict[int, dict]] = {}  # PVE label -> vmid -> /cluster/resources row
+    failures = sum(check_host(config, host, guests) for host in config.hosts)
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(visible.specs) - len(visible.hidden())}")
-    print(f"protected guests: {len(config.settings.protected.entries)}; audit log: {config.settings.audit_path}")
-    problems = config.settings.protected.problems({h.label for h in config.hosts})
+    protected = config.settings.protected
+    print(f"protected guests: {len(protected.entries)} listed in {protected.source or 'no file'}"
+          f"{'; tags ' + ', '.join(protected.tags) if protected.tags else ''}; audit log: {config.settings.audit_path}")
+    problems = protected.problems({h.label for h in config.hosts}) + protection.entry_mismatches(protected, guests)
     for problem in problems:
         print(f"PROTECTED GUEST LIST: {problem}")
     from auth import report  # --check only
@@ -616,8 +638,55 @@ def check_hosts(config: Config) -> int:
         print(line)
     cannot_audit = open_audit_log(config)  # the same probe as the start: a server that would not start fails here
     if cannot_audit:
-        print(f"WOULD NOT START: {cannot_audit.removeprefix('proxmox-mcp: ')}")
+        print(f"WOULD NOT START: {cannot_audit.removeprefix(f'{NAME}: ')}")
     return 1 if failures or problems or cannot_audit or auth_failed or not config.hosts else 0
+
+
+def check_host(config: Config, host: proxmox_client.HostConfig, guests: dict[str, dict[int, dict]]) -> bool:
+    """--check of one host: version, certificate, the token's privileges and the write token's; a PVE
+    host's guests into `guests` (for the protected list). True when something failed."""
+    client = proxmox_client.client_for(host.product, host.label)
+    rules = config.settings.hosts[(host.product, host.label)]
+    print(f"{host.product.upper()} host '{host.label}' at {host.url} ({proxmox_client.auth_method(host)}"
+          f"{' ' + host.token_id if host.token_secret else ''})")
+    failed = False
+    try:
+        print(f"  version: {(client.get('/version') or {}).get('version')}")
+        certificate = proxmox_client.certificate_line(host)
+        if certificate:
+            print(f"  {certificate}")
+        print(f"  {privileges_line(policy.permissions_of(host) or {})}")
+        if host.product == "pve":
+            guests[host.label] = {int(row["vmid"]): row for row in client.get("/cluster/resources", type="vm") or []}
+    except ToolFailure as exc:
+        failed = True
+        print(f"  FAILED: {mask(str(exc))}")
+    if host.write_token_id:
+        failed = check_write_token(host) or failed
+    print(f"  access tier: {rules.access}; gates open: "
+          f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
+    return failed
+
+
+def privileges_line(permissions: dict) -> str:
+    held = sorted({p for privs in permissions.values() for p in privs})
+    warning = "" if held else "; warning: the token holds no privileges: lists will be empty, writes refused " \
+                              "(a privsep token without ACLs?)"
+    return f"privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}{warning}"
+
+
+def check_write_token(host: proxmox_client.HostConfig) -> bool:
+    """The write token (_WRITE_TOKEN or _WRITE_TOKEN_FILE) reads its own privileges, as the reader's are
+    read: a wrong one fails here, not at the first write. True when it failed."""
+    writer = replace(host, token_id=host.write_token_id, token_secret=host.write_token_secret, write_token_id=None,
+                     write_token_secret=None, token_variable=host.write_token_variable, user=None, password=None)
+    try:
+        permissions = proxmox_client.ProxmoxClient(writer).get("/access/permissions") or {}
+    except ToolFailure as exc:
+        print(f"  write token {host.write_token_id}: FAILED: {mask(str(exc))}")
+        return True
+    print(f"  write token {host.write_token_id}: {privileges_line(permissions)}")
+    return False
 
 
 def verify_audit_command(config: Config) -> int:
@@ -640,7 +709,7 @@ def open_audit_log(config: Config) -> str | None:
     try:
         audit.open_log(path)
     except OSError as exc:
-        return (f"proxmox-mcp: cannot write the audit log {path} ({exc.strerror or exc}); set PROXMOX_AUDIT_LOG "
+        return (f"{NAME}: cannot write the audit log {path} ({exc.strerror or exc}); set PROXMOX_AUDIT_LOG "
                 f"to a file this user can write, or allow no writes (PROXMOX_ACCESS=read).")
     return None
 
@@ -651,8 +720,7 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
     """The line a person starting the server reads on stderr: what it serves, where, and the client
     command that connects to it (Claude Code's; README has the others). Its client name differs
     between stdio and HTTP, so that a user can add both."""
-    what = "proxmox-mcp demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo \
-        else "proxmox-mcp"
+    what = f"{NAME} demo (a simulated cluster and Backup Server; guest 101 is protected)" if args.demo else NAME
     name = ("proxmox-demo" if args.demo else "proxmox") + ("-http" if args.http else "")
     if args.http:
         reach = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "[::]") else bind_host  # every address: loopback works
@@ -668,7 +736,7 @@ def how_to_connect(args: argparse.Namespace, config: Config, bind_host: str) -> 
 
 
 def start_command() -> str:
-    """The command that starts this server as this process was started: the installed `proxmox-mcp`
+    """The command that starts this server as this process was started: the installed `proxmox-guard-mcp`
     script (pyproject.toml), or the interpreter and server.py of a clone."""
     started = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
     if started is not None and started.suffix != ".py" and started.is_file():
@@ -694,9 +762,9 @@ def setup_logging(level: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="proxmox-mcp",
+    parser = argparse.ArgumentParser(prog=NAME,
                                      description="MCP server for Proxmox VE and Proxmox Backup Server.")
-    parser.add_argument("--version", action="version", version=f"proxmox-mcp {VERSION}")
+    parser.add_argument("--version", action="version", version=f"{NAME} {VERSION}")
     parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", help="address to bind in HTTP mode (default 127.0.0.1 or MCP_HTTP_HOST)")
     parser.add_argument("--port", type=int, help="port in HTTP mode (default 8765 or MCP_HTTP_PORT)")
@@ -711,6 +779,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                             "for MCP_AUTH_TOKENS_FILE")
     parser.add_argument("--profile", choices=tokens.PROFILES, default="read", help="with --new-token (default read)")
     parser.add_argument("--hosts", help="with --new-token: the host labels it may use, comma-separated (default all)")
+    parser.add_argument("--from-pvemcp", metavar="FILE", type=Path,
+                        help="print pvemcp's instances.json (PROXMOX_CONFIG) as the .env that says the same here")
     return parser.parse_args(argv)
 
 
@@ -746,6 +816,7 @@ def apply_configuration(config: Config) -> None:
     """Point the client, the policy and the shell tools at this configuration."""
     proxmox_client.configure_hosts(config.hosts)
     policy.configure(config.settings)
+    protection.read_guests_with(lambda label: proxmox_client.client_for("pve", label))  # tags, protection flag
     ssh.configure(config.ssh)  # PROXMOX_EXEC_ALLOWED_VMIDS is the policy's (config.settings)
     file_restore.configure(config.restore_dir, config.restore_max_bytes)
     node_tools.configure(config.transfer_dir, config.transfer_max_bytes)
@@ -755,10 +826,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.new_token:  # needs no configuration: prints a token once and the line to add for it
         return new_token_command(args)
+    if args.from_pvemcp:  # needs no configuration: it writes one
+        try:
+            print("\n".join(migrate.pvemcp_env(args.from_pvemcp)))
+        except ConfigError as exc:
+            print(f"{NAME}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         config, bind_host = configuration(args)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {mask(str(exc))}", file=sys.stderr)
+        print(f"{NAME}: configuration error: {mask(str(exc))}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
     for warning in config.warnings:
@@ -815,7 +893,7 @@ def serve(args: argparse.Namespace, config: Config, bind_host: str) -> int:
         runtime.TRANSPORT.set("http")
         http_transport.serve_http(config, server, bind_host, args.port or config.http_port)
     except ConfigError as exc:
-        print(f"proxmox-mcp: configuration error: {exc}", file=sys.stderr)
+        print(f"{NAME}: configuration error: {exc}", file=sys.stderr)
         return 2
     finally:
         terminals.close_all()  # the shells hung up when the server stops
@@ -832,7 +910,7 @@ def collect_from_now_on() -> None:
 
 
 def cli() -> None:
-    """The `proxmox-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
+    """The `proxmox-guard-mcp` command of an installed copy (pyproject.toml), the same as `python server.py`."""
     gc.freeze()  # the imports, for the short commands too (--list-tools, --check): a quick exit
     sys.exit(main())
 

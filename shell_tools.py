@@ -27,7 +27,7 @@ MAX_FILE_WRITE = 61440 * 3 // 4
 
 # ---------------------------------------------------------------- tools
 
-Command = Annotated[str, Field(min_length=1, max_length=16384, description="for /bin/sh -c")]
+Command = Annotated[str, Field(min_length=1, max_length=16384, description="run by sh -c")]
 Timeout = Annotated[int, Field(ge=1, le=3600)]
 Where = Annotated[str, Field(description="node or 'pbs'")]
 
@@ -39,7 +39,7 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
 
 
 def ssh_check(where: Where, host: Host = None) -> dict:
-    """Test SSH to a node or PBS: verified host key, user, version."""
+    """To a node or PBS: verified host key, user, version."""
     target, node = _where(where, host)
     client = connect(target, node)  # the handshake verifies the host key; it runs nothing
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
@@ -68,7 +68,7 @@ else echo 'smartctl not installed'; fi
 
 
 def node_diagnostics(where: Where, host: Host = None) -> dict:
-    """Fixed SSH checks on a node or PBS: disks, ZFS, units, journal, SMART."""
+    """Fixed SSH checks of a node or PBS: disks, ZFS, units, journal, SMART."""
     target, node = _where(where, host)
     result = admitted(target.product, target.label, ("read",), f"node {node}: diagnostics", [],
                       lambda: run(target, node, DIAGNOSTICS, timeout=60))
@@ -86,7 +86,7 @@ def node_diagnostics(where: Where, host: Host = None) -> dict:
 def write_exec_node(where: Where, command: Command, host: Host = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                     ctx: Context | None = None) -> dict:
-    """Run a shell command on a node or PBS over SSH."""
+    """A shell command on a node or PBS, over SSH."""
     target, node = _where(where, host)
     result = admitted(target.product, target.label, ("exec", "elevated"), f"node {node}: {command}", [],
                       lambda: run(target, node, command, timeout=timeout))
@@ -96,7 +96,7 @@ def write_exec_node(where: Where, command: Command, host: Host = None,
 def write_exec_lxc(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                    stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                    dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Run a shell command in a container (pct exec)."""
+    """A shell command, through pct exec."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
@@ -138,7 +138,7 @@ def _shell_wrapper(client: Any, base: str) -> list[str]:
 
 def write_exec_vm(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Run a shell command in a VM (guest agent)."""
+    """A shell command, through the guest agent."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] != "qemu":
@@ -163,7 +163,7 @@ GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 def write_get_guest_file(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
                           confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Read a file in a guest, up to 1 MiB."""
+    """Reads a guest file, up to 1 MiB."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":  # sensitive + exec, confirmed (policy.ALSO_GATES)
@@ -185,7 +185,7 @@ def write_put_guest_file(vmid: Vmid, path: GuestPath,
                            content: Annotated[str, Field(max_length=MAX_FILE_WRITE)],
                            host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                            ctx: Context | None = None) -> dict:
-    """Write (replace) a file in a guest."""
+    """Writes (replaces) a guest file."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "qemu":

@@ -55,7 +55,7 @@ def _template_volumes(client: ProxmoxClient) -> tuple[dict[str, list[str]], list
 
 
 def list_templates(host: Host = None, search: str | None = None, limit: Limit = 50) -> dict:
-    """Container templates: Proxmox's index and where each is stored already."""
+    """Proxmox's index of container templates, and where each is stored."""
     client = pve_client(host)
     index = client.get(f"/nodes/{online_node(client)}/aplinfo") or []
     held, unread = _template_volumes(client)
@@ -100,7 +100,7 @@ def _where(row: dict, node: str) -> str:
 def write_download_template(template: str, storage: str = "local", host: Host = None, node: Node = None,
                             wait_seconds: WaitArg = 600, dry_run: DryRunArg = False,
                             ctx: Context | None = None) -> dict:
-    """Download a list_templates template to a storage of the node using it."""
+    """One of list_templates, to a storage of the node using it."""
     client = pve_client(host)
     node = check_node(client, node) if node else online_node(client)
     row = _template_storage(client, storage, node)
@@ -137,7 +137,7 @@ def _oci_supported(client: ProxmoxClient) -> None:
 
 def write_pull_oci(reference: str, storage: str = "local", host: Host = None, node: Node = None,
                    wait_seconds: WaitArg = 900, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Pull an OCI image (name:tag) as a container template (PVE 9.1+)."""
+    """An OCI image (name:tag) as a container template (PVE 9.1+)."""
     if not re.fullmatch(OCI_REFERENCE, reference):
         raise InvalidArgument(f"reference '{reference[:100]}' is not [registry/]name:tag with a lower-case name, "
                               f"e.g. docker.io/library/nginx:latest (Proxmox needs the tag). Nothing was sent.")

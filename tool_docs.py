@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mcp_types import Tool as McpTool
+
 from config import INSTALL_DIR, TOOLSET_GROUPS
 from gates import GATES
 from server import INSTRUCTIONS, TOOLS, make_tool, slim_schema, view_uri
@@ -40,18 +42,22 @@ def tool_catalog_markdown() -> str:
         tool = make_tool(spec)
         full = json.loads(json.dumps(tool.parameters))  # defaults and bounds, for people reading the docs
         slim_schema(tool.parameters)
-        listed = {"name": tool.name, "description": tool.description, "inputSchema": tool.parameters,
-                  "annotations": tool.annotations.model_dump(by_alias=True, exclude_none=True)} | (
-                      {"_meta": tool.meta} if tool.meta else {})
-        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed["annotations"].items())
+        listed = McpTool(name=tool.name, title=tool.title, description=tool.description, input_schema=tool.parameters,
+                         output_schema=tool.output_schema, annotations=tool.annotations, icons=tool.icons,
+                         _meta=tool.meta).model_dump(mode="json", by_alias=True, exclude_none=True)  # as tools/list
+        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in listed.get("annotations", {}).items()) \
+            or "none (the MCP defaults: changes things, may destroy)"
         gates = " + ".join((spec.gate, *spec.also))
         lines += [f"## `{tool.name}`", "", tool.description, "",
-                  f"- gate: {gates}; toolset: {spec.toolset}; "
+                  f"- title: {tool.title}; gate: {gates}; toolset: {spec.toolset}; "
                   f"product: {spec.product or 'any'}{'; needs SSH' if spec.ssh else ''}"
                   f"{f'; offered when {spec.setting} is set' if spec.setting else ''}",
                   f"- annotations: {hints}"]
+        if spec.output:
+            lines.append(f"- output: the answer as structuredContent too (outputSchema `{json.dumps(spec.output)}`)")
         if spec.view:
-            lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`")
+            lines.append(f"- view (MCP Apps): `{view_uri(spec.view)}`, `{spec.view.name}`; icon "
+                         f"`{spec.view.with_suffix('.svg').name}`")
         lines.append(f"- bytes: {len(json.dumps(listed, separators=(',', ':')))}")
         required = set(tool.parameters.get("required", []))
         for name, prop in tool.parameters.get("properties", {}).items():

@@ -506,8 +506,8 @@ HEALTH_CHECKS: list[Callable[[Health], None]] = [
 
 def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
-                                       Field(description="overrides, named as in the answer")] = None) -> dict:
-    """Cluster and PBS health: findings by severity."""
+                                       Field(description="named as in the answer")] = None) -> dict:
+    """Cluster and PBS findings by severity."""
     smart = policy.current_call().get("tool") not in NO_SMART_IN
     client = pve_client(host)
     limits = health_thresholds(thresholds)
@@ -775,8 +775,7 @@ STATE_RANK = {"missing": 0, "verify_failed": 1, "stale": 2, "ok": 9}  # other st
 
 def backup_coverage(host: Host = None, pbs_host: Host = None,
                     max_age_hours: Annotated[int, Field(ge=1, le=8760)] = 26, offset: Offset = 0) -> dict:
-    """Per guest: newest backup (PVE, PBS), age, verify, jobs; orphan PBS groups; job changes that
-    cover the uncovered."""
+    """Per guest: newest backup, age, verify, jobs; orphan PBS groups; jobs for the rest."""
     coverage = Coverage(pve_client(host), Report({"max_age_hours": max_age_hours}), max_age_hours, pbs_host)
     for step in COVERAGE_STEPS:
         step(coverage)
@@ -905,7 +904,7 @@ NOT_CHECKED = ["guest firewall rules themselves", "node SSH and OS hardening", "
 
 
 def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=1000)] = 200) -> dict:
-    """Security findings: tokens, ACLs, firewalls, privileged CTs, devices, this server."""
+    """Tokens, ACLs, firewalls, privileged CTs, devices, this server."""
     scan = Security(pve_client(host), Report({"max_guests": max_guests}), max_guests)
     for check in SECURITY_CHECKS:
         check(scan)
@@ -920,7 +919,7 @@ def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=
 def wait_task(upid: str,
               host: Host = None,
               wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
-    """Wait for a PVE or PBS task to end, with progress."""
+    """Until a task ends, with progress."""
     client = proxmox_client.client_for("pbs" if _looks_pbs(upid) else "pve", host)
     return task_report(client, upid, wait_seconds, 20, ctx, "wait_task")
 
@@ -1065,7 +1064,7 @@ def write_provision_lxc(hostname: GuestName,
                         ssh_keys: str | None = None,
                         onboot: bool = False,
                         wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a DHCP container in one call; answers its IP and each step."""
+    """Create and start a DHCP container; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
@@ -1083,7 +1082,7 @@ def write_provision_vm(name: GuestName,
                        bridge: str | None = None,
                        ciuser: str | None = None, ssh_keys: str | None = None, wait_seconds: WaitArg = 180,
                        dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a cloud-init VM in one call; answers its IP and each step."""
+    """Create and start a cloud-init VM; answers its IP and each step."""
 
     def create(node: str, vmid: int, bridge: str) -> dict:
         return pve_tools.write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
@@ -1227,7 +1226,7 @@ def write_drill_restore(vmid: Vmid, host: Host = None,
                         storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Prove a backup restores: restore offline to a scratch vmid, boot, time, delete it."""
+    """Prove a backup restores: to a scratch vmid, offline; boot, time, delete."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     kind = row["type"]

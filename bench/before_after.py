@@ -41,7 +41,7 @@ def tree(revision: str, into: Path) -> Path:
 def copy_tree(into: Path) -> Path:
     """A copy of the working tree's server (and bench/), to change and run."""
     for path in [*ROOT.glob("*.py"), *ROOT.glob("catalog/*.json"), *ROOT.glob("bench/*.py"),
-                 ROOT / "protected-vms.example.json"]:
+                 ROOT / "protected-vms.json", ROOT / "pyproject.toml"]:
         target = into / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())

@@ -205,6 +205,33 @@ def _hot_pluggable(kind: str, guest: dict, key: str) -> bool:
 
 DIGEST_MISMATCH = {"qemu": "checksum mismatch (file change by other user?)",
                    "lxc": "detected modified configuration - file changed by other user? Try again."}
+QEMU_DRIVE = re.compile(r"(ide|sata|scsi|virtio)\d+|efidisk0|tpmstate0")
+
+
+def protection_set(guest: dict) -> bool:
+    """PVE's own `protection` option (docs/PROXMOX-BEHAVIOUR.md#the-protection-flag)."""
+    return str(guest["config"].get("protection", "0")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _protection_refusal(kind: str, guest: dict, deleted: list[str], changed: dict) -> str | None:
+    """What a config update refuses while the protection flag is set: removing a disk (qemu-server
+    API2/Qemu.pm update_vm_api: unusedN, a drive, vmstate; pve-container LXC/Config.pm
+    update_pct_config: unusedN, mpN deleted, mpN or rootfs changed). `PVE::AbstractConfig::check_protection`
+    appends ' - protection mode enabled'. The flag is taken off in a request of its own first."""
+    if not protection_set(guest):
+        return None
+    config, vmid = guest["config"], guest["vmid"]
+    for key in deleted:
+        if kind == "qemu" and UNUSED.fullmatch(key):
+            return f"can't remove unused disk '{str(config.get(key, '')).split(',')[0]}' - protection mode enabled"
+        if kind == "qemu" and key == "vmstate":
+            return f"can't remove vmstate '{config.get(key, '')}' - protection mode enabled"
+        if kind == "qemu" and QEMU_DRIVE.fullmatch(key):
+            return f"can't remove drive '{key}' - protection mode enabled"
+        if kind == "lxc" and (UNUSED.fullmatch(key) or re.fullmatch(r"mp\d+", key)):
+            return f"can't remove CT {vmid} drive '{key}' - protection mode enabled"
+    changed_drive = next((key for key in changed if kind == "lxc" and re.fullmatch(r"mp\d+|rootfs", key)), None)
+    return f"can't update CT {vmid} drive '{changed_drive}' - protection mode enabled" if changed_drive else None
 
 
 def pve_config_update(kind: str) -> Callable:
@@ -218,6 +245,10 @@ def pve_config_update(kind: str) -> Callable:
         changes: dict[str, object] = {key: None for key in re.split(r"[,;\s]+", str(call.arg("delete", ""))) if key}
         changes |= {key: value[0] if isinstance(value, list) and len(value) == 1 else value
                     for key, value in call.params.items() if key not in CONFIG_CALL_KEYS}
+        refused = _protection_refusal(kind, guest, [k for k, v in changes.items() if v is None],
+                                      {k: v for k, v in changes.items() if v is not None})
+        if refused:
+            raise ApiError(500, refused)
         if "cipassword" in changes and changes["cipassword"] is not None:
             changes["cipassword"] = stored_password(changes["cipassword"])
         running = guest["status"] == "running"
@@ -405,6 +436,8 @@ def pve_create(kind: str) -> Callable:
         exists = vmid in call.lab.guests
         if exists and not (archive and str(call.arg("force", "0")) == "1"):
             raise ApiError(500, f"unable to create {label} {vmid}: config file already exists")
+        if exists and protection_set(call.lab.guests[vmid]):  # restore over it (qemu-server create_vm, pve-container)
+            raise ApiError(500, f"unable to restore {label} {vmid} -{' -' * (kind == 'qemu')} protection mode enabled")
         oci = lxc_create(call, archive) if kind == "lxc" else None  # refuses what create_vm refuses
         missing = archive and not _archive_here(call, archive, node)
         if missing and kind == "qemu":  # a backup on another node's `local` is not here
@@ -635,6 +668,8 @@ def pve_destroy(kind: str) -> Callable:
     def handler(call: Call, node: str, vmid: str) -> str:
         guest = _guest(call, node, vmid, kind)
         label = "VM" if kind == "qemu" else "CT"
+        if protection_set(guest):  # the early checks, before any task (qemu-server destroy_vm, pve-container)
+            raise ApiError(500, f"can't remove {label} {vmid} - protection mode enabled")
         running = f"{label} {vmid} is running - destroy failed"
         error = _locked(guest, kind) or ("OK" if guest["status"] == "stopped" else running)
 

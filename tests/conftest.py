@@ -402,9 +402,33 @@ def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> sub
 @pytest.fixture(scope="session", autouse=True)
 def _fork_server_ends() -> Iterator[None]:
     yield
+    end_fork_servers()
+
+
+def end_fork_servers() -> None:
+    global FORK_SERVER, STDIO_FORK_SERVER
     if STDIO_FORK_SERVER is not None:
         STDIO_FORK_SERVER[0].terminate()
         STDIO_FORK_SERVER[0].wait(timeout=10)
     if FORK_SERVER is not None:
         FORK_SERVER.stdin.close()
         FORK_SERVER.wait(timeout=10)
+    FORK_SERVER = STDIO_FORK_SERVER = None
+
+
+@contextmanager
+def as_a_script() -> Iterator[Path]:
+    """What the session's fixtures give the tests, for a test file run as a script (the README's
+    `python tests/test_dashboard_view.py docs/`): this run's state and logs in a temporary folder (no
+    protected guests, no audit log of the user's), the forked servers ended when it is done."""
+    global STATE_DIR, LOGS
+    with tempfile.TemporaryDirectory() as folder:
+        STATE_DIR, LOGS = Path(folder) / "state", Path(folder) / "logs"
+        STATE_DIR.mkdir()
+        LOGS.mkdir()
+        (STATE_DIR / "no-protected-guests.json").write_text("[]")
+        try:
+            yield Path(folder)
+        finally:
+            end_fork_servers()
+            STATE_DIR = LOGS = None

@@ -459,3 +459,121 @@ def test_their_legitimate_neighbours_pass(entry):
         policy.CALL.reset(token)
         policy.configure(original)
     assert len(sent) == 1
+
+
+# ---------------------------------------------------------------- issue 34: guests Proxmox itself marks (pack)
+# A guest is protected by a tag of PROXMOX_PROTECTED_TAGS (read from /cluster/resources at admission,
+# once per call) and, for what destroys, by PVE's own `protection` flag (read from its config): in the
+# one admission step, wherever a request names the guest, and for what reaches it without naming it.
+# Sessions: tagged (everything open, no list entry, guest 104 tagged `MCP-Protected` as typed in the
+# GUI), flagged (everything open, no list entry, guest 103 with protection=1).
+import protection  # noqa: E402
+from errors import ProxmoxError  # noqa: E402
+
+MARK_TAG = "mcp-protected"
+MARKED_ROWS = [{"type": kind, "vmid": vmid, "node": node, "tags": "MCP-Protected;lab" if vmid == 104 else "prod"}
+               for vmid, (kind, node) in GUESTS.items()]
+MARKED_CONFIGS = {"/nodes/pve1/lxc/103/config": {"protection": 1, "rootfs": "local-lvm:vm-103-disk-0,size=32G"}}
+MARKED = [  # (session, method, path, params, what the refusal says)
+    ("tagged", "POST", "/nodes/pve2/qemu/104/status/start", {}, "carries the tag 'mcp-protected'"),
+    ("tagged", "PUT", "/nodes/pve2/qemu/104/config", {"memory": "1024"}, "carries the tag"),
+    ("tagged", "POST", "/nodes/pve1/qemu/104/snapshot", {"snapname": "s1"}, "carries the tag"),  # wrong node
+    ("tagged", "DELETE", "/nodes/pve2/storage/local-lvm/content/local-lvm:vm-104-disk-0", {}, "carries the tag"),
+    ("tagged", "POST", "/nodes/pve1/qemu/100/move_disk", {"disk": "scsi0", "target-vmid": 104}, "carries the tag"),
+    ("tagged", "POST", "/cluster/ha/resources", {"sid": "vm:104"}, "carries the tag"),
+    ("tagged", "POST", "/nodes/pve2/startall", {}, "has protected guests"),  # reaches it without naming it
+    ("tagged", "POST", "/cluster/backup", {"all": 1, "storage": "local", "schedule": "daily",
+                                           "prune-backups": "keep-last=1"}, "changes protected guest 104"),
+    ("flagged", "DELETE", "/nodes/pve1/lxc/103", {}, "protection flag is set"),
+    ("flagged", "DELETE", "/nodes/pve2/lxc/103", {"purge": 1}, "protection flag is set"),  # wrong node
+    ("flagged", "POST", "/nodes/pve1/lxc/103/status/stop", {}, "protection flag is set"),
+    ("flagged", "POST", "/nodes/pve1/lxc/103/snapshot/s1/rollback", {}, "protection flag is set"),
+    ("flagged", "DELETE", "/nodes/pve1/lxc/103/snapshot/s1", {}, "protection flag is set"),
+    ("flagged", "DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-103-disk-0", {},
+     "protection flag is set"),
+]
+MARKED_ALLOWED = [  # their legitimate neighbours
+    ("tagged", "POST", "/nodes/pve3/lxc/105/status/start", {}),  # untagged
+    ("tagged", "POST", "/nodes/pve2/qemu", {"vmid": 950, "name": "new"}),  # a new guest carries no tag yet
+    ("flagged", "POST", "/nodes/pve1/lxc/103/status/start", {}),  # the flag guards what destroys only
+    ("flagged", "POST", "/nodes/pve1/lxc/103/snapshot", {"snapname": "s2"}),
+    ("flagged", "PUT", "/nodes/pve1/lxc/103/config", {"description": "photos"}),
+    ("flagged", "POST", "/nodes/pve3/lxc/105/status/stop", {}),  # destructive, but not flagged
+]
+
+
+class MarkingLab:
+    """What the policy reads to find marked guests, as the simulated lab answers it (or fails)."""
+
+    def __init__(self, fail: bool = False):
+        self.reads: list[str] = []
+        self.fail = fail
+
+    def get(self, path: str, **_params) -> object:
+        self.reads.append(path)
+        if self.fail:
+            raise ProxmoxError("Host 'lab' is unreachable (connection refused).")
+        return [dict(row) for row in MARKED_ROWS] if path == "/cluster/resources" else MARKED_CONFIGS.get(path, {})
+
+
+def admit_marked(session: str, method: str, path: str, params: dict, lab: MarkingLab) -> list:
+    sent = []
+    original = policy.settings()
+    tags = (MARK_TAG,) if session == "tagged" else ()
+    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive", ALL)},
+                                     protected=Protected(tags=tags)))
+    protection.read_guests_with(lambda _label: lab)
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    try:
+        policy.admit(PVE, method, path, dict(params), sent.append, read=STORED.get)
+    finally:
+        policy.CALL.reset(token)
+        protection.read_guests_with(None)
+        policy.configure(original)
+    return sent
+
+
+@pytest.mark.parametrize("entry", MARKED, ids=lambda e: f"{e[0]} {e[1]} {e[2]}"[:70])
+def test_a_guest_proxmox_marks_is_refused_at_admission_with_nothing_sent(entry):
+    session, method, path, params, expected = entry
+    lab = MarkingLab()
+    with pytest.raises(PolicyError, match=expected):
+        admit_marked(session, method, path, params, lab)
+    assert lab.reads.count("/cluster/resources") <= 1  # once per call, however many guests it names
+
+
+@pytest.mark.parametrize("entry", MARKED_ALLOWED, ids=lambda e: f"{e[0]} {e[1]} {e[2]}"[:70])
+def test_the_neighbours_of_marked_guests_pass(entry):
+    session, method, path, params = entry
+    assert len(admit_marked(session, method, path, params, MarkingLab())) == 1
+
+
+def test_what_decides_and_cannot_be_read_refuses(sim):
+    with pytest.raises(PolicyError, match="tags .PROXMOX_PROTECTED_TAGS. could not be read.*refused"):
+        admit_marked("tagged", "POST", "/nodes/pve3/lxc/105/status/start", {}, MarkingLab(fail=True))
+    with pytest.raises(PolicyError, match="read their protection flag.*refused"):
+        admit_marked("flagged", "POST", "/nodes/pve3/lxc/105/status/stop", {}, MarkingLab(fail=True))
+    assert len(admit_marked("flagged", "POST", "/nodes/pve3/lxc/105/status/start", {}, MarkingLab(fail=True))) == 1
+
+
+@pytest.fixture()
+def marked_lab(sim):
+    """The simulated lab with guest 104 tagged and guest 103's protection flag set, for one test."""
+    g104, g103 = sim.lab.guests[104], sim.lab.guests[103]
+    before = g104["tags"]
+    g104["tags"] = g104["config"]["tags"] = "MCP-Protected;lab"
+    g103["config"]["protection"] = 1
+    yield
+    g104["tags"], g103["config"]["protection"] = before, 0
+    g104["config"].pop("tags", None)
+
+
+def test_marked_guests_are_refused_through_the_generic_tools_with_nothing_sent(sim, tmp_path, marked_lab):
+    env = session_env(sim, tmp_path, "open") | {"PROXMOX_PROTECTED_TAGS": MARK_TAG}
+    (tmp_path / "protected.json").write_text("[]")
+    with in_process(env, log_name="corpus-marked") as server:
+        for session, method, path, params, expected in MARKED:
+            arguments = {"method": method, "path": path, "params": params, "confirm": True}
+            message, sent = requests_during(sim, lambda a=arguments: server.error("write_call_api", a))
+            assert expected in message, message
+            assert [r for r in sent if r[1] != "GET"] == [], (session, path)

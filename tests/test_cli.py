@@ -67,7 +67,8 @@ def test_a_busy_port_is_one_line_naming_the_port_and_the_variable(sim):
     assert f"port {port} on 127.0.0.1 is in use" in by_variable.stderr and "MCP_HTTP_PORT" in by_variable.stderr
     assert "with --port" in by_option.stderr
     assert "serving" not in by_variable.stderr + by_option.stderr  # nothing claimed to serve first
-    assert [line for line in by_variable.stderr.splitlines() if str(port) in line][0].startswith("proxmox-mcp: port")
+    named = [line for line in by_variable.stderr.splitlines() if str(port) in line][0]
+    assert named.startswith("proxmox-guard-mcp: port")
 
 
 @pytest.mark.parametrize("label", ["lab", "default"])
@@ -79,3 +80,16 @@ def test_a_refused_token_names_the_variable_it_came_from(sim, tmp_path, label):
     with in_process(env, log_name=f"token-file-{label}") as session:
         message = session.error("list_nodes")
     assert "the API token was refused" in message and f"Check {prefix}TOKEN_FILE;" in message
+
+
+def test_check_reads_the_write_tokens_privileges_too(sim, tmp_path):
+    """A wrong PROXMOX_<LABEL>_WRITE_TOKEN fails --check (exit 1, naming the variable), not the first write."""
+    secret = sim.lab.pve_tokens["ops@pve!operator"].secret
+    right = run_server(["--check"], sim.env() | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={secret}"})
+    line = next(line for line in right.stdout.splitlines() if "write token" in line)
+    assert right.returncode == 0 and "write token ops@pve!operator: privileges on" in line and "VM.PowerMgmt" in line
+    (tmp_path / "write-token").write_text("ops@pve!operator=00000000-0000-0000-0000-000000000000\n")
+    wrong = run_server(["--check"], sim.env() | {"PROXMOX_LAB_WRITE_TOKEN_FILE": str(tmp_path / "write-token")})
+    line = next(line for line in wrong.stdout.splitlines() if "write token" in line)
+    assert wrong.returncode == 1 and "FAILED" in line and "Check PROXMOX_LAB_WRITE_TOKEN_FILE" in line
+    assert secret not in right.stdout + wrong.stdout

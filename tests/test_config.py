@@ -282,22 +282,23 @@ def test_profiles_are_valid_configurations(profile, tmp_path):
     assert config.hosts[0].label == "home" and config.settings.hosts[("pve", "home")].access == env["PROXMOX_ACCESS"]
 
 
-def test_the_protected_list_is_the_users_own_file_beside_the_server(tmp_path, monkeypatch):
-    """protected-vms.json is git-ignored (an update never touches it); the repository ships
-    protected-vms.example.json. With no file named and none there, nothing is listed yet: the start
-    says how to make one. A named file that is missing fails closed (above)."""
-    assert "protected-vms.json" in (ROOT / ".gitignore").read_text().splitlines()
-    example = json.loads((ROOT / "protected-vms.example.json").read_text())
-    assert example and {"host", "vmid", "name", "reason"} <= set(example[0])
-    monkeypatch.setattr(config_module, "PROTECTED_FILE", tmp_path / "protected-vms.json")
+def test_the_repository_ships_the_protected_list_empty_and_a_missing_one_fails_closed(tmp_path, monkeypatch):
+    """protected-vms.json is part of the repository (the design names it): an empty list with a comment
+    saying what to put there, read as an empty list with a loud start-up line. In a clone it must be
+    there: gone (or broken) refuses every guest write. tests/test_protected_list.py has the rest."""
+    assert "protected-vms.json" not in (ROOT / ".gitignore").read_text().splitlines()
+    shipped = json.loads((ROOT / "protected-vms.json").read_text())
+    assert shipped["protected_vms"] == [] and "skip-worktree" in shipped["comment"]
+    monkeypatch.setattr(config_module, "PROTECTED_FILE", ROOT / "protected-vms.json")
     fresh = load_config({})
     assert fresh.settings.protected.entries == [] and fresh.settings.protected.error is None
-    assert any("NO GUEST IS PROTECTED" in w and "protected-vms.example.json" in w for w in fresh.warnings)
-    (tmp_path / "protected-vms.json").write_text(json.dumps(example))
-    assert [e["vmid"] for e in load_config({}).settings.protected.entries] == [100]
+    assert any("NO GUEST IS PROTECTED" in w and "protected-vms.json" in w for w in fresh.warnings)
+    monkeypatch.setattr(config_module, "PROTECTED_FILE", tmp_path / "protected-vms.json")
+    gone = load_config({})
+    assert "does not exist" in gone.settings.protected.error
+    assert any("PROTECTED GUEST LIST UNREADABLE" in w for w in gone.warnings)
     (tmp_path / "protected-vms.json").write_text("{broken")
     assert load_config({}).settings.protected.error  # present but unreadable: fails closed
-
 
 
 def test_audit_log_defaults_outside_the_install(monkeypatch, tmp_path):

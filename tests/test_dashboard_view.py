@@ -11,6 +11,7 @@ The tests look at what rendered. Skipped, with the reason, where Chromium or chr
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from conftest import stdio_session  # first: it puts the project on the path (run as a script too)
+import conftest  # first: it puts the project on the path (run as a script too)
+from conftest import stdio_session  # noqa: E402
 import simulator  # noqa: E402
 import webdriver  # noqa: E402
 from test_dashboard import APP_MIME, APPS, MONITOR, build_lab  # noqa: E402
@@ -302,13 +304,18 @@ def screenshots(folder: Path) -> list[Path]:
     return written
 
 
+def test_the_readmes_screenshot_command_remakes_both_screenshots(tmp_path):
+    """`python tests/test_dashboard_view.py docs/` (README, Test) runs outside pytest."""
+    done = subprocess.run([sys.executable, str(Path(__file__)), str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=conftest.server_env({}))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["dashboard-dark.png", "dashboard.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in tmp_path.glob("*.png"))
+
+
 if __name__ == "__main__":
     if webdriver.missing():
         sys.exit(webdriver.missing())
-    import tempfile
-
-    import conftest
-    with tempfile.TemporaryDirectory() as logs:  # run as a script: the servers' logs go to a throwaway folder
-        conftest.LOGS = Path(logs)
+    with conftest.as_a_script():  # run as a script: state and the servers' logs in a throwaway folder
         for path in screenshots(Path(sys.argv[1] if len(sys.argv) > 1 else "docs")):
             print(f"wrote {path}")

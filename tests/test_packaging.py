@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+import config
 import server
 from conftest import ROOT, run_server
 from gates import method_gate
@@ -20,13 +21,14 @@ def test_the_wheel_holds_every_module_the_simulator_and_the_catalog():
     assert {"simulator", "catalog"} <= set(PROJECT["tool"]["setuptools"]["packages"])
     assert PROJECT["tool"]["setuptools"]["package-data"]["catalog"] == ["*.json"]
     assert {"views"} <= set(PROJECT["tool"]["setuptools"]["packages"])  # the dashboard's view, for installs too
-    assert PROJECT["tool"]["setuptools"]["package-data"]["views"] == ["*.html"]
+    assert PROJECT["tool"]["setuptools"]["package-data"]["views"] == ["*.html", "*.svg"]  # and its icons
     assert (ROOT / "views" / "dashboard.html").is_file()
     assert not (ROOT / "catalog" / "__init__.py").exists()  # `import catalog` must still find catalog.py
 
 
 def test_the_command_is_the_server():
-    assert PROJECT["project"]["scripts"] == {"proxmox-mcp": "server:cli"}
+    assert PROJECT["project"]["name"] == config.NAME == "proxmox-guard-mcp"
+    assert PROJECT["project"]["scripts"] == {config.NAME: "server:cli"}
     assert PROJECT["tool"]["setuptools"]["dynamic"] == {"version": {"attr": "server.VERSION"},
                                                          "dependencies": {"file": ["requirements.txt"]}}
 
@@ -35,7 +37,7 @@ def test_one_version_in_the_changelog_the_command_line_and_server_info(session):
     newest = re.search(r"^## (\d+\.\d+\.\d+)", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE).group(1)
     assert newest == server.VERSION
     shown = run_server(["--version"], {})
-    assert shown.returncode == 0 and shown.stdout.strip() == f"proxmox-mcp {server.VERSION}"
+    assert shown.returncode == 0 and shown.stdout.strip() == f"{config.NAME} {server.VERSION}"
     assert session.ok("server_info")["version"] == server.VERSION
 
 
@@ -47,9 +49,9 @@ def test_mit_licence_said_in_the_readme():
 
 def test_the_users_own_files_stay_out_of_git_and_the_image():
     ignored = (ROOT / ".gitignore").read_text().splitlines()
-    assert {".env", "secrets/", "data/", "protected-vms.json"} <= set(ignored)
+    assert {".env", "secrets/", "data/"} <= set(ignored)
     docker_ignored = (ROOT / ".dockerignore").read_text().splitlines()
-    assert {".env", "secrets", "data", "protected-vms.json"} <= set(docker_ignored)
+    assert {".env", "secrets", "data", "protected-vms.json"} <= set(docker_ignored)  # mounted, never built in
 
 
 def test_the_readmes_tiers_name_each_power_action_where_the_gates_put_it():

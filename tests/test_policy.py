@@ -16,6 +16,7 @@ from conftest import in_process, requests_during, run_server, stdio_session, too
 from errors import ConfirmationNeeded, PolicyError
 from gates import GATES, UNCERTAIN, call_gate, call_gates, method_gate
 from masking import mask, mask_params
+from mcp_types import ToolAnnotations
 from protection import Protected, load_protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
@@ -351,11 +352,12 @@ def test_annotations_match_gates_over_the_whole_list(admin):
     tools = admin.tools()
     assert "write_call_api" in {t.name for t in tools}
     for tool in tools:
-        changes = not tool.annotations.read_only_hint
+        hints = tool.annotations or ToolAnnotations()  # none: the MCP defaults (changes things, may destroy)
+        changes = not hints.read_only_hint
         assert changes == tool.name.startswith("write_"), tool.name
         assert not changes or "dry_run" in tool.input_schema["properties"], f"{tool.name} has no dry_run"
         if changes:
-            assert tool.annotations.destructive_hint is True or not tool.annotations.idempotent_hint
+            assert hints.destructive_hint is not False or not hints.idempotent_hint
 
 
 def test_write_runs_is_audited_and_verified(admin, sim):

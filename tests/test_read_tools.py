@@ -1,8 +1,10 @@
 """The first read tools, through the SDK client over stdio against the simulator."""
+import json
 from functools import partial
 
 import pytest
 
+import server
 from conftest import in_process, requests_during, stdio_session
 
 READ_TOOLS = {"list_hosts", "cluster_status", "list_nodes", "list_guests", "get_guest", "list_storage",
@@ -11,14 +13,20 @@ READ_TOOLS = {"list_hosts", "cluster_status", "list_nodes", "list_guests", "get_
 
 
 
+STRUCTURED = {spec.function.__name__ for spec in server.TOOLS if spec.output}  # answers as structuredContent too
+
+
 def test_tool_list_names_and_annotations(session):
     tools = {t.name: t for t in session.tools()}
     assert READ_TOOLS <= set(tools)
     for tool in tools.values():
         assert tool.annotations.read_only_hint is True and not tool.annotations.destructive_hint
         assert not tool.name.startswith("write_")
-        assert "title" not in tool.input_schema and tool.output_schema is None
-        assert 20 < len(tool.description) < 300
+        assert "title" not in tool.input_schema and tool.title  # a title for people, outside the schema
+        assert tool.output_schema == ({"type": "object"} if tool.name in STRUCTURED else None)
+        # the name says what the tool reads; its description what more the model needs (the list is paid
+        # for on every turn)
+        assert 10 < len(tool.description) < 300
 
 
 def test_list_hosts_shows_both_products_without_secrets(session, sim):
@@ -47,8 +55,8 @@ def test_list_guests_is_one_request_and_compact(session, sim):
     assert guests["total"] == 6 and guests["columns"][:5] == ["vmid", "name", "type", "node", "status"]
     assert [row[0] for row in guests["rows"]] == [100, 101, 102, 103, 104, 105]
     result = session.call("list_guests")
-    assert len(result.content) == 1 and result.structured_content is None  # the data goes once
-    assert len(result.content[0].text) < 600
+    assert len(result.content) == 1 and len(result.content[0].text) < 600
+    assert result.structured_content == json.loads(result.content[0].text)  # the same answer, parsed
 
 
 @pytest.mark.parametrize("filters, vmids", [
