@@ -41,7 +41,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,6 +58,7 @@ import answers
 import audit
 import confirmation
 import demo
+import host_check
 import http_transport
 import migrate
 import policy
@@ -432,11 +433,18 @@ def why_not_offered(config: Config, spec: ToolSpec) -> str | None:
     host of it (all are offered when no host is configured); the tool's gates must be open on
     at least one such host."""
     name = spec.function.__name__
-    products = {h.product for h in config.hosts}
+    besides = why_else_not_offered(config, spec)
     if name not in ALWAYS_ON and not any(name in TOOLSETS[t] for t in config.toolsets):
         chosen = ",".join(config.toolsets)
         return f"in the {spec.toolset} toolset, not in PROXMOX_TOOLSETS={chosen}: PROXMOX_TOOLSETS={chosen}," \
-               f"{spec.toolset} offers it"
+               f"{spec.toolset} offers it" + (f"; it also needs this: {besides}" if besides else "")
+    return besides
+
+
+def why_else_not_offered(config: Config, spec: ToolSpec) -> str | None:
+    """Why this configuration would leave a tool out even in a toolset it chose (why_not_offered)."""
+    name = spec.function.__name__
+    products = {h.product for h in config.hosts}
     if config.allow_tools and not any(tool_matches(p, name) for p in config.allow_tools):
         return "not in PROXMOX_ALLOW_TOOLS"
     if any(tool_matches(p, name) for p in config.deny_tools):
@@ -622,7 +630,7 @@ def check_hosts(config: Config) -> int:
     for line in config.env_origins.report():
         print(f"  {line}")
     guests: dict[str, dict[int, dict]] = {}  # PVE label -> vmid -> /cluster/resources row
-    failures = sum(check_host(config, host, guests) for host in config.hosts)
+    failures = sum(host_check.check_host(config, host, guests) for host in config.hosts)
     for why, names in hidden_by_reason().items():
         print(f"hidden: {', '.join(names)}: {why}")
     print(f"tools offered: {len(visible.specs) - len(visible.hidden())}")
@@ -640,53 +648,6 @@ def check_hosts(config: Config) -> int:
     if cannot_audit:
         print(f"WOULD NOT START: {cannot_audit.removeprefix(f'{NAME}: ')}")
     return 1 if failures or problems or cannot_audit or auth_failed or not config.hosts else 0
-
-
-def check_host(config: Config, host: proxmox_client.HostConfig, guests: dict[str, dict[int, dict]]) -> bool:
-    """--check of one host: version, certificate, the token's privileges and the write token's; a PVE
-    host's guests into `guests` (for the protected list). True when something failed."""
-    client = proxmox_client.client_for(host.product, host.label)
-    rules = config.settings.hosts[(host.product, host.label)]
-    print(f"{host.product.upper()} host '{host.label}' at {host.url} ({proxmox_client.auth_method(host)}"
-          f"{' ' + host.token_id if host.token_secret else ''})")
-    failed = False
-    try:
-        print(f"  version: {(client.get('/version') or {}).get('version')}")
-        certificate = proxmox_client.certificate_line(host)
-        if certificate:
-            print(f"  {certificate}")
-        print(f"  {privileges_line(policy.permissions_of(host) or {})}")
-        if host.product == "pve":
-            guests[host.label] = {int(row["vmid"]): row for row in client.get("/cluster/resources", type="vm") or []}
-    except ToolFailure as exc:
-        failed = True
-        print(f"  FAILED: {mask(str(exc))}")
-    if host.write_token_id:
-        failed = check_write_token(host) or failed
-    print(f"  access tier: {rules.access}; gates open: "
-          f"{', '.join(g for g in GATES if policy.gate_open(rules, g, 'POST'))}")
-    return failed
-
-
-def privileges_line(permissions: dict) -> str:
-    held = sorted({p for privs in permissions.values() for p in privs})
-    warning = "" if held else "; warning: the token holds no privileges: lists will be empty, writes refused " \
-                              "(a privsep token without ACLs?)"
-    return f"privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}{warning}"
-
-
-def check_write_token(host: proxmox_client.HostConfig) -> bool:
-    """The write token (_WRITE_TOKEN or _WRITE_TOKEN_FILE) reads its own privileges, as the reader's are
-    read: a wrong one fails here, not at the first write. True when it failed."""
-    writer = replace(host, token_id=host.write_token_id, token_secret=host.write_token_secret, write_token_id=None,
-                     write_token_secret=None, token_variable=host.write_token_variable, user=None, password=None)
-    try:
-        permissions = proxmox_client.ProxmoxClient(writer).get("/access/permissions") or {}
-    except ToolFailure as exc:
-        print(f"  write token {host.write_token_id}: FAILED: {mask(str(exc))}")
-        return True
-    print(f"  write token {host.write_token_id}: {privileges_line(permissions)}")
-    return False
 
 
 def verify_audit_command(config: Config) -> int:

@@ -29,7 +29,8 @@ TITLES = {"write_exec_vm": "Run a command in a VM", "write_exec_lxc": "Run a com
           "write_backup_guest": "Back up guest", "write_set_cloudinit": "Set cloud-init",
           "write_create_lxc": "Create container", "write_provision_lxc": "Provision container",
           "write_rollback_snapshot": "Roll back snapshot", "wait_task": "Wait for a task",
-          "guest_agent_info": "Guest agent", "storage_content": "Volumes"}
+          "guest_agent_info": "Guest agent", "storage_content": "Volumes",
+          "write_node_files": "Change node files"}
 
 OBJECT = {"type": "object"}  # an answer that is one JSON object (a table's too: {"columns", "rows", "total"})
 

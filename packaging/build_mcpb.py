@@ -21,17 +21,28 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "packaging" / "mcpb" / "manifest.json"
-SHIPPED = ("*.py", "catalog/*.json", "views/*.html", "views/*.svg", "simulator/*.py", "requirements.txt", "LICENSE")
+BESIDE = ("requirements.txt", "LICENSE")
+
+
+def shipped() -> list[str]:
+    """The wheel's files as patterns, read from pyproject.toml (its modules, packages and their data), so
+    that a module or package added there is in the extension too."""
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data = setup.get("package-data", {})
+    return [f"{module}.py" for module in setup["py-modules"]] + [
+        f"{package}/{pattern}" for package in setup["packages"] for pattern in ["*.py", *data.get(package, [])]] + list(
+        BESIDE)
 
 
 def server_files() -> list[Path]:
     """What the extension runs: what the wheel installs (pyproject.toml's modules and data), relative to ROOT."""
-    return sorted(path.relative_to(ROOT) for pattern in SHIPPED for path in ROOT.glob(pattern))
+    return sorted({path.relative_to(ROOT) for pattern in shipped() for path in ROOT.glob(pattern)})
 
 
 def install_dependencies(lib: Path, platform: str | None, python_version: str | None) -> None:
