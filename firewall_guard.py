@@ -46,6 +46,25 @@ def guards(product: str, method: str, template: str) -> bool:
     return product == "pve" and method != "GET" and bool(GUARDED.fullmatch(template))
 
 
+# The reads `read_firewall` makes that a Firewall answers (batch.py answers them after a batch's writes).
+GET_PATHS = re.compile(r"/cluster/firewall/(options|rules|aliases|groups(/[^/]+)?|ipset(/[^/]+)?)"
+                       r"|/nodes/[^/]+/firewall/(options|rules)")
+
+
+def served(fw: Firewall, path: str) -> Any:
+    """What a firewall GET answers as `fw` holds it; None for a path it does not hold."""
+    node = re.fullmatch(r"/nodes/([^/]+)/firewall/(options|rules)", path)
+    if node:
+        host = fw.hosts.get(node.group(1))
+        return None if host is None else copy.deepcopy(host[node.group(2)])
+    part, _, name = path.removeprefix("/cluster/firewall/").partition("/")
+    answers = {"options": lambda: fw.options, "rules": lambda: fw.rules,
+               "aliases": lambda: [{"name": n, "cidr": c} for n, c in fw.aliases.items()],
+               "groups": lambda: fw.groups.get(name, []) if name else [{"group": g} for g in fw.groups],
+               "ipset": lambda: fw.ipsets.get(name, []) if name else [{"name": n} for n in fw.ipsets]}
+    return copy.deepcopy(answers[part]()) if part in answers else None
+
+
 # ================================================================ the firewall as read
 
 @dataclass
@@ -511,26 +530,37 @@ def fixing_rule(source: Any, port: int) -> dict:
 def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_source: str | None) -> None:
     """Refuse a firewall write that cuts a management port that is reachable now."""
     what = f"{decision.method} {decision.path}"
+    before = read_before(what, read, decision.path_params.get("node"))
+    after = apply(before, decision.method, decision.template, decision.path_params, decision.params)
+    compare(host, configured_source, before, [(what, decision, after)])
+
+
+def read_before(what: str, read: Callable[..., Any] | None, node: str | None) -> Firewall:
     if read is None:
         raise PolicyError(f"{what} changes the firewall, which is judged against the firewall as it is; it cannot "
                           f"be read here (no reader was given), so it is refused. Send it on its own.")
-    where = decision.path_params
     try:
-        before = read_firewall(read, where.get("node"))
+        return read_firewall(read, node)
     except ToolFailure as exc:
         raise PolicyError(f"{what} changes the firewall, but the firewall could not be read to judge whether it "
                           f"would lock this server out ({exc}); nothing was sent.") from None
-    after = apply(before, decision.method, decision.template, where, decision.params)
-    sources, who = candidate_sources(host, configured_source, [before, after])
+
+
+def compare(host: Any, configured_source: str | None, before: Firewall, afters: list[tuple[str, Any, Firewall]]
+             ) -> None:
+    """Refuse when a state after (what leads to it, the request that ends in it, the state) cuts a node's
+    management port from a source that the state before lets in."""
+    sources, who = candidate_sources(host, configured_source, [before] + [fw for _, _, fw in afters])
     backup_servers = backup_server_hosts()
-    for node in sorted(after.hosts):
-        for port, name in node_ports(after, node, backup_servers).items():
-            for source in sources:
-                open_before, why_before = verdict(before, node, source, port)
-                open_after, why_after = verdict(after, node, source, port)
-                if open_before and not open_after:
-                    raise PolicyError(_refusal(what, decision, node, name, port, source, who, why_before,
-                                               why_after))
+    for what, decision, after in afters:
+        for node in sorted(after.hosts):
+            for port, name in node_ports(after, node, backup_servers).items():
+                for source in sources:
+                    open_before, why_before = verdict(before, node, source, port)
+                    open_after, why_after = verdict(after, node, source, port)
+                    if open_before and not open_after:
+                        raise PolicyError(_refusal(what, decision, node, name, port, source, who, why_before,
+                                                   why_after))
 
 
 def _refusal(what: str, decision: Any, node: str, name: str, port: int, source: Any, who: str, why_before: str,

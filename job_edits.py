@@ -389,6 +389,22 @@ def _stored(kind: Kind, ident: str, world: World, what: str) -> dict:
     return stored
 
 
+def ident(kind: Kind, path_params: dict[str, str], params: dict[str, Any]) -> str:
+    """The name of the object a request acts on: in its path, or (a create) among its parameters."""
+    return path_params.get(kind.key) or str(params.get(kind.key, ""))
+
+
+def after(kind: Kind, op: str, before: dict | None, params: dict[str, Any]) -> dict | None:
+    """The object after a create, edit, delete or run of it, as Proxmox's handler leaves it (KINDS'
+    `merge` and `created` name the handlers); a run leaves it as stored."""
+    given = {k: v for k, v in params.items() if k not in (kind.key, "delete", "digest")}
+    if op == "create":
+        return kind.created(given)
+    if op == "edit":
+        return kind.merge(before or {}, given, delete_names(params.get("delete")))
+    return None if op == "delete" else before
+
+
 def judge(product: str, method: str, template: str, path_params: dict[str, str], params: dict[str, Any],
           read: Read | None, protected: list[int], what: str) -> Verdict | None:
     """The verdict on a request that creates, edits, deletes or runs a KINDS object (None for any
@@ -398,14 +414,12 @@ def judge(product: str, method: str, template: str, path_params: dict[str, str],
         return None
     kind, op = found
     world = World(read)
-    ident = path_params.get(kind.key) or str(params.get(kind.key, ""))
-    given = {k: v for k, v in params.items() if k not in (kind.key, "delete", "digest")}
-    before = None if op == "create" else _stored(kind, ident, world, what)
-    after = {"create": lambda: kind.created(given), "delete": lambda: None, "run": lambda: before,
-             "edit": lambda: kind.merge(before, given, delete_names(params.get("delete")))}[op]()
+    name = ident(kind, path_params, params)
+    before = None if op == "create" else _stored(kind, name, world, what)
+    after_it = after(kind, op, before, params)
     verdict = Verdict(before=before)
     removes = kind.deletes(before) if op == "run" else (
-        kind.deletes(after) if _deleting(kind, after) not in (None, _deleting(kind, before)) else [])
+        kind.deletes(after_it) if _deleting(kind, after_it) not in (None, _deleting(kind, before)) else [])
     if removes:
         verdict.gates.add("destructive")
         verdict.reasons += [f"the {kind.label} {'as stored' if op == 'run' else 'after this request'}: {r}"
@@ -414,10 +428,10 @@ def judge(product: str, method: str, template: str, path_params: dict[str, str],
     if kind.covers is not None:
         verdict.changed = {}
         for vmid in protected:
-            if _treatment(kind, before, vmid, world, ident) == _treatment(kind, after, vmid, world, ident):
+            if _treatment(kind, before, vmid, world, name) == _treatment(kind, after_it, vmid, world, name):
                 continue
-            problem = ("no longer acts on it" if _treatment(kind, after, vmid, world, ident) is None
-                       else kind.changes_guest(after, vmid, world))
+            problem = ("no longer acts on it" if _treatment(kind, after_it, vmid, world, name) is None
+                       else kind.changes_guest(after_it, vmid, world))
             if problem:
-                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(ident) if ident else ''} after it {problem}"
+                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(name) if name else ''} after it {problem}"
     return verdict

@@ -167,3 +167,24 @@ def test_on_2026_07_28_a_request_the_user_did_not_see_is_not_sent():
                                reasons=["deletes a backup snapshot"])
     with pytest.raises(ConfirmationNeeded, match="Call the tool again"):
         confirmation.confirmer(True, ModernContext())(host, [decision])
+
+
+def test_a_cluster_rule_added_lower_down_is_asked_once_and_completes(asking, user, sim):
+    """Issue 28 section 8: a cluster firewall rule (elevated, so confirmed) added at pos 1 takes three
+    requests (add on top disabled, move, enable); all three are declared before the first, so the one
+    question covers them and the call completes on both revisions, leaving no disabled rule on top."""
+    rules = sim.lab.firewall["cluster"]["rules"]
+    before = list(rules)
+    rules[:] = [{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "443", "enable": 1}]
+    user.answers = ["accept"]
+    try:
+        added, sent = requests_during(sim, lambda: asking.ok("write_edit_firewall_rule", {
+            "action": "add", "pos": 1, "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}}))
+        assert added["pos"] == 1 and [(r["dport"], r["enable"]) for r in rules] == [("443", 1), ("80", 1)]
+        assert [r[1:] for r in writes(sent)] == [("POST", "/cluster/firewall/rules"),
+                                                  ("PUT", "/cluster/firewall/rules/0"),
+                                                  ("PUT", "/cluster/firewall/rules/1")]
+        assert len(user.asked) == 1 and "moved to pos 1, then enabled" in user.asked[0]
+        assert "1) ELEVATED: POST" in user.asked[0] and "3) ELEVATED: PUT /cluster/firewall/rules/1" in user.asked[0]
+    finally:
+        rules[:] = before

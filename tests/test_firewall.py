@@ -307,7 +307,9 @@ def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
 def test_a_dry_run_sends_nothing_and_still_meets_the_guard(admin, sim):
     plan, sent = writes(sim, lambda: admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 2,
                                                                            "rule": DROP_SSH, "dry_run": True}))
-    assert plan["dry_run"] is True and plan["then"][0].endswith("moveto=3 (it lands at pos 0)") and sent == []
+    assert plan["dry_run"] is True and sent == [] and "moved to pos 0, then enabled" in plan["plan"]
+    base = "/nodes/pve1/qemu/100/firewall/rules"
+    assert [step["run"] for step in plan["steps"]] == [base, f"{base}/0", f"{base}/0"]  # every step, declared
     assert "would cut" in admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "dry_run": True})
 
 
