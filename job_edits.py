@@ -22,6 +22,7 @@ policy.classify calls `judge`; policy.check_protected refuses the guests `Verdic
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -48,6 +49,19 @@ class World:
     def __init__(self, read: Read | None):
         self.read = read
         self.kept: dict[str, Any] = {}
+        self.assumed: dict[str, bool] = {}  # pool -> whether it holds the guest judged, where unreadable
+
+    def pool_members(self, pool: str) -> set[int] | None:
+        """The guests of a pool that exist, as vzdump takes them (pve-manager PVE/API2Tools.pm
+        `get_resource_pool_guest_members`, read as GET /pools/{poolid} answers them: Pool.pm `read_pool`);
+        None when they cannot be read."""
+        try:
+            answer = self.get(f"/pools/{pool}")
+        except (ToolFailure, PolicyError):
+            return None
+        if not isinstance(answer, dict) or not isinstance(answer.get("members"), list):
+            return None
+        return {int(m["vmid"]) for m in answer["members"] if str(m.get("vmid", "")).isdigit()}
 
     def get(self, path: str) -> Any:
         if path not in self.kept:
@@ -141,17 +155,26 @@ def merge_backup_job(stored: dict, given: dict, deleted: list[str]) -> dict:
     return backup_selection({k: v for k, v in stored.items() if k not in deleted} | given, given)
 
 
+def given_selection(given: dict) -> dict:
+    """A selection as POST /cluster/backup stores it and vzdump takes it: nothing dropped, an `exclude`
+    without a `pool` means all (PVE/VZDump.pm `verify_vzdump_parameters`; Backup.pm `create_job`,
+    API2/VZDump.pm `vzdump`). With a pool, vzdump takes its members and ignores all and exclude."""
+    return dict(given) | ({"all": 1} if given.get("exclude") is not None and not given.get("pool") else {})
+
+
 def created_backup_job(given: dict) -> dict:
     """POST /cluster/backup (Backup.pm `create_job`): enabled unless said otherwise."""
-    return backup_selection({"enabled": 1} | given, given)
+    return given_selection({"enabled": 1} | given)
 
 
-def backup_covers(job: dict, vmid: int, _world: World, _ident: str) -> bool:
-    """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: pool,
-    else vmid, else all but exclude). A pool is taken to hold every guest: its members are not
-    checked before sending. `node` only narrows, and is not counted on."""
+def backup_covers(job: dict, vmid: int, world: World, _ident: str) -> bool:
+    """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: a pool's
+    members, its `exclude` ignored; else vmid; else all but exclude). A pool's members are read; where
+    they cannot be, `judge` tries the guest both in and out of it. `node` only narrows, and is not
+    counted on."""
     if job.get("pool"):
-        return True
+        members = world.pool_members(str(job["pool"]))
+        return vmid in members if members is not None else world.assumed.get(str(job["pool"]), True)
     if job.get("vmid"):
         return vmid in numbers(job["vmid"])
     return truthy(job.get("all", "0")) and vmid not in numbers(job.get("exclude", ""))
@@ -283,7 +306,7 @@ KINDS = (
          lambda job: truthy(job.get("enabled", "1")), backup_prunes, BACKUP_HARMLESS, created=created_backup_job,
          covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
     Kind("backup", "pve", None, "/nodes/{node}/vzdump", "", merge_backup_job, lambda _job: True,
-         lambda _job: [], BACKUP_HARMLESS, created=lambda given: backup_selection(given, given),
+         lambda _job: [], BACKUP_HARMLESS, created=given_selection,
          covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
     Kind("sync job", "pbs", "/config/sync/{id}", "/config/sync", "id", merge_pbs_job, sync_acts, sync_removes,
          frozenset({"id", "digest", "comment", "rate-in", "rate-out", "burst-in", "burst-out", "worker-threads",
@@ -428,10 +451,29 @@ def judge(product: str, method: str, template: str, path_params: dict[str, str],
     if kind.covers is not None:
         verdict.changed = {}
         for vmid in protected:
+            problem = _change_for(kind, before, after_it, vmid, world, name)
+            if problem:
+                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(name) if name else ''} after it {problem}"
+    return verdict
+
+
+def _change_for(kind: Kind, before: dict | None, after_it: dict | None, vmid: int, world: World, name: str
+                ) -> str | None:
+    """What the request changes for one guest that is not safe, or None. A pool whose members cannot be
+    read is tried both ways, holding the guest and not (the worst case in each direction)."""
+    unread = sorted({str(o["pool"]) for o in (before, after_it) if o and o.get("pool")
+                     and kind.covers is backup_covers and world.pool_members(str(o["pool"])) is None})
+    for assumed in itertools.product((True, False), repeat=len(unread)):
+        world.assumed = dict(zip(unread, assumed, strict=True))
+        try:
             if _treatment(kind, before, vmid, world, name) == _treatment(kind, after_it, vmid, world, name):
                 continue
             problem = ("no longer acts on it" if _treatment(kind, after_it, vmid, world, name) is None
                        else kind.changes_guest(after_it, vmid, world))
-            if problem:
-                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(name) if name else ''} after it {problem}"
-    return verdict
+        finally:
+            world.assumed = {}
+        if problem:
+            guess = ", ".join(f"pool {p} {'holding' if a else 'not holding'} it" for p, a in zip(unread, assumed,
+                                                                                                strict=True))
+            return f"{problem} (judged with {guess}: its members could not be read)" if unread else problem
+    return None

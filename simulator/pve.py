@@ -503,8 +503,47 @@ def pve_permissions(call: Call, **_: str) -> dict:
 
 
 def pve_pools(call: Call, **_: str) -> list:
-    return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
-            if call.can(f"/pool/{name}", "Pool.Audit")]
+    """GET /pools: the pools the caller may audit; with `poolid` that pool with its members (pve-manager
+    PVE/API2/Pool.pm `index`: the guests of the pool that exist, as extract_vm_stats gives them)."""
+    poolid = call.arg("poolid")
+    if poolid is None:
+        return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
+                if call.can(f"/pool/{name}", "Pool.Audit")]
+    if poolid not in call.lab.pools:
+        raise ApiError(500, f"pool '{poolid}' does not exist")
+    wanted = call.arg("type")
+    members = [_guest_row(g) for _, g in sorted(call.lab.guests.items())
+               if g.get("pool") == poolid and wanted in (None, g["type"])]
+    return [{"poolid": poolid, "comment": call.lab.pools[poolid].get("comment", ""), "members": members}]
+
+
+def pve_pool(call: Call, poolid: str) -> dict:
+    """GET /pools/{poolid} (deprecated, the same as /pools?poolid=; Pool.pm `read_pool`)."""
+    call.params = dict(call.params) | {"poolid": poolid}
+    return pve_pools(call)[0]
+
+
+def pve_pool_update(call: Call, poolid: str | None = None) -> None:
+    """PUT /pools (and /pools/{poolid}): the listed guests added, or with `delete` removed; a guest in
+    another pool moves only with `allow-move` (Pool.pm `update_pool`)."""
+    poolid = poolid or call.arg("poolid")
+    if poolid not in call.lab.pools:
+        raise ApiError(500, f"update pools failed: pool '{poolid}' does not exist")
+    if call.arg("comment") is not None:
+        call.lab.pools[poolid]["comment"] = call.arg("comment")
+    for vmid in (int(v) for v in re.split(r"[,;\s]+", str(call.arg("vms") or "")) if v):
+        guest = call.lab.guests.get(vmid)
+        if str(call.arg("delete", "0")) == "1":
+            if guest is None or guest.get("pool") != poolid:
+                raise ApiError(500, f"update pools failed: VM {vmid} is not a pool member")
+            guest["pool"] = None
+        elif guest is not None and guest.get("pool") == poolid:
+            raise ApiError(500, f"update pools failed: VM {vmid} is already a pool member")
+        elif guest is not None and guest.get("pool") and str(call.arg("allow-move", "0")) != "1":
+            raise ApiError(500, f"update pools failed: VM {vmid} belongs already to pool '{guest['pool']}' and "
+                                f"'allow-move' is not set")
+        elif guest is not None:
+            guest["pool"] = poolid
 
 
 PVE_HANDLERS: dict[tuple[str, str], Callable] = {
@@ -530,6 +569,9 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,
     ("GET", "/access/permissions"): pve_permissions,
     ("GET", "/pools"): pve_pools,
+    ("GET", "/pools/{poolid}"): pve_pool,
+    ("PUT", "/pools"): pve_pool_update,
+    ("PUT", "/pools/{poolid}"): pve_pool_update,
     ("GET", "/nodes/{node}/storage/{storage}/content"): pve_storage_content,
     ("GET", "/nodes/{node}/network"): pve_network,
     ("POST", "/nodes/{node}/vzdump"): pve_vzdump,

@@ -125,6 +125,43 @@ def test_a_backup_changes_a_protected_guest_unless_snapshot_without_prune(params
     assert set(found.changed) == changed
 
 
+# a pool's members, as GET /pools/{poolid} answers them (pve-manager PVE/API2/Pool.pm read_pool)
+POOLS = {"/pools/prod": {"poolid": "prod", "members": [{"id": "qemu/101", "type": "qemu", "vmid": 101,
+                                                        "node": "pve2"}]},
+         "/pools/ci": {"poolid": "ci", "members": [{"id": "lxc/105", "type": "lxc", "vmid": 105, "node": "pve3"}]}}
+
+
+@pytest.mark.parametrize("params, changed", [
+    ({"pool": "prod", "mode": "stop"}, {101}),  # the pool's members only
+    ({"pool": "ci", "mode": "stop"}, set()),  # none of them is protected
+    # vzdump takes the pool's members and ignores exclude (and all) when a pool is given
+    # (PVE/VZDump.pm get_included_guests): 101 is backed up, with the storage's retention
+    ({"all": 1, "exclude": "101", "pool": "prod", "mode": "snapshot"}, {101}),
+    ({"all": 1, "exclude": "100,101,102", "pool": "prod", "mode": "stop"}, {101}),
+    ({"pool": "ghost", "mode": "stop"}, {100, 101, 102}),  # members unreadable: it may hold any of them
+])
+def test_a_backup_by_pool_reaches_the_pools_members(params, changed):
+    stored = {"/cluster/resources": RESOURCES} | POOLS
+    assert set(verdict("POST", "/nodes/pve1/vzdump", params, stored).changed) == changed
+    job = verdict("POST", "/cluster/backup", params | {"schedule": "daily", "id": "j"}, stored)
+    assert set(job.changed) == changed  # a job created so, as vzdump resolves it when it runs
+
+
+@pytest.mark.parametrize("stored_job, params, changed", [
+    # moved from the pool that holds 101 to one that does not: 101 is no longer backed up
+    ({"pool": "prod", "mode": "snapshot", "remove": 0}, {"pool": "ci"}, {101: "no longer acts on it"}),
+    ({"pool": "ci", "mode": "stop"}, {"pool": "prod"}, {101: "mode stop"}),  # taken in, in stop mode
+    ({"pool": "ci", "mode": "stop"}, {"comment": "x"}, {}),
+    # a pool whose members cannot be read, judged both ways: it may let 101 go
+    ({"pool": "prod", "mode": "snapshot", "remove": 0}, {"pool": "ghost"}, {101: "not holding it"}),
+    ({"pool": "ghost", "mode": "snapshot", "remove": 0}, {"comment": "x"}, {}),  # the same pool either way
+])
+def test_a_job_edit_is_judged_by_the_members_of_its_pools(stored_job, params, changed):
+    stored = {"/cluster/resources": RESOURCES, "/cluster/backup/j": stored_job | {"enabled": 1}} | POOLS
+    found = verdict("PUT", "/cluster/backup/j", params, stored).changed
+    assert set(found) == set(changed) and all(why in found[vmid] for vmid, why in changed.items()), found
+
+
 @pytest.mark.parametrize("config, why", [
     ({"rootfs": "local:102/vm-102-disk-0.raw"}, "on dir storage"),
     ({"rootfs": "local-lvm:vm-102-disk-0", "mp0": "local:102/vm-102-disk-1.raw,mp=/srv,backup=1"}, "on dir storage"),
@@ -218,3 +255,34 @@ def test_an_ha_rule_edit_is_judged_and_the_simulator_stores_what_was_judged(sim,
         message, sent = requests_during(sim, lambda: session.error("write_call_api", move), writes=True)
         assert "changes protected guest 101" in message and sent == []
         assert sim.lab.ha_rules["db-here"]["nodes"] == "pve2"
+
+
+def test_pools_are_read_and_vzdump_takes_their_members(sim, tmp_path):
+    """Issue 28 section 4: a job moved off the pool that holds protected 101 is refused; a one-shot
+    vzdump of that pool with `exclude: 101` is refused (vzdump ignores exclude with a pool, so 101 would
+    be backed up and pruned by the storage's retention); a backup of a pool holding no protected guest
+    passes, and the simulator backs up exactly that pool's members, its exclude ignored."""
+    sim.lab.pools["lab"] = {"poolid": "lab", "comment": "scratch"}
+    sim.lab.guests[105]["pool"] = "lab"
+    sim.lab.backup_jobs.append({"id": "prod-nightly", "type": "vzdump", "schedule": "01:00", "enabled": 1,
+                                "pool": "prod", "storage": "pbs", "mode": "snapshot", "remove": 0})
+    (tmp_path / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "prod"}]))
+    try:
+        with in_process(everything_open(sim, tmp_path), log_name="job-edits-pools") as session:
+            moved = {"method": "PUT", "path": "/cluster/backup/prod-nightly", "params": {"pool": "lab"}}
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", moved), writes=True)
+            assert "changes protected guest 101" in message and "no longer acts on it" in message and sent == []
+            dump = {"method": "POST", "path": "/nodes/pve2/vzdump",
+                    "params": {"all": 1, "exclude": "101", "pool": "prod", "storage": "local", "mode": "snapshot"}}
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", dump), writes=True)
+            assert "changes protected guest 101" in message and "prunes its older backups" in message and sent == []
+            before = {v["volid"] for v in sim.lab.volumes["local"]}
+            session.ok("write_call_api", {"method": "POST", "path": "/nodes/pve3/vzdump", "params": {
+                "pool": "lab", "exclude": "105", "storage": "local", "mode": "stop"}})
+            sim.lab.tick()
+            made = {v["volid"] for v in sim.lab.volumes["local"]} - before
+            assert [volid.split("-")[2] for volid in made] == ["105"], made  # the pool's member, exclude ignored
+    finally:
+        sim.lab.backup_jobs.pop()
+        sim.lab.guests[105]["pool"] = None
+        del sim.lab.pools["lab"]
