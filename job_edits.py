@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import catalog
-from errors import PolicyError, ToolFailure
+from errors import PolicyError, ProxmoxError, ToolFailure
 from protection import numbers, truthy
 
 Read = Callable[[str], Any]
@@ -80,12 +80,6 @@ class World:
     def storage_type(self, storage: str) -> str | None:
         return next((r.get("plugintype") for r in self.resources()
                      if r.get("type") == "storage" and r.get("storage") == storage), None)
-
-    def ha_group_members(self, group: str) -> set[int]:
-        """The guests whose HA resource names the group (pve-ha-manager API2/HA/Resources.pm `index`)."""
-        rows = self.get("/cluster/ha/resources")
-        return {n for row in (rows if isinstance(rows, list) else []) if row.get("group") == group
-                for n in numbers(row.get("sid", ""))}
 
 
 # Storage types whose volumes can take the snapshot a container backup in snapshot mode needs
@@ -245,7 +239,7 @@ def prune_removes(job: dict) -> list[str]:
     return [f"{', '.join(keep)}: removes the backups its keep options do not keep"] if keep else []
 
 
-# ================================================================ HA rules and groups
+# ================================================================ HA rules, groups and resources
 
 def merge_ha_rule(stored: dict, given: dict, deleted: list[str]) -> dict:
     """PUT /cluster/ha/rules/{rule} (pve-ha-manager API2/HA/Rules.pm `update_rule`): a false
@@ -256,21 +250,91 @@ def merge_ha_rule(stored: dict, given: dict, deleted: list[str]) -> dict:
 
 
 def merge_ha_group(stored: dict, given: dict, deleted: list[str]) -> dict:
-    """PUT /cluster/ha/groups/{group} (API2/HA/Groups.pm `update`): the given options are set
-    first, then the deleted ones removed."""
+    """PUT /cluster/ha/groups/{group} (API2/HA/Groups.pm `update`) and /cluster/ha/resources/{sid}
+    (HA/Config.pm `update_single_resource_config_inplace`): the given options are set first, then the
+    deleted ones removed."""
     return {k: v for k, v in (stored | given).items() if k not in deleted}
 
 
-def rule_covers(rule: dict, vmid: int, _world: World, _ident: str) -> bool:
-    return vmid in numbers(rule.get("resources", ""))
+HA_LISTS = {"HA rule": "/cluster/ha/rules", "HA group": "/cluster/ha/groups", "HA resource": "/cluster/ha/resources"}
+HA_KEYS = {"HA rule": "rule", "HA group": "group", "HA resource": "sid"}
 
 
-def group_covers(_group: dict, vmid: int, world: World, ident: str) -> bool:
-    return vmid in world.ha_group_members(ident)
+def _ha_list(world: World, path: str) -> list[dict]:
+    """One of the HA lists; PVE 8 has no rules (501: not implemented, pve-ha-manager 4.x), PVE 10 no
+    groups. Another failure refuses the request: the guest's placement cannot be judged."""
+    try:
+        rows = world.get(path)
+    except ProxmoxError as exc:
+        if exc.status == 501:
+            return []
+        raise PolicyError(f"{path} could not be read to judge where the HA manager places the protected guests "
+                          f"({exc}); nothing was sent.") from None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _nodes(text: Any) -> frozenset:
+    """A rule's or group's `nodes`: (node, priority) pairs, 0 where none is given (HA/Tools.pm
+    `parse_node_priority`; NodeAffinity.pm `get_node_affinity`: `priority // 0`)."""
+    pairs = (item.partition(":") for item in re.split(r"[,;\s]+", str(text or "")) if item)
+    return frozenset((name, int(priority) if priority.isdigit() else 0) for name, _, priority in pairs)
+
+
+def _placing_rules(rules: list[dict], groups: list[dict], resources: list[dict]) -> list[tuple]:
+    """The rules the HA manager places guests by, comparable, each by its name (two rules alike are two:
+    a guest in two node affinity rules has both dropped, NodeAffinity.pm
+    `check_single_resource_reference`): the enabled rules (Rules.pm `foreach_rule` with
+    exclude_disabled_rules) and each HA group a resource names as the node affinity rule it becomes
+    (Groups.pm `migrate_groups_to_rules`: `ha-group-<name>`, strict is `restricted`)."""
+    placing = [(str(r.get("rule")), frozenset(numbers(r.get("resources", ""))), r.get("type"), _nodes(r.get("nodes")),
+                int(truthy(r.get("strict", 0))), str(r.get("affinity") or "")) for r in rules
+               if not truthy(r.get("disable", 0))]
+    by_name = {g.get("group"): g for g in groups}
+    for name in sorted({r.get("group") for r in resources if r.get("group") in by_name}):
+        users = frozenset(n for r in resources if r.get("group") == name for n in numbers(r.get("sid", "")))
+        placing.append((f"ha-group-{name}", users, "node-affinity", _nodes(by_name[name].get("nodes")),
+                        int(truthy(by_name[name].get("restricted", 0))), ""))
+    return placing
+
+
+def _failback(resource: dict, groups: list[dict]) -> int:
+    """A resource fails back to its preferred node unless `failback` is 0, or its group's `nofailback`
+    is set (HA/Config.pm `read_and_check_resources_config`: default 1; Groups.pm
+    `migrate_groups_to_resources`)."""
+    group = next((g for g in groups if resource.get("group") and g.get("group") == resource["group"]), None)
+    if group is not None:
+        return int(not truthy(group.get("nofailback", 0)))
+    return int(truthy(resource.get("failback", 1)))
+
+
+def ha_placement(label: str, obj: dict | None, vmid: int, world: World, name: str) -> frozenset | None:
+    """What decides where the HA manager runs a guest, with the judged rule, group or resource as
+    `obj` (None: deleted), comparable; None when nothing places it. The HA manager places a guest by
+    its node affinity, the guests it must run with or apart from and its failback (Manager.pm
+    `select_service_node`: get_node_affinity, get_resource_affinity, `failback`), after dropping rules
+    that conflict and handing a rule to positive partners (Rules.pm `transform`, `check_feasibility`,
+    `create_implicit_positive_resource_affinity_node_affinity_rules`), which only ever relate rules
+    that share a guest. So the placement of a guest is every rule reaching the guests linked to it
+    through shared rules, and their failback: a change to any of them may move it."""
+    lists = {kind: _ha_list(world, path) for kind, path in HA_LISTS.items()}
+    key = HA_KEYS[label]
+    lists[label] = [r for r in lists[label] if str(r.get(key)) != name] + ([obj | {key: name}] if obj else [])
+    placing = _placing_rules(lists["HA rule"], lists["HA group"], lists["HA resource"])
+    linked, grown = {vmid}, True
+    while grown:
+        reached = {v for rule in placing if rule[1] & linked for v in rule[1]}
+        grown, linked = bool(reached - linked), linked | reached
+    rules = frozenset(rule for rule in placing if rule[1] & linked)
+    if not rules:
+        return None
+    failback = frozenset((n, _failback(r, lists["HA group"])) for r in lists["HA resource"]
+                         for n in numbers(r.get("sid", "")) if n in linked)
+    return frozenset({("rules", rules), ("failback", failback)})
 
 
 def places_guest(_obj: dict, _vmid: int, _world: World) -> str:
-    return "decides which nodes it runs on"
+    return ("changes where the HA manager may run it (its node affinity, the guests it runs with or apart from, "
+            "or its failback)")
 
 
 # ================================================================ the kinds
@@ -293,6 +357,8 @@ class Kind:
     selection: frozenset[str] = frozenset()  # the fields that choose them (covers reads them)
     changes_guest: Callable[[dict, int, World], str | None] | None = None  # why its treatment changes a guest
     whole_scope: str | None = None  # PBS: deleting reaches every backup group in the job's scope
+    # what it does to a guest, comparable, with this object as given (None: nothing); in place of covers
+    treats: Callable[[str, dict | None, int, World, str], frozenset | None] | None = None
 
 
 BACKUP_HARMLESS = frozenset({"id", "type", "digest", "comment", "notes-template", "mailto", "mailnotification",
@@ -316,11 +382,14 @@ KINDS = (
          lambda job: not truthy(job.get("disable", "0")), prune_removes,
          frozenset({"id", "digest", "comment", "next-run"}), run="/admin/prune/{id}/run", whole_scope=PBS_SCOPE),
     Kind("HA rule", "pve", "/cluster/ha/rules/{rule}", "/cluster/ha/rules", "rule", merge_ha_rule,
-         lambda rule: not truthy(rule.get("disable", "0")), lambda _rule: [],
-         frozenset({"rule", "digest", "comment", "order", "errors"}), covers=rule_covers, changes_guest=places_guest),
+         lambda _rule: True, lambda _rule: [], frozenset({"rule", "digest", "comment", "order", "errors"}),
+         changes_guest=places_guest, treats=ha_placement),
     Kind("HA group", "pve", "/cluster/ha/groups/{group}", "/cluster/ha/groups", "group", merge_ha_group,
          lambda _group: True, lambda _group: [], frozenset({"group", "type", "digest", "comment"}),
-         covers=group_covers, changes_guest=places_guest),
+         changes_guest=places_guest, treats=ha_placement),
+    Kind("HA resource", "pve", "/cluster/ha/resources/{sid}", "/cluster/ha/resources", "sid", merge_ha_group,
+         lambda _resource: True, lambda _resource: [], frozenset({"sid", "type", "digest", "comment"}),
+         changes_guest=places_guest, treats=ha_placement),
 )
 
 
@@ -395,6 +464,8 @@ def _deleting(kind: Kind, obj: dict | None) -> frozenset | None:
 
 def _treatment(kind: Kind, obj: dict | None, vmid: int, world: World, ident: str) -> frozenset | None:
     """What the object does to one guest, comparable; None when it does nothing to it."""
+    if kind.treats is not None:
+        return kind.treats(kind.label, obj, vmid, world, ident)
     if obj is None or kind.covers is None or not kind.acts(obj) or not kind.covers(obj, vmid, world, ident):
         return None
     return _normal(kind, obj, kind.harmless | kind.selection)
@@ -448,7 +519,7 @@ def judge(product: str, method: str, template: str, path_params: dict[str, str],
         verdict.reasons += [f"the {kind.label} {'as stored' if op == 'run' else 'after this request'}: {r}"
                             for r in removes]
         verdict.whole_scope = kind.whole_scope
-    if kind.covers is not None:
+    if kind.covers is not None or kind.treats is not None:
         verdict.changed = {}
         for vmid in protected:
             problem = _change_for(kind, before, after_it, vmid, world, name)

@@ -239,6 +239,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     if judged_by_job:  # read the stored object only for a valid call whose own gates are open
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
+        check_protected(host, decision)  # and that names no protected guest
         _judge_as_after(host, decision, read)
     # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
     if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):

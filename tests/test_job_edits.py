@@ -200,6 +200,48 @@ def test_an_ha_group_is_judged_by_the_resources_that_name_it():
     assert set(verdict("POST", "/cluster/ha/groups", {"group": "new", "nodes": "pve2"}, stored).changed) == {100}
 
 
+# PVE 9's HA rules as GET /cluster/ha/rules lists them: 101 must run with 104, 104 is kept on pve2,
+# 105 is kept apart from 103 (pve-ha-manager Rules/NodeAffinity.pm, Rules/ResourceAffinity.pm)
+HA = {"/cluster/ha/rules": [
+    {"rule": "together", "type": "resource-affinity", "resources": "vm:101,vm:104", "affinity": "positive"},
+    {"rule": "r104", "type": "node-affinity", "resources": "vm:104", "nodes": "pve2", "strict": 1},
+    {"rule": "apart", "type": "resource-affinity", "resources": "ct:103,ct:105", "affinity": "negative"}],
+    "/cluster/ha/groups": [{"group": "g", "nodes": "pve1:2,pve2", "restricted": 0}],
+    "/cluster/ha/resources": [{"sid": s} for s in ("vm:101", "vm:104", "ct:103", "ct:105")]
+    + [{"sid": "ct:102", "group": "g"}]}
+HA |= {f"/cluster/ha/rules/{r['rule']}": r for r in HA["/cluster/ha/rules"]}
+HA |= {"/cluster/ha/groups/g": HA["/cluster/ha/groups"][0]}
+HA |= {f"/cluster/ha/resources/{r['sid']}": r for r in HA["/cluster/ha/resources"]}
+
+
+@pytest.mark.parametrize("method, path, params, changed", [
+    # the rule of the guest 101 must run with: the HA manager moves 101 along
+    # (Rules.pm create_implicit_positive_resource_affinity_node_affinity_rules; Manager.pm select_service_node)
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "nodes": "pve3"}, {101}),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "delete": "strict"}, {101}),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "disable": 1}, {101}),
+    ("DELETE", "/cluster/ha/rules/r104", {}, {101}),
+    ("PUT", "/cluster/ha/rules/together", {"type": "resource-affinity", "affinity": "negative"}, {101}),
+    ("POST", "/cluster/ha/rules", {"rule": "r2", "type": "node-affinity", "resources": "vm:104", "nodes": "pve1"},
+     {101}),  # a second node affinity rule for 104: both are dropped (check_single_resource_reference)
+    # 104's group becomes a second node affinity rule for it: both are dropped, 102's group's rule too
+    ("PUT", "/cluster/ha/resources/vm:104", {"group": "g"}, {101, 102}),
+    ("PUT", "/cluster/ha/resources/vm:104", {"failback": 0}, {101}),
+    # a group's priorities, strictness and failback move the guests whose resources name it
+    ("PUT", "/cluster/ha/groups/g", {"nodes": "pve1,pve2:2"}, {102}),
+    ("PUT", "/cluster/ha/groups/g", {"restricted": 1}, {102}),
+    ("PUT", "/cluster/ha/groups/g", {"nofailback": 1}, {102}),
+    # what places no protected guest, or places them as before
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "comment": "why"}, set()),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "nodes": "pve2:0"}, set()),  # priority 0 is none
+    ("PUT", "/cluster/ha/rules/apart", {"type": "resource-affinity", "affinity": "positive"}, set()),
+    ("PUT", "/cluster/ha/resources/ct:105", {"failback": 0, "max_relocate": 2}, set()),
+    ("PUT", "/cluster/ha/groups/g", {"comment": "first floor"}, set()),
+])
+def test_an_ha_edit_is_judged_by_where_it_places_the_protected_guests(method, path, params, changed):
+    assert set(verdict(method, path, params, HA).changed) == changed
+
+
 def test_an_object_that_cannot_be_read_refuses_the_request():
     with pytest.raises(PolicyError, match="could not be read"):
         verdict("PUT", "/cluster/ha/rules/gone", {"type": "node-affinity", "comment": "x"}, {})
@@ -286,3 +328,36 @@ def test_pools_are_read_and_vzdump_takes_their_members(sim, tmp_path):
         sim.lab.backup_jobs.pop()
         sim.lab.guests[105]["pool"] = None
         del sim.lab.pools["lab"]
+
+
+def test_an_ha_edit_that_moves_a_protected_guest_is_refused_and_the_simulator_would_move_it(sim, tmp_path):
+    """Issue 28 section 5: 101 must run with 104 (positive affinity), 104 is kept on pve2. Moving 104's
+    rule to pve3 never names 101, yet the HA manager moves 101 along: refused, nothing sent. The same
+    edit made by someone else, straight to the simulator, does move 101. A rule that places no
+    protected guest is edited as before."""
+    from simulator import handle
+    lab = sim.lab
+    saved = dict(lab.ha_rules)
+    lab.ha_rules = {"together": {"type": "resource-affinity", "resources": "vm:101,vm:104", "affinity": "positive"},
+                     "r104": {"type": "node-affinity", "resources": "vm:104", "nodes": "pve2", "strict": 1},
+                     "r105": {"type": "node-affinity", "resources": "ct:105", "nodes": "pve3"}}
+    for vmid in (101, 104, 105):
+        lab.guests[vmid]["ha"] = {"state": "started"}
+    (tmp_path / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "prod"}]))
+    edit = {"method": "PUT", "path": "/cluster/ha/rules/r104", "params": {"type": "node-affinity", "nodes": "pve3"}}
+    try:
+        with in_process(everything_open(sim, tmp_path), log_name="job-edits-ha") as session:
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", edit), writes=True)
+            assert "changes protected guest 101" in message and "where the HA manager may run it" in message
+            assert sent == [] and lab.guests[101]["node"] == "pve2"
+            session.ok("write_call_api", {"method": "PUT", "path": "/cluster/ha/rules/r105",
+                                          "params": {"type": "node-affinity", "nodes": "pve3:2,pve1"}})
+        handle(lab, "pve", "PUT", edit["path"], edit["params"], "PVEAPIToken=root@pam!admin="
+               "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
+        lab.later = [(0, effect) for _, effect in lab.later]  # the CRM's next round
+        lab.tick()
+        assert (lab.guests[104]["node"], lab.guests[101]["node"]) == ("pve3", "pve3")
+    finally:
+        lab.ha_rules = saved
+        for vmid, node in ((101, "pve2"), (104, "pve2"), (105, "pve3")):
+            lab.guests[vmid]["ha"], lab.guests[vmid]["node"] = None, node
