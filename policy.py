@@ -42,6 +42,7 @@ import batch
 import catalog
 import firewall_guard
 import job_edits
+import losses
 import protection
 import receipts
 import runtime
@@ -250,6 +251,8 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
+    elif not decision.errors and all(gate_open(rules_for(host), g, method, template) for g in decision.gates):
+        losses.name(host.product, decision, read)  # what it loses, by name; the yes pinned to what it frees
     return decision
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
-from .lab import GiB, Task
+from .lab import GiB, Task, size_bytes
 from .pve_history import pve_extractconfig, pve_snapshot_config
 from .pve_backup import pve_vzdump, visible_volume
 from .pve_backup_jobs import BACKUP_JOB_HANDLERS
@@ -425,6 +425,28 @@ def pve_download_url(call: Call, node: str, storage: str) -> str:
     return call.lab.start_task(node, "download", storage, user=call.token_id, lines=lines, on_done=apply)
 
 
+def pve_volume(call: Call, node: str, storage: str, volume: str) -> dict:
+    """GET .../content/{volume}: a volume's format, path, size and (backups) notes and protection, to
+    a caller with read access to it (pve-storage API2/Storage/Content.pm `info`: check_volume_access).
+    A guest's disk is found in its config (an unusedN entry's size is the size it had when attached)."""
+    _node(call, node)
+    volid = volume if ":" in volume else f"{storage}:{volume}"
+    found = next((v for v in call.lab.volumes.get(storage, []) if v["volid"] == volid), None)
+    for guest in call.lab.guests.values() if found is None else ():
+        for value in (v for v in guest["config"].values() if isinstance(v, str) and v.split(",")[0] == volid):
+            found = {"volid": volid, "vmid": guest["vmid"], "format": "raw",
+                     "content": "images" if guest["type"] == "qemu" else "rootdir",
+                     "size": size_bytes(value) or guest.get("detached", {}).get(volid, 0)}
+    if found is None:
+        raise ApiError(500, f"unable to parse volume ID '{volid}'" if ":" not in volid else
+                       f"volume '{volid}' does not exist")
+    if not visible_volume(call, storage, found):
+        raise ApiError(403, f"Permission check failed (/storage/{storage}, Datastore.Audit)")
+    return {"format": found.get("format", "raw"), "path": f"/var/lib/vz/{volid.split(':', 1)[1]}",
+            "size": found["size"], "used": found["size"]} | {
+        k: found[k] for k in ("notes", "protected") if k in found}
+
+
 def pve_delete_volume(call: Call, node: str, storage: str, volume: str) -> str:
     _node(call, node)
     volid = volume if ":" in volume else f"{storage}:{volume}"
@@ -577,6 +599,7 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("POST", "/nodes/{node}/vzdump"): pve_vzdump,
     ("POST", "/nodes/{node}/storage/{storage}/download-url"): pve_download_url,
     ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_delete_volume,
+    ("GET", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_volume,
     ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,

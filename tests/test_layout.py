@@ -24,10 +24,10 @@ TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs", "changes")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
                   "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
-                  "receipts", "config_diff", "runtime", "tasks", "rrd", "batch")
+                  "receipts", "config_diff", "runtime", "tasks", "rrd", "batch", "losses")
 # Modules that speak to Proxmox and know nothing of MCP: neither the SDK nor the answer kit that wraps it.
 NO_MCP = ("proxmox_client", "policy", "gates", "masking", "protection", "catalog", "audit", "firewall_guard",
-          "job_edits", "errors", "runtime", "receipts", "config_diff", "batch")
+          "job_edits", "errors", "runtime", "receipts", "config_diff", "batch", "losses")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
