@@ -163,9 +163,9 @@ def created_backup_job(given: dict) -> dict:
 
 def backup_covers(job: dict, vmid: int, world: World, _ident: str) -> bool:
     """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: a pool's
-    members, its `exclude` ignored; else vmid; else all but exclude). A pool's members are read; where
-    they cannot be, `judge` tries the guest both in and out of it. `node` only narrows, and is not
-    counted on."""
+    members, its `exclude` ignored; else vmid; else all but exclude;
+    docs/PROXMOX-BEHAVIOUR.md#backups-by-pool). A pool's members are read; where they cannot be, `judge`
+    tries the guest both in and out of it. `node` only narrows, and is not counted on."""
     if job.get("pool"):
         members = world.pool_members(str(job["pool"]))
         return vmid in members if members is not None else world.assumed.get(str(job["pool"]), True)
@@ -315,7 +315,8 @@ def ha_placement(label: str, obj: dict | None, vmid: int, world: World, name: st
     that conflict and handing a rule to positive partners (Rules.pm `transform`, `check_feasibility`,
     `create_implicit_positive_resource_affinity_node_affinity_rules`), which only ever relate rules
     that share a guest. So the placement of a guest is every rule reaching the guests linked to it
-    through shared rules, and their failback: a change to any of them may move it."""
+    through shared rules, and their failback: a change to any of them may move it
+    (docs/PROXMOX-BEHAVIOUR.md#ha-placement)."""
     lists = {kind: _ha_list(world, path) for kind, path in HA_LISTS.items()}
     key = HA_KEYS[label]
     lists[label] = [r for r in lists[label] if str(r.get(key)) != name] + ([obj | {key: name}] if obj else [])

@@ -344,7 +344,7 @@ STORED = {"/cluster/backup/backup-nightly": {"id": "backup-nightly", "type": "vz
 
 
 # ---- issue 28 sections 3, 4, 5 and 7: a batch judged as it runs (node pve1 lets 198.51.100.7 in by its
-# own rules: docs/PROXMOX-BEHAVIOUR.md#nested-execute), pools read (#pools), HA edits judged by where they
+# own rules: docs/PROXMOX-BEHAVIOUR.md#nested-execute), pools read (#backups-by-pool), HA edits judged by where they
 # place the protected guests (#ha-placement), the yes pinned to what the question showed (#confirmation)
 OUTSIDE_ADDRESS = "198.51.100.7"
 SOURCES = {"remote": OUTSIDE_ADDRESS}
