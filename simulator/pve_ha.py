@@ -128,8 +128,16 @@ def ha_group_delete(call: Call, group: str) -> None:
     del call.lab.ha_groups[group]
 
 
+def _sid_vmid(sid: object) -> int:
+    """The guest of an HA resource id (`vm:100`, `ct:100`, or a bare vmid: Config.pm `parse_sid`)."""
+    match = re.fullmatch(r"(?:(?:vm|ct):)?(\d+)", str(sid))
+    if match is None:
+        raise ApiError(400, "Parameter verification failed.", {"sid": f"unable to parse service id '{sid}'"})
+    return int(match.group(1))
+
+
 def _resource(call: Call, sid: str) -> tuple[int, dict]:
-    vmid = int(sid.split(":")[-1])
+    vmid = _sid_vmid(sid)
     guest = call.lab.guests.get(vmid)
     if guest is None or not guest.get("ha"):
         raise ApiError(500, f"no such resource '{sid}'")
@@ -147,7 +155,7 @@ def ha_resource(call: Call, sid: str) -> dict:
 def ha_resource_create(call: Call) -> None:
     """POST /cluster/ha/resources (Resources.pm `create`): the guest becomes an HA resource, started
     unless a state is given."""
-    vmid = int(str(call.arg("sid")).split(":")[-1])
+    vmid = _sid_vmid(call.arg("sid"))
     guest = call.lab.guests.get(vmid)
     if guest is None:
         raise ApiError(500, f"unable to find VM/CT {vmid}")
