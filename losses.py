@@ -43,9 +43,9 @@ def _volume(value: Any) -> str | None:
 
 def _size(read: Callable[..., Any], node: str, volid: str, value: Any = "") -> str:
     """A volume's size: the `size=` its option names, else as the storage answers for the volume."""
-    named = re.search(r"size=(\d+(?:\.\d+)?[KMGT]?)", str(value))
+    named = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", str(value))
     if named:
-        return named.group(1) + ("iB" if named.group(1)[-1] in "KMGT" else " B")
+        return size_text(float(named.group(1)) * 1024 ** " KMGT".index(named.group(2) or " "))
     try:
         found = read(f"/nodes/{node}/storage/{volid.split(':', 1)[0]}/content/{volid}") or {}
     except (ToolFailure, PolicyError) as exc:

@@ -108,3 +108,73 @@ def test_a_command_that_may_fail_does_not_stand_for_one_that_keeps_the_way_in(re
     answer, sent = execute(remote, sim, commands)
     assert answer.is_error and "would cut SSH (22)" in answer.content[0].text and sent == []
 
+
+
+# ---------------------------------------------------------------- the overlay, in process
+
+def overlay_admit(steps, stored, *, protected=(101,)):
+    """policy.plan_steps over a dict of stored objects, everything open: the decisions, or the refusal."""
+    from types import SimpleNamespace
+
+    import policy
+    from protection import Protected
+    host = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
+    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    original = policy.settings()
+    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=Protected(
+        [{"host": "lab", "vmid": v, "reason": "test"} for v in protected])))
+    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
+    try:
+        return policy.plan_steps(host, steps, "test", read=stored.get)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+
+
+RESOURCES = [{"type": "qemu", "vmid": 101, "node": "pve2"}, {"type": "qemu", "vmid": 104, "node": "pve2"}]
+
+
+def test_a_declared_step_is_judged_on_the_job_the_step_before_leaves():
+    """A job that keeps 101 out: switching it to stop mode changes nothing for 101, and dropping the
+    exclude of a snapshot-mode job that never prunes would not either; one after the other, 101 is
+    backed up in stop mode."""
+    from errors import PolicyError
+    stored = {"/cluster/backup/safe": {"id": "safe", "all": 1, "exclude": "101", "mode": "snapshot", "remove": 0,
+                                       "enabled": 1, "schedule": "daily"}, "/cluster/resources": RESOURCES}
+    overlay_admit([("PUT", "/cluster/backup/safe", {"mode": "stop"})], stored)
+    overlay_admit([("PUT", "/cluster/backup/safe", {"delete": "exclude"})], stored)
+    with pytest.raises(PolicyError, match="changes protected guest 101.*mode stop"):
+        overlay_admit([("PUT", "/cluster/backup/safe", {"mode": "stop"}),
+                       ("PUT", "/cluster/backup/safe", {"delete": "exclude"})], stored)
+
+
+def test_a_batch_names_what_it_frees_as_the_commands_before_leave_the_config():
+    """Detaching scsi1 makes it unused0 (qemu-server vmconfig_delete_or_detach_drive); the next command
+    frees unused0: the question names scsi1's volume, not what unused0 held before the batch."""
+    import policy
+    from test_bypass_corpus import PVE, settings_for
+    stored = {"/nodes/pve2/qemu/104/config": {"scsi0": "local-lvm:vm-104-disk-0,size=32G",
+                                              "scsi1": "local-lvm:vm-104-disk-1,size=4G"},
+              "/nodes/pve2/storage/local-lvm/content/local-lvm:vm-104-disk-1": {"size": 4 << 30}}
+    commands = [{"method": "PUT", "path": "qemu/104/config", "args": {"delete": "scsi1"}},
+                {"method": "PUT", "path": "qemu/104/config", "args": {"delete": "unused0"}}]
+    original = policy.settings()
+    policy.configure(settings_for("open"))
+    try:
+        decision = policy.classify(PVE, "POST", "/nodes/pve2/execute", {"commands": json.dumps(commands)},
+                                   read=stored.get)
+    finally:
+        policy.configure(original)
+    assert any("frees unused0: local-lvm:vm-104-disk-1 (4.0 GiB)" in r for r in decision.reasons), decision.reasons
+
+
+def test_a_later_read_of_what_an_earlier_write_changed_that_cannot_be_computed_is_refused():
+    import batch
+    from errors import PolicyError
+    from policy import Decision
+    overlay = batch.Overlay({"/nodes/pve1/qemu/104/snapshot": []}.get)
+    overlay.fold(Decision("POST", "/nodes/pve1/qemu/104/snapshot", {"snapname": "a"},
+                          "/nodes/{node}/qemu/{vmid}/snapshot"))
+    with pytest.raises(PolicyError, match="send them one by one"):
+        overlay.read("/nodes/pve1/qemu/104/snapshot")
+    assert overlay.read("/nodes/pve1/qemu/105/snapshot") is None  # another guest's: read as it is
