@@ -1,7 +1,8 @@
 """The firewall guard: a change to the firewall of the cluster or of a node is refused when it would
 cut this server off a node's management ports (8006 the API, 22 SSH, and 8007 where a configured
-Backup Server runs on the node), judged as pve-firewall judges a new connection
-(docs/PROXMOX-BEHAVIOUR.md#firewall-lockout).
+Backup Server runs on the node), judged as the node's firewall judges a new connection: pve-firewall's
+iptables chains, or proxmox-firewall's nftables ones on a node whose option `nftables` is on (the
+management IP set let in before the rules, no blacklist) (docs/PROXMOX-BEHAVIOUR.md#firewall-lockout).
 
 policy.classify calls `check` for every firewall write of the cluster and the nodes (`guards`), so
 write_call_api passes it as the curated tools do. It reads the firewall as it is (`read_firewall`),
@@ -29,8 +30,11 @@ from errors import PolicyError, ToolFailure
 
 GUARDED = re.compile(r"/cluster/firewall/(options|rules.*|groups.*|ipset.*|aliases.*)"
                      r"|/nodes/\{node\}/firewall/(options|rules.*)")
-# The input chain lets these ports in from the management IP set (Firewall.pm enable_host_firewall).
+# The input chain lets these ports in from the management IP set: pve-firewall after the rules
+# (Firewall.pm enable_host_firewall), proxmox-firewall before them (proxmox-firewall.nft `default-in`:
+# `tcp dport { 8006, 5900-5999, 3128, 22 } jump accept-management`; no migration ports).
 MANAGEMENT_PORTS = {8006, 5900, 3128, 22} | set(range(60000, 60051)) | set(range(5901, 6000))
+NFT_MANAGEMENT_PORTS = {8006, 3128, 22} | set(range(5900, 6000))
 PORTS = {8006: "the API (8006)", 22: "SSH (22)"}
 PBS_PORT = (8007, "the Backup Server (8007)")
 # The only macros with a TCP entry that can reach 22, 8006 or 8007; every other macro names other
@@ -44,6 +48,25 @@ RULE_FIELDS = ("type", "action", "macro", "iface", "source", "dest", "proto", "e
 
 def guards(product: str, method: str, template: str) -> bool:
     return product == "pve" and method != "GET" and bool(GUARDED.fullmatch(template))
+
+
+# The reads `read_firewall` makes that a Firewall answers (batch.py answers them after a batch's writes).
+GET_PATHS = re.compile(r"/cluster/firewall/(options|rules|aliases|groups(/[^/]+)?|ipset(/[^/]+)?)"
+                       r"|/nodes/[^/]+/firewall/(options|rules)")
+
+
+def served(fw: Firewall, path: str) -> Any:
+    """What a firewall GET answers as `fw` holds it; None for a path it does not hold."""
+    node = re.fullmatch(r"/nodes/([^/]+)/firewall/(options|rules)", path)
+    if node:
+        host = fw.hosts.get(node.group(1))
+        return None if host is None else copy.deepcopy(host[node.group(2)])
+    part, _, name = path.removeprefix("/cluster/firewall/").partition("/")
+    answers = {"options": lambda: fw.options, "rules": lambda: fw.rules,
+               "aliases": lambda: [{"name": n, "cidr": c} for n, c in fw.aliases.items()],
+               "groups": lambda: fw.groups.get(name, []) if name else [{"group": g} for g in fw.groups],
+               "ipset": lambda: fw.ipsets.get(name, []) if name else [{"name": n} for n in fw.ipsets]}
+    return copy.deepcopy(answers[part]()) if part in answers else None
 
 
 # ================================================================ the firewall as read
@@ -256,10 +279,14 @@ def _in_network(address: Any, text: str) -> Match:
 
 def _ipset_has(fw: Firewall, host: dict, name: str, address: Any) -> Match:
     """Whether a set holds an address: the most specific entry decides, a `nomatch` one excludes
-    (ipset hash:net). `management` also holds the local network (Firewall.pm compile_ipsets)."""
+    (ipset hash:net); on nftables any `nomatch` entry excludes (proxmox-firewall: a set and its
+    `-nomatch` twin). `management` also holds the local network (Firewall.pm compile_ipsets;
+    proxmox-firewall firewall.rs `create_management_ipset`)."""
     entries = list(fw.ipsets.get(name, []))
     if name == "management" and _localnet(fw, host):
         entries.append({"cidr": _localnet(fw, host)})
+    if nftables(host):
+        return _nft_set_has(fw, entries, address)
     best: tuple[int, bool] | None = None
     for entry in entries:
         cidr = fw.aliases.get(str(entry.get("cidr", "")).lower().removeprefix("dc/"), entry.get("cidr"))
@@ -270,6 +297,25 @@ def _ipset_has(fw: Firewall, host: dict, name: str, address: Any) -> Match:
                                                                          or network.prefixlen > best[0]):
             best = (network.prefixlen, str(entry.get("nomatch", 0)) in ("1", "true"))
     return best is not None and not best[1]
+
+
+def _nft_set_has(fw: Firewall, entries: list[dict], address: Any) -> Match:
+    found = {False: False, True: False}
+    for entry in entries:
+        cidr = fw.aliases.get(str(entry.get("cidr", "")).lower().removeprefix("dc/"), entry.get("cidr"))
+        network = _network(cidr)
+        if network is None:
+            return None
+        if network.version == address.version and address in network:
+            found[str(entry.get("nomatch", 0)) in ("1", "true")] = True
+    return found[False] and not found[True]
+
+
+def nftables(host: dict) -> bool:
+    """Whether the node runs the nftables backend (proxmox-firewall): its firewall option `nftables`
+    (default off: proxmox-ve-config host.rs HOST_NFTABLES_DEFAULT; pve-firewall then stands aside,
+    Firewall.pm `is_enabled_and_not_nftables`)."""
+    return str(host.get("options", {}).get("nftables", 0)).lower() in ("1", "true")
 
 
 def _localnet(fw: Firewall, host: dict) -> str | None:
@@ -364,7 +410,9 @@ def describe(rule: dict) -> str:
 
 def verdict(fw: Firewall, node: str, source: Any, port: int) -> tuple[bool, str]:
     """Whether a node lets a new TCP connection from `source` in on `port`, and why, in the order of
-    its input chain (Firewall.pm compile, enable_host_firewall)."""
+    its input chain: pve-firewall's (Firewall.pm compile, enable_host_firewall) or, with the nftables
+    backend, proxmox-firewall's (proxmox-firewall.nft `input`: default-in with accept-management, then
+    host-in and cluster-in, which ends in the cluster's policy: firewall.rs create_cluster_rules)."""
     host = fw.hosts[node]
     if not int(fw.options.get("enable") or 0):
         return True, "the cluster firewall is off"
@@ -372,14 +420,17 @@ def verdict(fw: Firewall, node: str, source: Any, port: int) -> tuple[bool, str]
         return True, f"node {node}'s firewall is off"
     if source.is_loopback or source == _address(host.get("ip")):
         return True, "the node's own traffic (lo)"
-    if "blacklist" in fw.ipsets and _ipset_has(fw, host, "blacklist", source) is not False:
-        return False, "the IP set blacklist"
+    if nftables(host) and port in NFT_MANAGEMENT_PORTS and _ipset_has(fw, host, "management", source):
+        return True, (f"the management IP set, accepted before any rule on the nftables backend (local network "
+                      f"{_localnet(fw, host) or 'unknown'} and IP set management)")
+    if not nftables(host) and "blacklist" in fw.ipsets and _ipset_has(fw, host, "blacklist", source) is not False:
+        return False, "the IP set blacklist"  # proxmox-firewall has no blacklist
     for level, rules in (("node", host["rules"]), ("cluster", fw.rules)):
         for pos, rule in enumerate(rules):
             action = _decide(fw, host, rule, source, port)
             if action:
                 return action == "ACCEPT", f"{level} rule {pos} ({describe(rule)})"
-    if port in MANAGEMENT_PORTS and _ipset_has(fw, host, "management", source):
+    if not nftables(host) and port in MANAGEMENT_PORTS and _ipset_has(fw, host, "management", source):
         return True, f"the management IP set (local network {_localnet(fw, host) or 'unknown'} and IP set management)"
     policy = str(fw.options.get("policy_in") or "DROP").upper()
     return policy == "ACCEPT", f"the input policy {policy}"
@@ -511,26 +562,37 @@ def fixing_rule(source: Any, port: int) -> dict:
 def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_source: str | None) -> None:
     """Refuse a firewall write that cuts a management port that is reachable now."""
     what = f"{decision.method} {decision.path}"
+    before = read_before(what, read, decision.path_params.get("node"))
+    after = apply(before, decision.method, decision.template, decision.path_params, decision.params)
+    compare(host, configured_source, before, [(what, decision, after)])
+
+
+def read_before(what: str, read: Callable[..., Any] | None, node: str | None) -> Firewall:
     if read is None:
         raise PolicyError(f"{what} changes the firewall, which is judged against the firewall as it is; it cannot "
                           f"be read here (no reader was given), so it is refused. Send it on its own.")
-    where = decision.path_params
     try:
-        before = read_firewall(read, where.get("node"))
+        return read_firewall(read, node)
     except ToolFailure as exc:
         raise PolicyError(f"{what} changes the firewall, but the firewall could not be read to judge whether it "
                           f"would lock this server out ({exc}); nothing was sent.") from None
-    after = apply(before, decision.method, decision.template, where, decision.params)
-    sources, who = candidate_sources(host, configured_source, [before, after])
+
+
+def compare(host: Any, configured_source: str | None, before: Firewall, afters: list[tuple[str, Any, Firewall]]
+             ) -> None:
+    """Refuse when a state after (what leads to it, the request that ends in it, the state) cuts a node's
+    management port from a source that the state before lets in."""
+    sources, who = candidate_sources(host, configured_source, [before] + [fw for _, _, fw in afters])
     backup_servers = backup_server_hosts()
-    for node in sorted(after.hosts):
-        for port, name in node_ports(after, node, backup_servers).items():
-            for source in sources:
-                open_before, why_before = verdict(before, node, source, port)
-                open_after, why_after = verdict(after, node, source, port)
-                if open_before and not open_after:
-                    raise PolicyError(_refusal(what, decision, node, name, port, source, who, why_before,
-                                               why_after))
+    for what, decision, after in afters:
+        for node in sorted(after.hosts):
+            for port, name in node_ports(after, node, backup_servers).items():
+                for source in sources:
+                    open_before, why_before = verdict(before, node, source, port)
+                    open_after, why_after = verdict(after, node, source, port)
+                    if open_before and not open_after:
+                        raise PolicyError(_refusal(what, decision, node, name, port, source, who, why_before,
+                                                   why_after))
 
 
 def _refusal(what: str, decision: Any, node: str, name: str, port: int, source: Any, who: str, why_before: str,
@@ -540,6 +602,7 @@ def _refusal(what: str, decision: Any, node: str, name: str, port: int, source: 
              and decision.template.endswith("/rules") else "")
     return (f"Refused, nothing was sent: {what} would cut {name} on node {node} from {source}, judged for {who}. "
             f"After it, {why_after} decides; now {why_before} lets it in (pve-firewall applies node rules, then "
-            f"cluster rules, first match wins, then the management IP set, then the input policy). To keep it "
+            f"cluster rules, first match wins, then the management IP set, then the input policy; on a node with "
+            f"the nftables backend the management IP set comes first). To keep it "
             f"open, first add at {level}: write_edit_firewall_rule action=add rule="
             f"{json.dumps(fixing_rule(source, port))}{below}; or add {source} to the IP set management.")

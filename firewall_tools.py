@@ -13,7 +13,6 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from answers import ConfirmArg, DryRunArg, Host, Node, OptionalVmid, capped, compact, table
-import policy
 from errors import InvalidArgument, PolicyError, ProxmoxError
 from inventory import check_node, guest_path
 from proxmox_client import ProxmoxClient, pve_client
@@ -151,19 +150,19 @@ def _current(client: ProxmoxClient, base: str, pos: int | None, digest: str | No
 
 def _add(client: ProxmoxClient, base: str, rule: dict[str, Any], pos: int | None, count: int) -> int:
     """A new rule lands on top, disabled unless `enable` is given (docs/PROXMOX-BEHAVIOUR.md#firewall-rules):
-    lower down it is added disabled, moved, then enabled, so that it never filters out of place. Each
-    step passes the policy; the answer says where a refused step left the rule."""
+    lower down it is added disabled, moved, then enabled, so that it never filters out of place. The
+    three requests are declared before the first (client.plan): judged together, each on what the one
+    before it leaves, shown together by a dry run and asked about once."""
     enable = int(rule.pop("enable", 1))
     if not pos:
         client.request("POST", base, rule | {"enable": enable})
         return 0
     placed = min(pos, count)
-    try:
-        client.request("POST", base, rule | {"enable": 0})
-    except policy.DryRun as dry:
-        dry.plan["then"] = [f"PUT {base}/0 moveto={pos + 1} (it lands at pos {placed})",
-                            f"PUT {base}/{placed} enable=1" if enable else "(left disabled)"]
-        raise
+    steps = [("POST", base, rule | {"enable": 0}), ("PUT", f"{base}/0", {"moveto": pos + 1})]
+    steps += [("PUT", f"{base}/{placed}", {"enable": 1})] if enable else []
+    client.plan(steps, f"Add the rule at pos {placed}: Proxmox puts a new rule on top, so it is added disabled, "
+                       f"moved to pos {placed}{', then enabled' if enable else ' and left disabled'}.")
+    client.request("POST", base, rule | {"enable": 0})
     client.request("PUT", f"{base}/0", {"moveto": pos + 1, "digest": _current(client, base, None, None)[1]})
     if enable:
         try:

@@ -22,12 +22,13 @@ policy.classify calls `judge`; policy.check_protected refuses the guests `Verdic
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import catalog
-from errors import PolicyError, ToolFailure
+from errors import PolicyError, ProxmoxError, ToolFailure
 from protection import numbers, truthy
 
 Read = Callable[[str], Any]
@@ -48,6 +49,19 @@ class World:
     def __init__(self, read: Read | None):
         self.read = read
         self.kept: dict[str, Any] = {}
+        self.assumed: dict[str, bool] = {}  # pool -> whether it holds the guest judged, where unreadable
+
+    def pool_members(self, pool: str) -> set[int] | None:
+        """The guests of a pool that exist, as vzdump takes them (pve-manager PVE/API2Tools.pm
+        `get_resource_pool_guest_members`, read as GET /pools/{poolid} answers them: Pool.pm `read_pool`);
+        None when they cannot be read."""
+        try:
+            answer = self.get(f"/pools/{pool}")
+        except (ToolFailure, PolicyError):
+            return None
+        if not isinstance(answer, dict) or not isinstance(answer.get("members"), list):
+            return None
+        return {int(m["vmid"]) for m in answer["members"] if str(m.get("vmid", "")).isdigit()}
 
     def get(self, path: str) -> Any:
         if path not in self.kept:
@@ -66,12 +80,6 @@ class World:
     def storage_type(self, storage: str) -> str | None:
         return next((r.get("plugintype") for r in self.resources()
                      if r.get("type") == "storage" and r.get("storage") == storage), None)
-
-    def ha_group_members(self, group: str) -> set[int]:
-        """The guests whose HA resource names the group (pve-ha-manager API2/HA/Resources.pm `index`)."""
-        rows = self.get("/cluster/ha/resources")
-        return {n for row in (rows if isinstance(rows, list) else []) if row.get("group") == group
-                for n in numbers(row.get("sid", ""))}
 
 
 # Storage types whose volumes can take the snapshot a container backup in snapshot mode needs
@@ -141,17 +149,26 @@ def merge_backup_job(stored: dict, given: dict, deleted: list[str]) -> dict:
     return backup_selection({k: v for k, v in stored.items() if k not in deleted} | given, given)
 
 
+def given_selection(given: dict) -> dict:
+    """A selection as POST /cluster/backup stores it and vzdump takes it: nothing dropped, an `exclude`
+    without a `pool` means all (PVE/VZDump.pm `verify_vzdump_parameters`; Backup.pm `create_job`,
+    API2/VZDump.pm `vzdump`). With a pool, vzdump takes its members and ignores all and exclude."""
+    return dict(given) | ({"all": 1} if given.get("exclude") is not None and not given.get("pool") else {})
+
+
 def created_backup_job(given: dict) -> dict:
     """POST /cluster/backup (Backup.pm `create_job`): enabled unless said otherwise."""
-    return backup_selection({"enabled": 1} | given, given)
+    return given_selection({"enabled": 1} | given)
 
 
-def backup_covers(job: dict, vmid: int, _world: World, _ident: str) -> bool:
-    """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: pool,
-    else vmid, else all but exclude). A pool is taken to hold every guest: its members are not
-    checked before sending. `node` only narrows, and is not counted on."""
+def backup_covers(job: dict, vmid: int, world: World, _ident: str) -> bool:
+    """Whether the job backs the guest up (pve-manager PVE/VZDump.pm `get_included_guests`: a pool's
+    members, its `exclude` ignored; else vmid; else all but exclude;
+    docs/PROXMOX-BEHAVIOUR.md#backups-by-pool). A pool's members are read; where they cannot be, `judge`
+    tries the guest both in and out of it. `node` only narrows, and is not counted on."""
     if job.get("pool"):
-        return True
+        members = world.pool_members(str(job["pool"]))
+        return vmid in members if members is not None else world.assumed.get(str(job["pool"]), True)
     if job.get("vmid"):
         return vmid in numbers(job["vmid"])
     return truthy(job.get("all", "0")) and vmid not in numbers(job.get("exclude", ""))
@@ -222,7 +239,7 @@ def prune_removes(job: dict) -> list[str]:
     return [f"{', '.join(keep)}: removes the backups its keep options do not keep"] if keep else []
 
 
-# ================================================================ HA rules and groups
+# ================================================================ HA rules, groups and resources
 
 def merge_ha_rule(stored: dict, given: dict, deleted: list[str]) -> dict:
     """PUT /cluster/ha/rules/{rule} (pve-ha-manager API2/HA/Rules.pm `update_rule`): a false
@@ -233,21 +250,92 @@ def merge_ha_rule(stored: dict, given: dict, deleted: list[str]) -> dict:
 
 
 def merge_ha_group(stored: dict, given: dict, deleted: list[str]) -> dict:
-    """PUT /cluster/ha/groups/{group} (API2/HA/Groups.pm `update`): the given options are set
-    first, then the deleted ones removed."""
+    """PUT /cluster/ha/groups/{group} (API2/HA/Groups.pm `update`) and /cluster/ha/resources/{sid}
+    (HA/Config.pm `update_single_resource_config_inplace`): the given options are set first, then the
+    deleted ones removed."""
     return {k: v for k, v in (stored | given).items() if k not in deleted}
 
 
-def rule_covers(rule: dict, vmid: int, _world: World, _ident: str) -> bool:
-    return vmid in numbers(rule.get("resources", ""))
+HA_LISTS = {"HA rule": "/cluster/ha/rules", "HA group": "/cluster/ha/groups", "HA resource": "/cluster/ha/resources"}
+HA_KEYS = {"HA rule": "rule", "HA group": "group", "HA resource": "sid"}
 
 
-def group_covers(_group: dict, vmid: int, world: World, ident: str) -> bool:
-    return vmid in world.ha_group_members(ident)
+def _ha_list(world: World, path: str) -> list[dict]:
+    """One of the HA lists; PVE 8 has no rules (501: not implemented, pve-ha-manager 4.x), PVE 10 no
+    groups. Another failure refuses the request: the guest's placement cannot be judged."""
+    try:
+        rows = world.get(path)
+    except ProxmoxError as exc:
+        if exc.status == 501:
+            return []
+        raise PolicyError(f"{path} could not be read to judge where the HA manager places the protected guests "
+                          f"({exc}); nothing was sent.") from None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _nodes(text: Any) -> frozenset:
+    """A rule's or group's `nodes`: (node, priority) pairs, 0 where none is given (HA/Tools.pm
+    `parse_node_priority`; NodeAffinity.pm `get_node_affinity`: `priority // 0`)."""
+    pairs = (item.partition(":") for item in re.split(r"[,;\s]+", str(text or "")) if item)
+    return frozenset((name, int(priority) if priority.isdigit() else 0) for name, _, priority in pairs)
+
+
+def _placing_rules(rules: list[dict], groups: list[dict], resources: list[dict]) -> list[tuple]:
+    """The rules the HA manager places guests by, comparable, each by its name (two rules alike are two:
+    a guest in two node affinity rules has both dropped, NodeAffinity.pm
+    `check_single_resource_reference`): the enabled rules (Rules.pm `foreach_rule` with
+    exclude_disabled_rules) and each HA group a resource names as the node affinity rule it becomes
+    (Groups.pm `migrate_groups_to_rules`: `ha-group-<name>`, strict is `restricted`)."""
+    placing = [(str(r.get("rule")), frozenset(numbers(r.get("resources", ""))), r.get("type"), _nodes(r.get("nodes")),
+                int(truthy(r.get("strict", 0))), str(r.get("affinity") or "")) for r in rules
+               if not truthy(r.get("disable", 0))]
+    by_name = {g.get("group"): g for g in groups}
+    for name in sorted({r.get("group") for r in resources if r.get("group") in by_name}):
+        users = frozenset(n for r in resources if r.get("group") == name for n in numbers(r.get("sid", "")))
+        placing.append((f"ha-group-{name}", users, "node-affinity", _nodes(by_name[name].get("nodes")),
+                        int(truthy(by_name[name].get("restricted", 0))), ""))
+    return placing
+
+
+def _failback(resource: dict, groups: list[dict]) -> int:
+    """A resource fails back to its preferred node unless `failback` is 0, or its group's `nofailback`
+    is set (HA/Config.pm `read_and_check_resources_config`: default 1; Groups.pm
+    `migrate_groups_to_resources`)."""
+    group = next((g for g in groups if resource.get("group") and g.get("group") == resource["group"]), None)
+    if group is not None:
+        return int(not truthy(group.get("nofailback", 0)))
+    return int(truthy(resource.get("failback", 1)))
+
+
+def ha_placement(label: str, obj: dict | None, vmid: int, world: World, name: str) -> frozenset | None:
+    """What decides where the HA manager runs a guest, with the judged rule, group or resource as
+    `obj` (None: deleted), comparable; None when nothing places it. The HA manager places a guest by
+    its node affinity, the guests it must run with or apart from and its failback (Manager.pm
+    `select_service_node`: get_node_affinity, get_resource_affinity, `failback`), after dropping rules
+    that conflict and handing a rule to positive partners (Rules.pm `transform`, `check_feasibility`,
+    `create_implicit_positive_resource_affinity_node_affinity_rules`), which only ever relate rules
+    that share a guest. So the placement of a guest is every rule reaching the guests linked to it
+    through shared rules, and their failback: a change to any of them may move it
+    (docs/PROXMOX-BEHAVIOUR.md#ha-placement)."""
+    lists = {kind: _ha_list(world, path) for kind, path in HA_LISTS.items()}
+    key = HA_KEYS[label]
+    lists[label] = [r for r in lists[label] if str(r.get(key)) != name] + ([obj | {key: name}] if obj else [])
+    placing = _placing_rules(lists["HA rule"], lists["HA group"], lists["HA resource"])
+    linked, grown = {vmid}, True
+    while grown:
+        reached = {v for rule in placing if rule[1] & linked for v in rule[1]}
+        grown, linked = bool(reached - linked), linked | reached
+    rules = frozenset(rule for rule in placing if rule[1] & linked)
+    if not rules:
+        return None
+    failback = frozenset((n, _failback(r, lists["HA group"])) for r in lists["HA resource"]
+                         for n in numbers(r.get("sid", "")) if n in linked)
+    return frozenset({("rules", rules), ("failback", failback)})
 
 
 def places_guest(_obj: dict, _vmid: int, _world: World) -> str:
-    return "decides which nodes it runs on"
+    return ("changes where the HA manager may run it (its node affinity, the guests it runs with or apart from, "
+            "or its failback)")
 
 
 # ================================================================ the kinds
@@ -270,6 +358,8 @@ class Kind:
     selection: frozenset[str] = frozenset()  # the fields that choose them (covers reads them)
     changes_guest: Callable[[dict, int, World], str | None] | None = None  # why its treatment changes a guest
     whole_scope: str | None = None  # PBS: deleting reaches every backup group in the job's scope
+    # what it does to a guest, comparable, with this object as given (None: nothing); in place of covers
+    treats: Callable[[str, dict | None, int, World, str], frozenset | None] | None = None
 
 
 BACKUP_HARMLESS = frozenset({"id", "type", "digest", "comment", "notes-template", "mailto", "mailnotification",
@@ -283,7 +373,7 @@ KINDS = (
          lambda job: truthy(job.get("enabled", "1")), backup_prunes, BACKUP_HARMLESS, created=created_backup_job,
          covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
     Kind("backup", "pve", None, "/nodes/{node}/vzdump", "", merge_backup_job, lambda _job: True,
-         lambda _job: [], BACKUP_HARMLESS, created=lambda given: backup_selection(given, given),
+         lambda _job: [], BACKUP_HARMLESS, created=given_selection,
          covers=backup_covers, selection=BACKUP_SELECTION, changes_guest=backup_changes_guest),
     Kind("sync job", "pbs", "/config/sync/{id}", "/config/sync", "id", merge_pbs_job, sync_acts, sync_removes,
          frozenset({"id", "digest", "comment", "rate-in", "rate-out", "burst-in", "burst-out", "worker-threads",
@@ -293,11 +383,14 @@ KINDS = (
          lambda job: not truthy(job.get("disable", "0")), prune_removes,
          frozenset({"id", "digest", "comment", "next-run"}), run="/admin/prune/{id}/run", whole_scope=PBS_SCOPE),
     Kind("HA rule", "pve", "/cluster/ha/rules/{rule}", "/cluster/ha/rules", "rule", merge_ha_rule,
-         lambda rule: not truthy(rule.get("disable", "0")), lambda _rule: [],
-         frozenset({"rule", "digest", "comment", "order", "errors"}), covers=rule_covers, changes_guest=places_guest),
+         lambda _rule: True, lambda _rule: [], frozenset({"rule", "digest", "comment", "order", "errors"}),
+         changes_guest=places_guest, treats=ha_placement),
     Kind("HA group", "pve", "/cluster/ha/groups/{group}", "/cluster/ha/groups", "group", merge_ha_group,
          lambda _group: True, lambda _group: [], frozenset({"group", "type", "digest", "comment"}),
-         covers=group_covers, changes_guest=places_guest),
+         changes_guest=places_guest, treats=ha_placement),
+    Kind("HA resource", "pve", "/cluster/ha/resources/{sid}", "/cluster/ha/resources", "sid", merge_ha_group,
+         lambda _resource: True, lambda _resource: [], frozenset({"sid", "type", "digest", "comment"}),
+         changes_guest=places_guest, treats=ha_placement),
 )
 
 
@@ -372,6 +465,8 @@ def _deleting(kind: Kind, obj: dict | None) -> frozenset | None:
 
 def _treatment(kind: Kind, obj: dict | None, vmid: int, world: World, ident: str) -> frozenset | None:
     """What the object does to one guest, comparable; None when it does nothing to it."""
+    if kind.treats is not None:
+        return kind.treats(kind.label, obj, vmid, world, ident)
     if obj is None or kind.covers is None or not kind.acts(obj) or not kind.covers(obj, vmid, world, ident):
         return None
     return _normal(kind, obj, kind.harmless | kind.selection)
@@ -389,6 +484,22 @@ def _stored(kind: Kind, ident: str, world: World, what: str) -> dict:
     return stored
 
 
+def ident(kind: Kind, path_params: dict[str, str], params: dict[str, Any]) -> str:
+    """The name of the object a request acts on: in its path, or (a create) among its parameters."""
+    return path_params.get(kind.key) or str(params.get(kind.key, ""))
+
+
+def after(kind: Kind, op: str, before: dict | None, params: dict[str, Any]) -> dict | None:
+    """The object after a create, edit, delete or run of it, as Proxmox's handler leaves it (KINDS'
+    `merge` and `created` name the handlers); a run leaves it as stored."""
+    given = {k: v for k, v in params.items() if k not in (kind.key, "delete", "digest")}
+    if op == "create":
+        return kind.created(given)
+    if op == "edit":
+        return kind.merge(before or {}, given, delete_names(params.get("delete")))
+    return None if op == "delete" else before
+
+
 def judge(product: str, method: str, template: str, path_params: dict[str, str], params: dict[str, Any],
           read: Read | None, protected: list[int], what: str) -> Verdict | None:
     """The verdict on a request that creates, edits, deletes or runs a KINDS object (None for any
@@ -398,26 +509,43 @@ def judge(product: str, method: str, template: str, path_params: dict[str, str],
         return None
     kind, op = found
     world = World(read)
-    ident = path_params.get(kind.key) or str(params.get(kind.key, ""))
-    given = {k: v for k, v in params.items() if k not in (kind.key, "delete", "digest")}
-    before = None if op == "create" else _stored(kind, ident, world, what)
-    after = {"create": lambda: kind.created(given), "delete": lambda: None, "run": lambda: before,
-             "edit": lambda: kind.merge(before, given, delete_names(params.get("delete")))}[op]()
+    name = ident(kind, path_params, params)
+    before = None if op == "create" else _stored(kind, name, world, what)
+    after_it = after(kind, op, before, params)
     verdict = Verdict(before=before)
     removes = kind.deletes(before) if op == "run" else (
-        kind.deletes(after) if _deleting(kind, after) not in (None, _deleting(kind, before)) else [])
+        kind.deletes(after_it) if _deleting(kind, after_it) not in (None, _deleting(kind, before)) else [])
     if removes:
         verdict.gates.add("destructive")
         verdict.reasons += [f"the {kind.label} {'as stored' if op == 'run' else 'after this request'}: {r}"
                             for r in removes]
         verdict.whole_scope = kind.whole_scope
-    if kind.covers is not None:
+    if kind.covers is not None or kind.treats is not None:
         verdict.changed = {}
         for vmid in protected:
-            if _treatment(kind, before, vmid, world, ident) == _treatment(kind, after, vmid, world, ident):
-                continue
-            problem = ("no longer acts on it" if _treatment(kind, after, vmid, world, ident) is None
-                       else kind.changes_guest(after, vmid, world))
+            problem = _change_for(kind, before, after_it, vmid, world, name)
             if problem:
-                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(ident) if ident else ''} after it {problem}"
+                verdict.changed[vmid] = f"the {kind.label}{' ' + repr(name) if name else ''} after it {problem}"
     return verdict
+
+
+def _change_for(kind: Kind, before: dict | None, after_it: dict | None, vmid: int, world: World, name: str
+                ) -> str | None:
+    """What the request changes for one guest that is not safe, or None. A pool whose members cannot be
+    read is tried both ways, holding the guest and not (the worst case in each direction)."""
+    unread = sorted({str(o["pool"]) for o in (before, after_it) if o and o.get("pool")
+                     and kind.covers is backup_covers and world.pool_members(str(o["pool"])) is None})
+    for assumed in itertools.product((True, False), repeat=len(unread)):
+        world.assumed = dict(zip(unread, assumed, strict=True))
+        try:
+            if _treatment(kind, before, vmid, world, name) == _treatment(kind, after_it, vmid, world, name):
+                continue
+            problem = ("no longer acts on it" if _treatment(kind, after_it, vmid, world, name) is None
+                       else kind.changes_guest(after_it, vmid, world))
+        finally:
+            world.assumed = {}
+        if problem:
+            guess = ", ".join(f"pool {p} {'holding' if a else 'not holding'} it" for p, a in zip(unread, assumed,
+                                                                                                strict=True))
+            return f"{problem} (judged with {guess}: its members could not be read)" if unread else problem
+    return None

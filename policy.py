@@ -38,9 +38,11 @@ from typing import Any, Callable
 from urllib.parse import unquote
 
 import audit as audit_log
+import batch
 import catalog
 import firewall_guard
 import job_edits
+import losses
 import power_effects
 import protection
 import receipts
@@ -242,8 +244,9 @@ def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason:
 
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
-             read: Callable[[str], Any] | None = None) -> Decision:
-    """Say what a request is; refuse one that is not a valid call of the product's API."""
+             read: Callable[[str], Any] | None = None, *, nested: bool = False) -> Decision:
+    """Say what a request is; refuse one that is not a valid call of the product's API. A command of a
+    batch (`nested`) meets the firewall guard with the whole batch (_merge_nested)."""
     method = method.upper()
     clean = normalise_path(path)
     found = catalog.find_path(host.product, clean)
@@ -266,15 +269,19 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     if judged_by_job:  # read the stored object only for a valid call whose own gates are open
         require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
         _refuse_invalid(decision)
+        check_protected(host, decision)  # and that names no protected guest
         _judge_as_after(host, decision, read)
     # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
     if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
-        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
-        firewall_guard.check(host, decision, read, settings().source_address)
+        if not nested:
+            judge(host, decision)  # read the firewall only for a call the rest of the policy allows
+            firewall_guard.check(host, decision, read, settings().source_address)
         protected = protected_vmids(host)
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
+    elif not decision.errors and all(gate_open(rules_for(host), g, method, template) for g in decision.gates):
+        losses.name(host.product, decision, read)  # what it loses, by name; the yes pinned to what it frees
     if power_effects.judged(host.product, method, template) and not decision.errors:  # while planning too: no
         _judge_node_power(host, decision, read)  # question is asked about a reboot that will be refused
     return decision
@@ -310,15 +317,19 @@ def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | 
 
 
 def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read: Callable[[str], Any] | None) -> None:
-    """POST /nodes/{node}/execute runs each command as an API call on that node
-    (docs/PROXMOX-BEHAVIOUR.md#nested-execute): each is classified, and the batch needs all their gates."""
-    batch = catalog.command_batch(commands) if isinstance(commands, str) else None
-    if batch is None:  # the schema check refuses it first; this is the policy's own guard
+    """POST /nodes/{node}/execute runs each command as an API call on that node, in order, each on the
+    state the earlier ones left, and the next after one that failed
+    (docs/PROXMOX-BEHAVIOUR.md#nested-execute): each is classified on what the earlier ones leave
+    (batch.Overlay), the batch needs all their gates, and its firewall writes are judged together for
+    every way the batch can end (batch.check_firewall)."""
+    commands = catalog.command_batch(commands) if isinstance(commands, str) else None
+    if commands is None:  # the schema check refuses it first; this is the policy's own guard
         raise PolicyError("execute: `commands` must be a JSON array of {\"method\", \"path\", \"args\"}; "
                           "nothing was sent.")
-    for command in batch:
+    overlay, firewall_writes = batch.Overlay(read, host.product), []
+    for command in commands:
         inner = classify(host, command["method"], f"/nodes/{node}/{command['path'].lstrip('/')}",
-                         command.get("args") or {}, read)
+                         command.get("args") or {}, overlay.read, nested=True)
         _refuse_invalid(inner)
         decision.gates = combine(set(decision.gates) | set(inner.gates))
         decision.reasons += [f"{inner.method} {inner.path}: {r}" for r in inner.reasons]
@@ -327,6 +338,14 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read:
         decision.scope.bulk = decision.scope.bulk or inner.scope.bulk
         if inner.changed is not None:
             decision.changed = (decision.changed or {}) | inner.changed
+        decision.basis = [*(decision.basis or []), inner.basis] if inner.basis is not None else decision.basis
+        if firewall_guard.guards(host.product, inner.method, inner.template):
+            firewall_writes.append(inner)
+        overlay.fold(inner)
+    if firewall_writes and not current_call().get("planning"):
+        judge(host, decision)  # read the firewall only for a batch the rest of the policy allows
+        batch.check_firewall(host, f"{decision.method} {decision.path}", firewall_writes, read,
+                             settings().source_address)
 
 
 # ================================================================ 2. judge
@@ -542,8 +561,11 @@ def audited_params(decision: Decision) -> dict[str, Any]:
 def approval_key(host: Any, decision: Decision) -> str:
     """What the user's yes is pinned to: the host, the method, the path and every parameter, and
     what the decision was judged with (a stored job), so that a changed request is asked again; and who
-    asks (the principal), so that one principal's yes never stands for another's."""
-    return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, decision.params,
+    asks (the principal), so that one principal's yes never stands for another's. A `digest` parameter is
+    left out: it only makes Proxmox refuse a request whose object changed, so a step declared before the
+    state it names exists (client.plan) is the step then sent with it."""
+    params = {k: v for k, v in decision.params.items() if k != "digest"}
+    return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, params,
                                       decision.basis, current_call().get("principal")], sort_keys=True,
                                      default=str).encode()).hexdigest()
 
@@ -600,9 +622,12 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
     """A tool that sends several requests declares, before the first, those it can name already
     (the restore drill: the start, stop and delete of its scratch guest; an update: the shell
     commands it runs, as `prepared` shell decisions) and the whole plan in words: they are judged
-    now, a dry run shows them, and those that need the user's yes are asked together, once, before
-    anything is sent."""
-    decisions = [check(host, method, path, params, read) for method, path, params in steps]
+    now, each on what the steps before it leave (batch.py), a dry run shows them, and those that need
+    the user's yes are asked together, once, before anything is sent."""
+    overlay, decisions = batch.Overlay(read, host.product), []
+    for method, path, params in steps:  # each judged on what the steps before it leave (batch.py)
+        decisions.append(check(host, method, path, params, overlay.read))
+        overlay.fold(decisions[-1])
     for decision in prepared:
         try:
             judge(host, decision)

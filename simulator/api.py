@@ -5,6 +5,7 @@ catalog, the schema check, the permission check, then the product's handler.
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
@@ -64,6 +65,44 @@ def _evaluate(call: Call, check: list, values: dict[str, str]) -> tuple[str, str
 
 HANDLERS = {"pve": PVE_HANDLERS | HA_HANDLERS | STORED_SECRET_HANDLERS["pve"],
             "pbs": PBS_HANDLERS | STORED_SECRET_HANDLERS["pbs"]}
+
+
+def pve_execute(call: Call, node: str) -> list:
+    """POST /nodes/{node}/execute: each command in order as the API call nodes/{node}/{path}, with
+    its own schema and permission check, on the state the earlier ones left; a command that fails
+    answers its error and the next one runs (pve-manager PVE/API2/Nodes.pm `execute`: one `eval`
+    per command; docs/PROXMOX-BEHAVIOUR.md#nested-execute)."""
+    results = []
+    for command in json.loads(call.params["commands"]):
+        try:
+            results.append({"status": 200, "data": _nested(call, node, command)})
+        except ApiError as exc:
+            results.append({"status": exc.status, "message": exc.message} | ({"errors": exc.errors}
+                                                                              if exc.errors else {}))
+    return results
+
+
+def _nested(call: Call, node: str, command: dict) -> Any:
+    path = f"/nodes/{node}/{command['path']}"
+    found = catalog.find_method("pve", command["method"], path)
+    if found is None:
+        raise ApiError(500, f"no handler for '{path[1:]}'")
+    entry, path_params = found
+    args = dict(command.get("args") or {})
+    repeated = {name: "duplicate parameter" for name in args if name in path_params}
+    errors = repeated or catalog.check_params(entry, args, form=False, path_params=path_params, product="pve")
+    if errors:
+        call.lab.schema_rejections.append(("pve", command["method"], path, errors))
+        raise ApiError(400, "Parameter verification failed.", errors)
+    inner = Call("pve", command["method"], path, args, call.token_id, call.token, call.lab)
+    _check_permission(inner, entry, path_params)
+    handler = HANDLERS["pve"].get((command["method"], entry["path"]))
+    if handler is None:
+        return generic(inner, entry)
+    return handler(inner, **{k.replace("-", "_"): v for k, v in path_params.items()})
+
+
+HANDLERS["pve"][("POST", "/nodes/{node}/execute")] = pve_execute
 TOKEN_HEADER = {"pve": re.compile(r"^PVEAPIToken=(?P<id>[^=\s]+)=(?P<secret>\S+)$"),
                 "pbs": re.compile(r"^PBSAPIToken=(?P<id>[^:\s]+):(?P<secret>\S+)$")}
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .call import ApiError, Call, _guest, _node, _permissions
 from .file_restore import PVE_FILE_HANDLERS
-from .lab import GiB, Task
+from .lab import GiB, Task, size_bytes
 from .pve_history import pve_extractconfig, pve_snapshot_config
 from .pve_backup import pve_vzdump, visible_volume
 from .pve_backup_jobs import BACKUP_JOB_HANDLERS
@@ -442,6 +442,28 @@ def pve_download_url(call: Call, node: str, storage: str) -> str:
     return call.lab.start_task(node, "download", storage, user=call.token_id, lines=lines, on_done=apply)
 
 
+def pve_volume(call: Call, node: str, storage: str, volume: str) -> dict:
+    """GET .../content/{volume}: a volume's format, path, size and (backups) notes and protection, to
+    a caller with read access to it (pve-storage API2/Storage/Content.pm `info`: check_volume_access).
+    A guest's disk is found in its config (an unusedN entry's size is the size it had when attached)."""
+    _node(call, node)
+    volid = volume if ":" in volume else f"{storage}:{volume}"
+    found = next((v for v in call.lab.volumes.get(storage, []) if v["volid"] == volid), None)
+    for guest in call.lab.guests.values() if found is None else ():
+        for value in (v for v in guest["config"].values() if isinstance(v, str) and v.split(",")[0] == volid):
+            found = {"volid": volid, "vmid": guest["vmid"], "format": "raw",
+                     "content": "images" if guest["type"] == "qemu" else "rootdir",
+                     "size": size_bytes(value) or guest.get("detached", {}).get(volid, 0)}
+    if found is None:
+        raise ApiError(500, f"unable to parse volume ID '{volid}'" if ":" not in volid else
+                       f"volume '{volid}' does not exist")
+    if not visible_volume(call, storage, found):
+        raise ApiError(403, f"Permission check failed (/storage/{storage}, Datastore.Audit)")
+    return {"format": found.get("format", "raw"), "path": f"/var/lib/vz/{volid.split(':', 1)[1]}",
+            "size": found["size"], "used": found["size"]} | {
+        k: found[k] for k in ("notes", "protected") if k in found}
+
+
 def pve_delete_volume(call: Call, node: str, storage: str, volume: str) -> str:
     _node(call, node)
     volid = volume if ":" in volume else f"{storage}:{volume}"
@@ -520,8 +542,47 @@ def pve_permissions(call: Call, **_: str) -> dict:
 
 
 def pve_pools(call: Call, **_: str) -> list:
-    return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
-            if call.can(f"/pool/{name}", "Pool.Audit")]
+    """GET /pools: the pools the caller may audit; with `poolid` that pool with its members (pve-manager
+    PVE/API2/Pool.pm `index`: the guests of the pool that exist, as extract_vm_stats gives them)."""
+    poolid = call.arg("poolid")
+    if poolid is None:
+        return [{"poolid": p["poolid"], "comment": p.get("comment", "")} for name, p in call.lab.pools.items()
+                if call.can(f"/pool/{name}", "Pool.Audit")]
+    if poolid not in call.lab.pools:
+        raise ApiError(500, f"pool '{poolid}' does not exist")
+    wanted = call.arg("type")
+    members = [_guest_row(g) for _, g in sorted(call.lab.guests.items())
+               if g.get("pool") == poolid and wanted in (None, g["type"])]
+    return [{"poolid": poolid, "comment": call.lab.pools[poolid].get("comment", ""), "members": members}]
+
+
+def pve_pool(call: Call, poolid: str) -> dict:
+    """GET /pools/{poolid} (deprecated, the same as /pools?poolid=; Pool.pm `read_pool`)."""
+    call.params = dict(call.params) | {"poolid": poolid}
+    return pve_pools(call)[0]
+
+
+def pve_pool_update(call: Call, poolid: str | None = None) -> None:
+    """PUT /pools (and /pools/{poolid}): the listed guests added, or with `delete` removed; a guest in
+    another pool moves only with `allow-move` (Pool.pm `update_pool`)."""
+    poolid = poolid or call.arg("poolid")
+    if poolid not in call.lab.pools:
+        raise ApiError(500, f"update pools failed: pool '{poolid}' does not exist")
+    if call.arg("comment") is not None:
+        call.lab.pools[poolid]["comment"] = call.arg("comment")
+    for vmid in (int(v) for v in re.split(r"[,;\s]+", str(call.arg("vms") or "")) if v):
+        guest = call.lab.guests.get(vmid)
+        if str(call.arg("delete", "0")) == "1":
+            if guest is None or guest.get("pool") != poolid:
+                raise ApiError(500, f"update pools failed: VM {vmid} is not a pool member")
+            guest["pool"] = None
+        elif guest is not None and guest.get("pool") == poolid:
+            raise ApiError(500, f"update pools failed: VM {vmid} is already a pool member")
+        elif guest is not None and guest.get("pool") and str(call.arg("allow-move", "0")) != "1":
+            raise ApiError(500, f"update pools failed: VM {vmid} belongs already to pool '{guest['pool']}' and "
+                                f"'allow-move' is not set")
+        elif guest is not None:
+            guest["pool"] = poolid
 
 
 PVE_HANDLERS: dict[tuple[str, str], Callable] = {
@@ -548,11 +609,15 @@ PVE_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/nodes/{node}/tasks/{upid}/log"): pve_task_log,
     ("GET", "/access/permissions"): pve_permissions,
     ("GET", "/pools"): pve_pools,
+    ("GET", "/pools/{poolid}"): pve_pool,
+    ("PUT", "/pools"): pve_pool_update,
+    ("PUT", "/pools/{poolid}"): pve_pool_update,
     ("GET", "/nodes/{node}/storage/{storage}/content"): pve_storage_content,
     ("GET", "/nodes/{node}/network"): pve_network,
     ("POST", "/nodes/{node}/vzdump"): pve_vzdump,
     ("POST", "/nodes/{node}/storage/{storage}/download-url"): pve_download_url,
     ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_delete_volume,
+    ("GET", "/nodes/{node}/storage/{storage}/content/{volume}"): pve_volume,
     ("GET", "/nodes/{node}/lxc/{vmid}/interfaces"): pve_lxc_interfaces,
     ("GET", "/cluster/log"): pve_cluster_log,
     ("GET", "/nodes/{node}/certificates/info"): pve_certificates,

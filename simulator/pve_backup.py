@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Callable
 
 from .call import ApiError, Call, _node
 from .lab import GiB, backup_config
@@ -162,12 +163,6 @@ class Target:
             volumes[:] = [v for v in volumes if not any(v is g for g in gone)]
 
 
-def _guest_to_back_up(call: Call, node: str) -> dict | None:
-    vmid = int(re.split(r"[,;\s]+", str(call.arg("vmid", "0")))[0] or 0)
-    guest = call.lab.guests.get(vmid)
-    return guest if guest is not None and guest["node"] == node else None
-
-
 def _limit_error(target: Target, keep: dict[str, int], remove: bool) -> str | None:
     """With `remove=0` a retention is a limit: a guest that has that many backups is refused
     (pve-manager PVE/VZDump.pm exec_backup_task, "max backup limit")."""
@@ -180,33 +175,71 @@ def _limit_error(target: Target, keep: dict[str, int], remove: bool) -> str | No
 
 
 def pve_vzdump(call: Call, node: str) -> str:
+    """POST /nodes/{node}/vzdump: the guests the selection names that are on this node, each backed up
+    in turn in one task (pve-manager PVE/API2/VZDump.pm `vzdump`, PVE/VZDump.pm `get_included_guests`)."""
     _node(call, node)
     template = call.arg("notes-template")
     problem = notes_problem(str(template)) if template else None
     if problem:  # checked before the worker starts (PVE/VZDump.pm verify_vzdump_parameters)
         raise ApiError(400, "Parameter verification failed.", {"notes-template": problem})
-    guest = _guest_to_back_up(call, node)
-    if guest is None:
+    guests = [g for g in included_guests(call) if g["node"] == node]
+    if not guests:
         return call.lab.start_task(node, "vzdump", "", user=call.token_id, exitstatus="job errors",
                                    lines=[f"ERROR: guest {call.arg('vmid')} is not on node {node}"])
+    item = str(guests[0]["vmid"]) if len(guests) == 1 else ""
     storage = call.arg("storage", "local")
     entry = call.lab.storages.get(storage)
     if entry is None or node not in call.lab.storage_nodes(entry):  # PVE/VZDump.pm new: storage_info
-        return call.lab.start_task(node, "vzdump", str(guest["vmid"]), user=call.token_id, exitstatus="job errors",
+        return call.lab.start_task(node, "vzdump", item, user=call.token_id, exitstatus="job errors",
                                    lines=[f"ERROR: could not get storage information for '{storage}': "
                                           f"storage '{storage}' does not exist"])
-    target = Target(call, storage, guest)
-    vmid = guest["vmid"]
+    lines = [f"INFO: starting new backup job: vzdump {' '.join(str(g['vmid']) for g in guests)} --storage {storage} "
+             f"--mode {call.arg('mode', 'snapshot')}"]
+    done = [_back_up(call, Target(call, storage, guest), template, lines) for guest in guests]
+    effects = [effect for effect in done if effect is not None]
+
+    def apply() -> None:
+        for effect in effects:
+            effect()
+    if len(effects) < len(done):  # a guest failed: the task ends in job errors, the others were backed up
+        call.lab.schedule(call.lab.task_seconds, apply)
+        return call.lab.start_task(node, "vzdump", item, user=call.token_id, exitstatus="job errors", lines=lines)
+    return call.lab.start_task(node, "vzdump", item, user=call.token_id, lines=lines, on_done=apply,
+                               lock=(guests[0], "backup") if len(guests) == 1 else None)
+
+
+def included_guests(call: Call) -> list[dict]:
+    """The guests a backup selects: a pool's members (its `exclude` ignored), else the listed vmids,
+    else every guest but the excluded (PVE/VZDump.pm `get_included_guests`); `node` narrows them."""
+    lab = call.lab
+    if call.arg("pool"):
+        chosen = [g for _, g in sorted(lab.guests.items()) if g.get("pool") == call.arg("pool")]
+    elif call.arg("vmid"):
+        chosen = [lab.guests[v] for v in _vmids(call.arg("vmid")) if v in lab.guests]
+    elif str(call.arg("all", "0")) == "1" or call.arg("exclude") is not None:
+        excluded = set(_vmids(call.arg("exclude")))
+        chosen = [g for v, g in sorted(lab.guests.items()) if v not in excluded]
+    else:
+        chosen = []
+    return [g for g in chosen if call.arg("node") in (None, g["node"])]
+
+
+def _vmids(value: object) -> list[int]:
+    return [int(v) for v in re.split(r"[,;\s]+", str(value or "")) if v]
+
+
+def _back_up(call: Call, target: Target, template: object, lines: list[str]) -> Callable[[], None] | None:
+    """One guest's backup: its log lines, and what it leaves when the task ends (None: it failed)."""
+    guest, vmid = target.guest, target.guest["vmid"]
     # the job's retention, else the storage's own; keep-all turns `remove` off (PVE/VZDump.pm new)
     keep = retention(call.arg("prune-backups") or target.config.get("prune-backups"))
     remove = str(call.arg("remove", "1")) == "1" and not keep.get("keep-all")
-    lines = [f"INFO: starting new backup job: vzdump {vmid} --storage {storage} --mode {call.arg('mode', 'snapshot')}",
-             f"INFO: Starting Backup of VM {vmid} ({target.kind})"]
+    lines.append(f"INFO: Starting Backup of VM {vmid} ({target.kind})")
     label = "VM" if guest["type"] == "qemu" else "CT"
     refused = _limit_error(target, keep, remove) or (f"{label} is locked ({guest['lock']})" if guest["lock"] else None)
     if refused:
-        return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, exitstatus="job errors",
-                                   lines=lines + [f"ERROR: Backup of VM {vmid} failed - {refused}"])
+        lines.append(f"ERROR: Backup of VM {vmid} failed - {refused}")
+        return None
     now = int(time.time())
     going = pruned(target.group() + [{"ctime": now, "new": True}], keep) if remove else []
     lines += [f"INFO: {p}% ({p * 20 // 100} GiB of 20 GiB) in {p // 10}s" for p in (10, 35, 60, 85, 100)]
@@ -219,5 +252,4 @@ def pve_vzdump(call: Call, node: str) -> str:
         notes = notes_text(call, str(template), guest) if template else None
         target.write(now, notes, str(call.arg("protected", "0")) == "1")
         target.remove([b for b in going if not b.get("new")])
-    return call.lab.start_task(node, "vzdump", str(vmid), user=call.token_id, lines=lines, on_done=apply,
-                               lock=(guest, "backup"))
+    return apply

@@ -103,6 +103,7 @@ def fw_options_set(call: Call, **where: str) -> None:
         if name in ("delete", "digest", "node", "vmid"):
             continue
         value = call.arg(name)
+        value = int(value) if str(value) in ("0", "1") else value  # booleans are stored and answered as 0/1
         if name == "enable":
             value = int(value)
             value = int(time.time()) if env == "cluster" and value > 1 else (min(value, 1) if env != "cluster"

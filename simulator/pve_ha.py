@@ -8,8 +8,10 @@ import re
 from typing import Callable
 
 from .call import ApiError, Call
+from .pve_ha_manager import place_later
 
 RULE_FIELDS = ("type", "resources", "nodes", "strict", "affinity", "disable", "comment")
+RESOURCE_FIELDS = ("group", "failback", "comment", "max_restart", "max_relocate")
 GROUP_FIELDS = ("nodes", "restricted", "nofailback", "comment")
 
 
@@ -35,8 +37,7 @@ def ha_resources(call: Call) -> list:
         if wanted in (None, kind):
             row = {"sid": f"{kind}:{vmid}", "type": kind, "state": guest["ha"].get("state", "started"),
                    "digest": _digest(call)}
-            if guest["ha"].get("group"):
-                row["group"] = guest["ha"]["group"]
+            row |= {k: guest["ha"][k] for k in RESOURCE_FIELDS if guest["ha"].get(k) is not None}
             rows.append(row)
     return rows
 
@@ -70,11 +71,22 @@ def ha_rule_update(call: Call, rule: str) -> None:
     for name in _names(call.params.get("delete", "")):
         stored.pop(name, None)
     stored.update(given)
+    place_later(call.lab)
 
 
 def ha_rule_delete(call: Call, rule: str) -> None:
     if call.lab.ha_rules.pop(rule, None) is None:
         raise ApiError(500, f"HA rule '{rule}' does not exist")
+    place_later(call.lab)
+
+
+def ha_rule_create(call: Call) -> None:
+    """POST /cluster/ha/rules (Rules.pm `create_rule`): a rule id that exists is refused."""
+    rule = call.arg("rule")
+    if rule in call.lab.ha_rules:
+        raise ApiError(500, f"HA rule '{rule}' already defined")
+    call.lab.ha_rules[rule] = {k: call.arg(k) for k in RULE_FIELDS if call.arg(k) is not None}
+    place_later(call.lab)
 
 
 def ha_groups(call: Call) -> list:
@@ -96,6 +108,68 @@ def ha_group_update(call: Call, group: str) -> None:
     stored.update({k: v for k, v in call.params.items() if k in GROUP_FIELDS})
     for name in _names(call.params.get("delete", "")):
         stored.pop(name, None)
+    place_later(call.lab)
+
+
+def ha_group_create(call: Call) -> None:
+    group = call.arg("group")
+    if group in call.lab.ha_groups:
+        raise ApiError(500, f"ha group '{group}' already defined")
+    call.lab.ha_groups[group] = {k: call.arg(k) for k in GROUP_FIELDS if call.arg(k) is not None}
+    place_later(call.lab)
+
+
+def ha_group_delete(call: Call, group: str) -> None:
+    """DELETE /cluster/ha/groups/{group}: refused while a resource names it (Groups.pm `delete`)."""
+    if group not in call.lab.ha_groups:
+        raise ApiError(500, f"no such ha group '{group}'")
+    if any((g.get("ha") or {}).get("group") == group for g in call.lab.guests.values()):
+        raise ApiError(500, f"ha group '{group}' is used by HA resources")
+    del call.lab.ha_groups[group]
+
+
+def _sid_vmid(sid: object) -> int:
+    """The guest of an HA resource id (`vm:100`, `ct:100`, or a bare vmid: Config.pm `parse_sid`)."""
+    match = re.fullmatch(r"(?:(?:vm|ct):)?(\d+)", str(sid))
+    if match is None:
+        raise ApiError(400, "Parameter verification failed.", {"sid": f"unable to parse service id '{sid}'"})
+    return int(match.group(1))
+
+
+def _resource(call: Call, sid: str) -> tuple[int, dict]:
+    vmid = _sid_vmid(sid)
+    guest = call.lab.guests.get(vmid)
+    if guest is None or not guest.get("ha"):
+        raise ApiError(500, f"no such resource '{sid}'")
+    return vmid, guest
+
+
+def ha_resource(call: Call, sid: str) -> dict:
+    """GET /cluster/ha/resources/{sid} (Resources.pm `read`): its config with sid, type and digest."""
+    _, guest = _resource(call, sid)
+    kind = "vm" if guest["type"] == "qemu" else "ct"
+    return {k: v for k, v in guest["ha"].items() if k in RESOURCE_FIELDS or k == "state"} | {
+        "sid": f"{kind}:{guest['vmid']}", "type": kind, "digest": _digest(call)}
+
+
+def ha_resource_create(call: Call) -> None:
+    """POST /cluster/ha/resources (Resources.pm `create`): the guest becomes an HA resource, started
+    unless a state is given."""
+    vmid = _sid_vmid(call.arg("sid"))
+    guest = call.lab.guests.get(vmid)
+    if guest is None:
+        raise ApiError(500, f"unable to find VM/CT {vmid}")
+    if guest.get("ha"):
+        raise ApiError(500, f"resource ID '{call.arg('sid')}' already defined")
+    guest["ha"] = {"state": call.arg("state", "started")} | {k: call.arg(k) for k in RESOURCE_FIELDS
+                                                             if call.arg(k) is not None}
+    place_later(call.lab)
+
+
+def ha_resource_delete(call: Call, sid: str) -> None:
+    _, guest = _resource(call, sid)
+    guest["ha"] = None
+    place_later(call.lab)
 
 
 HA_HANDLERS: dict[tuple[str, str], Callable] = {
@@ -107,4 +181,10 @@ HA_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/cluster/ha/groups"): ha_groups,
     ("GET", "/cluster/ha/groups/{group}"): ha_group,
     ("PUT", "/cluster/ha/groups/{group}"): ha_group_update,
+    ("POST", "/cluster/ha/rules"): ha_rule_create,
+    ("POST", "/cluster/ha/groups"): ha_group_create,
+    ("DELETE", "/cluster/ha/groups/{group}"): ha_group_delete,
+    ("GET", "/cluster/ha/resources/{sid}"): ha_resource,
+    ("POST", "/cluster/ha/resources"): ha_resource_create,
+    ("DELETE", "/cluster/ha/resources/{sid}"): ha_resource_delete,
 }

@@ -11,6 +11,7 @@ import re
 from typing import Callable
 
 from .call import ApiError, Call, _guest, _node
+from .lab import size_bytes
 
 # Storage types whose volumes take snapshots, with the formats that can (None: any), as each
 # plugin's volume_has_feature('snapshot', current) answers (pve-storage src/PVE/Storage/*Plugin.pm).
@@ -177,6 +178,7 @@ def set_option(guest: dict, key: str, value: object) -> None:
     write_pct_config)."""
     config = guest["config"]
     old = _disk_volume(key, config.get(key))
+    size_of = size_bytes(str(config.get(key, "")))
     if value is None:
         config.pop(key, None)
     else:
@@ -184,6 +186,7 @@ def set_option(guest: dict, key: str, value: object) -> None:
     if old and old != _disk_volume(key, value) and old not in config.values():
         index = next(n for n in range(256) if f"unused{n}" not in config)
         config[f"unused{index}"] = old
+        guest.setdefault("detached", {})[old] = size_of  # an unusedN entry names no size; the volume has one
     attached = set(volumes(config))
     for unused in [k for k, v in config.items() if UNUSED.fullmatch(k) and v in attached]:
         del config[unused]

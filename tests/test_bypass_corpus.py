@@ -14,7 +14,10 @@ Sessions (the operator's configuration each entry is tried in):
   unblocked  write tier and exec open, the QEMU monitor, sendkey and the agent's set-user-password
              opened by PROXMOX_UNBLOCK, PROXMOX_EXEC_ALLOWED_VMIDS=104, only guest 101 protected
   backups    everything open, guests 101 (a VM) and 103 (a container on lvmthin) protected
+  remote     everything open, guests 100, 101, 102 protected, this server seen from 198.51.100.7 (outside
+             the management network: let in by node pve1's rules only)
 """
+import copy
 import json
 from types import SimpleNamespace
 from urllib.parse import unquote
@@ -297,7 +300,7 @@ def settings_for(session: str) -> policy.Settings:
     rules = policy.HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
     return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
                            protected=Protected([e for e in PROTECTED if e["vmid"] in protected]),
-                           exec_allowed_vmids=allowed)
+                           exec_allowed_vmids=allowed, source_address=SOURCES.get(session))
 
 
 # What the policy reads to judge a job, rule or group edit (the stored object, the guests and
@@ -339,6 +342,79 @@ STORED = {"/cluster/backup/backup-nightly": {"id": "backup-nightly", "type": "vz
           # a bind mount, which a backup leaves out
           "/nodes/pve1/lxc/103/config": {"rootfs": "local-lvm:subvol-103-disk-0,size=32G",
                                          "mp0": "/srv/media,mp=/media"}}
+
+
+# ---- issue 28 sections 3, 4, 5 and 7: a batch judged as it runs (node pve1 lets 198.51.100.7 in by its
+# own rules: docs/PROXMOX-BEHAVIOUR.md#nested-execute), pools read (#backups-by-pool), HA edits judged by where they
+# place the protected guests (#ha-placement), the yes pinned to what the question showed (#confirmation)
+OUTSIDE_ADDRESS = "198.51.100.7"
+SOURCES = {"remote": OUTSIDE_ADDRESS}
+SESSIONS["remote"] = ("destructive", ALL, (100, 101, 102), None, ())
+LET_IN = {"type": "in", "action": "ACCEPT", "proto": "tcp", "source": OUTSIDE_ADDRESS, "enable": 1}
+DROP_API = {"type": "in", "action": "DROP", "proto": "tcp", "dport": "8006"}
+FIREWALL = {"/cluster/firewall/options": {"enable": 1},
+            "/cluster/status": [{"type": "node", "name": "pve1", "online": 1, "ip": "192.0.2.11"}],
+            "/nodes/pve1/firewall/options": {}, "/nodes/pve1/network": [{"iface": "vmbr0", "cidr": "192.0.2.11/24"}],
+            "/nodes/pve1/firewall/rules": [LET_IN | {"dport": "8006"}, LET_IN | {"dport": "22"}]}
+POOLS = {"/pools/prod": {"poolid": "prod", "members": [{"id": "qemu/100", "type": "qemu", "vmid": 100},
+                                                       {"id": "qemu/101", "type": "qemu", "vmid": 101}]},
+         "/pools/lab": {"poolid": "lab", "members": [{"id": "lxc/105", "type": "lxc", "vmid": 105}]},
+         "/cluster/backup/backup-prod": {"id": "backup-prod", "type": "vzdump", "pool": "prod", "mode": "snapshot",
+                                         "remove": 0, "storage": "pbs", "schedule": "05:00", "enabled": 1}}
+HA_RULES = {"together": {"type": "resource-affinity", "resources": "vm:101,vm:104", "affinity": "positive"},
+            "r104": {"type": "node-affinity", "resources": "vm:104", "nodes": "pve2", "strict": 1},
+            "r105": {"type": "node-affinity", "resources": "ct:105", "nodes": "pve3"}}
+HA = {"/cluster/ha/rules": [STORED["/cluster/ha/rules/keep-db"]] + [r | {"rule": n} for n, r in HA_RULES.items()],
+      "/cluster/ha/groups": [{"group": "db-nodes", "type": "group", "nodes": "pve1", "restricted": 1}],
+      "/cluster/ha/resources": STORED["/cluster/ha/resources"] + [{"sid": "vm:104", "type": "vm", "state": "started"},
+                                                                {"sid": "ct:105", "type": "ct", "state": "started"}]}
+HA |= {f"/cluster/ha/rules/{n}": r | {"rule": n} for n, r in HA_RULES.items()}
+HA |= {f"/cluster/ha/resources/{r['sid']}": r for r in HA["/cluster/ha/resources"]}
+STORED |= FIREWALL | POOLS | HA
+
+
+def execute(*commands: tuple) -> dict:
+    return {"commands": json.dumps([{"method": m, "path": p} | ({"args": a} if a else {}) for m, p, a in commands])}
+
+
+CORPUS += [
+    # a batch: each command on the state the earlier ones leave, and every way it can end (a command
+    # that fails does not stop the next), where the same requests one by one are refused
+    ("remote", "pve", "POST", "/nodes/pve1/execute",
+     execute(("POST", "firewall/rules", DROP_API), ("PUT", "firewall/rules/0", {"enable": 1})), "would cut"),
+    ("remote", "pve", "POST", "/nodes/pve1/execute",
+     execute(("POST", "firewall/rules", DROP_API), ("PUT", "firewall/rules/1", {"moveto": 3}),
+             ("PUT", "firewall/rules/0", {"enable": 1})), "would cut"),
+    ("remote", "pve", "POST", "/nodes/pve1/execute",
+     execute(("POST", "firewall/rules", DROP_API | {"dport": "3128"}), ("DELETE", "firewall/rules/1", None)),
+     "would cut"),
+    ("remote", "pve", "POST", "/nodes/pve1/execute",
+     execute(("POST", "firewall/rules", LET_IN | {"dport": "8006", "digest": "0" * 40}),
+             ("DELETE", "firewall/rules/1", None)), "would cut"),
+    # pools: vzdump takes a pool's members and ignores exclude; a job moved off the pool that holds them
+    ("open", "pve", "POST", "/nodes/pve2/vzdump", {"all": 1, "exclude": "101", "pool": "prod", "mode": "snapshot"},
+     "protected"),
+    ("open", "pve", "PUT", "/cluster/backup/backup-prod", {"pool": "lab"}, "protected"),
+    ("open", "pve", "POST", "/cluster/backup", {"all": 1, "exclude": "100,101", "pool": "prod", "mode": "stop",
+                                                "schedule": "daily", "storage": "pbs"}, "protected"),
+    ("open", "pve", "POST", "/nodes/pve1/vzdump", {"pool": "ghost", "mode": "stop"}, "protected"),  # unreadable
+    # HA: the rules of the guest 101 must run with move 101 along; a second rule for it drops both
+    ("open", "pve", "PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "nodes": "pve3"}, "protected"),
+    ("open", "pve", "DELETE", "/cluster/ha/rules/together", {}, "protected"),
+    ("open", "pve", "PUT", "/cluster/ha/resources/vm:104", {"failback": 0}, "protected"),
+    ("open", "pve", "POST", "/cluster/ha/rules", {"rule": "r104b", "type": "node-affinity", "resources": "vm:104",
+                                                  "nodes": "pve1"}, "protected"),
+]
+
+
+def batches_pools_and_placement_in(lab) -> None:
+    """The lab holds what STORED says of the firewall, the pools and the HA rules (servers)."""
+    lab.firewall["hosts"]["pve1"] = {"options": {}, "rules": copy.deepcopy(FIREWALL["/nodes/pve1/firewall/rules"])}
+    lab.pools["lab"] = {"poolid": "lab", "comment": "scratch"}
+    lab.guests[105]["pool"] = "lab"
+    lab.ha_rules |= copy.deepcopy(HA_RULES)
+    for vmid in (104, 105):
+        lab.guests[vmid]["ha"] = {"state": "started"}
 
 
 def test_the_corpus_grew_by_every_example_of_issue_14():
@@ -383,6 +459,8 @@ def session_env(sim, tmp, session: str) -> dict:
         env["PROXMOX_EXEC_ALLOWED_VMIDS"] = ",".join(map(str, sorted(allowed)))
     if unblocked:
         env["PROXMOX_UNBLOCK"] = ",".join(unblocked)
+    if session in SOURCES:
+        env["PROXMOX_SOURCE_ADDRESS"] = SOURCES[session]
     return env
 
 
@@ -401,6 +479,7 @@ def servers(sim, tmp_path_factory):
     lab.ha_groups["db-nodes"] = {"nodes": "pve1", "restricted": 1}
     lab.guests[101]["ha"] = {"state": "started", "group": "db-nodes"}
     lab.guests[102]["config"]["mp0"] = STORED["/nodes/pve3/lxc/102/config"]["mp0"]
+    batches_pools_and_placement_in(lab)
     from contextlib import ExitStack
     with ExitStack() as stack:
         yield {name: stack.enter_context(in_process(session_env(sim, tmp_path_factory.mktemp(name), name),
@@ -443,6 +522,18 @@ ALLOWED = [
     ("open", "pve", "POST", "/cluster/backup", {"all": 1, "exclude": "102", "mode": "snapshot", "remove": 0,
                                                 "schedule": "daily", "storage": "pbs"}),
     ("backups", "pve", "POST", "/nodes/pve1/vzdump", {"vmid": "103", "mode": "snapshot", "remove": 0}),
+]
+
+
+ALLOWED += [  # issue 28: a batch that keeps this server in however it ends; what places or backs up no
+    # protected guest
+    ("remote", "pve", "POST", "/nodes/pve1/execute",
+     execute(("POST", "firewall/rules", DROP_API), ("PUT", "firewall/rules/0", {"moveto": 3}),
+             ("PUT", "firewall/rules/2", {"enable": 1}))),
+    ("open", "pve", "POST", "/nodes/pve3/vzdump", {"pool": "lab", "mode": "stop"}),
+    ("open", "pve", "PUT", "/cluster/backup/backup-prod", {"comment": "production"}),
+    ("open", "pve", "PUT", "/cluster/ha/rules/r105", {"type": "node-affinity", "nodes": "pve1"}),
+    ("open", "pve", "PUT", "/cluster/ha/resources/ct:105", {"failback": 0}),
 ]
 
 
@@ -577,3 +668,40 @@ def test_marked_guests_are_refused_through_the_generic_tools_with_nothing_sent(s
             message, sent = requests_during(sim, lambda a=arguments: server.error("write_call_api", a))
             assert expected in message, message
             assert [r for r in sent if r[1] != "GET"] == [], (session, path)
+# ---- issue 28 section 7: a yes is for the object the question showed. The user said yes while the
+# config read `before`; when the request is sent it reads `after` (unused0 re-pointed at a 500 GiB disk,
+# vmstate at another volume): the yes does not stand for it, and the same object keeps it.
+SMALL, BIG = "local-lvm:vm-104-disk-7", "local-lvm:vm-104-disk-8"
+SIZES = {f"/nodes/pve2/storage/local-lvm/content/{v}": {"size": size} for v, size in ((SMALL, 8 << 30),
+                                                                                    (BIG, 500 << 30))}
+CONFIG = "/nodes/pve2/qemu/104/config"
+PINNED = [  # (the config the user said yes for, the config when it is sent, the request's parameters)
+    ({"unused0": SMALL}, {"unused0": BIG}, {"delete": "unused0"}),
+    ({"vmstate": SMALL}, {"vmstate": BIG}, {"delete": "vmstate"}),
+    ({"unused0": SMALL, "unused1": BIG}, {"unused0": BIG, "unused1": SMALL}, {"delete": "unused0"}),
+]
+
+
+@pytest.mark.parametrize("before, after, params", PINNED)
+def test_a_yes_does_not_stand_for_another_object(before, after, params):
+    original = policy.settings()
+    policy.configure(settings_for("open"))
+    try:
+        shown = policy.classify(PVE, "PUT", CONFIG, dict(params), read=(SIZES | {CONFIG: before}).get)
+        assert any(SMALL in reason for reason in shown.reasons), shown.reasons  # the question names it
+        for config, sent_count in ((after, 0), (before, 1)):
+            sent = []
+            token = policy.CALL.set({"tool": "corpus", "confirm": None,
+                                     "approved": {policy.approval_key(PVE, shown)}})
+            try:
+                if sent_count:
+                    policy.admit(PVE, "PUT", CONFIG, dict(params), sent.append, read=(SIZES | {CONFIG: config}).get)
+                else:
+                    with pytest.raises(ConfirmationNeeded):
+                        policy.admit(PVE, "PUT", CONFIG, dict(params), sent.append,
+                                     read=(SIZES | {CONFIG: config}).get)
+            finally:
+                policy.CALL.reset(token)
+            assert len(sent) == sent_count
+    finally:
+        policy.configure(original)

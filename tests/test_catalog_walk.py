@@ -132,6 +132,8 @@ def call_for(product: str, entry: dict, upid: str):
         params.update(id="walk2", schedule="daily", vmid="103", storage="local")
     if product == "pve" and entry["path"] == "/cluster/backup/{id}" and entry["method"] == "PUT":  # not empty
         params["mode"] = "snapshot"
+    if product == "pve" and (entry["method"], entry["path"]) == ("POST", "/cluster/ha/resources"):
+        params["sid"] = "vm:104"  # a guest that is not an HA resource yet
     return path, params
 
 
@@ -191,6 +193,7 @@ def walker(sim, tmp_path_factory):
         guest = sim.lab.add_guest(vmid, kind, node, f"walk{vmid}", status=status)
         guest["paused"] = state == "paused"
     sim.lab.guests[101]["ha"] = {"state": "started"}  # the HA resource the walk edits (vm:101)
+    sim.lab.pools["walk1"] = {"poolid": "walk1"}  # the pool the walk reads and edits
     for vmid in (100, 103):  # snapshots the walk reads and deletes
         sim.lab.guests[vmid]["snapshots"].append({"name": "walk", "snaptime": 1})
     # jobs and an ACME plugin the walk reads (the policy reads a job before editing or running it)
@@ -234,7 +237,7 @@ def test_every_open_method_passes_and_every_blocked_one_is_refused(walker, sim):
     for product in catalog.PRODUCTS:
         # deleting the walk's guests, snapshots and HA rules comes last, so that every other method still finds them
         for entry in sorted(catalog.methods(product), key=lambda e: e["method"] == "DELETE" and bool(re.fullmatch(
-                r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?|/cluster/ha/(rules|groups)/\{\w+\}",
+                r"/nodes/\{node\}/(qemu|lxc)/\{vmid\}(/snapshot/\{snapname\})?|/cluster/ha/(rules|groups|resources)/\{\w+\}",
                 e["path"]))):
             path, params = call_for(product, entry, upids[product])
             gate = method_gate(entry["method"], entry["path"])

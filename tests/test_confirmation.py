@@ -167,3 +167,58 @@ def test_on_2026_07_28_a_request_the_user_did_not_see_is_not_sent():
                                reasons=["deletes a backup snapshot"])
     with pytest.raises(ConfirmationNeeded, match="Call the tool again"):
         confirmation.confirmer(True, ModernContext())(host, [decision])
+
+
+def test_a_cluster_rule_added_lower_down_is_asked_once_and_completes(asking, user, sim):
+    """Issue 28 section 8: a cluster firewall rule (elevated, so confirmed) added at pos 1 takes three
+    requests (add on top disabled, move, enable); all three are declared before the first, so the one
+    question covers them and the call completes on both revisions, leaving no disabled rule on top."""
+    rules = sim.lab.firewall["cluster"]["rules"]
+    before = list(rules)
+    rules[:] = [{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "443", "enable": 1}]
+    user.answers = ["accept"]
+    try:
+        added, sent = requests_during(sim, lambda: asking.ok("write_edit_firewall_rule", {
+            "action": "add", "pos": 1, "rule": {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "80"}}))
+        assert added["pos"] == 1 and [(r["dport"], r["enable"]) for r in rules] == [("443", 1), ("80", 1)]
+        assert [r[1:] for r in writes(sent)] == [("POST", "/cluster/firewall/rules"),
+                                                  ("PUT", "/cluster/firewall/rules/0"),
+                                                  ("PUT", "/cluster/firewall/rules/1")]
+        assert len(user.asked) == 1 and "moved to pos 1, then enabled" in user.asked[0]
+        assert "1) ELEVATED: POST" in user.asked[0] and "3) ELEVATED: PUT /cluster/firewall/rules/1" in user.asked[0]
+    finally:
+        rules[:] = before
+
+
+def test_the_question_names_the_volume_a_config_edit_frees_and_the_yes_is_pinned_to_it(asking, user, sim):
+    """Issue 28 section 7: `delete=unused0` frees the volume unused0 holds. The question names it and its
+    size; someone re-points unused0 at a 500 GiB disk while the user reads: the yes was for the 8 GiB
+    one, so the user is asked again, about the 500 GiB disk, and the no wins. Nothing is sent."""
+    guest = sim.lab.guests[104]
+    small, big = "local-lvm:vm-104-disk-7", "local-lvm:vm-104-disk-8"
+    guest["config"]["unused0"], guest["detached"] = small, {small: 8 * 2**30, big: 500 * 2**30}
+    edit = {"method": "PUT", "path": "/nodes/pve2/qemu/104/config", "params": {"delete": "unused0"}}
+
+    def someone_repoints_it(question: int) -> None:
+        if question == 1:
+            guest["config"]["unused0"] = big
+    user.on_question, user.answers = someone_repoints_it, ["accept", "decline"]
+    try:
+        message, sent = requests_during(sim, lambda: asking.error("write_call_api", edit))
+        assert len(user.asked) == 2 and "did not confirm" in message and writes(sent) == []
+        assert f"frees unused0: {small} (8.0 GiB)" in user.asked[0]
+        assert f"frees unused0: {big} (500.0 GiB)" in user.asked[1] and guest["config"]["unused0"] == big
+    finally:
+        guest["config"].pop("unused0", None)
+        guest.pop("detached", None)
+
+
+def test_every_question_names_what_will_be_lost(asking, user, sim):
+    """The snapshot a delete removes and the time it was taken, the disks a guest's deletion takes."""
+    user.answers, name = ["decline", "decline"], f"before-upgrade-{asking.mode}"
+    asking.ok("write_create_snapshot", {"vmid": 104, "name": name})
+    assert "did not confirm" in asking.error("write_delete_snapshot", {"vmid": 104, "name": name})
+    assert f"deletes snapshot '{name}' (taken 20" in user.asked[0]
+    assert "did not confirm" in asking.error("write_delete_guest", {"vmid": 104})
+    disk = sim.lab.guests[104]["config"]["scsi0"].split(",")[0]
+    assert f"deletes the guest with its disks {disk} (" in user.asked[1]

@@ -250,6 +250,35 @@ def test_a_disabled_node_firewall_cuts_nothing(admin, sim):
     assert "would cut SSH (22) on node pve3" in message
 
 
+def test_on_nodes_with_the_nftables_backend_management_is_let_in_before_any_rule(admin, remote, sim):
+    """Issue 29: a node whose firewall option `nftables` is on runs proxmox-firewall, which accepts the
+    management IP set on 8006, 22, 3128 and 5900-5999 before the node's and the cluster's rules
+    (proxmox-firewall resources/proxmox-firewall.nft: default-in jumps to accept-management first).
+    From the LAN (in the management set) a DROP of SSH cuts nothing there; from outside it still cuts."""
+    for node in ("pve1", "pve2", "pve3"):
+        admin.ok("write_call_api", {"method": "PUT", "path": f"/nodes/{node}/firewall/options",
+                                    "params": {"nftables": 1}, "confirm": True})
+    assert sim.lab.firewall["hosts"]["pve1"]["options"]["nftables"] == 1
+    admin.ok("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "confirm": True})
+    assert cluster_rules(sim)[0] == DROP_SSH | {"enable": 1}
+    remote.ok("write_edit_firewall_rule", {"action": "add", "confirm": True, "rule": {
+        "type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8006", "source": OUTSIDE}})
+    message = remote.error("write_edit_firewall_rule", {"action": "add", "confirm": True, "rule": {
+        "type": "in", "action": "DROP", "proto": "tcp", "dport": "8006"}})
+    assert "would cut the API (8006) on node pve1 from 198.51.100.7" in message
+
+
+def test_switching_a_node_to_nftables_is_judged_too(admin, sim):
+    """The blacklist IP set drops before the rules under pve-firewall; proxmox-firewall has none, so a node
+    switched to nftables lets a blacklisted address in through the management set: a switch back that
+    would drop this server again is refused."""
+    sim.lab.firewall["cluster"]["ipsets"]["blacklist"] = {"entries": [{"cidr": LAN}]}
+    sim.lab.firewall["hosts"]["pve1"] = {"options": {"nftables": 1}, "rules": []}
+    message = admin.error("write_call_api", {"method": "PUT", "path": "/nodes/pve1/firewall/options",
+                                             "params": {"nftables": 0}, "confirm": True})
+    assert "would cut the API (8006) on node pve1 from 192.0.2.50" in message and "blacklist" in message
+
+
 # ---------------------------------------------------------------- gates, protection, privileges
 
 def test_the_cluster_firewall_needs_the_elevated_gate(sim, tmp_path):
@@ -307,7 +336,9 @@ def test_a_token_without_sys_modify_is_refused(sim, tmp_path):
 def test_a_dry_run_sends_nothing_and_still_meets_the_guard(admin, sim):
     plan, sent = writes(sim, lambda: admin.ok("write_edit_firewall_rule", {"vmid": 100, "action": "add", "pos": 2,
                                                                            "rule": DROP_SSH, "dry_run": True}))
-    assert plan["dry_run"] is True and plan["then"][0].endswith("moveto=3 (it lands at pos 0)") and sent == []
+    assert plan["dry_run"] is True and sent == [] and "moved to pos 0, then enabled" in plan["plan"]
+    base = "/nodes/pve1/qemu/100/firewall/rules"
+    assert [step["run"] for step in plan["steps"]] == [base, f"{base}/0", f"{base}/0"]  # every step, declared
     assert "would cut" in admin.error("write_edit_firewall_rule", {"action": "add", "rule": DROP_SSH, "dry_run": True})
 
 
@@ -412,6 +443,23 @@ VERDICTS = [  # (firewall, source, port, let in, why (a part of it))
     (firewall(ipsets={"management": [{"cidr": OUTSIDE}]}), OUTSIDE, 22, True, "management"),
     (firewall(ipsets={"blacklist": [{"cidr": "192.0.2.0/24"}]}), LAN, 22, False, "blacklist"),
     (firewall(aliases={"local_network": "10.0.0.0/8"}), LAN, 22, False, "policy DROP"),  # the alias replaces it
+]
+
+
+NFT = {"options": {"nftables": 1}}
+VERDICTS += [  # nodes on the nftables backend (proxmox-firewall), as its input chain decides
+    (firewall([rule(proto="tcp", dport="22")], host=NFT), LAN, 22, True, "before any rule"),
+    (firewall([], [rule(proto="tcp", dport="8006")], host=NFT), LAN, 8006, True, "before any rule"),
+    (firewall([rule(proto="tcp", dport="22")], host=NFT), OUTSIDE, 22, False, "cluster rule 0"),
+    (firewall([rule("ACCEPT", source=OUTSIDE)], host=NFT), OUTSIDE, 22, True, "cluster rule 0"),
+    (firewall(ipsets={"blacklist": [{"cidr": "192.0.2.0/24"}]}, host=NFT), LAN, 22, True, "management"),
+    (firewall([rule()], host=NFT), LAN, 8007, False, "cluster rule 0"),  # 8007 is no management port there either
+    # nftables takes a nomatch entry anywhere as excluding (`saddr != @management-nomatch`), pve-firewall's
+    # ipset the most specific entry
+    (firewall(ipsets={"management": [{"cidr": LAN}, {"cidr": "192.0.2.0/24", "nomatch": 1}]},
+              aliases={"local_network": "10.0.0.0/8"}, host=NFT), LAN, 22, False, "policy DROP"),
+    (firewall(ipsets={"management": [{"cidr": LAN}, {"cidr": "192.0.2.0/24", "nomatch": 1}]},
+              aliases={"local_network": "10.0.0.0/8"}), LAN, 22, True, "management"),
 ]
 
 

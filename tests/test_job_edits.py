@@ -125,6 +125,43 @@ def test_a_backup_changes_a_protected_guest_unless_snapshot_without_prune(params
     assert set(found.changed) == changed
 
 
+# a pool's members, as GET /pools/{poolid} answers them (pve-manager PVE/API2/Pool.pm read_pool)
+POOLS = {"/pools/prod": {"poolid": "prod", "members": [{"id": "qemu/101", "type": "qemu", "vmid": 101,
+                                                        "node": "pve2"}]},
+         "/pools/ci": {"poolid": "ci", "members": [{"id": "lxc/105", "type": "lxc", "vmid": 105, "node": "pve3"}]}}
+
+
+@pytest.mark.parametrize("params, changed", [
+    ({"pool": "prod", "mode": "stop"}, {101}),  # the pool's members only
+    ({"pool": "ci", "mode": "stop"}, set()),  # none of them is protected
+    # vzdump takes the pool's members and ignores exclude (and all) when a pool is given
+    # (PVE/VZDump.pm get_included_guests): 101 is backed up, with the storage's retention
+    ({"all": 1, "exclude": "101", "pool": "prod", "mode": "snapshot"}, {101}),
+    ({"all": 1, "exclude": "100,101,102", "pool": "prod", "mode": "stop"}, {101}),
+    ({"pool": "ghost", "mode": "stop"}, {100, 101, 102}),  # members unreadable: it may hold any of them
+])
+def test_a_backup_by_pool_reaches_the_pools_members(params, changed):
+    stored = {"/cluster/resources": RESOURCES} | POOLS
+    assert set(verdict("POST", "/nodes/pve1/vzdump", params, stored).changed) == changed
+    job = verdict("POST", "/cluster/backup", params | {"schedule": "daily", "id": "j"}, stored)
+    assert set(job.changed) == changed  # a job created so, as vzdump resolves it when it runs
+
+
+@pytest.mark.parametrize("stored_job, params, changed", [
+    # moved from the pool that holds 101 to one that does not: 101 is no longer backed up
+    ({"pool": "prod", "mode": "snapshot", "remove": 0}, {"pool": "ci"}, {101: "no longer acts on it"}),
+    ({"pool": "ci", "mode": "stop"}, {"pool": "prod"}, {101: "mode stop"}),  # taken in, in stop mode
+    ({"pool": "ci", "mode": "stop"}, {"comment": "x"}, {}),
+    # a pool whose members cannot be read, judged both ways: it may let 101 go
+    ({"pool": "prod", "mode": "snapshot", "remove": 0}, {"pool": "ghost"}, {101: "not holding it"}),
+    ({"pool": "ghost", "mode": "snapshot", "remove": 0}, {"comment": "x"}, {}),  # the same pool either way
+])
+def test_a_job_edit_is_judged_by_the_members_of_its_pools(stored_job, params, changed):
+    stored = {"/cluster/resources": RESOURCES, "/cluster/backup/j": stored_job | {"enabled": 1}} | POOLS
+    found = verdict("PUT", "/cluster/backup/j", params, stored).changed
+    assert set(found) == set(changed) and all(why in found[vmid] for vmid, why in changed.items()), found
+
+
 @pytest.mark.parametrize("config, why", [
     ({"rootfs": "local:102/vm-102-disk-0.raw"}, "on dir storage"),
     ({"rootfs": "local-lvm:vm-102-disk-0", "mp0": "local:102/vm-102-disk-1.raw,mp=/srv,backup=1"}, "on dir storage"),
@@ -161,6 +198,48 @@ def test_an_ha_group_is_judged_by_the_resources_that_name_it():
     # a resource may name a group that does not exist yet: creating it places the guest
     stored["/cluster/ha/resources"] = [{"sid": "vm:100", "group": "new"}]
     assert set(verdict("POST", "/cluster/ha/groups", {"group": "new", "nodes": "pve2"}, stored).changed) == {100}
+
+
+# PVE 9's HA rules as GET /cluster/ha/rules lists them: 101 must run with 104, 104 is kept on pve2,
+# 105 is kept apart from 103 (pve-ha-manager Rules/NodeAffinity.pm, Rules/ResourceAffinity.pm)
+HA = {"/cluster/ha/rules": [
+    {"rule": "together", "type": "resource-affinity", "resources": "vm:101,vm:104", "affinity": "positive"},
+    {"rule": "r104", "type": "node-affinity", "resources": "vm:104", "nodes": "pve2", "strict": 1},
+    {"rule": "apart", "type": "resource-affinity", "resources": "ct:103,ct:105", "affinity": "negative"}],
+    "/cluster/ha/groups": [{"group": "g", "nodes": "pve1:2,pve2", "restricted": 0}],
+    "/cluster/ha/resources": [{"sid": s} for s in ("vm:101", "vm:104", "ct:103", "ct:105")]
+    + [{"sid": "ct:102", "group": "g"}]}
+HA |= {f"/cluster/ha/rules/{r['rule']}": r for r in HA["/cluster/ha/rules"]}
+HA |= {"/cluster/ha/groups/g": HA["/cluster/ha/groups"][0]}
+HA |= {f"/cluster/ha/resources/{r['sid']}": r for r in HA["/cluster/ha/resources"]}
+
+
+@pytest.mark.parametrize("method, path, params, changed", [
+    # the rule of the guest 101 must run with: the HA manager moves 101 along
+    # (Rules.pm create_implicit_positive_resource_affinity_node_affinity_rules; Manager.pm select_service_node)
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "nodes": "pve3"}, {101}),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "delete": "strict"}, {101}),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "disable": 1}, {101}),
+    ("DELETE", "/cluster/ha/rules/r104", {}, {101}),
+    ("PUT", "/cluster/ha/rules/together", {"type": "resource-affinity", "affinity": "negative"}, {101}),
+    ("POST", "/cluster/ha/rules", {"rule": "r2", "type": "node-affinity", "resources": "vm:104", "nodes": "pve1"},
+     {101}),  # a second node affinity rule for 104: both are dropped (check_single_resource_reference)
+    # 104's group becomes a second node affinity rule for it: both are dropped, 102's group's rule too
+    ("PUT", "/cluster/ha/resources/vm:104", {"group": "g"}, {101, 102}),
+    ("PUT", "/cluster/ha/resources/vm:104", {"failback": 0}, {101}),
+    # a group's priorities, strictness and failback move the guests whose resources name it
+    ("PUT", "/cluster/ha/groups/g", {"nodes": "pve1,pve2:2"}, {102}),
+    ("PUT", "/cluster/ha/groups/g", {"restricted": 1}, {102}),
+    ("PUT", "/cluster/ha/groups/g", {"nofailback": 1}, {102}),
+    # what places no protected guest, or places them as before
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "comment": "why"}, set()),
+    ("PUT", "/cluster/ha/rules/r104", {"type": "node-affinity", "nodes": "pve2:0"}, set()),  # priority 0 is none
+    ("PUT", "/cluster/ha/rules/apart", {"type": "resource-affinity", "affinity": "positive"}, set()),
+    ("PUT", "/cluster/ha/resources/ct:105", {"failback": 0, "max_relocate": 2}, set()),
+    ("PUT", "/cluster/ha/groups/g", {"comment": "first floor"}, set()),
+])
+def test_an_ha_edit_is_judged_by_where_it_places_the_protected_guests(method, path, params, changed):
+    assert set(verdict(method, path, params, HA).changed) == changed
 
 
 def test_an_object_that_cannot_be_read_refuses_the_request():
@@ -218,3 +297,67 @@ def test_an_ha_rule_edit_is_judged_and_the_simulator_stores_what_was_judged(sim,
         message, sent = requests_during(sim, lambda: session.error("write_call_api", move), writes=True)
         assert "changes protected guest 101" in message and sent == []
         assert sim.lab.ha_rules["db-here"]["nodes"] == "pve2"
+
+
+def test_pools_are_read_and_vzdump_takes_their_members(sim, tmp_path):
+    """Issue 28 section 4: a job moved off the pool that holds protected 101 is refused; a one-shot
+    vzdump of that pool with `exclude: 101` is refused (vzdump ignores exclude with a pool, so 101 would
+    be backed up and pruned by the storage's retention); a backup of a pool holding no protected guest
+    passes, and the simulator backs up exactly that pool's members, its exclude ignored."""
+    sim.lab.pools["lab"] = {"poolid": "lab", "comment": "scratch"}
+    sim.lab.guests[105]["pool"] = "lab"
+    sim.lab.backup_jobs.append({"id": "prod-nightly", "type": "vzdump", "schedule": "01:00", "enabled": 1,
+                                "pool": "prod", "storage": "pbs", "mode": "snapshot", "remove": 0})
+    (tmp_path / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "prod"}]))
+    try:
+        with in_process(everything_open(sim, tmp_path), log_name="job-edits-pools") as session:
+            moved = {"method": "PUT", "path": "/cluster/backup/prod-nightly", "params": {"pool": "lab"}}
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", moved), writes=True)
+            assert "changes protected guest 101" in message and "no longer acts on it" in message and sent == []
+            dump = {"method": "POST", "path": "/nodes/pve2/vzdump",
+                    "params": {"all": 1, "exclude": "101", "pool": "prod", "storage": "local", "mode": "snapshot"}}
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", dump), writes=True)
+            assert "changes protected guest 101" in message and "prunes its older backups" in message and sent == []
+            before = {v["volid"] for v in sim.lab.volumes["local"]}
+            session.ok("write_call_api", {"method": "POST", "path": "/nodes/pve3/vzdump", "params": {
+                "pool": "lab", "exclude": "105", "storage": "local", "mode": "stop"}})
+            sim.lab.tick()
+            made = {v["volid"] for v in sim.lab.volumes["local"]} - before
+            assert [volid.split("-")[2] for volid in made] == ["105"], made  # the pool's member, exclude ignored
+    finally:
+        sim.lab.backup_jobs.pop()
+        sim.lab.guests[105]["pool"] = None
+        del sim.lab.pools["lab"]
+
+
+def test_an_ha_edit_that_moves_a_protected_guest_is_refused_and_the_simulator_would_move_it(sim, tmp_path):
+    """Issue 28 section 5: 101 must run with 104 (positive affinity), 104 is kept on pve2. Moving 104's
+    rule to pve3 never names 101, yet the HA manager moves 101 along: refused, nothing sent. The same
+    edit made by someone else, straight to the simulator, does move 101. A rule that places no
+    protected guest is edited as before."""
+    from simulator import handle
+    lab = sim.lab
+    saved = dict(lab.ha_rules)
+    lab.ha_rules = {"together": {"type": "resource-affinity", "resources": "vm:101,vm:104", "affinity": "positive"},
+                     "r104": {"type": "node-affinity", "resources": "vm:104", "nodes": "pve2", "strict": 1},
+                     "r105": {"type": "node-affinity", "resources": "ct:105", "nodes": "pve3"}}
+    for vmid in (101, 104, 105):
+        lab.guests[vmid]["ha"] = {"state": "started"}
+    (tmp_path / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "prod"}]))
+    edit = {"method": "PUT", "path": "/cluster/ha/rules/r104", "params": {"type": "node-affinity", "nodes": "pve3"}}
+    try:
+        with in_process(everything_open(sim, tmp_path), log_name="job-edits-ha") as session:
+            message, sent = requests_during(sim, lambda: session.error("write_call_api", edit), writes=True)
+            assert "changes protected guest 101" in message and "where the HA manager may run it" in message
+            assert sent == [] and lab.guests[101]["node"] == "pve2"
+            session.ok("write_call_api", {"method": "PUT", "path": "/cluster/ha/rules/r105",
+                                          "params": {"type": "node-affinity", "nodes": "pve3:2,pve1"}})
+        handle(lab, "pve", "PUT", edit["path"], edit["params"], "PVEAPIToken=root@pam!admin="
+               "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
+        lab.later = [(0, effect) for _, effect in lab.later]  # the CRM's next round
+        lab.tick()
+        assert (lab.guests[104]["node"], lab.guests[101]["node"]) == ("pve3", "pve3")
+    finally:
+        lab.ha_rules = saved
+        for vmid, node in ((101, "pve2"), (104, "pve2"), (105, "pve3")):
+            lab.guests[vmid]["ha"], lab.guests[vmid]["node"] = None, node
