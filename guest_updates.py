@@ -10,7 +10,7 @@ storage can snapshot) and declared before the first write (ProxmoxClient.plan wi
 commands), so that it is one question on every protocol revision and a dry run shows it all; each
 step then passes the policy as it is sent (protected guests refused, the gates of every step). The
 answer says, per guest, what was upgraded (notable packages named), the checks, the snapshot kept
-with the rule to remove it, and the receipts.
+with the rule to remove it, and the call's one receipt.
 """
 
 import json
@@ -340,7 +340,6 @@ def _roll_back(run: Run, g: Guest) -> None:
 
 def _update(run: Run, g: Guest) -> bool:
     """One guest: first the snapshot or backup, the upgrade, the checks, a rollback if asked. True when it worked."""
-    receipts_before = len(policy.current_call().get("receipts") or [])
     try:
         _first(run, g)
         ok, services = _upgrade(run, g)
@@ -352,7 +351,6 @@ def _update(run: Run, g: Guest) -> bool:
     except ToolFailure as exc:
         ok = False
         g.result |= {"result": "failed", "error": str(exc)[:500]}
-    g.result["receipts"] = (policy.current_call().get("receipts") or [])[receipts_before:]
     return ok
 
 

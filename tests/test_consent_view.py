@@ -6,6 +6,7 @@ registered is shown as text, never as markup; the page loads nothing. Skipped, w
 Chromium or chromedriver is missing (as tests/test_dashboard_view.py)."""
 from __future__ import annotations
 
+import queue
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +26,7 @@ class Callback:
 
     def __init__(self):
         self.queries: list[dict] = []
+        self.arrivals: queue.Queue[dict] = queue.Queue()  # each query as it comes: the browser's redirect ended
         received = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,7 +34,9 @@ class Callback:
                 if not self.path.startswith("/callback"):  # the browser asks for a favicon too
                     self.send_error(404)
                     return
-                received.queries.append({k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()})
+                query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                received.queries.append(query)
+                received.arrivals.put(query)
                 body = b"<!DOCTYPE html><title>client</title><p id=done>back at the client</p>"
                 self.send_response(200)
                 self.send_header("content-type", "text/html")
@@ -45,6 +49,10 @@ class Callback:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/callback"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def next(self) -> dict:
+        """The next query the client receives (waits for the redirect, however slow the machine)."""
+        return self.arrivals.get(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +121,7 @@ def test_the_operator_grants_a_chosen_profile(browser, base, callback):
     click(browser, "button[value=grant]")
     assert browser.command("GET", "/url").startswith(callback.url + "?")
     assert page_text(browser) == "back at the client"
-    answer = callback.queries[-1]
+    answer = callback.next()
     assert answer["state"] == "st4te" and answer["iss"] == base
     tokens = oc.token(base, {"grant_type": "authorization_code", "code": answer["code"], "redirect_uri": callback.url,
                              "client_id": client["client_id"], "code_verifier": verifier}).json()
@@ -123,7 +131,8 @@ def test_the_operator_grants_a_chosen_profile(browser, base, callback):
 def test_the_operator_denies(browser, base, callback):
     open_consent(browser, base, callback, "Someone")
     click(browser, "button[value=deny]")
-    assert callback.queries[-1]["error"] == "access_denied" and "code" not in callback.queries[-1]
+    answer = callback.next()
+    assert answer["error"] == "access_denied" and "code" not in answer
 
 
 def test_what_a_client_registered_is_shown_as_text(browser, base, callback):

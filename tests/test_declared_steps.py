@@ -30,7 +30,7 @@ def walked(sim, tmp_path_factory):
     sim.lab.guests[100]["config"]["ide2"] = "local-lvm:vm-100-cloudinit,media=cdrom"
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
-    sim.lab.mcp_receipts = tmp / "audit.receipts"
+    sim.lab.mcp_receipts = tmp / "state" / "state.sqlite3"
     sim.lab.firewall["cluster"]["rules"] = [{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "443",
                                              "enable": 1}]
     functions = {spec.function.__name__: spec.function for spec in server.TOOLS}

@@ -101,7 +101,7 @@ def test_each_guest_is_snapshotted_upgraded_and_checked_in_order(updates, fresh,
                                 {"check": "curl -fsS localhost:8080", "ok": True, "exit_code": 0, "output": "ok"}]
     snapshot = second["snapshot"]
     assert snapshot["kept"] and snapshot["name"].startswith("pre-update-") and "write_delete_snapshot vmid=106" in \
-        snapshot["remove"] and len(second["receipts"]) == 3  # the snapshot, the upgrade, the check
+        snapshot["remove"] and done["receipt"].startswith("rc-")  # one receipt for the call (receipts.py)
     assert [s["name"] for s in sim.lab.guests[106]["snapshots"]] == [snapshot["name"]]
     assert "remove after" in sim.lab.guests[106]["snapshots"][0]["description"]
     order = [r for r in writes(sent) if r[2].endswith("/snapshot")]
@@ -121,7 +121,6 @@ def test_a_failed_check_rolls_back_when_asked_and_touches_no_further_guest(updat
     assert failed["rolled_back"].startswith("to pre-update-") and failed["rolled_back"].endswith("started again")
     assert untouched["result"] == "not reached: an earlier guest failed" and ran(fresh[107]) == []
     assert ("pve", "POST", f"/nodes/pve1/lxc/106/snapshot/{failed['snapshot']['name']}/rollback") in sent
-    assert len(failed["receipts"]) >= 4  # snapshot, upgrade, the safety snapshot before the rollback, rollback
 
 
 def test_without_rollback_it_stops_and_with_continue_it_goes_on(updates, fresh, sim, roots):
