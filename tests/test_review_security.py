@@ -68,6 +68,7 @@ POWER_CALLS = [("write_node_power", {"node": "pve1", "action": "reboot", "dry_ru
 
 
 @pytest.mark.parametrize("tool, arguments", POWER_CALLS)
+@pytest.mark.xfail(strict=True, reason="F01: open (docs/REVIEW-SECURITY.md)")
 def test_f01_node_power_ignores_a_guest_protected_by_tag(power, sim, guest_100, tool, arguments):
     """F01: the node-power judgement (policy._judge_node_power) takes the protected list only, not
     PROXMOX_PROTECTED_TAGS: a reboot of pve1 stops tagged guest 100 and is planned (and sent) where
@@ -80,6 +81,7 @@ def test_f01_node_power_ignores_a_guest_protected_by_tag(power, sim, guest_100, 
 
 
 @pytest.mark.parametrize("tool, arguments", POWER_CALLS)
+@pytest.mark.xfail(strict=True, reason="F01: open (docs/REVIEW-SECURITY.md)")
 def test_f01_node_power_ignores_the_proxmox_protection_flag(power, sim, guest_100, tool, arguments):
     """F01: PVE's protection flag protects a guest from what destroys it (a hard stop among them,
     docs/SECURITY.md), but a node's shutdown, whose stop-all hard-stops guest 100 after 180 s, is
@@ -90,6 +92,7 @@ def test_f01_node_power_ignores_the_proxmox_protection_flag(power, sim, guest_10
     assert result.is_error and "protection flag" in text, f"{tool} was planned: {text[:300]}"
 
 
+@pytest.mark.xfail(strict=True, reason="F02: open (docs/REVIEW-SECURITY.md)")
 def test_f02_node_power_fails_open_when_the_guests_cannot_be_read():
     """F02: power_effects._Reads turns a failed read into None and effects() reads that as "no guest
     on the node": a /cluster/resources read that fails judges a reboot as changing no protected guest.
@@ -100,6 +103,7 @@ def test_f02_node_power_fails_open_when_the_guests_cannot_be_read():
         power_effects.protected_changes(failing, "pve2", "reboot", [101])
 
 
+@pytest.mark.xfail(strict=True, reason="F03: open (docs/REVIEW-SECURITY.md)")
 def test_f03_stopping_corosync_under_a_protected_ha_guest_is_not_judged_as_node_power(power, sim):
     """F03: a node whose corosync stops loses quorum; with active HA resources its LRM can no longer
     reset the watchdog and the node is reset after 60 s (pve-docs ha-manager.adoc, "How It Works":
@@ -151,6 +155,7 @@ def files(sim, sshd, tree, tmp_path_factory):
 
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F04: open (docs/REVIEW-SECURITY.md)")
 def test_f04_a_read_offset_cuts_a_secret_out_of_its_mask(files, tree):
     """F04: node_files masks the page it read from `offset`, not the file: an offset just past a private
     key's BEGIN line, or just past `password=`, shows the key's body and the password in clear (the
@@ -172,6 +177,7 @@ def test_f04_a_read_offset_cuts_a_secret_out_of_its_mask(files, tree):
     ("pve1", "write", "/etc/pve/firewall/cluster.fw"),  # the cluster firewall, past the lock-out guard
     ("pbs", "delete", "/mnt/datastore/store1/vm/101/2026-01-01T00:00:00Z/index.json.blob"),  # 101's backup
 ])
+@pytest.mark.xfail(strict=True, reason="F05: open (docs/REVIEW-SECURITY.md)")
 def test_f05_node_file_writes_reach_what_the_api_guards(files, sim, where, action, path):
     """F05: write_node_files judges a path by gates only (elevated; + destructive to delete): a protected
     guest's config, disk or backup, or the cluster firewall file, is written or deleted without the
@@ -187,6 +193,7 @@ def test_f05_node_file_writes_reach_what_the_api_guards(files, sim, where, actio
 
 @needs_sshd
 @pytest.mark.parametrize("root", ["var/lib/lxc/102/rootfs", "rpool/data/subvol-102-disk-0"])
+@pytest.mark.xfail(strict=True, reason="F06: open (docs/REVIEW-SECURITY.md)")
 def test_f06_a_containers_files_are_read_from_the_node_at_the_sensitive_gate(files, tree, root):
     """F06: node_files reads a container's files through its root on the node with only the sensitive gate:
     no exec gate and no PROXMOX_EXEC_ALLOWED_VMIDS (which a guest's files need: exec + sensitive), and the
@@ -198,6 +205,7 @@ def test_f06_a_containers_files_are_read_from_the_node_at_the_sensitive_gate(fil
 
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
     """F07: a shell decision's question (confirmation.describe_plan) and approval key (policy.approval_key)
     hold the command's label, not its payload: writing /etc/cron.d/job with one content or another, or
@@ -217,6 +225,7 @@ def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
         asked(lxc_admin.write_lxc_users, key | {"key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEvil x@attacker"})
 
 
+@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_question_shows_no_parameter_value(sim, tmp_path):
     """F07: for an HTTP request the question names the method, the path and why its gate is raised, never
     the values: the user says yes to "a hookscript runs on the host" without seeing which script."""
@@ -247,6 +256,7 @@ def _read(session, terminal: str, wait: int = 5) -> str:
 
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F08: open (docs/REVIEW-SECURITY.md)")
 def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
     """F08: terminal_read masks each piece of output on its own (ssh.clean_output on the chunk): a private
     key whose END line arrives after the read (a pause in the output, or the 16 KiB cut) is shown from
@@ -276,6 +286,7 @@ def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
 
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F09: open (docs/REVIEW-SECURITY.md)")
 def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
     """F09: idle is "nothing sent or read" (terminals._mine marks a read as use), and nothing else ends a
     terminal: a model that polls terminal_read keeps a root shell, and the user's standing yes to type
@@ -297,6 +308,7 @@ def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
 
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F16: open (docs/REVIEW-SECURITY.md)")
 def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
     """F16: a terminal send is audited as the size and plain SHA-256 of the keys (policy.shell_decision
     contents -> masking.fingerprint): a password typed at a prompt (passwd, sudo, mysql -p) is in the
@@ -315,6 +327,7 @@ def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
 # ================================================================ containers (F10)
 
 @needs_sshd
+@pytest.mark.xfail(strict=True, reason="F10: open (docs/REVIEW-SECURITY.md)")
 def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(sim, sshd, tmp_path):
     """F10: write_lxc_services/packages action=list run programs in the container (pct exec: /bin/sh -c
     INSPECT, systemctl or rc-status, the package manager) at the read gate, so PROXMOX_EXEC_ALLOWED_VMIDS
@@ -328,6 +341,7 @@ def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(si
 
 # ================================================================ principals and receipts (F11, F12, F13)
 
+@pytest.mark.xfail(strict=True, reason="F11: open (docs/REVIEW-SECURITY.md)")
 def test_f11_list_changes_shows_a_principal_the_hosts_it_may_not_use(sim, tmp_path):
     """F11: list_changes reads every receipt of the state database: dave (hosts: home) sees what carol
     did on host 'lab' (its label, tool, guests and changed values), which list_hosts, server_info,
@@ -349,6 +363,7 @@ def _client(client_id: str):
     return OAuthClientInformationFull(client_id=client_id, client_name="Claude", redirect_uris=["http://127.0.0.1:9/cb"])
 
 
+@pytest.mark.xfail(strict=True, reason="F12: open (docs/REVIEW-SECURITY.md)")
 def test_f12_two_oauth_clients_can_be_one_principal():
     """F12: an OAuth principal is its client's (self-chosen) name and the first 8 characters of its id;
     two clients named alike whose uuid4 ids share 8 hex digits (32 bits) are one principal, and the
@@ -358,6 +373,7 @@ def test_f12_two_oauth_clients_can_be_one_principal():
     assert client_principal(first) != client_principal(second)
 
 
+@pytest.mark.xfail(strict=True, reason="F13: open (docs/REVIEW-SECURITY.md)")
 def test_f13_two_identity_provider_subjects_can_be_one_principal(monkeypatch):
     """F13: idp.Issuer.verify cuts `sub` to 200 characters for the principal: two subjects that differ
     after it (an e-mail or a DN as sub) are one principal (terminals, standing yeses, approvals)."""
@@ -388,6 +404,7 @@ def _register(base: str, **metadata) -> requests.Response:
     return requests.post(base + "/register", json=body, timeout=30)
 
 
+@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     """F14: /register needs no credential and takes up to the SDK's 4 MiB body: a client named with a
     megabyte is stored whole (oauth_clients.metadata), and kept a day unless a grant follows."""
@@ -395,6 +412,7 @@ def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     assert answer.status_code in (400, 413), f"stored: {answer.status_code}"
 
 
+@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     """F14: nothing bounds the clients waiting for a grant (dropped only after a day) nor the consent pages
     waiting for the operator (ten minutes): 150 registrations and 150 authorization requests from one
@@ -409,6 +427,7 @@ def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     assert pages != {200}, "150 consents stored without a credential"
 
 
+@pytest.mark.xfail(strict=True, reason="F15: open (docs/REVIEW-SECURITY.md)")
 def test_f15_authorize_redirects_anywhere_a_registrant_names_without_asking(oauth):
     """F15: registration takes any redirect URI, and the SDK's /authorize redirects a malformed request
     (here an unknown scope) to it at once: the operator's own server answers 302 to a site of the
