@@ -138,8 +138,7 @@ def write_edit_backup_job(action: Literal["create", "update", "delete"],
                      mode: Literal["snapshot", "suspend", "stop"] | None = None, keep: str | None = None,
                      notes: str | None = None,
                      dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Create, update or delete; guests: vmids, pool or all_except ([]=all); keep: e.g. keep-daily=7 ("": the
-    storage's)."""
+    """Guests: vmids, pool or all_except ([]=all); keep: e.g. keep-daily=7 ("": the storage's)."""
     client = pve_client(host)
     jobs = {j["id"]: j for j in client.get("/cluster/backup") or []}
     job = jobs.get(job_id)

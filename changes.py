@@ -36,7 +36,7 @@ SAFETY_COLUMNS = ["name", "vmid", "host", "taken", "receipt", "storage"]
 
 
 def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
-    """This server's, newest first: receipt, tool, guest, change, undoable; safety snapshots kept."""
+    """This server's writes, newest first, with receipts; safety snapshots kept."""
     keeping = policy.settings().receipts
     if keeping.store is None:
         return table(COLUMNS, [])
@@ -62,12 +62,11 @@ def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 
 
 # ---------------------------------------------------------------- what changed
 
-Since = Annotated[str | None, Field(description="a snapshot, receipt or volid (default: newest backup), "
-                                                "e.g. before_upgrade")]
+Since = Annotated[str | None, Field(description="snapshot, receipt or volid; default: newest backup")]
 
 
 def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
-    """A guest's config now vs a backup, snapshot or receipt: a line per changed key."""
+    """A guest's config now vs a backup, snapshot or receipt, key by key."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     old, source, skip = _source(client, base, row, since)

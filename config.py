@@ -1055,6 +1055,9 @@ RENAMED_TOOLS = {
     "write_node_exec": "write_exec_node", "write_guest_file_read": "write_get_guest_file",
     "write_guest_file_write": "write_put_guest_file", "write_restore_drill": "write_drill_restore",
     "write_api_call": "write_call_api",
+    # merged in 0.2.0 (the tool list is paid for on every turn)
+    "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
+    "write_pbs_protect_snapshot": "write_pbs_edit_snapshot", "write_pbs_set_notes": "write_pbs_edit_snapshot",
 }
 
 
@@ -1068,7 +1071,7 @@ def check_tool_names(config: Config, tool_names: Collection[str]) -> None:
             raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(tool_names)}.")
         if renamed:
             config.warnings.append(f"{variable}: {'; '.join(renamed)} (write_ tools are named verb first since "
-                                   f"0.2.0); set the new names to silence this line.")
+                                   f"0.2.0, some merged); set the new names to silence this line.")
         setattr(config, field_name, entries)
 
 

@@ -351,7 +351,7 @@ def _saved_entry(source: Source, clean: str) -> dict:
 
 def write_restore_file(backup: str, path: str, host: Host = None, pbs_host: Host = None, show: bool = False,
                        dry_run: DryRunArg = False) -> dict:
-    """A file (a dir as .zip) named as backup_files does, to PROXMOX_RESTORE_DIR; show: its text too."""
+    """A file (a dir as .zip) from backup_files to PROXMOX_RESTORE_DIR; show: its text too."""
     settings = _restore.get()
     folder = settings.folder
     if folder is None:

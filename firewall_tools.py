@@ -98,7 +98,7 @@ def _sets(client: ProxmoxClient, base: str) -> dict:
 
 
 def firewall_rules(host: Host = None, node: Node = None, vmid: OptionalVmid = None) -> dict:
-    """Rules, options, IP sets, aliases of the cluster, a node or a guest; whether it filters."""
+    """Rules, options, IP sets, aliases; whether it filters."""
     client = pve_client(host)
     base, level, row = _level(client, node, vmid)
     options = client.get(f"{base}/options") or {}
@@ -177,8 +177,7 @@ def write_edit_firewall_rule(action: Literal["add", "update", "delete", "move"],
                         vmid: OptionalVmid = None, pos: Annotated[int | None, Field(ge=0)] = None,
                         rule: dict | None = None, digest: str | None = None,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Add (at pos; default top), update, move (rule.moveto) or delete one of the cluster, a node or a guest; digest
-    from firewall_rules."""
+    """Add (at pos, default top), update, move (rule.moveto) or delete a rule; digest from firewall_rules."""
     client = pve_client(host)
     firewall, level, row = _level(client, node, vmid)
     base = f"{firewall}/rules"
@@ -210,7 +209,7 @@ def write_set_firewall_options(host: Host = None, node: Node = None, vmid: Optio
                            enable: bool | None = None, policy_in: Policy | None = None,
                            policy_out: Policy | None = None, dry_run: DryRunArg = False,
                            confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Enable, disable or set policies, for the cluster, a node or a guest."""
+    """Enable, disable, set policies."""
     client = pve_client(host)
     base, level, row = _level(client, node, vmid)
     if node is not None and vmid is None and (policy_in or policy_out):

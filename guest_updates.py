@@ -377,7 +377,7 @@ def write_update_guests(vmids: list[int] | None = None,
                         without_snapshot: Literal["refuse", "backup"] = "refuse", backup_storage: str | None = None,
                         host: Host = None, wait_seconds: int = 600, dry_run: DryRunArg = False,
                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Update guests one by one (containers; VMs by agent): snapshot, upgrade, checks; roll back or stop on failure."""
+    """One by one (CTs; VMs by agent): snapshot, upgrade, checks; roll back or stop on failure."""
     _bounded(vmids or [], checks or [])
     client = pve_client(host)
     rows = _chosen(client, vmids, tag, pool)

@@ -64,7 +64,7 @@ def _change_packages(ct: Container, system: System, action: str, names: list[str
 def write_lxc_packages(vmid: Vmid, action: Literal["list", "upgrade", "install", "remove"],
                        names: list[str] | None = None, host: Host = None,
                        dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Container packages (apt, apk, dnf, yum, pacman): list upgradable, upgrade all, install, remove."""
+    """A container's packages (apt, apk, dnf, yum, pacman)."""
     names = allowed("package", PACKAGE, (names or [])[:51])
     if len(names) > 50:
         raise InvalidArgument("names takes at most 50 packages per call. Nothing was sent.")
@@ -99,7 +99,7 @@ def _state(ct: Container, system: System, name: str) -> dict:
 def write_lxc_services(vmid: Vmid, action: Literal["list", "status", "start", "stop", "restart", "enable", "disable"],
                        name: ServiceName | None = None, host: Host = None, dry_run: DryRunArg = False,
                        confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Container services (systemd, OpenRC): list running, status, start, stop, restart, enable, disable."""
+    """A container's services (systemd, OpenRC)."""
     ct = container(pve_client(host), vmid)
     system = inspect(ct)
     answer = {"vmid": vmid} | system.row()
@@ -213,7 +213,7 @@ def write_lxc_users(vmid: Vmid, action: Literal["add", "password", "ssh_key", "s
                     key: Annotated[str | None, Field(max_length=16384)] = None,
                     settings: dict[str, Any] | None = None, host: Host = None, dry_run: DryRunArg = False,
                     confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Container users: add, set a password, add an SSH key; sshd settings (sshd -t, reload, or put back)."""
+    """Users, passwords, SSH keys; sshd settings (tested, reloaded, else put back)."""
     if action == "sshd":
         _needs(action, settings=settings)
     elif action == "password":

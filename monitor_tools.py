@@ -26,7 +26,7 @@ from rrd import read_history
 def metrics(vmid: OptionalVmid = None, node: Node = None, storage: str | None = None, host: Host = None,
             timeframe: Literal["hour", "day", "week", "month", "year"] = "hour",
             cf: Literal["AVERAGE", "MAX"] = "AVERAGE", raw: bool = False, offset: Offset = 0) -> dict:
-    """Of a guest (vmid), node or storage+node: min/avg/max/last, trend, sparkline; raw: points."""
+    """A guest, node or storage+node: min/avg/max/last, trend, sparkline; raw: points."""
     history = read_history(pve_client(host), vmid, node, storage, timeframe, cf)
     return history.raw(offset) if raw else history.summary()
 
@@ -282,7 +282,7 @@ def node_logs(node: Node = None, host: Host = None,
               since: Annotated[str | None, Field(description="2h or YYYY-MM-DD HH:MM")] = None,
               until: str | None = None, service: str | None = None, grep: str | None = None,
               cursor: str | None = None) -> dict:
-    """Syslog, journal or firewall log of a node (or vmid's), newest first; cursor pages back."""
+    """A node's (or vmid's) log, newest first; cursor pages back."""
     client = pve_client(host)
     ask = _parse_cursor(cursor) or {"source": "firewall" if vmid else source, "service": service, "vmid": vmid,
                                     "position": None}

@@ -62,7 +62,7 @@ KINDS = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink", sta
          stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
 NodePath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 LocalName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}$",
-                                 description="under PROXMOX_TRANSFER_DIR, e.g. pve1/interfaces")]
+                                 description="e.g. pve1/interfaces")]
 Where = Annotated[str, Field(description="node or 'pbs'")]
 
 
@@ -124,7 +124,7 @@ def _read(client: Any, node: str, path: str, offset: int) -> dict:
 
 def node_files(where: Where, path: NodePath, action: Literal["list", "read"] = "list", host: Host = None,
                limit: Limit = LIST_ROWS, offset: Offset = 0) -> dict:
-    """A node's files over SFTP: list a directory, or read a file (sensitive; secret files refused)."""
+    """A node's directory or file (sensitive; secrets refused)."""
     target, node = _where(where, host)
     clean = _clean(path)
     if action == "read" and _refused(clean):
@@ -287,7 +287,7 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
                      local: LocalName | None = None,
                      content: Annotated[str | None, Field(max_length=1024 * 1024)] = None, host: Host = None,
                      dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A node's file: download to or upload from PROXMOX_TRANSFER_DIR (local), write content, delete."""
+    """Download, upload (PROXMOX_TRANSFER_DIR), write or delete a node's file."""
     target, node = _where(where, host)
     clean = _clean(path)
     if action in ("download", "upload") and not local:
@@ -325,7 +325,7 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
 def write_node_power(node: Annotated[str, Field(description="e.g. pve1")], action: Literal["reboot", "shutdown"],
                      host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                      ctx: Context | None = None) -> dict:
-    """Reboot or shut down a node; the plan names each guest there and what happens to it (HA, stop-all)."""
+    """Reboot or shut down a node; the plan says what happens to each guest."""
     client = pve_client(host)
     check_node(client, node)
     effects = power_effects.effects(client.get, node, action)

@@ -15,7 +15,7 @@ from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
                        release_name, s3_stores)
 from proxmox_client import ProxmoxClient, pbs_client
-from tasks import TASK_GOING, log_page, run_task, task_report
+from tasks import TASK_GOING, run_task
 
 Store = str
 Ns = str | None
@@ -168,19 +168,6 @@ def pbs_list_tasks(host: Host = None, errors: bool = False,
     return table(["upid", "type", "id", "user", "start", "status"], rows)
 
 
-def pbs_get_task(upid: str, host: Host = None,
-                 wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
-                 log_lines: Annotated[int, Field(ge=0, le=500)] = 20, ctx: Context | None = None) -> dict:
-    """Result and last log lines."""
-    return task_report(pbs_client(host), upid, wait_seconds, log_lines, ctx, "pbs_get_task")
-
-
-def pbs_task_log(upid: str, host: Host = None,
-                 start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """From line `start`."""
-    return log_page(pbs_client(host), upid, start, limit)
-
-
 # ---------------------------------------------------------------- writes
 
 def write_pbs_prune_group(store: Store, backup_type: GroupType, backup_id: GroupId, host: Host = None, ns: Ns = None,
@@ -228,26 +215,21 @@ def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: G
     return {"forgotten": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "result": "ok"}
 
 
-def write_pbs_protect_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
-                               protected: bool = True,
-                               host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
-    """Set or clear its protected flag."""
+def write_pbs_edit_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
+                            protected: bool | None = None, notes: Annotated[str | None, Field(max_length=4096)] = None,
+                            host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
+    """Set or clear its protected flag, set its notes."""
+    if protected is None and notes is None:
+        raise InvalidArgument("Nothing to change: give protected (true or false), notes, or both.")
     client = pbs_client(host)
     _check_store(client, store)
-    params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "protected": protected}
-    client.request("PUT", f"/admin/datastore/{store}/protected", params)
-    return {"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "protected": protected, "result": "ok"}
-
-
-def write_pbs_set_notes(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
-                        notes: Annotated[str, Field(max_length=4096)], host: Host = None, ns: Ns = None,
-                        dry_run: DryRunArg = False) -> dict:
-    """Of a snapshot."""
-    client = pbs_client(host)
-    _check_store(client, store)
-    params = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time, "notes": notes}
-    client.request("PUT", f"/admin/datastore/{store}/notes", params)
-    return {"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "result": "ok"}
+    snapshot = _group_params(backup_type, backup_id, ns) | {"backup-time": backup_time}
+    # two endpoints, one field each (proxmox-backup src/api2/admin/datastore.rs: set_protection, set_notes)
+    for field, value in (("protected", protected), ("notes", notes)):
+        if value is not None:
+            client.request("PUT", f"/admin/datastore/{store}/{field}", snapshot | {field: value})
+    return compact({"snapshot": f"{backup_type}/{backup_id}/{iso_time(backup_time)}", "protected": protected,
+                    "notes": "set" if notes is not None else None, "result": "ok"})
 
 
 def write_pbs_run_gc(store: Store, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -294,7 +276,7 @@ def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
                      backup_time: Annotated[int | None, Field(ge=1)] = None,
                      reverify: Annotated[bool, Field(description="also verified ones")] = True,
                      wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """A datastore, group or snapshot; answers checked, failed, skipped."""
+    """A datastore, group or snapshot: checked, failed, skipped."""
     client = pbs_client(host)
     _check_store(client, store)
     if (backup_type is None) != (backup_id is None) or (backup_time and not backup_id):
@@ -313,7 +295,7 @@ def write_pbs_verify_backups(store: Store, host: Host = None, ns: Ns = None,
     summary = verify_summary([line["t"] for line in client.task_log(upid, limit=0)])
     if outcome.get("failed") and not summary["failed"]:
         raise TaskFailed(f"Verification task {upid} failed ({outcome['task']}) before checking its snapshots; read "
-                         f"its log with pbs_task_log.", upid=upid, exit_status=outcome["task"])
+                         f"its log with get_task start=0.", upid=upid, exit_status=outcome["task"])
     answer = {"store": store, "task": outcome["task"], "checked": summary["checked"],
               "ok": summary["checked"] - len(summary["failed"]), "failed": capped(summary["failed"]),
               "skipped": summary["skipped"], "upid": upid}

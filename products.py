@@ -48,6 +48,6 @@ PRODUCTS = {
     "pve": Product("Proxmox VE", 8006, "PVEAPIToken={id}={secret}", PVE_UPID, False, "PVEAuthCookie", "get_task",
                    0, 1_000_000, "PROXMOX", "SSH_NODES", "SSH_FINGERPRINTS", "/", "pveversion"),
     "pbs": Product("Proxmox Backup Server", 8007, "PBSAPIToken={id}:{secret}", PBS_UPID, True, "PBSAuthCookie",
-                   "pbs_get_task", 1, 0, "PBS", "SSH_HOST", "SSH_FINGERPRINT", "/datastore",
+                   "get_task", 1, 0, "PBS", "SSH_HOST", "SSH_FINGERPRINT", "/datastore",
                    "proxmox-backup-manager versions"),
 }

@@ -23,8 +23,8 @@ from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes,
                        guest_path, guest_resources, ha_failure, next_vmid, node_names, online_node, resolve_guest,
                        storage_node, storage_rows, storages_on)
 from masking import MASK, register_secret
-from proxmox_client import ProxmoxClient, agent_result, encode_params, poll, pve_client, task_outcome
-from tasks import TASK_GOING, log_page, run_task, task_report
+from proxmox_client import ProxmoxClient, agent_result, client_for, encode_params, poll, pve_client, task_outcome
+from tasks import TASK_GOING, log_page, run_task, task_report, upid_product
 
 EMPTY_HINT = ("Nothing visible. A privilege-separated API token holds only what both it and its user are "
               "granted, and sees empty lists without: grant the role (e.g. PVEAuditor on /) to the user and the "
@@ -266,11 +266,16 @@ def _listed_tasks(client: ProxmoxClient, node: str | None, vmid: int | None, fai
 
 def get_task(upid: str,
              host: Host = None,
-             wait_seconds: Annotated[int, Field(ge=0, le=600)] = 0,
+             wait_seconds: Annotated[int, Field(ge=0, le=3600)] = 0,
              log_lines: Annotated[int, Field(ge=0, le=500)] = 20,
+             start: Annotated[int | None, Field(ge=0)] = None,
              ctx: Context | None = None) -> dict:
-    """Result and last log lines."""
-    return task_report(pve_client(host), upid, wait_seconds, log_lines, ctx, "get_task")
+    """PVE or PBS: result, log (last log_lines, or from start)."""
+    client = client_for(upid_product(upid), host)
+    report = task_report(client, upid, wait_seconds, 0 if start is not None else log_lines, ctx, "get_task")
+    if start is None:
+        return report
+    return report | log_page(client, upid, start, log_lines or 100)
 
 
 # ================================================================ more reads
@@ -390,12 +395,6 @@ def list_pools(host: Host = None) -> dict:
     rows = [{"pool": p["poolid"], "comment": p.get("comment") or None, "guests": sorted(members.get(p["poolid"], []))}
             for p in client.get("/pools") or []]
     return table(["pool", "comment", "guests"], rows)
-
-
-def task_log(upid: str, host: Host = None,
-             start: Annotated[int, Field(ge=0)] = 0, limit: Limit = 100) -> dict:
-    """From line `start`."""
-    return log_page(pve_client(host), upid, start, limit)
 
 
 def cluster_log(host: Host = None, limit: Annotated[int, Field(ge=1, le=500)] = 50) -> dict:

@@ -149,7 +149,7 @@ def list_hosts() -> dict:
 
 
 def server_info() -> dict:
-    """Per host: version, privileges, gates; protected guests; hidden tools, why."""
+    """Per host: version, privileges, gates; protected guests; hidden tools."""
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in reachable(product).items():
@@ -226,8 +226,7 @@ TOOLS = [
     ToolSpec(pve_tools.get_guest, "read", "pve", "guests", ("VM.Audit",), output=OBJECT),
     ToolSpec(pve_tools.list_storage, "read", "pve", "storage", output=OBJECT),
     ToolSpec(pve_tools.list_tasks, "read", "pve", "tasks"),
-    ToolSpec(pve_tools.get_task, "read", "pve", "tasks"),
-    ToolSpec(pve_tools.task_log, "read", "pve", "tasks"),
+    ToolSpec(pve_tools.get_task, "read", "", "tasks"),
     ToolSpec(pve_tools.cluster_log, "read", "pve", "tasks"),
     ToolSpec(pve_tools.node_status, "read", "pve", "guests", ("Sys.Audit",)),
     ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
@@ -270,15 +269,12 @@ TOOLS = [
     ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", "pbs", ("Datastore.Audit",)),
     ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", "pbs", ("Datastore.Audit",)),
     ToolSpec(pbs_tools.pbs_list_tasks, "read", "pbs", "pbs"),
-    ToolSpec(pbs_tools.pbs_get_task, "read", "pbs", "pbs"),
-    ToolSpec(pbs_tools.pbs_task_log, "read", "pbs", "pbs"),
     ToolSpec(pbs_tools.write_pbs_run_gc, "lifecycle", "pbs", "pbs", ("Datastore.Modify",)),
     ToolSpec(pbs_tools.write_pbs_verify_backups, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_run_job, "lifecycle", "pbs", "pbs", ("Datastore.Verify", "Datastore.Modify",
                                                                        "Datastore.Backup"),
              may_destroy=True),  # a prune job, a sync that removes vanished backups
-    ToolSpec(pbs_tools.write_pbs_protect_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
-    ToolSpec(pbs_tools.write_pbs_set_notes, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
+    ToolSpec(pbs_tools.write_pbs_edit_snapshot, "write", "pbs", "pbs", ("Datastore.Modify", "Datastore.Backup")),
     ToolSpec(pbs_tools.write_pbs_prune_group, "destructive", "pbs", "pbs", ("Datastore.Prune", "Datastore.Modify")),
     ToolSpec(pbs_tools.write_pbs_forget_snapshot, "destructive", "pbs", "pbs", ("Datastore.Prune",
                                                                                  "Datastore.Modify")),
@@ -300,7 +296,6 @@ TOOLS = [
     ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
-    ToolSpec(workflows.wait_task, "read", "", "workflows"),
     ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
@@ -361,9 +356,9 @@ def annotations_for(spec: ToolSpec):
     # policy asks the user about each destructive call whatever a client makes of the hints.
     if read_only:  # the other hints only mean something for tools that change things (MCP spec)
         return ToolAnnotations(read_only_hint=True)
-    if destructive and not idempotent:
+    if not idempotent:  # {} and no annotations read the same; the list is paid for on every turn
         return None
-    return ToolAnnotations(destructive_hint=destructive or None, idempotent_hint=idempotent or None)
+    return ToolAnnotations(destructive_hint=destructive or None, idempotent_hint=True)
 
 
 # ---------------------------------------------------------------- the edge of every tool call

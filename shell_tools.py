@@ -39,7 +39,7 @@ def _where(where: str, host: str | None) -> tuple[SshTarget, str]:
 
 
 def ssh_check(where: Where, host: Host = None) -> dict:
-    """To a node or PBS: verified host key, user, version."""
+    """Verified host key, user, version."""
     target, node = _where(where, host)
     client = connect(target, node)  # the handshake verifies the host key; it runs nothing
     fingerprint = client.get_transport().get_remote_server_key().fingerprint
@@ -68,7 +68,7 @@ else echo 'smartctl not installed'; fi
 
 
 def node_diagnostics(where: Where, host: Host = None) -> dict:
-    """Fixed SSH checks of a node or PBS: disks, ZFS, units, journal, SMART."""
+    """Fixed checks over SSH: disks, ZFS, units, journal, SMART."""
     target, node = _where(where, host)
     result = admitted(target.product, target.label, ("read",), f"node {node}: diagnostics", [],
                       lambda: run(target, node, DIAGNOSTICS, timeout=60))
@@ -86,7 +86,7 @@ def node_diagnostics(where: Where, host: Host = None) -> dict:
 def write_exec_node(where: Where, command: Command, host: Host = None,
                     timeout: Timeout = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                     ctx: Context | None = None) -> dict:
-    """A shell command on a node or PBS, over SSH."""
+    """A shell command, over SSH."""
     target, node = _where(where, host)
     result = admitted(target.product, target.label, ("exec", "elevated"), f"node {node}: {command}", [],
                       lambda: run(target, node, command, timeout=timeout))

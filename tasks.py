@@ -9,6 +9,7 @@ from typing import Any
 from mcp.server.mcpserver import Context
 
 from answers import compact, iso_time, progress_reporter
+from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient, parse_upid, task_outcome
 
 TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
@@ -53,6 +54,18 @@ def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: 
     if status.get("status") == "stopped":
         result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
     return result
+
+
+def upid_product(upid: str) -> str:
+    """Which product a UPID is from: PBS's has a task-id field more (docs/PROXMOX-BEHAVIOUR.md#pbs-tasks)."""
+    for product in ("pve", "pbs"):
+        try:
+            parse_upid(upid, product)
+            return product
+        except ProxmoxError:
+            pass
+    raise InvalidArgument(f"'{upid[:200]}' is not a task id (UPID) of Proxmox VE or Backup Server; take one "
+                          f"from list_tasks, pbs_list_tasks or a write's answer.")
 
 
 def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:

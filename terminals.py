@@ -188,7 +188,7 @@ def _target(where: str | None, vmid: int | None, host: Host) -> tuple[Any, str, 
 def write_open_terminal(where: Annotated[str | None, Field(description="node or 'pbs': its shell")] = None,
                         vmid: OptionalVmid = None, host: Host = None, dry_run: DryRunArg = False,
                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Open a terminal: a node's shell, or pct enter on a container (vmid). Closed after 15 min idle."""
+    """A node's shell, or pct enter on a container (vmid); closed after 15 min idle."""
     target, node, command, gates, guests, words = _target(where, vmid, host)
     registry = _registry.get()
     _expire(registry)
@@ -261,7 +261,7 @@ def _wait_for_output(term: Terminal, seconds: float) -> None:
 
 def terminal_read(terminal: TerminalId | None = None,
                   wait: Annotated[int, Field(ge=0, le=60, description="s for output")] = 2) -> dict:
-    """A terminal's output since the last read (cleaned, <=16 KiB); without terminal: the open ones."""
+    """Output since the last read (<=16 KiB); no terminal: the open ones."""
     if terminal is None:
         registry = _registry.get()
         _expire(registry)

@@ -27,7 +27,7 @@ from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, back
                        kernels, next_vmid, pbs_backed_storages, pending_updates, pool_problem, resolve_guest,
                        storage_rows, vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
-from tasks import run_task, task_report
+from tasks import run_task
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 
@@ -248,7 +248,7 @@ def _failed_tasks(h: Health) -> None:
                 and proxmox_client.task_outcome(task.get("status")) in ("failed", "unknown"):
             h.report.add("warning", "tasks", f"{task.get('type')} {task.get('id') or ''} on {task.get('node')} failed",
                          {"upid": task["upid"], "status": task.get("status"), "start": iso_time(task.get("starttime"))},
-                         "read it with task_log", kind="failed tasks")
+                         "read it with get_task start=0", kind="failed tasks")
 
 
 def _replication(h: Health, node: str, jobs: list[dict]) -> None:
@@ -428,7 +428,7 @@ def _pbs_job_health(h: Health, kind: str, job: dict, now: float) -> None:
         h.report.add("warning", "pbs", f"{kind} job {job['id']} failed: {result}",
                      compact({"job": job["id"], "store": job.get("store"), "ended": ended, "result": result,
                               "upid": job.get("last-run-upid")}),
-                     f"read its log (pbs_get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
+                     f"read its log (get_task with the upid), fix the cause, then write_pbs_run_job kind={kind} "
                      f"job_id={job['id']}", kind=f"{kind} jobs failed", subject=job["id"])
     elif kind == "verify" and now - (job.get("last-run-endtime") or 0) > h.limits["verify_max_days"] * 86400:
         h.report.add("warning", "pbs", f"verify job {job['id']} last ran {ended or 'never'}",
@@ -492,7 +492,7 @@ def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: fl
     if proxmox_client.task_outcome(result) in ("failed", "unknown"):
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} failed: {result}",
                      {"last_gc": iso_time(last_gc), "upid": run.get("upid")},
-                     "read its log (pbs_get_task), fix the cause, run write_pbs_run_gc",
+                     "read its log (get_task), fix the cause, run write_pbs_run_gc",
                      kind="garbage collections failed", subject=ds["store"])
     elif now - last_gc > h.limits["gc_max_days"] * 86400:
         h.report.add("warning", "pbs", f"garbage collection of {ds['store']} last ran {iso_time(last_gc) or 'never'}",
@@ -914,24 +914,6 @@ def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=
     return scan.report.answer(not_checked=not_checked)
 
 
-# ---------------------------------------------------------------- waiting for any task
-
-def wait_task(upid: str,
-              host: Host = None,
-              wait_seconds: Annotated[int, Field(ge=1, le=3600)] = 60, ctx: Context | None = None) -> dict:
-    """Until a task ends, with progress."""
-    client = proxmox_client.client_for("pbs" if _looks_pbs(upid) else "pve", host)
-    return task_report(client, upid, wait_seconds, 20, ctx, "wait_task")
-
-
-def _looks_pbs(upid: str) -> bool:
-    try:
-        proxmox_client.parse_upid(upid, "pbs")
-        return True
-    except ProxmoxError:
-        return False
-
-
 # ---------------------------------------------------------------- provisioning in one call
 
 def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
@@ -1341,7 +1323,7 @@ def cluster_health_review() -> str:
 def troubleshoot_guest(vmid: str) -> str:
     """Find out why a guest misbehaves."""
     return (f"Troubleshoot guest {vmid}: get_guest (status, lock, config), then list_tasks vmid={vmid} "
-            f"for failed tasks and task_log of the newest failure; for a running VM guest_agent_info; "
+            f"for failed tasks and get_task start=0 of the newest failure; for a running VM guest_agent_info; "
             f"node_status of its node. Report the cause with evidence. Before any change, show the exact "
             f"write with dry_run=true and ask the user.")
 

@@ -134,11 +134,11 @@ def filters(world: World, sim) -> list[tuple[str, dict]]:
     calls += [("node_logs", {"node": "pve1", "until": end, "since": "1h", "grep": word} | where)
               for word in ("***", "curl", "Bearer", "password", "-p", "token=", "@git") for where in logs[:3]]
     volid = newest_ct_backup(sim)
-    calls += [("task_log", {"upid": world.upid, "start": 0, "limit": 5}),
-              ("task_log", {"upid": world.upid, "start": 5, "limit": 30}),
+    calls += [("get_task", {"upid": world.upid, "start": 0, "log_lines": 5}),
+              ("get_task", {"upid": world.upid, "start": 5, "log_lines": 30}),
               ("get_task", {"upid": world.upid, "log_lines": 30}), ("list_tasks", {"node": "pve1", "limit": 500}),
               ("list_tasks", {"node": "pve1", "errors": True}), ("cluster_log", {"limit": 500}),
-              ("pbs_task_log", {"upid": world.pbs_upid, "start": 0, "limit": 8}),
+              ("get_task", {"upid": world.pbs_upid, "start": 0, "log_lines": 8}),
               ("backup_files", {"backup": volid, "path": "/root.pxar.didx/root", "limit": 3}),
               ("backup_files", {"backup": volid, "path": "/root.pxar.didx/root", "limit": 3, "offset": 3}),
               ("backup_files", {"backup": "backup:ct/102", "path": "/root.pxar.didx/root"}),

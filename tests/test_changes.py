@@ -299,8 +299,8 @@ def test_undo_of_a_backup_job_edit_restores_its_selection(ops, sim):
 def test_undo_of_pbs_notes_and_protection(ops, sim):
     snap = sim.lab.datastores["backup"]["groups"][("", "vm", "100")][1]
     where = {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": snap["backup-time"]}
-    noted = ops.ok("write_pbs_set_notes", where | {"notes": "keep me"})
-    protected = ops.ok("write_pbs_protect_snapshot", where)
+    noted = ops.ok("write_pbs_edit_snapshot", where | {"notes": "keep me"})
+    protected = ops.ok("write_pbs_edit_snapshot", where | {"protected": True})
     assert snap["protected"] and snap["comment"] == "keep me"
     ops.ok("write_undo_change", {"receipt": protected["receipt"]})
     ops.ok("write_undo_change", {"receipt": noted["receipt"]})

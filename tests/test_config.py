@@ -237,7 +237,8 @@ def test_allow_and_deny_tools():
     ("write_guest_power", {"write_power_guest"}),  # an old name: its new one
     ("write_snapshot_*", {"write_create_snapshot", "write_rollback_snapshot", "write_delete_snapshot"}),
     ("write_pbs_*", {"write_pbs_run_gc", "write_pbs_verify_backups", "write_pbs_prune_group", "write_pbs_run_job",
-                     "write_pbs_protect_snapshot", "write_pbs_set_notes", "write_pbs_forget_snapshot"}),
+                     "write_pbs_edit_snapshot", "write_pbs_forget_snapshot"}),
+    ("pbs_task_log", {"get_task"}),  # merged: the tool that does it now
 ])
 def test_settings_naming_tools_by_their_names_before_the_rename_keep_working(entry, denied):
     """0.2.0 named every write_ tool verb first (config.RENAMED_TOOLS): a deny list written before it

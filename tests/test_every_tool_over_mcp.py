@@ -44,7 +44,6 @@ CALLS = [
     ("list_hosts", {}), ("server_info", {}), ("cluster_status", {}), ("list_nodes", {}), ("list_guests", {}),
     ("get_guest", {"vmid": 100}), ("list_storage", {}), ("list_tasks", {}),
     ("get_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
-    ("task_log", lambda lab: {"upid": lab.mcp_upids["pve"]}),
     ("cluster_log", {}), ("node_status", {"node": "pve1"}), ("guest_config", {"vmid": 100}),
     ("list_snapshots", {"vmid": 100}), ("guest_agent_info", {"vmid": 100}), ("list_backups", {}),
     ("storage_content", {"storage": "local"}), ("list_networks", {}), ("list_pools", {}),
@@ -52,9 +51,6 @@ CALLS = [
     ("pbs_list_namespaces", {"store": "backup"}), ("pbs_list_groups", {"store": "backup"}),
     ("pbs_list_snapshots", {"store": "backup", "backup_type": "vm", "backup_id": "100"}),
     ("pbs_list_jobs", {}), ("pbs_list_tasks", {}),
-    ("pbs_get_task", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
-    ("pbs_task_log", lambda lab: {"upid": lab.mcp_upids["pbs"]}),
-    ("wait_task", lambda lab: {"upid": lab.mcp_upids["pve"]}),
     ("health_check", {}), ("backup_coverage", {}), ("security_audit", {}),
     ("metrics", {"vmid": 100}), ("node_logs", {"node": "pve1"}), ("node_disks", {"node": "pve1"}),
     ("node_updates", {}), ("dashboard", {}),
@@ -95,8 +91,7 @@ CALLS = [
                                "storage": "pbs"}),
     ("write_pbs_run_gc", {"store": "backup"}), ("write_pbs_verify_backups", {"store": "backup"}),
     ("write_pbs_run_job", {"kind": "verify", "job_id": "v-backup"}),
-    ("write_pbs_protect_snapshot", lambda lab: pbs_snapshot(lab, "100", 0)),
-    ("write_pbs_set_notes", lambda lab: pbs_snapshot(lab, "100", 0) | {"notes": "over mcp"}),
+    ("write_pbs_edit_snapshot", lambda lab: pbs_snapshot(lab, "100", 0) | {"protected": True, "notes": "over mcp"}),
     ("write_update_guests", {"vmids": [100], "confirm": True}),  # a VM, through its guest agent
     ("write_node_power", {"node": "pve2", "action": "reboot", "dry_run": True}),  # its plan: the lab keeps its node
     ("write_pbs_prune_group", {"store": "backup", "backup_type": "vm", "backup_id": "101", "keep_last": 2,

@@ -81,12 +81,11 @@ def test_jobs_and_tasks(pbs):
     assert gc["freed"] == "1.2 GiB" and gc["removed_chunks"] == 612 and gc["pending"] == "0 B"  # the run's counters
     tasks = rows(pbs.ok("pbs_list_tasks"))
     assert tasks[0]["type"] == "garbage_collection" and tasks[0]["status"] == "OK"
-    task = pbs.ok("pbs_get_task", {"upid": gc["upid"]})
+    task = pbs.ok("get_task", {"upid": gc["upid"]})  # a PBS task by its UPID's shape
     assert task["result"] == "ok" and task["log"][-1] == "TASK OK"
-    log = pbs.ok("pbs_task_log", {"upid": gc["upid"], "limit": 2})
+    log = pbs.ok("get_task", {"upid": gc["upid"], "start": 0, "log_lines": 2})
     assert log["lines"][0].startswith("starting garbage collection") and log["next_start"] == 2
-    assert "not a Proxmox Backup Server task id" in pbs.error(
-        "pbs_get_task", {"upid": "UPID:pve1:00001234:0000A1B2:6745B3C1:qmstart:100:root@pam:"})
+    assert "not a task id (UPID) of Proxmox VE or Backup Server" in pbs.error("get_task", {"upid": "UPID:not-a-task"})
 
 
 # ---------------------------------------------------------------- prune
@@ -157,14 +156,14 @@ def test_protected_guest_backups_cannot_be_pruned_or_forgotten(pbs, sim):
 def test_forget_protect_notes_verify_run_job(pbs, sim):
     group = sim.lab.datastores["backup"]["groups"][("", "ct", "105")]
     oldest, newest = group[-1]["backup-time"], group[0]["backup-time"]
-    pbs.ok("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
-                                          "backup_time": oldest})
+    pbs.ok("write_pbs_edit_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
+                                       "backup_time": oldest, "protected": True})
     assert group[-1]["protected"] is True
     refused = pbs.error("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
                                                       "backup_time": oldest, "confirm": True})
     assert "cannot remove protected snapshot" in refused
-    pbs.ok("write_pbs_set_notes", {"store": "backup", "backup_type": "ct", "backup_id": "105", "backup_time": newest,
-                                   "notes": "before the upgrade"})
+    pbs.ok("write_pbs_edit_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
+                                       "backup_time": newest, "notes": "before the upgrade"})
     assert group[0]["comment"] == "before the upgrade"
     forgotten = pbs.ok("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "ct", "backup_id": "105",
                                                      "backup_time": newest, "confirm": True})
@@ -192,10 +191,12 @@ def test_forget_protect_notes_verify_run_job(pbs, sim):
      "keep_last"),
     ("write_pbs_forget_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 0},
      "backup_time"),
-    ("write_pbs_set_notes", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5, "notes": "x"},
-     "No datastore"),
-    ("write_pbs_protect_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5},
-     "backup_type"),
+    ("write_pbs_edit_snapshot", {"store": "nope", "backup_type": "vm", "backup_id": "100", "backup_time": 5,
+                                 "notes": "x"}, "No datastore"),
+    ("write_pbs_edit_snapshot", {"store": "backup", "backup_type": "disk", "backup_id": "100", "backup_time": 5,
+                                 "protected": True}, "backup_type"),
+    ("write_pbs_edit_snapshot", {"store": "backup", "backup_type": "vm", "backup_id": "100", "backup_time": 5},
+     "Nothing to change"),
 ])
 def test_bad_input_sends_nothing(pbs, sim, tool, arguments, expected):
     message, sent = pbs_writes(sim, lambda: pbs.error(tool, arguments))
@@ -214,7 +215,7 @@ def test_tiers_decide_which_pbs_writes_exist(sim, tmp_path):
     for tier, names in offered.items():  # each tier offers the tools whose gate it reaches
         assert names == {name for name, gate in writes.items() if TIERS.index(gate) <= TIERS.index(tier)}
     assert offered["read"] == set() and "write_pbs_run_gc" in offered["lifecycle"]
-    assert "write_pbs_protect_snapshot" in offered["write"] - offered["lifecycle"]
+    assert "write_pbs_edit_snapshot" in offered["write"] - offered["lifecycle"]
 
 
 def test_generic_api_reaches_pbs(pbs):

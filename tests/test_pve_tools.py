@@ -75,9 +75,9 @@ def test_backups_storage_content_networks_pools(ops):
 
 def test_task_and_cluster_logs(ops, sim):
     upid = sim.lab.start_task("pve1", "vzdump", "100", finished=True)
-    first = ops.ok("task_log", {"upid": upid, "limit": 3})
-    assert first["lines"][0].startswith("starting") and first["next_start"] == 3
-    rest = ops.ok("task_log", {"upid": upid, "start": 3})
+    first = ops.ok("get_task", {"upid": upid, "start": 0, "log_lines": 3})
+    assert first["lines"][0].startswith("starting") and first["next_start"] == 3 and first["result"] == "ok"
+    rest = ops.ok("get_task", {"upid": upid, "start": 3})
     assert rest["lines"][-1] == "TASK OK" and "next_start" not in rest
     log = rows(ops.ok("cluster_log", {"limit": 5}))
     assert log and all(r["tag"] == "pvedaemon" for r in log)

@@ -157,7 +157,7 @@ def test_pbs_task_list_errors_and_running(sim, lab, tmp_path):
     with tools_on(sim, tmp_path):
         errors = rows(pbs_tools.pbs_list_tasks(errors=True))
         active = rows(pbs_tools.pbs_list_tasks(running=True))
-        task = pbs_tools.pbs_get_task(running)
+        task = pve_tools.get_task(running)
     assert [r["upid"] for r in errors] == [failed] and errors[0]["status"] == "sync failed - remote unreachable"
     assert [r["upid"] for r in active] == [running] and active[0]["status"] == "running"
     assert active[0]["user"] == "mcp@pbs!reader" and task["user"] == "mcp@pbs!reader"
@@ -168,9 +168,9 @@ def test_pbs_task_log_pages_without_repeating_a_line(sim, lab, tmp_path):
     upid = lab.start_task("pbs", "verify", "backup", finished=True, product="pbs",
                           lines=[f"line {n}" for n in range(1, 8)])
     with tools_on(sim, tmp_path):
-        first = pbs_tools.pbs_task_log(upid, limit=3)
-        second = pbs_tools.pbs_task_log(upid, start=first["next_start"], limit=3)
-        third = pbs_tools.pbs_task_log(upid, start=second["next_start"], limit=3)
+        first = pve_tools.get_task(upid, start=0, log_lines=3)
+        second = pve_tools.get_task(upid, start=first["next_start"], log_lines=3)
+        third = pve_tools.get_task(upid, start=second["next_start"], log_lines=3)
     assert first["lines"] + second["lines"] + third["lines"] == [f"line {n}" for n in range(1, 8)] + ["TASK OK"]
     assert "next_start" not in third
 
@@ -179,7 +179,7 @@ def test_pbs_worker_ids_are_systemd_escaped_and_decoded(sim, lab, tmp_path):
     lab.datastores["backup"]["groups"][("", "vm", "100")][0]["verification"] = None
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         started = pbs_tools.write_pbs_verify_backups("backup", backup_type="vm", backup_id="100", wait_seconds=0)
-        task = pbs_tools.pbs_get_task(started["upid"])
+        task = pve_tools.get_task(started["upid"])
     # the worker id as PBS builds it: store, then the namespace path (empty at the root), type and id
     assert ":vm-100:" not in started["upid"] and "verify_group:backup\\x3a-vm-100:" in started["upid"]
     assert task["id"] == "backup:/vm/100"
@@ -203,11 +203,11 @@ def test_malformed_upids_are_refused(upid, product):
         proxmox_client.parse_upid(upid, product)
 
 
-def test_a_still_running_pbs_write_names_pbs_get_task(sim, lab, tmp_path):
+def test_a_still_running_pbs_write_names_get_task(sim, lab, tmp_path):
     lab.task_seconds = 30
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="lifecycle"):
         outcome = pbs_tools.write_pbs_run_gc("backup", wait_seconds=1)
-    assert outcome["task"] == "still_running" and "pbs_get_task" in outcome["next"] and "status" not in outcome
+    assert outcome["task"] == "still_running" and "get_task" in outcome["next"] and "status" not in outcome
 
 
 # ---------------------------------------------------------------- 6, 16: backup coverage
@@ -466,14 +466,14 @@ def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_pa
     sync = found["sync job s-backup failed: sync failed - remote unreachable"]
     prune = found["prune job p-backup failed: prune failed - datastore is locked"]
     assert "write_pbs_run_job kind=sync job_id=s-backup" in sync["next"] and sync["evidence"]["ended"]
-    assert prune["evidence"]["upid"] == failed and "pbs_get_task" in prune["next"]
+    assert prune["evidence"]["upid"] == failed and "get_task" in prune["next"]
 
 
 def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
     confirmed = policy.CALL.set({"confirm": lambda *_: None})  # a prune job is destructive
     try:
         with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="destructive"):
-            ids = {kind: pbs_tools.pbs_get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]
+            ids = {kind: pve_tools.get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]
                    for kind, job in (("sync", "s-backup"), ("verify", "v-backup"), ("prune", "p-backup"))}
     finally:
         policy.CALL.reset(confirmed)

@@ -1,5 +1,5 @@
 """Workflows against a lab built to contain the findings they must report (and not others):
-health_check, backup_coverage, security_audit, provisioning, the restore drill, wait_task,
+health_check, backup_coverage, security_audit, provisioning, the restore drill, get_task waiting,
 resources and prompts."""
 import json
 import time
@@ -203,12 +203,12 @@ def test_security_audit(session):
 
 
 @pytest.mark.mcp  # progress notifications
-def test_wait_task_for_both_products(ops, sim):
+def test_get_task_waits_for_both_products(ops, sim):
     pve = sim.lab.start_task("pve2", "qmstart", "101", duration=0.5)
     pbs = sim.lab.start_task("pbs", "verify", "backup", duration=0.5, product="pbs")
     progress = []
-    assert ops.ok("wait_task", {"upid": pve, "wait_seconds": 30}, progress=progress)["result"] == "ok"
-    assert ops.ok("wait_task", {"upid": pbs, "wait_seconds": 30})["result"] == "ok"
+    assert ops.ok("get_task", {"upid": pve, "wait_seconds": 30}, progress=progress)["result"] == "ok"
+    assert ops.ok("get_task", {"upid": pbs, "wait_seconds": 30})["result"] == "ok"
 
 
 def test_provision_lxc_and_vm_in_one_call(ops, sim):
