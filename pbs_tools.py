@@ -42,9 +42,11 @@ def _group_params(backup_type: str, backup_id: str, ns: str | None) -> dict[str,
 
 # ---------------------------------------------------------------- reads
 
-def pbs_list_datastores(host: Host = None) -> dict:
-    """Use, fill %, full date, last GC."""
+def pbs_list_datastores(host: Host = None, store: Store | None = None) -> dict:
+    """Use, fill %, full date, last GC; store: its counts and GC state too."""
     client = pbs_client(host)
+    if store:
+        return datastore_status(client, store)
     usage = client.get("/status/datastore-usage") or []
     # gc-status has counters only; the last run's time and result are the GC job's, one read for
     # every store (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
@@ -65,9 +67,8 @@ def pbs_list_datastores(host: Host = None) -> dict:
     return answer | ({"note": " ".join(notes)} if notes else {})
 
 
-def pbs_datastore_status(store: Store, host: Host = None) -> dict:
-    """Use, group and snapshot counts, GC state."""
-    client = pbs_client(host)
+def datastore_status(client: ProxmoxClient, store: str) -> dict:
+    """One datastore: use, group and snapshot counts, GC state."""
     _check_store(client, store)
     status = client.get(f"/admin/datastore/{store}/status", verbose=True) or {}
     # the GC's times and result; before 3.2.0 its counters alone (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
@@ -85,23 +86,19 @@ def pbs_datastore_status(store: Store, host: Host = None) -> dict:
                                    "pending": human_bytes(gc.get("pending-bytes"))})})
 
 
-def pbs_list_namespaces(store: Store, host: Host = None) -> dict:
-    """Of a datastore."""
-    client = pbs_client(host)
-    _check_store(client, store)
-    namespaces = client.get(f"/admin/datastore/{store}/namespace") or []
-    rows = [{"ns": n.get("ns", ""), "comment": n.get("comment")} for n in namespaces]
-    return table(["ns", "comment"], rows)
-
-
 def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
-    """Last backup, count, owner."""
+    """Last backup, count, owner; at the root, the store's namespaces."""
     client = pbs_client(host)
     _check_store(client, store)
     rows = [{"group": f"{g['backup-type']}/{g['backup-id']}", "last": iso_time(g.get("last-backup")),
              "count": g.get("backup-count"), "owner": g.get("owner"), "comment": g.get("comment")}
             for g in client.get(f"/admin/datastore/{store}/groups", ns=ns) or []]
-    return table(["group", "last", "count", "owner", "comment"], rows)
+    answer = table(["group", "last", "count", "owner", "comment"], rows)
+    if ns:
+        return answer
+    # the list names the root too, as "" (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+    namespaces = [n["ns"] for n in client.get(f"/admin/datastore/{store}/namespace") or [] if n.get("ns")]
+    return answer | ({"namespaces": namespaces} if namespaces else {})
 
 
 def pbs_list_snapshots(store: Store, host: Host = None, ns: Ns = None,

@@ -263,8 +263,6 @@ TOOLS = [
     ToolSpec(pve_tools.write_delete_volume, "destructive", "pve", "storage", ("Datastore.Allocate",
                                                                               "Datastore.AllocateSpace")),
     ToolSpec(pbs_tools.pbs_list_datastores, "read", "pbs", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_datastore_status, "read", "pbs", "pbs", ("Datastore.Audit",)),
-    ToolSpec(pbs_tools.pbs_list_namespaces, "read", "pbs", "pbs", ("Datastore.Audit",)),
     ToolSpec(pbs_tools.pbs_list_groups, "read", "pbs", "pbs", ("Datastore.Audit",)),
     ToolSpec(pbs_tools.pbs_list_snapshots, "read", "pbs", "pbs", ("Datastore.Audit",)),
     ToolSpec(pbs_tools.pbs_list_jobs, "read", "pbs", "pbs", ("Datastore.Audit",)),

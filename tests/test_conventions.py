@@ -20,7 +20,7 @@ KINDS = {
 READS = [("list_nodes", {}), ("node_status", {"node": "pve1"}), ("list_guests", {}), ("get_guest", {"vmid": 100}),
          ("get_guest", {"vmid": 102}), ("list_storage", {}), ("list_backups", {}), ("list_snapshots", {"vmid": 100}),
          ("storage_content", {"storage": "local"}), ("list_tasks", {}), ("cluster_log", {}),
-         ("pbs_list_datastores", {}), ("pbs_datastore_status", {"store": "backup"}),
+         ("pbs_list_datastores", {}), ("pbs_list_datastores", {"store": "backup"}),
          ("pbs_list_groups", {"store": "backup"}), ("pbs_list_snapshots", {"store": "backup"}),
          ("pbs_list_jobs", {}), ("pbs_list_tasks", {}), ("health_check", {}), ("backup_coverage", {})]
 

@@ -50,9 +50,10 @@ def rows(answer):
 def test_datastores_status_namespaces_groups(pbs):
     stores = rows(pbs.ok("pbs_list_datastores"))
     assert stores[0]["store"] == "backup" and stores[0]["used_pct"] == 30.0 and stores[0]["full_by"] > "2026"
-    status = pbs.ok("pbs_datastore_status", {"store": "backup"})
+    status = pbs.ok("pbs_list_datastores", {"store": "backup"})
     assert status["counts"]["vm"]["groups"] == 3 and status["gc"]["state"] == "OK"
-    assert [r["ns"] for r in rows(pbs.ok("pbs_list_namespaces", {"store": "backup"}))] == ["", "offsite"]
+    assert pbs.ok("pbs_list_groups", {"store": "backup"})["namespaces"] == ["offsite"]
+    assert "namespaces" not in pbs.ok("pbs_list_groups", {"store": "backup", "ns": "offsite"})
     groups = {r["group"]: r for r in rows(pbs.ok("pbs_list_groups", {"store": "backup"}))}
     assert set(groups) == {"vm/100", "vm/101", "ct/102", "ct/105", "vm/200"} and groups["vm/100"]["count"] == 3
     assert "Datastores: backup" in pbs.error("pbs_list_groups", {"store": "nope"})

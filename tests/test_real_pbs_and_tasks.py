@@ -84,7 +84,7 @@ def test_gc_times_come_from_the_gc_job(sim, lab, tmp_path):
         before = len(lab.requests)
         stores = rows(pbs_tools.pbs_list_datastores())
         asked = [path for _, _, path in lab.requests[before:] if path not in ("/access/permissions", "/version")]
-        status = pbs_tools.pbs_datastore_status("backup")
+        status = pbs_tools.pbs_list_datastores(store="backup")
         report = workflows.health_check()
     assert stores[0]["last_gc"] == iso_time(ran) and stores[0]["gc_result"] == "OK"
     assert asked == ["/status/datastore-usage", "/admin/gc"]  # one extra read for every store
@@ -114,7 +114,7 @@ def test_a_datastore_pbs_cannot_open_is_a_finding(sim, lab, tmp_path):
         stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
         report = workflows.health_check()
         with pytest.raises(ToolFailure, match="not mounted"):
-            pbs_tools.pbs_datastore_status("usb")
+            pbs_tools.pbs_list_datastores(store="usb")
     assert stores["usb"]["unavailable"] == "datastore 'usb' is not mounted" and stores["usb"]["used"] == ""
     assert stores["backup"]["unavailable"] == ""
     found = {f["finding"]: f for f in report["findings"] if f["area"] == "pbs"}
@@ -429,7 +429,7 @@ def test_pbs_tools_work_on_every_release(release, tmp_path):
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path, pbs_token="root@pam!admin",
                                                     PROXMOX_ACCESS="lifecycle"):
         stores = pbs_tools.pbs_list_datastores()
-        status = pbs_tools.pbs_datastore_status("backup")
+        status = pbs_tools.pbs_list_datastores(store="backup")
         listed = pbs_tools.pbs_list_jobs()
         ran = pbs_tools.write_pbs_run_job("sync", "s-backup", wait_seconds=10)
         report = workflows.health_check()
@@ -500,7 +500,7 @@ def test_s3_datastores_figures_are_their_cache(release, tmp_path):
     lab.datastores["cloud"]["backend"] = "s3"
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
         stores = pbs_tools.pbs_list_datastores()
-        status = pbs_tools.pbs_datastore_status("cloud")
+        status = pbs_tools.pbs_list_datastores(store="cloud")
         report = workflows.health_check()
     assert lab.schema_rejections == []
     cloud = {r["store"]: r for r in rows(stores)}["cloud"]
