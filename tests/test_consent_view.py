@@ -77,18 +77,6 @@ def browser(tmp_path_factory):
     started.close()
 
 
-def element(browser: webdriver.Browser, css: str) -> str:
-    return browser.find(css)
-
-
-def click(browser: webdriver.Browser, css: str) -> None:
-    browser.command("POST", f"/element/{element(browser, css)}/click", {})
-
-
-def type_into(browser: webdriver.Browser, css: str, text: str) -> None:
-    browser.command("POST", f"/element/{element(browser, css)}/value", {"text": text})
-
-
 def open_consent(browser: webdriver.Browser, base: str, callback: Callback, name: str) -> tuple[dict, str]:
     client = oc.register(base, client_name=name, redirect_uris=[callback.url])
     verifier, challenge = oc.pkce()
@@ -111,14 +99,14 @@ def test_the_operator_grants_a_chosen_profile(browser, base, callback):
         == [["read", True], ["operate", False], ["admin", False]]  # read unless the operator chooses more
     assert browser.run("return performance.getEntriesByType('resource').length") == 0  # it loads nothing
 
-    type_into(browser, "input[name=secret]", "not-the-operators-secret")
-    click(browser, "button[value=grant]")
+    browser.type_into("input[name=secret]", "not-the-operators-secret")
+    browser.click("button[value=grant]", loads_a_page=True)
     assert "That is not the operator's secret. Nothing was granted." in page_text(browser)
     assert callback.queries == []
 
-    click(browser, "input[value=operate]")
-    type_into(browser, "input[name=secret]", SECRET)
-    click(browser, "button[value=grant]")
+    browser.click("input[value=operate]")
+    browser.type_into("input[name=secret]", SECRET)
+    browser.click("button[value=grant]", loads_a_page=True)
     assert browser.command("GET", "/url").startswith(callback.url + "?")
     assert page_text(browser) == "back at the client"
     answer = callback.next()
@@ -130,7 +118,7 @@ def test_the_operator_grants_a_chosen_profile(browser, base, callback):
 
 def test_the_operator_denies(browser, base, callback):
     open_consent(browser, base, callback, "Someone")
-    click(browser, "button[value=deny]")
+    browser.click("button[value=deny]", loads_a_page=True)
     answer = callback.next()
     assert answer["error"] == "access_denied" and "code" not in answer
 

@@ -9,10 +9,11 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 CHROMIUM = ("chromium", "chromium-browser")  # Debian's package, and the name some others use
 DRIVER = "chromedriver"  # Debian's chromium-driver package
@@ -39,7 +40,20 @@ def _free_port() -> int:
 
 
 class WebDriverError(RuntimeError):
-    pass
+    def __init__(self, message: str, error: str | None = None):
+        super().__init__(message)
+        self.error = error  # W3C WebDriver's error code, e.g. "stale element reference"
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float = 60, every: float = 0.05, what: str = "") -> Any:
+    """Poll `predicate` until it returns something true, and return that; fail after `timeout`
+    seconds (bounded, however slow the machine: not a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout} s: {what or predicate}")
+        time.sleep(every)
+    return result
 
 
 class Browser:
@@ -79,7 +93,8 @@ class Browser:
                 return json.loads(response.read())["value"]
         except urllib.error.HTTPError as exc:
             value = json.loads(exc.read() or b"{}").get("value") or {}
-            raise WebDriverError(f"{method} {path}: {value.get('error')}: {value.get('message', '')[:500]}") from None
+            raise WebDriverError(f"{method} {path}: {value.get('error')}: {value.get('message', '')[:500]}",
+                                 value.get("error")) from None
 
     def command(self, method: str, path: str, body: dict | None = None) -> Any:
         return self._send(method, self.session + path, body)
@@ -98,6 +113,29 @@ class Browser:
 
     def find(self, css: str) -> str:
         return self.command("POST", "/element", {"using": "css selector", "value": css})[ELEMENT_KEY]
+
+    def click(self, css: str, *, loads_a_page: bool = False) -> None:
+        """Click an element. With `loads_a_page` (a form's submit, a link) return only once the page
+        the click asked for has replaced this one and is loaded: a click's answer does not wait for a
+        form POST's response, so reading the page at once may read the old one."""
+        before = self.find("html") if loads_a_page else None
+        self.command("POST", f"/element/{self.find(css)}/click", {})
+        if before is not None:
+            wait_until(lambda: self._gone(before) and self.run("return document.readyState") == "complete",
+                       what=f"the page loaded by clicking {css}")
+
+    def type_into(self, css: str, text: str) -> None:
+        self.command("POST", f"/element/{self.find(css)}/value", {"text": text})
+
+    def _gone(self, element: str) -> bool:
+        """Whether an element's document is no longer the one shown (W3C: a stale element reference)."""
+        try:
+            self.command("GET", f"/element/{element}/name")
+        except WebDriverError as exc:
+            if exc.error in ("stale element reference", "no such element"):
+                return True
+            raise
+        return False
 
     def enter_frame(self, css: str) -> None:
         element = self.find(css)
