@@ -92,7 +92,7 @@ from errors import ToolFailure
 from gates import GATES
 from masking import mask, mask_json, register_secret
 from products import PRODUCTS
-from tool_meta import OBJECT
+from tool_meta import OBJECT, view_uri
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger(NAME)  # config.NAME: the distribution and command (tests/test_packaging.py: one everywhere)
@@ -524,10 +524,6 @@ def make_tool(spec: ToolSpec):
     return tool
 
 
-def view_uri(html: Path) -> str:
-    return f"ui://proxmox/{html.name}"
-
-
 def views_extension(specs: list[ToolSpec]) -> list:
     """The MCP Apps extension (mcp.server.apps) serving the views of the offered tools as ui://
     resources (text/html;profile=mcp-app), or nothing when no offered tool has one. The views need no
@@ -805,10 +801,11 @@ def main(argv: list[str] | None = None) -> int:
     apply_configuration(config)
 
     if args.write_docs or (args.list_tools and args.markdown):
-        import tool_docs  # it imports this module: loaded only for the two commands that need it
+        import tool_docs  # loaded only for the two commands that need it
+        table = tool_docs.ToolTable(TOOLS, INSTRUCTIONS, make_tool, slim_schema)
         if args.write_docs:
-            return tool_docs.write_docs()
-        print(tool_docs.tool_catalog_markdown())
+            return tool_docs.write_docs(table)
+        print(tool_docs.tool_catalog_markdown(table))
         return 0
     if args.list_tools:
         print_tool_list(config, args.json)
