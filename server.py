@@ -75,6 +75,7 @@ import dashboard
 import monitor_tools
 import changes
 import pbs_tools
+import provisioning
 import pve_tools
 import shell_tools
 import ssh
@@ -248,15 +249,15 @@ TOOLS = [
              may_destroy=True),  # delete=unusedN frees a volume
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
-    ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
-    ToolSpec(pve_tools.write_set_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
+    ToolSpec(provisioning.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(provisioning.write_set_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
-    ToolSpec(pve_tools.write_make_template, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_make_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
              may_destroy=True),  # overwrite=true
-    ToolSpec(pve_tools.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
+    ToolSpec(provisioning.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
     ToolSpec(pve_tools.write_rollback_snapshot, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
                                                                                  "VM.Snapshot")),
     ToolSpec(pve_tools.write_delete_snapshot, "destructive", "pve", "guests", ("VM.Snapshot",)),
@@ -301,8 +302,8 @@ TOOLS = [
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
     ToolSpec(workflows.wait_task, "read", "", "workflows"),
-    ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
-    ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(templates.list_templates, "read", "pve", "templates"),
     ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),

@@ -22,7 +22,7 @@ from conftest import ROOT, server_env
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs", "changes", "terminals", "lxc_admin",
-                "node_tools", "guest_updates")
+                "node_tools", "guest_updates", "provisioning")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
                   "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
                   "receipts", "config_diff", "runtime", "tasks", "rrd", "ssh", "guest_os",

@@ -15,6 +15,7 @@ import terminals
 import dashboard
 import monitor_tools
 import pbs_tools
+import provisioning
 import pve_tools
 import server
 import shell_tools
@@ -26,7 +27,7 @@ from conftest import ROOT, run_server
 from gates import CONFIRMED, GATES
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
-                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates)
+                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates, provisioning)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 TABLE = tool_docs.ToolTable(server.TOOLS, server.INSTRUCTIONS, server.make_tool, server.slim_schema)
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
