@@ -205,7 +205,8 @@ def end_states(writes: list[Any], start: Any, apply: Callable[[Any, Any], Any]) 
     return found
 
 
-def check_firewall(host: Any, what: str, writes: list[Any], read: Read | None, configured_source: str | None) -> None:
+def check_firewall(host: Any, what: str, writes: list[Any], read: Read | None, configured_source: str | None,
+                   backup_servers: tuple[str, ...]) -> None:
     """Refuse a batch whose firewall writes (in order) can leave a management port cut that is reachable
     now, judged by the firewall guard for every way the batch can end (`end_states`)."""
     nodes = {w.path_params.get("node") for w in writes}
@@ -213,7 +214,7 @@ def check_firewall(host: Any, what: str, writes: list[Any], read: Read | None, c
     ends = end_states(writes, before, lambda fw, w: firewall_guard.apply(fw, w.method, w.template, w.path_params,
                                                                            w.params))
     firewall_guard.compare(host, configured_source, before, [(_commands(what, writes, chosen), writes[chosen[-1]],
-                                                              state) for chosen, state in ends])
+                                                              state) for chosen, state in ends], backup_servers)
 
 
 def _commands(what: str, writes: list[Any], chosen: list[int]) -> str:

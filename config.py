@@ -737,6 +737,8 @@ def read_host(product: str, label: str, values: HostValues, config: Config) -> N
         config.warnings.append(f"{where}URL uses plain http: the API token travels unencrypted.")
     config.settings.hosts[(product, label)] = parse_host_rules(values, config.default_rules)
     config.hosts.append(host)
+    if product == "pbs":  # the firewall guard keeps 8007 open on a node that is one of them
+        config.settings.backup_servers += (url,)
     ssh = parse_ssh(product, label, values, config.ssh_timeout)
     if ssh:
         config.ssh.append(ssh)

@@ -17,7 +17,7 @@ from inventory import resolve_guest
 from proxmox_client import in_parallel, pve_client
 from rrd import read_history
 
-# served as ui://proxmox/dashboard.html (server.view_uri)
+# served as ui://proxmox/dashboard.html (tool_meta.view_uri)
 VIEW_HTML = Path(__file__).with_name("views") / "dashboard.html"
 # How much of each part is shown; the rest is counted ("more"). The text answer stays a few KB
 # at a thousand guests (tests/test_dashboard.py).

@@ -23,7 +23,7 @@ import json
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from errors import PolicyError, ToolFailure
@@ -472,12 +472,12 @@ def candidate_sources(host: Any, configured: str | None, states: list[Firewall])
         "is unknown; set PROXMOX_SOURCE_ADDRESS to judge for that one)")
 
 
-def backup_server_hosts() -> set[str]:
-    """The names and addresses of the configured Backup Servers (each resolved once per check)."""
-    import proxmox_client  # at call time: proxmox_client imports policy, which imports this module
+def backup_server_hosts(urls: Sequence[str]) -> set[str]:
+    """The names and addresses of the configured Backup Servers, from their URLs (each resolved once
+    per check)."""
     found: set[str] = set()
-    for pbs in proxmox_client.configured("pbs").values():
-        name = (urlsplit(pbs.url).hostname or "").lower()
+    for url in urls:
+        name = (urlsplit(url).hostname or "").lower()
         found |= {name} | _resolve(name)
     return found
 
@@ -559,12 +559,14 @@ def fixing_rule(source: Any, port: int) -> dict:
     return {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": str(port), "source": str(source), "enable": 1}
 
 
-def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_source: str | None) -> None:
-    """Refuse a firewall write that cuts a management port that is reachable now."""
+def check(host: Any, decision: Any, read: Callable[..., Any] | None, configured_source: str | None,
+          backup_servers: Sequence[str]) -> None:
+    """Refuse a firewall write that cuts a management port that is reachable now (8007 too on a node
+    that is one of the configured Backup Servers, given by their URLs)."""
     what = f"{decision.method} {decision.path}"
     before = read_before(what, read, decision.path_params.get("node"))
     after = apply(before, decision.method, decision.template, decision.path_params, decision.params)
-    compare(host, configured_source, before, [(what, decision, after)])
+    compare(host, configured_source, before, [(what, decision, after)], backup_servers)
 
 
 def read_before(what: str, read: Callable[..., Any] | None, node: str | None) -> Firewall:
@@ -578,15 +580,15 @@ def read_before(what: str, read: Callable[..., Any] | None, node: str | None) ->
                           f"would lock this server out ({exc}); nothing was sent.") from None
 
 
-def compare(host: Any, configured_source: str | None, before: Firewall, afters: list[tuple[str, Any, Firewall]]
-             ) -> None:
+def compare(host: Any, configured_source: str | None, before: Firewall, afters: list[tuple[str, Any, Firewall]],
+            backup_servers: Sequence[str]) -> None:
     """Refuse when a state after (what leads to it, the request that ends in it, the state) cuts a node's
     management port from a source that the state before lets in."""
     sources, who = candidate_sources(host, configured_source, [before] + [fw for _, _, fw in afters])
-    backup_servers = backup_server_hosts()
+    backup_hosts = backup_server_hosts(backup_servers)
     for what, decision, after in afters:
         for node in sorted(after.hosts):
-            for port, name in node_ports(after, node, backup_servers).items():
+            for port, name in node_ports(after, node, backup_hosts).items():
                 for source in sources:
                     open_before, why_before = verdict(before, node, source, port)
                     open_after, why_after = verdict(after, node, source, port)

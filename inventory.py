@@ -1,7 +1,8 @@
 """What exists on a Proxmox VE cluster, as the tools look it up: guests by vmid, nodes by name,
-the next free vmid, a node's bridges, where a storage is. Names are checked here before a tool
-sends anything, and an unknown one is answered with the names that exist. Also how a node's
-disks, ZFS pools and kernel are judged (node_disks, node_updates and health_check share it).
+the next free vmid, a node's bridges, where a storage is, which node has room for a new guest.
+Names are checked here before a tool sends anything, and an unknown one is answered with the
+names that exist. Also how a node's disks, ZFS pools and kernel are judged (node_disks,
+node_updates and health_check share it).
 
 Guests and node names are kept a few seconds on the client (ProxmoxClient.cached); any write
 drops the guests, as it may have created, moved or deleted one.
@@ -14,7 +15,7 @@ from urllib.parse import urlsplit
 
 import policy
 from answers import capped, compact, human_bytes, iso_time
-from errors import InvalidArgument, ProxmoxError
+from errors import InvalidArgument, ProxmoxError, ToolFailure
 from proxmox_client import ProxmoxClient, configured, pbs_client
 
 KEEP_SECONDS = 10.0  # how long guest and node lists are reused between calls
@@ -56,6 +57,22 @@ def guest_path(client: ProxmoxClient, vmid: int, *, fresh: bool = False) -> tupl
 
 def next_vmid(client: ProxmoxClient) -> int:
     return int(client.get("/cluster/nextid"))
+
+
+def free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
+    if vmid is None:
+        return next_vmid(client)
+    taken = {g["vmid"]: g for g in guest_resources(client, fresh=True)}
+    if vmid in taken:
+        raise InvalidArgument(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. "
+                              f"Leave vmid out to get the next free one.")
+    return vmid
+
+
+def existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
+    names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]
+    if name not in names:
+        raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
 
 
 # ---------------------------------------------------------------- nodes and their bridges
@@ -122,6 +139,59 @@ def bridges_hidden(client: ProxmoxClient) -> str | None:
         return None
     return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
             f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
+
+
+def check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | None) -> None:
+    """Fail closed: an unknown bridge, a VLAN on a bridge that is not VLAN-aware, or a bridge list
+    that cannot be read refuse the change."""
+    try:
+        known = {b["bridge"]: b for b in bridges(client, node)}
+    except ToolFailure as exc:
+        raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
+    if bridge not in known:
+        hidden = bridges_hidden(client) if not known else None
+        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. " + (
+            hidden or f"Bridges: {', '.join(known) or 'none'} (list_networks)."))
+    if known[bridge]["pending"]:
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not applied yet (it is only in the pending network "
+                              f"configuration): a guest on it would not start. Apply it first (node > Network > "
+                              f"Apply Configuration, or `ifreload -a` on {node}).")
+    if vlan and not known[bridge]["vlan_aware"]:
+        aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
+        raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
+                              f"Use a VLAN-aware bridge: {aware}.")
+
+
+def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
+    """The nodes that can use a volume: all for shared storage, else those whose own disk holds it
+    (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
+    storage = (volid or "").split(":", 1)[0]
+    rows = [r for r in storage_rows(client) if r.get("storage") == storage]
+    if not volid or not rows or any(r.get("shared") for r in rows):
+        return nodes
+    on = {r["node"] for r in rows if r.get("status") == "available"}
+    return [n for n in nodes if n in on and any(v.get("volid") == volid for v in client.get(
+        f"/nodes/{n}/storage/{storage}/content") or [])]
+
+
+def pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) -> tuple[str, str | None]:
+    """An online node that holds `volid` (when it is on a node's own storage) with the most free
+    memory, and a note when free memory cannot be told: without Sys.Audit the nodes come without
+    figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources), which says nothing about room."""
+    online = {r["node"]: r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"}
+    nodes = _holders(client, sorted(online), volid)
+    if not nodes:
+        raise InvalidArgument(f"No online node holds {volid}; take one from storage_content, or download it to the "
+                              f"node you want (write_download_url node=...).")
+    if any(online[n].get("maxmem") is None for n in nodes):
+        return nodes[0], (f"free memory not checked: the token lacks Sys.Audit on /nodes, so nodes come without "
+                          f"figures; {nodes[0]} holds what it needs")
+    free = {n: online[n]["maxmem"] - online[n].get("mem", 0) for n in nodes}
+    best = max(nodes, key=free.get)
+    if free[best] < memory_mb * 1024 * 1024:
+        raise ProxmoxError(f"No online node that can use it has {memory_mb} MiB of free memory "
+                           f"({', '.join(nodes)} checked); give a smaller memory_mb or free memory.")
+    return best, None
 
 
 # ---------------------------------------------------------------- storages
@@ -200,6 +270,29 @@ def archive_node(client: ProxmoxClient, archive: str, node: str | None) -> str:
         raise InvalidArgument(f"{archive} is on the '{storage}' storage of {', '.join(holders)}, which is that "
                               f"node's own disk: restore it there (node={holders[0]}).")
     raise InvalidArgument(f"No node's '{storage}' storage holds {archive}; take a volid from list_backups.")
+
+
+VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
+
+
+def volume_storages(config: dict, disks_only: bool = False) -> list[str]:
+    """The storages a guest's volumes are on (CD-ROM images too, unless disks_only)."""
+    found = []
+    for key, value in config.items():
+        volume = str(value).split(",")[0]
+        if VOLUME_KEY.fullmatch(key) and ":" in volume and not (disks_only and "media=cdrom" in str(value)):
+            found.append(volume.split(":", 1)[0])
+    return sorted(set(found))
+
+
+def disk_size(value: str) -> tuple[float, str] | None:
+    """A disk's size in GiB and as its config writes it: `32G`, or `2252M` for an imported image
+    (pve-common format_size, docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
+    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value or "")
+    if not match:
+        return None
+    scale = {"": 1 / 1024 ** 3, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
+    return float(match.group(1)) * scale, match.group(1) + match.group(2)
 
 
 # ---------------------------------------------------------------- node hardware and packages, judged

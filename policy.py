@@ -124,6 +124,7 @@ class Settings:
     receipts: receipts.Keeping = field(default_factory=receipts.Keeping)  # beside the audit log
     exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
     source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
+    backup_servers: tuple[str, ...] = ()  # the configured Backup Servers' URLs: their port 8007 (firewall_guard)
 
 
 # What each principal's profile may reach beside the server's own gates, which still apply
@@ -275,7 +276,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
         if not nested:
             judge(host, decision)  # read the firewall only for a call the rest of the policy allows
-            firewall_guard.check(host, decision, read, settings().source_address)
+            firewall_guard.check(host, decision, read, settings().source_address, settings().backup_servers)
         protected = protected_vmids(host)
         decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
     if template == EXECUTE and not decision.errors:
@@ -345,7 +346,7 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read:
     if firewall_writes and not current_call().get("planning"):
         judge(host, decision)  # read the firewall only for a batch the rest of the policy allows
         batch.check_firewall(host, f"{decision.method} {decision.path}", firewall_writes, read,
-                             settings().source_address)
+                             settings().source_address, settings().backup_servers)
 
 
 # ================================================================ 2. judge

@@ -5,24 +5,22 @@ answer as compact JSON and turns a ToolFailure into a tool error. Lists come as
 {"columns": [...], "rows": [[...], ...]} to keep answers small (answers.py); guests, nodes
 and storages are looked up by inventory.py.
 """
-import ipaddress
 import re
 import time
 from typing import Annotated, Any, Literal
-from urllib.parse import quote, unquote
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
 import policy
-from answers import (ConfirmArg, DryRunArg, GuestName, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
+from answers import (ConfirmArg, DryRunArg, Host, Limit, Node, Offset, OptionalVmid, Vmid, Volid,
                      WaitArg, compact, human_bytes, human_duration, iso_time, percent, table)
 from config_diff import config_and_pending
-from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
-from inventory import (HA_FAILED, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden, check_node,
-                       guest_path, guest_resources, ha_failure, next_vmid, node_names, online_node, resolve_guest,
-                       storage_node, storage_rows, storages_on)
-from masking import MASK, register_secret
+from errors import InvalidArgument, ProxmoxError, TaskFailed
+from inventory import (HA_FAILED, VOLUME_KEY, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
+                       check_bridge, check_node, disk_size, existing_snapshot, free_vmid, guest_path, guest_resources,
+                       ha_failure, node_names, resolve_guest, storage_node, storage_rows, storages_on,
+                       volume_storages)
 from proxmox_client import ProxmoxClient, agent_result, client_for, encode_params, poll, pve_client, task_outcome
 from tasks import TASK_GOING, log_page, run_task, task_report, upid_product
 
@@ -549,16 +547,6 @@ def write_configure_guest(vmid: Vmid, host: Host = None,
     return answer
 
 
-def _disk_size(value: str) -> tuple[float, str] | None:
-    """A disk's size in GiB and as its config writes it: `32G`, or `2252M` for an imported image
-    (pve-common format_size, docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
-    match = re.search(r"size=(\d+(?:\.\d+)?)([KMGT]?)", value or "")
-    if not match:
-        return None
-    scale = {"": 1 / 1024 ** 3, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1, "T": 1024}[match.group(2)]
-    return float(match.group(1)) * scale, match.group(1) + match.group(2)
-
-
 def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. scsi0, rootfs")],
                       size: Annotated[str, Field(pattern=r"^\+?\d+G$", description="40G or +10G")],
                       host: Host = None, wait_seconds: WaitArg = 30, dry_run: DryRunArg = False,
@@ -571,7 +559,7 @@ def write_resize_disk(vmid: Vmid, disk: Annotated[str, Field(description="e.g. s
         disks = [k for k in config
                  if re.fullmatch(r"(scsi|virtio|sata|ide|mp)\d+|rootfs", k) and "media=cdrom" not in str(config[k])]
         raise InvalidArgument(f"Guest {vmid} has no disk '{disk}'. Disks: {', '.join(disks)}.")
-    current = _disk_size(str(config[disk]))
+    current = disk_size(str(config[disk]))
     if not size.startswith("+") and current is not None and int(size[:-1]) <= current[0]:
         raise InvalidArgument(f"{disk} of guest {vmid} is {current[1]}; {size} would not grow it. Disks only grow; "
                               f"give a larger size or +NG.")
@@ -598,12 +586,6 @@ def write_create_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                                          f"snapshot {vmid} {name}"), vmid, base)
 
 
-def _existing_snapshot(client: ProxmoxClient, base: str, vmid: int, name: str) -> None:
-    names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]
-    if name not in names:
-        raise InvalidArgument(f"Guest {vmid} has no snapshot '{name}'. Snapshots: {', '.join(names) or 'none'}.")
-
-
 def write_rollback_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
                             start: Annotated[bool, Field(description="Start it after")] = False,
                             wait_seconds: WaitArg = 30, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
@@ -611,7 +593,7 @@ def write_rollback_snapshot(vmid: Vmid, name: SnapName, host: Host = None,
     """A guest to a snapshot; later changes are lost."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
-    _existing_snapshot(client, base, vmid, name)
+    existing_snapshot(client, base, vmid, name)
     answer = run_task(client, "POST", f"{base}/snapshot/{name}/rollback", {"start": start or None}, wait_seconds, ctx,
                       f"rollback {vmid} {name}")
     if answer.get("result") not in ("ok", "warnings"):
@@ -630,7 +612,7 @@ def write_delete_snapshot(vmid: Vmid, name: SnapName, host: Host = None, wait_se
     """Of a guest."""
     client = pve_client(host)
     base, _ = guest_path(client, vmid)
-    _existing_snapshot(client, base, vmid, name)
+    existing_snapshot(client, base, vmid, name)
     return _guest_after(client, run_task(client, "DELETE", f"{base}/snapshot/{name}", {}, wait_seconds, ctx,
                                          f"delete snapshot {vmid} {name}"), vmid, base)
 
@@ -690,16 +672,6 @@ def write_backup_guest(vmid: Vmid, storage: str,
     return _guest_after(client, answer, vmid, base)
 
 
-def _free_vmid(client: ProxmoxClient, vmid: int | None) -> int:
-    if vmid is None:
-        return next_vmid(client)
-    taken = {g["vmid"]: g for g in guest_resources(client, fresh=True)}
-    if vmid in taken:
-        raise InvalidArgument(f"vmid {vmid} is taken by '{taken[vmid].get('name')}'. "
-                              f"Leave vmid out to get the next free one.")
-    return vmid
-
-
 def write_restore_backup(archive: Volid,
                          host: Host = None,
                          vmid: OptionalVmid = None,
@@ -722,7 +694,7 @@ def write_restore_backup(archive: Volid,
         row = resolve_guest(client, vmid)
         node = node or row["node"]
     else:
-        vmid = _free_vmid(client, vmid)
+        vmid = free_vmid(client, vmid)
     node = archive_node(client, archive, node)
     if kind == "lxc":
         storage = _rootdir_storage(client, node, storage)
@@ -749,106 +721,6 @@ def _rootdir_storage(client: ProxmoxClient, node: str, storage: str | None) -> s
     if storage:
         raise InvalidArgument(f"Storage '{storage}' takes no container volumes (rootdir) on {node}. {choices}.")
     raise InvalidArgument(f"Give storage for the container's volumes. {choices}.")
-
-
-VOLUME_KEY = re.compile(r"(scsi|virtio|sata|ide|efidisk|tpmstate|mp)\d+|rootfs")
-
-
-def _volume_storages(config: dict, disks_only: bool = False) -> list[str]:
-    """The storages a guest's volumes are on (CD-ROM images too, unless disks_only)."""
-    found = []
-    for key, value in config.items():
-        volume = str(value).split(",")[0]
-        if VOLUME_KEY.fullmatch(key) and ":" in volume and not (disks_only and "media=cdrom" in str(value)):
-            found.append(volume.split(":", 1)[0])
-    return sorted(set(found))
-
-
-def _clone_target_check(client: ProxmoxClient, base: str, row: dict, storage: str | None) -> None:
-    """A clone to another node needs shared storage: for a VM all its volumes, for a container
-    the storage its copy goes to (docs/PROXMOX-BEHAVIOUR.md#clone)."""
-    shared = {r["storage"] for r in storage_rows(client) if r.get("shared")}
-    if storage and storage not in shared:
-        raise InvalidArgument(f"A clone to another node must go to a shared storage; '{storage}' is local to "
-                              f"each node. Shared: {', '.join(sorted(shared)) or 'none'}.")
-    used = [storage] if storage and row["type"] == "lxc" else _volume_storages(client.get(f"{base}/config") or {})
-    local = [s for s in used if s not in shared]
-    if local:
-        also = " or give a shared storage" if row["type"] == "lxc" else ""
-        raise InvalidArgument(f"Guest {row['vmid']} uses local storage ({', '.join(local)}), and Proxmox clones such "
-                              f"a guest only on its own node: leave target out (clone on {row['node']}), then "
-                              f"write_migrate_guest{also}.")
-
-
-def _clone_checks(client: ProxmoxClient, base: str, row: dict, full: bool | None, storage: str | None,
-                  snapshot: str | None, target: str | None) -> None:
-    """What Proxmox refuses, refused first with what to do instead (docs/PROXMOX-BEHAVIOUR.md#clone)."""
-    vmid = row["vmid"]
-    linked = full is False or (full is None and bool(row.get("template")))
-    if linked and not row.get("template"):
-        raise InvalidArgument(f"A linked clone needs a template; guest {vmid} is not one "
-                              f"(write_make_template, or full=true).")
-    if storage and linked:
-        raise InvalidArgument(f"storage applies to full clones only: guest {vmid} is a template, so its clone is "
-                              f"linked unless full=true. Give full=true to copy it to {storage}, or leave storage out.")
-    if snapshot:
-        _existing_snapshot(client, base, vmid, snapshot)
-    if row["type"] == "lxc" and not linked and row.get("status") == "running" and not snapshot:
-        raise InvalidArgument(f"Container {vmid} is running: Proxmox copies a running container only from a "
-                              f"snapshot. Take one (write_create_snapshot) and give snapshot=<name>, or shut it down.")
-    if target:
-        _clone_target_check(client, base, row, storage)
-
-
-def write_clone_guest(vmid: Vmid, host: Host = None,
-                      newid: OptionalVmid = None,
-                      name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]{0,62}$")] = None,
-                      target: Annotated[str | None, Field(description="node")] = None,
-                      full: bool | None = None,
-                      storage: str | None = None,
-                      snapshot: str | None = None,
-                      cloudinit: dict[str, Any] | None = None,
-                      wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Full, or linked (a template's default)."""
-    client = pve_client(host)
-    base, row = guest_path(client, vmid, fresh=True)
-    target = None if target == row["node"] else target
-    if target:
-        check_node(client, target)
-    _clone_checks(client, base, row, full, storage, snapshot, target)
-    if cloudinit:
-        _clone_cloudinit_checks(client, base, row, cloudinit)
-    newid = _free_vmid(client, newid)
-    params = {"newid": newid, "target": target, "full": full, "storage": storage, "snapname": snapshot,
-              ("name" if row["type"] == "qemu" else "hostname"): name}
-    result = run_task(client, "POST", f"{base}/clone", params, wait_seconds, ctx, f"clone {vmid} to {newid}")
-    answer = result | {"newid": newid}
-    if cloudinit and result.get("result") in ("ok", "warnings"):
-        answer["cloudinit"] = write_set_cloudinit(newid, host=host, **cloudinit)
-    elif cloudinit:
-        answer["cloudinit"] = f"not applied yet: the clone is still running; when it ends, call write_set_cloudinit " \
-                              f"vmid={newid} with the same settings"
-    return answer
-
-
-def _clone_cloudinit_checks(client: ProxmoxClient, base: str, row: dict, settings: dict[str, Any]) -> None:
-    """Cloud-init settings for a clone, checked before anything is cloned: a VM with a cloud-init
-    drive, write_set_cloudinit's own arguments and values."""
-    unknown = sorted(set(settings) - set(CLOUDINIT_ARGS))
-    if unknown:
-        raise InvalidArgument(f"cloudinit takes {', '.join(CLOUDINIT_ARGS)}; not {', '.join(unknown)}. Nothing was "
-                              f"sent.")
-    if row["type"] != "qemu":
-        raise InvalidArgument("cloudinit applies to VM clones only. Nothing was sent.")
-    config = client.get(f"{base}/config") or {}
-    if _cloudinit_drive(config) is None:
-        raise InvalidArgument(f"VM {row['vmid']} has no cloud-init drive, so its clone would have none: add one "
-                              f"(write_configure_guest set={{\"ide2\": \"local-lvm:cloudinit\"}}) or leave cloudinit "
-                              f"out. Nothing was sent.")
-    try:
-        _cloudinit_params(config, **settings)
-    except TypeError as exc:
-        raise InvalidArgument(f"cloudinit: {exc}. Nothing was sent.") from None
 
 
 def _migration_blockers(client: ProxmoxClient, base: str, row: dict, config: dict, rows: list[dict]) -> None:
@@ -886,13 +758,13 @@ def _migration_storage(config: dict, rows: list[dict], row: dict, target: str, t
     if target_storage and target_storage not in fits:
         raise InvalidArgument(f"target_storage '{target_storage}' is not a storage for guest disks on {target}. "
                               f"There: {', '.join(fits) or 'none'}.")
-    missing = [s for s in _volume_storages(config) if s not in on_target]
+    missing = [s for s in volume_storages(config) if s not in on_target]
     if missing and not target_storage:
         raise InvalidArgument(f"Guest {row['vmid']} has disks on {', '.join(missing)}, which node {target} lacks. "
                               f"Give target_storage, one of {target}'s storages for disks: "
                               f"{', '.join(fits) or 'none'}.")
     shared = {r["storage"] for r in rows if r.get("shared")}
-    return any(s not in shared for s in _volume_storages(config, disks_only=True))
+    return any(s not in shared for s in volume_storages(config, disks_only=True))
 
 
 def _ha_moved(client: ProxmoxClient, row: dict, target: str, seconds: float) -> dict:
@@ -937,16 +809,6 @@ def write_migrate_guest(vmid: Vmid, target: Annotated[str, Field(description="no
     return _guest_after(client, answer, vmid)  # the node it is on now, and its state there
 
 
-def write_make_template(vmid: Vmid, host: Host = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
-                   ctx: Context | None = None) -> dict:
-    """From a stopped guest (irreversible)."""
-    client = pve_client(host)
-    base, row = guest_path(client, vmid, fresh=True)
-    if row.get("status") != "stopped":
-        raise ProxmoxError(f"Guest {vmid} is {row.get('status')}; shut it down first (write_power_guest).")
-    return run_task(client, "POST", f"{base}/template", {}, wait_seconds, ctx, f"template {vmid}")
-
-
 def write_delete_guest(vmid: Vmid, host: Host = None,
                        purge: Annotated[bool, Field(description="Also from jobs, HA")] = False,
                        wait_seconds: WaitArg = 60, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
@@ -961,214 +823,7 @@ def write_delete_guest(vmid: Vmid, host: Host = None,
     return _guest_after(client, run_task(client, "DELETE", base, params, wait_seconds, ctx, f"delete {vmid}"), vmid)
 
 
-# ---------------------------------------------------------------- provisioning
-
-def _check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | None) -> None:
-    """Fail closed: an unknown bridge, a VLAN on a bridge that is not VLAN-aware, or a bridge list
-    that cannot be read refuse the change."""
-    try:
-        known = {b["bridge"]: b for b in bridges(client, node)}
-    except ToolFailure as exc:
-        raise ProxmoxError(f"Cannot read the bridges of {node} ({exc}); refusing to change a NIC blind.") from None
-    if bridge not in known:
-        hidden = bridges_hidden(client) if not known else None
-        raise InvalidArgument(f"Node {node} has no bridge '{bridge}'. " + (
-            hidden or f"Bridges: {', '.join(known) or 'none'} (list_networks)."))
-    if known[bridge]["pending"]:
-        raise InvalidArgument(f"Bridge {bridge} on {node} is not applied yet (it is only in the pending network "
-                              f"configuration): a guest on it would not start. Apply it first (node > Network > "
-                              f"Apply Configuration, or `ifreload -a` on {node}).")
-    if vlan and not known[bridge]["vlan_aware"]:
-        aware = ", ".join(b for b, v in known.items() if v["vlan_aware"]) or "none"
-        raise InvalidArgument(f"Bridge {bridge} on {node} is not VLAN-aware; a tag there would not isolate anything. "
-                              f"Use a VLAN-aware bridge: {aware}.")
-
-
-def _volume_exists(client: ProxmoxClient, node: str, volid: str, content: str) -> None:
-    storage = volid.split(":", 1)[0]
-    node = storage_node(client, storage, node)
-    found = [v["volid"] for v in client.get(f"/nodes/{node}/storage/{storage}/content", content=content) or []]
-    if volid not in found:
-        raise InvalidArgument(f"'{volid}' is not on storage {storage} ({content}). "
-                              f"Available: {', '.join(found) or 'none'}; write_download_url can fetch one.")
-
-
-Vlan = Annotated[int | None, Field(ge=1, le=4094)]
-# What the GUI's wizard gives a new VM per OS type: the disk's bus, the NIC model, and for Windows 11
-# UEFI with a TPM (pve-manager www/manager6/qemu/OSDefaults.js: generic = IDE + e1000, l26 = SCSI +
-# virtio, win11 = q35 + OVMF; SystemEdit.js adds the TPM for win11). A Windows installer has no virtio
-# driver, so it sees no SCSI disk (docs/PROXMOX-BEHAVIOUR.md#new-vms).
-GUEST_OS = {"l26": ("scsi0", "virtio", {}), "win11": ("ide0", "e1000", {"machine": "q35", "bios": "ovmf"}),
-            "win10": ("ide0", "e1000", {}), "other": ("ide0", "e1000", {})}
-CPU = "x86-64-v2-AES"  # the GUI's default for x86_64 (Architecture.js); without cpu qemu-server uses kvm64
-
-
-def write_create_vm(name: GuestName,
-                    host: Host = None, node: Node = None,
-                    vmid: OptionalVmid = None,
-                    iso: Annotated[str | None, Field(description="volid")] = None,
-                    cloud_image: Annotated[str | None, Field(description="volid")] = None,
-                    memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=128)] = 2,
-                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: str = "vmbr0",
-                    vlan: Vlan = None, ciuser: str | None = None,
-                    ssh_keys: str | None = None,
-                    ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
-                    ostype: Literal["l26", "win11", "win10", "other"] = "l26",
-                    start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                    ctx: Context | None = None) -> dict:
-    """From an ISO, or a cloud image with cloud-init."""
-    client = pve_client(host)
-    if bool(iso) == bool(cloud_image):
-        raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
-    if cloud_image and ostype != "l26":
-        raise InvalidArgument("Cloud images here are Linux (ostype l26); install other systems from an iso.")
-    node = check_node(client, node) if node else online_node(client)
-    vmid = _free_vmid(client, vmid)
-    _check_bridge(client, node, bridge, vlan)
-    disk, nic, system = GUEST_OS[ostype]
-    net = f"{nic},bridge={bridge}" + (f",tag={vlan}" if vlan else "")
-    params: dict[str, Any] = {"vmid": vmid, "name": name, "memory": memory_mb, "cores": cores, "net0": net,
-                              "ostype": ostype, "cpu": CPU, "scsihw": "virtio-scsi-single", "agent": "1",
-                              "start": start or None} | system
-    if ostype == "win11":
-        params |= {"efidisk0": f"{storage}:1,efitype=4m,pre-enrolled-keys=1", "tpmstate0": f"{storage}:1,version=v2.0"}
-    if iso:
-        _volume_exists(client, node, iso, "iso")
-        params |= {"ide2": f"{iso},media=cdrom", disk: f"{storage}:{disk_gb}", "boot": f"order={disk};ide2"}
-    else:
-        _volume_exists(client, node, cloud_image, "import")
-        params |= {"scsi0": f"{storage}:0,import-from={cloud_image}", "ide2": f"{storage}:cloudinit",
-                   "boot": "order=scsi0", "ipconfig0": ip, "ciuser": ciuser,
-                   "sshkeys": quote(ssh_keys.strip(), safe="") if ssh_keys else None, "serial0": "socket"}
-    result = run_task(client, "POST", f"/nodes/{node}/qemu", params, wait_seconds, ctx, f"create VM {vmid}")
-    answer = result | {"vmid": vmid, "node": node}
-    if cloud_image:
-        answer["disk"] = _grow_imported_disk(client, f"/nodes/{node}/qemu/{vmid}", disk_gb, result, ctx)
-    return answer
-
-
-def _grow_imported_disk(client: ProxmoxClient, base: str, disk_gb: int, created: dict, ctx: Context | None) -> str:
-    """An imported disk has the image's size; grow it to disk_gb (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports)."""
-    if created.get("result") not in ("ok", "warnings"):
-        return f"scsi0 keeps the image's size; once the VM exists, grow it with write_resize_disk size={disk_gb}G"
-    size = _disk_size(str((client.get(f"{base}/config") or {}).get("scsi0", "")))
-    if size is None or disk_gb <= size[0]:
-        return (f"scsi0 is {size[1] if size else 'of unknown size'}, the image's own size; disk_gb={disk_gb} would "
-                f"not grow it, so it was left")
-    run_task(client, "PUT", f"{base}/resize", {"disk": "scsi0", "size": f"{disk_gb}G"}, 120, ctx,
-             f"resize {base.rsplit('/', 1)[1]} scsi0")
-    return f"scsi0 grown from {size[1]} (the image) to {disk_gb}G"
-
-
-LXC_FEATURES = ("nesting", "keyctl", "fuse", "mknod", "force_rw_sys", "mount")
-
-
-def _lxc_features(client: ProxmoxClient, unprivileged: bool, features: str | None) -> str | None:
-    """The `features` of a new container: nesting=1 for an unprivileged one unless features say
-    nesting=0, as the GUI's create wizard sends it; other flags only where Proxmox allows them:
-    root@pam logged in with its password (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
-    parts: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in (features or "").split(","))):
-        key, _, value = part.partition("=")
-        if key not in LXC_FEATURES or not value:
-            raise InvalidArgument(f"features: '{part}' is not flag=value of {', '.join(LXC_FEATURES)} "
-                                  f"(e.g. keyctl=1,fuse=1).")
-        parts[key] = value
-    nesting = unprivileged and parts.pop("nesting", "1") not in ("0", "no", "off", "false")
-    parts = ({"nesting": "1"} if nesting else {}) | parts
-    host = client.host
-    as_root = host.user == "root@pam" and not host.token_secret
-    if parts and not unprivileged and not as_root:
-        raise InvalidArgument("Proxmox lets only root@pam (logged in with its password) set feature flags on a "
-                              "privileged container; leave nesting and features out, or keep it unprivileged.")
-    others = [k for k in parts if k != "nesting"]
-    if others and not as_root:
-        raise InvalidArgument(f"Proxmox lets only root@pam (logged in with its password, not a token) set "
-                              f"{', '.join(others)}; an API token gets 403. Leave them out and set them on the node "
-                              f"afterwards (pct set <vmid> --features ...), or use nesting alone.")
-    return ",".join(f"{k}={v}" for k, v in parts.items()) or None
-
-
-def _oci_note(client: ProxmoxClient, node: str, vmid: int) -> str | None:
-    """An OCI application image brings its own entry point; Proxmox then manages the network from
-    the host (docs/PROXMOX-BEHAVIOUR.md#templates-and-oci-images)."""
-    config = client.get(f"/nodes/{node}/lxc/{vmid}/config") or {}
-    if not config.get("entrypoint"):
-        return None
-    return (f"Application container from an OCI image: it runs `{config['entrypoint']}` instead of an init system, "
-            f"and its network is host-managed (the host brings it up on start). Its environment is in `env` "
-            f"(guest_config).")
-
-
-def write_create_lxc(hostname: GuestName,
-                     template: Volid,
-                     host: Host = None, node: Node = None,
-                     vmid: OptionalVmid = None,
-                     memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=128)] = 1,
-                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: str = "vmbr0",
-                     vlan: Vlan = None,
-                     ip: Annotated[str, Field(description="dhcp or CIDR")] = "dhcp",
-                     gateway: str | None = None,
-                     ssh_keys: str | None = None,
-                     unprivileged: bool = True,
-                     features: str | None = None, onboot: bool = False,
-                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
-                     confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A container, from a template."""
-    client = pve_client(host)
-    flags = _lxc_features(client, unprivileged, features)
-    node = check_node(client, node) if node else online_node(client)
-    vmid = _free_vmid(client, vmid)
-    _check_bridge(client, node, bridge, vlan)
-    _volume_exists(client, node, template, "vztmpl")
-    net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "")
-    net += f",tag={vlan}" if vlan else ""
-    params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
-              "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged, "features": flags,
-              "onboot": onboot or None, "ssh-public-keys": ssh_keys, "start": start or None}
-    result = run_task(client, "POST", f"/nodes/{node}/lxc", params, wait_seconds, ctx, f"create CT {vmid}")
-    answer = result | {"vmid": vmid, "node": node}
-    if template.endswith(".tar") and result.get("result") in ("ok", "warnings"):
-        answer["note"] = _oci_note(client, node, vmid)
-    return {k: v for k, v in answer.items() if v is not None}
-
-
-# The names download-url accepts (docs/PROXMOX-BEHAVIOUR.md#downloads-and-imports).
-DOWNLOAD_NAMES = {
-    "iso": (re.compile(r"[^/]+\.(iso|img)", re.I), ".iso or .img"),
-    "vztmpl": (re.compile(r"[^/]+\.(tar|tar\.(gz|xz|zst|bz2))", re.I), ".tar, .tar.gz, .tar.xz, .tar.zst or .tar.bz2"),
-    "import": (re.compile(r"[A-Za-z0-9_.+=-]+\.(qcow2|raw|vmdk|ova)"), ".qcow2, .raw, .vmdk or .ova (lower case)"),
-}
-CHECKSUM_BY_LENGTH = {32: "md5", 40: "sha1", 56: "sha224", 64: "sha256", 96: "sha384", 128: "sha512"}
-
-
-def write_download_url(url: Annotated[str, Field(pattern=r"^https?://\S+$")],
-                       storage: str,
-                       filename: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")],
-                       content: Literal["iso", "vztmpl", "import"] = "iso",
-                       host: Host = None, node: Node = None,
-                       checksum: Annotated[str | None, Field(description="hex: md5 to sha512")] = None,
-                       wait_seconds: WaitArg = 300, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """An ISO, template or image into a storage."""
-    algorithm = None
-    if checksum:
-        checksum = checksum.strip().lower()
-        algorithm = CHECKSUM_BY_LENGTH.get(len(checksum)) if re.fullmatch(r"[0-9a-f]+", checksum) else None
-        if not algorithm:
-            raise InvalidArgument("checksum: give the hex digest of md5, sha1, sha224, sha256, sha384 or sha512 "
-                                  "(the algorithm is told by its length).")
-    pattern, allowed = DOWNLOAD_NAMES[content]
-    if not pattern.fullmatch(filename):
-        hint = " A cloud image published as .img is usually qcow2: name it e.g. 'noble.qcow2'." \
-            if content == "import" else ""
-        raise InvalidArgument(f"filename '{filename}': Proxmox saves {content} downloads only as {allowed}.{hint}")
-    client = pve_client(host)
-    node = storage_node(client, storage, node, content)
-    params = {"url": url, "content": content, "filename": filename, "checksum": checksum,
-              "checksum-algorithm": algorithm}
-    return run_task(client, "POST", f"/nodes/{node}/storage/{storage}/download-url", params, wait_seconds, ctx,
-                    f"download {filename}") | {"volid": f"{storage}:{content}/{filename}"}
-
+# ---------------------------------------------------------------- volumes and NICs (making guests: provisioning.py)
 
 def write_delete_volume(volid: str, host: Host = None,
                         node: Node = None, wait_seconds: WaitArg = 60, dry_run: DryRunArg = False,
@@ -1223,139 +878,7 @@ def write_set_nic(vmid: Vmid, host: Host = None,
             parts.pop("tag", None)
     if firewall is not None:
         parts["firewall"] = "1" if firewall else "0"
-    _check_bridge(client, row["node"], parts.get("bridge", ""), int(parts["tag"]) if parts.get("tag") else None)
+    check_bridge(client, row["node"], parts.get("bridge", ""), int(parts["tag"]) if parts.get("tag") else None)
     value = ",".join(f"{k}={v}" if v != "" else k for k, v in parts.items())
     client.request("PUT", f"{base}/config", {nic: value, "digest": config.get("digest")})
     return {"vmid": vmid, nic: value, "was": config[nic], "result": "ok"}
-
-
-# ---------------------------------------------------------------- cloud-init
-
-CLOUDINIT_ARGS = ("user", "ssh_keys", "password", "ip", "dns", "upgrade")
-PUBLIC_KEY = re.compile(r"(ssh-(rsa|dss|ed25519)|ecdsa-sha2-\S+|sk-\S+@openssh\.com)\s+[A-Za-z0-9+/=]+(\s.*)?")
-
-
-def _ssh_keys(text: str) -> str:
-    """Public keys as qemu-server stores `sshkeys`: one per line, URL-encoded (it URI-unescapes them
-    to check and to write the drive: docs/PROXMOX-BEHAVIOUR.md#cloud-init). Plain keys are taken; an
-    already encoded value is decoded first."""
-    if "%" in text and " " not in text:
-        text = unquote(text)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if any("PRIVATE KEY" in line for line in lines):
-        raise InvalidArgument("ssh_keys holds a private key; give the public key (the .pub file). Nothing was sent.")
-    bad = [line[:40] for line in lines if not PUBLIC_KEY.fullmatch(line)]
-    if bad or not lines:
-        raise InvalidArgument(f"ssh_keys: '{bad[0] if bad else text[:40]}' is not an OpenSSH public key line "
-                              f"(e.g. ssh-ed25519 AAAA... me@laptop). Nothing was sent.")
-    return quote("\n".join(lines), safe="")
-
-
-def _ip_config(nic: str, value: str) -> str:
-    """One NIC's ipconfig: dhcp, a CIDR with an optional gw, or Proxmox's own ip=...,gw=... form."""
-    text = value.strip()
-    if text in ("dhcp", "auto", "dhcp6"):
-        return {"dhcp": "ip=dhcp", "dhcp6": "ip6=dhcp", "auto": "ip6=auto"}[text]
-    if "=" not in text.split(",")[0]:
-        text = "ip=" + text
-    parts = dict(part.partition("=")[::2] for part in text.split(","))
-    try:
-        for key, address in parts.items():
-            if key not in ("ip", "gw", "ip6", "gw6"):
-                raise ValueError(f"'{key}' is not ip, gw, ip6 or gw6")
-            if key.startswith("ip") and address not in ("dhcp", "auto"):
-                if "/" not in address:
-                    raise ValueError(f"{address} needs its prefix length, e.g. {address}/24")
-                ipaddress.ip_interface(address)
-            elif key.startswith("gw"):
-                ipaddress.ip_address(address)
-    except ValueError as exc:
-        raise InvalidArgument(f"ip for {nic}: {exc} (give dhcp, or e.g. 192.0.2.10/24,gw=192.0.2.1). "
-                              f"Nothing was sent.") from None
-    return text
-
-
-def _dns(text: str) -> dict[str, str]:
-    """`dns` as Proxmox keeps it: the addresses are name servers, the names search domains."""
-    servers, domains = [], []
-    for item in filter(None, re.split(r"[,;\s]+", text.strip())):
-        try:
-            servers.append(str(ipaddress.ip_address(item)))
-        except ValueError:
-            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*",
-                                item):
-                raise InvalidArgument(f"dns: '{item}' is neither an address nor a domain name (e.g. "
-                                      f"192.0.2.1 example.org). Nothing was sent.") from None
-            domains.append(item)
-    return {"nameserver": " ".join(servers) or None, "searchdomain": " ".join(domains) or None}
-
-
-def _cloudinit_params(config: dict, user: str | None = None, ssh_keys: str | None = None, password: str | None = None,
-                      ip: dict[str, str] | None = None, dns: str | None = None,
-                      upgrade: bool | None = None) -> dict[str, Any]:
-    """The config keys a cloud-init change sets, checked against the VM's NICs."""
-    params: dict[str, Any] = {"ciuser": user, "ciupgrade": upgrade,
-                              "sshkeys": _ssh_keys(ssh_keys) if ssh_keys else None}
-    if password is not None:
-        if len(password) < 8:
-            raise InvalidArgument("password: use at least 8 characters (or ssh_keys). Nothing was sent.")
-        register_secret(password)  # never shown again, wherever it would appear
-        params["cipassword"] = password
-    params |= _dns(dns) if dns else {}
-    nics = sorted(k for k in config if re.fullmatch(r"net\d+", k))
-    for nic, value in (ip or {}).items():
-        name = f"net{nic}" if str(nic).isdigit() else str(nic)
-        if name not in nics:
-            raise InvalidArgument(f"ip: the VM has no NIC {name}; its NICs: {', '.join(nics) or 'none'}.")
-        params[f"ipconfig{name[3:]}"] = _ip_config(name, str(value))
-    return {k: v for k, v in params.items() if v is not None}
-
-
-def _network_note(config: dict) -> dict:
-    """Proxmox's list of what the drive lacks never names a changed ipconfig<n>, yet the drive is always
-    made from the config's current ones (docs/PROXMOX-BEHAVIOUR.md#cloud-init): said where a NIC has one."""
-    keys = sorted(k for k in config if re.fullmatch(r"ipconfig\d+", k))
-    return {"network": f"{', '.join(keys)} always go to the drive as the config has them now: Proxmox's list of "
-                       f"what the drive lacks never names a changed one"} if keys else {}
-
-
-def _cloudinit_drive(config: dict) -> str | None:
-    return next((k for k, v in config.items() if re.fullmatch(r"(ide|sata|scsi|virtio)\d+", k)
-                 and "cloudinit" in str(v)), None)
-
-
-def write_set_cloudinit(vmid: Vmid, host: Host = None, user: str | None = None, ssh_keys: str | None = None,
-                    password: str | None = None, ip: dict[str, Any] | None = None, dns: str | None = None,
-                    upgrade: bool | None = None, dry_run: DryRunArg = False) -> dict:
-    """A VM's (ip per NIC: dhcp or CIDR,gw=IP); regenerates its drive."""
-    client = pve_client(host)
-    base, row = guest_path(client, vmid)
-    if row["type"] != "qemu":
-        raise InvalidArgument(f"Guest {vmid} is a container; cloud-init is for VMs (containers take ssh_keys at "
-                              f"write_create_lxc, and their network from write_set_nic/write_configure_guest).")
-    config = client.get(f"{base}/config") or {}
-    drive = _cloudinit_drive(config)
-    if drive is None:
-        raise InvalidArgument(f"VM {vmid} has no cloud-init drive; add one first, e.g. write_configure_guest "
-                              f"set={{\"ide2\": \"local-lvm:cloudinit\"}}. Nothing was sent.")
-    params = _cloudinit_params(config, user, ssh_keys, password, ip, dns, upgrade)
-    changed = {key: MASK if key == "cipassword" else params[key] for key in sorted(params)}
-    # what earlier changes left out of the drive: the cloud-init diff (docs/PROXMOX-BEHAVIOUR.md#cloud-init)
-    waiting = {r["key"]: "(deleted)" if r.get("delete") else MASK if r["key"] == "cipassword" else r["pending"]
-               for r in client.get(f"{base}/cloudinit") or [] if "pending" in r or r.get("delete")}
-    network = _network_note(config | params)
-    try:
-        if params:
-            client.request("PUT", f"{base}/config", params | {"digest": config.get("digest")})
-        client.request("PUT", f"{base}/cloudinit", {})
-    except policy.DryRun as dry:  # a dry run shows the diff too
-        dry.plan |= {"would_change": changed, "drive_lacks": waiting} | network
-        raise
-    running = row.get("status") == "running"
-    answer = {"vmid": vmid, "changed": changed, "regenerated": drive, "result": "ok"} | network
-    if waiting:
-        answer["also_applied"] = waiting  # earlier changes the drive lacked until now
-    answer["next"] = (f"VM {vmid} is running: cloud-init reads the drive at boot, so the changes take effect at "
-                      f"its next boot (write_power_guest action=reboot)." if running else
-                      f"VM {vmid} is stopped: the changes apply when it starts.")
-    return answer

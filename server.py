@@ -75,6 +75,7 @@ import dashboard
 import monitor_tools
 import changes
 import pbs_tools
+import provisioning
 import pve_tools
 import shell_tools
 import ssh
@@ -92,7 +93,7 @@ from errors import ToolFailure
 from gates import GATES
 from masking import mask, mask_json, register_secret
 from products import PRODUCTS
-from tool_meta import OBJECT
+from tool_meta import OBJECT, view_uri
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
 log = logging.getLogger(NAME)  # config.NAME: the distribution and command (tests/test_packaging.py: one everywhere)
@@ -247,15 +248,15 @@ TOOLS = [
              may_destroy=True),  # delete=unusedN frees a volume
     ToolSpec(pve_tools.write_set_nic, "write", "pve", "network", ("VM.Config.Network",)),
     ToolSpec(pve_tools.write_resize_disk, "write", "pve", "guests", ("VM.Config.Disk",)),
-    ToolSpec(pve_tools.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
-    ToolSpec(pve_tools.write_set_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
+    ToolSpec(provisioning.write_clone_guest, "write", "pve", "guests", ("VM.Clone",)),
+    ToolSpec(provisioning.write_set_cloudinit, "write", "pve", "guests", ("VM.Config.Cloudinit", "VM.Config.Network")),
     ToolSpec(pve_tools.write_migrate_guest, "write", "pve", "guests", ("VM.Migrate",)),
-    ToolSpec(pve_tools.write_make_template, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_make_template, "write", "pve", "guests", ("VM.Allocate",)),
     ToolSpec(pve_tools.write_restore_backup, "write", "pve", "storage", ("VM.Allocate",),
              may_destroy=True),  # overwrite=true
-    ToolSpec(pve_tools.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
-    ToolSpec(pve_tools.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
+    ToolSpec(provisioning.write_create_vm, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_create_lxc, "write", "pve", "guests", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_download_url, "write", "pve", "storage", ("Datastore.AllocateTemplate",)),
     ToolSpec(pve_tools.write_rollback_snapshot, "destructive", "pve", "guests", ("VM.Snapshot.Rollback",
                                                                                  "VM.Snapshot")),
     ToolSpec(pve_tools.write_delete_snapshot, "destructive", "pve", "guests", ("VM.Snapshot",)),
@@ -294,8 +295,8 @@ TOOLS = [
     ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
-    ToolSpec(workflows.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
-    ToolSpec(workflows.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
+    ToolSpec(provisioning.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(templates.list_templates, "read", "pve", "templates"),
     ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),
@@ -515,10 +516,6 @@ def make_tool(spec: ToolSpec):
                               meta={"ui": {"resourceUri": view_uri(spec.view)}} if spec.view else None)
     tool.fn_metadata.output_schema = spec.output  # published, not validated here: the answer is built by us
     return tool
-
-
-def view_uri(html: Path) -> str:
-    return f"ui://proxmox/{html.name}"
 
 
 def views_extension(specs: list[ToolSpec]) -> list:
@@ -798,10 +795,11 @@ def main(argv: list[str] | None = None) -> int:
     apply_configuration(config)
 
     if args.write_docs or (args.list_tools and args.markdown):
-        import tool_docs  # it imports this module: loaded only for the two commands that need it
+        import tool_docs  # loaded only for the two commands that need it
+        table = tool_docs.ToolTable(TOOLS, INSTRUCTIONS, make_tool, slim_schema)
         if args.write_docs:
-            return tool_docs.write_docs()
-        print(tool_docs.tool_catalog_markdown())
+            return tool_docs.write_docs(table)
+        print(tool_docs.tool_catalog_markdown(table))
         return 0
     if args.list_tools:
         print_tool_list(config, args.json)

@@ -1,13 +1,16 @@
 """Tasks as the tools answer them: a write that starts a task, waited for with progress
-notifications to the MCP client (`run_task`); a task's status and log (`task_report`, `log_page`).
+notifications to the MCP client (`run_task`); a task's status and log (`task_report`, `log_page`);
+the step report of a recipe of several (`Steps`: provisioning, the restore drill).
 The waiting itself is the client's (`ProxmoxClient.wait_task`), which knows no MCP.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mcp.server.mcpserver import Context
 
+import policy
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError
 from proxmox_client import ProxmoxClient, parse_upid, task_outcome
@@ -76,3 +79,35 @@ def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
     if len(lines) > limit:
         result["next_start"] = start + limit
     return result
+
+
+class Steps:
+    """Each step of a recipe: done, skipped, warning, failed or still_running."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+        self.created: list[str] = []
+
+    def record(self, step: str, state: str, **detail: Any) -> None:
+        self.steps.append({"step": step, "state": state} | {k: v for k, v in detail.items() if v is not None})
+
+    def answer(self, ok: bool, **extra: Any) -> dict:
+        result = {"result": "ok" if ok else "failed", "steps": self.steps}
+        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo_change)
+            result["receipts"] = list(policy.current_call()["receipts"])
+        if not ok:
+            result["created"] = self.created
+            result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
+                                                        else "Nothing was created."))
+        return result | extra
+
+    def failure(self, what: str, **extra: Any) -> ProxmoxError:
+        """A failed recipe is a tool error (isError) that carries the whole step report."""
+        failed = next((s for s in reversed(self.steps) if s["state"] == "failed"), {})
+        done = [s["step"] for s in self.steps if s["state"] == "done"]
+        where = f" at '{failed['step']}'" if failed.get("step", "error") != "error" else \
+            (f" after '{done[-1]}'" if done else "")
+        answer = self.answer(False, **extra)
+        report = json.dumps(answer, separators=(",", ":"), default=str)
+        return ProxmoxError(f"{what} failed{where}: {str(failed.get('detail', '')).rstrip('.')}. {answer['note']} "
+                            f"Step report: {report}")

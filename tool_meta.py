@@ -63,3 +63,8 @@ def icons_for(svg: Path | None) -> list[Icon] | None:
     if svg is None or not svg.is_file():
         return None
     return [Icon(src=data_uri(svg), mime_type="image/svg+xml", sizes=["any"])]
+
+
+def view_uri(html: Path) -> str:
+    """The ui:// resource an MCP Apps view is served as (in the tool's _meta)."""
+    return f"ui://proxmox/{html.name}"

@@ -19,15 +19,15 @@ import policy
 import proxmox_client
 import pve_tools
 import runtime
-from answers import (LIST_CAP, ConfirmArg, DryRunArg, GuestName, Host, Node, Offset, OptionalVmid, Vmid, Volid, WaitArg,
-                     capped, compact, human_bytes, iso_time, more, percent, table)
+from answers import (LIST_CAP, ConfirmArg, DryRunArg, Host, Offset, OptionalVmid, Vmid, capped, compact, human_bytes,
+                     iso_time, more, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
-from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
-                       check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
-                       kernels, next_vmid, pbs_backed_storages, pending_updates, pool_problem, resolve_guest,
-                       storage_rows, vmid_set, wearout_left)
+from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, disk_problem,
+                       guest_resources, ha_failure, hidden_backups, hidden_note, job_selects, kernels, next_vmid,
+                       pbs_backed_storages, pending_updates, pick_node, pool_problem, resolve_guest, storage_rows,
+                       vmid_set, wearout_left)
 from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
-from tasks import run_task
+from tasks import Steps, run_task
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
 
@@ -914,164 +914,7 @@ def security_audit(host: Host = None, max_guests: Annotated[int, Field(ge=0, le=
     return scan.report.answer(not_checked=not_checked)
 
 
-# ---------------------------------------------------------------- provisioning in one call
 
-def _holders(client: ProxmoxClient, nodes: list[str], volid: str | None) -> list[str]:
-    """The nodes that can use a volume: all for shared storage, else those whose own disk holds it
-    (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
-    storage = (volid or "").split(":", 1)[0]
-    rows = [r for r in storage_rows(client) if r.get("storage") == storage]
-    if not volid or not rows or any(r.get("shared") for r in rows):
-        return nodes
-    on = {r["node"] for r in rows if r.get("status") == "available"}
-    return [n for n in nodes if n in on and any(v.get("volid") == volid for v in client.get(
-        f"/nodes/{n}/storage/{storage}/content") or [])]
-
-
-def _pick_node(client: ProxmoxClient, memory_mb: int, volid: str | None = None) -> tuple[str, str | None]:
-    """An online node that holds `volid` (when it is on a node's own storage) with the most free
-    memory, and a note when free memory cannot be told: without Sys.Audit the nodes come without
-    figures (docs/PROXMOX-BEHAVIOUR.md#cluster-resources), which says nothing about room."""
-    online = {r["node"]: r for r in client.get("/cluster/resources", type="node") or [] if r.get("status") == "online"}
-    nodes = _holders(client, sorted(online), volid)
-    if not nodes:
-        raise InvalidArgument(f"No online node holds {volid}; take one from storage_content, or download it to the "
-                              f"node you want (write_download_url node=...).")
-    if any(online[n].get("maxmem") is None for n in nodes):
-        return nodes[0], (f"free memory not checked: the token lacks Sys.Audit on /nodes, so nodes come without "
-                          f"figures; {nodes[0]} holds what it needs")
-    free = {n: online[n]["maxmem"] - online[n].get("mem", 0) for n in nodes}
-    best = max(nodes, key=free.get)
-    if free[best] < memory_mb * 1024 * 1024:
-        raise ProxmoxError(f"No online node that can use it has {memory_mb} MiB of free memory "
-                           f"({', '.join(nodes)} checked); give a smaller memory_mb or free memory.")
-    return best, None
-
-
-def _uplinked_bridge(client: ProxmoxClient, node: str) -> str:
-    found = bridges(client, node)
-    uplinked = [b["bridge"] for b in found if b["segment"] == "uplinked" and not b["pending"]]
-    if not uplinked:
-        raise ProxmoxError(f"Node {node} has no bridge with an uplink port; give bridge explicitly. "
-                           + ((bridges_hidden(client) or "") if not found else ""))
-    return uplinked[0]
-
-
-class Steps:
-    """Each step of a recipe: done, skipped, warning, failed or still_running."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict] = []
-        self.created: list[str] = []
-
-    def record(self, step: str, state: str, **detail: Any) -> None:
-        self.steps.append({"step": step, "state": state} | {k: v for k, v in detail.items() if v is not None})
-
-    def answer(self, ok: bool, **extra: Any) -> dict:
-        result = {"result": "ok" if ok else "failed", "steps": self.steps}
-        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo_change)
-            result["receipts"] = list(policy.current_call()["receipts"])
-        if not ok:
-            result["created"] = self.created
-            result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created
-                                                        else "Nothing was created."))
-        return result | extra
-
-    def failure(self, what: str, **extra: Any) -> ProxmoxError:
-        """A failed recipe is a tool error (isError) that carries the whole step report."""
-        failed = next((s for s in reversed(self.steps) if s["state"] == "failed"), {})
-        done = [s["step"] for s in self.steps if s["state"] == "done"]
-        where = f" at '{failed['step']}'" if failed.get("step", "error") != "error" else \
-            (f" after '{done[-1]}'" if done else "")
-        answer = self.answer(False, **extra)
-        report = json.dumps(answer, separators=(",", ":"), default=str)
-        return ProxmoxError(f"{what} failed{where}: {str(failed.get('detail', '')).rstrip('.')}. {answer['note']} "
-                            f"Step report: {report}")
-
-
-def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int) -> str | None:
-    def address() -> str | None:
-        try:
-            if kind == "lxc":
-                for iface in client.get(f"{base}/interfaces") or []:
-                    if iface.get("name") != "lo" and iface.get("inet"):
-                        return iface["inet"]
-            else:
-                result, _ = proxmox_client.agent_result(client.get(f"{base}/agent/network-get-interfaces"))
-                for iface in result or []:
-                    for found in iface.get("ip-addresses", []):
-                        if iface.get("name") != "lo" and found.get("ip-address-type") == "ipv4":
-                            return found["ip-address"]
-        except ProxmoxError:
-            pass  # not up yet
-        return None
-    return poll(address, lambda found: found is not None, seconds)[0]  # polling the guest for an address
-
-
-def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
-               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None, volid: str) -> dict:
-    client = pve_client(host)
-    steps = Steps()
-    try:
-        node, unchecked = (check_node(client, node), None) if node else _pick_node(client, memory_mb, volid)
-        steps.record("pick node", "done", node=node, detail=unchecked)
-        vmid = next_vmid(client)
-        steps.record("next vmid", "done", vmid=vmid)
-        bridge = bridge or _uplinked_bridge(client, node)
-        steps.record("pick bridge", "done", bridge=bridge)
-        created = create(node, vmid, bridge)
-        steps.created.append(f"{kind} {vmid} on {node}")
-        steps.record("create", "still_running" if created.get("task") == "still_running" else "done",
-                     upid=created.get("upid"))
-        if created.get("task") == "still_running":
-            return steps.answer(True, vmid=vmid, node=node, note="creation still running; get_task follows it")
-        base = f"/nodes/{node}/{kind}/{vmid}"
-        run_task(client, "POST", f"{base}/status/start", {}, wait_seconds, ctx, f"start {vmid}")
-        steps.record("start", "done")
-        address = _wait_for_address(client, base, kind, max(5, wait_seconds))
-        steps.record("wait for address", "done" if address else "warning", address=address,
-                     detail=None if address else "no address yet (DHCP, or no guest agent)")
-        return steps.answer(True, vmid=vmid, node=node, address=address)
-    except ToolFailure as exc:
-        steps.record("error", "failed", detail=str(exc)[:300])
-        raise steps.failure(f"Provisioning {kind}") from None
-
-
-def write_provision_lxc(hostname: GuestName,
-                        template: Volid,
-                        host: Host = None, node: Node = None,
-                        memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
-                        disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
-                        bridge: str | None = None,
-                        ssh_keys: str | None = None,
-                        onboot: bool = False,
-                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a DHCP container; answers its IP and each step."""
-
-    def create(node: str, vmid: int, bridge: str) -> dict:
-        return pve_tools.write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
-                                          cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
-                                          ssh_keys=ssh_keys, onboot=onboot,
-                                          wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx, template)
-
-
-def write_provision_vm(name: GuestName,
-                       cloud_image: Volid,
-                       host: Host = None, node: Node = None,
-                       memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
-                       disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
-                       bridge: str | None = None,
-                       ciuser: str | None = None, ssh_keys: str | None = None, wait_seconds: WaitArg = 180,
-                       dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a cloud-init VM; answers its IP and each step."""
-
-    def create(node: str, vmid: int, bridge: str) -> dict:
-        return pve_tools.write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
-                                         memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage,
-                                         bridge=bridge, ciuser=ciuser, ssh_keys=ssh_keys,
-                                         wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx, cloud_image)
 
 
 # ---------------------------------------------------------------- restore drill
@@ -1127,7 +970,7 @@ def _drill_node(client: ProxmoxClient, backup: str) -> str:
     shared storage where there is room (docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
     storage = backup.split(":", 1)[0]
     shared = any(r.get("shared") for r in storage_rows(client) if r["storage"] == storage)
-    return archive_node(client, backup, _pick_node(client, 512)[0] if shared else None)
+    return archive_node(client, backup, pick_node(client, 512)[0] if shared else None)
 
 
 def _declare_drill(d: Drill, vmid: int) -> None:

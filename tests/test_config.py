@@ -30,6 +30,14 @@ def test_labelled_hosts_of_both_products():
     assert hosts[("pbs", "home")].token_secret == "pbssecretvalue"  # '=' accepted for PBS too
 
 
+def test_the_backup_servers_urls_reach_the_firewall_guard():
+    """The guard keeps 8007 open on a node that is a Backup Server; it is handed their URLs (policy
+    settings), so that it needs not the client, which needs the policy (no import cycle)."""
+    config = load_config({"PROXMOX_URL": "https://pve.home", "PROXMOX_TOKEN": TOKEN,
+                          "PBS_HOME_URL": "https://pbs.home", "PBS_HOME_TOKEN": "backup@pbs!mcp=pbssecretvalue"})
+    assert config.settings.backup_servers == ("https://pbs.home:8007",)
+
+
 def test_unlabelled_variables_mean_host_default():
     hosts = hosts_of({"PROXMOX_URL": "https://pve:8006/api2/json/", "PROXMOX_TOKEN": TOKEN})
     assert list(hosts) == [("pve", "default")]

@@ -5,7 +5,6 @@ edit is checked against the simulator's, and its verdicts against pve-firewall's
 import copy
 import ipaddress
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -469,11 +468,8 @@ def test_verdicts_follow_pve_firewall(fw, source, port, let_in, why):
     assert verdict[0] is let_in and why in verdict[1], verdict
 
 
-def test_port_8007_is_guarded_where_a_backup_server_runs_on_the_node(monkeypatch):
-    import proxmox_client
-    monkeypatch.setattr(proxmox_client, "configured", lambda product: {
-        "pbs": {"home": SimpleNamespace(url="https://192.0.2.11:8007")}}.get(product, {}))
-    servers = firewall_guard.backup_server_hosts()
+def test_port_8007_is_guarded_where_a_backup_server_runs_on_the_node():
+    servers = firewall_guard.backup_server_hosts(("https://192.0.2.11:8007",))
     assert firewall_guard.node_ports(firewall(), "pve1", servers) == {8006: "the API (8006)", 22: "SSH (22)",
                                                                       8007: "the Backup Server (8007)"}
     assert 8007 not in firewall_guard.node_ports(firewall(), "pve1", {"pbs.example", "192.0.2.99"})

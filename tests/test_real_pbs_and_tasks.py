@@ -12,6 +12,7 @@ import pytest
 import config as config_module
 import pbs_tools
 import policy
+import provisioning
 import proxmox_client
 import pve_tools
 import runtime
@@ -375,7 +376,7 @@ def test_agent_errors_without_description_are_not_results(sim, lab, tmp_path):
     with tools_on(sim, tmp_path):
         info = pve_tools.guest_agent_info(100)
         client = proxmox_client.pve_client()
-        address = workflows._wait_for_address(client, "/nodes/pve1/qemu/100", "qemu", 1)
+        address = provisioning._wait_for_address(client, "/nodes/pve1/qemu/100", "qemu", 1)
     assert info["hostname"] == "web" and info["interfaces"] == []
     assert "CommandDisabled" in info["agent_errors"]["network-get-interfaces"]
     assert address is None

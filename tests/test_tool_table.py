@@ -15,6 +15,7 @@ import terminals
 import dashboard
 import monitor_tools
 import pbs_tools
+import provisioning
 import pve_tools
 import server
 import shell_tools
@@ -26,8 +27,9 @@ from conftest import ROOT, run_server
 from gates import CONFIRMED, GATES
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
-                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates)
+                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates, provisioning)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
+TABLE = tool_docs.ToolTable(server.TOOLS, server.INSTRUCTIONS, server.make_tool, server.slim_schema)
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by
 # elicitation (only confirm=true would work). It is empty, and a test keeps it so.
 CONFIRM_WITHOUT_CTX: set[str] = set()
@@ -117,12 +119,13 @@ def test_the_tool_catalog_is_current():
 def test_the_readme_tool_summary_is_current():
     readme = (ROOT / "README.md").read_text()
     start, end = (readme.index(marker) for marker in tool_docs.README_SUMMARY)
-    assert readme[start + len(tool_docs.README_SUMMARY[0]):end].strip("\n") == tool_docs.tool_summary_markdown(), \
+    summary = tool_docs.tool_summary_markdown(server.TOOLS)
+    assert readme[start + len(tool_docs.README_SUMMARY[0]):end].strip("\n") == summary, \
         "the README's tool summary is stale: run python server.py --write-docs"
 
 
 def test_every_tool_is_in_the_catalog_and_the_summary():
-    catalog, summary = (ROOT / "docs" / "TOOLS.md").read_text(), tool_docs.tool_summary_markdown()
+    catalog, summary = (ROOT / "docs" / "TOOLS.md").read_text(), tool_docs.tool_summary_markdown(server.TOOLS)
     assert [name for name in SPECS if f"## `{name}`" not in catalog or f"`{name}`" not in summary] == []
 
 
@@ -130,7 +133,7 @@ def test_write_docs_writes_both(tmp_path):
     (tmp_path / "docs").mkdir()
     start, end = tool_docs.README_SUMMARY
     (tmp_path / "README.md").write_text(f"# x\n\n{start}\nold\n{end}\nafter\n")
-    assert tool_docs.write_docs(tmp_path) == 0
-    assert (tmp_path / "docs" / "TOOLS.md").read_text() == tool_docs.tool_catalog_markdown() + "\n"
+    assert tool_docs.write_docs(TABLE, tmp_path) == 0
+    assert (tmp_path / "docs" / "TOOLS.md").read_text() == tool_docs.tool_catalog_markdown(TABLE) + "\n"
     readme = (tmp_path / "README.md").read_text()
-    assert "old" not in readme and readme.endswith(f"{tool_docs.tool_summary_markdown()}\n{end}\nafter\n")
+    assert "old" not in readme and readme.endswith(f"{tool_docs.tool_summary_markdown(server.TOOLS)}\n{end}\nafter\n")
