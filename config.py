@@ -1059,6 +1059,7 @@ RENAMED_TOOLS = {
     "write_api_call": "write_call_api",
     # merged in 0.2.0 (the tool list is paid for on every turn)
     "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
+    "write_provision_lxc": "write_create_lxc", "write_provision_vm": "write_create_vm",
     "pbs_datastore_status": "pbs_list_datastores", "pbs_list_namespaces": "pbs_list_groups",
     "write_pbs_protect_snapshot": "write_pbs_edit_snapshot", "write_pbs_set_notes": "write_pbs_edit_snapshot",
 }

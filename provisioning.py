@@ -1,6 +1,6 @@
 """Provisioning: new guests (a VM from an ISO or a cloud image, a container from a template), what
-they are made from (downloads), clones and templates, cloud-init, and a guest made and started in
-one call (write_provision_lxc, write_provision_vm). Every request passes the policy as any other;
+they are made from (downloads), clones and templates, cloud-init; a new guest started in the same call
+answers its address and each step (_provision). Every request passes the policy as any other;
 names are checked first by inventory.py (nodes, bridges, free vmids, where a volume is).
 """
 import ipaddress
@@ -15,7 +15,7 @@ import policy
 from answers import ConfirmArg, DryRunArg, GuestName, Host, Node, OptionalVmid, Vmid, Volid, WaitArg
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (bridges, bridges_hidden, check_bridge, check_node, disk_size, existing_snapshot, free_vmid,
-                       guest_path, next_vmid, online_node, pick_node, storage_node, storage_rows, volume_storages)
+                       guest_path, online_node, pick_node, storage_node, storage_rows, volume_storages)
 from masking import MASK, register_secret
 from proxmox_client import ProxmoxClient, agent_result, poll, pve_client
 from tasks import Steps, run_task
@@ -52,21 +52,29 @@ def write_create_vm(name: GuestName,
                     iso: Annotated[str | None, Field(description="volid")] = None,
                     cloud_image: Annotated[str | None, Field(description="volid")] = None,
                     memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=128)] = 2,
-                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: str = "vmbr0",
+                    disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm", bridge: str | None = None,
                     vlan: Vlan = None, ciuser: str | None = None,
                     ssh_keys: str | None = None,
                     ip: Annotated[str, Field(description="ipconfig0")] = "ip=dhcp",
                     ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
-    """From an ISO, or a cloud image with cloud-init."""
+    """From an ISO, or a cloud image with cloud-init (start: answers its IP and each step)."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
     if cloud_image and ostype != "l26":
         raise InvalidArgument("Cloud images here are Linux (ostype l26); install other systems from an iso.")
+    if start and cloud_image:  # created stopped, then started and waited for until it has an address
+        def create(node: str, vmid: int, bridge: str) -> dict:
+            return write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
+                                   memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
+                                   vlan=vlan, ciuser=ciuser, ssh_keys=ssh_keys, ip=ip, wait_seconds=wait_seconds,
+                                   ctx=ctx)
+        return _provision("qemu", create, memory_mb, host, node, vmid, bridge, wait_seconds, ctx, cloud_image)
     node = check_node(client, node) if node else online_node(client)
     vmid = free_vmid(client, vmid)
+    bridge = bridge or _uplinked_bridge(client, node)
     check_bridge(client, node, bridge, vlan)
     disk, nic, system = GUEST_OS[ostype]
     net = f"{nic},bridge={bridge}" + (f",tag={vlan}" if vlan else "")
@@ -148,7 +156,7 @@ def write_create_lxc(hostname: GuestName,
                      host: Host = None, node: Node = None,
                      vmid: OptionalVmid = None,
                      memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=128)] = 1,
-                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: str = "vmbr0",
+                     disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm", bridge: str | None = None,
                      vlan: Vlan = None,
                      ip: Annotated[str, Field(description="dhcp or CIDR")] = "dhcp",
                      gateway: str | None = None,
@@ -157,18 +165,26 @@ def write_create_lxc(hostname: GuestName,
                      features: str | None = None, onboot: bool = False,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A container, from a template."""
+    """A container, from a template (start: answers its IP and each step)."""
     client = pve_client(host)
     flags = _lxc_features(client, unprivileged, features)
+    if start:  # created stopped, then started and waited for until it has an address
+        def create(node: str, vmid: int, bridge: str) -> dict:
+            return write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
+                                    cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge, vlan=vlan, ip=ip,
+                                    gateway=gateway, ssh_keys=ssh_keys, unprivileged=unprivileged, features=features,
+                                    onboot=onboot, wait_seconds=wait_seconds, ctx=ctx)
+        return _provision("lxc", create, memory_mb, host, node, vmid, bridge, wait_seconds, ctx, template)
     node = check_node(client, node) if node else online_node(client)
     vmid = free_vmid(client, vmid)
+    bridge = bridge or _uplinked_bridge(client, node)
     check_bridge(client, node, bridge, vlan)
     _volume_exists(client, node, template, "vztmpl")
     net = f"name=eth0,bridge={bridge},ip={ip}" + (f",gw={gateway}" if gateway else "")
     net += f",tag={vlan}" if vlan else ""
     params = {"vmid": vmid, "hostname": hostname, "ostemplate": template, "memory": memory_mb, "cores": cores,
               "rootfs": f"{storage}:{disk_gb}", "net0": net, "unprivileged": unprivileged, "features": flags,
-              "onboot": onboot or None, "ssh-public-keys": ssh_keys, "start": start or None}
+              "onboot": onboot or None, "ssh-public-keys": ssh_keys}
     result = run_task(client, "POST", f"/nodes/{node}/lxc", params, wait_seconds, ctx, f"create CT {vmid}")
     answer = result | {"vmid": vmid, "node": node}
     if template.endswith(".tar") and result.get("result") in ("ok", "warnings"):
@@ -479,14 +495,17 @@ def _wait_for_address(client: ProxmoxClient, base: str, kind: str, seconds: int)
 
 
 def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: int, host: str | None,
-               node: str | None, bridge: str | None, wait_seconds: int, ctx: Context | None, volid: str) -> dict:
+               node: str | None, vmid: int | None, bridge: str | None, wait_seconds: int, ctx: Context | None,
+               volid: str) -> dict:
+    """Create a guest stopped on the node with room (or `node`), start it, wait for its address:
+    each step in the answer, and on failure what was made (Steps)."""
     client = pve_client(host)
     steps = Steps()
     try:
         node, unchecked = (check_node(client, node), None) if node else pick_node(client, memory_mb, volid)
         steps.record("pick node", "done", node=node, detail=unchecked)
-        vmid = next_vmid(client)
-        steps.record("next vmid", "done", vmid=vmid)
+        vmid = free_vmid(client, vmid)
+        steps.record("vmid", "done", vmid=vmid)
         bridge = bridge or _uplinked_bridge(client, node)
         steps.record("pick bridge", "done", bridge=bridge)
         created = create(node, vmid, bridge)
@@ -505,40 +524,3 @@ def _provision(kind: str, create: Callable[[str, int, str], dict], memory_mb: in
     except ToolFailure as exc:
         steps.record("error", "failed", detail=str(exc)[:300])
         raise steps.failure(f"Provisioning {kind}") from None
-
-
-def write_provision_lxc(hostname: GuestName,
-                        template: Volid,
-                        host: Host = None, node: Node = None,
-                        memory_mb: Annotated[int, Field(ge=16)] = 1024, cores: Annotated[int, Field(ge=1, le=64)] = 1,
-                        disk_gb: Annotated[int, Field(ge=1)] = 8, storage: str = "local-lvm",
-                        bridge: str | None = None,
-                        ssh_keys: str | None = None,
-                        onboot: bool = False,
-                        wait_seconds: WaitArg = 120, dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a DHCP container; answers its IP and each step."""
-
-    def create(node: str, vmid: int, bridge: str) -> dict:
-        return write_create_lxc(hostname, template, host=host, node=node, vmid=vmid, memory_mb=memory_mb,
-                                cores=cores, disk_gb=disk_gb, storage=storage, bridge=bridge,
-                                ssh_keys=ssh_keys, onboot=onboot,
-                                wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("lxc", create, memory_mb, host, node, bridge, wait_seconds, ctx, template)
-
-
-def write_provision_vm(name: GuestName,
-                       cloud_image: Volid,
-                       host: Host = None, node: Node = None,
-                       memory_mb: Annotated[int, Field(ge=64)] = 2048, cores: Annotated[int, Field(ge=1, le=64)] = 2,
-                       disk_gb: Annotated[int, Field(ge=1)] = 32, storage: str = "local-lvm",
-                       bridge: str | None = None,
-                       ciuser: str | None = None, ssh_keys: str | None = None, wait_seconds: WaitArg = 180,
-                       dry_run: DryRunArg = False, ctx: Context | None = None) -> dict:
-    """Create and start a cloud-init VM; answers its IP and each step."""
-
-    def create(node: str, vmid: int, bridge: str) -> dict:
-        return write_create_vm(name, host=host, node=node, vmid=vmid, cloud_image=cloud_image,
-                               memory_mb=memory_mb, cores=cores, disk_gb=disk_gb, storage=storage,
-                               bridge=bridge, ciuser=ciuser, ssh_keys=ssh_keys,
-                               wait_seconds=wait_seconds, ctx=ctx)
-    return _provision("qemu", create, memory_mb, host, node, bridge, wait_seconds, ctx, cloud_image)

@@ -295,8 +295,6 @@ TOOLS = [
     ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
-    ToolSpec(provisioning.write_provision_lxc, "write", "pve", "workflows", ("VM.Allocate",)),
-    ToolSpec(provisioning.write_provision_vm, "write", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
     ToolSpec(templates.list_templates, "read", "pve", "templates"),
     ToolSpec(templates.write_download_template, "write", "pve", "templates", ("Datastore.AllocateTemplate",)),

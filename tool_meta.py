@@ -27,7 +27,7 @@ TITLES = {"write_exec_vm": "Run a command in a VM", "write_exec_lxc": "Run a com
           "write_call_api": "Call the API (writes)", "api_read": "Read the API", "write_undo_change": "Undo a change",
           "write_drill_restore": "Restore drill", "write_pbs_run_gc": "Run PBS garbage collection",
           "write_backup_guest": "Back up guest", "write_set_cloudinit": "Set cloud-init",
-          "write_create_lxc": "Create container", "write_provision_lxc": "Provision container",
+          "write_create_lxc": "Create container",
           "write_rollback_snapshot": "Roll back snapshot",
           "guest_agent_info": "Guest agent", "storage_content": "Volumes",
           "write_node_files": "Change node files"}

@@ -1175,7 +1175,7 @@ def provision_lxc() -> str:
     """Create a container safely."""
     return ("Ask for hostname, size and purpose. storage_content content=vztmpl to pick a template "
             "(write_download_url if none), list_networks to pick a bridge with an uplink. Then "
-            "write_provision_lxc with dry_run=true, show it, and run it after the user agrees.")
+            "write_create_lxc with start=true and dry_run=true, show it, and run it after the user agrees.")
 
 
 def safe_guest_change() -> str:

@@ -359,7 +359,8 @@ ALPINE = "local:vztmpl/alpine-3.22-default_20250617_amd64.tar.xz"
 def test_provisioning_picks_a_node_whose_own_storage_has_the_template(operator, sim):
     sim.lab.add_volume("local", ALPINE, "vztmpl", 3 * 1024 ** 2, node="pve2")  # only on pve2's own disk
     try:
-        made = operator.ok("write_provision_lxc", {"hostname": "alpine", "template": ALPINE, "bridge": "vmbr0"})
+        made = operator.ok("write_create_lxc", {"start": True, "hostname": "alpine", "template": ALPINE,
+                                                "bridge": "vmbr0"})
         assert made["result"] == "ok" and made["node"] == "pve2" and sim.lab.guests[made["vmid"]]["node"] == "pve2"
         operator.ok("write_power_guest", {"vmid": made["vmid"], "action": "stop", "confirm": True})
         operator.ok("write_delete_guest", {"vmid": made["vmid"], "confirm": True})
@@ -376,7 +377,8 @@ def test_provisioning_without_sys_audit_does_not_claim_no_room(sim):
     env = sim.env(pve_token="mcp@pve!nosys") | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator_secret}",
                                                  "PROXMOX_ACCESS": "write"}
     with tool_session(env, log_name="default-world-nosys") as session:
-        plan = session.ok("write_provision_lxc", {"hostname": "blind", "template": DEBIAN_TEMPLATE, "dry_run": True})
+        plan = session.ok("write_create_lxc", {"start": True, "hostname": "blind", "template": DEBIAN_TEMPLATE,
+                                                "dry_run": True})
     assert plan["dry_run"] is True and plan["request"]["path"] == "/nodes/pve1/lxc"
 
 

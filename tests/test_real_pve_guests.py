@@ -285,7 +285,8 @@ def test_protected_running_guest_is_refused_as_protected(ops, sim):
 def test_failed_provisioning_is_a_tool_error_with_the_steps(ops, sim):
     sim.lab.fail.append((r"/lxc/\d+/status/start$", 500, "startup for container failed"))
     try:
-        message = ops.error("write_provision_lxc", {"hostname": "half", "template": DEBIAN_TEMPLATE, "node": "pve1"})
+        message = ops.error("write_create_lxc", {"start": True, "hostname": "half", "template": DEBIAN_TEMPLATE,
+                                                 "node": "pve1"})
     finally:
         sim.lab.fail.clear()
     report = json.loads(message.split("Step report: ", 1)[1])

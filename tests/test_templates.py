@@ -191,7 +191,7 @@ def test_unprivileged_containers_get_nesting_and_onboot_when_asked(writer, sim):
 
 
 def test_provisioning_gets_nesting_and_onboot(writer, sim):
-    answer = writer.ok("write_provision_lxc", {"hostname": "ct-prov", "template": f"local:vztmpl/{DEBIAN}",
+    answer = writer.ok("write_create_lxc", {"start": True, "hostname": "ct-prov", "template": f"local:vztmpl/{DEBIAN}",
                                                "onboot": True})
     config = created_config(sim, answer)
     assert config["features"] == "nesting=1" and str(config["onboot"]) == "1"

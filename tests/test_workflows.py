@@ -212,13 +212,13 @@ def test_get_task_waits_for_both_products(ops, sim):
 
 
 def test_provision_lxc_and_vm_in_one_call(ops, sim):
-    ct = ops.ok("write_provision_lxc", {"hostname": "pihole", "template":
+    ct = ops.ok("write_create_lxc", {"start": True, "hostname": "pihole", "template":
                                         "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"})
     assert ct["result"] == "ok" and [s["step"] for s in ct["steps"]] == [
-        "pick node", "next vmid", "pick bridge", "create", "start", "wait for address"]
+        "pick node", "vmid", "pick bridge", "create", "start", "wait for address"]
     assert ct["address"].startswith("192.0.2.") and sim.lab.guests[ct["vmid"]]["status"] == "running"
     assert next(s for s in ct["steps"] if s["step"] == "pick bridge")["bridge"] == "vmbr0"  # the uplinked one
-    vm = ops.ok("write_provision_vm", {"name": "cloudy", "cloud_image": "local:import/debian-13.qcow2",
+    vm = ops.ok("write_create_vm", {"start": True, "name": "cloudy", "cloud_image": "local:import/debian-13.qcow2",
                                        "ciuser": "admin"})
     assert vm["result"] == "ok" and vm["address"].startswith("192.0.2.")
 
@@ -234,18 +234,19 @@ def step_report(message):
     ({"name": "cloudy2", "cloud_image": "local:import/debian-13.qcow2", "memory_mb": 1}, "argument 'memory_mb'"),
 ])
 def test_provision_vm_refuses_bad_input_with_nothing_sent(ops, sim, arguments, expected):
-    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_provision_vm", arguments))
+    arguments |= {"start": True}
+    message, sent = requests_during(sim, writes=True, action=lambda: ops.error("write_create_vm", arguments))
     assert expected in message and sent == []
 
 
 def test_provision_failure_says_what_exists_and_deletes_nothing(ops, sim):
-    failed = step_report(ops.error("write_provision_lxc", {"hostname": "x1",
+    failed = step_report(ops.error("write_create_lxc", {"start": True, "hostname": "x1",
                                                            "template": "local:vztmpl/missing.tar.zst"}))
     assert failed["result"] == "failed" and failed["created"] == [] and "Nothing was created" in failed["note"]
     sim.lab.fail.append((r"/lxc/\d+/status/start$", 500, "startup for container failed"))
     before = set(sim.lab.guests)
     try:
-        half = step_report(ops.error("write_provision_lxc", {"hostname": "half", "template":
+        half = step_report(ops.error("write_create_lxc", {"start": True, "hostname": "half", "template":
                                                              "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst"}))
     finally:
         sim.lab.fail.clear()
@@ -348,13 +349,13 @@ def test_workflow_writes_are_refused_below_their_gate(sim, tmp_path):
                                                       "PROXMOX_AUDIT_LOG": str(tmp_path / "a.jsonl")}
         with in_process(env, log_name=f"workflows-{tier}") as session:
             offered[tier] = {t.name for t in session.tools()}
-    assert not {"write_provision_lxc", "write_provision_vm", "write_drill_restore"} & offered["lifecycle"]
-    assert {"write_provision_lxc", "write_provision_vm"} <= offered["write"]
+    assert not {"write_create_lxc", "write_create_vm", "write_drill_restore"} & offered["lifecycle"]
+    assert {"write_create_lxc", "write_create_vm"} <= offered["write"]
     assert "write_drill_restore" not in offered["write"]  # it destroys its scratch guest: destructive
 
 
 def test_provision_dry_run_sends_no_write(ops, sim):
-    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_provision_lxc", {
+    plan, sent = requests_during(sim, writes=True, action=lambda: ops.ok("write_create_lxc", {"start": True,
         "hostname": "preview", "template": "local:vztmpl/debian-13-standard_13.1-2_amd64.tar.zst", "dry_run": True}))
     assert sent == [] and plan["dry_run"] is True  # the answer is the first write it would send
     assert plan["request"]["path"].endswith("/lxc") and plan["request"]["params"]["hostname"] == "preview"
