@@ -36,9 +36,11 @@ def profile_of(scopes: list[str] | None) -> str:
 
 
 def client_principal(client: OAuthClientInformationFull) -> str:
-    """oauth:<the client's name> (its id's first characters), or oauth:<its id>: the audit log's name."""
-    name = " ".join((client.client_name or "").split())[:40]
-    return f"oauth:{name} ({client.client_id[:8]})" if name else f"oauth:{client.client_id}"
+    """oauth:<the client's name> (<its whole id>), or oauth:<its id>. The id is what tells two clients apart
+    (terminals, standing yeses and approvals compare this string): never cut it (docs/REVIEW-SECURITY.md F12).
+    The self-chosen name is for display, cut and without parentheses so it cannot pose as an id."""
+    name = " ".join((client.client_name or "").replace("(", " ").replace(")", " ").split())[:40]
+    return f"oauth:{name} ({client.client_id})" if name else f"oauth:{client.client_id}"
 
 
 class Provider:

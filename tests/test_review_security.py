@@ -363,7 +363,6 @@ def _client(client_id: str):
     return OAuthClientInformationFull(client_id=client_id, client_name="Claude", redirect_uris=["http://127.0.0.1:9/cb"])
 
 
-@pytest.mark.xfail(strict=True, reason="F12: open (docs/REVIEW-SECURITY.md)")
 def test_f12_two_oauth_clients_can_be_one_principal():
     """F12: an OAuth principal is its client's (self-chosen) name and the first 8 characters of its id;
     two clients named alike whose uuid4 ids share 8 hex digits (32 bits) are one principal, and the
@@ -373,7 +372,6 @@ def test_f12_two_oauth_clients_can_be_one_principal():
     assert client_principal(first) != client_principal(second)
 
 
-@pytest.mark.xfail(strict=True, reason="F13: open (docs/REVIEW-SECURITY.md)")
 def test_f13_two_identity_provider_subjects_can_be_one_principal(monkeypatch):
     """F13: idp.Issuer.verify cuts `sub` to 200 characters for the principal: two subjects that differ
     after it (an e-mail or a DN as sub) are one principal (terminals, standing yeses, approvals)."""
