@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.auth.provider import (AccessToken, AuthorizationCode, AuthorizationParams, AuthorizeError,
-                                      RefreshToken, TokenError, construct_redirect_uri)
+                                      RefreshToken, RegistrationError, TokenError, construct_redirect_uri)
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 import audit
 import policy
 from auth import principal
-from auth.store import ACCESS_SECONDS, Store, digest, live
+from auth.store import ACCESS_SECONDS, Full, Store, digest, live
 
 SCOPES = tuple(f"proxmox:{profile}" for profile in policy.PROFILES)  # lowest first
 CONSENT_PATH = "/authorize/consent"
+NAME_LIMIT, REDIRECTS_LIMIT = 200, 10  # a registration's client_name and redirect_uris (F14: bounded state)
 
 
 def profile_of(scopes: list[str] | None) -> str:
@@ -66,6 +67,10 @@ class Provider:
         return OAuthClientInformationFull.model_validate(found[0]) if found else None
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        """Store a client (store.Full when too many wait for a grant: routes.py answers 429)."""
+        if len(client_info.client_name or "") > NAME_LIMIT or len(client_info.redirect_uris or ()) > REDIRECTS_LIMIT:
+            raise RegistrationError("invalid_client_metadata", f"at most {NAME_LIMIT} characters of client_name "
+                                                               f"and {REDIRECTS_LIMIT} redirect_uris")
         metadata = client_info.model_dump(mode="json", exclude_none=True, exclude={"client_secret"})
         self.store.add_client(client_info.client_id, metadata, client_info.client_secret)
 
@@ -80,10 +85,13 @@ class Provider:
         which routes.py shows in its place."""
         if params.resource and params.resource.rstrip("/") not in (self.resource, self.issuer):  # RFC 8707
             raise AuthorizeError("invalid_target", f"this server grants access to {self.resource} only")
-        consent = self.store.add_consent(client.client_id, {
-            "redirect_uri": str(params.redirect_uri), "explicit": params.redirect_uri_provided_explicitly,
-            "state": params.state, "scopes": params.scopes, "code_challenge": params.code_challenge,
-            "resource": params.resource})
+        try:
+            consent = self.store.add_consent(client.client_id, {
+                "redirect_uri": str(params.redirect_uri), "explicit": params.redirect_uri_provided_explicitly,
+                "state": params.state, "scopes": params.scopes, "code_challenge": params.code_challenge,
+                "resource": params.resource})
+        except Full as full:  # the SDK's handler turns any exception into server_error: routes.py answers 429
+            return f"{self.issuer}{CONSENT_PATH}?busy={full.retry_after}"
         return f"{self.issuer}{CONSENT_PATH}?request={consent}"
 
     def grant(self, client: OAuthClientInformationFull, consent: dict, profile: str) -> str:

@@ -346,6 +346,37 @@ def test_the_page_escapes_what_the_client_registered(base):
         page.headers["content-security-policy"] and page.headers["cache-control"] == "no-store"
 
 
+# ---------------------------------------------------------------- what anyone may store is bounded
+
+def test_what_anyone_may_store_is_bounded_and_refused_beyond(sim, tmp_path):
+    """Registration and consent pages need no credential: a small body, short fields, a bound on clients
+    without a grant and on open consent pages (per client and in all); beyond it 429 with Retry-After,
+    and nothing already stored is pushed out (docs/REVIEW-SECURITY.md F14)."""
+    from auth.store import CONSENTS_PER_CLIENT, PENDING_CLIENTS
+    port = free_port()
+    with http_server(oauth_env(sim, tmp_path, port), port=port) as url:
+        big = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT], "client_name": "x" * 20000},
+                            timeout=10)
+        assert big.status_code == 413
+        long_name = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT], "client_name": "x" * 201,
+                                                           "token_endpoint_auth_method": "none"}, timeout=10)
+        assert long_name.status_code == 400 and "client_name" in long_name.json()["error_description"]
+        client = oc.register(url)["client_id"]
+        _, challenge = oc.pkce()
+        pages = [requests.get(oc.authorize_url(url, client, challenge), timeout=10)
+                 for _ in range(CONSENTS_PER_CLIENT + 1)]
+        assert [p.status_code for p in pages] == [200] * CONSENTS_PER_CLIENT + [429]
+        assert 0 < int(pages[-1].headers["retry-after"]) <= 600 and "text/html" in pages[-1].headers["content-type"]
+        for _ in range(PENDING_CLIENTS - 1):
+            oc.register(url)
+        refused = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT]}, timeout=10)
+        assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 3600
+        granted = requests.post(url + "/authorize/consent", data=oc.Form(pages[0].text).fields | {
+            "secret": SECRET, "action": "grant"}, allow_redirects=False, timeout=10)
+        assert "code" in oc.redirected(granted)  # the first page still works: nothing was evicted
+        oc.register(url)  # a client with a grant waits no more: its place is free
+
+
 # ---------------------------------------------------------------- state: hashes only, and it survives a restart
 
 def test_state_survives_a_restart_and_holds_no_token(sim, tmp_path):

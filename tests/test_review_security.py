@@ -386,11 +386,12 @@ def test_f13_two_identity_provider_subjects_can_be_one_principal(monkeypatch):
 
 # ================================================================ the embedded authorization server (F14, F15)
 
-@pytest.fixture(scope="module")
-def oauth(sim, tmp_path_factory):
+@pytest.fixture()
+def oauth(sim, tmp_path):
+    """A server of its own per test: F14's test fills what anyone may store."""
     from test_http import free_port, http_server
     from test_oauth import oauth_env
-    tmp = tmp_path_factory.mktemp("review-oauth")
+    tmp = tmp_path
     port = free_port()
     with http_server(oauth_env(sim, tmp, port), port=port) as base:
         yield base
@@ -402,7 +403,6 @@ def _register(base: str, **metadata) -> requests.Response:
     return requests.post(base + "/register", json=body, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     """F14: /register needs no credential and takes up to the SDK's 4 MiB body: a client named with a
     megabyte is stored whole (oauth_clients.metadata), and kept a day unless a grant follows."""
@@ -410,14 +410,13 @@ def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     assert answer.status_code in (400, 413), f"stored: {answer.status_code}"
 
 
-@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     """F14: nothing bounds the clients waiting for a grant (dropped only after a day) nor the consent pages
     waiting for the operator (ten minutes): 150 registrations and 150 authorization requests from one
     address are all stored."""
+    client = _register(oauth).json()["client_id"]
     statuses = {_register(oauth, client_name=f"r{n}").status_code for n in range(150)}
     assert statuses != {201}, "150 clients registered without a credential"
-    client = _register(oauth).json()["client_id"]
     pages = {requests.get(oauth + "/authorize", timeout=30, params={
         "response_type": "code", "client_id": client, "redirect_uri": "http://127.0.0.1:9/callback", "state": n,
         "code_challenge": "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM", "code_challenge_method": "S256"}).status_code
