@@ -12,9 +12,11 @@ audit lines.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mcp.server.auth.provider import (AccessToken, AuthorizationCode, AuthorizationParams, AuthorizeError,
                                       RefreshToken, RegistrationError, TokenError, construct_redirect_uri)
@@ -44,6 +46,22 @@ def client_principal(client: OAuthClientInformationFull) -> str:
     return f"oauth:{name} ({client.client_id})" if name else f"oauth:{client.client_id}"
 
 
+def redirect_allowed(uri: str) -> bool:
+    """https, or http to a loopback address (a native client, RFC 8252 7.3); never a custom scheme nor a
+    fragment (RFC 6749 3.1.2): an address a registrant names is where this server sends browsers (F15)."""
+    parts = urlsplit(uri)
+    if parts.fragment or "#" in uri or not parts.hostname:
+        return False
+    return parts.scheme == "https" or parts.scheme == "http" and loopback(parts.hostname)
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
+
+
 class Provider:
     """OAuthAuthorizationServerProvider over a Store."""
 
@@ -71,6 +89,10 @@ class Provider:
         if len(client_info.client_name or "") > NAME_LIMIT or len(client_info.redirect_uris or ()) > REDIRECTS_LIMIT:
             raise RegistrationError("invalid_client_metadata", f"at most {NAME_LIMIT} characters of client_name "
                                                                f"and {REDIRECTS_LIMIT} redirect_uris")
+        refused = [str(uri) for uri in client_info.redirect_uris or () if not redirect_allowed(str(uri))]
+        if refused:
+            raise RegistrationError("invalid_redirect_uri", f"{refused[0][:100]}: a redirect URI is https, or http "
+                                                            "to this machine's loopback, without a fragment")
         metadata = client_info.model_dump(mode="json", exclude_none=True, exclude={"client_secret"})
         self.store.add_client(client_info.client_id, metadata, client_info.client_secret)
 

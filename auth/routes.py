@@ -9,14 +9,16 @@ register, revoke, protected-resource metadata), with the three gaps of the stock
    handler's form model requires the field).
 
 Client secrets are checked against their hash (HashedSecrets). `/authorize` answers with the
-consent page (consent.py) where the stock handler would redirect to it.
+consent page (consent.py) where the stock handler would redirect to it, and with an error page where it
+would redirect an error to a client the operator has not approved (F15).
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any, Callable
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from mcp.server.auth.handlers.authorize import AuthorizationHandler
 from mcp.server.auth.handlers.metadata import MetadataHandler, ProtectedResourceMetadataHandler
@@ -93,7 +95,9 @@ def authorization_server_routes(provider: Provider, consent: Consent) -> list[Ro
                                 "later.", 429), location.rpartition("=")[2])
         if response.status_code == 302 and location.startswith(f"{provider.issuer}{CONSENT_PATH}?"):
             return await consent.page(consent_id_of(location))
-        return response
+        if response.status_code == 302 and provider.store.granted(await client_id_of(request)):
+            return response  # an error goes back to a client the operator approved (RFC 6749 4.1.2.1)
+        return refused_page(response)
 
     async def register_or_busy(request: Request) -> Response:
         try:
@@ -117,6 +121,24 @@ def authorization_server_routes(provider: Provider, consent: Consent) -> list[Ro
         Route("/revoke", endpoint=form(RevocationHandler(provider, secrets).handle, revocation=True),
               methods=["POST", "OPTIONS"]),
     ]
+
+
+async def client_id_of(request: Request) -> str:
+    fields = request.query_params if request.method == "GET" else await request.form()
+    return str(fields.get("client_id") or "")
+
+
+def refused_page(response: Response) -> Response:
+    """An error of /authorize (the SDK's redirect or JSON) as a page: a browser is never sent on to the
+    address a client without a grant registered, whoever registered it (an open redirector otherwise:
+    RFC 9700 4.11.2, docs/REVIEW-SECURITY.md F15)."""
+    location = response.headers.get("location")
+    try:
+        fields = dict(parse_qsl(urlsplit(location).query)) if location else json.loads(bytes(response.body))
+    except ValueError:
+        fields = {}
+    error = f"{fields.get('error', 'invalid_request')}: {fields.get('error_description') or ''}".strip(": ")
+    return problem(f"This authorization request was refused ({error[:300]}). Start again from your client.")
 
 
 def busy(response: Response, retry_after: str) -> Response:

@@ -102,6 +102,10 @@ class Store:
             oldest = self.one(f"SELECT MIN(created) AS t FROM oauth_clients WHERE {PENDING}")["t"] or now
             raise Full("clients waiting for a grant", max(1, oldest + UNUSED_CLIENT_SECONDS - now))
 
+    def granted(self, client_id: str) -> bool:
+        """Whether the operator has approved this client (a code or a token of it is kept)."""
+        return self.one(f"SELECT 1 FROM oauth_clients WHERE client_id = ? AND NOT {PENDING}", client_id) is not None
+
     def client(self, client_id: str) -> tuple[dict, str | None] | None:
         """A client's metadata and the hash of its secret."""
         row = self.one("SELECT metadata, secret_sha256 FROM oauth_clients WHERE client_id = ?", client_id)

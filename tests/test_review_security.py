@@ -424,7 +424,6 @@ def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     assert pages != {200}, "150 consents stored without a credential"
 
 
-@pytest.mark.xfail(strict=True, reason="F15: open (docs/REVIEW-SECURITY.md)")
 def test_f15_authorize_redirects_anywhere_a_registrant_names_without_asking(oauth):
     """F15: registration takes any redirect URI, and the SDK's /authorize redirects a malformed request
     (here an unknown scope) to it at once: the operator's own server answers 302 to a site of the
