@@ -341,7 +341,6 @@ def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(si
 
 # ================================================================ principals and receipts (F11, F12, F13)
 
-@pytest.mark.xfail(strict=True, reason="F11: open (docs/REVIEW-SECURITY.md)")
 def test_f11_list_changes_shows_a_principal_the_hosts_it_may_not_use(sim, tmp_path):
     """F11: list_changes reads every receipt of the state database: dave (hosts: home) sees what carol
     did on host 'lab' (its label, tool, guests and changed values), which list_hosts, server_info,
