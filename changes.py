@@ -35,14 +35,21 @@ COLUMNS = ["receipt", "time", "host", "tool", "by", "guests", "change", "undo"]
 SAFETY_COLUMNS = ["name", "vmid", "host", "taken", "receipt", "storage"]
 
 
+def reached() -> frozenset[str] | None:
+    """The hosts the caller may use (its reach), None for every host: stored state of another host is
+    neither listed nor read (docs/REVIEW-SECURITY.md F11)."""
+    reach = policy.current_call().get("reach")
+    return reach.hosts if reach is not None else None
+
+
 def list_changes(vmid: OptionalVmid = None, limit: Limit = 20, offset: Offset = 0) -> dict:
     """This server's writes, newest first, with receipts; safety snapshots kept."""
     keeping = policy.settings().receipts
     if keeping.store is None:
         return table(COLUMNS, [])
     try:
-        rows, total = keeping.store.page(vmid, limit, offset)
-        safety, kept = keeping.store.safety_page(vmid, LIST_CAP)
+        rows, total = keeping.store.page(vmid, limit, offset, reached())
+        safety, kept = keeping.store.safety_page(vmid, LIST_CAP, reached())
     except StateError as exc:
         raise ProxmoxError(f"The receipts cannot be read: {exc}.") from None
     for row in rows:
@@ -84,7 +91,7 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
     """The config to compare with, its name, and the keys it cannot hold: a receipt's before, a
     snapshot's section, or a backup's config (newest when `since` is None)."""
     if since and receipts.RECEIPT_ID.fullmatch(since):
-        return _receipt_config(receipts.load(policy.settings().receipts, since), base, row["vmid"]), \
+        return _receipt_config(receipts.load(policy.settings().receipts, since, reached()), base, row["vmid"]), \
             f"before receipt {since}", None
     if since and ":" not in since:
         names = [s["name"] for s in client.get(f"{base}/snapshot") or [] if s.get("name") != "current"]
@@ -149,7 +156,7 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
                confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
     """By its receipt (list_changes), under the same policy as any write."""
     keeping = policy.settings().receipts
-    found = receipts.load(keeping, receipt)  # verified: a receipt changed outside this server is refused
+    found = receipts.load(keeping, receipt, reached())  # verified: one changed outside this server is refused
     client = client_for(found["product"], found["host"])
     undo.check_host(found, client.host)
     plan = undo.undo_plan(found, client)
@@ -162,7 +169,7 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
     receipts.mark_undone(keeping, found, made or ["(no receipt)"])
     answer = {"undone": receipt, "change": receipts.summary(found), "steps": steps,
               "result": "ok" if all(s.get("result") in ("ok", "warnings") for s in steps) else "started"}
-    if made and receipts.undo_state(receipts.load(keeping, made[-1])) is True:
+    if made and receipts.undo_state(receipts.load(keeping, made[-1], reached())) is True:
         answer["redo"] = f"write_undo_change receipt={made[-1]} takes this undo back"
     waiting, notes = _pending(client, plan.steps)
     if waiting:

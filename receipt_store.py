@@ -6,6 +6,8 @@ signed with the state's receipts key, plus the safety snapshots the server took.
                       database (0600), never in it: a row edited, swapped under another id or
                       copied from another server's store does not verify, and is never undone
     receipt_guests    (vmid, epoch, id): the guests a receipt names, for list_changes vmid=
+    receipt_hosts     (host, epoch, id): the host a receipt reached, so that a principal limited to
+                      some hosts pages and loads only theirs (`hosts=`)
     receipt_count     how many receipts are kept, so that a write never counts them
     safety_snapshots  each safety snapshot taken (host, guest, name, when, the receipt), and when
                       it was removed
@@ -29,7 +31,9 @@ from typing import Any, Callable
 import state
 from errors import InvalidArgument
 
-SCHEMA = state.Schema("receipts", 1, (
+# Version 2 adds receipt_hosts (docs/REVIEW-SECURITY.md F11); a version-1 file gets it filled from the
+# receipts it holds (the last statement) the first time this version opens it (state.Database.ensure)
+SCHEMA = state.Schema("receipts", 2, (
     "CREATE TABLE IF NOT EXISTS receipts (id TEXT PRIMARY KEY, epoch REAL NOT NULL, row TEXT NOT NULL, "
     "body TEXT NOT NULL, mac TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS receipts_by_epoch ON receipts (epoch)",
@@ -47,6 +51,13 @@ SCHEMA = state.Schema("receipts", 1, (
     "PRIMARY KEY (host, vmid, name))",
     "CREATE INDEX IF NOT EXISTS safety_by_epoch ON safety_snapshots (removed, epoch)",
     "CREATE TABLE IF NOT EXISTS receipt_imports (folder TEXT PRIMARY KEY, epoch REAL NOT NULL, count INTEGER)",
+    "CREATE TABLE IF NOT EXISTS receipt_hosts (host TEXT NOT NULL, epoch REAL NOT NULL, id TEXT NOT NULL, "
+    "PRIMARY KEY (host, epoch, id)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS receipt_hosts_by_id ON receipt_hosts (id)",
+    "CREATE TRIGGER IF NOT EXISTS receipt_removed_hosts AFTER DELETE ON receipts BEGIN "
+    "DELETE FROM receipt_hosts WHERE id = old.id; END",
+    "INSERT OR IGNORE INTO receipt_hosts (host, epoch, id) SELECT json_extract(body, '$.host'), epoch, id "
+    "FROM receipts WHERE json_type(body, '$.host') = 'text'",
 ))
 KEY_NAME = "receipts"
 SAFETY_NAME = re.compile(r"mcp-safety-[0-9a-f]{8}(-\d+)?")  # the only names the server removes by its rule
@@ -91,12 +102,12 @@ class Store:
             db.execute("INSERT INTO receipts (id, epoch, row, body, mac) VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) "
                        "DO UPDATE SET row = excluded.row, body = excluded.body, mac = excluded.mac",
                        (receipt["id"], receipt["epoch"], row, body, mac))
-            db.executemany("INSERT OR IGNORE INTO receipt_guests (vmid, epoch, id) VALUES (?, ?, ?)",
-                           [(int(vmid), receipt["epoch"], receipt["id"]) for vmid in receipt.get("guests") or []])
+            _index(db, receipt)
             _prune(db, keep, time.time() - days * 86400)
 
-    def load(self, receipt_id: str) -> dict | None:
-        """A receipt by id, verified (Unverified when it does not verify); None when there is none."""
+    def load(self, receipt_id: str, hosts: frozenset[str] | None = None) -> dict | None:
+        """A receipt by id, verified (Unverified when it does not verify); None when there is none, or
+        when it was made on a host outside `hosts` (the caller's reach: None is every host)."""
         self._ready()
         found = self.database.read("SELECT row, body, mac FROM receipts WHERE id = ?", (receipt_id,))
         if not found:
@@ -110,12 +121,15 @@ class Store:
         receipt = json.loads(body)
         if receipt.get("id") != receipt_id:
             raise Unverified(f"Receipt {receipt_id} holds receipt {receipt.get('id')}: nothing was sent.")
-        return receipt
+        return receipt if hosts is None or receipt.get("host") in hosts else None
 
-    def page(self, vmid: int | None, limit: int, offset: int) -> tuple[list[dict], int]:
+    def page(self, vmid: int | None, limit: int, offset: int,
+             hosts: frozenset[str] | None = None) -> tuple[list[dict], int]:
         """One page of list rows, newest first (each with its id, and `verified`), and how many
-        there are in all."""
+        there are in all; only those of `hosts` when given (the caller's reach)."""
         self._ready()
+        if hosts is not None:
+            return self._page_of_hosts(vmid, limit, offset, sorted(hosts))
         if vmid is None:
             total = self.database.read("SELECT total FROM receipt_count")[0][0]
             found = self.database.read("SELECT id, row, body, mac FROM receipts ORDER BY epoch DESC LIMIT ? OFFSET ?",
@@ -125,8 +139,22 @@ class Store:
             found = self.database.read(
                 "SELECT r.id, r.row, r.body, r.mac FROM receipt_guests g JOIN receipts r ON r.id = g.id "
                 "WHERE g.vmid = ? ORDER BY g.epoch DESC LIMIT ? OFFSET ?", (vmid, limit, offset))
+        return self._rows(found), total
+
+    def _page_of_hosts(self, vmid: int | None, limit: int, offset: int, hosts: list[str]) -> tuple[list[dict], int]:
+        marks = ", ".join("?" * len(hosts))
+        joined, where, args = "", f"h.host IN ({marks})", tuple(hosts)
+        if vmid is not None:
+            joined, where, args = "JOIN receipt_guests g ON g.id = h.id ", f"g.vmid = ? AND {where}", (vmid, *hosts)
+        total = self.database.read(f"SELECT count(*) FROM receipt_hosts h {joined}WHERE {where}", args)[0][0]
+        found = self.database.read(f"SELECT r.id, r.row, r.body, r.mac FROM receipt_hosts h {joined}JOIN receipts r "
+                                   f"ON r.id = h.id WHERE {where} ORDER BY h.epoch DESC LIMIT ? OFFSET ?",
+                                   (*args, limit, offset))
+        return self._rows(found), total
+
+    def _rows(self, found: list[tuple]) -> list[dict]:
         return [json.loads(row) | {"receipt": receipt_id, "verified": self._verified(receipt_id, row, body, mac)}
-                for receipt_id, row, body, mac in found], total
+                for receipt_id, row, body, mac in found]
 
     def ids(self) -> list[str]:
         """Every receipt id kept, newest first (tests and the bench)."""
@@ -155,10 +183,14 @@ class Store:
         return [{"name": name, "epoch": epoch, "base": base} for name, epoch, base in rows
                 if SAFETY_NAME.fullmatch(name)]
 
-    def safety_page(self, vmid: int | None, limit: int) -> tuple[list[dict], int]:
-        """The safety snapshots kept (not removed), newest first, and how many there are."""
+    def safety_page(self, vmid: int | None, limit: int,
+                    hosts: frozenset[str] | None = None) -> tuple[list[dict], int]:
+        """The safety snapshots kept (not removed), newest first, and how many there are; only those
+        of `hosts` when given."""
         self._ready()
         where, args = ("removed IS NULL", ()) if vmid is None else ("removed IS NULL AND vmid = ?", (vmid,))
+        if hosts is not None:
+            where, args = f"{where} AND host IN ({', '.join('?' * len(hosts))})", (*args, *sorted(hosts))
         total = self.database.read(f"SELECT count(*) FROM safety_snapshots WHERE {where}", args)[0][0]
         rows = self.database.read(f"SELECT host, vmid, name, epoch, receipt, storage FROM safety_snapshots WHERE "
                                   f"{where} ORDER BY epoch DESC LIMIT ?", (*args, limit))
@@ -181,11 +213,19 @@ class Store:
                 body = json.dumps(receipt, separators=(",", ":"), default=str)
                 db.execute("INSERT OR IGNORE INTO receipts (id, epoch, row, body, mac) VALUES (?, ?, ?, ?, ?)",
                            (receipt["id"], receipt["epoch"], row, body, self._mac(receipt["id"], row, body)))
-                db.executemany("INSERT OR IGNORE INTO receipt_guests (vmid, epoch, id) VALUES (?, ?, ?)",
-                               [(int(v), receipt["epoch"], receipt["id"]) for v in receipt.get("guests") or []])
+                _index(db, receipt)
             db.execute("INSERT INTO receipt_imports (folder, epoch, count) VALUES (?, ?, ?)",
                        (str(folder), time.time(), len(found)))
         return len(found)
+
+
+def _index(db: Any, receipt: dict) -> None:
+    """The guests a receipt names and the host it reached, for pages by guest and by reach."""
+    db.executemany("INSERT OR IGNORE INTO receipt_guests (vmid, epoch, id) VALUES (?, ?, ?)",
+                   [(int(vmid), receipt["epoch"], receipt["id"]) for vmid in receipt.get("guests") or []])
+    if isinstance(receipt.get("host"), str):
+        db.execute("INSERT OR IGNORE INTO receipt_hosts (host, epoch, id) VALUES (?, ?, ?)",
+                   (receipt["host"], receipt["epoch"], receipt["id"]))
 
 
 def _prune(db: Any, keep: int, oldest: float) -> None:

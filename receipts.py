@@ -200,12 +200,13 @@ def row_of(receipt: dict) -> dict:
             "change": summary(receipt), "undo": undo}
 
 
-def load(keeping: Keeping, receipt_id: str) -> dict:
-    """One receipt by id, verified; InvalidArgument naming why there is none."""
+def load(keeping: Keeping, receipt_id: str, hosts: frozenset[str] | None = None) -> dict:
+    """One receipt by id, verified, of one of `hosts` when given (the caller's reach: another host's is
+    as none); InvalidArgument naming why there is none."""
     if keeping.store is None:
         raise InvalidArgument("No receipts are kept: the server has no audit log (PROXMOX_AUDIT_LOG).")
     try:
-        found = keeping.store.load(receipt_id)
+        found = keeping.store.load(receipt_id, hosts)
     except state.StateError as exc:
         raise ProxmoxError(f"The receipts cannot be read: {exc}.") from None
     if found is None:

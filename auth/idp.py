@@ -5,13 +5,14 @@ signing keys (`jwks_uri`), and accepts a JWT signed by one of them (RS256 or ES2
 the issuer, whose `aud` names this server (MCP_OAUTH_AUDIENCE, by default MCP_PUBLIC_URL + `/mcp`:
 RFC 8707), within `exp` and `nbf`. Its scopes (`scope`, `scp`) and its `groups` claim give the
 profile: `proxmox:read|operate|admin`, or a name MCP_OAUTH_PROFILES maps (`proxmox-admins=admin`);
-the highest wins, none is read. The principal is `idp:<sub>`.
+the highest wins, none is read. The principal is `idp:<sub>` (hashed when long: subject_principal).
 
 The keys are kept for an hour; a token naming a key id they lack makes one fetch again (key
 rotation), at most once a minute. PyJWT and cryptography come with the mcp SDK.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ ALGORITHMS = ("RS256", "ES256")
 KEYS_SECONDS = 3600  # the JWKS is read again after an hour
 REFETCH_SECONDS = 60  # an unknown key id makes at most one fetch a minute
 LEEWAY = 30  # seconds of clock difference allowed on exp and nbf
+SUBJECT_SHOWN, SUBJECT_PREFIX = 200, 160  # a subject up to 200 characters is its principal; a longer one is hashed
 log = logging.getLogger("proxmox-mcp")
 
 
@@ -129,9 +131,18 @@ class Issuer:
             log.info("bearer token refused (identity provider): %s", str(exc)[:200])
             return None
         profile = self.profile(claims)
-        return principal.access_token(f"idp:{str(claims['sub'])[:200]}", profile, client_id=str(
+        return principal.access_token(subject_principal(str(claims["sub"])), profile, client_id=str(
             claims.get("azp") or claims.get("client_id") or "idp"), token_id=f"jwt:{claims.get('jti', '')}",
             expires_at=int(claims["exp"]), subject=str(claims["sub"]), issuer=self.issuer, resource=self.audience)
+
+
+def subject_principal(sub: str) -> str:
+    """idp:<sub>, whole: two subjects are never one principal (docs/REVIEW-SECURITY.md F13). A subject longer
+    than SUBJECT_SHOWN is its first characters and the SHA-256 of all of it, a name longer than any short
+    subject's, so no subject can spell another's."""
+    if len(sub) <= SUBJECT_SHOWN:
+        return f"idp:{sub}"
+    return f"idp:{sub[:SUBJECT_PREFIX]}…sha256:{hashlib.sha256(sub.encode()).hexdigest()}"
 
 
 class JwtVerifier:

@@ -12,21 +12,24 @@ audit lines.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mcp.server.auth.provider import (AccessToken, AuthorizationCode, AuthorizationParams, AuthorizeError,
-                                      RefreshToken, TokenError, construct_redirect_uri)
+                                      RefreshToken, RegistrationError, TokenError, construct_redirect_uri)
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 import audit
 import policy
 from auth import principal
-from auth.store import ACCESS_SECONDS, Store, digest, live
+from auth.store import ACCESS_SECONDS, Full, Store, digest, live
 
 SCOPES = tuple(f"proxmox:{profile}" for profile in policy.PROFILES)  # lowest first
 CONSENT_PATH = "/authorize/consent"
+NAME_LIMIT, REDIRECTS_LIMIT = 200, 10  # a registration's client_name and redirect_uris (F14: bounded state)
 
 
 def profile_of(scopes: list[str] | None) -> str:
@@ -36,9 +39,27 @@ def profile_of(scopes: list[str] | None) -> str:
 
 
 def client_principal(client: OAuthClientInformationFull) -> str:
-    """oauth:<the client's name> (its id's first characters), or oauth:<its id>: the audit log's name."""
-    name = " ".join((client.client_name or "").split())[:40]
-    return f"oauth:{name} ({client.client_id[:8]})" if name else f"oauth:{client.client_id}"
+    """oauth:<the client's name> (<its whole id>), or oauth:<its id>. The id is what tells two clients apart
+    (terminals, standing yeses and approvals compare this string): never cut it (docs/REVIEW-SECURITY.md F12).
+    The self-chosen name is for display, cut and without parentheses so it cannot pose as an id."""
+    name = " ".join((client.client_name or "").replace("(", " ").replace(")", " ").split())[:40]
+    return f"oauth:{name} ({client.client_id})" if name else f"oauth:{client.client_id}"
+
+
+def redirect_allowed(uri: str) -> bool:
+    """https, or http to a loopback address (a native client, RFC 8252 7.3); never a custom scheme nor a
+    fragment (RFC 6749 3.1.2): an address a registrant names is where this server sends browsers (F15)."""
+    parts = urlsplit(uri)
+    if parts.fragment or "#" in uri or not parts.hostname:
+        return False
+    return parts.scheme == "https" or parts.scheme == "http" and loopback(parts.hostname)
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
 
 
 class Provider:
@@ -64,6 +85,14 @@ class Provider:
         return OAuthClientInformationFull.model_validate(found[0]) if found else None
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        """Store a client (store.Full when too many wait for a grant: routes.py answers 429)."""
+        if len(client_info.client_name or "") > NAME_LIMIT or len(client_info.redirect_uris or ()) > REDIRECTS_LIMIT:
+            raise RegistrationError("invalid_client_metadata", f"at most {NAME_LIMIT} characters of client_name "
+                                                               f"and {REDIRECTS_LIMIT} redirect_uris")
+        refused = [str(uri) for uri in client_info.redirect_uris or () if not redirect_allowed(str(uri))]
+        if refused:
+            raise RegistrationError("invalid_redirect_uri", f"{refused[0][:100]}: a redirect URI is https, or http "
+                                                            "to this machine's loopback, without a fragment")
         metadata = client_info.model_dump(mode="json", exclude_none=True, exclude={"client_secret"})
         self.store.add_client(client_info.client_id, metadata, client_info.client_secret)
 
@@ -78,10 +107,13 @@ class Provider:
         which routes.py shows in its place."""
         if params.resource and params.resource.rstrip("/") not in (self.resource, self.issuer):  # RFC 8707
             raise AuthorizeError("invalid_target", f"this server grants access to {self.resource} only")
-        consent = self.store.add_consent(client.client_id, {
-            "redirect_uri": str(params.redirect_uri), "explicit": params.redirect_uri_provided_explicitly,
-            "state": params.state, "scopes": params.scopes, "code_challenge": params.code_challenge,
-            "resource": params.resource})
+        try:
+            consent = self.store.add_consent(client.client_id, {
+                "redirect_uri": str(params.redirect_uri), "explicit": params.redirect_uri_provided_explicitly,
+                "state": params.state, "scopes": params.scopes, "code_challenge": params.code_challenge,
+                "resource": params.resource})
+        except Full as full:  # the SDK's handler turns any exception into server_error: routes.py answers 429
+            return f"{self.issuer}{CONSENT_PATH}?busy={full.retry_after}"
         return f"{self.issuer}{CONSENT_PATH}?request={consent}"
 
     def grant(self, client: OAuthClientInformationFull, consent: dict, profile: str) -> str:

@@ -9,14 +9,16 @@ register, revoke, protected-resource metadata), with the three gaps of the stock
    handler's form model requires the field).
 
 Client secrets are checked against their hash (HashedSecrets). `/authorize` answers with the
-consent page (consent.py) where the stock handler would redirect to it.
+consent page (consent.py) where the stock handler would redirect to it, and with an error page where it
+would redirect an error to a client the operator has not approved (F15).
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any, Callable
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from mcp.server.auth.handlers.authorize import AuthorizationHandler
 from mcp.server.auth.handlers.metadata import MetadataHandler, ProtectedResourceMetadataHandler
@@ -26,22 +28,24 @@ from mcp.server.auth.handlers.token import TokenHandler
 from mcp.server.auth.middleware.client_auth import AuthenticationError, ClientAuthenticator
 from mcp.server.auth.routes import build_metadata, build_resource_metadata_url
 from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, RequestBodyLimitMiddleware
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.auth import OAuthClientInformationFull, ProtectedResourceMetadata
 from pydantic import AnyHttpUrl, ConfigDict, TypeAdapter
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
-from auth.consent import Consent, consent_id_of
+from auth.consent import Consent, consent_id_of, problem
 from auth.provider import CONSENT_PATH, SCOPES, Provider
+from auth.store import Full
 
 AUTH_METHODS = ["none", "client_secret_basic", "client_secret_post"]
 # URLs as given: a bare origin stays without a trailing slash, so that the issuer the metadata names is
 # the one the redirect's `iss` names and the resource metadata lists (compared as strings, RFC 9207)
 URL = TypeAdapter(AnyHttpUrl, config=ConfigDict(url_preserve_empty_path=True))
 FORM_LIMIT = 64 * 1024  # a token or revocation request is a few hundred bytes
+REGISTER_LIMIT = 16 * 1024  # a registration is a few hundred bytes; anyone may send one (F14: 413 beyond)
 
 
 def public_paths(resource: str, embedded: bool) -> set[str]:
@@ -86,15 +90,27 @@ def authorization_server_routes(provider: Provider, consent: Consent) -> list[Ro
     async def authorize(request: Request) -> Response:
         response = await stock_authorize.handle(request)
         location = response.headers.get("location", "")
+        if response.status_code == 302 and location.startswith(f"{provider.issuer}{CONSENT_PATH}?busy="):
+            return busy(problem("Too many authorization requests wait for the operator already. Try again "
+                                "later.", 429), location.rpartition("=")[2])
         if response.status_code == 302 and location.startswith(f"{provider.issuer}{CONSENT_PATH}?"):
             return await consent.page(consent_id_of(location))
-        return response
+        if response.status_code == 302 and provider.store.granted(await client_id_of(request)):
+            return response  # an error goes back to a client the operator approved (RFC 6749 4.1.2.1)
+        return refused_page(response)
+
+    async def register_or_busy(request: Request) -> Response:
+        try:
+            return await stock_register.handle(request)
+        except Full as full:
+            return busy(JSONResponse({"error": "temporarily_unavailable", "error_description": str(full)}, 429),
+                        str(full.retry_after))
 
     def form(handler: Callable, revocation: bool = False) -> Any:
         limited = RequestBodyLimitMiddleware(FormClientId(request_response(handler), revocation), FORM_LIMIT)
         return cors(limited, ["POST", "OPTIONS"])
-    register = RequestBodyLimitMiddleware(request_response(RegistrationHandler(provider, registration).handle),
-                                          DEFAULT_MAX_REQUEST_BODY_SIZE)
+    stock_register = RegistrationHandler(provider, registration)
+    register = RequestBodyLimitMiddleware(request_response(register_or_busy), REGISTER_LIMIT)
     return [
         Route("/.well-known/oauth-authorization-server", endpoint=cors(request_response(
             MetadataHandler(metadata).handle), ["GET", "OPTIONS"]), methods=["GET", "OPTIONS"]),
@@ -105,6 +121,30 @@ def authorization_server_routes(provider: Provider, consent: Consent) -> list[Ro
         Route("/revoke", endpoint=form(RevocationHandler(provider, secrets).handle, revocation=True),
               methods=["POST", "OPTIONS"]),
     ]
+
+
+async def client_id_of(request: Request) -> str:
+    fields = request.query_params if request.method == "GET" else await request.form()
+    return str(fields.get("client_id") or "")
+
+
+def refused_page(response: Response) -> Response:
+    """An error of /authorize (the SDK's redirect or JSON) as a page: a browser is never sent on to the
+    address a client without a grant registered, whoever registered it (an open redirector otherwise:
+    RFC 9700 4.11.2, docs/REVIEW-SECURITY.md F15)."""
+    location = response.headers.get("location")
+    try:
+        fields = dict(parse_qsl(urlsplit(location).query)) if location else json.loads(bytes(response.body))
+    except ValueError:
+        fields = {}
+    error = f"{fields.get('error', 'invalid_request')}: {fields.get('error_description') or ''}".strip(": ")
+    return problem(f"This authorization request was refused ({error[:300]}). Start again from your client.")
+
+
+def busy(response: Response, retry_after: str) -> Response:
+    """A 429 answer with its Retry-After: a bound of what anyone may store is reached (store.Full)."""
+    response.headers["Retry-After"] = retry_after
+    return response
 
 
 def basic_credentials(request_headers: Any) -> tuple[str, str] | None:

@@ -38,11 +38,24 @@ CONSENT_SECONDS = 600  # a consent page is answered within ten minutes
 CODE_SECONDS = 300  # an authorization code is exchanged within five (RFC 6749 4.1.2: short-lived)
 ACCESS_SECONDS = 3600  # an access token lasts an hour
 REFRESH_SECONDS = 30 * 86400  # a refresh token thirty days (each use makes a new one)
-UNUSED_CLIENT_SECONDS = 86400  # a registered client that got no grant within a day is dropped
+UNUSED_CLIENT_SECONDS = 3600  # a registered client that got no grant within an hour is dropped
+# What anyone may store without a credential is bounded, and refused beyond (429), never evicted: evicting
+# would let a stranger push out a client or a consent the operator is answering (docs/REVIEW-SECURITY.md F14)
+PENDING_CLIENTS = 50  # registered clients without a grant
+CONSENTS_PER_CLIENT, CONSENTS = 10, 100  # consent pages waiting for the operator, per client and in all
+PENDING = "client_id NOT IN (SELECT client_id FROM oauth_codes UNION SELECT client_id FROM oauth_tokens)"
 
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+class Full(Exception):
+    """A bound of unauthenticated state is reached: nothing stored; try again in `retry_after` seconds."""
+
+    def __init__(self, what: str, retry_after: int):
+        super().__init__(f"too many {what} at once: try again in {retry_after} s")
+        self.retry_after = retry_after
 
 
 def new_secret(prefix: str = "") -> str:
@@ -77,12 +90,21 @@ class Store:
     # ---------------------------------------------------------------- clients
 
     def add_client(self, client_id: str, metadata: dict, secret: str | None) -> None:
+        """Store a client, unless PENDING_CLIENTS wait for a grant already (Full). A client without a grant
+        is dropped after UNUSED_CLIENT_SECONDS, unless its consent page is still open."""
         now = int(time.time())
-        self.run("DELETE FROM oauth_clients WHERE created < ? AND client_id NOT IN "
-                 "(SELECT client_id FROM oauth_codes UNION SELECT client_id FROM oauth_tokens)",
-                 now - UNUSED_CLIENT_SECONDS)
-        self.run("INSERT INTO oauth_clients VALUES (?, ?, ?, ?)", client_id, json.dumps(metadata),
-                 digest(secret) if secret else None, now)
+        self.run(f"DELETE FROM oauth_clients WHERE created < ? AND {PENDING} AND client_id NOT IN "
+                 "(SELECT client_id FROM oauth_consents WHERE expires >= ?)", now - UNUSED_CLIENT_SECONDS, now)
+        # one statement, so that concurrent registrations cannot pass the bound together
+        if not self.run(f"INSERT INTO oauth_clients SELECT ?, ?, ?, ? WHERE (SELECT COUNT(*) FROM oauth_clients "
+                        f"WHERE {PENDING}) < ?", client_id, json.dumps(metadata),
+                        digest(secret) if secret else None, now, PENDING_CLIENTS):
+            oldest = self.one(f"SELECT MIN(created) AS t FROM oauth_clients WHERE {PENDING}")["t"] or now
+            raise Full("clients waiting for a grant", max(1, oldest + UNUSED_CLIENT_SECONDS - now))
+
+    def granted(self, client_id: str) -> bool:
+        """Whether the operator has approved this client (a code or a token of it is kept)."""
+        return self.one(f"SELECT 1 FROM oauth_clients WHERE client_id = ? AND NOT {PENDING}", client_id) is not None
 
     def client(self, client_id: str) -> tuple[dict, str | None] | None:
         """A client's metadata and the hash of its secret."""
@@ -92,12 +114,18 @@ class Store:
     # ---------------------------------------------------------------- consents waiting for the operator
 
     def add_consent(self, client_id: str, params: dict) -> str:
+        """A consent request's id, unless CONSENTS_PER_CLIENT of this client's, or CONSENTS in all, are open (Full)."""
         consent = new_secret()
         now = int(time.time())
         self.run("DELETE FROM oauth_consents WHERE expires < ?", now)
-        self.run("INSERT INTO oauth_consents (id, client_id, params, expires) VALUES (?, ?, ?, ?)",
-                 consent, client_id, json.dumps(params), now + CONSENT_SECONDS)
-        return consent
+        if self.run("INSERT INTO oauth_consents (id, client_id, params, expires) SELECT ?, ?, ?, ? WHERE "
+                    "(SELECT COUNT(*) FROM oauth_consents WHERE client_id = ?) < ? AND "
+                    "(SELECT COUNT(*) FROM oauth_consents) < ?", consent, client_id, json.dumps(params),
+                    now + CONSENT_SECONDS, client_id, CONSENTS_PER_CLIENT, CONSENTS):
+            return consent
+        mine = self.one("SELECT COUNT(*) AS n, MIN(expires) AS t FROM oauth_consents WHERE client_id = ?", client_id)
+        oldest = mine if mine["n"] >= CONSENTS_PER_CLIENT else self.one("SELECT MIN(expires) AS t FROM oauth_consents")
+        raise Full("authorization requests waiting for the operator", max(1, (oldest["t"] or now) - now))
 
     def consent(self, consent: str) -> sqlite3.Row | None:
         return self.one("SELECT * FROM oauth_consents WHERE id = ? AND expires >= ?", consent, int(time.time()))

@@ -124,17 +124,37 @@ def test_the_static_bearer_still_works_with_oauth_on(base):
 def test_authorize_refuses_what_oauth_2_1_leaves_out(base):
     client = oc.register(base)
     _, challenge = oc.pkce()
-    plain = requests.get(oc.authorize_url(base, client["client_id"], challenge, code_challenge_method="plain"),
-                         allow_redirects=False, timeout=10)
-    assert oc.redirected(plain)["error"] == "invalid_request"  # PKCE S256 only
     no_pkce = oc.authorize_url(base, client["client_id"], challenge).replace(f"code_challenge={challenge}&", "")
-    assert oc.redirected(requests.get(no_pkce, allow_redirects=False, timeout=10))["error"] == "invalid_request"
-    token = oc.authorize_url(base, client["client_id"], challenge, response_type="token")
-    assert oc.redirected(requests.get(token, allow_redirects=False, timeout=10))["error"] == "unsupported_response_type"
-    other = oc.authorize_url(base, client["client_id"], challenge, resource="https://elsewhere.example/mcp")
-    assert oc.redirected(requests.get(other, allow_redirects=False, timeout=10))["error"] == "invalid_target"
+    refusals = {
+        oc.authorize_url(base, client["client_id"], challenge, code_challenge_method="plain"): "invalid_request",
+        no_pkce: "invalid_request",  # PKCE S256 only
+        oc.authorize_url(base, client["client_id"], challenge, response_type="token"): "unsupported_response_type",
+        oc.authorize_url(base, client["client_id"], challenge, resource="https://elsewhere.example/mcp"):
+            "invalid_target"}
+    for url, error in refusals.items():  # a client nobody approved yet is never redirected to (F15): a page
+        page = requests.get(url, allow_redirects=False, timeout=10)
+        assert page.status_code == 400 and "location" not in page.headers and error in page.text, page.text
+    oc.code_for(base, client["client_id"], SECRET)  # approved once: its errors go back to it (RFC 6749 4.1.2.1)
+    for url, error in refusals.items():
+        assert oc.redirected(requests.get(url, allow_redirects=False, timeout=10))["error"] == error
     foreign = oc.authorize_url(base, client["client_id"], challenge).replace("127.0.0.1%3A9", "evil.example")
-    assert requests.get(foreign, allow_redirects=False, timeout=10).status_code == 400  # never redirected there
+    unknown = oc.authorize_url(base, "no-such-client", challenge)
+    for url in (foreign, unknown):  # never redirected there, and a page, not JSON, for the browser
+        page = requests.get(url, allow_redirects=False, timeout=10)
+        assert page.status_code == 400 and "text/html" in page.headers["content-type"], page.text
+
+
+@pytest.mark.parametrize("uri, allowed", [
+    ("https://claude.ai/api/mcp/auth_callback", True), ("http://localhost:7777/oauth/callback", True),
+    ("http://127.0.0.1:33418/", True), ("http://[::1]:8080/cb", True),
+    ("http://mcp.example.com/cb", False), ("cursor://anysphere.cursor-mcp/oauth/callback", False),
+    ("javascript:alert(1)", False), ("https://claude.ai/cb#x", False), ("http://localhost.evil.example/cb", False)])
+def test_redirect_uris_are_https_or_loopback(base, uri, allowed):
+    answer = requests.post(base + "/register", json={"redirect_uris": [uri], "token_endpoint_auth_method": "none"},
+                           timeout=10)
+    assert answer.status_code == (201 if allowed else 400), answer.text
+    if not allowed:
+        assert answer.json()["error"] in ("invalid_redirect_uri", "invalid_client_metadata")
 
 
 # ---------------------------------------------------------------- the SDK's client end to end
@@ -344,6 +364,37 @@ def test_the_page_escapes_what_the_client_registered(base):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert page.headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in \
         page.headers["content-security-policy"] and page.headers["cache-control"] == "no-store"
+
+
+# ---------------------------------------------------------------- what anyone may store is bounded
+
+def test_what_anyone_may_store_is_bounded_and_refused_beyond(sim, tmp_path):
+    """Registration and consent pages need no credential: a small body, short fields, a bound on clients
+    without a grant and on open consent pages (per client and in all); beyond it 429 with Retry-After,
+    and nothing already stored is pushed out (docs/REVIEW-SECURITY.md F14)."""
+    from auth.store import CONSENTS_PER_CLIENT, PENDING_CLIENTS
+    port = free_port()
+    with http_server(oauth_env(sim, tmp_path, port), port=port) as url:
+        big = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT], "client_name": "x" * 20000},
+                            timeout=10)
+        assert big.status_code == 413
+        long_name = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT], "client_name": "x" * 201,
+                                                           "token_endpoint_auth_method": "none"}, timeout=10)
+        assert long_name.status_code == 400 and "client_name" in long_name.json()["error_description"]
+        client = oc.register(url)["client_id"]
+        _, challenge = oc.pkce()
+        pages = [requests.get(oc.authorize_url(url, client, challenge), timeout=10)
+                 for _ in range(CONSENTS_PER_CLIENT + 1)]
+        assert [p.status_code for p in pages] == [200] * CONSENTS_PER_CLIENT + [429]
+        assert 0 < int(pages[-1].headers["retry-after"]) <= 600 and "text/html" in pages[-1].headers["content-type"]
+        for _ in range(PENDING_CLIENTS - 1):
+            oc.register(url)
+        refused = requests.post(url + "/register", json={"redirect_uris": [oc.REDIRECT]}, timeout=10)
+        assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 3600
+        granted = requests.post(url + "/authorize/consent", data=oc.Form(pages[0].text).fields | {
+            "secret": SECRET, "action": "grant"}, allow_redirects=False, timeout=10)
+        assert "code" in oc.redirected(granted)  # the first page still works: nothing was evicted
+        oc.register(url)  # a client with a grant waits no more: its place is free
 
 
 # ---------------------------------------------------------------- state: hashes only, and it survives a restart

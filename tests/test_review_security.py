@@ -341,7 +341,6 @@ def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(si
 
 # ================================================================ principals and receipts (F11, F12, F13)
 
-@pytest.mark.xfail(strict=True, reason="F11: open (docs/REVIEW-SECURITY.md)")
 def test_f11_list_changes_shows_a_principal_the_hosts_it_may_not_use(sim, tmp_path):
     """F11: list_changes reads every receipt of the state database: dave (hosts: home) sees what carol
     did on host 'lab' (its label, tool, guests and changed values), which list_hosts, server_info,
@@ -363,7 +362,6 @@ def _client(client_id: str):
     return OAuthClientInformationFull(client_id=client_id, client_name="Claude", redirect_uris=["http://127.0.0.1:9/cb"])
 
 
-@pytest.mark.xfail(strict=True, reason="F12: open (docs/REVIEW-SECURITY.md)")
 def test_f12_two_oauth_clients_can_be_one_principal():
     """F12: an OAuth principal is its client's (self-chosen) name and the first 8 characters of its id;
     two clients named alike whose uuid4 ids share 8 hex digits (32 bits) are one principal, and the
@@ -373,7 +371,6 @@ def test_f12_two_oauth_clients_can_be_one_principal():
     assert client_principal(first) != client_principal(second)
 
 
-@pytest.mark.xfail(strict=True, reason="F13: open (docs/REVIEW-SECURITY.md)")
 def test_f13_two_identity_provider_subjects_can_be_one_principal(monkeypatch):
     """F13: idp.Issuer.verify cuts `sub` to 200 characters for the principal: two subjects that differ
     after it (an e-mail or a DN as sub) are one principal (terminals, standing yeses, approvals)."""
@@ -388,11 +385,12 @@ def test_f13_two_identity_provider_subjects_can_be_one_principal(monkeypatch):
 
 # ================================================================ the embedded authorization server (F14, F15)
 
-@pytest.fixture(scope="module")
-def oauth(sim, tmp_path_factory):
+@pytest.fixture()
+def oauth(sim, tmp_path):
+    """A server of its own per test: F14's test fills what anyone may store."""
     from test_http import free_port, http_server
     from test_oauth import oauth_env
-    tmp = tmp_path_factory.mktemp("review-oauth")
+    tmp = tmp_path
     port = free_port()
     with http_server(oauth_env(sim, tmp, port), port=port) as base:
         yield base
@@ -404,7 +402,6 @@ def _register(base: str, **metadata) -> requests.Response:
     return requests.post(base + "/register", json=body, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     """F14: /register needs no credential and takes up to the SDK's 4 MiB body: a client named with a
     megabyte is stored whole (oauth_clients.metadata), and kept a day unless a grant follows."""
@@ -412,14 +409,13 @@ def test_f14_anyone_can_store_megabytes_in_the_state_database(oauth):
     assert answer.status_code in (400, 413), f"stored: {answer.status_code}"
 
 
-@pytest.mark.xfail(strict=True, reason="F14: open (docs/REVIEW-SECURITY.md)")
 def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     """F14: nothing bounds the clients waiting for a grant (dropped only after a day) nor the consent pages
     waiting for the operator (ten minutes): 150 registrations and 150 authorization requests from one
     address are all stored."""
+    client = _register(oauth).json()["client_id"]
     statuses = {_register(oauth, client_name=f"r{n}").status_code for n in range(150)}
     assert statuses != {201}, "150 clients registered without a credential"
-    client = _register(oauth).json()["client_id"]
     pages = {requests.get(oauth + "/authorize", timeout=30, params={
         "response_type": "code", "client_id": client, "redirect_uri": "http://127.0.0.1:9/callback", "state": n,
         "code_challenge": "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM", "code_challenge_method": "S256"}).status_code
@@ -427,7 +423,6 @@ def test_f14_unauthenticated_registrations_and_consents_are_unbounded(oauth):
     assert pages != {200}, "150 consents stored without a credential"
 
 
-@pytest.mark.xfail(strict=True, reason="F15: open (docs/REVIEW-SECURITY.md)")
 def test_f15_authorize_redirects_anywhere_a_registrant_names_without_asking(oauth):
     """F15: registration takes any redirect URI, and the SDK's /authorize redirects a malformed request
     (here an unknown scope) to it at once: the operator's own server answers 302 to a site of the
