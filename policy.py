@@ -214,6 +214,7 @@ class Decision:
     audit_params: dict[str, Any] | None = None  # what the audit line shows instead of `params`
     basis: Any = None  # what the request was judged with beyond itself (a stored job), for the user's yes
     standing: str | None = None  # the standing yes that covers it (an open terminal's: grant_standing)
+    in_guest: bool = False  # runs inside its guests (a shell's pct exec/enter/push/pull): the exec allow-list
 
     @property
     def gate(self) -> str:
@@ -235,12 +236,14 @@ def document_decision(product: str, path: str) -> Decision:
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
                    contents: bytes | None = None, *, secret: bool = False, standing: str | None = None) -> Decision:
-    """A shell command (SSH) as a Decision: the gates it needs and the guests it reaches; file
-    contents or stdin are audited as size and hash only, a `secret` stdin (a password) not at all;
-    `standing`: the open terminal whose yes covers it (grant_standing)."""
+    """A shell command (SSH) as a Decision: the gates it needs and the guests it runs in (a shell
+    reaches a guest only through pct exec, enter, push or pull: `in_guest`, so the exec allow-list holds
+    it at any gate, docs/REVIEW-SECURITY.md F10); file contents or stdin are audited as size and keyed
+    hash only, a `secret` stdin (a password) not at all; `standing`: the open terminal whose yes covers
+    it (grant_standing)."""
     audited = {"password": MASK} if secret else {"contents": contents} if contents is not None else {}
     return Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited,
-                    standing=standing)
+                    standing=standing, in_guest=bool(guests))
 
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
@@ -475,10 +478,12 @@ BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remo
 
 
 def _check_exec_allowed(decision: Decision) -> None:
-    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access and the unblocked methods that act inside a
-    guest (gates.INSIDE_GUEST) reach only the listed guests."""
+    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access, the unblocked methods that act inside a
+    guest (gates.INSIDE_GUEST) and every shell command run in a guest, whatever its gate (a read's
+    pct exec runs programs there too: Decision.in_guest), reach only the listed guests."""
     allowed = settings().exec_allowed_vmids
-    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)):
+    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)
+                           and not decision.in_guest):
         return
     for vmid in decision.guests:
         if vmid not in allowed:

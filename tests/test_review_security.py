@@ -327,7 +327,6 @@ def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
 # ================================================================ containers (F10)
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F10: open (docs/REVIEW-SECURITY.md)")
 def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(sim, sshd, tmp_path):
     """F10: write_lxc_services/packages action=list run programs in the container (pct exec: /bin/sh -c
     INSPECT, systemctl or rc-status, the package manager) at the read gate, so PROXMOX_EXEC_ALLOWED_VMIDS

@@ -1,0 +1,55 @@
+"""The bypass corpus of the shell classes of docs/REVIEW-SECURITY.md (F07, F09, F10, F16), in the style
+of tests/test_bypass_corpus.py: each entry meets the policy's one admission step (policy.admit with the
+shell's decision, as ssh.admitted makes it) and is refused with nothing sent, and its legitimate
+neighbours pass.
+
+- F10: a command run in a guest (pct exec, enter, push, pull) reaches only PROXMOX_EXEC_ALLOWED_VMIDS,
+  whatever its gate: a read's pct exec runs programs in the guest too.
+"""
+import pytest
+
+import policy
+from errors import PolicyError
+from ssh import _ShellHost
+from test_bypass_corpus import settings_for
+
+HOST = _ShellHost("pve", "lab")
+
+# ---- F10 (session exec_list: everything open, PROXMOX_EXEC_ALLOWED_VMIDS=105): (session, what, gates, guests)
+IN_GUESTS = [
+    ("exec_list", "pct exec 100: read /etc/os-release, the package manager and init", ("read",), [100]),
+    ("exec_list", "pct exec 103: apt-get -s -o Debug::NoLocking=1 dist-upgrade", ("read",), [103]),
+    ("exec_list", "pct exec 103: systemctl list-units --type=service --state=running", ("read",), [103]),
+    ("exec_list", "pct pull 100 /etc/hostname", ("sensitive", "exec"), [100]),
+    ("exec_list", "open a terminal: pct enter 103 on pve1", ("exec",), [103]),
+]
+IN_GUESTS_ALLOWED = [  # the listed guest, and commands on the node itself
+    ("exec_list", "pct exec 105: read /etc/os-release, the package manager and init", ("read",), [105]),
+    ("exec_list", "pct exec 105: apt-get install -y -- curl", ("exec",), [105]),
+    ("exec_list", "node pve1: diagnostics", ("read",), []),
+    ("exec_list", "sftp pve1: list /etc", ("read",), []),
+]
+
+
+def admit_shell(session: str, decision: policy.Decision, call: dict | None = None) -> list:
+    sent = []
+    original = policy.settings()
+    policy.configure(settings_for(session))
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None} | (call or {}))
+    try:
+        policy.admit(HOST, "SSH", decision.path, {}, lambda _: sent.append(decision.path), decision=decision)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    return sent
+
+
+@pytest.mark.parametrize("session, what, gates, guests", IN_GUESTS, ids=lambda v: str(v)[:50])
+def test_a_command_in_a_guest_outside_the_exec_allow_list_is_refused(session, what, gates, guests):
+    with pytest.raises(PolicyError, match="PROXMOX_EXEC_ALLOWED_VMIDS"):
+        admit_shell(session, policy.shell_decision(what, gates, guests, f"runs: {what}"))
+
+
+@pytest.mark.parametrize("session, what, gates, guests", IN_GUESTS_ALLOWED, ids=lambda v: str(v)[:50])
+def test_commands_in_listed_guests_and_on_nodes_pass(session, what, gates, guests):
+    assert admit_shell(session, policy.shell_decision(what, gates, guests, f"runs: {what}")) == [what]
