@@ -581,24 +581,29 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
 
 
 # Standing yeses: what the user said yes to once and that stands while its object lives, for the
-# principal who said it (an open terminal: what is typed into it; docs/SECURITY.md#terminals).
-# standing key -> the principal whose yes it is (None: the single-user form).
-_standing = runtime.slot("policy.standing", dict[str, Any])
+# principal who said it (an open terminal: what is typed into it; docs/SECURITY.md#terminals), and
+# never longer than STANDING_SECONDS from the yes (docs/REVIEW-SECURITY.md F09: a standing yes kept alive
+# by use would stand for hours). standing key -> (the principal whose yes it is (None: the single-user
+# form), until when by its clock, the clock).
+STANDING_SECONDS = 60 * 60
+_standing = runtime.slot("policy.standing", dict[str, tuple[Any, float, Callable[[], float]]])
 
 
-def grant_standing(key: str) -> Callable[[], None]:
-    """The user's yes to the call now running stands for the decisions carrying `key`, until the
-    function this returns takes it back."""
+def grant_standing(key: str, clock: Callable[[], float] = time.monotonic) -> Callable[[], None]:
+    """The user's yes to the call now running stands for the decisions carrying `key` for
+    STANDING_SECONDS by `clock`, or until the function this returns takes it back."""
     granted = _standing.get()
-    granted[key] = current_call().get("principal")
+    granted[key] = (current_call().get("principal"), clock() + STANDING_SECONDS, clock)
     return lambda: granted.pop(key, None)
 
 
 def _stands(decision: Decision) -> bool:
-    """Whether a standing yes of this call's principal covers the decision."""
-    granted = _standing.get()
-    return decision.standing is not None and decision.standing in granted \
-        and granted[decision.standing] == current_call().get("principal")
+    """Whether a standing yes of this call's principal covers the decision, and has not run out."""
+    grant = _standing.get().get(decision.standing) if decision.standing is not None else None
+    if grant is None:
+        return False
+    principal, until, clock = grant
+    return principal == current_call().get("principal") and clock() < until
 
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:

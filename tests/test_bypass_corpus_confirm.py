@@ -3,13 +3,15 @@ of tests/test_bypass_corpus.py: each entry meets the policy's one admission step
 shell's decision, as ssh.admitted makes it) and is refused with nothing sent, and its legitimate
 neighbours pass.
 
+- F09: a standing yes (an open terminal's, for what is typed into it) stands for its principal and for
+  policy.STANDING_SECONDS at most, however often it is used; after that each send needs the yes again.
 - F10: a command run in a guest (pct exec, enter, push, pull) reaches only PROXMOX_EXEC_ALLOWED_VMIDS,
   whatever its gate: a read's pct exec runs programs in the guest too.
 """
 import pytest
 
 import policy
-from errors import PolicyError
+from errors import ConfirmationNeeded, PolicyError
 from ssh import _ShellHost
 from test_bypass_corpus import settings_for
 
@@ -53,3 +55,37 @@ def test_a_command_in_a_guest_outside_the_exec_allow_list_is_refused(session, wh
 @pytest.mark.parametrize("session, what, gates, guests", IN_GUESTS_ALLOWED, ids=lambda v: str(v)[:50])
 def test_commands_in_listed_guests_and_on_nodes_pass(session, what, gates, guests):
     assert admit_shell(session, policy.shell_decision(what, gates, guests, f"runs: {what}")) == [what]
+
+
+# ---- F09: (who sends, seconds after the yes) -> refused; a terminal's keys, typed into the shell on pve1
+KEYS = "terminal t0f09aa (the login shell on pve1): keys"
+STANDING_REFUSED = [("alice", policy.STANDING_SECONDS), ("alice", policy.STANDING_SECONDS + 3600),
+                    ("mallory", 0), (None, 60)]
+STANDING_ALLOWED = [("alice", 0), ("alice", policy.STANDING_SECONDS - 1)]
+
+
+def _typed_after(who: str | None, seconds: float) -> list:
+    now = [1000.0]
+    token = policy.CALL.set({"tool": "write_open_terminal", "principal": "alice"})
+    try:
+        revoke = policy.grant_standing("terminal:t0f09aa", lambda: now[0])
+    finally:
+        policy.CALL.reset(token)
+    now[0] += seconds
+    decision = policy.shell_decision(KEYS, ("exec", "elevated"), [], f"runs: {KEYS}", b"id\r",
+                                     standing="terminal:t0f09aa")
+    try:
+        return admit_shell("open", decision, {"confirm": None, "principal": who})
+    finally:
+        revoke()
+
+
+@pytest.mark.parametrize("who, seconds", STANDING_REFUSED)
+def test_a_standing_yes_stands_for_its_principal_and_its_lifetime_only(who, seconds):
+    with pytest.raises(ConfirmationNeeded):
+        _typed_after(who, seconds)
+
+
+@pytest.mark.parametrize("who, seconds", STANDING_ALLOWED)
+def test_within_its_lifetime_a_standing_yes_covers_what_is_typed(who, seconds):
+    assert _typed_after(who, seconds) == [KEYS]

@@ -286,7 +286,6 @@ def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F09: open (docs/REVIEW-SECURITY.md)")
 def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
     """F09: idle is "nothing sent or read" (terminals._mine marks a read as use), and nothing else ends a
     terminal: a model that polls terminal_read keeps a root shell, and the user's standing yes to type
