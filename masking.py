@@ -8,12 +8,14 @@ carries that are secrets (catalog.py derives them from every method's return sch
 and adds what untyped answers hold: `secrets`). Every answer is masked in all three ways before a
 tool reads it (`mask_answer`, called by policy.admit), so that what a tool filters, greps, pages,
 sorts or counts is masked text already. File contents, agent stdin and header blobs are never
-logged: the audit sees their size and SHA-256.
+logged: the audit sees their size and an HMAC-SHA256 keyed by the server (a plain hash of a short
+text, a password typed into a terminal, could be tested against guesses by anyone who reads the log).
 """
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import hmac
 import json
 import re
 from functools import lru_cache
@@ -122,23 +124,26 @@ def mask_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: MASK if secret_param(k) else v for k, v in params.items()}
 
 
-def fingerprint(value: Any) -> dict[str, Any]:
-    """Size and SHA-256 of contents, instead of the contents."""
+def fingerprint(value: Any, key: bytes | None = None) -> dict[str, Any]:
+    """Size and hash of contents, instead of the contents: with `key` an HMAC-SHA256 (what only the
+    key's holder can test a guess against), with an empty key the size only, without one a SHA-256."""
     data = value if isinstance(value, bytes) else str(value).encode()
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if key is None:
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"bytes": len(data)} | ({"hmac_sha256": hmac.new(key, data, hashlib.sha256).hexdigest()} if key else {})
 
 
-def audit_view(params: dict[str, Any]) -> dict[str, Any]:
+def audit_view(params: dict[str, Any], key: bytes | None = None) -> dict[str, Any]:
     """Parameters as the audit log records them: secrets masked, contents and long values as size
-    and hash, and whatever still looks like a secret masked by shape."""
+    and hash (keyed by `key`: fingerprint), and whatever still looks like a secret masked by shape."""
     view: dict[str, Any] = {}
     for name, value in params.items():
         if BLOB_PARAMS.fullmatch(name):
-            view[name] = fingerprint(value if not isinstance(value, list) else json.dumps(value))
+            view[name] = fingerprint(value if not isinstance(value, list) else json.dumps(value), key)
         elif secret_param(name):
             view[name] = MASK
         elif name in CONTENT_PARAMS or isinstance(value, bytes) or len(str(value)) > LONG_VALUE:
-            view[name] = fingerprint(value)
+            view[name] = fingerprint(value, key)
         else:
             view[name] = value
     return json.loads(mask_json(view))

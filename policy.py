@@ -47,6 +47,7 @@ import power_effects
 import protection
 import receipts
 import runtime
+import state
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
@@ -921,13 +922,14 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
           result: str | None = None, error: str | None = None, started: float | None = None,
           receipt: str | None = None) -> str | None:
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
-    hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
-    write raises OSError."""
+    keyed hash (audit_key; see audit.py for the file); the line's hash is its id. With `strict` a
+    failure to write raises OSError."""
     if settings().audit_path is None or current_call().get("planning") and verdict in ("refused", "dry_run"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
-              "params": audit_view(params), "verdict": verdict, "principal": current_call().get("principal")}
+              "params": audit_view(params, audit_key()), "verdict": verdict,
+              "principal": current_call().get("principal")}
     if result is not None:
         record["result"] = mask(str(result))
     if error is not None:
@@ -943,3 +945,22 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
             raise
         return None
     return record["hash"]
+
+
+# audit log path -> the key its hashes of contents are made with (b"": none could be made)
+_audit_keys = runtime.slot("policy.audit_keys", dict[str, bytes])
+
+
+def audit_key() -> bytes:
+    """The audit log's key for contents (state.Database.key("audit"), beside the state database): the
+    log records what was typed or written as size and HMAC, never a plain hash, since the hash of a short
+    text (a password typed at a prompt) can be tested against guesses (docs/REVIEW-SECURITY.md F16).
+    Where no key can be made, b"": the size only."""
+    path = str(settings().audit_path)
+    keys = _audit_keys.get()
+    if path not in keys:
+        try:
+            keys[path] = state.Database(state.path_for(Path(path))).key("audit")
+        except OSError:
+            keys[path] = b""
+    return keys[path]

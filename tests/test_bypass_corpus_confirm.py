@@ -7,7 +7,13 @@ neighbours pass.
   policy.STANDING_SECONDS at most, however often it is used; after that each send needs the yes again.
 - F10: a command run in a guest (pct exec, enter, push, pull) reaches only PROXMOX_EXEC_ALLOWED_VMIDS,
   whatever its gate: a read's pct exec runs programs in the guest too.
+- F16: what is typed or written (terminal keys, file contents, stdin, long parameter values) is in the
+  audit log as its size and an HMAC keyed by the server, never a hash anyone can test guesses against.
 """
+import hashlib
+import json
+import stat
+
 import pytest
 
 import policy
@@ -89,3 +95,37 @@ def test_a_standing_yes_stands_for_its_principal_and_its_lifetime_only(who, seco
 @pytest.mark.parametrize("who, seconds", STANDING_ALLOWED)
 def test_within_its_lifetime_a_standing_yes_covers_what_is_typed(who, seconds):
     assert _typed_after(who, seconds) == [KEYS]
+
+
+# ---- F16: (what is sent, as the admission step sees it) -> its audit lines hold no plain hash of it
+TYPED = ["Summer2026!\r", "hunter2\n", "root:toor\n", "0 3 * * * root /usr/bin/backup\n"]
+
+
+def _audited(tmp_path, decision: policy.Decision) -> str:
+    settings = settings_for("open")
+    settings.audit_path = tmp_path / "audit.jsonl"
+    original = policy.settings()
+    policy.configure(settings)
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    try:
+        policy.admit(HOST, "SSH", decision.path, {}, lambda _: None, decision=decision)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    return settings.audit_path.read_text()
+
+
+@pytest.mark.parametrize("typed", TYPED)
+def test_what_is_typed_or_written_is_audited_by_size_and_keyed_hash(tmp_path, typed):
+    data = typed.encode()
+    shell = policy.shell_decision(KEYS, ("exec", "elevated"), [], f"runs: {KEYS}", data)
+    agent = policy.classify(_ShellHost("pve", "lab"), "POST", "/nodes/pve2/qemu/104/agent/exec",
+                            {"command": ["chpasswd"], "input-data": typed})
+    log = _audited(tmp_path, shell) + _audited(tmp_path, agent)
+    plain = {hashlib.sha256(data).hexdigest(), hashlib.sha256(data.rstrip()).hexdigest()}
+    assert typed.strip() not in log and not any(h in log for h in plain)
+    lines = [json.loads(line) for line in log.splitlines()]
+    keyed = {json.dumps(line["params"].get("contents") or line["params"].get("input-data")) for line in lines}
+    assert len(keyed) == 1 and "hmac_sha256" in keyed.pop()  # the same text, the same keyed hash: still comparable
+    key_file = tmp_path / "state" / "audit.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_bytes().hex() not in log

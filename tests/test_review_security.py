@@ -307,7 +307,6 @@ def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F16: open (docs/REVIEW-SECURITY.md)")
 def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
     """F16: a terminal send is audited as the size and plain SHA-256 of the keys (policy.shell_decision
     contents -> masking.fingerprint): a password typed at a prompt (passwd, sudo, mysql -p) is in the
