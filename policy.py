@@ -572,8 +572,15 @@ def approval_key(host: Any, decision: Decision) -> str:
     state it names exists (client.plan) is the step then sent with it."""
     params = {k: v for k, v in decision.params.items() if k != "digest"}
     return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, params,
-                                      decision.basis, current_call().get("principal")], sort_keys=True,
-                                     default=str).encode()).hexdigest()
+                                      _payload(decision), decision.basis, current_call().get("principal")],
+                                     sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _payload(decision: Decision) -> dict[str, Any]:
+    """What a shell decision sends beside its command (file contents, stdin: audit_params), by hash: a
+    yes to writing one text is no yes to writing another (docs/REVIEW-SECURITY.md F07)."""
+    return {k: hashlib.sha256(v).hexdigest() if isinstance(v, bytes) else v
+            for k, v in (decision.audit_params or {}).items()}
 
 
 def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
@@ -622,8 +629,10 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
                                      f"user's confirmation, which this caller cannot give.")
         confirm(host, pending, summary)
     except PolicyError as exc:
+        # not the question: it shows what would be sent (a file's text), which the audit line keeps as a hash
+        why = "the user's yes is missing" if isinstance(exc, ConfirmationNeeded) else str(exc)
         for decision in pending:
-            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=str(exc))
+            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=why)
         raise
     current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
 

@@ -205,7 +205,6 @@ def test_f06_a_containers_files_are_read_from_the_node_at_the_sensitive_gate(fil
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
     """F07: a shell decision's question (confirmation.describe_plan) and approval key (policy.approval_key)
     hold the command's label, not its payload: writing /etc/cron.d/job with one content or another, or
@@ -225,7 +224,6 @@ def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
         asked(lxc_admin.write_lxc_users, key | {"key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEvil x@attacker"})
 
 
-@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_question_shows_no_parameter_value(sim, tmp_path):
     """F07: for an HTTP request the question names the method, the path and why its gate is raised, never
     the values: the user says yes to "a hookscript runs on the host" without seeing which script."""
