@@ -101,6 +101,69 @@ def mask(text: str) -> str:
     return text
 
 
+# ---------------------------------------------------------------- a stream, read in pieces
+
+# docs/REVIEW-SECURITY.md F08: what a terminal prints is read in pieces, and a secret can be cut between
+# two of them (a private key's END after a pause, a token after the 16 KiB cut). StreamMask masks the
+# stream as if it were whole: the line not yet ended (and a private key without its END, from its BEGIN
+# line, HOLD_MAX characters at most: no key is longer) is kept and masked again with each piece that
+# continues it; of it only what no continuation can change is returned (what it masks to alone and with
+# a word, an `@`, a quote or a key's END line after it have in common, short of a configured secret's
+# beginning), and only what was not returned before.
+HOLD_MAX = 16 * 1024
+_CONTINUATIONS = ("0aZ0aZ0aZ0", "0aZ0aZ0aZ0@", '0aZ0aZ0aZ0"', "0aZ0aZ0aZ0'", "0aZ0aZ0aZ0\n-----END PRIVATE KEY-----")
+_OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)")
+
+
+class StreamMask:
+    """One stream's masking (see above): `feed` takes the next piece and returns what it adds to the
+    masked stream; `final`: the stream has ended, nothing is held back any more."""
+
+    def __init__(self) -> None:
+        self.pending = ""  # the raw text not settled yet: the line not ended, or from an open private key on
+        self.shown = ""  # what feed returned for `pending` so far
+
+    def feed(self, text: str, final: bool = False) -> str:
+        pending = self.pending + text
+        key = _OPEN_KEY.search(pending)
+        if final or key and len(pending) - key.start() > HOLD_MAX:
+            view, self.pending, tail = _closed(pending), "", ""
+        else:  # settled: what is before the open key, the line not ended and any secret across it
+            cut = _settled(pending, key.start() if key else len(pending))
+            self.pending, tail = pending[cut:], _view(pending[cut:])
+            view = mask(pending[:cut]) + tail
+        common = next((i for i, (a, b) in enumerate(zip(self.shown, view, strict=False)) if a != b),
+                      min(len(self.shown), len(view)))
+        self.shown = tail
+        return view[common:]
+
+
+def _settled(text: str, open_at: int) -> int:
+    """Where the settled part of a stream's text ends: before `open_at`, the line not ended and any shape
+    that reaches into it (a private key whose END is on that line); a line longer than HOLD_MAX in parts."""
+    cut = max(min(open_at, text.rfind("\n") + 1), len(text) - HOLD_MAX)
+    spanning = [m.start() for pattern in _SECRET_PATTERNS for m in pattern.finditer(text) if m.start() < cut < m.end()]
+    return min(spanning, default=cut)
+
+
+def _view(text: str) -> str:
+    """The masked part of a stream's open tail that no continuation changes: what the tail masks to
+    alone and with each of _CONTINUATIONS have in common, short of a configured secret's beginning."""
+    for secret in _known_secrets:
+        begun = next((n for n in range(min(len(secret) - 1, len(text)), 0, -1) if text.endswith(secret[:n])), 0)
+        text = text[:len(text) - begun]
+    views = [mask(text + continuation) for continuation in ("", *_CONTINUATIONS)]
+    return views[0][:next((i for i, chars in enumerate(zip(*views, strict=False)) if len(set(chars)) > 1),
+                          min(map(len, views)))]
+
+
+def _closed(text: str) -> str:
+    """The end of a stream masked: a private key without its END masked to the end."""
+    masked = mask(text)
+    key = _OPEN_KEY.search(masked)
+    return masked[:key.end()] + MASK if key else masked
+
+
 def _masked_match(match: re.Match) -> str:
     return match.group("k") + MASK + (match.groupdict().get("t") or "")
 

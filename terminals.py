@@ -11,8 +11,9 @@ the principal who opened it (policy.grant_standing). Nobody else can read or typ
 At most MAX_OPEN are open per server; each keeps the last KEEP bytes of output; one idle (nothing
 sent: reading is no use, docs/REVIEW-SECURITY.md F09) for IDLE_SECONDS is closed, one open for
 policy.STANDING_SECONDS (as long as the yes stands) too, and all are closed when the server stops. Output is read
-back as it appeared since the last read, terminal escapes and control characters stripped, masked,
-bounded and marked untrusted.
+back as it appeared since the last read, terminal escapes and control characters stripped, masked
+as one stream (masking.StreamMask: a secret cut between two reads is masked whole, what may still be
+part of one waits for the rest; docs/REVIEW-SECURITY.md F08), bounded and marked untrusted.
 """
 
 import re
@@ -31,7 +32,8 @@ from answers import ConfirmArg, DryRunArg, Host, OptionalVmid, iso_time, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import resolve_guest
 from proxmox_client import pve_client
-from ssh import admitted, clean_output, open_pty, target_for
+from masking import StreamMask
+from ssh import admitted, clean_text, open_pty, target_for
 
 if TYPE_CHECKING:
     import paramiko
@@ -68,6 +70,7 @@ class Terminal:
     read_to: int = 0  # the stream offset up to which output was returned
     ended: str | None = None  # why no more output comes (the shell exited)
     revoke: Callable[[], None] = lambda: None  # takes back the standing yes the opening gave
+    masker: StreamMask = field(default_factory=StreamMask)  # its output masked as one stream
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -280,7 +283,7 @@ def terminal_read(terminal: TerminalId | None = None,
     with term.changed:
         chunk, dropped = _take(term)
         more = term.end > term.read_to
-    text, _ = clean_output(chunk.decode("utf-8", "replace"))
+        text = term.masker.feed(clean_text(chunk.decode("utf-8", "replace")), final=bool(term.ended) and not more)
     answer = {"terminal": term.id, "output": text, "state": term.ended or "open", "untrusted": True}
     if more:
         answer["more"] = True

@@ -254,7 +254,6 @@ def _read(session, terminal: str, wait: int = 5) -> str:
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F08: open (docs/REVIEW-SECURITY.md)")
 def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
     """F08: terminal_read masks each piece of output on its own (ssh.clean_output on the chunk): a private
     key whose END line arrives after the read (a pause in the output, or the 16 KiB cut) is shown from
