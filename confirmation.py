@@ -6,7 +6,12 @@ client that cannot ask gives the yes with confirm=true. server.as_tool wires thi
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import inspect
+import json
+import re
 import typing
 from typing import Annotated, Any, Callable
 
@@ -22,6 +27,10 @@ import policy
 import proxmox_client
 from auth import principal
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
+from masking import MASK, mask, mask_params
+
+SHOWN = 300  # characters: a longer value or text is shown as its size and hash
+PUBLIC_KEY = re.compile(r"((?:sk-)?(?:ssh|ecdsa)-[\w@.-]+) ([A-Za-z0-9+/]+={0,2})(?: (.*))?")
 
 
 class Confirmation(BaseModel):
@@ -157,5 +166,44 @@ def describe_request(host: Any, decision: policy.Decision) -> str:
     targets = ", ".join(f"{names.get(v) or 'guest'} (vmid {v})" for v in decision.guests)
     on = f" on {targets}" if targets else ""
     gates = " + ".join(g.upper() for g in decision.gates if g not in ("read", "sensitive", "lifecycle", "write"))
-    return (f"{gates or decision.gate.upper()}: {decision.method} {decision.path}{on}, host '{host.label}'. "
-            f"Consequence: {'; '.join(decision.reasons)}.")
+    return (f"{gates or decision.gate.upper()}: {decision.method} {decision.path}{on}, host '{host.label}'."
+            f"{sends(decision)} Consequence: {'; '.join(decision.reasons)}.")
+
+
+def sends(decision: policy.Decision) -> str:
+    """What the request sends, for the question (docs/REVIEW-SECURITY.md F07: the user is asked about
+    exactly what will be sent): its parameters, secrets masked; a shell's file contents or stdin; a
+    long value as its size and hash."""
+    shown = [f"{name}={_value(value)}" for name, value in mask_params(
+        {k: v for k, v in decision.params.items() if k != "digest"}).items()]
+    shown += [f"{name}: {_value(value)}" for name, value in (decision.audit_params or {}).items()]
+    return f" Sends {'; '.join(shown)}." if shown else ""
+
+
+def _value(value: Any) -> str:
+    """One value as the question shows it: a public key by its fingerprint, a short text as it is
+    (masked), anything longer as its size and SHA-256."""
+    if value == MASK:
+        return value
+    data = value if isinstance(value, bytes) else (value if isinstance(value, str) else json.dumps(value)).encode()
+    text = data.decode("utf-8", "replace")
+    keys = [_public_key(line) for line in text.splitlines() if line.strip()]
+    if keys and all(keys):
+        return ", ".join(keys)
+    if len(text) > SHOWN or "\ufffd" in text:
+        return f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+    return json.dumps(mask(text), ensure_ascii=False) if isinstance(value, (str, bytes)) else mask(text)
+
+
+def _public_key(line: str) -> str | None:
+    """An OpenSSH public key line as ssh-keygen -l names it (type, SHA256 fingerprint, comment); None
+    for any other line."""
+    found = PUBLIC_KEY.fullmatch(line.strip())
+    if found is None:
+        return None
+    try:
+        blob = base64.b64decode(found.group(2), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    fingerprint = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"{found.group(1)} key SHA256:{fingerprint}" + (f" ({mask(found.group(3))})" if found.group(3) else "")

@@ -8,12 +8,14 @@ carries that are secrets (catalog.py derives them from every method's return sch
 and adds what untyped answers hold: `secrets`). Every answer is masked in all three ways before a
 tool reads it (`mask_answer`, called by policy.admit), so that what a tool filters, greps, pages,
 sorts or counts is masked text already. File contents, agent stdin and header blobs are never
-logged: the audit sees their size and SHA-256.
+logged: the audit sees their size and an HMAC-SHA256 keyed by the server (a plain hash of a short
+text, a password typed into a terminal, could be tested against guesses by anyone who reads the log).
 """
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import hmac
 import json
 import re
 from functools import lru_cache
@@ -99,6 +101,69 @@ def mask(text: str) -> str:
     return text
 
 
+# ---------------------------------------------------------------- a stream, read in pieces
+
+# docs/REVIEW-SECURITY.md F08: what a terminal prints is read in pieces, and a secret can be cut between
+# two of them (a private key's END after a pause, a token after the 16 KiB cut). StreamMask masks the
+# stream as if it were whole: the line not yet ended (and a private key without its END, from its BEGIN
+# line, HOLD_MAX characters at most: no key is longer) is kept and masked again with each piece that
+# continues it; of it only what no continuation can change is returned (what it masks to alone and with
+# a word, an `@`, a quote or a key's END line after it have in common, short of a configured secret's
+# beginning), and only what was not returned before.
+HOLD_MAX = 16 * 1024
+_CONTINUATIONS = ("0aZ0aZ0aZ0", "0aZ0aZ0aZ0@", '0aZ0aZ0aZ0"', "0aZ0aZ0aZ0'", "0aZ0aZ0aZ0\n-----END PRIVATE KEY-----")
+_OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)")
+
+
+class StreamMask:
+    """One stream's masking (see above): `feed` takes the next piece and returns what it adds to the
+    masked stream; `final`: the stream has ended, nothing is held back any more."""
+
+    def __init__(self) -> None:
+        self.pending = ""  # the raw text not settled yet: the line not ended, or from an open private key on
+        self.shown = ""  # what feed returned for `pending` so far
+
+    def feed(self, text: str, final: bool = False) -> str:
+        pending = self.pending + text
+        key = _OPEN_KEY.search(pending)
+        if final or key and len(pending) - key.start() > HOLD_MAX:
+            view, self.pending, tail = _closed(pending), "", ""
+        else:  # settled: what is before the open key, the line not ended and any secret across it
+            cut = _settled(pending, key.start() if key else len(pending))
+            self.pending, tail = pending[cut:], _view(pending[cut:])
+            view = mask(pending[:cut]) + tail
+        common = next((i for i, (a, b) in enumerate(zip(self.shown, view, strict=False)) if a != b),
+                      min(len(self.shown), len(view)))
+        self.shown = tail
+        return view[common:]
+
+
+def _settled(text: str, open_at: int) -> int:
+    """Where the settled part of a stream's text ends: before `open_at`, the line not ended and any shape
+    that reaches into it (a private key whose END is on that line); a line longer than HOLD_MAX in parts."""
+    cut = max(min(open_at, text.rfind("\n") + 1), len(text) - HOLD_MAX)
+    spanning = [m.start() for pattern in _SECRET_PATTERNS for m in pattern.finditer(text) if m.start() < cut < m.end()]
+    return min(spanning, default=cut)
+
+
+def _view(text: str) -> str:
+    """The masked part of a stream's open tail that no continuation changes: what the tail masks to
+    alone and with each of _CONTINUATIONS have in common, short of a configured secret's beginning."""
+    for secret in _known_secrets:
+        begun = next((n for n in range(min(len(secret) - 1, len(text)), 0, -1) if text.endswith(secret[:n])), 0)
+        text = text[:len(text) - begun]
+    views = [mask(text + continuation) for continuation in ("", *_CONTINUATIONS)]
+    return views[0][:next((i for i, chars in enumerate(zip(*views, strict=False)) if len(set(chars)) > 1),
+                          min(map(len, views)))]
+
+
+def _closed(text: str) -> str:
+    """The end of a stream masked: a private key without its END masked to the end."""
+    masked = mask(text)
+    key = _OPEN_KEY.search(masked)
+    return masked[:key.end()] + MASK if key else masked
+
+
 def _masked_match(match: re.Match) -> str:
     return match.group("k") + MASK + (match.groupdict().get("t") or "")
 
@@ -122,23 +187,26 @@ def mask_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: MASK if secret_param(k) else v for k, v in params.items()}
 
 
-def fingerprint(value: Any) -> dict[str, Any]:
-    """Size and SHA-256 of contents, instead of the contents."""
+def fingerprint(value: Any, key: bytes | None = None) -> dict[str, Any]:
+    """Size and hash of contents, instead of the contents: with `key` an HMAC-SHA256 (what only the
+    key's holder can test a guess against), with an empty key the size only, without one a SHA-256."""
     data = value if isinstance(value, bytes) else str(value).encode()
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if key is None:
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"bytes": len(data)} | ({"hmac_sha256": hmac.new(key, data, hashlib.sha256).hexdigest()} if key else {})
 
 
-def audit_view(params: dict[str, Any]) -> dict[str, Any]:
+def audit_view(params: dict[str, Any], key: bytes | None = None) -> dict[str, Any]:
     """Parameters as the audit log records them: secrets masked, contents and long values as size
-    and hash, and whatever still looks like a secret masked by shape."""
+    and hash (keyed by `key`: fingerprint), and whatever still looks like a secret masked by shape."""
     view: dict[str, Any] = {}
     for name, value in params.items():
         if BLOB_PARAMS.fullmatch(name):
-            view[name] = fingerprint(value if not isinstance(value, list) else json.dumps(value))
+            view[name] = fingerprint(value if not isinstance(value, list) else json.dumps(value), key)
         elif secret_param(name):
             view[name] = MASK
         elif name in CONTENT_PARAMS or isinstance(value, bytes) or len(str(value)) > LONG_VALUE:
-            view[name] = fingerprint(value)
+            view[name] = fingerprint(value, key)
         else:
             view[name] = value
     return json.loads(mask_json(view))

@@ -47,6 +47,7 @@ import power_effects
 import protection
 import receipts
 import runtime
+import state
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
@@ -215,6 +216,7 @@ class Decision:
     audit_params: dict[str, Any] | None = None  # what the audit line shows instead of `params`
     basis: Any = None  # what the request was judged with beyond itself (a stored job), for the user's yes
     standing: str | None = None  # the standing yes that covers it (an open terminal's: grant_standing)
+    in_guest: bool = False  # runs inside its guests (a shell's pct exec/enter/push/pull): the exec allow-list
 
     @property
     def gate(self) -> str:
@@ -236,12 +238,14 @@ def document_decision(product: str, path: str) -> Decision:
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
                    contents: bytes | None = None, *, secret: bool = False, standing: str | None = None) -> Decision:
-    """A shell command (SSH) as a Decision: the gates it needs and the guests it reaches; file
-    contents or stdin are audited as size and hash only, a `secret` stdin (a password) not at all;
-    `standing`: the open terminal whose yes covers it (grant_standing)."""
+    """A shell command (SSH) as a Decision: the gates it needs and the guests it runs in (a shell
+    reaches a guest only through pct exec, enter, push or pull: `in_guest`, so the exec allow-list holds
+    it at any gate, docs/REVIEW-SECURITY.md F10); file contents or stdin are audited as size and keyed
+    hash only, a `secret` stdin (a password) not at all; `standing`: the open terminal whose yes covers
+    it (grant_standing)."""
     audited = {"password": MASK} if secret else {"contents": contents} if contents is not None else {}
     return Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited,
-                    standing=standing)
+                    standing=standing, in_guest=bool(guests))
 
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
@@ -476,10 +480,12 @@ BACKUP_HINT = ("; a protected guest may be backed up with mode=snapshot and remo
 
 
 def _check_exec_allowed(decision: Decision) -> None:
-    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access and the unblocked methods that act inside a
-    guest (gates.INSIDE_GUEST) reach only the listed guests."""
+    """PROXMOX_EXEC_ALLOWED_VMIDS: exec, guest file access, the unblocked methods that act inside a
+    guest (gates.INSIDE_GUEST) and every shell command run in a guest, whatever its gate (a read's
+    pct exec runs programs there too: Decision.in_guest), reach only the listed guests."""
     allowed = settings().exec_allowed_vmids
-    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)):
+    if allowed is None or ("exec" not in decision.gates and not inside_guest(decision.template)
+                           and not decision.in_guest):
         return
     for vmid in decision.guests:
         if vmid not in allowed:
@@ -567,8 +573,15 @@ def approval_key(host: Any, decision: Decision) -> str:
     state it names exists (client.plan) is the step then sent with it."""
     params = {k: v for k, v in decision.params.items() if k != "digest"}
     return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, params,
-                                      decision.basis, current_call().get("principal")], sort_keys=True,
-                                     default=str).encode()).hexdigest()
+                                      _payload(decision), decision.basis, current_call().get("principal")],
+                                     sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _payload(decision: Decision) -> dict[str, Any]:
+    """What a shell decision sends beside its command (file contents, stdin: audit_params), by hash: a
+    yes to writing one text is no yes to writing another (docs/REVIEW-SECURITY.md F07)."""
+    return {k: hashlib.sha256(v).hexdigest() if isinstance(v, bytes) else v
+            for k, v in (decision.audit_params or {}).items()}
 
 
 def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
@@ -577,24 +590,29 @@ def plan_digest(plan: list[tuple[Any, Decision]]) -> str:
 
 
 # Standing yeses: what the user said yes to once and that stands while its object lives, for the
-# principal who said it (an open terminal: what is typed into it; docs/SECURITY.md#terminals).
-# standing key -> the principal whose yes it is (None: the single-user form).
-_standing = runtime.slot("policy.standing", dict[str, Any])
+# principal who said it (an open terminal: what is typed into it; docs/SECURITY.md#terminals), and
+# never longer than STANDING_SECONDS from the yes (docs/REVIEW-SECURITY.md F09: a standing yes kept alive
+# by use would stand for hours). standing key -> (the principal whose yes it is (None: the single-user
+# form), until when by its clock, the clock).
+STANDING_SECONDS = 60 * 60
+_standing = runtime.slot("policy.standing", dict[str, tuple[Any, float, Callable[[], float]]])
 
 
-def grant_standing(key: str) -> Callable[[], None]:
-    """The user's yes to the call now running stands for the decisions carrying `key`, until the
-    function this returns takes it back."""
+def grant_standing(key: str, clock: Callable[[], float] = time.monotonic) -> Callable[[], None]:
+    """The user's yes to the call now running stands for the decisions carrying `key` for
+    STANDING_SECONDS by `clock`, or until the function this returns takes it back."""
     granted = _standing.get()
-    granted[key] = current_call().get("principal")
+    granted[key] = (current_call().get("principal"), clock() + STANDING_SECONDS, clock)
     return lambda: granted.pop(key, None)
 
 
 def _stands(decision: Decision) -> bool:
-    """Whether a standing yes of this call's principal covers the decision."""
-    granted = _standing.get()
-    return decision.standing is not None and decision.standing in granted \
-        and granted[decision.standing] == current_call().get("principal")
+    """Whether a standing yes of this call's principal covers the decision, and has not run out."""
+    grant = _standing.get().get(decision.standing) if decision.standing is not None else None
+    if grant is None:
+        return False
+    principal, until, clock = grant
+    return principal == current_call().get("principal") and clock() < until
 
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
@@ -612,8 +630,10 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
                                      f"user's confirmation, which this caller cannot give.")
         confirm(host, pending, summary)
     except PolicyError as exc:
+        # not the question: it shows what would be sent (a file's text), which the audit line keeps as a hash
+        why = "the user's yes is missing" if isinstance(exc, ConfirmationNeeded) else str(exc)
         for decision in pending:
-            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=str(exc))
+            audit(host, decision.method, decision.path, audited_params(decision), "refused", error=why)
         raise
     current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
 
@@ -912,13 +932,14 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
           result: str | None = None, error: str | None = None, started: float | None = None,
           receipt: str | None = None) -> str | None:
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
-    hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
-    write raises OSError."""
+    keyed hash (audit_key; see audit.py for the file); the line's hash is its id. With `strict` a
+    failure to write raises OSError."""
     if settings().audit_path is None or current_call().get("planning") and verdict in ("refused", "dry_run"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
               "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
-              "params": audit_view(params), "verdict": verdict, "principal": current_call().get("principal")}
+              "params": audit_view(params, audit_key()), "verdict": verdict,
+              "principal": current_call().get("principal")}
     if result is not None:
         record["result"] = mask(str(result))
     if error is not None:
@@ -934,3 +955,22 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
             raise
         return None
     return record["hash"]
+
+
+# audit log path -> the key its hashes of contents are made with (b"": none could be made)
+_audit_keys = runtime.slot("policy.audit_keys", dict[str, bytes])
+
+
+def audit_key() -> bytes:
+    """The audit log's key for contents (state.Database.key("audit"), beside the state database): the
+    log records what was typed or written as size and HMAC, never a plain hash, since the hash of a short
+    text (a password typed at a prompt) can be tested against guesses (docs/REVIEW-SECURITY.md F16).
+    Where no key can be made, b"": the size only."""
+    path = str(settings().audit_path)
+    keys = _audit_keys.get()
+    if path not in keys:
+        try:
+            keys[path] = state.Database(state.path_for(Path(path))).key("audit")
+        except OSError:
+            keys[path] = b""
+    return keys[path]

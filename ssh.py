@@ -52,10 +52,14 @@ ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
+def clean_text(text: str) -> str:
+    """Terminal escapes and control characters out (a stream read in pieces is masked by masking.StreamMask)."""
+    return CONTROL.sub("", ANSI.sub("", text.replace("\r\n", "\n")))
+
+
 def clean_output(text: str) -> tuple[str, bool]:
     """Terminal escapes and control characters out, private keys masked, size capped."""
-    text = CONTROL.sub("", ANSI.sub("", text.replace("\r\n", "\n")))
-    text = mask(text)
+    text = mask(clean_text(text))
     if len(text) > MAX_OUTPUT:
         return text[:MAX_OUTPUT], True
     return text, False

@@ -9,9 +9,11 @@ question: the user's yes to the terminal stands for what is typed into it while 
 the principal who opened it (policy.grant_standing). Nobody else can read or type into it.
 
 At most MAX_OPEN are open per server; each keeps the last KEEP bytes of output; one idle (nothing
-sent or read) for IDLE_SECONDS is closed, and all are closed when the server stops. Output is read
-back as it appeared since the last read, terminal escapes and control characters stripped, masked,
-bounded and marked untrusted.
+sent: reading is no use, docs/REVIEW-SECURITY.md F09) for IDLE_SECONDS is closed, one open for
+policy.STANDING_SECONDS (as long as the yes stands) too, and all are closed when the server stops. Output is read
+back as it appeared since the last read, terminal escapes and control characters stripped, masked
+as one stream (masking.StreamMask: a secret cut between two reads is masked whole, what may still be
+part of one waits for the rest; docs/REVIEW-SECURITY.md F08), bounded and marked untrusted.
 """
 
 import re
@@ -30,7 +32,8 @@ from answers import ConfirmArg, DryRunArg, Host, OptionalVmid, iso_time, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import resolve_guest
 from proxmox_client import pve_client
-from ssh import admitted, clean_output, open_pty, target_for
+from masking import StreamMask
+from ssh import admitted, clean_text, open_pty, target_for
 
 if TYPE_CHECKING:
     import paramiko
@@ -61,12 +64,13 @@ class Terminal:
     principal: Any
     channel: "paramiko.Channel"
     opened: float
-    used: float  # the last send or read (idle since then)
+    used: float  # the last send (idle since then)
     buffer: bytearray = field(default_factory=bytearray)
     start: int = 0  # the stream offset of buffer[0] (what scrolled out before is gone)
     read_to: int = 0  # the stream offset up to which output was returned
     ended: str | None = None  # why no more output comes (the shell exited)
     revoke: Callable[[], None] = lambda: None  # takes back the standing yes the opening gave
+    masker: StreamMask = field(default_factory=StreamMask)  # its output masked as one stream
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -128,11 +132,14 @@ def _close(registry: Registry, terminal: Terminal, why: str) -> None:
 
 
 def _expire(registry: Registry) -> None:
-    """Close the terminals idle for IDLE_SECONDS."""
+    """Close the terminals idle for IDLE_SECONDS, and those whose yes no longer stands."""
     now = registry.clock()
     with registry.lock:
-        for terminal in [t for t in registry.open.values() if now - t.used >= IDLE_SECONDS]:
-            _close(registry, terminal, f"closed after {IDLE_SECONDS // 60} minutes idle")
+        for terminal in list(registry.open.values()):
+            if now - terminal.used >= IDLE_SECONDS:
+                _close(registry, terminal, f"closed after {IDLE_SECONDS // 60} minutes idle")
+            elif now - terminal.opened >= policy.STANDING_SECONDS:
+                _close(registry, terminal, f"closed {policy.STANDING_SECONDS // 60} minutes after it was opened")
 
 
 def _reap(registry: Registry) -> None:
@@ -150,8 +157,9 @@ def close_all(why: str = "closed: the server stopped") -> None:
             _close(registry, terminal, why)
 
 
-def _mine(terminal_id: str) -> tuple[Registry, Terminal]:
-    """An open terminal of this caller (another principal's is not there for it), idle ones closed first."""
+def _mine(terminal_id: str, use: bool = False) -> tuple[Registry, Terminal]:
+    """An open terminal of this caller (another principal's is not there for it), idle ones closed
+    first; `use`: a send, which is what keeps it from idling (a read is not)."""
     registry = _registry.get()
     _expire(registry)
     terminal = registry.open.get(terminal_id)
@@ -159,7 +167,8 @@ def _mine(terminal_id: str) -> tuple[Registry, Terminal]:
         why = registry.closed.get(terminal_id) if terminal is None else None
         raise InvalidArgument(f"Terminal {terminal_id} is not open" + (f" ({why})" if why else "") +
                               "; terminal_read without terminal lists the open ones, write_open_terminal opens one.")
-    terminal.used = registry.clock()
+    if use:
+        terminal.used = registry.clock()
     return registry, terminal
 
 
@@ -200,7 +209,7 @@ def write_open_terminal(where: Annotated[str | None, Field(description="node or 
     now = registry.clock()
     terminal = Terminal(f"t{secrets.token_hex(3)}", words, target.product, target.label, gates, guests,
                         policy.current_call().get("principal"), channel, now, now)
-    terminal.revoke = policy.grant_standing(f"terminal:{terminal.id}")
+    terminal.revoke = policy.grant_standing(f"terminal:{terminal.id}", lambda: registry.clock())
     with registry.lock:
         registry.open[terminal.id] = terminal
     threading.Thread(target=_keep_output, args=(terminal,), name=f"terminal-{terminal.id}", daemon=True).start()
@@ -219,7 +228,7 @@ def write_terminal_send(terminal: TerminalId, keys: Annotated[str, Field(max_len
     data = (keys + "".join(SPECIALS[name] for name in press or [])).encode()
     if not data:
         raise InvalidArgument("Give keys (text) or press (named keys, e.g. [\"Enter\"]). Nothing was sent.")
-    _, term = _mine(terminal)
+    _, term = _mine(terminal, use=True)
     if term.ended:
         raise ProxmoxError(f"Terminal {terminal} has {term.ended}; close it with write_close_terminal.")
     admitted(term.product, term.label, term.gates, f"terminal {term.id} ({term.where}): keys", term.guests,
@@ -274,7 +283,7 @@ def terminal_read(terminal: TerminalId | None = None,
     with term.changed:
         chunk, dropped = _take(term)
         more = term.end > term.read_to
-    text, _ = clean_output(chunk.decode("utf-8", "replace"))
+        text = term.masker.feed(clean_text(chunk.decode("utf-8", "replace")), final=bool(term.ended) and not more)
     answer = {"terminal": term.id, "output": text, "state": term.ended or "open", "untrusted": True}
     if more:
         answer["more"] = True

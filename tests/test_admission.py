@@ -225,7 +225,7 @@ def test_audit_lines_hold_sizes_and_hashes_never_contents(plain, sim):
     lines = [json.loads(line) for line in log.splitlines()]
     write = next(line for line in lines if line["path"].endswith("file-write") and line["verdict"] == "sent")
     assert write["params"]["content"]["bytes"] == len(base64.b64encode(text.encode()))
-    assert len(write["params"]["content"]["sha256"]) == 64
+    assert len(write["params"]["content"]["hmac_sha256"]) == 64  # keyed: docs/REVIEW-SECURITY.md F16
     assert [line["verdict"] for line in lines if line["path"] == "/cluster/acme/plugins"][-2:] == ["sending", "sent"]
 
 

@@ -15,7 +15,10 @@ and contents), a file in a guest and a command's output in it, and the API reads
   its masked neighbourhood); its answer must equal the same probe with a random guess;
 - the walk: every filter of every source is called in two worlds that differ only in the secrets'
   values and lengths (and the server's token), and must answer byte for byte the same;
-- NEIGHBOURS: a grep for a word that is no secret still finds its lines, masked.
+- NEIGHBOURS: a grep for a word that is no secret still finds its lines, masked;
+- STREAMED: a stream read in pieces (a terminal's output, docs/REVIEW-SECURITY.md F08), each line of a
+  shape cut in two at every place and in three at many: no piece of a secret is ever returned, and cut at line
+  ends it is masked as the whole; a prompt still shows at once.
 """
 import json
 import random
@@ -24,6 +27,7 @@ import time
 
 import pytest
 
+import masking
 import simulator
 from conftest import in_process
 from simulator.file_restore import restore_world
@@ -266,3 +270,42 @@ def test_a_grep_for_a_word_that_is_no_secret_still_finds_its_lines(servers, worl
     found = servers["a"].ok(tool, arguments | {"since": "3d"})["lines"]
     assert found and all(expected.lower() in line.lower() for line in found), found
     assert shown_secrets("a", json.dumps(found)) == []
+
+
+# ---------------------------------------------------------------- a stream read in pieces (F08)
+
+STREAMED = lines_of("a") + ["-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
+                            "zqStreamedKeyBody4711\n-----END OPENSSH PRIVATE KEY-----"]
+
+
+def streamed(pieces: list[str]) -> str:
+    stream = masking.StreamMask()
+    return "".join(stream.feed(piece) for piece in pieces) + stream.feed("", final=True)
+
+
+def secret_pieces(text: str) -> list[str]:
+    """Every five characters of the secrets these lines hold (the shapes', the token's, the key's body)."""
+    secrets = secrets_of("a") + [TOKEN_SECRETS["a"], "zqStreamedKeyBody4711", "b3BlbnNzaC1rZXktdjEAAAAABG5vbmU"]
+    return [s[i:i + 5] for s in secrets for i in range(len(s) - 4) if s[i:i + 5] in text]
+
+
+@pytest.mark.parametrize("line", STREAMED, ids=[line[:30] for line in STREAMED])
+def test_a_secret_cut_between_reads_is_masked_as_if_whole(line):
+    masking.register_secret(TOKEN_SECRETS["a"])  # this server's own, as configure registers it
+    text = f"before\n{line}\nafter\n"
+    cuts = range(len(text) + 1)
+    for first in cuts:
+        assert secret_pieces(streamed([text[:first], text[first:]])) == [], (first, text[:first])
+    for first in cuts[::3]:
+        for second in cuts[first + 1::11]:
+            assert secret_pieces(streamed([text[:first], text[first:second], text[second:]])) == [], (first, second)
+    at_line_ends = [i + 1 for i, char in enumerate(text) if char == "\n"]
+    assert streamed([text[a:b] for a, b in zip([0, *at_line_ends], at_line_ends, strict=False)]) == masking.mask(text)
+
+
+def test_an_unfinished_private_key_is_masked_when_the_stream_ends_and_a_prompt_shows_at_once():
+    stream = masking.StreamMask()
+    assert stream.feed("-----BEGIN RSA PRIVATE KEY-----\nzqStreamedKeyBody4711\n") == "-----BEGIN RSA PRIVATE KEY-----"
+    assert stream.feed("more body\n", final=True) == "***"
+    for prompt in ("root@pve1:~# ", "[sudo] password for alice: ", "Password: ", "Do you want to continue? [Y/n] "):
+        assert masking.StreamMask().feed("done\n" + prompt) == "done\n" + prompt

@@ -205,7 +205,6 @@ def test_f06_a_containers_files_are_read_from_the_node_at_the_sensitive_gate(fil
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
     """F07: a shell decision's question (confirmation.describe_plan) and approval key (policy.approval_key)
     hold the command's label, not its payload: writing /etc/cron.d/job with one content or another, or
@@ -225,7 +224,6 @@ def test_f07_the_yes_to_an_ssh_write_is_not_pinned_to_what_it_writes(files):
         asked(lxc_admin.write_lxc_users, key | {"key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEvil x@attacker"})
 
 
-@pytest.mark.xfail(strict=True, reason="F07: open (docs/REVIEW-SECURITY.md)")
 def test_f07_the_question_shows_no_parameter_value(sim, tmp_path):
     """F07: for an HTTP request the question names the method, the path and why its gate is raised, never
     the values: the user says yes to "a hookscript runs on the host" without seeing which script."""
@@ -256,7 +254,6 @@ def _read(session, terminal: str, wait: int = 5) -> str:
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F08: open (docs/REVIEW-SECURITY.md)")
 def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
     """F08: terminal_read masks each piece of output on its own (ssh.clean_output on the chunk): a private
     key whose END line arrives after the read (a pause in the output, or the 16 KiB cut) is shown from
@@ -286,7 +283,6 @@ def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F09: open (docs/REVIEW-SECURITY.md)")
 def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
     """F09: idle is "nothing sent or read" (terminals._mine marks a read as use), and nothing else ends a
     terminal: a model that polls terminal_read keeps a root shell, and the user's standing yes to type
@@ -308,7 +304,6 @@ def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F16: open (docs/REVIEW-SECURITY.md)")
 def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
     """F16: a terminal send is audited as the size and plain SHA-256 of the keys (policy.shell_decision
     contents -> masking.fingerprint): a password typed at a prompt (passwd, sudo, mysql -p) is in the
@@ -327,7 +322,6 @@ def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
 # ================================================================ containers (F10)
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F10: open (docs/REVIEW-SECURITY.md)")
 def test_f10_read_gate_commands_run_in_containers_outside_the_exec_allow_list(sim, sshd, tmp_path):
     """F10: write_lxc_services/packages action=list run programs in the container (pct exec: /bin/sh -c
     INSPECT, systemctl or rc-status, the package manager) at the read gate, so PROXMOX_EXEC_ALLOWED_VMIDS

@@ -87,7 +87,7 @@ def test_pct_enter_reaches_the_container_and_its_refusals(tty):
     assert term not in registry(tty).open and len(registry(tty).open) == 0
 
 
-def test_keys_are_audited_by_size_and_hash_never_verbatim(tty):
+def test_keys_are_audited_by_size_and_keyed_hash_never_verbatim(tty):
     term = opened(tty, where="pve2")
     secret_keys = "echo typed-4242-marker"
     tty.ok("write_terminal_send", {"terminal": term, "keys": secret_keys, "press": ["Enter"]})
@@ -95,7 +95,7 @@ def test_keys_are_audited_by_size_and_hash_never_verbatim(tty):
     tty.ok("write_close_terminal", {"terminal": term})
     lines = [json.loads(x) for x in (tty.tmp / "audit.jsonl").read_text().splitlines()]
     sends = [x for x in lines if x["path"] == f"terminal {term} (the login shell on pve2): keys"]
-    assert sends and all(set(x["params"]["contents"]) == {"bytes", "sha256"} for x in sends)
+    assert sends and all(set(x["params"]["contents"]) == {"bytes", "hmac_sha256"} for x in sends)
     assert "typed-4242-marker" not in (tty.tmp / "audit.jsonl").read_text()
     assert any(x["path"] == "open a terminal: the login shell on pve2" and x["verdict"] == "sent" for x in lines)
 
