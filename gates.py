@@ -136,7 +136,7 @@ UNCERTAIN: dict[tuple[str, str, str], str] = {
     ("pve", "POST", "/nodes/{node}/migrateall"):
         "moves every guest of a node: write, refused when it would move a protected guest",
     ("pve", "POST", "/nodes/{node}/status"):
-        "reboots every guest of the node, protected ones too: elevated and confirmed, not refused",
+        "reboots every guest of the node: elevated and confirmed, refused while it changes a protected guest",
     ("pve", "POST", "/nodes/{node}/qemu/{vmid}/template"): "irreversible in practice, but destroys nothing: write",
     ("pve", "PUT", "/cluster/options"): "datacenter-wide settings; none reach the host shell: write",
     ("pve", "GET", "/cluster/config/join"): "join information holds no password but helps an attacker: sensitive",

@@ -287,25 +287,25 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
     elif not decision.errors and all(gate_open(rules_for(host), g, method, template) for g in decision.gates):
         losses.name(host.product, decision, read)  # what it loses, by name; the yes pinned to what it frees
-    if power_effects.judged(host.product, method, template) and not decision.errors:  # while planning too: no
-        _judge_node_power(host, decision, read)  # question is asked about a reboot that will be refused
+    down = power_effects.judged(host.product, method, template, path_params, params)
+    if down and not decision.errors:  # while planning too: no question is asked about a reboot that will be refused
+        _judge_node_power(host, decision, read, down)
     return decision
 
 
-def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
-    """A node's reboot or shutdown changes the guests there that HA does not move away
-    (power_effects; docs/PROXMOX-BEHAVIOUR.md#node-power): the protected ones among them are
-    `changed`, which check_protected refuses; an unreadable protected list refuses it outright."""
+def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] | None, command: str) -> None:
+    """A request that takes a node down (a reboot or shutdown; corosync stopped under an active HA LRM:
+    power_effects.DOWN, docs/PROXMOX-BEHAVIOUR.md#node-power) changes the guests there that HA does not
+    move away: they are `changed`, which check_protected judges as it judges named guests (the list,
+    the tags, the protection flag); an unreadable protected list refuses it outright."""
     if settings().protected.error:
         decision.changed = {}
         return
-    protected = [e["vmid"] for e in settings().protected.for_host(host.label, host.product)]
-    if protected:  # read the node's guests only for a call whose own gates are open
-        require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
-                      decision.template)
-        changed = power_effects.protected_changes(read, decision.path_params["node"],
-                                                  str(decision.params.get("command")), protected)
-        decision.changed = (decision.changed or {}) | changed
+    # read the node's guests only for a call whose own gates are open
+    require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
+                  decision.template)
+    changed = power_effects.changes(read, decision.path_params["node"], command, protected_vmids(host))
+    decision.changed = (decision.changed or {}) | changed
 
 
 def _judge_as_after(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
@@ -446,25 +446,39 @@ def check_protected(host: Any, decision: Decision) -> None:
     if protected.error and (decision.guests or scope.bulk or decision.changed is not None):
         raise PolicyError(f"The protected-guest list could not be read ({protected.error}), so every "
                           f"request that changes a guest is refused. Fix the file and restart.")
-    for vmid in decision.guests:
-        entry = protected.find(host.label, vmid, host.product)
-        if entry:
-            name = f" ({entry['name']})" if entry.get("name") else ""
-            raise PolicyError(f"Guest {vmid}{name} is protected on host '{host.label}': "
-                              f"{entry.get('reason', 'no reason given')}. This request is refused.")
-    # as Proxmox marks them: a protected tag, or its own protection flag for what destroys (protection.py)
-    for vmid, why in protection.marked_guests(host, decision.guests, "destructive" in decision.gates, protected,
-                                              current_call()).items():
-        raise PolicyError(f"Guest {vmid} is protected on host '{host.label}': {why}. This request is refused.")
-    for vmid, how in (decision.changed or {}).items():
-        entry = protected.find(host.label, vmid, host.product) or {"reason": "it carries a protected tag"}
-        name = f" ({entry['name']})" if entry.get("name") else ""
-        raise PolicyError(f"{decision.method} {decision.path} changes protected guest {vmid}{name} without naming "
-                          f"it: {how}. Host '{host.label}' protects it: {entry.get('reason', 'no reason given')}. "
-                          f"This request is refused{BACKUP_HINT if 'back' in how else ''}.")
+    destroys = "destructive" in decision.gates
+    for vmid, why in _protected(host, decision.guests, destroys).items():
+        raise PolicyError(f"Guest {vmid}{_name(host, vmid)} is protected on host '{host.label}': {why}. This request "
+                          f"is refused.")
+    # what it changes without naming it meets the same three tests (the list, the tags, the flag)
+    for vmid, why in _protected(host, sorted(decision.changed or {}), destroys).items():
+        how = decision.changed[vmid]
+        raise PolicyError(f"{decision.method} {decision.path} changes protected guest {vmid}{_name(host, vmid)} "
+                          f"without naming it: {how}. Host '{host.label}' protects it: {why}. This request is refused"
+                          f"{BACKUP_HINT if 'back' in how else ''}.")
     if scope.bulk and protected_vmids(host):
         raise PolicyError(f"{decision.method} {decision.path} {scope.bulk}, and host '{host.label}' has protected "
                           f"guests. List the guests explicitly, leaving out the protected ones.")
+
+
+def _protected(host: Any, guests: list[int], destroys: bool) -> dict[int, str]:
+    """The protected ones among `guests`, each with why, in their order: listed (the entry's name and
+    reason), or as Proxmox marks them (a protected tag; its protection flag for what destroys:
+    protection.marked_guests)."""
+    listed = settings().protected
+    found = {}
+    for vmid in guests:
+        entry = listed.find(host.label, vmid, host.product)
+        if entry:
+            found[vmid] = entry.get("reason", "no reason given")
+    if found:  # refused by the list alone: nothing more is read
+        return found
+    return protection.marked_guests(host, list(guests), destroys, listed, current_call())
+
+
+def _name(host: Any, vmid: int) -> str:
+    entry = settings().protected.find(host.label, vmid, host.product) or {}
+    return f" ({entry['name']})" if entry.get("name") else ""
 
 
 def protected_vmids(host: Any) -> list[int]:

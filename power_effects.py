@@ -11,8 +11,15 @@ does it (docs/PROXMOX-BEHAVIOUR.md#node-power):
   `failover` (and `conditional` on a power-off) stops them, and the HA manager recovers them on
   another node once this one is fenced.
 
-Both the tool's plan (node_tools.write_node_power) and the policy's judgement (a protected guest
-the request changes: policy.classify) read it from here, through the policy's own reads.
+Other requests take a node down too (`DOWN`): stopping or restarting corosync or pve-cluster on a
+node whose HA LRM is active takes its quorum (or its cluster file system) away, the LRM can no longer
+renew its lock and update the watchdog, and the node is reset when the watchdog runs out
+(docs/PROXMOX-BEHAVIOUR.md#node-power).
+
+Both the tool's plan (node_tools.write_node_power) and the policy's judgement (the guests the
+request changes, which policy.check_protected judges as if they were named: policy.classify) read it
+from here, through the policy's own reads. What decides and cannot be read refuses (PolicyError);
+only the manager status (maintenance, disarm) and the HA rules (PVE 9 only) may be missing.
 """
 from __future__ import annotations
 
@@ -27,8 +34,26 @@ STOP_TIMEOUT = 180  # seconds before stop-all hard-stops a guest (pve-manager PV
 Read = Callable[[str], Any]
 
 
-def judged(product: str, method: str, template: str) -> bool:
-    return product == "pve" and method == "POST" and template == NODE_POWER
+FENCE = "fence"  # the command of a request that leaves a node's watchdog to reset it
+# The requests that take a node (or its HA stack) down: (template, its path and body -> the command, or
+# None). A node's power; corosync or the cluster file system stopped under an active LRM (pve-ha-manager
+# src/PVE/HA/LRM.pm `get_protected_ha_agent_lock`, `active_service_count`; pve-docs ha-manager.adoc,
+# "How It Works": "As long as there is no quorum the node cannot reset the watchdog").
+DOWN: list[tuple[str, Callable[[dict, dict], str | None]]] = [
+    (NODE_POWER, lambda _path, params: str(params.get("command", "")) or None),
+    ("/nodes/{node}/services/{service}/stop", lambda path, _p: FENCE if path.get("service") in QUORUM else None),
+    ("/nodes/{node}/services/{service}/restart", lambda path, _p: FENCE if path.get("service") in QUORUM else None),
+]
+QUORUM = ("corosync", "pve-cluster")  # without them the LRM loses its lock and stops feeding the watchdog
+
+
+def judged(product: str, method: str, template: str, path_params: dict | None = None,
+           params: dict | None = None) -> str | None:
+    """The command (reboot, shutdown, FENCE) by which a request takes its node down, or None."""
+    if product != "pve" or method != "POST":
+        return None
+    return next((command(path_params or {}, params or {}) for pattern, command in DOWN if pattern == template),
+                None)
 
 
 @dataclass
@@ -48,7 +73,9 @@ class Effect:
 
 
 class _Reads:
-    """Each path read once, through the policy's read; a read that fails is None (said in the answer)."""
+    """Each path read once, through the policy's read. What decides (`required`) and cannot be read
+    refuses (PolicyError: judged as "no guest there" it would let the request through); an optional read
+    that fails is None."""
 
     def __init__(self, read: Read | None):
         if read is None:
@@ -56,11 +83,15 @@ class _Reads:
                               "here.")
         self.read, self.kept = read, {}
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, required: bool = False) -> Any:
         if path not in self.kept:
             try:
                 self.kept[path] = self.read(path)
-            except ToolFailure:
+            except ToolFailure as exc:
+                if required:
+                    raise PolicyError(f"{path} could not be read ({exc}), and what the request does to the node's "
+                                      f"guests depends on it, so it is refused. The read token needs VM.Audit and "
+                                      f"Sys.Audit (PVEAuditor on /).") from None
                 self.kept[path] = None
         return self.kept[path]
 
@@ -101,7 +132,7 @@ def ha_mode(policy: str, command: str, maintenance: bool) -> str:
 
 
 def _ha_resources(reads: _Reads) -> dict[int, dict]:
-    rows = reads.get("/cluster/ha/resources") or []
+    rows = reads.get("/cluster/ha/resources", required=True) or []
     found = {}
     for row in rows if isinstance(rows, list) else []:
         match = re.fullmatch(r"(?:vm|ct):(\d+)", str(row.get("sid", "")))
@@ -122,14 +153,14 @@ def _allowed_nodes(reads: _Reads, sid: str, resource: dict, online: list[str]) -
             allowed &= {n.split(":")[0] for n in str(rule.get("nodes", "")).split(",")}
     group = resource.get("group")
     if group:
-        for row in reads.get("/cluster/ha/groups") or []:
+        for row in reads.get("/cluster/ha/groups", required=True) or []:
             if row.get("group") == group and str(row.get("restricted", "0")) in ("1", "true"):
                 allowed &= {n.split(":")[0] for n in str(row.get("nodes", "")).split(",")}
     return sorted(n for n in online if n in allowed)
 
 
 def _online_nodes(reads: _Reads, node: str) -> list[str]:
-    rows = reads.get("/cluster/resources") or []
+    rows = reads.get("/cluster/resources", required=True) or []
     return sorted(r["node"] for r in rows if r.get("type") == "node" and r.get("status") == "online"
                   and r.get("node") != node and not in_maintenance(reads, r["node"]))
 
@@ -173,33 +204,69 @@ def _with_ha(reads: _Reads, guest: dict, resource: dict, node: str, command: str
             "went down"), True, None
 
 
-def effects(read: Read | None, node: str, command: str, only: set[int] | None = None) -> list[Effect]:
-    """What the node's `command` (reboot or shutdown) does to each of its guests (those in `only`, when
-    given) that it changes or moves, in vmid order; templates are left out."""
+def _fenced(guest: dict, resource: dict | None, lrm_active: bool) -> tuple[str, bool]:
+    """A guest on a node left without quorum: nothing happens while its LRM is idle (no watchdog is
+    armed); under an active LRM the watchdog resets the node, which kills every guest there."""
+    if not lrm_active or guest.get("status") == "stopped" and not _ha_active(resource):
+        return "", False
+    after = "recovered (started) by HA on another node once the node is fenced" if _ha_active(resource) else \
+        "killed with it, and started at boot only with onboot=1"
+    return f"the node loses quorum and its watchdog resets it about 60 s later (HA is active there): {after}", True
+
+
+def _ha_active(resource: dict | None) -> bool:
+    """An HA resource its LRM runs (LRM.pm `active_service_count`: not stopped, frozen or ignored)."""
+    return resource is not None and resource.get("state", "started") in ("started", "enabled")
+
+
+def effects(read: Read | None, node: str, command: str, only: set[int] | None = None,
+            watched: tuple[int, ...] | list[int] = ()) -> list[Effect]:
+    """What the node's `command` (reboot, shutdown, FENCE) does to each of its guests (those in `only`,
+    when given) that it changes or moves, in vmid order; templates are left out. A `watched` guest (a
+    protected one) that the read token cannot see refuses it (PolicyError)."""
     reads = _Reads(read)
-    rows = [r for r in reads.get("/cluster/resources") or [] if r.get("type") in ("qemu", "lxc")
-            and r.get("node") == node and not r.get("template") and (only is None or int(r["vmid"]) in only)]
-    resources = _ha_resources(reads) if rows else {}
+    every = [r for r in reads.get("/cluster/resources", required=True) or [] if r.get("type") in ("qemu", "lxc")]
+    here = [r for r in every if r.get("node") == node and not r.get("template")]
+    resources = _ha_resources(reads) if here else {}
+    lrm_active = command == FENCE and any(_ha_active(resources.get(int(r["vmid"]))) for r in here) \
+        and not _manager(reads).get("disarm")  # a disarmed HA releases the watchdog
     found = []
-    for row in sorted(rows, key=lambda r: int(r["vmid"])):
+    for row in sorted(here, key=lambda r: int(r["vmid"])):
         guest = row | {"vmid": int(row["vmid"])}
+        if only is not None and guest["vmid"] not in only:
+            continue
         resource = resources.get(guest["vmid"])
         moved = None
-        if resource is not None and resource.get("state") != "ignored":  # HA/Config.pm `vm_is_ha_managed`
+        if command == FENCE:
+            how, changes = _fenced(guest, resource, lrm_active)
+        elif resource is not None and resource.get("state") != "ignored":  # HA/Config.pm `vm_is_ha_managed`
             how, changes, moved = _with_ha(reads, guest, resource, node, command)
         else:
-            config = reads.get(f"/nodes/{node}/{guest['type']}/{guest['vmid']}/config") or {}
+            config = reads.get(f"/nodes/{node}/{guest['type']}/{guest['vmid']}/config", required=True) or {}
             how, changes = _plain(guest, config, command)
         if how:
             found.append(Effect(guest["vmid"], str(guest.get("name") or ""), guest["type"],
                                 str(guest.get("status") or "?"), how, changes, moved))
+    unseen = sorted(set(watched) - {int(r["vmid"]) for r in every if str(r.get("vmid", "")).isdigit()})
+    if unseen:  # a guest the read token cannot see may be on this node: not judged as absent
+        raise PolicyError(f"Protected guest {unseen[0]} is not among the guests /cluster/resources shows, so what the "
+                          f"request does to it cannot be told and it is refused. The read token needs VM.Audit on it "
+                          f"(PVEAuditor on /); a list entry for a guest that is gone is removed from the list.")
     return found
 
 
+def words(command: str) -> str:
+    return "the loss of quorum" if command == FENCE else f"the node's {command}"
+
+
+def changes(read: Read | None, node: str, command: str, watched: list[int] = ()) -> dict[int, str]:
+    """Every guest the request's `command` changes, and how (policy.check_protected judges them as it
+    judges the guests a request names); one HA moves away while it keeps running is not changed. A
+    `watched` guest (a protected one) that the read token cannot see refuses it (PolicyError)."""
+    found = effects(read, node, command, watched=watched)
+    return {e.vmid: f"{words(command)}: {e.how}" for e in found if e.changes}
+
+
 def protected_changes(read: Read | None, node: str, command: str, protected: list[int]) -> dict[int, str]:
-    """The protected guests the node's reboot or shutdown changes, and how (policy.check_protected
-    refuses them); one HA moves away while it keeps running is not changed."""
-    if not protected:
-        return {}
-    return {e.vmid: f"the node's {command}: {e.how}" for e in effects(read, node, command, set(protected))
-            if e.changes}
+    """The protected guests the node's `command` changes, and how."""
+    return {vmid: how for vmid, how in changes(read, node, command, protected).items() if vmid in protected}

@@ -407,6 +407,18 @@ CORPUS += [
 ]
 
 
+CORPUS += [
+    # node power by another request (docs/REVIEW-SECURITY.md F03): corosync or pve-cluster stopped under an
+    # active HA LRM takes the node's quorum away and its watchdog resets it (power_effects.DOWN)
+    ("open", "pve", "POST", "/nodes/pve2/services/corosync/stop", {}, "protected guest 101"),
+    ("open", "pve", "POST", "/nodes/pve3/services/pve-cluster/restart", {}, "protected guest 102"),
+    ("open", "pve", "POST", "/nodes/pve2/execute", execute(("POST", "services/corosync/stop", None)),
+     "protected guest 101"),
+    ("open", "pve", "POST", "/nodes/pve2/execute", execute(("POST", "status", {"command": "reboot"})),
+     "protected guest 101"),
+]
+
+
 def batches_pools_and_placement_in(lab) -> None:
     """The lab holds what STORED says of the firewall, the pools and the HA rules (servers)."""
     lab.firewall["hosts"]["pve1"] = {"options": {}, "rules": copy.deepcopy(FIREWALL["/nodes/pve1/firewall/rules"])}
@@ -534,6 +546,9 @@ ALLOWED += [  # issue 28: a batch that keeps this server in however it ends; wha
     ("open", "pve", "PUT", "/cluster/backup/backup-prod", {"comment": "production"}),
     ("open", "pve", "PUT", "/cluster/ha/rules/r105", {"type": "node-affinity", "nodes": "pve1"}),
     ("open", "pve", "PUT", "/cluster/ha/resources/ct:105", {"failback": 0}),
+    # F03: a node whose LRM is idle (no HA resource there) keeps its guests without quorum; other services
+    ("open", "pve", "POST", "/nodes/pve1/services/corosync/restart", {}),
+    ("open", "pve", "POST", "/nodes/pve2/services/pveproxy/restart", {}),
 ]
 
 
@@ -583,6 +598,11 @@ MARKED = [  # (session, method, path, params, what the refusal says)
     ("flagged", "DELETE", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-103-disk-0", {},
      "protection flag is set"),
 ]
+MARKED_POWER = [  # F01: what a node's power (or its lost quorum) changes meets the same marks
+    ("tagged", "POST", "/nodes/pve2/status", {"command": "reboot"}, "changes protected guest 104"),
+    ("tagged", "POST", "/nodes/pve2/services/corosync/stop", {}, "changes protected guest 104"),
+    ("flagged", "POST", "/nodes/pve1/status", {"command": "shutdown"}, "protection flag is set"),
+]
 MARKED_ALLOWED = [  # their legitimate neighbours
     ("tagged", "POST", "/nodes/pve3/lxc/105/status/start", {}),  # untagged
     ("tagged", "POST", "/nodes/pve2/qemu", {"vmid": 950, "name": "new"}),  # a new guest carries no tag yet
@@ -590,6 +610,8 @@ MARKED_ALLOWED = [  # their legitimate neighbours
     ("flagged", "POST", "/nodes/pve1/lxc/103/snapshot", {"snapname": "s2"}),
     ("flagged", "PUT", "/nodes/pve1/lxc/103/config", {"description": "photos"}),
     ("flagged", "POST", "/nodes/pve3/lxc/105/status/stop", {}),  # destructive, but not flagged
+    ("tagged", "POST", "/nodes/pve3/status", {"command": "reboot"}),  # its guests carry no mark
+    ("flagged", "POST", "/nodes/pve1/services/corosync/stop", {}),  # no HA there: the watchdog is not armed
 ]
 
 
@@ -624,7 +646,7 @@ def admit_marked(session: str, method: str, path: str, params: dict, lab: Markin
     return sent
 
 
-@pytest.mark.parametrize("entry", MARKED, ids=lambda e: f"{e[0]} {e[1]} {e[2]}"[:70])
+@pytest.mark.parametrize("entry", MARKED + MARKED_POWER, ids=lambda e: f"{e[0]} {e[1]} {e[2]}"[:70])
 def test_a_guest_proxmox_marks_is_refused_at_admission_with_nothing_sent(entry):
     session, method, path, params, expected = entry
     lab = MarkingLab()
@@ -645,6 +667,39 @@ def test_what_decides_and_cannot_be_read_refuses(sim):
     with pytest.raises(PolicyError, match="read their protection flag.*refused"):
         admit_marked("flagged", "POST", "/nodes/pve3/lxc/105/status/stop", {}, MarkingLab(fail=True))
     assert len(admit_marked("flagged", "POST", "/nodes/pve3/lxc/105/status/start", {}, MarkingLab(fail=True))) == 1
+
+
+def failing_on(*paths: str, hide: int | None = None):
+    """STORED as the policy reads it, with `paths` failing and guest `hide` not shown to the read token."""
+    def read(path: str):
+        if path in paths:
+            raise ProxmoxError(f"{path}: 596 connection timed out")
+        if path == "/cluster/resources":
+            return [row for row in STORED[path] if row.get("vmid") != hide]
+        return STORED.get(path)
+    return read
+
+
+@pytest.mark.parametrize("read, expected", [  # F02: the node's guests, their HA state, a guest's config
+    (failing_on("/cluster/resources"), "/cluster/resources could not be read"),
+    (failing_on("/cluster/ha/resources"), "/cluster/ha/resources could not be read"),
+    (failing_on("/nodes/pve1/qemu/100/config"), "/nodes/pve1/qemu/100/config could not be read"),
+    (failing_on(hide=101), "Protected guest 101 is not among the guests"),
+], ids=["resources", "ha", "config", "unseen"])
+def test_node_power_refuses_what_it_cannot_read(read, expected):
+    sent, original = [], policy.settings()
+    policy.configure(settings_for("exec_list"))  # only 101 (on pve2) protected
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    try:
+        with pytest.raises(PolicyError, match=expected):
+            policy.admit(PVE, "POST", "/nodes/pve1/status", {"command": "reboot"}, sent.append, read=read)
+        # the neighbour: the manager status (maintenance, disarm) may be missing
+        policy.admit(PVE, "POST", "/nodes/pve1/status", {"command": "reboot"}, sent.append,
+                     read=failing_on("/cluster/ha/status/manager_status"))
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    assert len(sent) == 1
 
 
 @pytest.fixture()

@@ -68,7 +68,6 @@ POWER_CALLS = [("write_node_power", {"node": "pve1", "action": "reboot", "dry_ru
 
 
 @pytest.mark.parametrize("tool, arguments", POWER_CALLS)
-@pytest.mark.xfail(strict=True, reason="F01: open (docs/REVIEW-SECURITY.md)")
 def test_f01_node_power_ignores_a_guest_protected_by_tag(power, sim, guest_100, tool, arguments):
     """F01: the node-power judgement (policy._judge_node_power) takes the protected list only, not
     PROXMOX_PROTECTED_TAGS: a reboot of pve1 stops tagged guest 100 and is planned (and sent) where
@@ -81,7 +80,6 @@ def test_f01_node_power_ignores_a_guest_protected_by_tag(power, sim, guest_100, 
 
 
 @pytest.mark.parametrize("tool, arguments", POWER_CALLS)
-@pytest.mark.xfail(strict=True, reason="F01: open (docs/REVIEW-SECURITY.md)")
 def test_f01_node_power_ignores_the_proxmox_protection_flag(power, sim, guest_100, tool, arguments):
     """F01: PVE's protection flag protects a guest from what destroys it (a hard stop among them,
     docs/SECURITY.md), but a node's shutdown, whose stop-all hard-stops guest 100 after 180 s, is
@@ -92,7 +90,6 @@ def test_f01_node_power_ignores_the_proxmox_protection_flag(power, sim, guest_10
     assert result.is_error and "protection flag" in text, f"{tool} was planned: {text[:300]}"
 
 
-@pytest.mark.xfail(strict=True, reason="F02: open (docs/REVIEW-SECURITY.md)")
 def test_f02_node_power_fails_open_when_the_guests_cannot_be_read():
     """F02: power_effects._Reads turns a failed read into None and effects() reads that as "no guest
     on the node": a /cluster/resources read that fails judges a reboot as changing no protected guest.
@@ -103,7 +100,6 @@ def test_f02_node_power_fails_open_when_the_guests_cannot_be_read():
         power_effects.protected_changes(failing, "pve2", "reboot", [101])
 
 
-@pytest.mark.xfail(strict=True, reason="F03: open (docs/REVIEW-SECURITY.md)")
 def test_f03_stopping_corosync_under_a_protected_ha_guest_is_not_judged_as_node_power(power, sim):
     """F03: a node whose corosync stops loses quorum; with active HA resources its LRM can no longer
     reset the watchdog and the node is reset after 60 s (pve-docs ha-manager.adoc, "How It Works":
