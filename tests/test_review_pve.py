@@ -43,7 +43,6 @@ def test_cluster_options_without_sys_audit_is_a_short_answer_not_a_403():
     assert "ha" not in answer and "allowed-tags" in answer
 
 
-@DIFFERS
 def test_ha_groups_cannot_be_listed_on_pve9_once_there_are_none():
     """pve-ha-manager 5.0.2+ (PVE 9.0): GET /cluster/ha/groups dies `cannot index groups: ha groups
     have been migrated to rules` when groups.cfg holds no group (have_groups_been_migrated is true
