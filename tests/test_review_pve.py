@@ -20,7 +20,6 @@ def call(lab, method, path, token=READER, **params):
     return simulator.api.handle(lab, "pve", method, path, params, f"PVEAPIToken={token}={secret}")
 
 
-@DIFFERS
 def test_cluster_options_answers_ha_as_an_object():
     """GET /cluster/options answers datacenter.cfg as parsed: `ha` (like crs, migration, next-id) is
     a hash, so JSON gives {"shutdown_policy": "migrate"}, not the property string (pve-cluster
@@ -32,7 +31,6 @@ def test_cluster_options_answers_ha_as_an_object():
     assert call(lab, "GET", "/cluster/options")["ha"] == {"shutdown_policy": "migrate"}
 
 
-@DIFFERS
 def test_cluster_options_without_sys_audit_is_a_short_answer_not_a_403():
     """permissions {user: all, check: [Sys.Audit on /]}: check_api2_permissions returns 1 on
     user=all before any check (pve-access-control src/PVE/RPCEnvironment.pm), and get_options
