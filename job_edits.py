@@ -261,12 +261,14 @@ HA_KEYS = {"HA rule": "rule", "HA group": "group", "HA resource": "sid"}
 
 
 def _ha_list(world: World, path: str) -> list[dict]:
-    """One of the HA lists; PVE 8 has no rules (501: not implemented, pve-ha-manager 4.x), PVE 10 no
-    groups. Another failure refuses the request: the guest's placement cannot be judged."""
+    """One of the HA lists; PVE 8 has no rules (501: not implemented, pve-ha-manager 4.x), and PVE 9
+    refuses the groups index once there are none (500 "ha groups have been migrated to rules",
+    API2/HA/Groups.pm since 849ef84): both are an empty list. Another failure refuses the request:
+    the guest's placement cannot be judged."""
     try:
         rows = world.get(path)
     except ProxmoxError as exc:
-        if exc.status == 501:
+        if exc.status == 501 or (exc.status == 500 and "migrated to rules" in str(exc)):
             return []
         raise PolicyError(f"{path} could not be read to judge where the HA manager places the protected guests "
                           f"({exc}); nothing was sent.") from None

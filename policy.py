@@ -217,6 +217,7 @@ class Decision:
     basis: Any = None  # what the request was judged with beyond itself (a stored job), for the user's yes
     standing: str | None = None  # the standing yes that covers it (an open terminal's: grant_standing)
     in_guest: bool = False  # runs inside its guests (a shell's pct exec/enter/push/pull): the exec allow-list
+    writer: bool = False  # a read sent with the write token (sent_by_writer)
 
     @property
     def gate(self) -> str:
@@ -363,7 +364,8 @@ def judge(host: Any, decision: Decision) -> None:
     if decision.gates != ("read",):
         check_protected(host, decision)
     _check_exec_allowed(decision)
-    if decision.entry is not None:
+    decision.writer = sent_by_writer(host, decision)
+    if decision.entry is not None and not decision.writer:
         _check_privileges(host, decision.entry, decision.path_params | {
             k: str(v) for k, v in decision.params.items() if isinstance(v, (str, int))})
     if decision.method not in ("GET", "SSH"):
@@ -555,6 +557,21 @@ def _follow_ups(host: Any, decision: Decision, read: Callable[[str], Any] | None
         except PolicyError:
             continue  # refused when it comes: the answer names what was kept
     return planned
+
+
+def sent_by_writer(host: Any, decision: Decision) -> bool:
+    """A read that goes with the write token: the output of an exec this call confirmed (FOLLOW_UPS),
+    and a write tool's guest agent read the reader lacks the privilege for. The README's reader
+    (PVEAuditor) holds VM.GuestAgent.Audit only, where exec-status needs VM.GuestAgent.Unrestricted
+    and file-read VM.GuestAgent.FileRead (PVE 9), and every agent call VM.Monitor on PVE 8
+    (docs/PROXMOX-BEHAVIOUR.md#agent-privileges-by-version)."""
+    if decision.method != "GET" or not getattr(host, "write_token_id", None) or host.product != "pve":
+        return False
+    if follows_confirmed(host, decision):
+        return True
+    check = (decision.entry or {}).get("check")
+    return ("/agent/" in decision.template and str(current_call().get("tool", "")).startswith("write_")
+            and bool(check) and _missing(host, check, decision.path_params) is not None)
 
 
 def follows_confirmed(host: Any, decision: Decision) -> bool:

@@ -102,11 +102,19 @@ def _property(text: Any) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in parts}
 
 
-def shutdown_policy(reads: _Reads) -> str:
+SHORT_OPTIONS = {"console", "tag-style", "allowed-tags"}  # all a token without Sys.Audit on / is answered
+
+
+def shutdown_policy(reads: _Reads) -> str | None:
     """datacenter.cfg `ha: shutdown_policy`, `conditional` when unset (pve-ha-manager src/PVE/HA/LRM.pm
-    `shutdown_request`)."""
-    options = reads.get("/cluster/options") or {}
-    return _property(options.get("ha")).get("shutdown_policy", "conditional")
+    `shutdown_request`); None when unknown: unread, or an answer that may be the short one given
+    without Sys.Audit. `ha` comes as an object (pve-cluster DataCenterConfig.pm parse_datacenter_config;
+    pve-manager API2/Cluster.pm get_options); a property string is taken too."""
+    options = reads.get("/cluster/options")
+    if not isinstance(options, dict) or ("ha" not in options and set(options) <= SHORT_OPTIONS):
+        return None
+    ha = options.get("ha")
+    return (ha if isinstance(ha, dict) else _property(ha)).get("shutdown_policy", "conditional")
 
 
 def _manager(reads: _Reads) -> dict:
@@ -187,7 +195,11 @@ def _with_ha(reads: _Reads, guest: dict, resource: dict, node: str, command: str
     if disarm:
         return (f"HA is disarmed ({disarm.get('mode', '?')}): stop-all skips HA resources, so it is killed when the "
                 f"node goes down"), True, None
-    mode = ha_mode(shutdown_policy(reads), command, in_maintenance(reads, node))
+    policy = shutdown_policy(reads)
+    if policy is None and not in_maintenance(reads, node):
+        return ("HA's shutdown policy could not be read (GET /cluster/options answers it with Sys.Audit on /): "
+                "it is stopped and frozen, stopped for recovery elsewhere, or moved by HA"), True, None
+    mode = ha_mode(policy or "migrate", command, in_maintenance(reads, node))
     if mode == "migrate":
         sid = f"{'vm' if guest['type'] == 'qemu' else 'ct'}:{guest['vmid']}"
         targets = _allowed_nodes(reads, sid, resource, _online_nodes(reads, node))

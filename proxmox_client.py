@@ -361,16 +361,18 @@ class ProxmoxClient:
             self.session.mount(host.url, _ca_adapter())
             self.verify = host.ca_file
 
-    def _auth_headers(self, method: str, renew: bool = False, ticket: bool = False) -> dict[str, str]:
-        """Token header; or, for a password login (or with `ticket`, for an endpoint that refuses
-        tokens), the ticket cookie and the CSRF token on writes, logging in first when there is no
-        ticket, it is an hour old, or `renew` is asked."""
+    def _auth_headers(self, method: str, renew: bool = False, ticket: bool = False,
+                      writer: bool = False) -> dict[str, str]:
+        """Token header (the write token for writes and for a read the policy sends with it: `writer`);
+        or, for a password login (or with `ticket`, for an endpoint that refuses tokens), the ticket
+        cookie and the CSRF token on writes, logging in first when there is no ticket, it is an hour
+        old, or `renew` is asked."""
         host = self.host
         if host.password and (ticket or not host.token_secret):
             ticket, csrf, _ = self._login(renew)
             headers = {"Cookie": f"{self.product.ticket_cookie}={ticket}"}
             return headers | ({"CSRFPreventionToken": csrf} if method != "GET" else {})
-        if method != "GET" and host.write_token_id:
+        if (method != "GET" or writer) and host.write_token_id:
             return {"Authorization": self.product.token_header.format(id=host.write_token_id,
                                                                       secret=host.write_token_secret)}
         return {"Authorization": self.product.token_header.format(id=host.token_id, secret=host.token_secret)}
@@ -431,7 +433,7 @@ class ProxmoxClient:
 
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
         """Send what the policy admitted; a write drops the reads kept meanwhile."""
-        data = self._send(decision.method, decision.path, decision.params, timeout)
+        data = self._send(decision.method, decision.path, decision.params, timeout, writer=decision.writer)
         if decision.method != "GET":
             with self._kept_lock:  # a write may have changed what exists
                 self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
@@ -496,7 +498,8 @@ class ProxmoxClient:
                 policy.set_version(self.host, answer.get("version"))
         return self._release
 
-    def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+    def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None, *,
+              writer: bool = False) -> Any:
         import requests
         url = self.base + quote(path, safe="/:@!=,")
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
@@ -507,7 +510,7 @@ class ProxmoxClient:
         if failed and time.monotonic() - failed[0] < self.host.connect_timeout:
             raise failed[1]
         for attempt in range(attempts + 2):
-            headers = self._auth_headers(method, renew=login_again, ticket=use_ticket)
+            headers = self._auth_headers(method, renew=login_again, ticket=use_ticket, writer=writer)
             login_again = False
             started = time.monotonic()
             try:

@@ -24,6 +24,8 @@ from .stored_secrets import STORED_SECRET_HANDLERS
 
 def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
     check = entry.get("check")
+    if call.product == "pve" and entry.get("user") == "all":
+        return  # before any check (pve-access-control RPCEnvironment.pm check_api2_permissions)
     if not check:
         return
     if call.product == "pbs":

@@ -89,11 +89,22 @@ def ha_rule_create(call: Call) -> None:
     place_later(call.lab)
 
 
+def _groups_migrated(call: Call, action: str) -> None:
+    """pve-ha-manager 5.0.2+ (PVE 9): every groups endpoint dies once groups.cfg holds no group,
+    which is so on every fresh PVE 9 cluster and once the CRM has migrated them to rules (API2/HA/Groups.pm,
+    HA/Config.pm `have_groups_been_migrated`, commit 849ef84; docs/PROXMOX-BEHAVIOUR.md#ha-rules-and-groups)."""
+    if call.lab.pve_major >= 9 and not call.lab.ha_groups:
+        raise ApiError(500, f"cannot {action} group{'s' if action == 'index' else ''}: "
+                            "ha groups have been migrated to rules")
+
+
 def ha_groups(call: Call) -> list:
+    _groups_migrated(call, "index")
     return [dict(group) | {"group": name, "type": "group"} for name, group in sorted(call.lab.ha_groups.items())]
 
 
 def ha_group(call: Call, group: str) -> dict:
+    _groups_migrated(call, "read")
     if group not in call.lab.ha_groups:
         raise ApiError(500, f"no such ha group '{group}'")
     return dict(call.lab.ha_groups[group]) | {"group": group, "type": "group", "digest": _digest(call)}
@@ -102,6 +113,7 @@ def ha_group(call: Call, group: str) -> dict:
 def ha_group_update(call: Call, group: str) -> None:
     """PUT /cluster/ha/groups/{group} (Groups.pm `update`): the given options are set first, then
     the `delete`d ones removed."""
+    _groups_migrated(call, "update")
     stored = call.lab.ha_groups.get(group)
     if stored is None:
         raise ApiError(500, f"no such ha group '{group}'")
@@ -112,6 +124,7 @@ def ha_group_update(call: Call, group: str) -> None:
 
 
 def ha_group_create(call: Call) -> None:
+    _groups_migrated(call, "create")
     group = call.arg("group")
     if group in call.lab.ha_groups:
         raise ApiError(500, f"ha group '{group}' already defined")
@@ -121,6 +134,7 @@ def ha_group_create(call: Call) -> None:
 
 def ha_group_delete(call: Call, group: str) -> None:
     """DELETE /cluster/ha/groups/{group}: refused while a resource names it (Groups.pm `delete`)."""
+    _groups_migrated(call, "delete")
     if group not in call.lab.ha_groups:
         raise ApiError(500, f"no such ha group '{group}'")
     if any((g.get("ha") or {}).get("group") == group for g in call.lab.guests.values()):

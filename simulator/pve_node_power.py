@@ -12,6 +12,7 @@ resources start on it again, migrated ones come back; a node that was shut down 
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from .call import Call, _node
@@ -103,9 +104,28 @@ def pve_node_command(call: Call, node: str) -> None:
     call.lab.schedule(call.lab.node_command_seconds, lambda: _going_down(call.lab, node, command))
 
 
+# datacenter.cfg keys parse_datacenter_config answers as a hash, and the key a bare value sets
+# (pve-cluster src/PVE/DataCenterConfig.pm: `$res->{ha} = parse_property_string($ha_format, ...)`)
+PARSED_OPTIONS = {"crs": "ha", "migration": "type", "replication": None, "next-id": None, "ha": None,
+                  "notify": None, "u2f": None, "webauthn": None, "tag-style": None, "user-tag-access": None}
+SHORT_OPTIONS = ("console", "tag-style")  # what a caller without Sys.Audit on / gets (Cluster.pm get_options)
+
+
+def _parsed(key: str, value: object) -> object:
+    if key not in PARSED_OPTIONS or not isinstance(value, str):
+        return value
+    pairs = (part.split("=", 1) if "=" in part else [PARSED_OPTIONS[key], part] for part in value.split(",") if part)
+    return {k: v for k, v in pairs if k}
+
+
 def pve_cluster_options(call: Call) -> dict:
-    """GET /cluster/options: datacenter.cfg as its keys (pve-cluster datacenter.cfg)."""
-    return dict(call.lab.datacenter)
+    """GET /cluster/options (pve-manager PVE/API2/Cluster.pm `get_options`, permissions `user: all`):
+    datacenter.cfg as parsed, its property strings as objects; without Sys.Audit on / only console and
+    tag-style; `allowed-tags` for everyone (docs/PROXMOX-BEHAVIOUR.md#node-power)."""
+    options = {k: _parsed(k, v) for k, v in call.lab.datacenter.items()
+               if call.can("/", "Sys.Audit") or k in SHORT_OPTIONS}
+    tags = {t for g in call.lab.guests.values() for t in re.split(r"[;,\s]+", str(g["config"].get("tags", ""))) if t}
+    return options | {"allowed-tags": sorted(tags)}
 
 
 def pve_ha_manager_status(call: Call) -> dict:

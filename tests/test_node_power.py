@@ -83,6 +83,20 @@ def test_ha_resources_follow_the_shutdown_policy(power, lab, policy, action, exp
     assert plan(power, "pve3", action)[102].startswith(expected)
 
 
+def test_without_sys_audit_the_shutdown_policy_is_unknown_not_conditional():
+    """GET /cluster/options answers only console, tag-style and allowed-tags to a token without
+    Sys.Audit on / (pve-manager API2/Cluster.pm get_options): the plan says the policy is unknown."""
+    import power_effects
+    answers = {"/cluster/resources": [{"type": "lxc", "vmid": 102, "node": "pve3", "status": "running"},
+                                      {"type": "node", "node": "pve1", "status": "online"}],
+               "/cluster/ha/resources": [{"sid": "ct:102", "state": "started"}],
+               "/cluster/options": {"allowed-tags": []}}
+    [effect] = power_effects.effects(answers.get, "pve3", "reboot")
+    assert "could not be read" in effect.how and effect.changes
+    answers["/cluster/options"] = {"ha": {"shutdown_policy": "migrate"}, "allowed-tags": []}
+    assert power_effects.effects(answers.get, "pve3", "reboot")[0].how.startswith("relocated")
+
+
 def test_maintenance_mode_moves_them_whatever_the_policy_and_a_strict_rule_can_pin_them(power, lab):
     lab.guests[102]["ha"] = {"state": "started"}
     lab.ha_maintenance.add("pve3")

@@ -20,7 +20,6 @@ def call(lab, method, path, token=READER, **params):
     return simulator.api.handle(lab, "pve", method, path, params, f"PVEAPIToken={token}={secret}")
 
 
-@DIFFERS
 def test_cluster_options_answers_ha_as_an_object():
     """GET /cluster/options answers datacenter.cfg as parsed: `ha` (like crs, migration, next-id) is
     a hash, so JSON gives {"shutdown_policy": "migrate"}, not the property string (pve-cluster
@@ -32,7 +31,6 @@ def test_cluster_options_answers_ha_as_an_object():
     assert call(lab, "GET", "/cluster/options")["ha"] == {"shutdown_policy": "migrate"}
 
 
-@DIFFERS
 def test_cluster_options_without_sys_audit_is_a_short_answer_not_a_403():
     """permissions {user: all, check: [Sys.Audit on /]}: check_api2_permissions returns 1 on
     user=all before any check (pve-access-control src/PVE/RPCEnvironment.pm), and get_options
@@ -43,7 +41,6 @@ def test_cluster_options_without_sys_audit_is_a_short_answer_not_a_403():
     assert "ha" not in answer and "allowed-tags" in answer
 
 
-@DIFFERS
 def test_ha_groups_cannot_be_listed_on_pve9_once_there_are_none():
     """pve-ha-manager 5.0.2+ (PVE 9.0): GET /cluster/ha/groups dies `cannot index groups: ha groups
     have been migrated to rules` when groups.cfg holds no group (have_groups_been_migrated is true
@@ -103,29 +100,36 @@ def test_an_ha_rule_for_an_unprotected_guest_passes_on_pve9_without_groups(sim, 
     assert "error" not in json.dumps(done).lower()
 
 
-@DIFFERS
-def test_vm_exec_with_the_readme_tokens(sim, tmp_path):
-    """The README's split: reads with the reader (PVEAuditor), writes with the operator token
-    (PVEVMAdmin). GET .../agent/exec-status needs VM.GuestAgent.Unrestricted (PVE 9; VM.Monitor on
-    PVE 8): PVEAuditor holds neither (schema; pve-access-control AccessControl.pm $privgroups), so
-    the output of the exec the write token started cannot be read with the reader."""
-    operator = sim.lab.pve_tokens["ops@pve!operator"].secret
-    env = sim.env() | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator}", "PROXMOX_ACCESS": "write",
-                       "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+@pytest.fixture(scope="module", params=[9, 8], ids=["pve9", "pve8"])
+def readme_world(request, tmp_path_factory):
+    """The README's split on PVE 9 and PVE 8 (VM.Monitor for every agent call): reads with the reader
+    (PVEAuditor), writes with the operator token (PVEVMAdmin, PVEDatastoreUser)."""
+    lab = simulator.Lab.homelab(pve_major=request.param)
+    lab.task_seconds = 0
+    with simulator.Simulator(lab) as running:
+        operator = lab.pve_tokens["ops@pve!operator"].secret
+        yield running, running.env() | {
+            "PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator}", "PROXMOX_ACCESS": "write",
+            "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_TOOLSETS": "all",
+            "PROXMOX_AUDIT_LOG": str(tmp_path_factory.mktemp("audit") / "audit.jsonl")}
+        assert lab.schema_rejections == [], lab.schema_rejections
+
+
+def test_vm_exec_with_the_readme_tokens(readme_world):
+    """GET .../agent/exec-status needs VM.GuestAgent.Unrestricted (PVE 9; VM.Monitor on PVE 8), and
+    get-osinfo VM.Monitor on PVE 8: PVEAuditor holds neither (schema; pve-access-control
+    AccessControl.pm $privgroups), so the exec's output is read with the token that started it."""
+    sim, env = readme_world
     with tool_session(env, log_name="review-exec") as session:
         result = session.ok("write_exec_vm", {"vmid": 100, "command": "true", "confirm": True})
     assert result["exit_code"] == 0
 
 
-@DIFFERS
-def test_a_vm_update_with_the_readme_tokens(sim, tmp_path):
+def test_a_vm_update_with_the_readme_tokens(readme_world):
     """write_update_guests on a VM starts the whole upgrade with the write token, then polls its
-    exec-status with the reader, which Proxmox refuses (above): the upgrade runs on unobserved and the
+    exec-status: with the reader Proxmox refuses it (above), the upgrade runs on unobserved and the
     call reports a failure."""
-    operator = sim.lab.pve_tokens["ops@pve!operator"].secret
-    env = sim.env() | {"PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator}", "PROXMOX_ACCESS": "write",
-                       "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_TOOLSETS": "all",
-                       "PROXMOX_AUDIT_LOG": str(tmp_path / "audit.jsonl")}
+    sim, env = readme_world
     before = list(sim.lab.guests[100]["snapshots"])
     try:
         with tool_session(env, log_name="review-update") as session:
@@ -133,3 +137,4 @@ def test_a_vm_update_with_the_readme_tokens(sim, tmp_path):
     finally:
         sim.lab.guests[100]["snapshots"] = before
     assert done["updated"] == 1
+

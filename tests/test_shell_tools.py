@@ -137,7 +137,11 @@ def ssh_env(sim, sshd, tmp, user="root", **extra):
     port, pin = sshd["port"], sshd["fingerprint"]
     (tmp / "protected.json").write_text(json.dumps(PROTECTED))
     nodes = ",".join(f"pve{i}=127.0.0.1:{port}" for i in (1, 2, 3))
-    return sim.env(pve_token="root@pam!admin", pbs_token="root@pam!admin") | {
+    # the README's split: the reader for reads, the operator token for writes (and a write tool's
+    # agent reads the reader lacks: policy.sent_by_writer)
+    operator = sim.lab.pve_tokens["ops@pve!operator"].secret
+    return sim.env(pbs_token="root@pam!admin") | {
+        "PROXMOX_LAB_WRITE_TOKEN": f"ops@pve!operator={operator}",
         "PROXMOX_ACCESS": "write", "PROXMOX_ALLOW_EXEC": "true", "PROXMOX_ALLOW_ELEVATED": "true",
         "PROXMOX_ALLOW_SENSITIVE": "true",  # guest file reads: sensitive + exec
         "PROXMOX_LAB_SSH_NODES": nodes, "PROXMOX_LAB_SSH_USER": user,
