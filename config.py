@@ -168,7 +168,7 @@ NARROWING = ("PROXMOX_PROTECTED_VMIDS", "PVE_MCP_READ_ONLY", "PVE_READONLY")
 FOREIGN_PREFIXES = (
     ("PVEHUB_", "PVEHub-MCP", "PROXMOX_<LABEL>_URL and _TOKEN (PBS_<LABEL>_... for a Backup Server); "
                               "PROXMOX_ACCESS and PROXMOX_ALLOW_* for the policy"),
-    ("PROXMOX_GUEST_SSH_", "pvemcp", "nothing: commands reach guests through write_exec_vm and write_exec_lxc"),
+    ("PROXMOX_GUEST_SSH_", "pvemcp", "nothing: commands reach guests through write_exec_guest"),
     ("PVE_", "another Proxmox MCP server", "PROXMOX_<LABEL>_URL and _TOKEN (this server reads PROXMOX_*, PBS_* "
                                            "and MCP_* names)"),
 )
@@ -1053,12 +1053,14 @@ RENAMED_TOOLS = {
     "write_snapshot_rollback": "write_rollback_snapshot", "write_snapshot_delete": "write_delete_snapshot",
     "write_guest_config": "write_configure_guest", "write_template": "write_make_template",
     "write_pbs_gc": "write_pbs_run_gc", "write_pbs_verify": "write_pbs_verify_backups",
-    "write_pbs_prune": "write_pbs_prune_group", "write_vm_exec": "write_exec_vm", "write_lxc_exec": "write_exec_lxc",
+    "write_pbs_prune": "write_pbs_prune_group",
+    "write_vm_exec": "write_exec_guest", "write_lxc_exec": "write_exec_guest",
     "write_node_exec": "write_exec_node", "write_guest_file_read": "write_get_guest_file",
     "write_guest_file_write": "write_put_guest_file", "write_restore_drill": "write_drill_restore",
     "write_api_call": "write_call_api",
     # merged in 0.2.0 (the tool list is paid for on every turn)
     "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
+    "write_exec_vm": "write_exec_guest", "write_exec_lxc": "write_exec_guest",
     "write_provision_lxc": "write_create_lxc", "write_provision_vm": "write_create_vm",
     "pbs_datastore_status": "pbs_list_datastores", "pbs_list_namespaces": "pbs_list_groups",
     "write_pbs_protect_snapshot": "write_pbs_edit_snapshot", "write_pbs_set_notes": "write_pbs_edit_snapshot",

@@ -269,7 +269,7 @@ def container(client: ProxmoxClient, vmid: int) -> Container:
     row = resolve_guest(client, vmid)
     if row["type"] != "lxc":
         raise InvalidArgument(f"Guest {vmid} is a VM; these tools reach containers through pct. In a VM, use "
-                              f"write_exec_vm (guest agent).")
+                              f"write_exec_guest (guest agent).")
     if row.get("status") != "running":
         raise InvalidArgument(f"Container {vmid} is {row.get('status')}; pct reaches running containers only. "
                               f"Start it first (write_power_guest action=start).")

@@ -279,8 +279,7 @@ TOOLS = [
                                                                                  "Datastore.Modify")),
     ToolSpec(shell_tools.ssh_check, "read", "", "shell", ssh=True),
     ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
-    ToolSpec(shell_tools.write_exec_vm, "exec", "pve", "shell", ("VM.GuestAgent.Unrestricted",)),
-    ToolSpec(shell_tools.write_exec_lxc, "exec", "pve", "shell", ssh=True),
+    ToolSpec(shell_tools.write_exec_guest, "exec", "pve", "shell"),  # a VM's agent, or a container's pct exec
     ToolSpec(shell_tools.write_get_guest_file, "exec", "pve", "shell", also=("sensitive",)),
     ToolSpec(shell_tools.write_put_guest_file, "exec", "pve", "shell"),
     ToolSpec(shell_tools.write_exec_node, "exec", "", "shell", also=("elevated",), ssh=True),

@@ -14,9 +14,9 @@ from pydantic import Field
 from answers import ConfirmArg, DryRunArg, Host, Vmid
 from config import SshTarget
 from errors import InvalidArgument, ProxmoxError
-from inventory import guest_path, resolve_guest
+from inventory import guest_path
 from products import PRODUCTS
-from proxmox_client import poll, pve_client
+from proxmox_client import ProxmoxClient, poll, pve_client
 from ssh import Result, admitted, clean_output, connect, run, sh_quote, target_for
 
 MAX_FILE = 1024 * 1024  # bytes for guest file reads
@@ -93,14 +93,21 @@ def write_exec_node(where: Where, command: Command, host: Host = None,
     return result.answer(node=node)
 
 
-def write_exec_lxc(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
-                   stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
-                   dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A shell command, through pct exec."""
+def write_exec_guest(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
+                     stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
+                     dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
+    """A shell command: in a VM by its agent, in a container by pct exec (SSH)."""
     client = pve_client(host)
-    row = resolve_guest(client, vmid)
-    if row["type"] != "lxc":
-        raise InvalidArgument(f"Guest {vmid} is a VM; use write_exec_vm.")
+    base, row = guest_path(client, vmid)
+    if row["type"] == "lxc":
+        return _exec_lxc(client, row, vmid, command, timeout, stdin)
+    if stdin is not None:
+        raise InvalidArgument(f"stdin goes to containers only; nothing was sent. For VM {vmid}, write the data to "
+                              f"a file first (write_put_guest_file) and read it in the command.")
+    return _exec_vm(client, base, vmid, command, timeout)
+
+
+def _exec_lxc(client: ProxmoxClient, row: dict, vmid: int, command: str, timeout: int, stdin: str | None) -> dict:
     target = target_for("pve", client.host.label)
     line = f"pct exec {int(vmid)} -- /bin/sh -c {sh_quote(command)}"
     data = stdin.encode() if stdin is not None else None
@@ -136,13 +143,7 @@ def _shell_wrapper(client: Any, base: str) -> list[str]:
     return ["cmd.exe", "/c"] if windows else ["/bin/sh", "-c"]
 
 
-def write_exec_vm(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
-                  dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A shell command, through the guest agent."""
-    client = pve_client(host)
-    base, row = guest_path(client, vmid)
-    if row["type"] != "qemu":
-        raise InvalidArgument(f"Guest {vmid} is a container; use write_exec_lxc.")
+def _exec_vm(client: ProxmoxClient, base: str, vmid: int, command: str, timeout: int) -> dict:
     deadline = time.monotonic() + timeout
     wrapper = _agent_call(lambda: _shell_wrapper(client, base), deadline)
     started = _agent_call(lambda: client.request("POST", f"{base}/agent/exec", {"command": [*wrapper, command]}),
@@ -192,7 +193,7 @@ def write_put_guest_file(vmid: Vmid, path: GuestPath,
         if len(content.encode()) > MAX_FILE_WRITE:
             raise InvalidArgument(f"The guest agent writes at most {MAX_FILE_WRITE} bytes per file; this content "
                                   f"is {len(content.encode())} bytes (UTF-8). Nothing was sent; fetch the file "
-                                  f"inside the guest instead (write_exec_vm).")
+                                  f"inside the guest instead (write_exec_guest).")
         encoded = base64.b64encode(content.encode()).decode()
         client.request("POST", f"{base}/agent/file-write", {"file": path, "content": encoded, "encode": False})
         return {"vmid": vmid, "path": path, "bytes": len(content.encode()), "result": "ok"}

@@ -2,7 +2,7 @@
 container's node, for the programs that want a terminal (an interactive upgrade, a TUI, a prompt).
 
 Opening one is a confirmed request like write_exec_node (a node shell: exec + elevated) or
-write_exec_lxc (a container: exec, protected guests refused, PROXMOX_EXEC_ALLOWED_VMIDS). What
+write_exec_guest (a container: exec, protected guests refused, PROXMOX_EXEC_ALLOWED_VMIDS). What
 is typed into it is a write too (write_terminal_send): each send passes the admission step with
 the terminal's gates and guests, is audited by size and SHA-256 (never the keys), and needs no new
 question: the user's yes to the terminal stands for what is typed into it while it is open, for

@@ -93,7 +93,7 @@ def test_elevated_calls_are_confirmed(plain, sim):
 
 def test_exec_in_a_protected_vm_is_refused_without_ssh(plain, sim):
     """The guest agent's exec goes through the API (no sshd needed): refused for a protected guest."""
-    message, sent = requests_during(sim, lambda: plain.error("write_exec_vm", {"vmid": 101, "command": "true",
+    message, sent = requests_during(sim, lambda: plain.error("write_exec_guest", {"vmid": 101, "command": "true",
                                                                                "confirm": True}))
     assert "protected" in message and writes(sent) == []
 
@@ -120,7 +120,7 @@ def test_the_exec_allow_list_holds_for_every_way_into_a_guest(sim, tmp_path):
                     ("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read", "params": {"file": "/etc/hostname"}}),
                     ("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
                     ("write_get_guest_file", {"vmid": 100, "path": "/etc/hostname"}),
-                    ("write_exec_vm", {"vmid": 100, "command": "id"})]
+                    ("write_exec_guest", {"vmid": 100, "command": "id"})]
         for tool, arguments in attempts:
             message, sent = requests_during(sim, lambda t=tool, a=arguments: s.error(t, a | {"confirm": True}))
             assert "PROXMOX_EXEC_ALLOWED_VMIDS" in message, (tool, message)

@@ -196,7 +196,7 @@ def test_every_filter_answers_the_same_whatever_the_secrets_are(servers, world, 
         answers[name] = [answer(servers[name], tool, arguments) for tool, arguments in filters(world, sim)]
         answers[name] += [every_page(servers[name], {"node": "pve1", "until": until(world), "source": source})
                           for source in ("syslog", "journal", "firewall")]
-        answers[name].append(answer(servers[name], "write_exec_vm", {"vmid": 100, "confirm": True,
+        answers[name].append(answer(servers[name], "write_exec_guest", {"vmid": 100, "confirm": True,
                                                                       "command": "\n".join(lines_of(name))}))
         text = json.dumps(answers[name])
         assert shown_secrets(name, text) == [], f"world {name} shows secrets"

@@ -77,7 +77,7 @@ CALLS = [
     ("write_set_cloudinit", {"vmid": 100, "user": "debian", "ip": {"net0": "dhcp"}}),
     ("write_restore_file", lambda lab: {"backup": pbs_backed(lab, 102), "path": "/root.pxar.didx/etc/hostname"}),
     ("write_create_vm", {"start": True, "name": "mcp-prov-vm", "cloud_image": CLOUD_IMAGE}),
-    ("write_exec_vm", {"vmid": 100, "command": "true", "confirm": True}),
+    ("write_exec_guest", {"vmid": 100, "command": "true", "confirm": True}),
     ("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "over mcp\n", "confirm": True}),
     ("write_get_guest_file", {"vmid": 100, "path": "/etc/motd", "confirm": True}),
     ("write_call_api", {"method": "POST", "path": "/nodes/pve2/qemu/101/snapshot", "params": {"snapname": "mcp2"}}),

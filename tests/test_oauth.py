@@ -164,7 +164,7 @@ def test_the_sdk_client_authorizes_and_calls_tools(base, sim, state, mode):
     with oauth_session(base + "/mcp", operator_grants(base, "operate"), mode=mode) as session:
         names = {t.name for t in session.tools()}
         assert "list_guests" in names and "write_create_snapshot" in names
-        assert "write_delete_guest" not in names and "write_exec_vm" not in names  # beyond operate
+        assert "write_delete_guest" not in names and "write_exec_guest" not in names  # beyond operate
         assert session.ok("list_guests", {"status": "running"})["total"] == 4
         message, sent = requests_during(sim, lambda: session.error("write_power_guest", {
             "vmid": 100, "action": "stop", "confirm": True}), writes=True)

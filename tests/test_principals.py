@@ -109,7 +109,7 @@ def test_an_operate_principal_writes_but_nothing_destructive(base, sim, state):
     with session_as(base + "/mcp", TOKENS["bob"]) as bob:
         listed = names(bob)
         assert {"write_create_snapshot", "write_configure_guest"} <= listed
-        assert not listed & {"write_delete_guest", "write_rollback_snapshot", "write_exec_vm"}
+        assert not listed & {"write_delete_guest", "write_rollback_snapshot", "write_exec_guest"}
         assert bob.ok("write_create_snapshot", {"host": "lab", "vmid": 100, "name": "by-bob"})["task"]
         message, sent = requests_during(sim, lambda: bob.error("write_power_guest", {
             "host": "lab", "vmid": 105, "action": "stop", "confirm": True}), writes=True)

@@ -305,7 +305,7 @@ def test_exec_is_offered_on_both_versions(pve_major, tmp_path):
         client = proxmox_client.pve_client()
         client.ensure_permissions()
         visible = visibility.ToolVisibility()
-        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_exec_vm"]
+        visible.specs = [spec for spec in server.TOOLS if spec.function.__name__ == "write_exec_guest"]
         assert visible.hidden() == {}
         info = pve_tools.guest_agent_info(100)
     assert info["hostname"] == "web"

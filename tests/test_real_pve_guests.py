@@ -325,14 +325,14 @@ def test_health_check_says_what_it_could_not_see(sim, tmp_path):
 
 def test_vm_exec_waits_for_the_agent_after_boot(ops, sim):
     sim.lab.guests[120]["agent_boot_pings"] = 1  # just booted: the agent is not up yet
-    result = ops.ok("write_exec_vm", {"vmid": 120, "command": "true", "confirm": True})
+    result = ops.ok("write_exec_guest", {"vmid": 120, "command": "true", "confirm": True})
     assert result["exit_code"] == 0
 
 
 def test_vm_exec_on_windows_uses_cmd(ops, sim):
     sim.lab.guests[104]["status"] = "running"
     try:
-        result = ops.ok("write_exec_vm", {"vmid": 104, "command": "ver", "confirm": True})
+        result = ops.ok("write_exec_guest", {"vmid": 104, "command": "ver", "confirm": True})
     finally:
         sim.lab.guests[104]["status"] = "stopped"
     assert result["exit_code"] == 0 and result["stdout"] == "ran: ver\n"

@@ -121,7 +121,7 @@ def test_vm_exec_with_the_readme_tokens(readme_world):
     AccessControl.pm $privgroups), so the exec's output is read with the token that started it."""
     sim, env = readme_world
     with tool_session(env, log_name="review-exec") as session:
-        result = session.ok("write_exec_vm", {"vmid": 100, "command": "true", "confirm": True})
+        result = session.ok("write_exec_guest", {"vmid": 100, "command": "true", "confirm": True})
     assert result["exit_code"] == 0
 
 

@@ -204,10 +204,10 @@ def test_exec_tools_need_the_gate_and_ssh(sim, sshd, tmp_path):
             return {t.name for t in session.tools()}
     base = ssh_env(sim, sshd, tmp_path)
     closed = offered(base | {"PROXMOX_ALLOW_EXEC": "false"})
-    assert not {"write_exec_lxc", "write_exec_vm", "write_exec_node", "write_put_guest_file"} & closed
+    assert not {"write_exec_guest", "write_exec_node", "write_put_guest_file"} & closed
     assert {"ssh_check", "node_diagnostics"} <= closed
     no_ssh = offered({k: v for k, v in base.items() if "SSH" not in k})
-    assert "write_exec_vm" in no_ssh and "write_exec_lxc" not in no_ssh and "ssh_check" not in no_ssh
+    assert "write_exec_guest" in no_ssh and "ssh_check" not in no_ssh  # a VM's agent needs no SSH
     assert "write_exec_node" not in offered(base | {"PROXMOX_ALLOW_ELEVATED": "false"})
 
 
@@ -246,24 +246,25 @@ def test_private_keys_are_masked(shell, sshd):
 
 
 def test_lxc_exec_with_stdin_and_a_stopped_container(shell):
-    result = shell.ok("write_exec_lxc", {"vmid": 102, "command": "tr a-z A-Z", "stdin": "quiet\n", "confirm": True})
+    result = shell.ok("write_exec_guest", {"vmid": 102, "command": "tr a-z A-Z", "stdin": "quiet\n", "confirm": True})
     assert result["stdout"] == "QUIET\n" and result["exit_code"] == 0 and result["node"] == "pve3"
-    stopped = shell.ok("write_exec_lxc", {"vmid": 103, "command": "true", "confirm": True})
+    stopped = shell.ok("write_exec_guest", {"vmid": 103, "command": "true", "confirm": True})
     assert stopped["exit_code"] == 255 and "not running" in stopped["stderr"]
-    assert "is a VM" in shell.error("write_exec_lxc", {"vmid": 100, "command": "true", "confirm": True})
+    assert "stdin goes to containers only" in shell.error("write_exec_guest", {"vmid": 100, "command": "cat",
+                                                                              "stdin": "x", "confirm": True})
 
 
 def test_protected_and_not_allowed_guests_are_refused(shell, sim, sshd, tmp_path):
-    assert "release pipeline" in shell.error("write_exec_lxc", {"vmid": 105, "command": "true", "confirm": True})
-    message = shell.error("write_exec_vm", {"vmid": 101, "command": "id", "confirm": True})
+    assert "release pipeline" in shell.error("write_exec_guest", {"vmid": 105, "command": "true", "confirm": True})
+    message = shell.error("write_exec_guest", {"vmid": 101, "command": "id", "confirm": True})
     assert "protected" in message and "production database" in message
     env = ssh_env(sim, sshd, tmp_path, PROXMOX_EXEC_ALLOWED_VMIDS="102")
     with stdio_session(env, log_name="shell-allowed") as session:
-        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_lxc", {"vmid": 103, "command": "true",
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_guest", {"vmid": 103, "command": "true",
                                                                                 "confirm": True})
-        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_vm", {"vmid": 100, "command": "id",
+        assert "PROXMOX_EXEC_ALLOWED_VMIDS" in session.error("write_exec_guest", {"vmid": 100, "command": "id",
                                                                                "confirm": True})
-        assert session.ok("write_exec_lxc", {"vmid": 102, "command": "echo ok", "confirm": True})["stdout"] == "ok\n"
+        assert session.ok("write_exec_guest", {"vmid": 102, "command": "echo ok", "confirm": True})["stdout"] == "ok\n"
 
 
 def test_guest_files_in_containers_and_vms(shell, sshd, sim):
@@ -279,13 +280,13 @@ def test_guest_files_in_containers_and_vms(shell, sshd, sim):
 
 
 def test_vm_exec_through_the_guest_agent(shell, sim):
-    result = shell.ok("write_exec_vm", {"vmid": 100, "command": "uname -a; exit 4", "confirm": True})
+    result = shell.ok("write_exec_guest", {"vmid": 100, "command": "uname -a; exit 4", "confirm": True})
     assert result["exit_code"] == 4 and result["stdout"] == "ran: uname -a; exit 4\n" and result["untrusted"]
     sim.lab.guests[100]["agent_boot_pings"] = 1  # just booted: the first call times out, then it answers
-    assert shell.ok("write_exec_vm", {"vmid": 100, "command": "true", "confirm": True})["exit_code"] == 0
-    slow = shell.ok("write_exec_vm", {"vmid": 100, "command": "sleep 20", "timeout": 1, "confirm": True})
+    assert shell.ok("write_exec_guest", {"vmid": 100, "command": "true", "confirm": True})["exit_code"] == 0
+    slow = shell.ok("write_exec_guest", {"vmid": 100, "command": "sleep 20", "timeout": 1, "confirm": True})
     assert slow["timed_out"] is True
-    assert "not running" in shell.error("write_exec_vm", {"vmid": 104, "command": "true", "confirm": True})
+    assert "not running" in shell.error("write_exec_guest", {"vmid": 104, "command": "true", "confirm": True})
 
 
 def test_node_diagnostics_runs_fixed_commands(shell):
@@ -325,7 +326,7 @@ def test_injection_corpus_comes_out_literal(sim, sshd, tmp_path, user):
         assert shell_of.endswith("bash" if user == "root" else "dash")
         for payload in PAYLOADS:
             command = f"printf %s {ssh.sh_quote(payload)} | od -v -An -tx1 | tr -d ' \\n'"
-            for tool, target in (("write_exec_node", {"where": "pve1"}), ("write_exec_lxc", {"vmid": 102})):
+            for tool, target in (("write_exec_node", {"where": "pve1"}), ("write_exec_guest", {"vmid": 102})):
                 result = session.ok(tool, target | {"command": command, "confirm": True})
                 assert result["stdout"] == hexdump(payload), (tool, payload)
         message = session.error("write_exec_node", {"where": "pve1", "command": "echo a\x00b", "confirm": True})
