@@ -192,7 +192,7 @@ def _value(value: Any) -> str:
         return ", ".join(keys)
     if len(text) > SHOWN or "\ufffd" in text:
         return f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
-    return json.dumps(mask(text), ensure_ascii=False) if isinstance(value, (str, bytes)) else mask(text)
+    return json.dumps(mask(text)) if isinstance(value, (str, bytes)) else mask(text)  # quoted, escaped: no look-alikes
 
 
 def _public_key(line: str) -> str | None:
@@ -206,4 +206,5 @@ def _public_key(line: str) -> str | None:
     except (binascii.Error, ValueError):
         return None
     fingerprint = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"{found.group(1)} key SHA256:{fingerprint}" + (f" ({mask(found.group(3))})" if found.group(3) else "")
+    comment = f" {json.dumps(mask(found.group(3)))}" if found.group(3) else ""
+    return f"{found.group(1)} key SHA256:{fingerprint}{comment}"

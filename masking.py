@@ -45,13 +45,14 @@ _MYSQL = r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlcheck|mysqlshow|mysqlp
 _SECRET_OPTION = r"--(?:[a-z0-9]+-)*(?:password|passwd|passphrase|pass|secret|token|api-?key|apikey)" \
                  r"(?:-(?!(?:file|fd|path|id|name|env|cmd|command|prompt|stdin|helper)\b)[a-z0-9]+)*"
 _TOKEN_ID = r"[^\s\"'&,;}=<!]+![^\s\"'&,;}=<]+="  # user@realm!tokenid= before a token's secret
+_PRIVATE_KEY = re.compile(r"(?P<k>-----BEGIN [A-Z ]*PRIVATE KEY-----)[\s\S]*?(?P<t>-----END [A-Z ]*PRIVATE KEY-----)")
 # The secrets in any text, by shape (issue 28 §2; docs/SECURITY.md#secrets-in-program-shapes). Each keeps
 # what comes before the secret (group `k`) and, where named, after it (`t`); tests/test_masking.py has a
 # line for each.
 _SECRET_PATTERNS = [
     re.compile(r"(?P<k>PVEAPIToken=[^=\s]+=)[^\s\"',]+"),
     re.compile(r"(?P<k>PBSAPIToken=[^:\s]+:)[^\s\"',]+"),
-    re.compile(r"(?P<k>-----BEGIN [A-Z ]*PRIVATE KEY-----)[\s\S]*?(?P<t>-----END [A-Z ]*PRIVATE KEY-----)"),
+    _PRIVATE_KEY,
     re.compile(r"(?P<k>(?:PVE|PBS)AuthCookie=)[^\s;\"',]+"),
     re.compile(r"(?P<k>(?:\"|')?(?:password|cipassword|secret|ticket|CSRFPreventionToken|token-secret|client-key)"
                r"(?:\"|')?\s*[:=]\s*(?:\"|')?)(?![{\[])[^\"'\s,}&]+", re.IGNORECASE),
@@ -105,12 +106,13 @@ def mask(text: str) -> str:
 
 # docs/REVIEW-SECURITY.md F08: what a terminal prints is read in pieces, and a secret can be cut between
 # two of them (a private key's END after a pause, a token after the 16 KiB cut). StreamMask masks the
-# stream as if it were whole: the line not yet ended (and a private key without its END, from its BEGIN
-# line, HOLD_MAX characters at most: no key is longer) is kept and masked again with each piece that
-# continues it; of it only what no continuation can change is returned (what it masks to alone and with
-# a word, an `@`, a quote or a key's END line after it have in common, short of a configured secret's
-# beginning), and only what was not returned before.
+# stream as if it were whole: the line not yet ended (LINE_MAX characters at most) and a private key
+# without its END (from its BEGIN line, HOLD_MAX characters at most: no key is longer) are kept and
+# masked again with each piece that continues them; of them only what no continuation can change is
+# returned (what they mask to alone and with a word, an `@`, a quote or a key's END line after them
+# have in common, short of a configured secret's beginning), and only what was not returned before.
 HOLD_MAX = 16 * 1024
+LINE_MAX = 8 * 1024  # characters of a line not ended kept: a longer one is masked in parts
 _CONTINUATIONS = ("0aZ0aZ0aZ0", "0aZ0aZ0aZ0@", '0aZ0aZ0aZ0"', "0aZ0aZ0aZ0'", "0aZ0aZ0aZ0\n-----END PRIVATE KEY-----")
 _OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*?-----END [A-Z ]*PRIVATE KEY-----)")
 
@@ -140,9 +142,11 @@ class StreamMask:
 
 def _settled(text: str, open_at: int) -> int:
     """Where the settled part of a stream's text ends: before `open_at`, the line not ended and any shape
-    that reaches into it (a private key whose END is on that line); a line longer than HOLD_MAX in parts."""
-    cut = max(min(open_at, text.rfind("\n") + 1), len(text) - HOLD_MAX)
-    spanning = [m.start() for pattern in _SECRET_PATTERNS for m in pattern.finditer(text) if m.start() < cut < m.end()]
+    that reaches into it (a private key whose END is on that line); a line longer than LINE_MAX in parts."""
+    cut = max(min(open_at, text.rfind("\n") + 1), len(text) - (HOLD_MAX if open_at < len(text) else LINE_MAX))
+    near = max(0, cut - 1024)  # only a private key spans lines far apart; the other shapes a line break at most
+    spanning = [m.start() for pattern in _SECRET_PATTERNS
+                for m in pattern.finditer(text, 0 if pattern is _PRIVATE_KEY else near) if m.start() < cut < m.end()]
     return min(spanning, default=cut)
 
 

@@ -1,7 +1,8 @@
 """Interactive terminals (terminals.py) against the suite's real sshd: a node's login shell (bash) and
 `pct enter` (the fake pct's dash). Opening asks for the user's yes; what is typed is audited by size and
 hash only and asks nothing more; output comes back cleaned and bounded; eight at most, closed after 15
-minutes idle and when the server stops; nobody but the principal who opened one reaches it."""
+minutes without a send, 60 minutes after opening and when the server stops; nobody but the principal
+who opened one reaches it."""
 import json
 import os
 import time
@@ -113,6 +114,25 @@ def test_eight_at_most_and_closed_after_fifteen_idle_minutes(tty):
     finally:
         kept.clock = clock
     assert opened(tty, where="pve3")  # room again
+
+
+def test_reading_is_no_use_and_typing_keeps_a_terminal_for_sixty_minutes_at_most(tty):
+    """docs/REVIEW-SECURITY.md F09: only a send keeps a terminal from idling, and none keeps it (nor the
+    yes that stands for what is typed) beyond policy.STANDING_SECONDS."""
+    read, typed = opened(tty, where="pve1"), opened(tty, where="pve2")
+    kept = registry(tty)
+    clock, offset = kept.clock, [0.0]
+    kept.clock = lambda: clock() + offset[0]
+    try:
+        for _ in range(4):  # 56 minutes: a send every 14
+            offset[0] += 14 * 60
+            tty.ok("write_terminal_send", {"terminal": typed, "keys": "true", "press": ["Enter"]})
+        assert "closed after 15 minutes idle" in tty.error("terminal_read", {"terminal": read, "wait": 0})
+        offset[0] += 5 * 60
+        assert "closed 60 minutes after it was opened" in tty.error("write_terminal_send", {"terminal": typed,
+                                                                                           "keys": "true"})
+    finally:
+        kept.clock = clock
 
 
 def test_output_is_kept_to_one_mib_and_read_in_bounded_pieces(tty):
