@@ -154,7 +154,7 @@ FOREIGN = {
                                  "`python server.py --from-pvemcp {value}` prints them from your file"),
     "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
     "PROXMOX_LOCAL_DIR": ("pvemcp", "PROXMOX_TRANSFER_DIR={value} (node files: write_node_files; guest files: "
-                                    "write_get_guest_file and write_put_guest_file)"),
+                                    "write_guest_file)"),
     # PVEHub-MCP
     "PVEHUB_MCP_AUTH_TOKEN": ("PVEHub-MCP", "MCP_AUTH_TOKEN=<the same token>"),
     "PVEHUB_MCP_AUTH_REQUIRED": ("PVEHub-MCP", "MCP_AUTH_REQUIRED={value}"),
@@ -1055,11 +1055,13 @@ RENAMED_TOOLS = {
     "write_pbs_gc": "write_pbs_run_gc", "write_pbs_verify": "write_pbs_verify_backups",
     "write_pbs_prune": "write_pbs_prune_group",
     "write_vm_exec": "write_exec_guest", "write_lxc_exec": "write_exec_guest",
-    "write_node_exec": "write_exec_node", "write_guest_file_read": "write_get_guest_file",
-    "write_guest_file_write": "write_put_guest_file", "write_restore_drill": "write_drill_restore",
+    "write_node_exec": "write_exec_node", "write_guest_file_read": "write_guest_file",
+    "write_guest_file_write": "write_guest_file", "write_restore_drill": "write_drill_restore",
     "write_api_call": "write_call_api",
     # merged in 0.2.0 (the tool list is paid for on every turn)
     "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
+    "write_close_terminal": "write_terminal_send", "list_snapshots": "get_guest",
+    "write_get_guest_file": "write_guest_file", "write_put_guest_file": "write_guest_file",
     "write_exec_vm": "write_exec_guest", "write_exec_lxc": "write_exec_guest",
     "write_provision_lxc": "write_create_lxc", "write_provision_vm": "write_create_vm",
     "pbs_datastore_status": "pbs_list_datastores", "pbs_list_namespaces": "pbs_list_groups",

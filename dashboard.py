@@ -201,7 +201,7 @@ def _health(report: dict) -> dict:
 
 def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = None,
               ctx: Context | None = None) -> View:
-    """Nodes, busiest guests' last hour (or vmid's), backups, findings; MCP Apps clients draw it."""
+    """Nodes, busiest guests (or vmid's), backups, findings; MCP Apps clients draw it."""
     client = pve_client(host)
     if vmid is not None:
         resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read

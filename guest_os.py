@@ -25,8 +25,8 @@ from ssh import Result, admitted, pct_exec, run, sh_quote, shell_step, target_fo
 PACKAGE = r"^[A-Za-z0-9][A-Za-z0-9+._:@=~-]{0,127}$"  # Debian, Alpine, RPM and Arch names, version pins
 SERVICE = r"^[A-Za-z0-9][A-Za-z0-9@._:-]{0,127}$"  # systemd units (templates with @) and OpenRC scripts
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"  # what useradd accepts by default (NAME_REGEX)
-ServiceName = Annotated[str, Field(pattern=SERVICE, description="e.g. nginx")]
-UserName = Annotated[str, Field(pattern=USER, description="e.g. alice")]
+ServiceName = Annotated[str, Field(pattern=SERVICE)]
+UserName = Annotated[str, Field(pattern=USER)]
 
 
 def allowed(kind: str, pattern: str, names: list[str]) -> list[str]:

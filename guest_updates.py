@@ -370,14 +370,14 @@ def _answer(run: Run) -> dict:
 
 
 def write_update_guests(vmids: list[int] | None = None,
-                        tag: Annotated[str | None, Field(description="e.g. autoupdate")] = None,
+                        tag: str | None = None,
                         pool: str | None = None,
                         checks: Annotated[list[str] | None, Field(description="commands in the guest")] = None,
                         rollback_on_failure: bool = False, continue_on_failure: bool = False,
                         without_snapshot: Literal["refuse", "backup"] = "refuse", backup_storage: str | None = None,
                         host: Host = None, wait_seconds: int = 600, dry_run: DryRunArg = False,
                         confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """One by one (CTs; VMs by agent): snapshot, upgrade, checks; roll back or stop on failure."""
+    """One by one (VMs by agent): snapshot, upgrade, checks; on failure roll back or stop."""
     _bounded(vmids or [], checks or [])
     client = pve_client(host)
     rows = _chosen(client, vmids, tag, pool)

@@ -29,7 +29,7 @@ OPENING = {"allow_writes": ("ACCESS", "write"), "allow_exec": ("ALLOW_EXEC", "tr
            "allow_elevated": ("ALLOW_ELEVATED", "true"), "allow_sensitive": ("ALLOW_SENSITIVE", "true")}
 SSH = {"nodes": "SSH_NODES", "fingerprints": "SSH_FINGERPRINTS", "key_file": "SSH_KEY_FILE", "user": "SSH_USER",
        "sudo": "SSH_SUDO", "known_hosts": "SSH_KNOWN_HOSTS", "key_passphrase": "SSH_KEY_PASSPHRASE"}
-NOTHING = {"local_dir": "files move with write_get_guest_file and write_put_guest_file",
+NOTHING = {"local_dir": "files move with write_guest_file",
            "default_node": "tools find a guest's node from its vmid, or take node",
            "allow_ssh": "SSH is on where PROXMOX_<LABEL>_SSH_NODES is set (below, from `ssh`)",
            "ssh_agent": "without PROXMOX_<LABEL>_SSH_KEY_FILE the SSH agent is used",

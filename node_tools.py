@@ -322,7 +322,7 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
 
 # ---------------------------------------------------------------- power
 
-def write_node_power(node: Annotated[str, Field(description="e.g. pve1")], action: Literal["reboot", "shutdown"],
+def write_node_power(node: str, action: Literal["reboot", "shutdown"],
                      host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                      ctx: Context | None = None) -> dict:
     """Reboot or shut down a node; the plan says what happens to each guest."""

@@ -215,7 +215,7 @@ def write_pbs_forget_snapshot(store: Store, backup_type: GroupType, backup_id: G
 def write_pbs_edit_snapshot(store: Store, backup_type: GroupType, backup_id: GroupId, backup_time: Time,
                             protected: bool | None = None, notes: Annotated[str | None, Field(max_length=4096)] = None,
                             host: Host = None, ns: Ns = None, dry_run: DryRunArg = False) -> dict:
-    """Set or clear its protected flag, set its notes."""
+    """Its protected flag, its notes."""
     if protected is None and notes is None:
         raise InvalidArgument("Nothing to change: give protected (true or false), notes, or both.")
     client = pbs_client(host)

@@ -59,7 +59,7 @@ def write_create_vm(name: GuestName,
                     ostype: Literal["l26", "win11", "win10", "other"] = "l26",
                     start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                     ctx: Context | None = None) -> dict:
-    """From an ISO, or a cloud image with cloud-init (start: answers its IP and each step)."""
+    """From an ISO, or a cloud image (start: answers its IP, each step)."""
     client = pve_client(host)
     if bool(iso) == bool(cloud_image):
         raise InvalidArgument("Give exactly one of iso (installer) or cloud_image (cloud-init).")
@@ -165,7 +165,7 @@ def write_create_lxc(hostname: GuestName,
                      features: str | None = None, onboot: bool = False,
                      start: bool = False, wait_seconds: WaitArg = 120, dry_run: DryRunArg = False,
                      confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A container, from a template (start: answers its IP and each step)."""
+    """From a template; start: answers its IP, each step."""
     client = pve_client(host)
     flags = _lxc_features(client, unprivileged, features)
     if start:  # created stopped, then started and waited for until it has an address

@@ -171,12 +171,13 @@ PAUSED = ("paused", "suspended", "prelaunch")  # qmpstatus of a VM that is `runn
 
 
 def get_guest(vmid: Vmid, host: Host = None) -> dict:
-    """Status, config, pending changes."""
+    """Status, config, pending changes, snapshots."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     base = f"/nodes/{row['node']}/{row['type']}/{vmid}"
     status = client.get(f"{base}/status/current") or {}
     config, pending = config_and_pending(client.get(f"{base}/pending") or [])
+    snapshots = _snapshots(client, base)
     summary = {key: status.get(key) for key in GUEST_STATUS_FIELDS if key in status}
     if not (status.get("ha") or {}).get("managed"):
         summary.pop("ha", None)  # every guest has one; only an HA resource's says something
@@ -191,7 +192,8 @@ def get_guest(vmid: Vmid, host: Host = None) -> dict:
     listed = policy.settings().protected.find(client.host.label, vmid, "pve")
     if listed:  # on the protected list: no request that changes it is admitted
         summary["protected"] = listed.get("reason") or "yes"
-    return compact(summary) | {"config": config} | ({"pending": pending} if pending else {})
+    return compact(summary) | {"config": config} | ({"pending": pending} if pending else {}) | \
+        ({"snapshots": snapshots} if snapshots["rows"] else {})
 
 
 def list_storage(host: Host = None, node: Node = None) -> dict:
@@ -316,10 +318,8 @@ def guest_config(vmid: Vmid, host: Host = None,
     return {"vmid": vmid, "type": row["type"], "node": row["node"], "config": config}
 
 
-def list_snapshots(vmid: Vmid, host: Host = None) -> dict:
-    """Time, parent, RAM saved."""
-    client = pve_client(host)
-    base, _ = guest_path(client, vmid)
+def _snapshots(client: ProxmoxClient, base: str) -> dict:
+    """A guest's snapshots: time, parent, RAM saved (the list's `current` is the running state, no snapshot)."""
     rows = [{"name": s["name"], "time": iso_time(s.get("snaptime")), "parent": s.get("parent"),
              "vmstate": 1 if s.get("vmstate") else None, "description": (s.get("description") or "").strip() or None}
             for s in client.get(f"{base}/snapshot") or [] if s["name"] != "current"]

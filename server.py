@@ -231,7 +231,6 @@ TOOLS = [
     ToolSpec(pve_tools.cluster_log, "read", "pve", "tasks"),
     ToolSpec(pve_tools.node_status, "read", "pve", "guests", ("Sys.Audit",)),
     ToolSpec(pve_tools.guest_config, "read", "pve", "guests", ("VM.Audit",)),
-    ToolSpec(pve_tools.list_snapshots, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.guest_agent_info, "read", "pve", "guests", ("VM.Audit",)),
     ToolSpec(pve_tools.list_backups, "read", "pve", "storage", ("Datastore.Audit", "Datastore.AllocateSpace"),
              output=OBJECT),
@@ -280,8 +279,7 @@ TOOLS = [
     ToolSpec(shell_tools.ssh_check, "read", "", "shell", ssh=True),
     ToolSpec(shell_tools.node_diagnostics, "read", "", "shell", ssh=True),
     ToolSpec(shell_tools.write_exec_guest, "exec", "pve", "shell"),  # a VM's agent, or a container's pct exec
-    ToolSpec(shell_tools.write_get_guest_file, "exec", "pve", "shell", also=("sensitive",)),
-    ToolSpec(shell_tools.write_put_guest_file, "exec", "pve", "shell"),
+    ToolSpec(shell_tools.write_guest_file, "exec", "pve", "shell"),  # reading one: + sensitive, by policy
     ToolSpec(shell_tools.write_exec_node, "exec", "", "shell", also=("elevated",), ssh=True),
     ToolSpec(firewall_tools.firewall_rules, "read", "pve", "firewall", ("Sys.Audit", "VM.Audit")),
     ToolSpec(firewall_tools.write_edit_firewall_rule, "write", "pve", "firewall", ("VM.Config.Network", "Sys.Modify"),
@@ -316,7 +314,6 @@ TOOLS = [
     ToolSpec(terminals.write_open_terminal, "exec", "", "ops", ssh=True),  # a node's shell: + elevated, by policy
     ToolSpec(terminals.write_terminal_send, "exec", "", "ops", ssh=True),
     ToolSpec(terminals.terminal_read, "read", "", "ops", ssh=True),
-    ToolSpec(terminals.write_close_terminal, "exec", "", "ops", ssh=True),
     ToolSpec(lxc_admin.write_lxc_packages, "exec", "pve", "ops", ssh=True),
     ToolSpec(lxc_admin.write_lxc_services, "exec", "pve", "ops", ssh=True),
     ToolSpec(lxc_admin.write_lxc_users, "exec", "pve", "ops", ssh=True),

@@ -96,14 +96,14 @@ def write_exec_node(where: Where, command: Command, host: Host = None,
 def write_exec_guest(vmid: Vmid, command: Command, host: Host = None, timeout: Timeout = 30,
                      stdin: Annotated[str | None, Field(max_length=MAX_FILE)] = None,
                      dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """A shell command: in a VM by its agent, in a container by pct exec (SSH)."""
+    """A shell command: a VM's by its agent, a container's by pct exec (SSH)."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
     if row["type"] == "lxc":
         return _exec_lxc(client, row, vmid, command, timeout, stdin)
     if stdin is not None:
         raise InvalidArgument(f"stdin goes to containers only; nothing was sent. For VM {vmid}, write the data to "
-                              f"a file first (write_put_guest_file) and read it in the command.")
+                              f"a file first (write_guest_file) and read it in the command.")
     return _exec_vm(client, base, vmid, command, timeout)
 
 
@@ -162,11 +162,19 @@ def _exec_vm(client: ProxmoxClient, base: str, vmid: int, command: str, timeout:
 GuestPath = Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
 
 
-def write_get_guest_file(vmid: Vmid, path: GuestPath, host: Host = None, dry_run: DryRunArg = False,
-                          confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Reads a guest file, up to 1 MiB."""
+def write_guest_file(vmid: Vmid, path: GuestPath,
+                     content: Annotated[str | None, Field(max_length=MAX_FILE_WRITE)] = None,
+                     host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
+                     ctx: Context | None = None) -> dict:
+    """Read a guest file (up to 1 MiB; sensitive), or replace it with content."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
+    if content is None:
+        return _read_guest_file(client, base, row, vmid, path)
+    return _write_guest_file(client, base, row, vmid, path, content)
+
+
+def _read_guest_file(client: ProxmoxClient, base: str, row: dict, vmid: int, path: str) -> dict:
     if row["type"] == "qemu":  # sensitive + exec, confirmed (policy.ALSO_GATES)
         data = client.get(f"{base}/agent/file-read", file=path) or {}
         content, truncated = clean_output(data.get("content", ""))
@@ -182,13 +190,7 @@ def write_get_guest_file(vmid: Vmid, path: GuestPath, host: Host = None, dry_run
     return {"vmid": vmid, "path": path, "content": result.stdout, "truncated": result.truncated, "untrusted": True}
 
 
-def write_put_guest_file(vmid: Vmid, path: GuestPath,
-                           content: Annotated[str, Field(max_length=MAX_FILE_WRITE)],
-                           host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
-                           ctx: Context | None = None) -> dict:
-    """Writes (replaces) a guest file."""
-    client = pve_client(host)
-    base, row = guest_path(client, vmid)
+def _write_guest_file(client: ProxmoxClient, base: str, row: dict, vmid: int, path: str, content: str) -> dict:
     if row["type"] == "qemu":
         if len(content.encode()) > MAX_FILE_WRITE:
             raise InvalidArgument(f"The guest agent writes at most {MAX_FILE_WRITE} bytes per file; this content "

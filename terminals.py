@@ -203,7 +203,7 @@ def write_open_terminal(where: Annotated[str | None, Field(description="node or 
     _expire(registry)
     if len(registry.open) >= MAX_OPEN:
         raise InvalidArgument(f"{MAX_OPEN} terminals are open ({', '.join(registry.open)}), the most there can be; "
-                              f"close one with write_close_terminal. Nothing was sent.")
+                              f"close one with write_terminal_send close=true. Nothing was sent.")
     channel = admitted(target.product, target.label, gates, f"open a terminal: {words}", guests,
                        lambda: open_pty(target, node, command))
     now = registry.clock()
@@ -220,19 +220,24 @@ def write_open_terminal(where: Annotated[str | None, Field(description="node or 
 
 
 def write_terminal_send(terminal: TerminalId, keys: Annotated[str, Field(max_length=4096)] = "",
-                        press: list[Special] | None = None,
+                        press: list[Special] | None = None, close: bool = False,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Type into a terminal: keys (text), then press (named keys)."""
+    """Type into a terminal: keys (text), then press (named keys); close: hang it up after."""
     if len(press or []) > 32:
         raise InvalidArgument("press takes at most 32 keys per call. Nothing was sent.")
     data = (keys + "".join(SPECIALS[name] for name in press or [])).encode()
     if not data:
-        raise InvalidArgument("Give keys (text) or press (named keys, e.g. [\"Enter\"]). Nothing was sent.")
+        if close:
+            return _hang_up(terminal)
+        raise InvalidArgument("Give keys (text), press (named keys, e.g. [\"Enter\"]) or close=true. Nothing was "
+                              "sent.")
     _, term = _mine(terminal, use=True)
     if term.ended:
-        raise ProxmoxError(f"Terminal {terminal} has {term.ended}; close it with write_close_terminal.")
+        raise ProxmoxError(f"Terminal {terminal} has {term.ended}; close it with write_terminal_send close=true.")
     admitted(term.product, term.label, term.gates, f"terminal {term.id} ({term.where}): keys", term.guests,
              lambda: term.channel.sendall(data), contents=data, standing=f"terminal:{term.id}")
+    if close:
+        return _hang_up(terminal) | {"sent_bytes": len(data)}
     return {"terminal": term.id, "sent_bytes": len(data)}
 
 
@@ -293,12 +298,11 @@ def terminal_read(terminal: TerminalId | None = None,
     return answer
 
 
-def write_close_terminal(terminal: TerminalId, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
-                         ctx: Context | None = None) -> dict:
-    """Close a terminal (its shell is hung up)."""
+def _hang_up(terminal: str) -> dict:
+    """Close a terminal (its shell is hung up), judged as any request on it."""
     registry, term = _mine(terminal)
     admitted(term.product, term.label, term.gates, f"terminal {term.id} ({term.where}): close", term.guests,
              lambda: None, standing=f"terminal:{term.id}")
     with registry.lock:
-        _close(registry, term, "closed by write_close_terminal")
+        _close(registry, term, "closed by write_terminal_send close=true")
     return {"terminal": term.id, "result": "closed"}

@@ -22,8 +22,8 @@ SERVER_ICON = VIEWS / "icon.svg"
 ACRONYMS = {"pbs": "PBS", "api": "API", "vm": "VM", "lxc": "LXC", "gc": "GC", "ssh": "SSH", "url": "URL",
             "oci": "OCI", "nic": "NIC"}
 TITLES = {"write_exec_guest": "Run a command in a guest",
-          "write_exec_node": "Run a command on a node", "write_get_guest_file": "Read a guest file",
-          "write_put_guest_file": "Write a guest file", "write_power_guest": "Power a guest",
+          "write_exec_node": "Run a command on a node", "write_guest_file": "Read or write a guest file",
+          "write_power_guest": "Power a guest",
           "write_call_api": "Call the API (writes)", "api_read": "Read the API", "write_undo_change": "Undo a change",
           "write_drill_restore": "Restore drill", "write_pbs_run_gc": "Run PBS garbage collection",
           "write_backup_guest": "Back up guest", "write_set_cloudinit": "Set cloud-init",

@@ -1048,10 +1048,10 @@ DRILL_STEPS: list[Callable[[Drill], None]] = [_restore, _cut_network, _start, _w
 def write_drill_restore(vmid: Vmid, host: Host = None,
                         backup: Annotated[str | None, Field(description="volid")] = None,
                         scratch_vmid: OptionalVmid = None,
-                        storage: Annotated[str | None, Field(description="For its disks, e.g. local-lvm")] = None,
+                        storage: Annotated[str | None, Field(description="for its disks")] = None,
                         answer_seconds: Annotated[int, Field(ge=5, le=1800)] = 120,
                         dry_run: DryRunArg = False, confirm: ConfirmArg = False, ctx: Context | None = None) -> dict:
-    """Prove a backup restores: to a scratch vmid, offline; boot, time, delete."""
+    """Prove a backup restores: scratch vmid, offline; boot, time, delete."""
     client = pve_client(host)
     row = resolve_guest(client, vmid)
     kind = row["type"]

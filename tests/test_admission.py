@@ -102,9 +102,9 @@ def test_a_guest_file_read_is_confirmed_like_exec(plain, sim):
     read = {"vmid": 104, "path": "/etc/hostname"}
     sim.lab.guests[104]["status"] = "running"
     try:
-        message, sent = requests_during(sim, lambda: plain.error("write_get_guest_file", read))
+        message, sent = requests_during(sim, lambda: plain.error("write_guest_file", read))
         assert "confirm=true" in message and not any(r[2].endswith("file-read") for r in sent)
-        assert plain.ok("write_get_guest_file", read | {"confirm": True})["content"] == "win11\n"
+        assert plain.ok("write_guest_file", read | {"confirm": True})["content"] == "win11\n"
     finally:
         sim.lab.guests[104]["status"] = "stopped"
 
@@ -118,8 +118,8 @@ def test_the_exec_allow_list_holds_for_every_way_into_a_guest(sim, tmp_path):
                     ("write_call_api", {"method": "POST", "path": "/nodes/pve1/qemu/100/agent/file-write",
                                         "params": {"file": "/etc/motd", "content": "x"}}),
                     ("api_read", {"path": "/nodes/pve1/qemu/100/agent/file-read", "params": {"file": "/etc/hostname"}}),
-                    ("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
-                    ("write_get_guest_file", {"vmid": 100, "path": "/etc/hostname"}),
+                    ("write_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "x"}),
+                    ("write_guest_file", {"vmid": 100, "path": "/etc/hostname"}),
                     ("write_exec_guest", {"vmid": 100, "command": "id"})]
         for tool, arguments in attempts:
             message, sent = requests_during(sim, lambda t=tool, a=arguments: s.error(t, a | {"confirm": True}))
@@ -214,7 +214,7 @@ def test_audit_lines_hold_sizes_and_hashes_never_contents(plain, sim):
     sim.lab.guests[104]["status"] = "running"
     try:
         text = "root-password-in-a-file\n" * 3
-        plain.ok("write_put_guest_file", {"vmid": 104, "path": "/etc/app.conf", "content": text, "confirm": True})
+        plain.ok("write_guest_file", {"vmid": 104, "path": "/etc/app.conf", "content": text, "confirm": True})
     finally:
         sim.lab.guests[104]["status"] = "stopped"
     plain.ok("write_call_api", {"method": "POST", "path": "/cluster/acme/plugins", "confirm": True,

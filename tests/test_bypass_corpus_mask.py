@@ -147,7 +147,7 @@ def filters(world: World, sim) -> list[tuple[str, dict]]:
               ("backup_files", {"backup": volid, "path": "/root.pxar.didx/root", "limit": 3, "offset": 3}),
               ("backup_files", {"backup": "backup:ct/102", "path": "/root.pxar.didx/root"}),
               ("write_restore_file", {"backup": volid, "path": "/root.pxar.didx/root/app.env", "show": True}),
-              ("write_get_guest_file", {"vmid": 100, "path": "/etc/app.env", "confirm": True}),
+              ("write_guest_file", {"vmid": 100, "path": "/etc/app.env", "confirm": True}),
               ("api_read", {"path": "/nodes/pve1/syslog", "params": {"start": 0, "limit": 5000}}),
               ("api_read", {"path": f"/nodes/pve1/tasks/{world.upid}/log", "params": {"limit": 1000}}),
               ("api_read", {"path": "/cluster/log", "params": {"max": 500}}),

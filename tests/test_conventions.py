@@ -18,7 +18,7 @@ KINDS = {
     "cpus": "count", "backup_time": "epoch",
 }
 READS = [("list_nodes", {}), ("node_status", {"node": "pve1"}), ("list_guests", {}), ("get_guest", {"vmid": 100}),
-         ("get_guest", {"vmid": 102}), ("list_storage", {}), ("list_backups", {}), ("list_snapshots", {"vmid": 100}),
+         ("get_guest", {"vmid": 102}), ("list_storage", {}), ("list_backups", {}),
          ("storage_content", {"storage": "local"}), ("list_tasks", {}), ("cluster_log", {}),
          ("pbs_list_datastores", {}), ("pbs_list_datastores", {"store": "backup"}),
          ("pbs_list_groups", {"store": "backup"}), ("pbs_list_snapshots", {"store": "backup"}),

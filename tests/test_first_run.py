@@ -37,7 +37,7 @@ def test_demo_writes_refuses_a_protected_guest_and_asks_for_confirmation():
         assert "\n" not in short and "validation error" not in short and "argument 'name'" in short
         assert 'e.g. "before_upgrade"' in short and "Nothing was sent" in short
         made = demo.ok("write_create_snapshot", {"vmid": 100, "name": "before_upgrade"})
-        assert "before_upgrade" in {row[0] for row in demo.ok("list_snapshots", {"vmid": 100})["rows"]}, made
+        assert "before_upgrade" in {row[0] for row in demo.ok("get_guest", {"vmid": 100})["snapshots"]["rows"]}, made
         assert "protected" in demo.error("write_create_snapshot", {"vmid": 101, "name": "before_upgrade"})
         asked = demo.error("write_power_guest", {"vmid": 100, "action": "stop"})
         assert "Confirmation needed" in asked and "confirm=true" in asked

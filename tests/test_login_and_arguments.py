@@ -54,7 +54,7 @@ def test_writes_carry_the_csrf_token(ops, sim):
     _, sent = requests_during(sim, lambda: ops.ok("write_create_snapshot", {"vmid": 100, "name": "viaticket"}),
                               writes=True)
     assert any(r[1] == "POST" and r[2].endswith("/100/snapshot") for r in sent)
-    assert "viaticket" in str(ops.ok("list_snapshots", {"vmid": 100}))
+    assert "viaticket" in str(ops.ok("get_guest", {"vmid": 100})["snapshots"])
 
 
 def test_an_expired_ticket_is_renewed_once_and_the_call_succeeds(ops, sim):

@@ -50,7 +50,7 @@ def test_guest_config_and_snapshots(ops, sim):
     config = ops.ok("guest_config", {"vmid": 100})
     assert config["node"] == "pve1" and config["config"]["scsi0"].startswith("local-lvm:vm-100-disk-0")
     sim.lab.guests[102]["snapshots"] = [{"name": "base", "snaptime": 1700000000, "description": "clean install"}]
-    snaps = rows(ops.ok("list_snapshots", {"vmid": 102}))
+    snaps = rows(ops.ok("get_guest", {"vmid": 102})["snapshots"])
     assert snaps == [{"name": "base", "time": "2023-11-14T22:13:20Z", "parent": "", "vmstate": "",
                       "description": "clean install"}]
 

@@ -387,16 +387,16 @@ def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
 
     import shell_tools
     from pydantic import TypeAdapter
-    schema = TypeAdapter(inspect.signature(shell_tools.write_put_guest_file)
+    schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file)
                          .parameters["content"].annotation).json_schema()
     assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
     confirmed = policy.CALL.set({"confirm": lambda *_: None})
     try:
         with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
-            written = shell_tools.write_put_guest_file(100, "/tmp/big", "x" * 46080)
+            written = shell_tools.write_guest_file(100, "/tmp/big", "x" * 46080)
             before = len(lab.requests)
             with pytest.raises(ToolFailure, match="46080 bytes"):
-                shell_tools.write_put_guest_file(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
+                shell_tools.write_guest_file(100, "/tmp/wide", "é" * 30000)  # 60,000 bytes
             sent = lab.requests[before:]
     finally:
         policy.CALL.reset(confirmed)

@@ -274,7 +274,7 @@ def test_f08_a_secret_split_across_two_terminal_reads_is_shown(tty, sshd):
             if "done-8421" in seen:
                 break
     finally:
-        tty.ok("write_close_terminal", {"terminal": term})
+        tty.ok("write_terminal_send", {"terminal": term, "close": True})
     assert "done-8421" in seen and BODY not in seen, seen[-400:]
 
 
@@ -295,7 +295,7 @@ def test_f09_reading_keeps_a_root_shell_and_its_standing_yes_open_forever(tty):
         result = tty.call("write_terminal_send", {"terminal": term, "keys": "id", "press": ["Enter"]})
     finally:
         kept.clock = clock
-        tty.call("write_close_terminal", {"terminal": term})
+        tty.call("write_terminal_send", {"terminal": term, "close": True})
     assert result.is_error, "keys typed into a root shell opened 70 minutes ago, never idle by the clock"
 
 
@@ -310,7 +310,7 @@ def test_f16_what_is_typed_is_audited_as_an_unsalted_sha256(tty):
     try:
         tty.ok("write_terminal_send", {"terminal": term, "keys": typed, "press": ["Enter"]})
     finally:
-        tty.ok("write_close_terminal", {"terminal": term})
+        tty.ok("write_terminal_send", {"terminal": term, "close": True})
     guess = hashlib.sha256((typed + "\r").encode()).hexdigest()
     assert guess not in (tty.tmp / "audit.jsonl").read_text(), "the audit line holds sha256(password + Enter)"
 

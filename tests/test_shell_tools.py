@@ -204,7 +204,7 @@ def test_exec_tools_need_the_gate_and_ssh(sim, sshd, tmp_path):
             return {t.name for t in session.tools()}
     base = ssh_env(sim, sshd, tmp_path)
     closed = offered(base | {"PROXMOX_ALLOW_EXEC": "false"})
-    assert not {"write_exec_guest", "write_exec_node", "write_put_guest_file"} & closed
+    assert not {"write_exec_guest", "write_exec_node", "write_guest_file"} & closed
     assert {"ssh_check", "node_diagnostics"} <= closed
     no_ssh = offered({k: v for k, v in base.items() if "SSH" not in k})
     assert "write_exec_guest" in no_ssh and "ssh_check" not in no_ssh  # a VM's agent needs no SSH
@@ -268,14 +268,14 @@ def test_protected_and_not_allowed_guests_are_refused(shell, sim, sshd, tmp_path
 
 
 def test_guest_files_in_containers_and_vms(shell, sshd, sim):
-    read = shell.ok("write_get_guest_file", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
+    read = shell.ok("write_guest_file", {"vmid": 102, "path": "/etc/hostname", "confirm": True})
     assert read["content"] == "dns\n" and read["untrusted"]
-    shell.ok("write_put_guest_file", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
+    shell.ok("write_guest_file", {"vmid": 102, "path": "/etc/motd", "content": "secret-motd-text\n",
                                       "confirm": True})
     assert (sshd["root"] / "102" / "etc" / "motd").read_text() == "secret-motd-text\n"
-    shell.ok("write_put_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
+    shell.ok("write_guest_file", {"vmid": 100, "path": "/etc/motd", "content": "vm motd\n", "confirm": True})
     assert sim.lab.guests[100]["files"]["/etc/motd"] == "vm motd\n"
-    missing = shell.error("write_get_guest_file", {"vmid": 102, "path": "/nope", "confirm": True})
+    missing = shell.error("write_guest_file", {"vmid": 102, "path": "/nope", "confirm": True})
     assert "Reading /nope in container 102 failed" in missing
 
 

@@ -67,8 +67,8 @@ def test_a_node_shell_types_reads_and_strips_escapes(tty):
     tty.ok("write_terminal_send", {"terminal": term, "keys": "ech", "press": ["Tab"]})
     tty.ok("write_terminal_send", {"terminal": term, "keys": " completed", "press": ["Enter"]})
     assert "completed" in until(tty, term, "\ncompleted")
-    assert tty.ok("write_close_terminal", {"terminal": term})["result"] == "closed"
-    assert "is not open (closed by write_close_terminal)" in tty.error("terminal_read", {"terminal": term})
+    assert tty.ok("write_terminal_send", {"terminal": term, "close": True})["result"] == "closed"
+    assert "is not open (closed by write_terminal_send close=true)" in tty.error("terminal_read", {"terminal": term})
 
 
 def test_pct_enter_reaches_the_container_and_its_refusals(tty):
@@ -78,7 +78,7 @@ def test_pct_enter_reaches_the_container_and_its_refusals(tty):
     assert row["where"] == "pct enter 102 on pve3" and row["state"] == "open"
     tty.ok("write_terminal_send", {"terminal": term, "keys": "echo in-$((1+1))-ct", "press": ["Enter"]})
     assert "in-2-ct" in until(tty, term, "in-2-ct")
-    tty.ok("write_close_terminal", {"terminal": term})
+    tty.ok("write_terminal_send", {"terminal": term, "close": True})
     assert "release pipeline" in tty.error("write_open_terminal", {"vmid": 105, "confirm": True})  # protected
     assert "is a VM" in tty.error("write_open_terminal", {"vmid": 100, "confirm": True})
     assert "not both" in tty.error("write_open_terminal", {"where": "pve1", "vmid": 102, "confirm": True})
@@ -93,7 +93,7 @@ def test_keys_are_audited_by_size_and_keyed_hash_never_verbatim(tty):
     secret_keys = "echo typed-4242-marker"
     tty.ok("write_terminal_send", {"terminal": term, "keys": secret_keys, "press": ["Enter"]})
     until(tty, term, "\ntyped-4242-marker")
-    tty.ok("write_close_terminal", {"terminal": term})
+    tty.ok("write_terminal_send", {"terminal": term, "close": True})
     lines = [json.loads(x) for x in (tty.tmp / "audit.jsonl").read_text().splitlines()]
     sends = [x for x in lines if x["path"] == f"terminal {term} (the login shell on pve2): keys"]
     assert sends and all(set(x["params"]["contents"]) == {"bytes", "hmac_sha256"} for x in sends)
@@ -146,7 +146,7 @@ def test_output_is_kept_to_one_mib_and_read_in_bounded_pieces(tty):
     assert first["dropped_bytes"] > 0 and "scrolled out unread" in first["note"] and first["more"] is True
     assert len(first["output"]) <= terminals.READ_MAX and set(first["output"]) <= {"x"}
     assert len(kept.buffer) <= terminals.KEEP
-    tty.ok("write_close_terminal", {"terminal": term})
+    tty.ok("write_terminal_send", {"terminal": term, "close": True})
 
 
 def test_another_principal_neither_reads_nor_types(tty):
@@ -161,7 +161,7 @@ def test_another_principal_neither_reads_nor_types(tty):
                 terminals.write_terminal_send(terminal=term, keys="id")
         finally:
             policy.CALL.reset(token)
-    tty.ok("write_close_terminal", {"terminal": term})
+    tty.ok("write_terminal_send", {"terminal": term, "close": True})
 
 
 def test_the_node_shell_needs_the_elevated_gate(sim, sshd, tmp_path):
@@ -169,7 +169,7 @@ def test_the_node_shell_needs_the_elevated_gate(sim, sshd, tmp_path):
     with in_process(env, log_name="terminals-no-elevated") as session:
         assert "'elevated' gate" in session.error("write_open_terminal", {"where": "pve1", "confirm": True})
         term = session.ok("write_open_terminal", {"vmid": 102, "confirm": True})["terminal"]  # a container's: exec
-        session.ok("write_close_terminal", {"terminal": term})
+        session.ok("write_terminal_send", {"terminal": term, "close": True})
 
 
 @pytest.mark.mcp
