@@ -7,6 +7,7 @@ offers at all is server.offered_tools.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import time
@@ -23,9 +24,32 @@ import proxmox_client
 import runtime
 from argument_errors import argument_error
 from auth import principal
-from config import Config
+from config import RENAMED_TOOLS, Config
 from confirmation import asks_by_round_trip
 from products import PRODUCTS
+
+
+# A call by a name the tool had before it was renamed or merged (config.RENAMED_TOOLS) still works:
+# its arguments renamed, and what the old tool did by default (the tool list shows the new names only).
+MERGED_ARGUMENTS = {
+    "task_log": ({"limit": "log_lines"}, {"start": 0, "log_lines": 100}),
+    "pbs_task_log": ({"limit": "log_lines"}, {"start": 0, "log_lines": 100}),
+    "wait_task": ({}, {"wait_seconds": 60}),
+    "write_pbs_protect_snapshot": ({}, {"protected": True}),
+    "write_provision_lxc": ({}, {"start": True}),
+    "write_provision_vm": ({}, {"start": True}),
+    "write_close_terminal": ({}, {"close": True}),
+}
+
+
+def by_current_name(params: dict[str, Any]) -> dict[str, Any]:
+    """tools/call params naming an old tool, as a call of the tool that does it now."""
+    new = RENAMED_TOOLS.get(params.get("name"))
+    if new is None:
+        return params
+    renamed, defaults = MERGED_ARGUMENTS.get(params["name"], ({}, {}))
+    arguments = {renamed.get(key, key): value for key, value in (params.get("arguments") or {}).items()}
+    return params | {"name": new, "arguments": defaults | arguments}
 
 
 class ToolVisibility:
@@ -110,6 +134,8 @@ class ToolVisibility:
             self.token = anyio.lowlevel.current_token()
         reach = principal.current()  # over HTTP: who calls
         hidden = self.hidden() | self.beyond(reach)
+        if ctx.method == "tools/call" and isinstance(ctx.params, dict):
+            ctx = dataclasses.replace(ctx, params=by_current_name(ctx.params))
         if ctx.method == "tools/call":
             name = (ctx.params or {}).get("name")
             refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \

@@ -85,3 +85,19 @@ def test_the_tool_list_stays_within_its_budget(tmp_path, configuration, env, bud
     listed = run_server(["--list-tools", "--json"], env | {"PROXMOX_RESTORE_DIR": str(tmp_path / "restored")})
     total = json.loads(listed.stdout)["total_bytes"]
     assert total <= budget, f"{configuration}: the tool list is {total} B, over its {budget} B"
+
+
+@pytest.mark.mcp
+def test_a_call_by_an_old_name_reaches_the_tool_that_does_it_now(sim):
+    """Merged tools keep their old names callable (a client's cached list, a user's script): the call
+    becomes the new tool's, with the old tool's defaults; tools/list shows the new names only."""
+    upid = sim.lab.start_task("pve1", "vzdump", "100", finished=True)
+    with stdio_session(sim.env(pve_token="mcp@pve!backups"), mode="legacy", log_name="old-names") as client:
+        listed = {tool.name for tool in client.tools()}
+        page = client.call("task_log", {"upid": upid, "limit": 2})
+        guest = client.call("list_snapshots", {"vmid": 100})
+        store = client.call("pbs_datastore_status", {"store": "backup"})
+    assert not {"task_log", "list_snapshots", "pbs_datastore_status"} & listed
+    assert not page.is_error and json.loads(page.content[0].text)["next_start"] == 2
+    assert not guest.is_error and json.loads(guest.content[0].text)["vmid"] == 100
+    assert not store.is_error and json.loads(store.content[0].text)["store"] == "backup"
