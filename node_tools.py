@@ -34,7 +34,7 @@ import runtime
 from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, human_bytes, iso_time, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import check_node
-from masking import mask
+from masking import masked_page
 from proxmox_client import pve_client
 from ssh import admitted, sftp, target_for
 
@@ -46,7 +46,9 @@ class TransferSettings:
 
 
 _transfer = runtime.slot("node_tools.transfer", TransferSettings)
-READ_BYTES = 256 * 1024  # of a file one read answers (offset pages on)
+READ_BYTES = 256 * 1024  # of a file one read answers (offset pages on, in the masked text)
+LOOKAHEAD = 64 * 1024  # read past the page, so that a secret it ends in is masked whole
+MASKED_BYTES = 8 * 1024 ** 2  # of a file's start a read masks and pages through
 LIST_ROWS = 200
 # Files no read returns, on the path given or the node's real path (docs/SECURITY.md#node-files): (regex, why)
 REFUSED = [
@@ -104,21 +106,31 @@ def _list(client: Any, path: str, limit: int, offset: int) -> dict:
 
 
 def _read(client: Any, node: str, path: str, offset: int) -> dict:
+    """A page of a file's text, masked from the file's start before it is cut (masking.masked_page): the
+    caller's offset (in the masked text) never cuts a secret out of its mask. Only MASKED_BYTES from the
+    start are read so; the rest of a larger file is downloaded."""
     real = _readable(client, node, path)
     attributes = client.stat(real)
     if not stat.S_ISREG(attributes.st_mode or 0):
         raise InvalidArgument(f"{real} on {node} is a {_kind(attributes.st_mode)}, not a file.")
+    if offset >= MASKED_BYTES:
+        raise InvalidArgument(f"offset={offset}: a read shows the first {MASKED_BYTES // 1024 ** 2} MiB of a file, "
+                              f"masked from its start; download the file (write_node_files action=download) for "
+                              f"the rest.")
+    wanted = min(offset + READ_BYTES + LOOKAHEAD, MASKED_BYTES)
     with client.open(real, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read(READ_BYTES + 1)
+        data = handle.read(wanted + 1)
     if b"\x00" in data:
         return {"path": real, "size": human_bytes(attributes.st_size), "binary": True,
                 "note": "a binary file: download it (write_node_files action=download)"}
-    shown = data[:READ_BYTES]
-    answer = {"path": real, "size": human_bytes(attributes.st_size), "content": mask(shown.decode("utf-8", "replace")),
-              "untrusted": True}
-    if len(data) > READ_BYTES:
-        answer |= {"truncated": True, "next_offset": offset + READ_BYTES}
+    complete = len(data) <= wanted
+    page, following = masked_page(data[:wanted].decode("utf-8", "replace"), offset, READ_BYTES, complete)
+    answer = {"path": real, "size": human_bytes(attributes.st_size), "content": page, "untrusted": True}
+    if following is not None:
+        answer |= {"truncated": True, "next_offset": following}
+    elif not complete:
+        answer |= {"truncated": True, "note": f"past the first {MASKED_BYTES // 1024 ** 2} MiB (or a private key "
+                                               f"that does not end): download the file for the rest"}
     return answer
 
 

@@ -151,7 +151,6 @@ def files(sim, sshd, tree, tmp_path_factory):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F04: open (docs/REVIEW-SECURITY.md)")
 def test_f04_a_read_offset_cuts_a_secret_out_of_its_mask(files, tree):
     """F04: node_files masks the page it read from `offset`, not the file: an offset just past a private
     key's BEGIN line, or just past `password=`, shows the key's body and the password in clear (the
