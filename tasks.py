@@ -50,7 +50,8 @@ def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: 
                       "id": status.get("id"), "user": user, "status": status.get("status"),
                       "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
     if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+        lines = masked_lines([line.get("t", "") for line in client.task_log(upid, limit=0)], 0, 10 ** 9, True)[0]
+        result["log"] = lines[-log_lines:]  # masked whole, then cut: the tail never starts inside a key
     if status.get("status") == "stopped":
         result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
     return result

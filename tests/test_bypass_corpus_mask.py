@@ -311,6 +311,8 @@ def test_a_task_logs_pages_are_masked_before_they_are_cut(servers, sim):
     upid = sim.lab.start_task("pve1", "vzdump", "100", finished=True, lines=lines, exitstatus="OK")
     pages = [servers["a"].ok("task_log", {"upid": upid, "start": start, "limit": 2})["lines"] for start in range(6)]
     assert not [s for s in paged_secrets() if s[:6] in json.dumps(pages)], pages
+    tails = [servers["a"].ok("get_task", {"upid": upid, "log_lines": n})["log"] for n in range(1, 6)]
+    assert not [s for s in paged_secrets() if s[:6] in json.dumps(tails)], tails
     assert servers["a"].ok("task_log", {"upid": upid})["lines"] == [
         "INFO: starting", "-----BEGIN OPENSSH PRIVATE KEY-----***-----END OPENSSH PRIVATE KEY-----", "INFO: done",
         "TASK OK"]
