@@ -237,6 +237,46 @@ def mask_json(data: Any) -> str:
     return json.dumps(mask_answer(plain, ()), separators=(",", ":"), ensure_ascii=False)
 
 
+# A private key begun and not ended in the text read so far (mask() has replaced every whole one).
+_OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*-----END [A-Z ]*PRIVATE KEY-----)")
+
+
+def _settled(masked: str) -> int:
+    """How much of masked text read from a source's start stays as it is when more is read: up to
+    its last line's start, and before a private key it has begun and not ended."""
+    cut = masked.rfind("\n") + 1
+    begun = _OPEN_KEY.search(masked)
+    return min(cut, begun.start()) if begun else cut
+
+
+def masked_page(text: str, offset: int, size: int, complete: bool) -> tuple[str, int | None]:
+    """Mask first, then page (docs/SECURITY.md#masked-before-filtered): `text` is a source read from its
+    start (all of it when `complete`), masked whole, and the page is `size` characters of the masked
+    text from `offset`, with the next offset (None at the end). So a caller's offset never cuts a
+    secret out of its mask; what may still become part of a secret shape (the unfinished last line, a
+    private key not ended yet) is held back until more is read, as terminals.PARTIAL_ESCAPE holds an escape."""
+    masked = mask(text)
+    if not complete:
+        masked = masked[:_settled(masked)]
+    page = masked[offset:offset + size]
+    more = offset + len(page) < len(masked) or not complete
+    return page, offset + len(page) if more and page else None
+
+
+def masked_lines(lines: list[str], start: int, limit: int, complete: bool) -> tuple[list[str], int | None]:
+    """masked_page by lines: `lines` from the source's first, masked as one text (a key over several
+    lines is one secret), the page of `limit` lines from `start`, and the next start (None at the end)."""
+    masked = mask("\n".join(lines) + "\n" * (not complete))
+    if not complete:
+        masked = masked[:_settled(masked)]
+    rows = masked.split("\n") if masked else []
+    if rows and rows[-1] == "" and not complete:
+        rows.pop()
+    page = rows[start:start + limit]
+    more = start + len(page) < len(rows) or not complete
+    return page, start + len(page) if more and page else None
+
+
 def _mask_named(data: Any, names: tuple[str, ...] | list[str]) -> Any:
     if isinstance(data, list):
         return [_mask_named(item, names) for item in data]

@@ -8,7 +8,11 @@ token files, judged on the path given and on the node's real path of it (a link 
 wp-config.php is read like any file. Downloads and uploads go between the node and the folder
 PROXMOX_TRANSFER_DIR names, never outside it: each folder below it is opened without following a
 link, a download never replaces a file, an upload reads a regular file only. Writing, uploading and
-deleting a node's file is elevated (root on the host), and confirmed.
+deleting a node's file is elevated (root on the host), and confirmed. The admission step judges a
+path by what it is (policy.shell_decision): a guest's disk, root or backups are its files (exec, the
+guest named), cluster configuration (/etc/pve, /etc/proxmox-backup) is changed through the API only;
+a path whose real one the node resolves elsewhere is judged again there (_judged_alike). A read pages
+through the file masked from its start (masking.masked_page).
 
 Power: reboot or shut down a node (POST /nodes/{node}/status), elevated and destructive. The plan
 names every guest there and what happens to it (power_effects.py: HA moves, freezes or stops it,
@@ -34,7 +38,7 @@ import runtime
 from answers import ConfirmArg, DryRunArg, Host, Limit, Offset, human_bytes, iso_time, table
 from errors import InvalidArgument, ProxmoxError
 from inventory import check_node
-from masking import mask
+from masking import masked_page
 from proxmox_client import pve_client
 from ssh import admitted, sftp, target_for
 
@@ -46,17 +50,23 @@ class TransferSettings:
 
 
 _transfer = runtime.slot("node_tools.transfer", TransferSettings)
-READ_BYTES = 256 * 1024  # of a file one read answers (offset pages on)
+READ_BYTES = 256 * 1024  # of a file one read answers (offset pages on, in the masked text)
+LOOKAHEAD = 64 * 1024  # read past the page, so that a secret it ends in is masked whole
+MASKED_BYTES = 8 * 1024 ** 2  # of a file's start a read masks and pages through
 LIST_ROWS = 200
 # Files no read returns, on the path given or the node's real path (docs/SECURITY.md#node-files): (regex, why)
+# At any root: a container's root is visible on its node (/var/lib/lxc/<vmid>/rootfs, a ZFS subvol), and its
+# /etc/shadow is as secret as the node's.
+ANY_ROOT = "(?:.*/)?"
 REFUSED = [
-    (r"/etc/pve/priv(/.*)?", "the cluster's private keys and credentials"),
-    (r"/etc/g?shadow-?", "password hashes"),
-    (r"/proc/[^/]+(/task/[^/]+)?/environ", "a process's environment (it holds secrets)"),
+    (ANY_ROOT + r"etc/pve/priv(/.*)?", "the cluster's private keys and credentials"),
+    (ANY_ROOT + r"etc/g?shadow-?", "password hashes"),
+    (ANY_ROOT + r"proc/[^/]+(/task/[^/]+)?/environ", "a process's environment (it holds secrets)"),
     (r".*/ssh_host_[^/]*_key", "an SSH host private key"),
     (r".*/\.ssh/id_[^/.]+|.*/id_(rsa|dsa|ecdsa|ed25519)(_sk)?", "an SSH private key"),
     (r".*\.key", "a private key"),
-    (r"/etc/proxmox-backup/(shadow\.json|token\.shadow|.*\.key)", "the Backup Server's password or token secrets"),
+    (ANY_ROOT + r"etc/proxmox-backup/(shadow\.json|token\.shadow|.*\.key)",
+     "the Backup Server's password or token secrets"),
 ]
 KINDS = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink", stat.S_IFCHR: "char device",
          stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
@@ -83,20 +93,41 @@ def _refused(path: str) -> str | None:
     return next((why for pattern, why in REFUSED if re.fullmatch(pattern, path)), None)
 
 
-def _readable(client: Any, node: str, path: str) -> str:
-    """The node's real path of a file a read may return; a secret one is refused (given or real)."""
+def _readable(client: Any, node: str, path: str, action: str = "read") -> str:
+    """The node's real path of a file a read may return; a secret one is refused (given or real), and
+    one the policy would judge otherwise than the path given (_judged_alike)."""
     for real in (path, _clean(client.normalize(path))):
         why = _refused(real)
         if why:
             raise InvalidArgument(f"{real} on {node} is {why}: no tool reads it. Nothing was returned.")
+    _judged_alike(node, action, path, real)
     return real
+
+
+def _real_parent(client: Any, path: str) -> str:
+    """The node's real path of a file to write or delete: its folder's links resolved (the file itself
+    is never a link: _writable)."""
+    folder, name = posixpath.split(path)
+    try:
+        return posixpath.join(_clean(client.normalize(folder)), name)
+    except OSError:
+        return path  # no such folder: the write fails there
+
+
+def _judged_alike(node: str, action: str, given: str, real: str) -> None:
+    """The admission judged the path given (the guests it names, cluster configuration); a link that
+    leads where it would judge otherwise is refused (docs/SECURITY.md#node-files)."""
+    if policy.node_file_view(action, real) != policy.node_file_view(action, given):
+        raise InvalidArgument(f"{given} on {node} leads to {real}, which is judged otherwise (a guest's files or "
+                              f"cluster configuration): name that path. Nothing was done.")
 
 
 def _kind(mode: int | None) -> str:
     return KINDS.get(stat.S_IFMT(mode or 0), "?")
 
 
-def _list(client: Any, path: str, limit: int, offset: int) -> dict:
+def _list(client: Any, node: str, path: str, limit: int, offset: int) -> dict:
+    _judged_alike(node, "list", path, _clean(client.normalize(path)))
     rows = [{"name": a.filename, "type": _kind(a.st_mode), "size": human_bytes(a.st_size),
              "mode": oct(stat.S_IMODE(a.st_mode or 0)), "modified": iso_time(a.st_mtime)}
             for a in sorted(client.listdir_attr(path), key=lambda a: a.filename)]
@@ -104,21 +135,31 @@ def _list(client: Any, path: str, limit: int, offset: int) -> dict:
 
 
 def _read(client: Any, node: str, path: str, offset: int) -> dict:
+    """A page of a file's text, masked from the file's start before it is cut (masking.masked_page): the
+    caller's offset (in the masked text) never cuts a secret out of its mask. Only MASKED_BYTES from the
+    start are read so; the rest of a larger file is downloaded."""
     real = _readable(client, node, path)
     attributes = client.stat(real)
     if not stat.S_ISREG(attributes.st_mode or 0):
         raise InvalidArgument(f"{real} on {node} is a {_kind(attributes.st_mode)}, not a file.")
+    if offset >= MASKED_BYTES:
+        raise InvalidArgument(f"offset={offset}: a read shows the first {MASKED_BYTES // 1024 ** 2} MiB of a file, "
+                              f"masked from its start; download the file (write_node_files action=download) for "
+                              f"the rest.")
+    wanted = min(offset + READ_BYTES + LOOKAHEAD, MASKED_BYTES)
     with client.open(real, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read(READ_BYTES + 1)
+        data = handle.read(wanted + 1)
     if b"\x00" in data:
         return {"path": real, "size": human_bytes(attributes.st_size), "binary": True,
                 "note": "a binary file: download it (write_node_files action=download)"}
-    shown = data[:READ_BYTES]
-    answer = {"path": real, "size": human_bytes(attributes.st_size), "content": mask(shown.decode("utf-8", "replace")),
-              "untrusted": True}
-    if len(data) > READ_BYTES:
-        answer |= {"truncated": True, "next_offset": offset + READ_BYTES}
+    complete = len(data) <= wanted
+    page, following = masked_page(data[:wanted].decode("utf-8", "replace"), offset, READ_BYTES, complete)
+    answer = {"path": real, "size": human_bytes(attributes.st_size), "content": page, "untrusted": True}
+    if following is not None:
+        answer |= {"truncated": True, "next_offset": following}
+    elif not complete:
+        answer |= {"truncated": True, "note": f"past the first {MASKED_BYTES // 1024 ** 2} MiB (or a private key "
+                                               f"that does not end): download the file for the rest"}
     return answer
 
 
@@ -131,8 +172,8 @@ def node_files(where: Where, path: NodePath, action: Literal["list", "read"] = "
         raise InvalidArgument(f"{clean} on {node} is {_refused(clean)}: no tool reads it. Nothing was sent.")
     gates = ("read",) if action == "list" else ("sensitive",)
     answer = admitted(target.product, target.label, gates, f"sftp {node}: {action} {clean}", [],
-                      lambda: _sftp(target, node, lambda c: _list(c, clean, limit, offset) if action == "list"
-                                    else _read(c, node, clean, offset)))
+                      lambda: _sftp(target, node, lambda c: _list(c, node, clean, limit, offset) if action == "list"
+                                    else _read(c, node, clean, offset)), node_file=(action, clean))
     return {"node": node} | answer | {"untrusted": True}
 
 
@@ -203,7 +244,7 @@ def _download(target: Any, node: str, path: str, local: str) -> dict:
         with os.fdopen(fd, "wb") as out:
             def copy(client: Any) -> str:
                 nonlocal written
-                real = _readable(client, node, path)
+                real = _readable(client, node, path, "download")
                 with client.open(real, "rb") as source:
                     while block := source.read(1 << 16):
                         written += len(block)
@@ -247,8 +288,9 @@ def _local_file(local: str) -> tuple[int, int, str]:
     return fd, info.st_size, digest.hexdigest()
 
 
-def _writable(client: Any, node: str, path: str) -> None:
-    """A node path a write may replace: not a link, not a folder."""
+def _writable(client: Any, node: str, path: str, action: str) -> None:
+    """A node path a write may replace: not a link, not a folder, in a folder judged as the path given."""
+    _judged_alike(node, action, path, _real_parent(client, path))
     try:
         attributes = client.lstat(path)
     except OSError:
@@ -258,8 +300,8 @@ def _writable(client: Any, node: str, path: str) -> None:
                               f"or deleted here (a link is never followed).")
 
 
-def _put(client: Any, node: str, path: str, blocks: Any) -> int:
-    _writable(client, node, path)
+def _put(client: Any, node: str, path: str, blocks: Any, action: str = "write") -> int:
+    _writable(client, node, path, action)
     sent = 0
     with client.open(path, "wb") as out:
         for block in blocks:
@@ -279,7 +321,7 @@ def _file_blocks(fd: int, expected: str) -> Any:
 
 
 def _delete(client: Any, node: str, path: str) -> None:
-    _writable(client, node, path)
+    _writable(client, node, path, "delete")
     client.remove(path)
 
 
@@ -300,21 +342,22 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
         if _refused(clean):
             raise InvalidArgument(f"{clean} on {node} is {_refused(clean)}: no tool reads it. Nothing was sent.")
         return {"node": node} | admitted(target.product, target.label, ("sensitive", "write"), f"{what} to {local}",
-                                         [], lambda: _download(target, node, clean, local))
+                                         [], lambda: _download(target, node, clean, local), node_file=(action, clean))
     if action == "delete":
         admitted(target.product, target.label, ("elevated", "destructive"), what, [],
-                 lambda: _sftp(target, node, lambda c: _delete(c, node, clean)))
+                 lambda: _sftp(target, node, lambda c: _delete(c, node, clean)), node_file=(action, clean))
         return {"node": node, "path": clean, "result": "deleted"}
     if action == "write":
         data = content.encode()
         sent = admitted(target.product, target.label, ("elevated",), what, [],
-                        lambda: _sftp(target, node, lambda c: _put(c, node, clean, [data])), contents=data)
+                        lambda: _sftp(target, node, lambda c: _put(c, node, clean, [data])), contents=data,
+                        node_file=(action, clean))
         return {"node": node, "path": clean, "bytes": sent, "result": "written"}
     fd, size, sha = _local_file(local)
     try:
         sent = admitted(target.product, target.label, ("elevated",), f"{what} from {local}", [],
-                        lambda: _sftp(target, node, lambda c: _put(c, node, clean, _file_blocks(fd, sha))),
-                        audit={"file": {"bytes": size, "sha256": sha}})
+                        lambda: _sftp(target, node, lambda c: _put(c, node, clean, _file_blocks(fd, sha), "upload")),
+                        audit={"file": {"bytes": size, "sha256": sha}}, node_file=(action, clean))
     finally:
         os.close(fd)
     return {"node": node, "path": clean, "bytes": sent, "sha256": sha, "result": "uploaded"}

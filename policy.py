@@ -218,6 +218,7 @@ class Decision:
     standing: str | None = None  # the standing yes that covers it (an open terminal's: grant_standing)
     in_guest: bool = False  # runs inside its guests (a shell's pct exec/enter/push/pull): the exec allow-list
     writer: bool = False  # a read sent with the write token (sent_by_writer)
+    node_file: tuple[str, str] | None = None  # a node's file over SFTP: (action, path), judged by node_file_view
 
     @property
     def gate(self) -> str:
@@ -238,15 +239,52 @@ def document_decision(product: str, path: str) -> Decision:
 
 
 def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason: str,
-                   contents: bytes | None = None, *, secret: bool = False, standing: str | None = None) -> Decision:
+                   contents: bytes | None = None, *, secret: bool = False, standing: str | None = None,
+                   node_file: tuple[str, str] | None = None) -> Decision:
     """A shell command (SSH) as a Decision: the gates it needs and the guests it runs in (a shell
     reaches a guest only through pct exec, enter, push or pull: `in_guest`, so the exec allow-list holds
     it at any gate, docs/REVIEW-SECURITY.md F10); file contents or stdin are audited as size and keyed
-    hash only, a `secret` stdin (a password) not at all; `standing`: the open terminal whose yes covers
-    it (grant_standing)."""
+    hash only, a `secret` stdin (a password) not at all;
+    `standing`: the open terminal whose yes covers it (grant_standing); `node_file`: a node's file
+    (action, path), classified by the guests its path names (node_file_view)."""
     audited = {"password": MASK} if secret else {"contents": contents} if contents is not None else {}
-    return Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited,
-                    standing=standing, in_guest=bool(guests))
+    decision = Decision("SSH", what, {}, "", combine(set(gates)), [reason], sorted(guests), audit_params=audited,
+                        standing=standing, node_file=node_file, in_guest=bool(guests))
+    if node_file is not None:
+        action, path = node_file
+        named = node_file_view(action, path)[0]
+        data = sorted(vmid for vmid, kind in named.items() if kind == "data")
+        # a config read stays a config read (sensitive); what writes names every guest it touches
+        decision.guests = sorted(set(decision.guests) | set(data if action in FILE_READS else named))
+        if data:  # a guest's disk, root or backup: its files, as the agent reaches them (exec, + sensitive to read)
+            reading = {"sensitive"} if action in FILE_READS else set()
+            decision.gates = combine(set(decision.gates) | {"exec"} | reading)
+            decision.in_guest = True  # its files, as a shell in it reaches them: the exec allow-list too
+            decision.reasons.append(f"the files of guest {', '.join(map(str, data))} (its disk, root or backups), "
+                                    f"as guest file access")
+    return decision
+
+
+FILE_READS = ("list", "read", "download")  # of a node's file; anything else writes or deletes it
+# Node paths a file write does not reach: the cluster's and the Backup Server's configuration, which the
+# API changes through the judgement it needs (protected guests' configs, the firewall's lock-out guard,
+# storages, HA, jobs): docs/SECURITY.md#node-files
+CLUSTER_CONFIG = re.compile(r"/etc/(?:pve|proxmox-backup)(?:/.*)?")
+
+
+def node_file_view(action: str, path: str) -> tuple[dict[int, str], bool]:
+    """How a node's file is judged: the guests its path names (protection.node_path_guests) and whether
+    a write would change cluster configuration. A tool compares it for the path given and the node's
+    real path of it (links resolved), so a link cannot carry a write or read elsewhere."""
+    return protection.node_path_guests(path), action not in FILE_READS and bool(CLUSTER_CONFIG.fullmatch(path))
+
+
+def _judge_node_file(decision: Decision) -> None:
+    action, path = decision.node_file
+    if node_file_view(action, path)[1]:
+        raise PolicyError(f"{path} is cluster configuration (guests' configs, the firewall, storages, HA, jobs): "
+                          f"it is changed through the API, where protected guests and the firewall's lock-out "
+                          f"guard are judged, never by a file {action}. Nothing was sent.")
 
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
@@ -361,6 +399,8 @@ def judge(host: Any, decision: Decision) -> None:
     require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
                   decision.template)
     _refuse_invalid(decision)
+    if decision.node_file is not None:
+        _judge_node_file(decision)
     if decision.gates != ("read",):
         check_protected(host, decision)
     _check_exec_allowed(decision)
@@ -435,6 +475,8 @@ PBS_EXPOSING = [(r"/admin/datastore/\{store\}/protected", lambda params: not tru
 
 def guarded_on_pbs(decision: Decision) -> bool:
     """Whether a PBS call can cost a guest its backups (see PBS_EXPOSING)."""
+    if decision.node_file is not None and decision.node_file[0] not in FILE_READS:
+        return True  # a file written or deleted in a datastore can be a backup's
     return "destructive" in decision.gates or decision.method != "GET" and any(
         re.fullmatch(pattern, decision.template) and exposes(decision.params) for pattern, exposes in PBS_EXPOSING)
 

@@ -161,6 +161,31 @@ def named_guests(product: str, template: str, path_params: dict[str, str], param
     return found
 
 
+# ================================================================ node paths that name a guest
+
+# A node's files that are a guest's, as named_guests finds a guest in an API path (docs/SECURITY.md#node-files;
+# docs/PROXMOX-BEHAVIOUR.md#guest-files-on-the-node): (regex searched in the normalised path, kind). A
+# guest's config names it; its data (a disk, a container's root, its backups) is the guest's files.
+NODE_PATHS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"^/etc/pve/(?:local/|nodes/[^/]+/)?(?:qemu-server|lxc|openvz)/(\d+)\.conf$"), "config"),
+    (re.compile(r"^/etc/pve/(?:local/|nodes/[^/]+/)?firewall/(\d+)\.fw$"), "config"),
+    (re.compile(r"(?:^|/)images/(\d+)(?:/|$)"), "data"),  # a directory storage's disks: images/<vmid>/
+    (re.compile(r"(?:^|/)(?:vm|base|subvol|basevol)-(\d+)-(?:disk|cloudinit|state)"), "data"),  # volumes, ZFS subvols
+    (re.compile(r"(?:^|/)var/lib/lxc/(\d+)(?:/|$)"), "data"),  # a container's root as LXC mounts it
+    (re.compile(r"(?:^|/)(?:vm|ct)/(\d+)(?:/|$)"), "data"),  # a PBS datastore's backup group
+    (re.compile(r"vzdump-(?:qemu|lxc|openvz)-(\d+)-"), "data"),  # a vzdump archive
+]
+
+
+def node_path_guests(path: str) -> dict[int, str]:
+    """The guests a node path is a part of: vmid -> "config" or "data" (data wins)."""
+    found: dict[int, str] = {}
+    for pattern, kind in NODE_PATHS:
+        for vmid in pattern.findall(path):
+            found[int(vmid)] = "data" if kind == "data" else found.get(int(vmid), kind)
+    return found
+
+
 # ================================================================ requests that act on guests they do not list
 
 # (template, the parameter that lists the guests (None: none does), when it applies: "always", or

@@ -253,12 +253,13 @@ class _ShellHost:
 
 
 def shell_step(what: str, gates: tuple[str, ...], guests: list[int], contents: bytes | None = None, *,
-               secret: bool = False, standing: str | None = None, audit: dict | None = None) -> policy.Decision:
+               secret: bool = False, standing: str | None = None, audit: dict | None = None,
+               node_file: tuple[str, str] | None = None) -> policy.Decision:
     """A shell command as the policy judges it (a multi-step tool declares these before its first
     write: ProxmoxClient.plan); `secret` stdin (a password) is not audited at all; `audit` is what the
     audit line shows instead (a file sent: its size and SHA-256)."""
     decision = policy.shell_decision(what, gates, guests, f"runs: {what}", contents, secret=secret,
-                                     standing=standing)
+                                     standing=standing, node_file=node_file)
     if audit is not None:
         decision.audit_params = audit
     return decision
@@ -266,10 +267,12 @@ def shell_step(what: str, gates: tuple[str, ...], guests: list[int], contents: b
 
 def admitted(product: str, label: str, gates: tuple[str, ...], what: str, guests: list[int],
              action: Callable[[], Any], contents: bytes | None = None, *, secret: bool = False,
-             standing: str | None = None, audit: dict | None = None) -> Any:
+             standing: str | None = None, audit: dict | None = None, node_file: tuple[str, str] | None = None) -> Any:
     """Run a shell `action` once the policy's admission step lets it: gates, protected guests,
-    PROXMOX_EXEC_ALLOWED_VMIDS, dry run, confirmation and audit, as for every HTTP request."""
-    decision = shell_step(what, gates, guests, contents, secret=secret, standing=standing, audit=audit)
+    PROXMOX_EXEC_ALLOWED_VMIDS, dry run, confirmation and audit, as for every HTTP request; `node_file`:
+    the (action, path) of a node's file (policy.shell_decision)."""
+    decision = shell_step(what, gates, guests, contents, secret=secret, standing=standing, audit=audit,
+                          node_file=node_file)
     return policy.admit(_ShellHost(product, label), "SSH", what, {}, lambda _: action(), decision=decision)
 
 

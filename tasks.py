@@ -13,6 +13,7 @@ from mcp.server.mcpserver import Context
 import policy
 from answers import compact, iso_time, progress_reporter
 from errors import InvalidArgument, ProxmoxError
+from masking import masked_lines
 from proxmox_client import ProxmoxClient, parse_upid, task_outcome
 
 TASK_GOING = ("started", "still_running")  # `task` of a write whose task has not ended yet
@@ -53,7 +54,8 @@ def task_report(client: ProxmoxClient, upid: str, wait_seconds: int, log_lines: 
                       "id": status.get("id"), "user": user, "status": status.get("status"),
                       "exitstatus": status.get("exitstatus"), "start": iso_time(status.get("starttime"))})
     if log_lines:
-        result["log"] = [line["t"] for line in client.task_log(upid, limit=0)[-log_lines:]]
+        lines = masked_lines([line.get("t", "") for line in client.task_log(upid, limit=0)], 0, 10 ** 9, True)[0]
+        result["log"] = lines[-log_lines:]  # masked whole, then cut: the tail never starts inside a key
     if status.get("status") == "stopped":
         result["result"] = task_outcome(status.get("exitstatus")) or "unknown"
     return result
@@ -74,10 +76,12 @@ def upid_product(upid: str) -> str:
 def log_page(client: ProxmoxClient, upid: str, start: int, limit: int) -> dict:
     """Log lines of a task from `start`, with `next_start` when there are more."""
     parse_upid(upid, client.host.product)
-    lines = client.task_log(upid, start=start, limit=limit + 1)
-    result: dict[str, Any] = {"upid": upid, "lines": [line["t"] for line in lines[:limit]]}
-    if len(lines) > limit:
-        result["next_start"] = start + limit
+    wanted = start + limit + 1  # read from the first line: masked before paged (masking.masked_lines)
+    lines = client.task_log(upid, start=0, limit=wanted)
+    page, following = masked_lines([line.get("t", "") for line in lines], start, limit, len(lines) < wanted)
+    result: dict[str, Any] = {"upid": upid, "lines": page}
+    if following is not None:
+        result["next_start"] = following
     return result
 
 

@@ -19,6 +19,7 @@ Sessions (the operator's configuration each entry is tried in):
 """
 import copy
 import json
+import re
 from types import SimpleNamespace
 from urllib.parse import unquote
 
@@ -565,6 +566,71 @@ def test_their_legitimate_neighbours_pass(entry):
         policy.CALL.reset(token)
         policy.configure(original)
     assert len(sent) == 1
+
+
+# ---------------------------------------------------------------- node files (docs/REVIEW-SECURITY.md F05, F06)
+# A node's file is judged by what its path is (policy.shell_decision, protection.NODE_PATHS): a guest's
+# disk, root or backups are its files (exec, + sensitive to read; the guest named: protection, the exec
+# allow-list); cluster configuration is written through the API only.
+NODE_FILES = [  # (session, product, action, path, what the refusal says)
+    ("open", "pve", "write", "/etc/pve/lxc/100.conf", "cluster configuration"),
+    ("open", "pve", "write", "/etc/pve/local/qemu-server/101.conf", "cluster configuration"),
+    ("open", "pve", "write", "/etc/pve/firewall/cluster.fw", "cluster configuration"),
+    ("open", "pve", "upload", "/etc/pve/nodes/pve1/host.fw", "cluster configuration"),
+    ("open", "pve", "delete", "/etc/pve/jobs.cfg", "cluster configuration"),
+    ("open", "pve", "write", "/etc/pve/storage.cfg", "cluster configuration"),
+    ("open", "pbs", "write", "/etc/proxmox-backup/sync.cfg", "cluster configuration"),
+    ("open", "pve", "delete", "/var/lib/vz/images/100/vm-100-disk-0.qcow2", "protected"),
+    ("open", "pve", "write", "/dev/zvol/rpool/data/vm-101-disk-0", "protected"),
+    ("open", "pve", "upload", "/rpool/data/subvol-102-disk-0/etc/passwd", "protected"),
+    ("open", "pve", "delete", "/var/lib/vz/dump/vzdump-qemu-100-2026_01_01-00_00_00.vma.zst", "protected"),
+    ("open", "pve", "write", "/var/lib/lxc/102/rootfs/etc/crontab", "protected"),
+    ("open", "pbs", "delete", "/mnt/datastore/backup/vm/101/2026-01-01T00:00:00Z/index.json.blob", "protected"),
+    ("open", "pbs", "write", "/mnt/datastore/backup/ns/old/ct/102/owner", "protected"),
+    ("open", "pve", "read", "/var/lib/lxc/102/rootfs/etc/app.env", "protected"),  # a guest's files
+    ("exec_list", "pve", "read", "/var/lib/lxc/103/rootfs/etc/app.env", "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pve", "list", "/rpool/data/subvol-103-disk-0/root", "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pve", "download", "/var/lib/vz/images/104/vm-104-disk-0.qcow2", "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("exec_list", "pbs", "download", "/mnt/datastore/backup/vm/104/2026-01-01T00:00:00Z/drive-scsi0.img.fidx",
+     "PROXMOX_EXEC_ALLOWED_VMIDS"),
+    ("read", "pve", "list", "/var/lib/lxc/103/rootfs/root", "'exec'"),
+]
+NODE_FILES_ALLOWED = [  # their neighbours: what is no guest's and no cluster configuration
+    ("open", "pve", "write", "/etc/motd"),
+    ("open", "pve", "write", "/root/images-2026/notes.txt"),
+    ("open", "pve", "read", "/etc/pve/qemu-server/100.conf"),  # a config read stays a config read
+    ("open", "pve", "list", "/var/lib/vz/images"),
+    ("exec_list", "pve", "read", "/var/lib/lxc/105/rootfs/etc/hostname"),  # allowed, not protected there
+    ("read", "pve", "list", "/var/lib/lxc"),
+]
+NODE_GATES = {"list": ("read",), "read": ("sensitive",), "download": ("sensitive", "write"),
+              "write": ("elevated",), "upload": ("elevated",), "delete": ("elevated", "destructive")}
+
+
+def admit_node_file(session: str, product: str, action: str, path: str) -> list:
+    decision = policy.shell_decision(f"sftp pve1: {action} {path}", NODE_GATES[action], [], "node file",
+                                     node_file=(action, path))
+    sent, original = [], policy.settings()
+    policy.configure(settings_for(session))
+    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    try:
+        policy.admit(PBS if product == "pbs" else PVE, "SSH", decision.path, {}, sent.append, decision=decision)
+    finally:
+        policy.CALL.reset(token)
+        policy.configure(original)
+    return sent
+
+
+@pytest.mark.parametrize("entry", NODE_FILES, ids=lambda e: f"{e[0]} {e[2]} {e[3]}"[:70])
+def test_a_node_file_is_judged_by_what_its_path_is(entry):
+    session, product, action, path, expected = entry
+    with pytest.raises(PolicyError, match=re.escape(expected)):
+        admit_node_file(session, product, action, path)
+
+
+@pytest.mark.parametrize("entry", NODE_FILES_ALLOWED, ids=lambda e: f"{e[0]} {e[2]} {e[3]}"[:70])
+def test_the_neighbours_of_node_files_pass(entry):
+    assert len(admit_node_file(*entry)) == 1
 
 
 # ---------------------------------------------------------------- issue 34: guests Proxmox itself marks (pack)

@@ -309,3 +309,61 @@ def test_an_unfinished_private_key_is_masked_when_the_stream_ends_and_a_prompt_s
     assert stream.feed("more body\n", final=True) == "***"
     for prompt in ("root@pve1:~# ", "[sudo] password for alice: ", "Password: ", "Do you want to continue? [Y/n] "):
         assert masking.StreamMask().feed("done\n" + prompt) == "done\n" + prompt
+
+
+# ---------------------------------------------------------------- masked before paged (docs/REVIEW-SECURITY.md F04)
+# A caller who chooses where a page starts (node_files offset, task_log start) or where a read ends
+# cannot cut a secret out of its mask: the source is masked from its start, then paged
+# (masking.masked_page, masking.masked_lines); what may still become part of a secret is held back.
+from masking import masked_lines, masked_page  # noqa: E402
+
+KEY_BODY = "zqPageKeyBody0123456789abcdefXYZ"
+KEY_LINES = ["-----BEGIN OPENSSH PRIVATE KEY-----", "b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" + KEY_BODY,
+             KEY_BODY[::-1], "-----END OPENSSH PRIVATE KEY-----"]
+
+
+def paged_secrets() -> list[str]:
+    return secrets_of("a")[:-1] + [KEY_BODY, KEY_BODY[::-1]]
+
+
+def shapes_a() -> list[str]:
+    return lines_of("a")[:-1]  # the last is this server's own token, masked once it is registered
+
+
+def test_no_offset_or_end_of_read_cuts_a_secret_out_of_its_mask():
+    text = "\n".join(["# backup.conf"] + KEY_LINES + shapes_a()) + "\n"
+    for end in range(0, len(text) + 1, 7):  # where the read stopped (the whole text at the last)
+        complete = end >= len(text)
+        for offset in range(0, end + 1, 5):
+            page, _ = masked_page(text[:end], offset, 64, complete)
+            assert not [s for s in paged_secrets() if s[:6] in page], (end, offset, page)
+    shown, following = masked_page(text, 0, len(text) * 2, True)
+    assert following is None and shown.startswith("# backup.conf\n-----BEGIN OPENSSH PRIVATE KEY-----***")
+
+
+def test_no_start_line_cuts_a_key_out_of_its_mask():
+    lines = ["INFO: starting"] + KEY_LINES + shapes_a() + ["INFO: done"]
+    for end in range(len(lines) + 1):
+        for start in range(end + 1):
+            page, _ = masked_lines(lines[:end], start, 3, end == len(lines))
+            assert not [s for s in paged_secrets() if s[:6] in "\n".join(page)], (end, start, page)
+
+
+def test_a_task_logs_pages_are_masked_before_they_are_cut(servers, sim):
+    lines = ["INFO: starting"] + KEY_LINES + ["INFO: done"]
+    upid = sim.lab.start_task("pve1", "vzdump", "100", finished=True, lines=lines, exitstatus="OK")
+    pages = [servers["a"].ok("get_task", {"upid": upid, "start": start, "log_lines": 2})["lines"] for start in range(6)]
+    assert not [s for s in paged_secrets() if s[:6] in json.dumps(pages)], pages
+    tails = [servers["a"].ok("get_task", {"upid": upid, "log_lines": n})["log"] for n in range(1, 6)]
+    assert not [s for s in paged_secrets() if s[:6] in json.dumps(tails)], tails
+    assert servers["a"].ok("get_task", {"upid": upid, "start": 0})["lines"] == [
+        "INFO: starting", "-----BEGIN OPENSSH PRIVATE KEY-----***-----END OPENSSH PRIVATE KEY-----", "INFO: done",
+        "TASK OK"]
+
+
+def test_a_file_without_secrets_pages_as_it_is():  # the neighbour
+    text = "".join(f"line {n}: nothing secret here\n" for n in range(100))
+    page, following = masked_page(text, 30, 100, True)
+    assert page == text[30:130] and following == 130
+    assert masked_page(text, len(text) - 10, 100, True) == (text[-10:], None)
+    assert masked_page(text + "partial", 0, 10 ** 6, False) == (text, len(text))  # the last line waits

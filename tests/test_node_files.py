@@ -169,3 +169,18 @@ def test_both_tools_over_mcp(files, tree):
     files.ok("write_node_files", {"where": "pve3", "action": "write", "path": str(target), "content": "mcp\n",
                                   "confirm": True})
     assert target.read_text() == "mcp\n"
+
+
+def test_a_link_cannot_carry_a_file_write_or_read_into_a_guest(files, tree):
+    """The admission judges the path given (docs/REVIEW-SECURITY.md F05, F06): a folder link that leads
+    into a container's root on the node (protected 101's here) is refused at its real path, nothing written."""
+    root = tree / "var" / "lib" / "lxc" / "101" / "rootfs" / "etc"
+    root.mkdir(parents=True)
+    (root / "hostname").write_text("db\n")
+    (tree / "innocent").symlink_to(root)
+    message = files.error("write_node_files", {"where": "pve1", "action": "write", "content": "x\n",
+                                               "path": str(tree / "innocent" / "motd"), "confirm": True})
+    assert "judged otherwise" in message and not (root / "motd").exists()
+    assert "judged otherwise" in files.error("node_files", {"where": "pve1", "action": "read",
+                                                            "path": str(tree / "innocent" / "hostname")})
+    assert "protected" in files.error("node_files", {"where": "pve1", "action": "read", "path": str(root / "hostname")})

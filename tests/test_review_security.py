@@ -151,7 +151,6 @@ def files(sim, sshd, tree, tmp_path_factory):
 
 
 @needs_sshd
-@pytest.mark.xfail(strict=True, reason="F04: open (docs/REVIEW-SECURITY.md)")
 def test_f04_a_read_offset_cuts_a_secret_out_of_its_mask(files, tree):
     """F04: node_files masks the page it read from `offset`, not the file: an offset just past a private
     key's BEGIN line, or just past `password=`, shows the key's body and the password in clear (the
@@ -173,7 +172,6 @@ def test_f04_a_read_offset_cuts_a_secret_out_of_its_mask(files, tree):
     ("pve1", "write", "/etc/pve/firewall/cluster.fw"),  # the cluster firewall, past the lock-out guard
     ("pbs", "delete", "/mnt/datastore/store1/vm/101/2026-01-01T00:00:00Z/index.json.blob"),  # 101's backup
 ])
-@pytest.mark.xfail(strict=True, reason="F05: open (docs/REVIEW-SECURITY.md)")
 def test_f05_node_file_writes_reach_what_the_api_guards(files, sim, where, action, path):
     """F05: write_node_files judges a path by gates only (elevated; + destructive to delete): a protected
     guest's config, disk or backup, or the cluster firewall file, is written or deleted without the
@@ -189,7 +187,6 @@ def test_f05_node_file_writes_reach_what_the_api_guards(files, sim, where, actio
 
 @needs_sshd
 @pytest.mark.parametrize("root", ["var/lib/lxc/102/rootfs", "rpool/data/subvol-102-disk-0"])
-@pytest.mark.xfail(strict=True, reason="F06: open (docs/REVIEW-SECURITY.md)")
 def test_f06_a_containers_files_are_read_from_the_node_at_the_sensitive_gate(files, tree, root):
     """F06: node_files reads a container's files through its root on the node with only the sensitive gate:
     no exec gate and no PROXMOX_EXEC_ALLOWED_VMIDS (which a guest's files need: exec + sensitive), and the
