@@ -238,14 +238,14 @@ def mask_json(data: Any) -> str:
 
 
 # A private key begun and not ended in the text read so far (mask() has replaced every whole one).
-_OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*-----END [A-Z ]*PRIVATE KEY-----)")
+_PAGE_OPEN_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?![\s\S]*-----END [A-Z ]*PRIVATE KEY-----)")
 
 
-def _settled(masked: str) -> int:
+def _page_settled(masked: str) -> int:
     """How much of masked text read from a source's start stays as it is when more is read: up to
     its last line's start, and before a private key it has begun and not ended."""
     cut = masked.rfind("\n") + 1
-    begun = _OPEN_KEY.search(masked)
+    begun = _PAGE_OPEN_KEY.search(masked)
     return min(cut, begun.start()) if begun else cut
 
 
@@ -257,7 +257,7 @@ def masked_page(text: str, offset: int, size: int, complete: bool) -> tuple[str,
     private key not ended yet) is held back until more is read, as terminals.PARTIAL_ESCAPE holds an escape."""
     masked = mask(text)
     if not complete:
-        masked = masked[:_settled(masked)]
+        masked = masked[:_page_settled(masked)]
     page = masked[offset:offset + size]
     more = offset + len(page) < len(masked) or not complete
     return page, offset + len(page) if more and page else None
@@ -268,7 +268,7 @@ def masked_lines(lines: list[str], start: int, limit: int, complete: bool) -> tu
     lines is one secret), the page of `limit` lines from `start`, and the next start (None at the end)."""
     masked = mask("\n".join(lines) + "\n" * (not complete))
     if not complete:
-        masked = masked[:_settled(masked)]
+        masked = masked[:_page_settled(masked)]
     rows = masked.split("\n") if masked else []
     if rows and rows[-1] == "" and not complete:
         rows.pop()
