@@ -405,6 +405,8 @@ class Lab:
                                                   owner=mcp_pbs)
         self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                             ("/", "PVEAuditor", True)]), False)
+        # root@pam by password: the only caller of a method without `permissions` (execute, wipedisk, ...)
+        self.logins["pve"]["root@pam"] = ("sim-root-password-4710", Token("", [("/", "Administrator", True)]), False)
         self.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
         self.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token(
             "", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)]), False)

@@ -63,7 +63,6 @@ def test_ha_rules_do_not_exist_on_pve8():
     assert refused.value.status == 501
 
 
-@DIFFERS
 def test_execute_is_for_root_at_pam_only_never_a_token():
     """POST /nodes/{node}/execute has no `permissions`: check_api2_permissions lets only the user
     root@pam through (`raise_perm_exc('user != root@pam') if !$perm`), and a token's user is its
@@ -98,6 +97,15 @@ def test_an_ha_rule_for_an_unprotected_guest_passes_on_pve9_without_groups(sim, 
                                                         "resources": "ct:102", "nodes": "pve3"}})
     sim.lab.ha_rules.pop("review-keep", None)
     assert "error" not in json.dumps(done).lower()
+
+
+def test_a_batch_with_a_token_only_says_it_is_for_root_at_pam(sim, protected_env):
+    """With tokens only, Proxmox refuses execute (above): the answer says so and how to send it."""
+    commands = json.dumps([{"method": "GET", "path": "status"}])
+    with tool_session(protected_env, log_name="review-execute") as session:
+        message = session.error("write_call_api", {"method": "POST", "path": "/nodes/pve1/execute",
+                                                   "params": {"commands": commands}, "confirm": True})
+    assert "root@pam only" in message and "PROXMOX_LAB_USER=root@pam" in message
 
 
 @pytest.fixture(scope="module", params=[9, 8], ids=["pve9", "pve8"])
