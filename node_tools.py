@@ -247,25 +247,47 @@ def _local_file(local: str) -> tuple[int, int, str]:
     return fd, info.st_size, digest.hexdigest()
 
 
-def _writable(client: Any, node: str, path: str) -> None:
-    """A node path a write may replace: not a link, not a folder."""
+def _writable(client: Any, node: str, path: str) -> int | None:
+    """A node path a write may replace: not a link, not a folder; the mode of the file there (None: new)."""
     try:
         attributes = client.lstat(path)
     except OSError:
-        return  # a new file
+        return None  # a new file
     if not stat.S_ISREG(attributes.st_mode or 0):
         raise InvalidArgument(f"{path} on {node} is a {_kind(attributes.st_mode)}; only a regular file is written "
                               f"or deleted here (a link is never followed).")
+    return stat.S_IMODE(attributes.st_mode)
 
 
 def _put(client: Any, node: str, path: str, blocks: Any) -> int:
-    _writable(client, node, path)
-    sent = 0
-    with client.open(path, "wb") as out:
-        for block in blocks:
-            out.write(block)
-            sent += len(block)
+    """Written beside it as `<path>.tmp.<random>`, then renamed over it, as Proxmox writes every /etc/pve
+    file (pve-common File.pm file_set_contents): pmxcfs replicates each write at once, and pve-firewall,
+    the HA stack or pvestatd never read it half-written (docs/PROXMOX-BEHAVIOUR.md#node-files)."""
+    mode = _writable(client, node, path)
+    temporary, sent = f"{path}.tmp.{os.urandom(4).hex()}", 0
+    try:
+        with client.open(temporary, "wbx") as out:
+            for block in blocks:
+                out.write(block)
+                sent += len(block)
+        client.chmod(temporary, 0o644 if mode is None else mode)
+        client.posix_rename(temporary, path)
+    except BaseException:
+        try:
+            client.remove(temporary)
+        except OSError:
+            pass  # never made, or renamed already
+        raise
     return sent
+
+
+PMXCFS_MAX = 1024 * 1024  # a file in /etc/pve (pve-cluster src/pmxcfs/memdb.h MEMDB_MAX_FILE_SIZE)
+
+
+def _fits(path: str, size: int) -> None:
+    if (path == "/etc/pve" or path.startswith("/etc/pve/")) and size > PMXCFS_MAX:
+        raise InvalidArgument(f"{path} is in /etc/pve (pmxcfs), which holds files of at most 1 MiB; this is "
+                              f"{human_bytes(size)}. Nothing was sent.")
 
 
 def _file_blocks(fd: int, expected: str) -> Any:
@@ -307,11 +329,13 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
         return {"node": node, "path": clean, "result": "deleted"}
     if action == "write":
         data = content.encode()
+        _fits(clean, len(data))
         sent = admitted(target.product, target.label, ("elevated",), what, [],
                         lambda: _sftp(target, node, lambda c: _put(c, node, clean, [data])), contents=data)
         return {"node": node, "path": clean, "bytes": sent, "result": "written"}
     fd, size, sha = _local_file(local)
     try:
+        _fits(clean, size)
         sent = admitted(target.product, target.label, ("elevated",), f"{what} from {local}", [],
                         lambda: _sftp(target, node, lambda c: _put(c, node, clean, _file_blocks(fd, sha))),
                         audit={"file": {"bytes": size, "sha256": sha}})
