@@ -53,7 +53,6 @@ def test_ha_groups_cannot_be_listed_on_pve9_once_there_are_none():
     assert refused.value.status == 500 and "migrated to rules" in refused.value.message
 
 
-@DIFFERS
 def test_ha_rules_do_not_exist_on_pve8():
     """pve-ha-manager 4.x has no /cluster/ha/rules: pveproxy answers 501 `Method 'GET
     /cluster/ha/rules' not implemented` (pve-manager PVE/HTTPServer.pm rest_handler)."""
