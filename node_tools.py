@@ -57,6 +57,12 @@ REFUSED = [
     (r".*/\.ssh/id_[^/.]+|.*/id_(rsa|dsa|ecdsa|ed25519)(_sk)?", "an SSH private key"),
     (r".*\.key", "a private key"),
     (r"/etc/proxmox-backup/(shadow\.json|token\.shadow|.*\.key)", "the Backup Server's password or token secrets"),
+    # pve-cluster API2/ClusterConfig.pm $authfile (handed to joining nodes)
+    (r"/etc/corosync/authkey", "the cluster's corosync key"),
+    (r"/etc/proxmox-backup/tape-encryption-keys\.json", "the tape encryption keys"),  # src/tape/encryption_keys.rs
+    # pbs-api-types remote.rs: "The stored password is base64 encoded"
+    (r"/etc/proxmox-backup/remote\.cfg", "the remotes' passwords (base64 only)"),
+    (r"/etc/pve/sdn/(ipams|dns)\.cfg", "the SDN IPAM and DNS credentials (in the clear)"),  # pve-network
 ]
 KINDS = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink", stat.S_IFCHR: "char device",
          stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}

@@ -72,6 +72,9 @@ def test_read_a_file_masked_and_binary_not_shown(files, tree):
     ("/proc/self/environ", "environment"), ("/proc/1/task/1/environ", "environment"),
     ("/etc/ssh/ssh_host_ed25519_key", "SSH host private key"), ("/root/.ssh/id_rsa", "SSH private key"),
     ("/etc/proxmox-backup/token.shadow", "password or token secrets"), ("/etc/../etc/./shadow", "password hashes"),
+    ("/etc/corosync/authkey", "corosync key"), ("/etc/proxmox-backup/tape-encryption-keys.json", "tape"),
+    ("/etc/proxmox-backup/remote.cfg", "remotes' passwords"), ("/etc/pve/sdn/ipams.cfg", "IPAM and DNS"),
+    ("/etc/pve/sdn/dns.cfg", "IPAM and DNS"),
 ])
 def test_secret_files_are_refused_before_anything_is_sent(files, path, why):
     message = files.error("node_files", {"where": "pve1", "path": path, "action": "read"})
