@@ -352,6 +352,10 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
 
 # ---------------------------------------------------------------- power
 
+# pve-manager services/pve-guests.service: `ExecStop=-/usr/bin/vzdump -stop` runs before stop-all
+ABORTS = "A backup running on the node is aborted (pve-guests stops vzdump before its guests)."
+
+
 def write_node_power(node: Annotated[str, Field(description="e.g. pve1")], action: Literal["reboot", "shutdown"],
                      host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
                      ctx: Context | None = None) -> dict:
@@ -363,14 +367,14 @@ def write_node_power(node: Annotated[str, Field(description="e.g. pve1")], actio
     words = "; ".join(f"{e.name or 'guest'} ({e.vmid}): {e.how}" for e in effects) or "no guest runs there"
     path = f"/nodes/{node}/status"
     try:
-        client.plan([("POST", path, {"command": action})], f"{action.capitalize()} node {node}: {words}.")
+        client.plan([("POST", path, {"command": action})], f"{action.capitalize()} node {node}: {words}. {ABORTS}")
     except policy.DryRun as dry:  # the answer of a dry run shows the guests too
         dry.plan["guests"] = rows
         raise
     client.request("POST", path, {"command": action})
     stuck = [e.vmid for e in effects if e.how.startswith("HA cannot move it")]
     return {"node": node, "action": action, "result": "requested", "guests": rows,
-            "note": f"The node goes down a few seconds after the call; cluster_status shows when it is "
+            "note": f"{ABORTS} The node goes down a few seconds after the call; cluster_status shows when it is "
                     f"{'back' if action == 'reboot' else 'off'}." + (
                         f" Its shutdown waits while HA cannot move guest(s) {', '.join(map(str, stuck))}."
                         if stuck else "")}

@@ -269,6 +269,7 @@ class Lab:
         # maintenance mode, how long after the call a node goes down and how long a reboot takes
         self.datacenter: dict[str, str] = {"keyboard": "en-us"}
         self.ha_maintenance: set[str] = set()
+        self.ha_disarm: str | None = None  # `ha-manager crm-command disarm-ha freeze|ignore`: its mode
         self.node_command_seconds = 0.05
         self.reboot_seconds = 0.5
         self.node_commands: list[tuple[str, str]] = []  # (node, command) of each reboot or shutdown asked
