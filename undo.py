@@ -23,7 +23,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from job_edits import property_string
 from masking import MASK, audit_view, secret_param
 from receipt_store import IMPORTED
-from receipts import acting_steps, moved_to, power_state, rule_fields, stored_object, undo_state
+from receipts import acting_steps, is_rule, moved_to, power_state, rule_fields, stored_object, undo_state
 
 INVERSE_POWER = {"start": "shutdown", "stop": "start", "shutdown": "start", "suspend": "resume", "resume": "suspend"}
 CONTROL = {"delete", "digest", "skiplock", "revert", "background_delay", "force", "moveto", "pos"}
@@ -258,8 +258,7 @@ def made_rule_check(client: Any, made: dict | None, method: str, path: str) -> d
     if made is None or method != "PUT" or collection != made["collection"] or not pos.isdigit():
         return {}
     rules = client.get(collection) or []
-    rule = rules[int(pos)] if int(pos) < len(rules) else {}
-    if any(str(rule.get(k)) != str(v) for k, v in made["fields"].items() if k not in ("enable", "digest", "pos")):
+    if not is_rule(rules[int(pos)] if int(pos) < len(rules) else {}, made["fields"]):
         raise ProxmoxError(f"Rule {pos} of {collection} is not the rule just made again: the list changed meanwhile. "
                            f"The rule was made again disabled; find it with firewall_rules and move or enable it "
                            f"with write_edit_firewall_rule.")

@@ -622,9 +622,13 @@ def test_a_rule_made_again_is_read_back_before_it_is_moved(sim, tmp_path, monkey
             deleted = admin.ok("write_edit_firewall_rule", {"action": "delete", "pos": 1, "confirm": True})
             monkeypatch.setitem(simulator.api.HANDLERS["pve"], ("POST", "/cluster/firewall/rules"), and_someone_else)
             message = admin.error("write_undo_change", {"receipt": deleted["receipt"], "confirm": True})
-        assert "not the rule just made again" in message
-        assert [r.get("dport") for r in cluster["rules"]][:2] == ["8443", "22"]  # nothing moved
-        assert str(cluster["rules"][1].get("enable", 0)) == "0"  # the one made again is still off
+            assert "not the rule just made again" in message
+            assert [r.get("dport") for r in cluster["rules"]][:2] == ["8443", "22"]  # nothing moved
+            assert str(cluster["rules"][1].get("enable", 0)) == "0"  # the one made again is still off
+            cluster["rules"].pop(0)  # and the tool's own add at a position reads the list back the same way
+            added = admin.error("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH | {
+                "dport": "23"}, "confirm": True})
+            assert "not the rule just added" in added and cluster["rules"][0].get("dport") == "8443"
     finally:
         cluster["rules"] = saved
 
