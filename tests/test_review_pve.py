@@ -1,8 +1,7 @@
 """Review against Proxmox's source (docs/REVIEW-PROXMOX.md): where the simulator shares a belief with a
 tool that a real Proxmox does not hold. Each test makes the simulator (or a tool over it) do what
-Proxmox does. Those marked DIFFERS fail today (strict xfail, so the suite stays green and a fix shows
-as XPASS): the one fixing it removes the mark. The HA rule test passes today and fails once the
-simulator refuses the groups index, until the tool is fixed."""
+Proxmox does. A test marked DIFFERS fails until its fix lands (strict xfail, so the suite stays green
+and a fix shows as XPASS): the one fixing it removes the mark. None is left marked: all are fixed."""
 import json
 
 import pytest
