@@ -298,7 +298,8 @@ NAMED_FORMATS = {
     "pve-node": r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?",
     "pve-configid": r"(?i)[a-z][a-z0-9_\-]+",
     "pve-storage-id": r"(?i)[a-z][a-z0-9\-_.]*[a-z0-9]",
-    "pve-poolid": r"[A-Za-z0-9_\-]+",
+    # nested pools, three levels at most (pve-access-control AccessControl.pm verify_poolname, PVE 8.1+)
+    "pve-poolid": r"[A-Za-z0-9.\-_]+(?:/[A-Za-z0-9.\-_]+){0,2}",
     "pve-volume-id": r"(?i)[a-z][a-z0-9\-_.]*[a-z0-9]:.+",
     "pve-userid": r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+",
     # no leading zeros, 3 to 9 digits (docs/PROXMOX-BEHAVIOUR.md#vmids): 0000000101 is not guest 101

@@ -161,8 +161,10 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
     undo.check_host(found, client.host)
     plan = undo.undo_plan(found, client)
     _declare(client, plan)
-    steps = []
+    steps, made = [], None
     for method, path, params in plan.steps:
+        params = params | undo.made_rule_check(client, made, method, path)
+        made = undo.made_rule(method, path, params) or made
         done = run_task(client, method, path, params, wait_seconds, ctx, f"{method} {path}")
         steps.append({k: v for k, v in done.items() if k in ("action", "result", "status", "upid", "exitstatus")})
     made = list(policy.current_call().get("receipts", []))

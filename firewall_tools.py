@@ -16,6 +16,7 @@ from answers import ConfirmArg, DryRunArg, Host, Node, OptionalVmid, capped, com
 from errors import InvalidArgument, PolicyError, ProxmoxError
 from inventory import check_node, guest_path
 from proxmox_client import ProxmoxClient, pve_client
+from receipts import is_rule
 
 RULE_COLUMNS = ["pos", "type", "action", "match", "source", "dest", "iface", "enable", "comment"]
 RULE_KEYS = ("type", "action", "macro", "iface", "source", "dest", "proto", "enable", "log", "sport", "dport",
@@ -148,6 +149,17 @@ def _current(client: ProxmoxClient, base: str, pos: int | None, digest: str | No
     return rules, now
 
 
+def _ours_at(client: ProxmoxClient, base: str, pos: int, rule: dict[str, Any]) -> str | None:
+    """The list's digest, once the rule at `pos` is the one just added: create_rule checks no digest
+    (pve-firewall API2/Firewall/Rules.pm), so a rule another added meanwhile would be moved or enabled
+    instead (docs/PROXMOX-BEHAVIOUR.md#firewall-rules)."""
+    rules, digest = _current(client, base, None, None)
+    if not is_rule(rules[pos] if pos < len(rules) else {}, rule):
+        raise ProxmoxError(f"Rule {pos} of {base} is not the rule just added: the list changed meanwhile. The "
+                           f"rule was added disabled; find it with firewall_rules.")
+    return digest
+
+
 def _add(client: ProxmoxClient, base: str, rule: dict[str, Any], pos: int | None, count: int) -> int:
     """A new rule lands on top, disabled unless `enable` is given (docs/PROXMOX-BEHAVIOUR.md#firewall-rules):
     lower down it is added disabled, moved, then enabled, so that it never filters out of place. The
@@ -163,10 +175,10 @@ def _add(client: ProxmoxClient, base: str, rule: dict[str, Any], pos: int | None
     client.plan(steps, f"Add the rule at pos {placed}: Proxmox puts a new rule on top, so it is added disabled, "
                        f"moved to pos {placed}{', then enabled' if enable else ' and left disabled'}.")
     client.request("POST", base, rule | {"enable": 0})
-    client.request("PUT", f"{base}/0", {"moveto": pos + 1, "digest": _current(client, base, None, None)[1]})
+    client.request("PUT", f"{base}/0", {"moveto": pos + 1, "digest": _ours_at(client, base, 0, rule)})
     if enable:
         try:
-            client.request("PUT", f"{base}/{placed}", {"enable": 1, "digest": _current(client, base, None, None)[1]})
+            client.request("PUT", f"{base}/{placed}", {"enable": 1, "digest": _ours_at(client, base, placed, rule)})
         except PolicyError as exc:
             raise PolicyError(f"{exc} The rule was added at pos {placed} but left disabled: delete it "
                               f"(write_edit_firewall_rule action=delete pos={placed}) or leave it off.") from None

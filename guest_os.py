@@ -121,7 +121,12 @@ MANAGERS = {
 # /etc/os-release ID (or ID_LIKE) -> the manager that distribution uses (the binary found decides dnf or yum)
 BY_DISTRIBUTION = {"debian": "apt", "ubuntu": "apt", "devuan": "apt", "alpine": "apk", "fedora": "dnf", "rhel": "dnf",
                    "centos": "dnf", "rocky": "dnf", "almalinux": "dnf", "ol": "dnf", "arch": "pacman",
-                   "archlinux": "pacman", "manjaro": "pacman"}
+                   "archlinux": "pacman", "manjaro": "pacman",
+                   # the guest agent's get-osinfo gives the ID only (no ID_LIKE: qga commands-posix.c), so the
+                   # common derivatives are named here
+                   "linuxmint": "apt", "kali": "apt", "raspbian": "apt", "pop": "apt", "elementary": "apt",
+                   "zorin": "apt", "neon": "apt", "parrot": "apt", "pureos": "apt", "amzn": "dnf",
+                   "endeavouros": "pacman", "garuda": "pacman", "artix": "pacman", "cachyos": "pacman"}
 # Upgrades worth naming: kernels (a VM needs a reboot for them), the C library, OpenSSL, OpenSSH, systemd
 NOTABLE = re.compile(r"(linux-image|linux-lts|linux|kernel|kernel-core|pve-kernel|proxmox-kernel)([-.].*)?|libc6|glibc"
                      r"|musl|openssl|libssl\S*|openssh(-server)?|systemd")

@@ -31,7 +31,7 @@ import catalog
 from errors import PolicyError, ProxmoxError, ToolFailure
 from protection import numbers, truthy
 
-Read = Callable[[str], Any]
+Read = Callable[..., Any]
 
 
 def delete_names(value: Any) -> list[str]:
@@ -56,12 +56,25 @@ class World:
         `get_resource_pool_guest_members`, read as GET /pools/{poolid} answers them: Pool.pm `read_pool`);
         None when they cannot be read."""
         try:
-            answer = self.get(f"/pools/{pool}")
+            answer = self._pool(pool)
         except (ToolFailure, PolicyError):
             return None
         if not isinstance(answer, dict) or not isinstance(answer.get("members"), list):
             return None
         return {int(m["vmid"]) for m in answer["members"] if str(m.get("vmid", "")).isdigit()}
+
+    def _pool(self, pool: str) -> Any:
+        """A nested pool (`a/b`, PVE 8.1+) through GET /pools?poolid= only: /pools/{poolid} cannot name it
+        (pve-manager PVE/API2/Pool.pm `read_pool`: "deprecated, no support for nested pools")."""
+        if "/" not in pool:
+            return self.get(f"/pools/{pool}")
+        key = f"/pools?poolid={pool}"
+        if key not in self.kept:
+            if self.read is None:
+                raise PolicyError(f"{key} would have to be read to judge this request, and cannot be here.")
+            rows = self.read("/pools", poolid=pool)
+            self.kept[key] = rows[0] if isinstance(rows, list) and rows else None
+        return self.kept[key]
 
     def get(self, path: str) -> Any:
         if path not in self.kept:

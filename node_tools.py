@@ -67,6 +67,13 @@ REFUSED = [
     (r".*\.key", "a private key"),
     (ANY_ROOT + r"etc/proxmox-backup/(shadow\.json|token\.shadow|.*\.key)",
      "the Backup Server's password or token secrets"),
+    # pve-cluster API2/ClusterConfig.pm $authfile (handed to joining nodes)
+    (ANY_ROOT + r"etc/corosync/authkey", "the cluster's corosync key"),
+    # proxmox-backup src/tape/encryption_keys.rs
+    (ANY_ROOT + r"etc/proxmox-backup/tape-encryption-keys\.json", "the tape encryption keys"),
+    # pbs-api-types remote.rs: "The stored password is base64 encoded"
+    (ANY_ROOT + r"etc/proxmox-backup/remote\.cfg", "the remotes' passwords (base64 only)"),
+    (ANY_ROOT + r"etc/pve/sdn/(ipams|dns)\.cfg", "the SDN IPAM and DNS credentials (in the clear)"),  # pve-network
 ]
 KINDS = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink", stat.S_IFCHR: "char device",
          stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
@@ -288,26 +295,49 @@ def _local_file(local: str) -> tuple[int, int, str]:
     return fd, info.st_size, digest.hexdigest()
 
 
-def _writable(client: Any, node: str, path: str, action: str) -> None:
-    """A node path a write may replace: not a link, not a folder, in a folder judged as the path given."""
+def _writable(client: Any, node: str, path: str, action: str) -> int | None:
+    """A node path a write may replace: not a link, not a folder, in a folder judged as the path given;
+    the mode of the file there (None: new)."""
     _judged_alike(node, action, path, _real_parent(client, path))
     try:
         attributes = client.lstat(path)
     except OSError:
-        return  # a new file
+        return None  # a new file
     if not stat.S_ISREG(attributes.st_mode or 0):
         raise InvalidArgument(f"{path} on {node} is a {_kind(attributes.st_mode)}; only a regular file is written "
                               f"or deleted here (a link is never followed).")
+    return stat.S_IMODE(attributes.st_mode)
 
 
 def _put(client: Any, node: str, path: str, blocks: Any, action: str = "write") -> int:
-    _writable(client, node, path, action)
-    sent = 0
-    with client.open(path, "wb") as out:
-        for block in blocks:
-            out.write(block)
-            sent += len(block)
+    """Written beside it as `<path>.tmp.<random>`, then renamed over it, as Proxmox writes every /etc/pve
+    file (pve-common File.pm file_set_contents): pmxcfs replicates each write at once, and pve-firewall,
+    the HA stack or pvestatd never read it half-written (docs/PROXMOX-BEHAVIOUR.md#node-files)."""
+    mode = _writable(client, node, path, action)
+    temporary, sent = f"{path}.tmp.{os.urandom(4).hex()}", 0
+    try:
+        with client.open(temporary, "wbx") as out:
+            for block in blocks:
+                out.write(block)
+                sent += len(block)
+        client.chmod(temporary, 0o644 if mode is None else mode)
+        client.posix_rename(temporary, path)
+    except BaseException:
+        try:
+            client.remove(temporary)
+        except OSError:
+            pass  # never made, or renamed already
+        raise
     return sent
+
+
+PMXCFS_MAX = 1024 * 1024  # a file in /etc/pve (pve-cluster src/pmxcfs/memdb.h MEMDB_MAX_FILE_SIZE)
+
+
+def _fits(path: str, size: int) -> None:
+    if (path == "/etc/pve" or path.startswith("/etc/pve/")) and size > PMXCFS_MAX:
+        raise InvalidArgument(f"{path} is in /etc/pve (pmxcfs), which holds files of at most 1 MiB; this is "
+                              f"{human_bytes(size)}. Nothing was sent.")
 
 
 def _file_blocks(fd: int, expected: str) -> Any:
@@ -349,12 +379,14 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
         return {"node": node, "path": clean, "result": "deleted"}
     if action == "write":
         data = content.encode()
+        _fits(clean, len(data))
         sent = admitted(target.product, target.label, ("elevated",), what, [],
                         lambda: _sftp(target, node, lambda c: _put(c, node, clean, [data])), contents=data,
                         node_file=(action, clean))
         return {"node": node, "path": clean, "bytes": sent, "result": "written"}
     fd, size, sha = _local_file(local)
     try:
+        _fits(clean, size)
         sent = admitted(target.product, target.label, ("elevated",), f"{what} from {local}", [],
                         lambda: _sftp(target, node, lambda c: _put(c, node, clean, _file_blocks(fd, sha), "upload")),
                         audit={"file": {"bytes": size, "sha256": sha}}, node_file=(action, clean))
@@ -364,6 +396,10 @@ def write_node_files(where: Where, action: Literal["download", "upload", "write"
 
 
 # ---------------------------------------------------------------- power
+
+# pve-manager services/pve-guests.service: `ExecStop=-/usr/bin/vzdump -stop` runs before stop-all
+ABORTS = "A backup running on the node is aborted (pve-guests stops vzdump before its guests)."
+
 
 def write_node_power(node: str, action: Literal["reboot", "shutdown"],
                      host: Host = None, dry_run: DryRunArg = False, confirm: ConfirmArg = False,
@@ -376,14 +412,14 @@ def write_node_power(node: str, action: Literal["reboot", "shutdown"],
     words = "; ".join(f"{e.name or 'guest'} ({e.vmid}): {e.how}" for e in effects) or "no guest runs there"
     path = f"/nodes/{node}/status"
     try:
-        client.plan([("POST", path, {"command": action})], f"{action.capitalize()} node {node}: {words}.")
+        client.plan([("POST", path, {"command": action})], f"{action.capitalize()} node {node}: {words}. {ABORTS}")
     except policy.DryRun as dry:  # the answer of a dry run shows the guests too
         dry.plan["guests"] = rows
         raise
     client.request("POST", path, {"command": action})
     stuck = [e.vmid for e in effects if e.how.startswith("HA cannot move it")]
     return {"node": node, "action": action, "result": "requested", "guests": rows,
-            "note": f"The node goes down a few seconds after the call; cluster_status shows when it is "
+            "note": f"{ABORTS} The node goes down a few seconds after the call; cluster_status shows when it is "
                     f"{'back' if action == 'reboot' else 'off'}." + (
                         f" Its shutdown waits while HA cannot move guest(s) {', '.join(map(str, stuck))}."
                         if stuck else "")}

@@ -192,28 +192,43 @@ def _with_ha(reads: _Reads, guest: dict, resource: dict, node: str, command: str
     if guest.get("status") == "stopped" and resource.get("state", "started") in ("stopped", "disabled"):
         return "", False, None
     disarm = _manager(reads).get("disarm") or {}
-    if disarm:
+    if disarm:  # with `freeze` HA keeps them and stop-all skips them (HA/Config.pm `$service_check_ha_state`)
         return (f"HA is disarmed ({disarm.get('mode', '?')}): stop-all skips HA resources, so it is killed when the "
                 f"node goes down"), True, None
-    policy = shutdown_policy(reads)
-    if policy is None and not in_maintenance(reads, node):
+    policy, manual = shutdown_policy(reads), in_maintenance(reads, node)
+    if policy is None and not manual:
         return ("HA's shutdown policy could not be read (GET /cluster/options answers it with Sys.Audit on /): "
                 "it is stopped and frozen, stopped for recovery elsewhere, or moved by HA"), True, None
-    mode = ha_mode(policy or "migrate", command, in_maintenance(reads, node))
+    mode = ha_mode(policy or "migrate", command, manual)
     if mode == "migrate":
-        sid = f"{'vm' if guest['type'] == 'qemu' else 'ct'}:{guest['vmid']}"
-        targets = _allowed_nodes(reads, sid, resource, _online_nodes(reads, node))
-        if not targets:
-            return ("HA cannot move it (no other allowed node is online), so the node's shutdown waits until it "
-                    "can"), True, None
-        how = "live-migrated" if guest["type"] == "qemu" else "relocated (stopped, moved, started)"
-        return f"{how} by HA to {targets[0]} before the node goes down; moved back when it returns", False, targets[0]
+        return _moved_by_ha(reads, guest, resource, node, waits=policy in ("migrate", None), manual=manual)
     if mode == "freeze":
         after = "started again on this node after the reboot" if command == "reboot" else \
             "stays stopped until the node returns, then starts here"
         return f"stopped and frozen by HA; {after}", True, None
     return ("stopped by HA; recovered (started) on another node once this one is fenced, about 2 minutes after it "
             "went down"), True, None
+
+
+def _moved_by_ha(reads: _Reads, guest: dict, resource: dict, node: str, *, waits: bool,
+                 manual: bool) -> tuple[str, bool, str | None]:
+    """Maintenance: HA moves it to a node it picks by CRS score (Manager.pm `select_service_node`), so the
+    first allowed one is only likely; it comes back when the node returns, unless the node is in manual
+    maintenance, which outlives the reboot. What HA cannot move waits out the shutdown under policy
+    migrate; under another policy with manual maintenance the LRM stops it and the shutdown goes on
+    (LRM.pm `shutdown_request`: `$maintenance` only for migrate, else `request_stop` for every service)."""
+    sid = f"{'vm' if guest['type'] == 'qemu' else 'ct'}:{guest['vmid']}"
+    targets = _allowed_nodes(reads, sid, resource, _online_nodes(reads, node))
+    if not targets and waits:
+        return ("HA cannot move it (no other allowed node is online), so the node's shutdown waits until it "
+                "can"), True, None
+    if not targets:
+        return ("HA cannot move it (no other allowed node is online), so HA stops it and the shutdown goes on "
+                "(manual maintenance under a policy other than migrate)"), True, None
+    how = "live-migrated" if guest["type"] == "qemu" else "relocated (stopped, moved, started)"
+    back = ("it stays there until `ha-manager crm-command node-maintenance disable` (the node is in manual "
+            "maintenance)" if manual else "moved back when it returns")
+    return (f"{how} by HA to another node (likely {targets[0]}) before the node goes down; {back}"), False, targets[0]
 
 
 def _fenced(guest: dict, resource: dict | None, lrm_active: bool) -> tuple[str, bool]:
@@ -249,9 +264,10 @@ def effects(read: Read | None, node: str, command: str, only: set[int] | None = 
             continue
         resource = resources.get(guest["vmid"])
         moved = None
+        ignored = (_manager(reads).get("disarm") or {}).get("mode") == "ignore"  # unmanaged while so disarmed
         if command == FENCE:
             how, changes = _fenced(guest, resource, lrm_active)
-        elif resource is not None and resource.get("state") != "ignored":  # HA/Config.pm `vm_is_ha_managed`
+        elif resource is not None and resource.get("state") != "ignored" and not ignored:  # `vm_is_ha_managed`
             how, changes, moved = _with_ha(reads, guest, resource, node, command)
         else:
             config = reads.get(f"/nodes/{node}/{guest['type']}/{guest['vmid']}/config", required=True) or {}

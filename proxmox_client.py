@@ -433,11 +433,20 @@ class ProxmoxClient:
 
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
         """Send what the policy admitted; a write drops the reads kept meanwhile."""
-        data = self._send(decision.method, decision.path, decision.params, timeout, writer=decision.writer)
+        data = self._send(decision.method, decision.path, decision.params, timeout, writer=decision.writer,
+                          ticket=self._root_only(decision))
         if decision.method != "GET":
             with self._kept_lock:  # a write may have changed what exists
                 self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         return data
+
+    def _root_only(self, decision: policy.Decision) -> bool:
+        """A PVE method without `permissions` (execute, disks/wipedisk, cluster/config, ...) is for
+        root@pam only, never a token: sent with root@pam's password login where one is set beside the
+        token (pve-access-control RPCEnvironment.pm check_api2_permissions; PROXMOX-BEHAVIOUR.md#nested-execute)."""
+        entry = decision.entry or {}
+        return (self.host.product == "pve" and self.host.user == "root@pam" and bool(self.host.password)
+                and bool(entry) and not entry.get("check") and entry.get("user") not in ("all", "world"))
 
     def _dry_run_plan(self, decision: policy.Decision) -> dict:
         protection = ("names no protected guest" if not decision.guests
@@ -499,13 +508,14 @@ class ProxmoxClient:
         return self._release
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None, *,
-              writer: bool = False) -> Any:
+              writer: bool = False, ticket: bool = False) -> Any:
         import requests
         url = self.base + quote(path, safe="/:@!=,")
         send_as = {"params": params} if method in ("GET", "DELETE") else {"data": params}
         attempts = 3 if method == "GET" else 1
         read_timeout = timeout or self.host.read_timeout
-        renewed = login_again = use_ticket = False
+        renewed = login_again = False
+        use_ticket = ticket
         failed = self._slow_failure  # a host that just took the whole connect timeout to fail is not tried again
         if failed and time.monotonic() - failed[0] < self.host.connect_timeout:
             raise failed[1]
@@ -523,8 +533,11 @@ class ProxmoxClient:
                     renewed = login_again = True  # the ticket expired or the server restarted: retry once
                     continue
                 if response.status_code == 403 and self.host.password and self.host.token_secret \
-                        and not use_ticket and "need proper ticket" in response.text:
-                    use_ticket = True  # an endpoint Proxmox refuses to tokens: the password login instead
+                        and not use_ticket and ("need proper ticket" in response.text or (
+                            "user != root@pam" in response.text and self.host.user == "root@pam")):
+                    # an endpoint Proxmox refuses to tokens, or one for root@pam only (no `permissions`:
+                    # execute, wipedisk; a token's user is its token id): the password login instead
+                    use_ticket = True
                     continue
                 break
             except requests.exceptions.SSLError as exc:
@@ -814,6 +827,11 @@ def _error_text(response: requests.Response) -> tuple[str, dict]:
 def _permission_message(where: str, message: str, host: HostConfig) -> str:
     # PBS names privileges first: `missing permissions 'A|B' on '/x'` (cached_user_info.rs) or, for
     # namespaced reads, `permission check failed - missing A|B on /x` (hierarchy.rs check_ns_privs_full)
+    if "user != root@pam" in message:  # a method without `permissions` (RPCEnvironment.pm check_api2_permissions)
+        prefix = PRODUCTS[host.product].host_prefix(host.label)
+        return (f"{where} is allowed to root@pam only ({message}): Proxmox refuses it to every API token, "
+                f"root@pam's included. Set {prefix}_USER=root@pam and {prefix}_PASSWORD beside the token to have "
+                f"it sent with that login.")
     match = re.search(r"Permission check failed \(([^,]+), ([^)]+)\)", message) or \
         re.search(r"missing permissions '([^']+)' on '([^']+)'", message) or \
         re.search(r"missing ([\w.|]+) on (/\S*)", message)
@@ -825,8 +843,6 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
         privileges, acl_path = match.group(1), match.group(2)
     else:
         acl_path, privileges = match.group(1), match.group(2)
-    if privileges.startswith("user != root"):
-        return f"{where} is allowed to root@pam only ({message}); a token cannot do it."
     return f"Permission denied for {where}: the token lacks {privileges} on {acl_path}. " + \
         policy.grant_hint(host, privileges, acl_path)
 

@@ -381,6 +381,14 @@ def rule_fields(rule: Any) -> dict:
     return {k: v for k, v in rule.items() if k not in RULE_ROW} if isinstance(rule, dict) else {}
 
 
+def is_rule(listed: Any, given: dict) -> bool:
+    """A listed firewall rule is the one sent with `given` (its fields, the control ones aside); without
+    case, as a macro comes back in its preferred case (pve-firewall Firewall.pm parse_rule)."""
+    listed = listed if isinstance(listed, dict) else {}
+    return all(str(listed.get(k)).lower() == str(v).lower() for k, v in given.items()
+               if k not in ("enable", "digest", "pos"))
+
+
 def rule_words(rule: dict) -> str:
     words = [str(rule.get(k)) for k in ("type", "action", "macro", "proto", "dport") if rule.get(k)]
     if rule.get("source"):

@@ -23,7 +23,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from job_edits import property_string
 from masking import MASK, audit_view, secret_param
 from receipt_store import IMPORTED
-from receipts import acting_steps, moved_to, power_state, rule_fields, stored_object, undo_state
+from receipts import acting_steps, is_rule, moved_to, power_state, rule_fields, stored_object, undo_state
 
 INVERSE_POWER = {"start": "shutdown", "stop": "start", "shutdown": "start", "suspend": "resume", "resume": "suspend"}
 CONTROL = {"delete", "digest", "skiplock", "revert", "background_delay", "force", "moveto", "pos"}
@@ -227,7 +227,7 @@ def _undo_rules(step: dict, client: Any, live: bool) -> list:
     if step["method"] == "POST":
         return [("DELETE", f"{collection}/0", digest)]
     if step["method"] == "DELETE":
-        return _rule_made_again(step, collection, rule_fields(before[pos]), pos, digest)
+        return _rule_made_again(step, collection, rule_fields(before[pos]), pos)
     if "moveto" in step["params"]:
         where = moved_to(pos, int(step["params"]["moveto"]), len(before))
         return [("PUT", f"{collection}/{where}", {"moveto": pos if pos < where else pos + 1} | digest)]
@@ -236,7 +236,7 @@ def _undo_rules(step: dict, client: Any, live: bool) -> list:
                                                           accepted) | digest)]
 
 
-def _rule_made_again(step: dict, collection: str, rule: dict, pos: int, digest: dict) -> list:
+def _rule_made_again(step: dict, collection: str, rule: dict, pos: int) -> list:
     accepted = _accepted(step, "POST", step["template"].rsplit("/", 1)[0])
     fields = {k: v for k, v in rule.items() if catalog.spec_for(accepted, k) and k not in CONTROL | {"enable"}}
     if any(MASK in str(v) for v in fields.values()):
@@ -246,9 +246,28 @@ def _rule_made_again(step: dict, collection: str, rule: dict, pos: int, digest: 
         steps.append(("PUT", f"{collection}/0", {"moveto": pos + 1}))  # before the rule now at pos+1
     if str(rule.get("enable", 0)) not in ("0", ""):
         steps.append(("PUT", f"{collection}/{pos}", {"enable": 1}))
-    if digest:  # the list as it is now: on the first request only (the others follow it at once)
-        steps[0] = (steps[0][0], steps[0][1], steps[0][2] | digest)
-    return steps
+    return steps  # the move and the enable get the digest of the list read back (made_rule_check)
+
+
+def made_rule_check(client: Any, made: dict | None, method: str, path: str) -> dict:
+    """The digest a request after a firewall rule made again (`made`: its list and the fields it was
+    POSTed with) is sent with, read once the rule is in the list: the rule at the position the request
+    names must be that rule. create_rule checks no digest and puts every new rule on top (pve-firewall
+    API2/Firewall/Rules.pm), so a rule another added meanwhile would be moved or enabled instead."""
+    collection, _, pos = path.rpartition("/")
+    if made is None or method != "PUT" or collection != made["collection"] or not pos.isdigit():
+        return {}
+    rules = client.get(collection) or []
+    if not is_rule(rules[int(pos)] if int(pos) < len(rules) else {}, made["fields"]):
+        raise ProxmoxError(f"Rule {pos} of {collection} is not the rule just made again: the list changed meanwhile. "
+                           f"The rule was made again disabled; find it with firewall_rules and move or enable it "
+                           f"with write_edit_firewall_rule.")
+    return {"digest": rules[0]["digest"]} if rules and rules[0].get("digest") else {}
+
+
+def made_rule(method: str, path: str, params: dict) -> dict | None:
+    """A firewall rule POSTed by an undo (made_rule_check reads it back before each next request)."""
+    return {"collection": path, "fields": params} if method == "POST" and path.endswith("/firewall/rules") else None
 
 
 def _undo_created(step: dict, client: Any, live: bool) -> list:

@@ -24,8 +24,12 @@ from .stored_secrets import STORED_SECRET_HANDLERS
 
 def _check_permission(call: Call, entry: dict, path_params: dict[str, str]) -> None:
     check = entry.get("check")
-    if call.product == "pve" and entry.get("user") == "all":
+    if call.product == "pve" and (call.token_id == "root@pam" or entry.get("user") in ("all", "world")):
         return  # before any check (pve-access-control RPCEnvironment.pm check_api2_permissions)
+    if call.product == "pve" and not check:
+        # no `permissions`: root@pam only, and a token's user is its token id, root@pam!admin too
+        # (check_api2_permissions; pve-manager PVE/HTTPServer.pm auth_handler)
+        raise ApiError(403, "Permission check failed (user != root@pam)")
     if not check:
         return
     if call.product == "pbs":

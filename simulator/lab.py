@@ -269,6 +269,7 @@ class Lab:
         # maintenance mode, how long after the call a node goes down and how long a reboot takes
         self.datacenter: dict[str, str] = {"keyboard": "en-us"}
         self.ha_maintenance: set[str] = set()
+        self.ha_disarm: str | None = None  # `ha-manager crm-command disarm-ha freeze|ignore`: its mode
         self.node_command_seconds = 0.05
         self.reboot_seconds = 0.5
         self.node_commands: list[tuple[str, str]] = []  # (node, command) of each reboot or shutdown asked
@@ -405,6 +406,8 @@ class Lab:
                                                   owner=mcp_pbs)
         self.logins["pve"]["ops@pve"] = ("sim-ops-password-4711", Token("", [("/", "PVEVMAdmin", True),
                                                                             ("/", "PVEAuditor", True)]), False)
+        # root@pam by password: the only caller of a method without `permissions` (execute, wipedisk, ...)
+        self.logins["pve"]["root@pam"] = ("sim-root-password-4710", Token("", [("/", "Administrator", True)]), False)
         self.logins["pve"]["tfa@pve"] = ("sim-tfa-password-4712", Token("", [("/", "PVEAuditor", True)]), True)
         self.logins["pbs"]["ops@pbs"] = ("sim-pbs-password-4713", Token(
             "", [("/", "Audit", True), ("/datastore", "DatastoreReader", True)]), False)

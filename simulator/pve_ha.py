@@ -186,6 +186,16 @@ def ha_resource_delete(call: Call, sid: str) -> None:
     place_later(call.lab)
 
 
+def _since_pve9(handler: Callable, method: str) -> Callable:
+    """PVE 8 (pve-ha-manager 4.x) has no HA rules: pveproxy answers 501 (pve-manager PVE/HTTPServer.pm
+    `rest_handler`: "Method '<method> <path>' not implemented")."""
+    def answer(call: Call, **path_params: str) -> object:
+        if call.lab.pve_major < 9:
+            raise ApiError(501, f"Method '{method} {call.path}' not implemented")
+        return handler(call, **path_params)
+    return answer
+
+
 HA_HANDLERS: dict[tuple[str, str], Callable] = {
     ("GET", "/cluster/ha/resources"): ha_resources,
     ("GET", "/cluster/ha/rules"): ha_rules,
@@ -202,3 +212,4 @@ HA_HANDLERS: dict[tuple[str, str], Callable] = {
     ("POST", "/cluster/ha/resources"): ha_resource_create,
     ("DELETE", "/cluster/ha/resources/{sid}"): ha_resource_delete,
 }
+HA_HANDLERS |= {key: _since_pve9(handler, key[0]) for key, handler in HA_HANDLERS.items() if "/ha/rules" in key[1]}

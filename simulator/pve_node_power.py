@@ -49,12 +49,17 @@ def _allowed(lab: Lab, guest: dict, node: str) -> list[str]:
 
 
 def _going_down(lab: Lab, node: str, command: str) -> None:
-    """What happens before the node is down: each guest on it dealt with, then the node offline."""
+    """What happens before the node is down: each guest on it dealt with, then the node offline. While HA
+    is disarmed with `ignore` its resources count as unmanaged (HA/Config.pm `$service_check_ha_state`),
+    so stop-all shuts them down; with `freeze` nobody does, and they die with the node."""
     mode = _mode(lab, node, command)
     for guest in [g for g in lab.guests.values() if g["node"] == node]:
         ha = guest.get("ha")
-        if ha and ha.get("state") != "ignored":
-            _ha_goes(lab, guest, node, mode)
+        if ha and ha.get("state") != "ignored" and lab.ha_disarm != "ignore":
+            if lab.ha_disarm == "freeze":
+                guest["status"] = "stopped"  # killed as the node goes down
+            else:
+                _ha_goes(lab, guest, node, mode)
         elif guest["status"] == "running":
             power_effect(lab, guest, "shutdown")()  # stop-all: shutdown, a hard stop after the timeout
     lab.down_nodes.add(node)
@@ -72,7 +77,11 @@ def _ha_goes(lab: Lab, guest: dict, node: str, mode: str) -> None:
         targets = _allowed(lab, guest, node)
         if targets:  # the LRM waits until its services moved away (the node's shutdown hangs meanwhile)
             guest["node"], ha["maintenance_node"] = targets[0], node
-        return
+            return
+        if _policy(lab) == "migrate":
+            return  # stuck: the shutdown waits for it (modelled as: it keeps running)
+        # manual maintenance under another policy: the LRM queues request_stop for what is still
+        # there (LRM.pm shutdown_request: `$maintenance` only with policy migrate), so it is stopped
     power_effect(lab, guest, "stop")()
     ha["state"] = "freeze" if mode == "freeze" else ha["state"]
     ha["stopped_by_shutdown"] = True
@@ -84,7 +93,8 @@ def power_on(lab: Lab, node: str) -> None:
     lab.down_nodes.discard(node)
     for guest in lab.guests.values():
         ha = guest.get("ha")
-        if ha and ha.get("maintenance_node") == node:
+        if ha and ha.get("maintenance_node") == node and node not in lab.ha_maintenance:
+            # still in manual maintenance, nothing moves back (Manager.pm select_service_node)
             guest["node"] = node
             ha.pop("maintenance_node")
         elif guest["node"] == node and ha and ha.pop("stopped_by_shutdown", False):
@@ -135,8 +145,9 @@ def pve_ha_manager_status(call: Call) -> dict:
     online = [n for n in lab.nodes if n not in lab.down_nodes]
     status = {n: "maintenance" if n in lab.ha_maintenance else "online" if n in online else "unknown"
               for n in lab.nodes}
+    disarm = {"disarm": {"mode": lab.ha_disarm, "state": "disarmed"}} if lab.ha_disarm else {}
     return {"manager_status": {"master_node": online[0] if online else None, "node_status": status,
-                               "node_request": {n: {"maintenance": 1} for n in lab.ha_maintenance}},
+                               "node_request": {n: {"maintenance": 1} for n in lab.ha_maintenance}} | disarm,
             "quorum": {"node": online[0] if online else None, "quorate": int(len(online) * 2 > len(lab.nodes))},
             "lrm_status": {n: {"mode": "maintenance" if n in lab.ha_maintenance else "active"} for n in online}}
 

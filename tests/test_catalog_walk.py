@@ -225,7 +225,9 @@ def walker(sim, tmp_path_factory):
         ("GET", "/nodes/{node}/vzdump/extractconfig"): {  # a backup the node sees (#configs-inside-backups)
             "volume": next(v["volid"] for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 100)}})
     # no safety snapshot before rollbacks: its task would wait out the clone's lock on guest 100
-    env = everything_open(sim, tmp, PROXMOX_SAFETY_SNAPSHOT="off")
+    # and root@pam's login beside the tokens: the methods without `permissions` are for root@pam only
+    env = everything_open(sim, tmp, PROXMOX_SAFETY_SNAPSHOT="off", PROXMOX_LAB_USER="root@pam",
+                          PROXMOX_LAB_PASSWORD=sim.lab.logins["pve"]["root@pam"][0])
     with stdio_session(env, log_name="walk") as session:
         yield session
 

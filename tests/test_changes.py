@@ -599,6 +599,40 @@ def test_a_deleted_cluster_rule_is_made_again_disabled_moved_then_enabled(sim, t
         cluster["rules"] = saved
 
 
+def test_a_rule_made_again_is_read_back_before_it_is_moved(sim, tmp_path, monkeypatch):
+    """create_rule checks no digest (pve-firewall API2/Firewall/Rules.pm): a rule someone adds on top
+    between the undo's POST and its move would be moved instead. The undo reads the list back first,
+    and stops when rule 0 is not the rule it made."""
+    (tmp_path / "protected.json").write_text("[]")
+    cluster = sim.lab.firewall["cluster"]
+    saved = json.loads(json.dumps(cluster["rules"]))
+    keep = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "22", "source": LAN}
+    other = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8443", "enable": 0}
+    create = simulator.api.HANDLERS["pve"][("POST", "/cluster/firewall/rules")]
+
+    def and_someone_else(call, **where):
+        answer = create(call, **where)
+        cluster["rules"].insert(0, dict(other))  # another admin's rule, added meanwhile
+        return answer
+    try:
+        env = everything_open(sim, tmp_path, PROXMOX_SOURCE_ADDRESS=LAN)
+        with tool_session(env, log_name="changes-readback") as admin:
+            admin.ok("write_edit_firewall_rule", {"action": "add", "rule": keep, "confirm": True})
+            admin.ok("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH, "confirm": True})
+            deleted = admin.ok("write_edit_firewall_rule", {"action": "delete", "pos": 1, "confirm": True})
+            monkeypatch.setitem(simulator.api.HANDLERS["pve"], ("POST", "/cluster/firewall/rules"), and_someone_else)
+            message = admin.error("write_undo_change", {"receipt": deleted["receipt"], "confirm": True})
+            assert "not the rule just made again" in message
+            assert [r.get("dport") for r in cluster["rules"]][:2] == ["8443", "22"]  # nothing moved
+            assert str(cluster["rules"][1].get("enable", 0)) == "0"  # the one made again is still off
+            cluster["rules"].pop(0)  # and the tool's own add at a position reads the list back the same way
+            added = admin.error("write_edit_firewall_rule", {"action": "add", "pos": 1, "rule": DROP_SSH | {
+                "dport": "23"}, "confirm": True})
+            assert "not the rule just added" in added and cluster["rules"][0].get("dport") == "8443"
+    finally:
+        cluster["rules"] = saved
+
+
 def test_undo_on_a_running_vm_of_a_change_it_runs_with_waits_for_a_restart(ops, sim):
     """Set on a stopped VM, `cores` is applied; the VM starts; setting it back now goes to the
     pending config, as any write on a running VM that cannot be hot-plugged (qemu-server

@@ -10,7 +10,7 @@ import pytest
 import job_edits
 import policy
 from conftest import everything_open, in_process, requests_during
-from errors import PolicyError
+from errors import PolicyError, ProxmoxError
 from protection import Protected
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
@@ -145,6 +145,22 @@ def test_a_backup_by_pool_reaches_the_pools_members(params, changed):
     assert set(verdict("POST", "/nodes/pve1/vzdump", params, stored).changed) == changed
     job = verdict("POST", "/cluster/backup", params | {"schedule": "daily", "id": "j"}, stored)
     assert set(job.changed) == changed  # a job created so, as vzdump resolves it when it runs
+
+
+def test_a_nested_pool_is_read_through_the_pools_index():
+    """Nested pools (PVE 8.1+) cannot be read as /pools/{poolid} (Pool.pm read_pool: "deprecated, no
+    support for nested pools, use 'GET /pools/?poolid={poolid}'"), and vzdump takes any pool id."""
+    nested = [{"poolid": "team/web", "members": [{"id": "qemu/101", "type": "qemu", "vmid": 101, "node": "pve2"}]}]
+
+    def read(path, **params):
+        if path == "/pools" and params == {"poolid": "team/web"}:
+            return nested
+        if path == "/cluster/resources":
+            return RESOURCES
+        raise ProxmoxError(f"Method 'GET {path}' not implemented", status=501)
+    found = job_edits.judge("pve", "POST", "/nodes/{node}/vzdump", {"node": "pve1"},
+                            {"pool": "team/web", "mode": "stop"}, read, [100, 101, 102], "test")
+    assert set(found.changed) == {101}
 
 
 @pytest.mark.parametrize("stored_job, params, changed", [
@@ -328,6 +344,21 @@ def test_pools_are_read_and_vzdump_takes_their_members(sim, tmp_path):
         sim.lab.backup_jobs.pop()
         sim.lab.guests[105]["pool"] = None
         del sim.lab.pools["lab"]
+
+
+def test_a_nested_pool_without_a_protected_guest_is_backed_up(sim, tmp_path):
+    """A nested pool (PVE 8.1+) is read through GET /pools?poolid=; /pools/team/web names no method,
+    so judged through it the backup would be refused as "members could not be read"."""
+    sim.lab.pools["team/web"] = {"poolid": "team/web"}
+    sim.lab.guests[105]["pool"] = "team/web"
+    (tmp_path / "protected.json").write_text(json.dumps([{"host": "lab", "vmid": 101, "reason": "prod"}]))
+    try:
+        with in_process(everything_open(sim, tmp_path), log_name="job-edits-nested") as session:
+            session.ok("write_call_api", {"method": "POST", "path": "/nodes/pve3/vzdump", "params": {
+                "pool": "team/web", "storage": "local", "mode": "stop"}})
+    finally:
+        sim.lab.guests[105]["pool"] = None
+        del sim.lab.pools["team/web"]
 
 
 def test_an_ha_edit_that_moves_a_protected_guest_is_refused_and_the_simulator_would_move_it(sim, tmp_path):

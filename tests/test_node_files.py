@@ -72,6 +72,9 @@ def test_read_a_file_masked_and_binary_not_shown(files, tree):
     ("/proc/self/environ", "environment"), ("/proc/1/task/1/environ", "environment"),
     ("/etc/ssh/ssh_host_ed25519_key", "SSH host private key"), ("/root/.ssh/id_rsa", "SSH private key"),
     ("/etc/proxmox-backup/token.shadow", "password or token secrets"), ("/etc/../etc/./shadow", "password hashes"),
+    ("/etc/corosync/authkey", "corosync key"), ("/etc/proxmox-backup/tape-encryption-keys.json", "tape"),
+    ("/etc/proxmox-backup/remote.cfg", "remotes' passwords"), ("/etc/pve/sdn/ipams.cfg", "IPAM and DNS"),
+    ("/etc/pve/sdn/dns.cfg", "IPAM and DNS"),
 ])
 def test_secret_files_are_refused_before_anything_is_sent(files, path, why):
     message = files.error("node_files", {"where": "pve1", "path": path, "action": "read"})
@@ -146,6 +149,33 @@ def test_upload_write_and_delete_are_elevated_and_confirmed(files, tree):
     assert "written-4243-text" not in audit and "uploaded text" not in audit
     upload = next(json.loads(x) for x in audit.splitlines() if "upload" in x and '"sent"' in x)
     assert upload["params"]["file"]["sha256"] == done["sha256"]
+
+
+def test_a_write_replaces_the_file_by_rename_never_in_place(files, tree):
+    """Proxmox writes every /etc/pve file as `<name>.tmp.<pid>` and renames it (pve-common File.pm
+    file_set_contents): pmxcfs replicates each write at once, and pve-firewall or the HA stack can read a
+    file truncated in place. So the file is a new one (a new inode), whole or not at all, with its mode."""
+    target = tree / "pve-firewall" / "cluster.fw"
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("[OPTIONS]\nenable: 1\n")
+    target.chmod(0o640)
+    before = target.stat()
+    files.ok("write_node_files", {"where": "pve1", "action": "write", "path": str(target),
+                                  "content": "[OPTIONS]\nenable: 1\npolicy_in: DROP\n", "confirm": True})
+    after = target.stat()
+    assert target.read_text().endswith("policy_in: DROP\n") and after.st_ino != before.st_ino
+    assert stat.S_IMODE(after.st_mode) == 0o640
+    assert sorted(p.name for p in target.parent.iterdir() if "cluster.fw" in p.name) == ["cluster.fw"]
+
+
+def test_more_than_pmxcfs_holds_is_refused_before_sending(files):
+    """pmxcfs caps a file at 1 MiB (pve-cluster src/pmxcfs/memdb.h MEMDB_MAX_FILE_SIZE): a larger upload
+    into /etc/pve would fail midway, so it is refused before anything is sent."""
+    (files.transfer / "up").mkdir(parents=True, exist_ok=True)
+    (files.transfer / "up" / "big.cfg").write_bytes(b"#" * (1024 * 1024 + 1))
+    message = files.error("write_node_files", {"where": "pve1", "action": "upload", "path": "/etc/pve/big.cfg",
+                                               "local": "up/big.cfg", "confirm": True})
+    assert "1 MiB" in message and "Nothing was sent" in message
 
 
 def test_the_tiers_and_the_transfer_folder_setting(sim, sshd, tree, tmp_path):

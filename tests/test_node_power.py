@@ -74,7 +74,8 @@ def test_guests_without_ha_are_shut_down_and_onboot_ones_start_again(power, lab,
     (None, "shutdown", "stopped by HA; recovered (started) on another node once this one is fenced"),
     ("freeze", "shutdown", "stopped and frozen by HA; stays stopped until the node returns"),
     ("failover", "reboot", "stopped by HA; recovered (started) on another node once this one is fenced"),
-    ("migrate", "reboot", "relocated (stopped, moved, started) by HA to pve1 before the node goes down"),
+    ("migrate", "reboot", "relocated (stopped, moved, started) by HA to another node (likely pve1) before the node "
+                          "goes down; moved back when it returns"),
 ])
 def test_ha_resources_follow_the_shutdown_policy(power, lab, policy, action, expected):
     lab.guests[102]["ha"] = {"state": "started"}
@@ -98,11 +99,50 @@ def test_without_sys_audit_the_shutdown_policy_is_unknown_not_conditional():
 
 
 def test_maintenance_mode_moves_them_whatever_the_policy_and_a_strict_rule_can_pin_them(power, lab):
+    """Manual maintenance outlives the reboot, so nothing moves back (Manager.pm select_service_node); what
+    HA cannot move is stopped under a policy other than migrate, and waited for under migrate (LRM.pm
+    shutdown_request: `$maintenance` only for migrate, else request_stop for every service there)."""
     lab.guests[102]["ha"] = {"state": "started"}
     lab.ha_maintenance.add("pve3")
-    assert plan(power, "pve3")[102].startswith("relocated (stopped, moved, started) by HA to pve1")
+    assert plan(power, "pve3")[102].startswith("relocated (stopped, moved, started) by HA to another node (likely "
+                                               "pve1) before the node goes down; it stays there until")
     lab.ha_rules["pin"] = {"type": "node-affinity", "resources": "ct:102", "nodes": "pve3", "strict": 1}
-    assert plan(power, "pve3")[102].startswith("HA cannot move it (no other allowed node is online)")
+    assert plan(power, "pve3")[102].startswith("HA cannot move it (no other allowed node is online), so HA stops it")
+    lab.datacenter["ha"] = "shutdown_policy=migrate"
+    assert plan(power, "pve3")[102].startswith("HA cannot move it (no other allowed node is online), so the node's "
+                                               "shutdown waits")
+
+
+def test_a_stuck_resource_under_manual_maintenance_is_stopped_and_nothing_moves_back(power, lab):
+    lab.guests[102]["ha"], lab.guests[100]["ha"] = {"state": "started"}, {"state": "started"}
+    lab.ha_maintenance.add("pve1")
+    lab.ha_rules["pin"] = {"type": "node-affinity", "resources": "ct:102", "nodes": "pve1", "strict": 1}
+    lab.guests[102]["node"] = "pve1"
+    power.ok("write_node_power", {"node": "pve1", "action": "reboot", "confirm": True})
+    lab.tick()  # down: 100 moved away, 102 (pinned) stopped by the LRM
+    assert lab.guests[100]["node"] != "pve1" and lab.guests[102]["status"] == "stopped"
+    lab.tick()  # back, still in maintenance: 100 stays where HA put it
+    assert "pve1" not in lab.down_nodes and lab.guests[100]["node"] != "pve1"
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("ignore", "shut down by the node's stop-all"),  # unmanaged while so disarmed: a clean shutdown
+    ("freeze", "HA is disarmed (freeze): stop-all skips HA resources, so it is killed"),
+])
+def test_disarmed_ha_ignore_is_a_clean_shutdown_freeze_kills(power, lab, mode, expected):
+    """HA/Config.pm `$service_check_ha_state`: disarmed with `ignore`, resources count as unmanaged."""
+    lab.guests[102]["ha"] = {"state": "started"}
+    lab.ha_disarm = mode
+    try:
+        assert plan(power, "pve3")[102].startswith(expected)
+    finally:
+        lab.ha_disarm = None
+
+
+def test_the_plan_says_a_running_backup_is_aborted(power, lab):
+    """pve-guests.service stops vzdump (`ExecStop=-/usr/bin/vzdump -stop`) before its guests."""
+    answer = power.ok("write_node_power", {"node": "pve3", "action": "reboot", "dry_run": True})
+    assert "backup running on the node is aborted" in json.dumps(answer)
 
 
 def test_a_reboot_is_carried_out_as_planned(power, lab):
@@ -138,7 +178,8 @@ def test_a_protected_guest_there_refuses_it_unless_ha_moves_it_away(power, lab, 
                                                                           "confirm": True}))
     assert ("pve", "POST", "/nodes/pve2/status") in sent
     moved = dict(zip(done["guests"]["columns"], next(r for r in done["guests"]["rows"] if r[0] == 101), strict=True))
-    assert moved["moved_to"] == "pve1" and moved["what_happens"].startswith("live-migrated by HA to pve1")
+    assert moved["moved_to"] == "pve1" and moved["what_happens"].startswith("live-migrated by HA to another node "
+                                                                            "(likely pve1)")
 
 
 def test_bad_input_the_tiers_and_the_question(power, sim, tmp_path):

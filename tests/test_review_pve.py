@@ -1,8 +1,7 @@
 """Review against Proxmox's source (docs/REVIEW-PROXMOX.md): where the simulator shares a belief with a
 tool that a real Proxmox does not hold. Each test makes the simulator (or a tool over it) do what
-Proxmox does. Those marked DIFFERS fail today (strict xfail, so the suite stays green and a fix shows
-as XPASS): the one fixing it removes the mark. The HA rule test passes today and fails once the
-simulator refuses the groups index, until the tool is fixed."""
+Proxmox does. A test marked DIFFERS fails until its fix lands (strict xfail, so the suite stays green
+and a fix shows as XPASS): the one fixing it removes the mark. None is left marked: all are fixed."""
 import json
 
 import pytest
@@ -53,7 +52,6 @@ def test_ha_groups_cannot_be_listed_on_pve9_once_there_are_none():
     assert refused.value.status == 500 and "migrated to rules" in refused.value.message
 
 
-@DIFFERS
 def test_ha_rules_do_not_exist_on_pve8():
     """pve-ha-manager 4.x has no /cluster/ha/rules: pveproxy answers 501 `Method 'GET
     /cluster/ha/rules' not implemented` (pve-manager PVE/HTTPServer.pm rest_handler)."""
@@ -63,7 +61,6 @@ def test_ha_rules_do_not_exist_on_pve8():
     assert refused.value.status == 501
 
 
-@DIFFERS
 def test_execute_is_for_root_at_pam_only_never_a_token():
     """POST /nodes/{node}/execute has no `permissions`: check_api2_permissions lets only the user
     root@pam through (`raise_perm_exc('user != root@pam') if !$perm`), and a token's user is its
@@ -98,6 +95,15 @@ def test_an_ha_rule_for_an_unprotected_guest_passes_on_pve9_without_groups(sim, 
                                                         "resources": "ct:102", "nodes": "pve3"}})
     sim.lab.ha_rules.pop("review-keep", None)
     assert "error" not in json.dumps(done).lower()
+
+
+def test_a_batch_with_a_token_only_says_it_is_for_root_at_pam(sim, protected_env):
+    """With tokens only, Proxmox refuses execute (above): the answer says so and how to send it."""
+    commands = json.dumps([{"method": "GET", "path": "status"}])
+    with tool_session(protected_env, log_name="review-execute") as session:
+        message = session.error("write_call_api", {"method": "POST", "path": "/nodes/pve1/execute",
+                                                   "params": {"commands": commands}, "confirm": True})
+    assert "root@pam only" in message and "PROXMOX_LAB_USER=root@pam" in message
 
 
 @pytest.fixture(scope="module", params=[9, 8], ids=["pve9", "pve8"])
