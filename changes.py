@@ -159,7 +159,7 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
     for method, path, params in plan.steps:
         done = run_task(client, method, path, params, wait_seconds, ctx, f"{method} {path}")
         steps.append({k: v for k, v in done.items() if k in ("action", "result", "status", "upid", "exitstatus")})
-    made = list(policy.current_call().get("receipts", []))
+    made = list(policy.current_call().receipts)
     receipts.mark_undone(keeping, found, made or ["(no receipt)"])
     answer = {"undone": receipt, "change": receipts.summary(found), "steps": steps,
               "result": "ok" if all(s.get("result") in ("ok", "warnings") for s in steps) else "started"}

@@ -26,7 +26,6 @@ The gates themselves, and which a call needs, are gates.py.
 """
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import json
 import posixpath
@@ -39,6 +38,7 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import batch
+import calls
 import catalog
 import firewall_guard
 import job_edits
@@ -47,6 +47,7 @@ import power_effects
 import protection
 import receipts
 import runtime
+from calls import Call
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
@@ -137,7 +138,7 @@ PROFILES = {"read": ("read", frozenset()),
 class Reach:
     """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and what
     that principal may reach: its profile (PROFILES) and, when it lists them, the host labels it may
-    use. The MCP edge puts it in the call (current_call()["reach"], beside "principal", its name);
+    use. The MCP edge puts it in the call (current_call().reach, beside .principal, its name);
     the single user (stdio, the one static token) has none."""
     name: str
     profile: str = "read"
@@ -152,14 +153,14 @@ class Reach:
 
 
 _settings = runtime.slot("policy.settings", Settings)  # this server's (configure)
-# Per call, set by the tool wrapper in server.py: tool name, dry run, the confirmation step, and
-# notes for the answer (an audit line that failed after sending). None outside a tool call.
-CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("call", default=None)
+# The running tool call (calls.Call), set by the tool wrapper in server.py: the tool, dry run, the
+# confirmation step, who calls, and what the call carries from request to request. None outside one.
+CALL = calls.CALL
 
 
-def current_call() -> dict:
-    """The running tool call's settings, empty outside a tool call."""
-    return CALL.get() or {}
+def current_call() -> Call:
+    """The running tool call; outside one a fresh Call that nothing keeps."""
+    return calls.current()
 
 
 def settings() -> Settings:
@@ -272,7 +273,7 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
         check_protected(host, decision)  # and that names no protected guest
         _judge_as_after(host, decision, read)
     # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
-    if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
+    if firewall_guard.guards(host.product, method, template) and not current_call().planning:
         if not nested:
             judge(host, decision)  # read the firewall only for a call the rest of the policy allows
             firewall_guard.check(host, decision, read, settings().source_address)
@@ -342,7 +343,7 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read:
         if firewall_guard.guards(host.product, inner.method, inner.template):
             firewall_writes.append(inner)
         overlay.fold(inner)
-    if firewall_writes and not current_call().get("planning"):
+    if firewall_writes and not current_call().planning:
         judge(host, decision)  # read the firewall only for a batch the rest of the policy allows
         batch.check_firewall(host, f"{decision.method} {decision.path}", firewall_writes, read,
                              settings().source_address)
@@ -405,7 +406,7 @@ def require_gates(host: Any, gates: tuple[str, ...], what: str, reasons: list[st
 
 def _check_reach(host: Any, gates: tuple[str, ...], what: str) -> None:
     """A principal's reach (Reach): only its hosts, only the gates its profile allows."""
-    reach = current_call().get("reach")
+    reach = current_call().reach
     if reach is None:
         return
     if not reach.reaches(host.label):
@@ -508,17 +509,17 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     # changes nothing (and the preview of a dry run reads the current state that way), but a GET a tool
     # raised above it (a download it saves to disk: write_restore_file) does
     holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
-    if current_call().get("planning") and holds_back:  # the plan the user is asked about: nothing is sent
+    if current_call().planning and holds_back:  # the plan the user is asked about: nothing is sent
         raise DryRun({}, [(host, decision), *_follow_ups(host, decision, read)])
-    if (current_call().get("dry_run") or settings().dry_run) and holds_back:
+    if (current_call().dry_run or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])
     result = _send_audited(host, decision, audited, send, client)
-    if decision.confirm and CALL.get() is not None:  # what a follow-up in this call may read
+    if decision.confirm and calls.in_call():  # what a follow-up in this call may read
         confirmed = (host.product, host.label, decision.path, (result or {}).get("pid") if isinstance(result, dict)
                      else None)
-        current_call().setdefault("confirmed", []).append(confirmed)
+        current_call().confirmed.append(confirmed)
     return result
 
 
@@ -547,7 +548,7 @@ def follows_confirmed(host: Any, decision: Decision) -> bool:
         guest = decision.path.rsplit("/agent/", 1)[0]
         return any(product == host.product and label == host.label and re.fullmatch(confirmed_pattern, path)
                    and path.rsplit("/agent/", 1)[0] == guest and str(pid) == str(decision.params.get("pid"))
-                   for product, label, path, pid in current_call().get("confirmed", []))
+                   for product, label, path, pid in current_call().confirmed)
     return False
 
 
@@ -566,7 +567,7 @@ def approval_key(host: Any, decision: Decision) -> str:
     state it names exists (client.plan) is the step then sent with it."""
     params = {k: v for k, v in decision.params.items() if k != "digest"}
     return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, params,
-                                      decision.basis, current_call().get("principal")], sort_keys=True,
+                                      decision.basis, current_call().principal], sort_keys=True,
                                      default=str).encode()).hexdigest()
 
 
@@ -585,7 +586,7 @@ def grant_standing(key: str) -> Callable[[], None]:
     """The user's yes to the call now running stands for the decisions carrying `key`, until the
     function this returns takes it back."""
     granted = _standing.get()
-    granted[key] = current_call().get("principal")
+    granted[key] = current_call().principal
     return lambda: granted.pop(key, None)
 
 
@@ -593,19 +594,19 @@ def _stands(decision: Decision) -> bool:
     """Whether a standing yes of this call's principal covers the decision."""
     granted = _standing.get()
     return decision.standing is not None and decision.standing in granted \
-        and granted[decision.standing] == current_call().get("principal")
+        and granted[decision.standing] == current_call().principal
 
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
     """Step 4: the requests that need the user's yes and were not in the plan the user approved
     (nor covered by a standing yes) are put to the call's confirmation step
     (confirmation.confirmer); a refusal is audited."""
-    approved = current_call().get("approved", ())
+    approved = current_call().approved
     pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved and not _stands(d)]
     if not pending:
         return
     try:
-        confirm = current_call().get("confirm")
+        confirm = current_call().confirm
         if confirm is None:
             raise ConfirmationNeeded(f"{pending[0].method} {pending[0].path} is {pending[0].gate} and needs the "
                                      f"user's confirmation, which this caller cannot give.")
@@ -614,7 +615,7 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
         for decision in pending:
             audit(host, decision.method, decision.path, audited_params(decision), "refused", error=str(exc))
         raise
-    current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
+    current_call().approved.update(approval_key(host, d) for d in pending)
 
 
 def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary: str,
@@ -637,9 +638,9 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
         decisions.append(decision)
     writes = [d for d in decisions if d.gates != ("read",)]
     writes += [after for d in list(writes) for _, after in _follow_ups(host, d, read)]
-    if current_call().get("planning"):
+    if current_call().planning:
         raise DryRun({}, [(host, d) for d in writes], summary)
-    if current_call().get("dry_run") or settings().dry_run:
+    if current_call().dry_run or settings().dry_run:
         for decision in writes:
             audit(host, decision.method, decision.path, audited_params(decision), "dry_run")
         raise DryRun({"dry_run": True, "host": host.label, "plan": summary,
@@ -662,7 +663,7 @@ def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str
     audited as sent), no refusal or dry run audited; a call that fails before its first write needs no
     question (it fails again when it runs). A tool that sends a request needing the yes after another
     write must declare its steps first (client.plan): on 2026-07-28 a yes cannot be asked mid-call."""
-    token = CALL.set({"tool": tool, "planning": True} | (caller or {}))  # caller: the principal and its reach
+    token = CALL.set(Call(tool=tool, planning=True, **(caller or {})))  # caller: the principal and its reach
     try:
         function(**arguments)
     except DryRun as planned:
@@ -709,22 +710,21 @@ def _keep_receipt(receipt: receipts.Pending | None, result: Any, line: str | Non
     cannot be written is a note."""
     if receipt is None:
         return
-    notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
     try:
         receipt.finish(result, line)
     except OSError as exc:
-        notes.append(f"The request was sent, but its receipt could not be written ({exc.strerror or exc}).")
+        current_call().notes.append(f"The request was sent, but its receipt could not be written "
+                                    f"({exc.strerror or exc}).")
         return
-    if CALL.get() is not None and receipt.id not in current_call().setdefault("receipts", []):
-        current_call()["receipts"].append(receipt.id)
+    if receipt.id not in current_call().receipts:
+        current_call().receipts.append(receipt.id)
 
 
 def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict: str, **details: Any) -> None:
     try:
         audit(host, decision.method, decision.path, audited, verdict, strict=True, **details)
     except OSError as exc:
-        notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
-        notes.append(f"The request was sent ({verdict}), but its audit line could not be written to "
+        current_call().notes.append(f"The request was sent ({verdict}), but its audit line could not be written to "
                      f"{settings().audit_path} ({exc.strerror or exc}).")
 
 
@@ -913,11 +913,11 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
     hash (see audit.py for the file); the line's hash is its id. With `strict` a failure to
     write raises OSError."""
-    if settings().audit_path is None or current_call().get("planning") and verdict in ("refused", "dry_run"):
+    if settings().audit_path is None or current_call().planning and verdict in ("refused", "dry_run"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
-              "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
-              "params": audit_view(params), "verdict": verdict, "principal": current_call().get("principal")}
+              "product": host.product, "tool": current_call().tool, "method": method, "path": mask(path),
+              "params": audit_view(params), "verdict": verdict, "principal": current_call().principal}
     if result is not None:
         record["result"] = mask(str(result))
     if error is not None:

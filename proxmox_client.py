@@ -908,7 +908,7 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
     hosts = configured(product)
     name = PRODUCTS[product].name
     if label is None:
-        reach = policy.current_call().get("reach")  # a principal limited to some hosts: the one of them it reaches
+        reach = policy.current_call().reach  # a principal limited to some hosts: the one of them it reaches
         reachable = [k for k in hosts if reach is None or reach.reaches(k)] or list(hosts)
         if len(reachable) == 1:
             label = reachable[0]

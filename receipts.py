@@ -32,6 +32,7 @@ from typing import Any
 import catalog
 import config_diff
 import state
+from calls import Call
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from job_edits import delete_names
 from masking import MASK, audit_view, mask, secret_param
@@ -241,15 +242,15 @@ class Record:
         return f"mcp-safety-{self.id[3:]}" + (f"-{taken + 1}" if taken else "")
 
 
-def record_for(host: Any, call: dict) -> Record:
+def record_for(host: Any, call: Call) -> Record:
     """The receipt of the running call on this host (a new one for a request outside a call)."""
-    records = call.setdefault("receipt_records", {})
+    records = call.receipt_records
     key = (host.product, host.label)
     if key not in records:
         records[key] = Record({
             "id": f"rc-{random_ids.token_hex(4)}", "time": now_iso(), "epoch": time.time(), "host": host.label,
-            "product": host.product, "url": getattr(host, "url", None), "tool": call.get("tool"),
-            "by": getattr(host, "write_token_id", None) or host.token_id, "principal": call.get("principal"),
+            "product": host.product, "url": getattr(host, "url", None), "tool": call.tool,
+            "by": getattr(host, "write_token_id", None) or host.token_id, "principal": call.principal,
             "guests": [], "steps": []})
     return records[key]
 
@@ -284,7 +285,7 @@ class Pending:
         return self.id
 
 
-def start(keeping: Keeping, host: Any, decision: Any, client: Any, call: dict) -> Pending | None:
+def start(keeping: Keeping, host: Any, decision: Any, client: Any, call: Call) -> Pending | None:
     """A step of the call's receipt for a write about to be sent, with the state before it; a
     safety snapshot first when one is due (which raises when it fails: then nothing is sent)."""
     if keeping.store is None or decision.method == "GET" or UNCHANGING.fullmatch(decision.template) \
@@ -464,12 +465,12 @@ def power_state(status: dict) -> str:
 
 # ================================================================ the call's answer
 
-def answer_fields(call: dict) -> dict:
+def answer_fields(call: Call) -> dict:
     """What a call's answer says of what it kept: its receipt (`receipts` too when it wrote to
     several hosts), the safety snapshot it took and what the rule removed (server.as_tool)."""
-    kept = list(call.get("receipts") or [])
+    kept = list(call.receipts)
     fields: dict[str, Any] = {"receipt": kept[-1]} | ({"receipts": kept} if len(kept) > 1 else {})
-    for record in (call.get("receipt_records") or {}).values():
+    for record in call.receipt_records.values():
         fields |= record.answer
     return fields
 

@@ -508,7 +508,7 @@ def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="named as in the answer")] = None) -> dict:
     """Cluster and PBS findings by severity."""
-    smart = policy.current_call().get("tool") not in NO_SMART_IN
+    smart = policy.current_call().tool not in NO_SMART_IN
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host, smart=smart)
@@ -987,8 +987,8 @@ class Steps:
 
     def answer(self, ok: bool, **extra: Any) -> dict:
         result = {"result": "ok" if ok else "failed", "steps": self.steps}
-        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo_change)
-            result["receipts"] = list(policy.current_call()["receipts"])
+        if not ok and policy.current_call().receipts:  # what was sent, to take back (write_undo_change)
+            result["receipts"] = list(policy.current_call().receipts)
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created

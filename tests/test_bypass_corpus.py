@@ -24,6 +24,7 @@ from urllib.parse import unquote
 
 import pytest
 
+import calls
 import policy
 from conftest import in_process, requests_during
 from errors import ConfirmationNeeded, PolicyError
@@ -430,7 +431,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     original = policy.settings()
     policy.configure(settings_for(session))
     confirm = None if expected == "confirm=true" else (lambda *_: None)  # confirm=true elsewhere
-    token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=confirm))
     try:
         with pytest.raises(PolicyError) as refused:
             policy.admit(host, method, path, dict(params), sent.append, read=STORED.get)
@@ -543,7 +544,7 @@ def test_their_legitimate_neighbours_pass(entry):
     sent = []
     original = policy.settings()
     policy.configure(settings_for(session))
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(PBS if product == "pbs" else PVE, method, path, dict(params), sent.append, read=STORED.get)
     finally:
@@ -614,7 +615,7 @@ def admit_marked(session: str, method: str, path: str, params: dict, lab: Markin
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive", ALL)},
                                      protected=Protected(tags=tags)))
     protection.read_guests_with(lambda _label: lab)
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(PVE, method, path, dict(params), sent.append, read=STORED.get)
     finally:
@@ -691,8 +692,8 @@ def test_a_yes_does_not_stand_for_another_object(before, after, params):
         assert any(SMALL in reason for reason in shown.reasons), shown.reasons  # the question names it
         for config, sent_count in ((after, 0), (before, 1)):
             sent = []
-            token = policy.CALL.set({"tool": "corpus", "confirm": None,
-                                     "approved": {policy.approval_key(PVE, shown)}})
+            token = policy.CALL.set(calls.Call(tool="corpus", confirm=None,
+                                     approved={policy.approval_key(PVE, shown)}))
             try:
                 if sent_count:
                     policy.admit(PVE, "PUT", CONFIG, dict(params), sent.append, read=(SIZES | {CONFIG: config}).get)
