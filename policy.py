@@ -288,6 +288,34 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     return decision
 
 
+def own_read(host: Any, path: str, params: dict[str, Any]) -> Decision | None:
+    """Steps 1 and 2 for a read the admission step makes for its own judgement (the firewall guard,
+    protection, job judgement, losses, the receipts' state before and after): a plain read, which no
+    gate beyond `read` guards, goes to the transport as judged here (the principal's reach, the
+    token's privileges, the secrets to mask) instead of through the whole admission step again, which
+    classified each such read anew (issue 30). None when the read needs more: it is admitted as a
+    tool's read is."""
+    clean = normalise_path(path)
+    found = catalog.find_path(host.product, clean)
+    if found is None or "GET" not in found[1]:
+        return None
+    template, entries, path_params = found
+    gates, reasons = call_gates(host.product, "GET", template, params)
+    if gates != ("read",):
+        return None
+    entry = entries["GET"]
+    decision = Decision("GET", clean, params, template, gates, reasons, entry=entry,
+                        secrets=tuple(entry.get("secrets", ())), path_params=path_params)
+    try:
+        _check_reach(host, gates, f"GET {clean}")
+        _check_privileges(host, entry, path_params | {k: str(v) for k, v in params.items()
+                                                      if isinstance(v, (str, int))})
+    except PolicyError as exc:
+        audit(host, "GET", clean, params, "refused", error=str(exc))
+        raise
+    return decision
+
+
 def _judge_node_power(host: Any, decision: Decision, read: Callable[[str], Any] | None) -> None:
     """A node's reboot or shutdown changes the guests there that HA does not move away
     (power_effects; docs/PROXMOX-BEHAVIOUR.md#node-power): the protected ones among them are
@@ -700,6 +728,8 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
     except ToolFailure as exc:
         _audit_after(host, decision, audited, "failed", error=str(exc), started=started)
         raise
+    finally:  # what the call read before may have changed (calls.Reads): the receipt's state after is read anew
+        current_call().reads.clear()
     _audit_after(host, decision, audited, "sent", result=result if isinstance(result, str) else "ok", started=started)
     _keep_receipt(receipt, result, line)
     return mask_answer(result, decision.secrets)

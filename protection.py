@@ -239,7 +239,7 @@ def _guest_rows(label: str, call: Call, why: str) -> dict[int, dict]:
     kept = call.protection_rows
     if label not in kept:
         def read() -> list[dict]:
-            guests = client.get("/cluster/resources", type="vm") or []
+            guests = client.read("/cluster/resources", type="vm") or []
             for guest in guests:
                 guest["vmid"] = int(guest["vmid"])  # as inventory keeps them (PVE < 8.2 sends an LXC's as a string)
             return guests
@@ -262,7 +262,7 @@ def _protection_flag(label: str, row: dict, call: Call) -> bool:
     if key not in kept:
         path = f"/nodes/{row['node']}/{row.get('type', 'qemu')}/{row['vmid']}/config"
         try:
-            config = _client_for.get()(label).get(path) or {}
+            config = _client_for.get()(label).read(path) or {}
         except ToolFailure as exc:  # what decides cannot be read: fail closed
             raise PolicyError(f"Guest {row['vmid']}'s Proxmox protection flag could not be read ({exc}), so this "
                               f"request, which destroys, is refused. The read token needs VM.Audit on the guest "

@@ -9,6 +9,7 @@ HTTP and Proxmox, not MCP (tests/test_layout.py).
 from __future__ import annotations
 
 import contextvars
+import copy
 import hashlib
 import logging
 import re
@@ -21,12 +22,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
+import calls
 import catalog
 import policy
 import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
-from masking import mask_params, register_secret
+from masking import mask_answer, mask_params, register_secret
 from products import PRODUCTS
 
 if TYPE_CHECKING:
@@ -152,8 +154,11 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pa
     whether it was done. It reads at least once, waits `pause` between reads (times `growth` after
     each, at most `longest`) and never sleeps past the deadline."""
     deadline = time.monotonic() + seconds
+    reads = calls.current().reads
+    reads.clear()  # what the call read before the wait may change while it waits; its own reads are sent
     while True:
-        value = read()
+        with reads.fresh():
+            value = read()
         if done(value):
             return value, True
         if time.monotonic() + pause > deadline:
@@ -418,7 +423,7 @@ class ProxmoxClient:
         params = encode_params(params)
         self.ensure_permissions()
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
-                            read=self.get, plan=self._dry_run_plan, client=self)
+                            read=self.read, plan=self._dry_run_plan, client=self)
 
     def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str,
              shell: list[policy.Decision] = ()) -> None:
@@ -427,15 +432,43 @@ class ProxmoxClient:
         now, shown together by a dry run, confirmed together once."""
         self.ensure_permissions()
         policy.plan_steps(self.host, [(m.upper(), path, encode_params(params)) for m, path, params in steps],
-                          summary, read=self.get, prepared=list(shell))
+                          summary, read=self.read, prepared=list(shell))
+
+    def read(self, path: str, **params: Any) -> Any:
+        """A read the policy makes for its own judgement (policy.own_read: the firewall guard,
+        protection, job judgement, the receipts): straight to the transport, shared with the call's
+        other reads (calls.Reads), not admitted again; one that needs a gate beyond read is admitted
+        as a tool's read is."""
+        params = encode_params(params)
+        self.ensure_permissions()
+        decision = policy.own_read(self.host, path, params)
+        if decision is None:
+            return self.request("GET", path, params)
+        return mask_answer(self._fetch(decision.path, decision.params), decision.secrets)
 
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
-        """Send what the policy admitted; a write drops the reads kept meanwhile."""
+        """Send what the policy admitted (a read once per call: _fetch); a write drops the reads kept
+        meanwhile (the call's are dropped by the policy: policy._send_audited)."""
+        if decision.method == "GET":
+            return self._fetch(decision.path, decision.params, timeout)
         data = self._send(decision.method, decision.path, decision.params, timeout)
-        if decision.method != "GET":
-            with self._kept_lock:  # a write may have changed what exists
-                self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
+        with self._kept_lock:  # a write may have changed what exists
+            self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         return data
+
+    def _fetch(self, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+        """A GET sent once per tool call: the answer a read of the same path and parameters got in
+        this call, until a write or a wait (calls.Reads); a copy, since callers change what they get."""
+        reads = calls.current().reads
+        key = reads.key(self.host.product, self.host.label, path, params)
+        kept = reads.get(key)
+        if kept is None:
+            self._envelope.total = None
+            data = self._send("GET", path, params, timeout)
+            kept = (data, self._envelope.total)
+            reads.keep(key, *kept)
+        self._envelope.total = kept[1]
+        return copy.deepcopy(kept[0])
 
     def _dry_run_plan(self, decision: policy.Decision) -> dict:
         protection = ("names no protected guest" if not decision.guests
@@ -569,12 +602,12 @@ class ProxmoxClient:
         own act."""
         params = encode_params(params)
         self.ensure_permissions()
-        decision = policy.classify(self.host, "GET", path, params, self.get)
+        decision = policy.classify(self.host, "GET", path, params, self.read)
         if also:
             decision.gates = combine(set(decision.gates) | {also[0]})
             decision.reasons.append(also[1])
         return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
-                            read=self.get, plan=self._dry_run_plan, decision=decision)
+                            read=self.read, plan=self._dry_run_plan, decision=decision)
 
     def _stream(self, decision: policy.Decision, destination: Sink, max_bytes: int) -> int:
         import requests

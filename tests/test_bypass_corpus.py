@@ -607,6 +607,8 @@ class MarkingLab:
             raise ProxmoxError("Host 'lab' is unreachable (connection refused).")
         return [dict(row) for row in MARKED_ROWS] if path == "/cluster/resources" else MARKED_CONFIGS.get(path, {})
 
+    read = get  # the reads the policy makes for its own judgement (ProxmoxClient.read)
+
 
 def admit_marked(session: str, method: str, path: str, params: dict, lab: MarkingLab) -> list:
     sent = []

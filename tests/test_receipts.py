@@ -67,6 +67,8 @@ class Reads:
             raise ProxmoxError(f"{path} does not exist")
         return self.answers[path]
 
+    read = get  # the reads the policy makes for its own judgement (ProxmoxClient.read)
+
 
 def receipt_for(product, method, path, **fields):
     """A receipt of one request (one step), as receipts.py keeps it."""
