@@ -18,9 +18,9 @@ class Reads:
     """The answers of the GETs sent during one tool call, shared by everything that asks the same
     again in it (the tool, the firewall guard, protection, the receipts, job judgement): a read is
     sent once. Any write clears them all, since one write changes what several paths show (a stop
-    changes the guest's status and /cluster/resources), and so does the start of a wait (a task
-    changes things while it runs); the reads of a wait and the receipt's state after a write are
-    always sent (`fresh`), and what they answer is kept for what follows."""
+    changes the guest's status and /cluster/resources), and so does a wait, as it starts and as it
+    ends (a task changes things while it runs); the reads of a wait and the receipt's state after a
+    write are always sent (`fresh`)."""
 
     def __init__(self) -> None:
         self._kept: dict[ReadKey, tuple[Any, Any]] = {}  # key -> (data, the envelope's total)

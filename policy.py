@@ -3,11 +3,14 @@
 `admit()` is called by the HTTP client (proxmox_client.request) and by the shell tools before
 anything is sent, and runs the same sequence for both:
 
-  1. classify   what the request is: its catalog method, its parameters checked against the
-                schema, its gates (the method's, raised by dangerous arguments, nested calls,
-                and the job, rule or group it edits or runs as it will be after it), the guests
-                it names or reaches, the secrets it returns; a firewall write of the cluster or a
-                node is refused if it would lock this server out (firewall_guard.py)
+  1. classify   what the request is, resolved once (`resolve`: its catalog method, its parameters
+                checked against the schema, its gates, the guests it names, the secrets it
+                returns), then judged by STAGES over that one Decision: the job, rule or group it
+                edits or runs as it will be after it, a firewall write of the cluster or a node
+                refused if it would lock this server out (firewall_guard.py), the commands of a
+                batch, what it loses, the guests a node's reboot changes. The stored objects they
+                judge by are read through the client once per call (calls.Reads), not admitted again
+                (own_read)
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
@@ -246,9 +249,17 @@ def shell_decision(what: str, gates: tuple[str, ...], guests: list[int], reason:
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
              read: Callable[[str], Any] | None = None, *, nested: bool = False) -> Decision:
-    """Say what a request is; refuse one that is not a valid call of the product's API. A command of a
-    batch (`nested`) meets the firewall guard with the whole batch (_merge_nested)."""
-    method = method.upper()
+    """Say what a request is: resolved once (`resolve`: refused when it is not a valid call of the
+    product's API), then judged on what it reaches by each of STAGES in order, over that one Decision.
+    A command of a batch (`nested`) meets the firewall guard with the whole batch (_merge_nested)."""
+    decision = resolve(host, method, path, params)
+    for stage in STAGES:
+        stage(host, decision, read, nested)
+    return decision
+
+
+def _method_of(host: Any, method: str, path: str) -> tuple[str, str, dict, dict[str, str]]:
+    """(the normalised path, its catalog template, the method's entry, the path's parameters)."""
     clean = normalise_path(path)
     found = catalog.find_path(host.product, clean)
     if found is None:
@@ -257,7 +268,15 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     template, entries, path_params = found
     if method not in entries:
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
-    entry = entries[method]
+    return clean, template, entries[method], path_params
+
+
+def resolve(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision:
+    """The request resolved once, from itself alone: its catalog method, template and path
+    parameters, its parameters checked against the schema, its gates, the guests it names and
+    whether it reaches guests in bulk. Every later stage reads and adds to this Decision."""
+    method = method.upper()
+    clean, template, entry, path_params = _method_of(host, method, path)
     gates, reasons = call_gates(host.product, method, template, params)
     judged_by_job = job_edits.operation(host.product, method, template)  # its selection is judged there
     named = {k: v for k, v in params.items() if not (judged_by_job and k in judged_by_job[0].selection)}
@@ -267,25 +286,61 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     decision.errors = catalog.check_params(entry, params, path_params=path_params, product=host.product)
     deletes = bool(deleting(entry, params)) or bool(re.fullmatch(DELETES_BACKUPS, template))
     decision.scope = protection.bulk_scope(template, params, deletes)
-    if judged_by_job:  # read the stored object only for a valid call whose own gates are open
-        require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
-        _refuse_invalid(decision)
-        check_protected(host, decision)  # and that names no protected guest
-        _judge_as_after(host, decision, read)
-    # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
-    if firewall_guard.guards(host.product, method, template) and not current_call().planning:
-        if not nested:
-            judge(host, decision)  # read the firewall only for a call the rest of the policy allows
-            firewall_guard.check(host, decision, read, settings().source_address)
-        protected = protected_vmids(host)
-        decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
-    if template == EXECUTE and not decision.errors:
-        _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
-    elif not decision.errors and all(gate_open(rules_for(host), g, method, template) for g in decision.gates):
-        losses.name(host.product, decision, read)  # what it loses, by name; the yes pinned to what it frees
-    if power_effects.judged(host.product, method, template) and not decision.errors:  # while planning too: no
-        _judge_node_power(host, decision, read)  # question is asked about a reboot that will be refused
     return decision
+
+
+Read = Callable[[str], Any] | None  # how a stage reads the stored objects it judges by (shared by the call)
+
+
+def _stage_as_after(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """A job, rule or group created, edited, deleted or run, judged as the object will be after it."""
+    if not job_edits.operation(host.product, decision.method, decision.template):
+        return
+    # read the stored object only for a valid call whose own gates are open and that names no protected guest
+    require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
+                  decision.template)
+    _refuse_invalid(decision)
+    check_protected(host, decision)
+    _judge_as_after(host, decision, read)
+
+
+def _stage_firewall(host: Any, decision: Decision, read: Read, nested: bool) -> None:
+    """A firewall write of the cluster or a node that would lock this server out is refused, and the
+    protected guests a firewall object reaches are the request's (firewall_guard;
+    docs/PROXMOX-BEHAVIOUR.md#firewall-lockout). Not while planning: the guard only refuses, and the
+    call meets it."""
+    if not firewall_guard.guards(host.product, decision.method, decision.template) or current_call().planning:
+        return
+    if not nested:
+        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
+        firewall_guard.check(host, decision, read, settings().source_address)
+    protected = protected_vmids(host)
+    decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
+
+
+def _stage_batch(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """POST /nodes/{node}/execute: each command classified on what the earlier ones leave."""
+    if decision.template == EXECUTE and not decision.errors:
+        _merge_nested(host, decision, decision.path_params["node"], decision.params.get("commands"), read)
+
+
+def _stage_losses(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """What a request whose gates are open loses, by name; the yes pinned to what it frees (losses)."""
+    if decision.template != EXECUTE and not decision.errors and all(
+            gate_open(rules_for(host), g, decision.method, decision.template) for g in decision.gates):
+        losses.name(host.product, decision, read)
+
+
+def _stage_node_power(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """A node's reboot or shutdown, judged by the guests it changes; while planning too: no question
+    is asked about a reboot that will be refused."""
+    if power_effects.judged(host.product, decision.method, decision.template) and not decision.errors:
+        _judge_node_power(host, decision, read)
+
+
+# What classify does after `resolve`, in order: each stage reads the stored objects it needs through
+# `read` (sent once per call: calls.Reads) and adds what it finds to the one Decision.
+STAGES = (_stage_as_after, _stage_firewall, _stage_batch, _stage_losses, _stage_node_power)
 
 
 def own_read(host: Any, path: str, params: dict[str, Any]) -> Decision | None:
@@ -295,15 +350,13 @@ def own_read(host: Any, path: str, params: dict[str, Any]) -> Decision | None:
     token's privileges, the secrets to mask) instead of through the whole admission step again, which
     classified each such read anew (issue 30). None when the read needs more: it is admitted as a
     tool's read is."""
-    clean = normalise_path(path)
-    found = catalog.find_path(host.product, clean)
-    if found is None or "GET" not in found[1]:
-        return None
-    template, entries, path_params = found
+    try:
+        clean, template, entry, path_params = _method_of(host, "GET", path)
+    except PolicyError:
+        return None  # refused as admission refuses it
     gates, reasons = call_gates(host.product, "GET", template, params)
     if gates != ("read",):
         return None
-    entry = entries["GET"]
     decision = Decision("GET", clean, params, template, gates, reasons, entry=entry,
                         secrets=tuple(entry.get("secrets", ())), path_params=path_params)
     try:

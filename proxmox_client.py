@@ -154,17 +154,20 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pa
     whether it was done. It reads at least once, waits `pause` between reads (times `growth` after
     each, at most `longest`) and never sleeps past the deadline."""
     deadline = time.monotonic() + seconds
-    reads = calls.current().reads
-    reads.clear()  # what the call read before the wait may change while it waits; its own reads are sent
-    while True:
-        with reads.fresh():
-            value = read()
-        if done(value):
-            return value, True
-        if time.monotonic() + pause > deadline:
-            return value, False
-        time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
-        pause = min(pause * growth, longest)
+    reads = calls.current().reads  # what the call read may change while it waits, the wait's own reads too
+    reads.clear()
+    try:
+        while True:
+            with reads.fresh():
+                value = read()
+            if done(value):
+                return value, True
+            if time.monotonic() + pause > deadline:
+                return value, False
+            time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
+            pause = min(pause * growth, longest)
+    finally:  # (a task's log read while it ran lacks its last lines)
+        reads.clear()
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -491,7 +494,7 @@ class ProxmoxClient:
         candidates.append(decision.path)
         for path in (p for p in candidates if catalog.find_method(self.host.product, "GET", p)):
             try:
-                return self.get(path)
+                return self.read(path)
             except ToolFailure:
                 continue
         return None
