@@ -355,8 +355,8 @@ def own_read(host: Any, path: str, params: dict[str, Any]) -> Decision | None:
     except PolicyError:
         return None  # refused as admission refuses it
     gates, reasons = call_gates(host.product, "GET", template, params)
-    if gates != ("read",):
-        return None
+    if gates != ("read",) or catalog.check_params(entry, params, path_params=path_params, product=host.product):
+        return None  # admitted as a tool's read: a gate beyond read, or parameters the schema refuses
     decision = Decision("GET", clean, params, template, gates, reasons, entry=entry,
                         secrets=tuple(entry.get("secrets", ())), path_params=path_params)
     try:

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+import policy
 from conftest import everything_open, requests_during, tool_session
 
 RULE = {"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "8443"}
@@ -53,3 +54,22 @@ def test_a_guest_stop_sends_at_most_4_requests_besides_polling_its_task(admin, s
     acting = [r for r in sent if not is_poll(r)]
     assert len(acting) <= 4, acting  # 5 at issue 30's start
     assert ("pve", "POST", "/nodes/pve2/qemu/101/status/stop") in acting
+
+
+def test_the_guards_and_receipts_reads_are_not_admitted_again(admin, sim, monkeypatch):
+    """What the lockout guard reads to judge a rule is read for the admission step, which does not
+    classify each of those reads anew as a request of its own (only the tool's own requests are)."""
+    classified = []
+
+    def classify(host, method, path, *args, **kwargs):
+        classified.append((method, path))
+        return original(host, method, path, *args, **kwargs)
+    original = policy.classify
+    monkeypatch.setattr(policy, "classify", classify)
+    _, sent = requests_during(sim, lambda: admin.ok("write_edit_firewall_rule", {
+        "node": "pve2", "action": "add", "pos": 0, "rule": RULE, "confirm": True}))
+    guard_reads = {("GET", path) for path in ("/cluster/firewall/rules", "/cluster/firewall/aliases",
+                                              "/cluster/firewall/ipset", "/cluster/status", "/nodes/pve2/network")}
+    assert guard_reads <= {(method, path) for _, method, path in sent}  # the guard read them
+    assert not guard_reads & set(classified), classified  # but they were not admitted as requests
+    assert ("POST", "/nodes/pve2/firewall/rules") in classified
