@@ -38,7 +38,7 @@ SAFETY_COLUMNS = ["name", "vmid", "host", "taken", "receipt", "storage"]
 def reached() -> frozenset[str] | None:
     """The hosts the caller may use (its reach), None for every host: stored state of another host is
     neither listed nor read (docs/REVIEW-SECURITY.md F11)."""
-    reach = policy.current_call().get("reach")
+    reach = policy.current_call().reach
     return reach.hosts if reach is not None else None
 
 
@@ -167,7 +167,7 @@ def write_undo_change(receipt: ReceiptId, wait_seconds: WaitArg = 120, dry_run: 
         made = undo.made_rule(method, path, params) or made
         done = run_task(client, method, path, params, wait_seconds, ctx, f"{method} {path}")
         steps.append({k: v for k, v in done.items() if k in ("action", "result", "status", "upid", "exitstatus")})
-    made = list(policy.current_call().get("receipts", []))
+    made = list(policy.current_call().receipts)
     receipts.mark_undone(keeping, found, made or ["(no receipt)"])
     answer = {"undone": receipt, "change": receipts.summary(found), "steps": steps,
               "result": "ok" if all(s.get("result") in ("ok", "warnings") for s in steps) else "started"}

@@ -22,6 +22,7 @@ from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field
 
+import calls
 import inventory
 import policy
 import proxmox_client
@@ -141,6 +142,8 @@ def ask_user(ctx: Any, message: str) -> None:
         answer = anyio.from_thread.run(ctx.elicit, message, Confirmation)
     except Exception as exc:  # a client that fails to answer means no
         raise PolicyError(f"Asking the user failed ({exc}); nothing was done.") from None
+    finally:  # what the call read before the question may have changed while the user read it
+        calls.current().reads.clear()
     if not (answer.action == "accept" and answer.data is not None and answer.data.confirm):
         raise PolicyError(f"The user did not confirm ({answer.action}); nothing was done.")
 

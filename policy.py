@@ -3,11 +3,14 @@
 `admit()` is called by the HTTP client (proxmox_client.request) and by the shell tools before
 anything is sent, and runs the same sequence for both:
 
-  1. classify   what the request is: its catalog method, its parameters checked against the
-                schema, its gates (the method's, raised by dangerous arguments, nested calls,
-                and the job, rule or group it edits or runs as it will be after it), the guests
-                it names or reaches, the secrets it returns; a firewall write of the cluster or a
-                node is refused if it would lock this server out (firewall_guard.py)
+  1. classify   what the request is, resolved once (`resolve`: its catalog method, its parameters
+                checked against the schema, its gates, the guests it names, the secrets it
+                returns), then judged by STAGES over that one Decision: the job, rule or group it
+                edits or runs as it will be after it, a firewall write of the cluster or a node
+                refused if it would lock this server out (firewall_guard.py), the commands of a
+                batch, what it loses, the guests a node's reboot changes. The stored objects they
+                judge by are read through the client once per call (calls.Reads), not admitted again
+                (own_read)
   2. judge      gates open for this host, no protected guest reached, the token's privileges,
                 the exec allow-list (PROXMOX_EXEC_ALLOWED_VMIDS), no masked secret written back
   3. dry run    the exact request instead of sending it
@@ -26,7 +29,6 @@ The gates themselves, and which a call needs, are gates.py.
 """
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import json
 import posixpath
@@ -39,6 +41,7 @@ from urllib.parse import unquote
 
 import audit as audit_log
 import batch
+import calls
 import catalog
 import firewall_guard
 import job_edits
@@ -48,6 +51,7 @@ import protection
 import receipts
 import runtime
 import state
+from calls import Call
 from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
@@ -139,7 +143,7 @@ PROFILES = {"read": ("read", frozenset()),
 class Reach:
     """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and what
     that principal may reach: its profile (PROFILES) and, when it lists them, the host labels it may
-    use. The MCP edge puts it in the call (current_call()["reach"], beside "principal", its name);
+    use. The MCP edge puts it in the call (current_call().reach, beside .principal, its name);
     the single user (stdio, the one static token) has none."""
     name: str
     profile: str = "read"
@@ -154,14 +158,14 @@ class Reach:
 
 
 _settings = runtime.slot("policy.settings", Settings)  # this server's (configure)
-# Per call, set by the tool wrapper in server.py: tool name, dry run, the confirmation step, and
-# notes for the answer (an audit line that failed after sending). None outside a tool call.
-CALL: contextvars.ContextVar[dict | None] = contextvars.ContextVar("call", default=None)
+# The running tool call (calls.Call), set by the tool wrapper in server.py: the tool, dry run, the
+# confirmation step, who calls, and what the call carries from request to request. None outside one.
+CALL = calls.CALL
 
 
-def current_call() -> dict:
-    """The running tool call's settings, empty outside a tool call."""
-    return CALL.get() or {}
+def current_call() -> Call:
+    """The running tool call; outside one a fresh Call that nothing keeps."""
+    return calls.current()
 
 
 def settings() -> Settings:
@@ -289,9 +293,17 @@ def _judge_node_file(decision: Decision) -> None:
 
 def classify(host: Any, method: str, path: str, params: dict[str, Any],
              read: Callable[[str], Any] | None = None, *, nested: bool = False) -> Decision:
-    """Say what a request is; refuse one that is not a valid call of the product's API. A command of a
-    batch (`nested`) meets the firewall guard with the whole batch (_merge_nested)."""
-    method = method.upper()
+    """Say what a request is: resolved once (`resolve`: refused when it is not a valid call of the
+    product's API), then judged on what it reaches by each of STAGES in order, over that one Decision.
+    A command of a batch (`nested`) meets the firewall guard with the whole batch (_merge_nested)."""
+    decision = resolve(host, method, path, params)
+    for stage in STAGES:
+        stage(host, decision, read, nested)
+    return decision
+
+
+def _method_of(host: Any, method: str, path: str) -> tuple[str, str, dict, dict[str, str]]:
+    """(the normalised path, its catalog template, the method's entry, the path's parameters)."""
     clean = normalise_path(path)
     found = catalog.find_path(host.product, clean)
     if found is None:
@@ -300,7 +312,15 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     template, entries, path_params = found
     if method not in entries:
         raise PolicyError(f"{method} is not a method of {template} (it has {', '.join(sorted(entries))}).")
-    entry = entries[method]
+    return clean, template, entries[method], path_params
+
+
+def resolve(host: Any, method: str, path: str, params: dict[str, Any]) -> Decision:
+    """The request resolved once, from itself alone: its catalog method, template and path
+    parameters, its parameters checked against the schema, its gates, the guests it names and
+    whether it reaches guests in bulk. Every later stage reads and adds to this Decision."""
+    method = method.upper()
+    clean, template, entry, path_params = _method_of(host, method, path)
     gates, reasons = call_gates(host.product, method, template, params)
     judged_by_job = job_edits.operation(host.product, method, template)  # its selection is judged there
     named = {k: v for k, v in params.items() if not (judged_by_job and k in judged_by_job[0].selection)}
@@ -310,25 +330,88 @@ def classify(host: Any, method: str, path: str, params: dict[str, Any],
     decision.errors = catalog.check_params(entry, params, path_params=path_params, product=host.product)
     deletes = bool(deleting(entry, params)) or bool(re.fullmatch(DELETES_BACKUPS, template))
     decision.scope = protection.bulk_scope(template, params, deletes)
-    if judged_by_job:  # read the stored object only for a valid call whose own gates are open
-        require_gates(host, decision.gates, f"{method} {clean}", reasons, method, template)
-        _refuse_invalid(decision)
-        check_protected(host, decision)  # and that names no protected guest
-        _judge_as_after(host, decision, read)
-    # docs/PROXMOX-BEHAVIOUR.md#firewall-lockout; not while planning: the guard only refuses, and the call meets it
-    if firewall_guard.guards(host.product, method, template) and not current_call().get("planning"):
-        if not nested:
-            judge(host, decision)  # read the firewall only for a call the rest of the policy allows
-            firewall_guard.check(host, decision, read, settings().source_address, settings().backup_servers)
-        protected = protected_vmids(host)
-        decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
-    if template == EXECUTE and not decision.errors:
-        _merge_nested(host, decision, path_params["node"], params.get("commands"), read)
-    elif not decision.errors and all(gate_open(rules_for(host), g, method, template) for g in decision.gates):
-        losses.name(host.product, decision, read)  # what it loses, by name; the yes pinned to what it frees
-    down = power_effects.judged(host.product, method, template, path_params, params)
-    if down and not decision.errors:  # while planning too: no question is asked about a reboot that will be refused
+    return decision
+
+
+Read = Callable[[str], Any] | None  # how a stage reads the stored objects it judges by (shared by the call)
+
+
+def _stage_as_after(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """A job, rule or group created, edited, deleted or run, judged as the object will be after it."""
+    if not job_edits.operation(host.product, decision.method, decision.template):
+        return
+    # read the stored object only for a valid call whose own gates are open and that names no protected guest
+    require_gates(host, decision.gates, f"{decision.method} {decision.path}", decision.reasons, decision.method,
+                  decision.template)
+    _refuse_invalid(decision)
+    check_protected(host, decision)
+    _judge_as_after(host, decision, read)
+
+
+def _stage_firewall(host: Any, decision: Decision, read: Read, nested: bool) -> None:
+    """A firewall write of the cluster or a node that would lock this server out is refused, and the
+    protected guests a firewall object reaches are the request's (firewall_guard;
+    docs/PROXMOX-BEHAVIOUR.md#firewall-lockout). Not while planning: the guard only refuses, and the
+    call meets it."""
+    if not firewall_guard.guards(host.product, decision.method, decision.template) or current_call().planning:
+        return
+    if not nested:
+        judge(host, decision)  # read the firewall only for a call the rest of the policy allows
+        firewall_guard.check(host, decision, read, settings().source_address, settings().backup_servers)
+    protected = protected_vmids(host)
+    decision.guests = sorted(set(decision.guests) | firewall_guard.protected_reached(decision, read, protected))
+
+
+def _stage_batch(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """POST /nodes/{node}/execute: each command classified on what the earlier ones leave."""
+    if decision.template == EXECUTE and not decision.errors:
+        _merge_nested(host, decision, decision.path_params["node"], decision.params.get("commands"), read)
+
+
+def _stage_losses(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """What a request whose gates are open loses, by name; the yes pinned to what it frees (losses)."""
+    if decision.template != EXECUTE and not decision.errors and all(
+            gate_open(rules_for(host), g, decision.method, decision.template) for g in decision.gates):
+        losses.name(host.product, decision, read)
+
+
+def _stage_node_power(host: Any, decision: Decision, read: Read, _nested: bool) -> None:
+    """A node's reboot or shutdown, judged by the guests it changes; while planning too: no question
+    is asked about a reboot that will be refused."""
+    down = power_effects.judged(host.product, decision.method, decision.template, decision.path_params,
+                                decision.params)
+    if down and not decision.errors:
         _judge_node_power(host, decision, read, down)
+
+
+# What classify does after `resolve`, in order: each stage reads the stored objects it needs through
+# `read` (sent once per call: calls.Reads) and adds what it finds to the one Decision.
+STAGES = (_stage_as_after, _stage_firewall, _stage_batch, _stage_losses, _stage_node_power)
+
+
+def own_read(host: Any, path: str, params: dict[str, Any]) -> Decision | None:
+    """Steps 1 and 2 for a read the admission step makes for its own judgement (the firewall guard,
+    protection, job judgement, losses, the receipts' state before and after): a plain read, which no
+    gate beyond `read` guards, goes to the transport as judged here (the principal's reach, the
+    token's privileges, the secrets to mask) instead of through the whole admission step again, which
+    classified each such read anew (issue 30). None when the read needs more: it is admitted as a
+    tool's read is."""
+    try:
+        clean, template, entry, path_params = _method_of(host, "GET", path)
+    except PolicyError:
+        return None  # refused as admission refuses it
+    gates, reasons = call_gates(host.product, "GET", template, params)
+    if gates != ("read",) or catalog.check_params(entry, params, path_params=path_params, product=host.product):
+        return None  # admitted as a tool's read: a gate beyond read, or parameters the schema refuses
+    decision = Decision("GET", clean, params, template, gates, reasons, entry=entry,
+                        secrets=tuple(entry.get("secrets", ())), path_params=path_params)
+    try:
+        _check_reach(host, gates, f"GET {clean}")
+        _check_privileges(host, entry, path_params | {k: str(v) for k, v in params.items()
+                                                      if isinstance(v, (str, int))})
+    except PolicyError as exc:
+        audit(host, "GET", clean, params, "refused", error=str(exc))
+        raise
     return decision
 
 
@@ -386,7 +469,7 @@ def _merge_nested(host: Any, decision: Decision, node: str, commands: Any, read:
         if firewall_guard.guards(host.product, inner.method, inner.template):
             firewall_writes.append(inner)
         overlay.fold(inner)
-    if firewall_writes and not current_call().get("planning"):
+    if firewall_writes and not current_call().planning:
         judge(host, decision)  # read the firewall only for a batch the rest of the policy allows
         batch.check_firewall(host, f"{decision.method} {decision.path}", firewall_writes, read,
                              settings().source_address, settings().backup_servers)
@@ -452,7 +535,7 @@ def require_gates(host: Any, gates: tuple[str, ...], what: str, reasons: list[st
 
 def _check_reach(host: Any, gates: tuple[str, ...], what: str) -> None:
     """A principal's reach (Reach): only its hosts, only the gates its profile allows."""
-    reach = current_call().get("reach")
+    reach = current_call().reach
     if reach is None:
         return
     if not reach.reaches(host.label):
@@ -573,17 +656,17 @@ def admit(host: Any, method: str, path: str, params: dict[str, Any], send: Calla
     # changes nothing (and the preview of a dry run reads the current state that way), but a GET a tool
     # raised above it (a download it saves to disk: write_restore_file) does
     holds_back = decision.method != "GET" or decision.confirm or set(decision.gates) - {"read", "sensitive"}
-    if current_call().get("planning") and holds_back:  # the plan the user is asked about: nothing is sent
+    if current_call().planning and holds_back:  # the plan the user is asked about: nothing is sent
         raise DryRun({}, [(host, decision), *_follow_ups(host, decision, read)])
-    if (current_call().get("dry_run") or settings().dry_run) and holds_back:
+    if (current_call().dry_run or settings().dry_run) and holds_back:
         audit(host, decision.method, decision.path, audited, "dry_run")
         raise DryRun(plan(decision) if plan else default_plan(host, decision), [(host, decision)])
     _confirm(host, [decision])
     result = _send_audited(host, decision, audited, send, client)
-    if decision.confirm and CALL.get() is not None:  # what a follow-up in this call may read
+    if decision.confirm and calls.in_call():  # what a follow-up in this call may read
         confirmed = (host.product, host.label, decision.path, (result or {}).get("pid") if isinstance(result, dict)
                      else None)
-        current_call().setdefault("confirmed", []).append(confirmed)
+        current_call().confirmed.append(confirmed)
     return result
 
 
@@ -612,7 +695,7 @@ def sent_by_writer(host: Any, decision: Decision) -> bool:
     if follows_confirmed(host, decision):
         return True
     check = (decision.entry or {}).get("check")
-    return ("/agent/" in decision.template and str(current_call().get("tool", "")).startswith("write_")
+    return ("/agent/" in decision.template and str(current_call().tool or "").startswith("write_")
             and bool(check) and _missing(host, check, decision.path_params) is not None)
 
 
@@ -627,7 +710,7 @@ def follows_confirmed(host: Any, decision: Decision) -> bool:
         guest = decision.path.rsplit("/agent/", 1)[0]
         return any(product == host.product and label == host.label and re.fullmatch(confirmed_pattern, path)
                    and path.rsplit("/agent/", 1)[0] == guest and str(pid) == str(decision.params.get("pid"))
-                   for product, label, path, pid in current_call().get("confirmed", []))
+                   for product, label, path, pid in current_call().confirmed)
     return False
 
 
@@ -646,7 +729,7 @@ def approval_key(host: Any, decision: Decision) -> str:
     state it names exists (client.plan) is the step then sent with it."""
     params = {k: v for k, v in decision.params.items() if k != "digest"}
     return hashlib.sha256(json.dumps([host.product, host.label, decision.method, decision.path, params,
-                                      _payload(decision), decision.basis, current_call().get("principal")],
+                                      _payload(decision), decision.basis, current_call().principal],
                                      sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -675,7 +758,7 @@ def grant_standing(key: str, clock: Callable[[], float] = time.monotonic) -> Cal
     """The user's yes to the call now running stands for the decisions carrying `key` for
     STANDING_SECONDS by `clock`, or until the function this returns takes it back."""
     granted = _standing.get()
-    granted[key] = (current_call().get("principal"), clock() + STANDING_SECONDS, clock)
+    granted[key] = (current_call().principal, clock() + STANDING_SECONDS, clock)
     return lambda: granted.pop(key, None)
 
 
@@ -685,19 +768,19 @@ def _stands(decision: Decision) -> bool:
     if grant is None:
         return False
     principal, until, clock = grant
-    return principal == current_call().get("principal") and clock() < until
+    return principal == current_call().principal and clock() < until
 
 
 def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
     """Step 4: the requests that need the user's yes and were not in the plan the user approved
     (nor covered by a standing yes) are put to the call's confirmation step
     (confirmation.confirmer); a refusal is audited."""
-    approved = current_call().get("approved", ())
+    approved = current_call().approved
     pending = [d for d in decisions if d.confirm and approval_key(host, d) not in approved and not _stands(d)]
     if not pending:
         return
     try:
-        confirm = current_call().get("confirm")
+        confirm = current_call().confirm
         if confirm is None:
             raise ConfirmationNeeded(f"{pending[0].method} {pending[0].path} is {pending[0].gate} and needs the "
                                      f"user's confirmation, which this caller cannot give.")
@@ -708,7 +791,7 @@ def _confirm(host: Any, decisions: list[Decision], summary: str = "") -> None:
         for decision in pending:
             audit(host, decision.method, decision.path, audited_params(decision), "refused", error=why)
         raise
-    current_call().setdefault("approved", set()).update(approval_key(host, d) for d in pending)
+    current_call().approved.update(approval_key(host, d) for d in pending)
 
 
 def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary: str,
@@ -731,9 +814,9 @@ def plan_steps(host: Any, steps: list[tuple[str, str, dict[str, Any]]], summary:
         decisions.append(decision)
     writes = [d for d in decisions if d.gates != ("read",)]
     writes += [after for d in list(writes) for _, after in _follow_ups(host, d, read)]
-    if current_call().get("planning"):
+    if current_call().planning:
         raise DryRun({}, [(host, d) for d in writes], summary)
-    if current_call().get("dry_run") or settings().dry_run:
+    if current_call().dry_run or settings().dry_run:
         for decision in writes:
             audit(host, decision.method, decision.path, audited_params(decision), "dry_run")
         raise DryRun({"dry_run": True, "host": host.label, "plan": summary,
@@ -756,7 +839,7 @@ def plan_call(function: Callable[..., Any], arguments: dict[str, Any], tool: str
     audited as sent), no refusal or dry run audited; a call that fails before its first write needs no
     question (it fails again when it runs). A tool that sends a request needing the yes after another
     write must declare its steps first (client.plan): on 2026-07-28 a yes cannot be asked mid-call."""
-    token = CALL.set({"tool": tool, "planning": True} | (caller or {}))  # caller: the principal and its reach
+    token = CALL.set(Call(tool=tool, planning=True, **(caller or {})))  # caller: the principal and its reach
     try:
         function(**arguments)
     except DryRun as planned:
@@ -793,6 +876,8 @@ def _send_audited(host: Any, decision: Decision, audited: dict[str, Any], send: 
     except ToolFailure as exc:
         _audit_after(host, decision, audited, "failed", error=str(exc), started=started)
         raise
+    finally:  # what the call read before may have changed (calls.Reads): the receipt's state after is read anew
+        current_call().reads.clear()
     _audit_after(host, decision, audited, "sent", result=result if isinstance(result, str) else "ok", started=started)
     _keep_receipt(receipt, result, line)
     return mask_answer(result, decision.secrets)
@@ -803,22 +888,21 @@ def _keep_receipt(receipt: receipts.Pending | None, result: Any, line: str | Non
     cannot be written is a note."""
     if receipt is None:
         return
-    notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
     try:
         receipt.finish(result, line)
     except OSError as exc:
-        notes.append(f"The request was sent, but its receipt could not be written ({exc.strerror or exc}).")
+        current_call().notes.append(f"The request was sent, but its receipt could not be written "
+                                    f"({exc.strerror or exc}).")
         return
-    if CALL.get() is not None and receipt.id not in current_call().setdefault("receipts", []):
-        current_call()["receipts"].append(receipt.id)
+    if receipt.id not in current_call().receipts:
+        current_call().receipts.append(receipt.id)
 
 
 def _audit_after(host: Any, decision: Decision, audited: dict[str, Any], verdict: str, **details: Any) -> None:
     try:
         audit(host, decision.method, decision.path, audited, verdict, strict=True, **details)
     except OSError as exc:
-        notes = current_call().setdefault("notes", []) if CALL.get() is not None else []
-        notes.append(f"The request was sent ({verdict}), but its audit line could not be written to "
+        current_call().notes.append(f"The request was sent ({verdict}), but its audit line could not be written to "
                      f"{settings().audit_path} ({exc.strerror or exc}).")
 
 
@@ -1007,12 +1091,12 @@ def audit(host: Any, method: str, path: str, params: dict[str, Any], verdict: st
     """Record a write, exec, refusal or dry run in the audit log: masked, contents as size and
     keyed hash (audit_key; see audit.py for the file); the line's hash is its id. With `strict` a
     failure to write raises OSError."""
-    if settings().audit_path is None or current_call().get("planning") and verdict in ("refused", "dry_run"):
+    if settings().audit_path is None or current_call().planning and verdict in ("refused", "dry_run"):
         return None
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host.label,
-              "product": host.product, "tool": current_call().get("tool"), "method": method, "path": mask(path),
+              "product": host.product, "tool": current_call().tool, "method": method, "path": mask(path),
               "params": audit_view(params, audit_key()), "verdict": verdict,
-              "principal": current_call().get("principal")}
+              "principal": current_call().principal}
     if result is not None:
         record["result"] = mask(str(result))
     if error is not None:

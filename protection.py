@@ -27,6 +27,7 @@ from typing import Any
 
 import catalog
 import runtime
+from calls import Call
 from errors import PolicyError, ToolFailure
 
 LIST_KEY = "protected_vms"  # proxmox-ve-mcp's form: {"protected_vms": [...]}
@@ -255,21 +256,21 @@ def parse_tags(value: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(tags))
 
 
-def _guest_rows(label: str, call: dict, why: str) -> dict[int, dict]:
+def _guest_rows(label: str, call: Call, why: str) -> dict[int, dict]:
     """The host's guests from /cluster/resources, read at most once per tool call (kept in `call`, the
-    policy's per-call dict, across the call's writes) and shared with the tool's own lookups: the
+    running calls.Call, across the call's writes) and shared with the tool's own lookups: the
     client's kept "guests" (inventory.guest_resources) when this call read them already, else read now
     and kept there for them."""
-    kept = call.setdefault("protection_rows", {})
+    kept = call.protection_rows
     if label not in kept:
         def read() -> list[dict]:
-            guests = client.get("/cluster/resources", type="vm") or []
+            guests = client.read("/cluster/resources", type="vm") or []
             for guest in guests:
                 guest["vmid"] = int(guest["vmid"])  # as inventory keeps them (PVE < 8.2 sends an LXC's as a string)
             return guests
         try:
             client = _client_for.get()(label)
-            age = time.monotonic() - call.get("started", time.monotonic())  # reuse only a read of this call
+            age = time.monotonic() - (call.started or time.monotonic())  # reuse only a read of this call
             rows = client.cached("guests", read, age, until_write=True) if hasattr(client, "cached") else read()
         except ToolFailure as exc:  # what decides cannot be read: fail closed
             raise PolicyError(f"The guests' {why} could not be read from /cluster/resources on host '{label}' "
@@ -279,14 +280,14 @@ def _guest_rows(label: str, call: dict, why: str) -> dict[int, dict]:
     return kept[label]
 
 
-def _protection_flag(label: str, row: dict, call: dict) -> bool:
+def _protection_flag(label: str, row: dict, call: Call) -> bool:
     """Whether PVE's own `protection` flag is set in the guest's config, read once per guest and call."""
-    kept = call.setdefault("protection_flags", {})
+    kept = call.protection_flags
     key = (label, int(row["vmid"]))
     if key not in kept:
         path = f"/nodes/{row['node']}/{row.get('type', 'qemu')}/{row['vmid']}/config"
         try:
-            config = _client_for.get()(label).get(path) or {}
+            config = _client_for.get()(label).read(path) or {}
         except ToolFailure as exc:  # what decides cannot be read: fail closed
             raise PolicyError(f"Guest {row['vmid']}'s Proxmox protection flag could not be read ({exc}), so this "
                               f"request, which destroys, is refused. The read token needs VM.Audit on the guest "
@@ -295,7 +296,7 @@ def _protection_flag(label: str, row: dict, call: dict) -> bool:
     return kept[key]
 
 
-def marked_guests(host: Any, guests: list[int], destructive: bool, protected: Protected, call: dict) -> dict[int, str]:
+def marked_guests(host: Any, guests: list[int], destructive: bool, protected: Protected, call: Call) -> dict[int, str]:
     """The guests of a PVE request that Proxmox marks as protected, with why: a tag of
     PROXMOX_PROTECTED_TAGS (any request that changes them), or PVE's own `protection` flag (a request
     that destroys: Proxmox itself refuses only removing the guest or its disks and restoring over it).
@@ -315,7 +316,7 @@ def marked_guests(host: Any, guests: list[int], destructive: bool, protected: Pr
     return marks
 
 
-def tagged_guests(host: Any, protected: Protected, call: dict) -> list[int]:
+def tagged_guests(host: Any, protected: Protected, call: Call) -> list[int]:
     """Every guest of a PVE host that carries a protected tag (for what reaches guests without naming
     them: bulk actions, backup jobs, firewall groups)."""
     if host.product != "pve" or not protected.tags or _client_for.get() is None:

@@ -9,6 +9,7 @@ HTTP and Proxmox, not MCP (tests/test_layout.py).
 from __future__ import annotations
 
 import contextvars
+import copy
 import hashlib
 import logging
 import re
@@ -21,12 +22,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
+import calls
 import catalog
 import policy
 import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
-from masking import mask_params, register_secret
+from masking import mask_answer, mask_params, register_secret
 from products import PRODUCTS
 
 if TYPE_CHECKING:
@@ -152,14 +154,20 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pa
     whether it was done. It reads at least once, waits `pause` between reads (times `growth` after
     each, at most `longest`) and never sleeps past the deadline."""
     deadline = time.monotonic() + seconds
-    while True:
-        value = read()
-        if done(value):
-            return value, True
-        if time.monotonic() + pause > deadline:
-            return value, False
-        time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
-        pause = min(pause * growth, longest)
+    reads = calls.current().reads  # what the call read may change while it waits, the wait's own reads too
+    reads.clear()
+    try:
+        while True:
+            with reads.fresh():
+                value = read()
+            if done(value):
+                return value, True
+            if time.monotonic() + pause > deadline:
+                return value, False
+            time.sleep(pause)  # waiting for Proxmox to get there, not synchronising tests
+            pause = min(pause * growth, longest)
+    finally:  # (a task's log read while it ran lacks its last lines)
+        reads.clear()
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -420,7 +428,7 @@ class ProxmoxClient:
         params = encode_params(params)
         self.ensure_permissions()
         return policy.admit(self.host, method, path, params, lambda decision: self._deliver(decision, timeout),
-                            read=self.get, plan=self._dry_run_plan, client=self)
+                            read=self.read, plan=self._dry_run_plan, client=self)
 
     def plan(self, steps: list[tuple[str, str, dict[str, Any] | None]], summary: str,
              shell: list[policy.Decision] = ()) -> None:
@@ -429,15 +437,29 @@ class ProxmoxClient:
         now, shown together by a dry run, confirmed together once."""
         self.ensure_permissions()
         policy.plan_steps(self.host, [(m.upper(), path, encode_params(params)) for m, path, params in steps],
-                          summary, read=self.get, prepared=list(shell))
+                          summary, read=self.read, prepared=list(shell))
+
+    def read(self, path: str, **params: Any) -> Any:
+        """A read the policy makes for its own judgement (policy.own_read: the firewall guard,
+        protection, job judgement, the receipts): straight to the transport, shared with the call's
+        other reads (calls.Reads), not admitted again; one that needs a gate beyond read is admitted
+        as a tool's read is."""
+        params = encode_params(params)
+        self.ensure_permissions()
+        decision = policy.own_read(self.host, path, params)
+        if decision is None:
+            return self.request("GET", path, params)
+        return mask_answer(self._fetch(decision.path, decision.params), decision.secrets)
 
     def _deliver(self, decision: policy.Decision, timeout: float | None) -> Any:
-        """Send what the policy admitted; a write drops the reads kept meanwhile."""
-        data = self._send(decision.method, decision.path, decision.params, timeout, writer=decision.writer,
-                          ticket=self._root_only(decision))
-        if decision.method != "GET":
-            with self._kept_lock:  # a write may have changed what exists
-                self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
+        """Send what the policy admitted (a read once per call: _fetch); a write drops the reads kept
+        meanwhile (the call's are dropped by the policy: policy._send_audited)."""
+        how = {"writer": decision.writer, "ticket": self._root_only(decision)}
+        if decision.method == "GET":
+            return self._fetch(decision.path, decision.params, timeout, **how)
+        data = self._send(decision.method, decision.path, decision.params, timeout, **how)
+        with self._kept_lock:  # a write may have changed what exists
+            self._kept = {key: kept for key, kept in self._kept.items() if not kept[2]}
         return data
 
     def _root_only(self, decision: policy.Decision) -> bool:
@@ -447,6 +469,21 @@ class ProxmoxClient:
         entry = decision.entry or {}
         return (self.host.product == "pve" and self.host.user == "root@pam" and bool(self.host.password)
                 and bool(entry) and not entry.get("check") and entry.get("user") not in ("all", "world"))
+
+    def _fetch(self, path: str, params: dict[str, Any], timeout: float | None = None, **how: bool) -> Any:
+        """A GET sent once per tool call: the answer a read of the same path and parameters got in
+        this call, until a write or a wait (calls.Reads); a copy, since callers change what they get.
+        `how`: the token or login it goes with (a read sent with the write token is kept apart)."""
+        reads = calls.current().reads
+        key = reads.key(self.host.product, self.host.label, path, params) + tuple(k for k, v in how.items() if v)
+        kept = reads.get(key)
+        if kept is None:
+            self._envelope.total = None
+            data = self._send("GET", path, params, timeout, **how)
+            kept = (data, self._envelope.total)
+            reads.keep(key, *kept)
+        self._envelope.total = kept[1]
+        return copy.deepcopy(kept[0])
 
     def _dry_run_plan(self, decision: policy.Decision) -> dict:
         protection = ("names no protected guest" if not decision.guests
@@ -469,7 +506,7 @@ class ProxmoxClient:
         candidates.append(decision.path)
         for path in (p for p in candidates if catalog.find_method(self.host.product, "GET", p)):
             try:
-                return self.get(path)
+                return self.read(path)
             except ToolFailure:
                 continue
         return None
@@ -585,12 +622,12 @@ class ProxmoxClient:
         own act."""
         params = encode_params(params)
         self.ensure_permissions()
-        decision = policy.classify(self.host, "GET", path, params, self.get)
+        decision = policy.classify(self.host, "GET", path, params, self.read)
         if also:
             decision.gates = combine(set(decision.gates) | {also[0]})
             decision.reasons.append(also[1])
         return policy.admit(self.host, "GET", path, params, lambda d: self._stream(d, destination, max_bytes),
-                            read=self.get, plan=self._dry_run_plan, decision=decision)
+                            read=self.read, plan=self._dry_run_plan, decision=decision)
 
     def _stream(self, decision: policy.Decision, destination: Sink, max_bytes: int) -> int:
         import requests
@@ -927,7 +964,7 @@ def client_for(product: str, label: str | None) -> ProxmoxClient:
     hosts = configured(product)
     name = PRODUCTS[product].name
     if label is None:
-        reach = policy.current_call().get("reach")  # a principal limited to some hosts: the one of them it reaches
+        reach = policy.current_call().reach  # a principal limited to some hosts: the one of them it reaches
         reachable = [k for k in hosts if reach is None or reach.reaches(k)] or list(hosts)
         if len(reachable) == 1:
             label = reachable[0]

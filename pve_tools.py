@@ -434,6 +434,9 @@ def guest_agent_info(vmid: Vmid, host: Host = None) -> dict:
 POWER_ACTIONS = ("start", "shutdown", "stop", "reboot", "reset", "suspend", "resume")
 STATE_AFTER = {"start": "running", "reboot": "running", "reset": "running", "resume": "running",
                "stop": "stopped", "shutdown": "stopped", "suspend": "paused"}
+# The state a task that ended well leaves the guest in, without reading it again: a stop or shutdown task
+# ends only once the guest's process is gone (docs/PROXMOX-BEHAVIOUR.md#power-and-locks)
+ENDED_IN = {"stop": "stopped", "shutdown": "stopped"}
 HA_ACTIONS = ("start", "stop", "shutdown")  # requests to the HA manager (docs/PROXMOX-BEHAVIOUR.md#ha-managed-guests)
 
 
@@ -512,7 +515,8 @@ def write_power_guest(vmid: Vmid, action: Annotated[Literal[POWER_ACTIONS], Fiel
         return answer
     if _ha_managed(row) and action in HA_ACTIONS:
         return _ha_outcome(client, row, answer, action, wait_seconds - (time.monotonic() - started))
-    answer["guest_state"] = _guest_state(client.get(f"{base}/status/current") or {})
+    ended = ENDED_IN.get(action) if task_outcome(answer.get("task")) in ("ok", "warnings") else None
+    answer["guest_state"] = ended or _guest_state(client.get(f"{base}/status/current") or {})
     return answer
 
 

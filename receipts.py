@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import calls
 import catalog
 import config_diff
 import state
@@ -242,15 +243,15 @@ class Record:
         return f"mcp-safety-{self.id[3:]}" + (f"-{taken + 1}" if taken else "")
 
 
-def record_for(host: Any, call: dict) -> Record:
+def record_for(host: Any, call: calls.Call) -> Record:
     """The receipt of the running call on this host (a new one for a request outside a call)."""
-    records = call.setdefault("receipt_records", {})
+    records = call.receipt_records
     key = (host.product, host.label)
     if key not in records:
         records[key] = Record({
             "id": f"rc-{random_ids.token_hex(4)}", "time": now_iso(), "epoch": time.time(), "host": host.label,
-            "product": host.product, "url": getattr(host, "url", None), "tool": call.get("tool"),
-            "by": getattr(host, "write_token_id", None) or host.token_id, "principal": call.get("principal"),
+            "product": host.product, "url": getattr(host, "url", None), "tool": call.tool,
+            "by": getattr(host, "write_token_id", None) or host.token_id, "principal": call.principal,
             "guests": [], "steps": []})
     return records[key]
 
@@ -275,7 +276,8 @@ class Pending:
         the step added to the call's receipt, which is kept."""
         self.step["audit"] = audit_line
         try:
-            _after(self, result)
+            with calls.current().reads.fresh():  # never a read kept from before the write (calls.Reads)
+                _after(self, result)
         except ToolFailure as exc:
             self.step["undo"] = f"its state after the change could not be read ({str(exc)[:200]})"
         receipt = self.record.receipt
@@ -285,7 +287,7 @@ class Pending:
         return self.id
 
 
-def start(keeping: Keeping, host: Any, decision: Any, client: Any, call: dict) -> Pending | None:
+def start(keeping: Keeping, host: Any, decision: Any, client: Any, call: calls.Call) -> Pending | None:
     """A step of the call's receipt for a write about to be sent, with the state before it; a
     safety snapshot first when one is due (which raises when it fails: then nothing is sent)."""
     if keeping.store is None or decision.method == "GET" or UNCHANGING.fullmatch(decision.template) \
@@ -319,22 +321,22 @@ def _before(p: Pending) -> None:
         selectors = _selectors(p.client.host.product, d) if kind == "value" else {}
         p.read = {"path": d.path, "params": selectors}
         p.step |= {"object": d.path, "selectors": selectors,
-                   "before": stored_object(p.client.get(d.path, **selectors))}
+                   "before": stored_object(p.client.read(d.path, **selectors))}
         _judge_settings(p)
     elif kind == "rules":
         collection = d.path if d.method == "POST" else d.path.rsplit("/", 1)[0]
         p.read = {"path": collection, "params": {}}
         p.step |= {"object": collection, "pos": None if d.method == "POST" else int(d.path_params["pos"]),
-                   "before": stored_object(p.client.get(collection) or [])}
+                   "before": stored_object(p.client.read(collection) or [])}
     elif kind == "created":
         p.read = {"path": d.path}
-        p.step |= {"object": d.path, "before": _ids(p.client.get(d.path))}
+        p.step |= {"object": d.path, "before": _ids(p.client.read(d.path))}
     elif kind == "deleted":
-        p.step |= {"object": d.path, "before": stored_object(p.client.get(d.path))}
+        p.step |= {"object": d.path, "before": stored_object(p.client.read(d.path))}
     elif kind == "snapshot":
         p.step |= {"object": f"{base}/snapshot", "snapshot": d.params.get("snapname")}
     elif kind in ("power", "rollback"):
-        status = p.client.get(f"{base}/status/current") or {}
+        status = p.client.read(f"{base}/status/current") or {}
         p.step |= {"object": f"{base}/status/current", "before": power_state(status)}
         if kind == "rollback":
             p.step["snapshot"] = d.path_params.get("snapname")
@@ -354,12 +356,12 @@ def _after(p: Pending, result: Any) -> None:
     if kind in ("settings", "value"):
         if isinstance(result, str) and result.startswith("UPID:"):  # qemu's POST config runs as a task
             p.client.wait_task(result, timeout=p.client.host.read_timeout)
-        after = stored_object(p.client.get(p.read["path"], **p.read["params"]))
+        after = stored_object(p.client.read(p.read["path"], **p.read["params"]))
         p.step["after"] = after
         p.step["changes"] = _changes(p.step["before"], after)
         p.step.setdefault("undo", True if p.step["changes"] else "nothing changed")
     elif kind == "rules":
-        p.step |= _rules_after(p.step, stored_object(p.client.get(p.read["path"]) or []))
+        p.step |= _rules_after(p.step, stored_object(p.client.read(p.read["path"]) or []))
     elif kind == "created":
         p.step |= _created(p)
     elif kind == "deleted":
@@ -424,13 +426,13 @@ def _rules_after(step: dict, after: list) -> dict:
 def _created(p: Pending) -> dict:
     """The item a POST made: named by its id parameter, or found as the one new in the list."""
     d = p.decision
-    after = _ids(p.client.get(d.path))
+    after = _ids(p.client.read(d.path))
     name = _item_param(p.client.host.product, d.template)
     item = str(d.params.get(name) or next(iter(sorted(set(after) - set(p.step["before"]))), ""))
     if not item or item not in after:
         return {"undo": "the new item could not be found after the change", "changes": []}
     path = f"{d.path}/{item}"
-    return {"item": path, "after": stored_object(p.client.get(path)), "changes": [f"{path} created"], "undo": True}
+    return {"item": path, "after": stored_object(p.client.read(path)), "changes": [f"{path} created"], "undo": True}
 
 
 def _changes(before: Any, after: Any) -> list[str]:
@@ -473,12 +475,12 @@ def power_state(status: dict) -> str:
 
 # ================================================================ the call's answer
 
-def answer_fields(call: dict) -> dict:
+def answer_fields(call: calls.Call) -> dict:
     """What a call's answer says of what it kept: its receipt (`receipts` too when it wrote to
     several hosts), the safety snapshot it took and what the rule removed (server.as_tool)."""
-    kept = list(call.get("receipts") or [])
+    kept = list(call.receipts)
     fields: dict[str, Any] = {"receipt": kept[-1]} | ({"receipts": kept} if len(kept) > 1 else {})
-    for record in (call.get("receipt_records") or {}).values():
+    for record in call.receipt_records.values():
         fields |= record.answer
     return fields
 
@@ -558,7 +560,7 @@ def risky_keys(decision: Any, before: dict, client: Any) -> list[str]:
               and str(v).split(",")[0] != str(before[k]).split(",")[0]]
     cpu = [k for k in ("cpu", "machine") if k in decision.params or k in deleted]
     if cpu and "/qemu/" in decision.path:
-        status = client.get(f"{_guest_base(decision.path)}/status/current") or {}
+        status = client.read(f"{_guest_base(decision.path)}/status/current") or {}
         risky += cpu if status.get("status") == "running" else []
     return risky
 
@@ -568,7 +570,7 @@ def take_safety_snapshot(p: Pending) -> None:
     a snapshot that fails stops the change (raises). Then the rule removes the older ones."""
     base = _guest_base(p.decision.path)
     try:
-        config = p.client.get(f"{base}/config") or {}
+        config = p.client.read(f"{base}/config") or {}
         why = cannot_snapshot(p.client, config, rollback=p.rule.kind == "rollback")
     except ToolFailure as exc:
         why = f"the guest's storage could not be read ({str(exc)[:200]})"
@@ -621,7 +623,7 @@ def _cost(client: Any, base: str, storage: str | None) -> str:
     if storage is None:
         return said
     try:
-        status = client.get(f"{base.rsplit('/', 2)[0]}/storage/{storage}/status") or {}
+        status = client.read(f"{base.rsplit('/', 2)[0]}/storage/{storage}/status") or {}
     except ToolFailure:
         return f"{said}, on storage {storage}"
     total, used = status.get("total"), status.get("used")
@@ -660,7 +662,7 @@ def _apply_rule(p: Pending, base: str) -> tuple[list[str], list[str]]:
 
 def _snapshot_names(client: Any, base: str) -> list[str]:
     try:
-        return [s["name"] for s in client.get(f"{base}/snapshot") or [] if s.get("name") != "current"]
+        return [s["name"] for s in client.read(f"{base}/snapshot") or [] if s.get("name") != "current"]
     except ToolFailure:
         return []
 
@@ -672,7 +674,7 @@ def _renew_digest(p: Pending, base: str) -> None:
     params, before = p.decision.params, p.step.get("before") or {}
     if "digest" not in params or params["digest"] != before.get("digest"):
         return  # no digest, or one that was stale already: Proxmox judges it
-    now = stored_object(p.client.get(f"{base}/config") or {})
+    now = stored_object(p.client.read(f"{base}/config") or {})
     if all(config_diff.same(before.get(k), now.get(k)) for k in set(before) | set(now)
            if not config_diff.BOOKKEEPING.fullmatch(k)):
         params["digest"] = now.get("digest")
@@ -683,7 +685,7 @@ def cannot_snapshot(client: Any, config: dict, rollback: bool) -> str | None:
     block it), from the storage types (GET /storage) and volume formats."""
     if str(config.get("template", "0")) == "1":
         return "a template takes no snapshots"
-    storages = {s["storage"]: s for s in client.get("/storage") or []}
+    storages = {s["storage"]: s for s in client.read("/storage") or []}
     for key, value in config.items():
         volume = str(value).split(",")[0]
         if not DISK.fullmatch(key) or "media=cdrom" in str(value) or volume in ("none", "cdrom", ""):

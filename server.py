@@ -56,6 +56,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 import answers
 import audit
+import calls
 import confirmation
 import demo
 import host_check
@@ -184,7 +185,7 @@ def server_info() -> dict:
 
 def reachable(product: str) -> dict[str, proxmox_client.HostConfig]:
     """The configured hosts of a product the calling principal may use (all, for the single user)."""
-    reach = policy.current_call().get("reach")
+    reach = policy.current_call().reach
     return {label: host for label, host in proxmox_client.configured(product).items()
             if reach is None or reach.reaches(label)}
 
@@ -192,7 +193,7 @@ def reachable(product: str) -> dict[str, proxmox_client.HostConfig]:
 def calling_principal() -> dict:
     """Who calls over HTTP (a named token, an OAuth client, an identity provider's subject) and its reach;
     nothing for the single user."""
-    reach = policy.current_call().get("reach")
+    reach = policy.current_call().reach
     if reach is None:
         return {}
     return {"principal": answers.compact({"name": reach.name, "profile": reach.profile,
@@ -206,7 +207,7 @@ def hidden_by_reason() -> dict[str, list[str]]:
     left_out = {spec.function.__name__: why_not_offered(visible.config, spec) for spec in TOOLS} \
         if visible.config else {}
     grouped: dict[str, list[str]] = {}
-    beyond = visible.beyond(policy.current_call().get("reach"))  # the calling principal's reach
+    beyond = visible.beyond(policy.current_call().reach)  # the calling principal's reach
     for name, why in ({name: why for name, why in left_out.items() if why} | visible.hidden() | beyond).items():
         grouped.setdefault(why, []).append(name)
     return grouped
@@ -356,10 +357,10 @@ def annotations_for(spec: ToolSpec):
 
 # ---------------------------------------------------------------- the edge of every tool call
 
-def sent_receipts(call: dict, message: str) -> str:
+def sent_receipts(call: calls.Call, message: str) -> str:
     """A failed call that had sent writes names their receipts (unless its message does), so that
     they can be taken back."""
-    kept = [r for r in call.get("receipts") or [] if r not in message]
+    kept = [r for r in call.receipts if r not in message]
     return f" Sent before the failure: receipt {', '.join(kept)} (write_undo_change takes it back)." if kept else ""
 
 
@@ -370,12 +371,12 @@ def as_tool(function: Callable, structured: bool = False) -> Callable:
     @functools.wraps(function)
     def tool(*args: Any, confirmation_plan: policy.Plan | None = None, user_answer: Any = None,
              **kwargs: Any) -> Any:
-        call = {"tool": function.__name__, "dry_run": bool(kwargs.get("dry_run")), "started": time.monotonic(),
-                "confirm": confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx")),
-                **principal.call_fields()}  # and who calls (over HTTP)
+        call = calls.Call(tool=function.__name__, dry_run=bool(kwargs.get("dry_run")), started=time.monotonic(),
+                           confirm=confirmation.confirmer(bool(kwargs.get("confirm")), kwargs.get("ctx")),
+                           **principal.call_fields())  # and who calls (over HTTP)
         token = policy.CALL.set(call)
         try:
-            call["approved"] = confirmation.approved(confirmation_plan, user_answer)
+            call.approved = confirmation.approved(confirmation_plan, user_answer)
             result = function(*args, **kwargs)
         except policy.DryRun as dry:
             result = dry.plan
@@ -386,9 +387,9 @@ def as_tool(function: Callable, structured: bool = False) -> Callable:
         view_data = None
         if isinstance(result, answers.View):
             result, view_data = result.answer, result.data
-        if call.get("notes"):  # e.g. the audit line after a sent request failed
-            result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call["notes"])}
-        if call.get("receipts"):  # what was sent, to list, compare or take back, and its safety snapshot
+        if call.notes:  # e.g. the audit line after a sent request failed
+            result = (result if isinstance(result, dict) else {"result": result}) | {"audit": " ".join(call.notes)}
+        if call.receipts:  # what was sent, to list, compare or take back, and its safety snapshot
             result = (result if isinstance(result, dict) else {"result": result}) | receipts.answer_fields(call)
         text = mask_json(result)  # each string masked (masking.mask_json)
         if view_data is not None:
@@ -566,7 +567,7 @@ def as_resource(function: Callable, label: str | None = None) -> Callable:
     """A resource read: failures become clear errors, secrets are masked. With `label`, the read of
     that host's resource (a static one, listed); without, the template's, taking the host."""
     def read_host(host: str) -> str:
-        token = policy.CALL.set(principal.call_fields() or None)  # a principal reads only what it may reach
+        token = policy.CALL.set(calls.Call(**principal.call_fields()))  # a principal reads only what it may reach
         try:
             return mask(function(host))
         except ToolFailure as exc:

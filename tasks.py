@@ -97,8 +97,8 @@ class Steps:
 
     def answer(self, ok: bool, **extra: Any) -> dict:
         result = {"result": "ok" if ok else "failed", "steps": self.steps}
-        if not ok and policy.current_call().get("receipts"):  # what was sent, to take back (write_undo_change)
-            result["receipts"] = list(policy.current_call()["receipts"])
+        if not ok and policy.current_call().receipts:  # what was sent, to take back (write_undo_change)
+            result["receipts"] = list(policy.current_call().receipts)
         if not ok:
             result["created"] = self.created
             result["note"] = ("Nothing was deleted. " + (f"Left behind: {', '.join(self.created)}." if self.created

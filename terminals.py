@@ -163,7 +163,7 @@ def _mine(terminal_id: str, use: bool = False) -> tuple[Registry, Terminal]:
     registry = _registry.get()
     _expire(registry)
     terminal = registry.open.get(terminal_id)
-    if terminal is None or terminal.principal != policy.current_call().get("principal"):
+    if terminal is None or terminal.principal != policy.current_call().principal:
         why = registry.closed.get(terminal_id) if terminal is None else None
         raise InvalidArgument(f"Terminal {terminal_id} is not open" + (f" ({why})" if why else "") +
                               "; terminal_read without terminal lists the open ones, write_open_terminal opens one.")
@@ -208,7 +208,7 @@ def write_open_terminal(where: Annotated[str | None, Field(description="node or 
                        lambda: open_pty(target, node, command))
     now = registry.clock()
     terminal = Terminal(f"t{secrets.token_hex(3)}", words, target.product, target.label, gates, guests,
-                        policy.current_call().get("principal"), channel, now, now)
+                        policy.current_call().principal, channel, now, now)
     terminal.revoke = policy.grant_standing(f"terminal:{terminal.id}", lambda: registry.clock())
     with registry.lock:
         registry.open[terminal.id] = terminal
@@ -280,7 +280,7 @@ def terminal_read(terminal: TerminalId | None = None,
         registry = _registry.get()
         _expire(registry)
         now = registry.clock()
-        mine = [t.row(now) for t in registry.open.values() if t.principal == policy.current_call().get("principal")]
+        mine = [t.row(now) for t in registry.open.values() if t.principal == policy.current_call().principal]
         return table(["terminal", "where", "opened", "idle_s", "unread_bytes", "state"], mine) | {
             "most": MAX_OPEN, "idle_close_s": IDLE_SECONDS}
     _, term = _mine(terminal)

@@ -508,7 +508,7 @@ def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="named as in the answer")] = None) -> dict:
     """Cluster and PBS findings by severity."""
-    smart = policy.current_call().get("tool") not in NO_SMART_IN
+    smart = policy.current_call().tool not in NO_SMART_IN
     client = pve_client(host)
     limits = health_thresholds(thresholds)
     health = Health(client, Report(limits), limits, pbs_host, smart=smart)

@@ -40,6 +40,6 @@ def current() -> policy.Reach | None:
 
 
 def call_fields() -> dict:
-    """What a tool call's settings (policy.CALL) get: the principal's name and its reach."""
+    """What a tool call (calls.Call) gets: the principal's name and its reach."""
     reach = current()
     return {"principal": reach.name, "reach": reach} if reach is not None else {}

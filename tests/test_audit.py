@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import audit
+import calls
 import policy
 import protection
 import server
@@ -28,7 +29,7 @@ OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitiv
 def audited(tmp_path):
     original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
-    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     yield tmp_path / "audit.jsonl"
     policy.CALL.reset(token)
     policy.configure(original)
@@ -80,7 +81,7 @@ def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
     host = proxmox_client.HostConfig("lab", "pve", "https://127.0.0.1:9", "dry@pam!run", "secret")
     client = proxmox_client.ProxmoxClient(host)
     client._send = lambda *_args, **_kwargs: {}  # the privileges read first, and the preview's reads
-    policy.CALL.get()["dry_run"] = True
+    policy.CALL.get().dry_run = True
     try:
         with pytest.raises(policy.DryRun):
             client.request("POST", "/nodes/pve1/vzdump", {"vmid": "103", "storage": "local"})

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+import calls
 from conftest import everything_open, requests_during, tool_session
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
@@ -125,7 +126,7 @@ def overlay_admit(steps, stored, *, protected=(101,)):
     original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=Protected(
         [{"host": "lab", "vmid": v, "reason": "test"} for v in protected])))
-    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     try:
         return policy.plan_steps(host, steps, "test", read=stored.get)
     finally:

@@ -25,6 +25,7 @@ from urllib.parse import unquote
 
 import pytest
 
+import calls
 import policy
 from conftest import in_process, requests_during
 from errors import ConfirmationNeeded, PolicyError
@@ -443,7 +444,7 @@ def test_refused_by_the_admission_step_with_nothing_sent(entry):
     original = policy.settings()
     policy.configure(settings_for(session))
     confirm = None if expected == "confirm=true" else (lambda *_: None)  # confirm=true elsewhere
-    token = policy.CALL.set({"tool": "corpus", "confirm": confirm})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=confirm))
     try:
         with pytest.raises(PolicyError) as refused:
             policy.admit(host, method, path, dict(params), sent.append, read=STORED.get)
@@ -559,7 +560,7 @@ def test_their_legitimate_neighbours_pass(entry):
     sent = []
     original = policy.settings()
     policy.configure(settings_for(session))
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(PBS if product == "pbs" else PVE, method, path, dict(params), sent.append, read=STORED.get)
     finally:
@@ -612,7 +613,7 @@ def admit_node_file(session: str, product: str, action: str, path: str) -> list:
                                      node_file=(action, path))
     sent, original = [], policy.settings()
     policy.configure(settings_for(session))
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(PBS if product == "pbs" else PVE, "SSH", decision.path, {}, sent.append, decision=decision)
     finally:
@@ -694,6 +695,8 @@ class MarkingLab:
             raise ProxmoxError("Host 'lab' is unreachable (connection refused).")
         return [dict(row) for row in MARKED_ROWS] if path == "/cluster/resources" else MARKED_CONFIGS.get(path, {})
 
+    read = get  # the reads the policy makes for its own judgement (ProxmoxClient.read)
+
 
 def admit_marked(session: str, method: str, path: str, params: dict, lab: MarkingLab) -> list:
     sent = []
@@ -702,7 +705,7 @@ def admit_marked(session: str, method: str, path: str, params: dict, lab: Markin
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive", ALL)},
                                      protected=Protected(tags=tags)))
     protection.read_guests_with(lambda _label: lab)
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(PVE, method, path, dict(params), sent.append, read=STORED.get)
     finally:
@@ -755,7 +758,7 @@ def failing_on(*paths: str, hide: int | None = None):
 def test_node_power_refuses_what_it_cannot_read(read, expected):
     sent, original = [], policy.settings()
     policy.configure(settings_for("exec_list"))  # only 101 (on pve2) protected
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         with pytest.raises(PolicyError, match=expected):
             policy.admit(PVE, "POST", "/nodes/pve1/status", {"command": "reboot"}, sent.append, read=read)
@@ -812,8 +815,8 @@ def test_a_yes_does_not_stand_for_another_object(before, after, params):
         assert any(SMALL in reason for reason in shown.reasons), shown.reasons  # the question names it
         for config, sent_count in ((after, 0), (before, 1)):
             sent = []
-            token = policy.CALL.set({"tool": "corpus", "confirm": None,
-                                     "approved": {policy.approval_key(PVE, shown)}})
+            token = policy.CALL.set(calls.Call(tool="corpus", confirm=None,
+                                     approved={policy.approval_key(PVE, shown)}))
             try:
                 if sent_count:
                     policy.admit(PVE, "PUT", CONFIG, dict(params), sent.append, read=(SIZES | {CONFIG: config}).get)

@@ -19,6 +19,7 @@ import stat
 
 import pytest
 
+import calls
 import confirmation
 import policy
 from errors import ConfirmationNeeded, PolicyError
@@ -47,7 +48,7 @@ def admit_shell(session: str, decision: policy.Decision, call: dict | None = Non
     sent = []
     original = policy.settings()
     policy.configure(settings_for(session))
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None} | (call or {}))
+    token = policy.CALL.set(calls.Call(**{"tool": "corpus", "confirm": lambda *_: None} | (call or {})))
     try:
         policy.admit(HOST, "SSH", decision.path, {}, lambda _: sent.append(decision.path), decision=decision)
     finally:
@@ -76,7 +77,7 @@ STANDING_ALLOWED = [("alice", 0), ("alice", policy.STANDING_SECONDS - 1)]
 
 def _typed_after(who: str | None, seconds: float) -> list:
     now = [1000.0]
-    token = policy.CALL.set({"tool": "write_open_terminal", "principal": "alice"})
+    token = policy.CALL.set(calls.Call(tool="write_open_terminal", principal="alice"))
     try:
         revoke = policy.grant_standing("terminal:t0f09aa", lambda: now[0])
     finally:
@@ -110,7 +111,7 @@ def _audited(tmp_path, decision: policy.Decision) -> str:
     settings.audit_path = tmp_path / "audit.jsonl"
     original = policy.settings()
     policy.configure(settings)
-    token = policy.CALL.set({"tool": "corpus", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))
     try:
         policy.admit(HOST, "SSH", decision.path, {}, lambda _: None, decision=decision)
     finally:
@@ -155,7 +156,7 @@ HTTP_PAYLOADS = [  # (path, parameters shown, other parameters, what the questio
 
 
 def _asked(decision: policy.Decision) -> tuple[str, str]:
-    token = policy.CALL.set({"tool": "corpus", "principal": "alice"})
+    token = policy.CALL.set(calls.Call(tool="corpus", principal="alice"))
     try:
         return policy.approval_key(HOST, decision), confirmation.describe_plan([(HOST, decision)])
     finally:
@@ -178,8 +179,8 @@ def test_the_question_shows_what_a_shell_sends_and_the_yes_is_pinned_to_it(tmp_p
     original = policy.settings()
     policy.configure(settings)
     sent = []
-    token = policy.CALL.set({"tool": "corpus", "principal": "alice", "approved": {key},
-                             "confirm": confirmation.confirmer(False, None)})  # a client that cannot ask
+    token = policy.CALL.set(calls.Call(tool="corpus", principal="alice", approved={key},
+                                        confirm=confirmation.confirmer(False, None)))  # a client that cannot ask
     try:
         with pytest.raises(ConfirmationNeeded, match="Confirmation needed"):
             policy.admit(HOST, "SSH", what, {}, sent.append, decision=_shell(what, gates, guests, other))

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import audit
+import calls
 import catalog
 import policy
 import server
@@ -194,8 +195,8 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
     """An exec-status read skips confirmation only as the follow-up of the exec the user confirmed
     in this tool call (same host, guest and pid); any other read of a guest's exec output is exec."""
     asked = []
-    token = policy.CALL.set({"tool": "test",
-                             "confirm": lambda _host, decisions, *_: asked.extend(d.path for d in decisions)})
+    token = policy.CALL.set(calls.Call(tool="test",
+                             confirm=lambda _host, decisions, *_: asked.extend(d.path for d in decisions)))
     try:
         assert policy.admit(PVE, "POST", "/nodes/pve2/qemu/104/agent/exec", {"command": ["id"]},
                             lambda _: {"pid": 7}) == {"pid": 7}
@@ -207,7 +208,7 @@ def test_exec_status_follows_only_the_exec_confirmed_in_the_same_call(open_polic
         assert asked[1:] == [status, "/nodes/pve2/qemu/103/agent/exec-status"]
     finally:
         policy.CALL.reset(token)
-    token = policy.CALL.set({"tool": "other", "confirm": None})  # the next call starts with nothing confirmed
+    token = policy.CALL.set(calls.Call(tool="other", confirm=None))  # the next call starts with nothing confirmed
     try:
         with pytest.raises(ConfirmationNeeded):
             policy.admit(PVE, "GET", status, {"pid": 7}, lambda _: {"exited": 1})

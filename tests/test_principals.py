@@ -15,6 +15,7 @@ import requests
 from anyio.from_thread import start_blocking_portal
 
 import oauth_client as oc
+import calls
 import policy
 from auth import tokens
 from conftest import Session, everything_open, requests_during, run_server
@@ -186,7 +187,7 @@ def test_an_approval_is_pinned_to_its_principal():
     host.product, host.label = "pve", "lab"
     keys = set()
     for who in ({}, {"principal": "alice"}, {"principal": "bob"}):
-        token = policy.CALL.set(who)
+        token = policy.CALL.set(calls.Call(**who))
         keys.add(policy.approval_key(host, decision))
         policy.CALL.reset(token)
     assert len(keys) == 3

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
+import calls
 import config as config_module
 import pbs_tools
 import policy
@@ -390,7 +391,7 @@ def test_vm_file_write_advertises_the_agent_limit(sim, lab, tmp_path):
     schema = TypeAdapter(inspect.signature(shell_tools.write_guest_file)
                          .parameters["content"].annotation).json_schema()
     assert schema["maxLength"] == 46080  # 61,440 base64 characters (the schema's cap) hold 46,080 bytes
-    confirmed = policy.CALL.set({"confirm": lambda *_: None})
+    confirmed = policy.CALL.set(calls.Call(confirm=lambda *_: None))
     try:
         with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ALLOW_EXEC="true"):
             written = shell_tools.write_guest_file(100, "/tmp/big", "x" * 46080)
@@ -471,7 +472,7 @@ def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_pa
 
 
 def test_job_tasks_carry_the_worker_ids_pbs_gives_them(sim, lab, tmp_path):
-    confirmed = policy.CALL.set({"confirm": lambda *_: None})  # a prune job is destructive
+    confirmed = policy.CALL.set(calls.Call(confirm=lambda *_: None))  # a prune job is destructive
     try:
         with tools_on(sim, tmp_path, pbs_token="root@pam!admin", PROXMOX_ACCESS="destructive"):
             ids = {kind: pve_tools.get_task(pbs_tools.write_pbs_run_job(kind, job, wait_seconds=5)["upid"])["id"]

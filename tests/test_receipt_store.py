@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import calls
 import changes
 import policy
 import receipts
@@ -90,8 +91,8 @@ def test_the_principal_is_kept_and_list_changes_shows_it(tmp_path):
     keeping = keeping_at(tmp_path)
     host = SimpleNamespace(product="pve", label="lab", url="https://pve1:8006", token_id="mcp@pve!reader",
                            write_token_id="mcp-ops@pve!write")
-    assert receipts.record_for(host, {"tool": "write_configure_guest"}).receipt["principal"] is None
-    named = receipts.record_for(host, {"tool": "write_configure_guest", "principal": "alice"}).receipt
+    assert receipts.record_for(host, calls.Call(tool="write_configure_guest")).receipt["principal"] is None
+    named = receipts.record_for(host, calls.Call(tool="write_configure_guest", principal="alice")).receipt
     receipts.save(keeping, named | {"steps": a_receipt(1)["steps"]})
     outside = runtime.install(runtime.Runtime())
     try:

@@ -5,6 +5,7 @@ these paths), each a valid call of the official schema, and the safety snapshot'
 from types import SimpleNamespace
 
 import pytest
+import calls
 
 import catalog
 import receipts
@@ -65,6 +66,8 @@ class Reads:
         if path not in self.answers:
             raise ProxmoxError(f"{path} does not exist")
         return self.answers[path]
+
+    read = get  # the reads the policy makes for its own judgement (ProxmoxClient.read)
 
 
 def receipt_for(product, method, path, **fields):
@@ -180,7 +183,7 @@ def test_agent_questions_get_no_receipt(tmp_path):
                                template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
     host = SimpleNamespace(product="pve", label="lab", token_id="t")
     keeping = receipts.Keeping(receipts.open_store(tmp_path / "audit.jsonl"))
-    assert receipts.start(keeping, host, decision, Reads("pve", {}), {"tool": "write_drill_restore"}) is None
+    assert receipts.start(keeping, host, decision, Reads("pve", {}), calls.Call(tool="write_drill_restore")) is None
 
 
 def test_ha_rules_and_pbs_jobs():

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import calls
 import catalog
 import masking
 import policy
@@ -228,7 +229,7 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
     rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
-    token = policy.CALL.set({"tool": "test", "confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     commands = json.dumps([{"method": "GET", "path": "subscription"}])
     try:
         answer = policy.admit(host, "POST", "/nodes/pve1/execute", {"commands": commands},

@@ -6,6 +6,7 @@ import json
 import pytest
 import requests
 
+import calls
 import catalog
 import policy
 import proxmox_client
@@ -341,7 +342,7 @@ def test_403_from_the_server_when_privileges_were_not_read(sim):
     policy.forget_permissions(reader.host)
     original = policy.settings()
     policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
-    token = policy.CALL.set({"confirm": lambda *_: None})
+    token = policy.CALL.set(calls.Call(confirm=lambda *_: None))
     try:
         with pytest.raises(ProxmoxError, match=r"lacks VM.PowerMgmt on /vms/100"):
             reader.request("POST", "/nodes/pve1/qemu/100/status/stop")
@@ -372,7 +373,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     import policy as policy_module
     original = policy_module.settings()
     policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
-    confirmed = policy_module.CALL.set({"confirm": lambda *_: None})
+    confirmed = policy_module.CALL.set(calls.Call(confirm=lambda *_: None))
     try:
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")
         assert admin.wait_task(upid, timeout=20)["result"] == "ok"

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import calls
 import policy
 import terminals
 from conftest import User, in_process, stdio_session
@@ -152,7 +153,7 @@ def test_output_is_kept_to_one_mib_and_read_in_bounded_pieces(tty):
 def test_another_principal_neither_reads_nor_types(tty):
     term = opened(tty, where="pve1")
     with tty.installed():
-        token = policy.CALL.set({"tool": "terminal_read", "principal": "mallory"})
+        token = policy.CALL.set(calls.Call(tool="terminal_read", principal="mallory"))
         try:
             with pytest.raises(Exception, match="is not open"):
                 terminals.terminal_read(terminal=term, wait=0)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+import calls
 import policy
 import proxmox_client
 import simulator
@@ -36,11 +37,11 @@ def test_in_parallel_keeps_order_bound_and_failures_in_place():
 
 
 def test_in_parallel_runs_in_the_callers_context_and_never_nests():
-    token = policy.CALL.set({"tool": "health_check", "dry_run": False})
+    token = policy.CALL.set(calls.Call(tool="health_check", dry_run=False))
     try:
         def inner() -> tuple[str, list]:
             nested = proxmox_client.in_parallel([threading.current_thread, threading.current_thread])
-            return policy.current_call().get("tool"), nested
+            return policy.current_call().tool, nested
         results = proxmox_client.in_parallel([inner, inner])
     finally:
         policy.CALL.reset(token)
