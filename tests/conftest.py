@@ -57,6 +57,33 @@ def pytest_configure(config: pytest.Config) -> None:
                                 f"`mv .env ../proxmox-mcp.env`.")
 
 
+# ---------------------------------------------------------------- in parallel (pytest-xdist, `-n auto`)
+# Each test module runs whole on one worker: its module fixtures (simulator, servers, sshd, browser) are
+# set up once, and its tests keep their order. The workers take the modules longest first (a long one
+# taken last would leave the other worker idle meanwhile); the others follow in collection order.
+# The ranks are these modules' shares of a whole run (the slowest tests: --durations=25).
+LONGEST_FIRST = ("test_container", "test_fuzz", "test_workflows_scale", "test_real_pbs_and_tasks", "test_policy",
+                 "test_default_world", "test_layout", "test_catalog_walk", "test_shell_tools", "test_dashboard_view",
+                 "test_config", "test_dashboard", "test_changes_over_mcp", "test_monitor_tools")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With -n and no --dist of another kind than xdist's default: a module a worker (see LONGEST_FIRST)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+    config.option.loadscopereorder = False  # keep the order the workers collected (not by number of tests)
+    return LoadFileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker (pytest-xdist) the modules of LONGEST_FIRST come first; a run without -n keeps the order."""
+    if hasattr(config, "workerinput"):
+        rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
+
+
 def log_dir() -> Path:
     """Where this run's servers write their stderr and the tool answers are kept (inside pytest's
     temporary directory, scanned for secrets when the run ends: no_secret_in_any_output)."""
