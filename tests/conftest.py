@@ -404,10 +404,12 @@ def stdio_fork_server() -> str:
     return STDIO_FORK_SERVER[1]
 
 
-def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+def run_server(args: list[str], env: dict[str, str], timeout: float = 60,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python server.py ARGS` to completion (for --list-tools, --check, bad config): a process of
-    its own with a clean environment, its stdout, stderr and exit code. It is forked from one that
-    imported server.py once (tests/fork_server.py), as the imports cost more than the run."""
+    its own with a clean environment, its stdout, stderr and exit code, in `cwd` (the run's log
+    folder unless given), its stdin empty. It is forked from one that imported server.py once
+    (tests/fork_server.py), as the imports cost more than the run."""
     global FORK_SERVER
     if FORK_SERVER is None:
         FORK_SERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py")], env=server_env({}),
@@ -416,7 +418,7 @@ def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> sub
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         out.touch()
         err.touch()
-        request = {"args": args, "env": server_env(env), "cwd": str(log_dir()),
+        request = {"args": args, "env": server_env(env), "cwd": str(cwd or log_dir()),
                    "stdout": str(out), "stderr": str(err), "timeout": timeout}
         FORK_SERVER.stdin.write(json.dumps(request) + "\n")
         FORK_SERVER.stdin.flush()
