@@ -57,6 +57,33 @@ def pytest_configure(config: pytest.Config) -> None:
                                 f"`mv .env ../proxmox-mcp.env`.")
 
 
+# ---------------------------------------------------------------- in parallel (pytest-xdist, `-n auto`)
+# Each test module runs whole on one worker: its module fixtures (simulator, servers, sshd, browser) are
+# set up once, and its tests keep their order. The workers take the modules longest first (a long one
+# taken last would leave the other worker idle meanwhile); the others follow in collection order.
+# The ranks are these modules' shares of a whole run (the slowest tests: --durations=25).
+LONGEST_FIRST = ("test_container", "test_fuzz", "test_workflows_scale", "test_real_pbs_and_tasks", "test_policy",
+                 "test_default_world", "test_layout", "test_catalog_walk", "test_shell_tools", "test_dashboard_view",
+                 "test_config", "test_dashboard", "test_changes_over_mcp", "test_monitor_tools")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With -n and no --dist of another kind than xdist's default: a module a worker (see LONGEST_FIRST)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+    config.option.loadscopereorder = False  # keep the order the workers collected (not by number of tests)
+    return LoadFileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker (pytest-xdist) the modules of LONGEST_FIRST come first; a run without -n keeps the order."""
+    if hasattr(config, "workerinput"):
+        rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
+
+
 def log_dir() -> Path:
     """Where this run's servers write their stderr and the tool answers are kept (inside pytest's
     temporary directory, scanned for secrets when the run ends: no_secret_in_any_output)."""
@@ -377,10 +404,12 @@ def stdio_fork_server() -> str:
     return STDIO_FORK_SERVER[1]
 
 
-def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+def run_server(args: list[str], env: dict[str, str], timeout: float = 60,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python server.py ARGS` to completion (for --list-tools, --check, bad config): a process of
-    its own with a clean environment, its stdout, stderr and exit code. It is forked from one that
-    imported server.py once (tests/fork_server.py), as the imports cost more than the run."""
+    its own with a clean environment, its stdout, stderr and exit code, in `cwd` (the run's log
+    folder unless given), its stdin empty. It is forked from one that imported server.py once
+    (tests/fork_server.py), as the imports cost more than the run."""
     global FORK_SERVER
     if FORK_SERVER is None:
         FORK_SERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_server.py")], env=server_env({}),
@@ -389,7 +418,7 @@ def run_server(args: list[str], env: dict[str, str], timeout: float = 60) -> sub
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         out.touch()
         err.touch()
-        request = {"args": args, "env": server_env(env), "cwd": str(log_dir()),
+        request = {"args": args, "env": server_env(env), "cwd": str(cwd or log_dir()),
                    "stdout": str(out), "stderr": str(err), "timeout": timeout}
         FORK_SERVER.stdin.write(json.dumps(request) + "\n")
         FORK_SERVER.stdin.flush()

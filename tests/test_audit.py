@@ -6,8 +6,6 @@ log does not start; --verify-audit finds altered, removed, cut-off and recompute
 head file). Protected list: both file forms, labels normalised, entries that name no configured
 host and broken files reported by --check (non-zero), at start and by server_info."""
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +15,7 @@ import calls
 import policy
 import protection
 import server
-from conftest import ROOT, log_dir, run_server, server_env, stdio_session
+from conftest import run_server, stdio_session
 from errors import PolicyError
 from protection import load_protected
 
@@ -96,14 +94,12 @@ def test_a_write_enabled_server_that_cannot_write_its_log_does_not_start(sim, tm
     env = sim.env() | {"PROXMOX_ACCESS": "write", "PROXMOX_AUDIT_LOG": str(tmp_path / "file" / "audit.jsonl"),
                        "PROXMOX_PROTECTED_VMS_FILE": str(tmp_path / "none.json")}
     (tmp_path / "none.json").write_text("[]")
-    result = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env), input="",
-                            capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
+    result = run_server([], env)  # on stdio, its input empty
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if "audit log" in line]
     assert len(lines) == 1 and "PROXMOX_AUDIT_LOG" in lines[0]
     # a read-only server writes no audit line, so it starts (and ends with its client)
-    reader = subprocess.run([sys.executable, str(ROOT / "server.py")], env=server_env(env | {"PROXMOX_ACCESS": "read"}),
-                            input="", capture_output=True, text=True, timeout=60, cwd=str(log_dir()))
+    reader = run_server([], env | {"PROXMOX_ACCESS": "read"})
     assert reader.returncode == 0 and "PROXMOX_AUDIT_LOG" not in reader.stderr
 
 

@@ -107,12 +107,7 @@ def test_bad_config_exits_with_one_line_naming_the_variable():
 def test_dotenv_is_loaded_and_the_real_environment_wins(tmp_path):
     """A working-directory .env is read (it may narrow), and the real environment wins over it."""
     (tmp_path / ".env").write_text("PROXMOX_READ_TIMEOUT=soon\nPROXMOX_DRY_RUN=maybe\n")
-    import subprocess
-    import sys
-    from conftest import ROOT, server_env
-    result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools", "--json"], cwd=tmp_path,
-                            env=server_env({"PROXMOX_DRY_RUN": "true"}), capture_output=True, text=True,
-                            timeout=60)
+    result = run_server(["--list-tools", "--json"], {"PROXMOX_DRY_RUN": "true"}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr  # the bad .env values lost to the real one, or were ignored
     assert json.loads(result.stdout)["tools"]
 
@@ -180,12 +175,8 @@ def test_the_real_environment_still_wins_and_check_says_who_set_what(env_files):
 
 
 def test_ignored_working_directory_settings_are_warned_about_at_start(tmp_path):
-    import subprocess
-    import sys
-    from conftest import ROOT, server_env
     (tmp_path / ".env").write_text("PROXMOX_ACCESS=destructive\nPROXMOX_ALLOW_EXEC=true\n")
-    result = subprocess.run([sys.executable, str(ROOT / "server.py"), "--list-tools"], cwd=tmp_path,
-                            env=server_env({}), capture_output=True, text=True, timeout=60)
+    result = run_server(["--list-tools"], {}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "may only narrow access" in line]
     assert len(warned) == 1 and "PROXMOX_ACCESS" in warned[0] and "PROXMOX_ALLOW_EXEC" in warned[0]

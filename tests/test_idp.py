@@ -142,14 +142,15 @@ def test_no_scope_or_group_it_knows_is_read(served, issuer):
 
 @pytest.mark.parametrize("why, claims", [
     ("another audience", {"aud": "https://other.example/mcp"}),
-    ("expired", {"exp": int(time.time()) - 600, "iat": int(time.time()) - 900}),
-    ("not yet valid", {"nbf": int(time.time()) + 600}),
+    ("expired", {"exp": -600, "iat": -900}),  # times: seconds from when the test runs (not from the collection)
+    ("not yet valid", {"nbf": 600}),
     ("another issuer", {"iss": "https://evil.example"}),
     ("no subject", {"sub": None}),
 ])
 def test_refused_tokens(served, issuer, sim, why, claims):
     _, audience, _ = served
-    claims = {"aud": audience} | claims
+    now = int(time.time())
+    claims = {"aud": audience} | {k: now + v if k in ("exp", "iat", "nbf") else v for k, v in claims.items()}
     token = issuer.token(**{k: v for k, v in claims.items() if k != "aud"}, audience=claims["aud"])
     if claims.get("sub", "") is None:
         token = jwt.encode({k: v for k, v in jwt.decode(token, options={"verify_signature": False}).items()

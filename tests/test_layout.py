@@ -11,6 +11,7 @@
   waiting for Proxmox is one loop (proxmox_client.poll); an import inside a function defers something.
 """
 import ast
+import functools
 import importlib.util
 import subprocess
 import sys
@@ -36,7 +37,17 @@ TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.fun
 
 
 def parse(module: str) -> ast.Module:
-    return ast.parse((ROOT / f"{module}.py").read_text(), filename=f"{module}.py")
+    return parse_file(ROOT / f"{module}.py")
+
+
+@functools.cache  # once per file for the whole module: the rules only read the trees
+def parse_file(path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=path.name)
+
+
+@functools.cache
+def all_nodes(path) -> list[ast.AST]:
+    return list(ast.walk(parse_file(path)))
 
 
 def imported_modules(tree: ast.Module) -> list[tuple[int, str, str]]:
@@ -210,13 +221,13 @@ def test_no_name_is_taken_through_a_module_that_only_imported_it():
     borrowed = {module: borrowed_names(module) for module in top_level_modules()}
     found = []
     for path in [*ROOT.glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py")]:
-        tree = ast.parse(path.read_text(), filename=str(path))
-        aliases = {alias.asname or alias.name: alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+        nodes = all_nodes(path)
+        aliases = {alias.asname or alias.name: alias.name for node in nodes if isinstance(node, ast.Import)
                    for alias in node.names if alias.name in borrowed}
-        found += [f"{path.name}:{node.lineno} {aliases[node.value.id]}.{node.attr}" for node in ast.walk(tree)
+        found += [f"{path.name}:{node.lineno} {aliases[node.value.id]}.{node.attr}" for node in nodes
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in aliases and node.attr in borrowed[aliases[node.value.id]]]
-        found += [f"{path.name}:{node.lineno} from {node.module} import {alias.name}" for node in ast.walk(tree)
+        found += [f"{path.name}:{node.lineno} from {node.module} import {alias.name}" for node in nodes
                   if isinstance(node, ast.ImportFrom) and node.module in borrowed for alias in node.names
                   if alias.name in borrowed[node.module]]
     assert found == [], f"names taken through a module that imported them (import them from their own): {found}"

@@ -186,9 +186,10 @@ def test_the_tiers_and_the_transfer_folder_setting(sim, sshd, tree, tmp_path):
         assert (tree / "etc" / "blob.bin").exists()
         assert "PROXMOX_TRANSFER_DIR is not set" in session.error("write_node_files", {
             "where": "pve1", "action": "download", "path": str(tree / "etc" / "blob.bin"), "local": "blob"})
-        plan = session.ok("write_node_files", {"where": "pbs", "action": "write", "path": "/tmp/x", "content": "x",
+        never = tmp_path / "never-written"  # the sshd is this machine: a dry run must leave no file there
+        plan = session.ok("write_node_files", {"where": "pbs", "action": "write", "path": str(never), "content": "x",
                                                "dry_run": True})
-        assert plan["dry_run"] is True and plan["gate"] == "elevated" and not os.path.exists("/tmp/x")
+        assert plan["dry_run"] is True and plan["gate"] == "elevated" and not never.exists()
 
 
 @pytest.mark.mcp

@@ -386,14 +386,33 @@ def test_dry_run_of_tool_writes(ops, sim):
 @pytest.mark.mcp  # progress notifications
 @pytest.mark.usefixtures("running_tasks")
 def test_still_running_then_get_task_continues(ops, sim):
-    before, sim.lab.task_seconds = sim.lab.task_seconds, 1.6  # outlasts the first call's 1 s wait
+    # The tasks run until the test ends them, however slow the machine: the first one once get_task has
+    # reported progress on it (a fixed duration let a loaded machine finish it before get_task asked).
+    before, sim.lab.task_seconds = sim.lab.task_seconds, 3600
+    upids = []
     try:
         first = ops.ok("write_create_snapshot", {"vmid": 102, "name": "slow", "wait_seconds": 1})
+        upids.append(first["upid"])
         assert first["task"] == "still_running" and first["upid"].startswith("UPID:pve3:") and "status" not in first
         started = ops.ok("write_create_snapshot", {"vmid": 102, "name": "slow2", "wait_seconds": 0})
+        upids.append(started["upid"])
         assert started["task"] == "started" and "status" not in started
-        progress = []
+        progress = EndsOnProgress(sim.lab.tasks[first["upid"]])
         done = ops.ok("get_task", {"upid": first["upid"], "wait_seconds": 60}, progress=progress)
         assert done["result"] == "ok" and progress
     finally:
         sim.lab.task_seconds = before
+        for upid in upids:
+            sim.lab.tasks[upid].duration = 0  # ends on the simulator's next tick
+
+
+class EndsOnProgress(list):
+    """The progress a client receives; the first notification ends `task` (the simulator's)."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task = task
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.task.duration = 0
