@@ -36,17 +36,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from job_edits import delete_names
 from masking import MASK, audit_view, mask, secret_param
 from receipt_store import IMPORTED, SAFETY_NAME, Store
-
-
-@dataclass
-class Keeping:
-    """Where receipts live and for how long, and when a safety snapshot is taken (config.py)."""
-    store: Store | None = None  # in the state database beside the audit log; None: no receipts (no audit log)
-    keep: int = 1000  # PROXMOX_RECEIPTS_KEEP
-    days: int = 30  # PROXMOX_RECEIPTS_DAYS
-    safety: str = "rollback"  # PROXMOX_SAFETY_SNAPSHOT: off, rollback, or all (rollback and risky config)
-    safety_keep: int = 3  # PROXMOX_SAFETY_KEEP: a guest's safety snapshots kept, the newest
-    safety_days: int = 14  # PROXMOX_SAFETY_DAYS: and none older
+from settings import Keeping
 
 
 def open_store(audit_path: Path) -> Store:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Callable
 
 import anyio.from_thread
@@ -23,8 +24,9 @@ import proxmox_client
 import runtime
 from argument_errors import argument_error
 from auth import principal
-from config import Config
+from config import Config, tool_matches
 from confirmation import asks_by_round_trip
+from errors import ConfigError
 from products import PRODUCTS
 
 
@@ -212,3 +214,48 @@ def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> N
         for label in proxmox_client.configured(product):
             threading.Thread(target=load, args=(product, label), daemon=True,
                              name=f"permissions-{product}-{label}").start()
+
+
+# ---------------------------------------------------------------- the tool lists' names, checked at start
+
+# write_ tools before 0.2.0, when some named the object first: every write_ tool is now write_<verb>_<object>
+# (write_pbs_<verb>_<object> on a Backup Server). Settings naming the old names keep working, with a line.
+RENAMED_TOOLS = {
+    "write_guest_power": "write_power_guest", "write_snapshot_create": "write_create_snapshot",
+    "write_snapshot_rollback": "write_rollback_snapshot", "write_snapshot_delete": "write_delete_snapshot",
+    "write_guest_config": "write_configure_guest", "write_template": "write_make_template",
+    "write_pbs_gc": "write_pbs_run_gc", "write_pbs_verify": "write_pbs_verify_backups",
+    "write_pbs_prune": "write_pbs_prune_group", "write_vm_exec": "write_exec_vm", "write_lxc_exec": "write_exec_lxc",
+    "write_node_exec": "write_exec_node", "write_guest_file_read": "write_get_guest_file",
+    "write_guest_file_write": "write_put_guest_file", "write_restore_drill": "write_drill_restore",
+    "write_api_call": "write_call_api",
+}
+
+
+def check_tool_names(config: Config, tool_names: Collection[str]) -> None:
+    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some); an
+    entry that named tools by their old names (RENAMED_TOOLS) names them by their new ones."""
+    for variable, field_name in (("PROXMOX_ALLOW_TOOLS", "allow_tools"), ("PROXMOX_DENY_TOOLS", "deny_tools")):
+        entries, renamed = _renamed(getattr(config, field_name), tool_names)
+        unknown = [e for e in entries if not any(tool_matches(e, name) for name in tool_names)]
+        if unknown:
+            raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(tool_names)}.")
+        if renamed:
+            config.warnings.append(f"{variable}: {'; '.join(renamed)} (write_ tools are named verb first since "
+                                   f"0.2.0); set the new names to silence this line.")
+        setattr(config, field_name, entries)
+
+
+def _renamed(entries: tuple[str, ...], tool_names: Collection[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Each entry that names a tool now, and the new names of the old tools an entry matched."""
+    out: list[str] = []
+    said = []
+    for entry in entries:
+        new = sorted(RENAMED_TOOLS[old] for old in RENAMED_TOOLS
+                     if tool_matches(entry, old) and not tool_matches(entry, RENAMED_TOOLS[old]))
+        if not new or any(tool_matches(entry, name) for name in tool_names):
+            out.append(entry)
+        out += [name for name in new if name not in out]
+        if new:
+            said.append(f"{entry} now means {', '.join(new)}" + (" too" if entry in out else ""))
+    return tuple(out), said
