@@ -82,7 +82,8 @@ RULES = [
     Rule("power", "POST", rf"{GUEST}/status/(start|stop|shutdown|suspend|resume)"),
     Rule("rollback", "POST", rf"{GUEST}/snapshot/\{{snapname\}}/rollback"),
 ]
-# Why the rest cannot be taken back: (template regex, reason); the first match names it.
+# Why the rest cannot be taken back: (template regex, reason); the first match names it. Every write
+# the every-tool test sends has a rule above or a reason here (tests/test_every_tool_over_mcp.py).
 NOT_INVERTIBLE = [
     (rf"{GUEST}", "a deleted guest's disks are gone"),
     (rf"{GUEST}/snapshot/\{{snapname\}}", "a deleted snapshot's state is gone"),
@@ -96,6 +97,11 @@ NOT_INVERTIBLE = [
     (rf"{GUEST}/(clone|template|migrate)|/nodes/\{{node\}}/(qemu|lxc)",
      "it made or moved a guest: delete or migrate it back with its own tool"),
     (rf"{GUEST}/cloudinit", "it regenerated the cloud-init drive; take back the config change instead"),
+    (r"/nodes/\{node\}/aplinfo|/nodes/\{node\}/storage/\{storage\}/(download-url|oci-registry-pull|upload)",
+     "it added a file to a storage: delete it with write_delete_volume"),
+    (r"/admin/datastore/\{store\}/gc", "garbage collection frees only chunks no backup uses: nothing to put back"),
+    (r"/admin/datastore/\{store\}/verify|/admin/verify/\{id\}/run",
+     "a verification changes no backup, it records whether each one reads back whole"),
 ]
 # POSTs that change nothing: guest agent questions (the schema's agent commands that only read).
 UNCHANGING = re.compile(rf"{GUEST}/agent/(ping|info|fsfreeze-status|network-get-interfaces|get-[\w-]+)")
