@@ -6,7 +6,7 @@ One receipt per tool call (and host): every request the call sent is one of its 
 The policy's admission step calls `start` just before it sends a write (after the dry run and the
 user's yes, before the audit line) and `Pending.finish` after a successful send:
 
-  start    reads the state of what the request changes where one GET shows it (RULES: guest
+  start    reads the state of what the request changes where one GET shows it (RECEIPT_RULES: guest
            config, NICs, tags, notes, protection flags, cloud-init settings, firewall rules and
            options, backup and PBS jobs, HA rules, PBS notes and protection), and takes a safety
            snapshot first before a rollback or a config change that can lose data (SAFETY_STORAGES);
@@ -65,7 +65,7 @@ class Rule:
 # value: one PBS snapshot attribute; rules: a firewall rule list, read whole before and after (a
 # rule's position moves with every edit); created / deleted: an item of a collection; snapshot,
 # power, rollback: a guest's snapshot list, its state, its safety snapshot.
-RULES = [
+RECEIPT_RULES = [
     Rule("settings", "PUT|POST", rf"{GUEST}/config"),
     Rule("settings", "PUT", rf"{FIREWALL}/options"),
     Rule("rules", "POST", rf"{FIREWALL}/rules"),
@@ -124,7 +124,8 @@ NEWEST_ONLY = ("zfspool", "zfs", "lvm")
 
 
 def rule_for(method: str, template: str) -> Rule | None:
-    return next((r for r in RULES if method in r.methods.split("|") and re.fullmatch(r.pattern, template)), None)
+    return next((r for r in RECEIPT_RULES if method in r.methods.split("|") and re.fullmatch(r.pattern, template)),
+                None)
 
 
 def why_not(method: str, template: str) -> str:

@@ -166,7 +166,7 @@ def write_get_guest_file(vmid: Vmid, path: GuestPath, host: Host = None, dry_run
     """Reads a guest file, up to 1 MiB."""
     client = pve_client(host)
     base, row = guest_path(client, vmid)
-    if row["type"] == "qemu":  # sensitive + exec, confirmed (policy.ALSO_GATES)
+    if row["type"] == "qemu":  # sensitive + exec, confirmed (gates.ALSO_GATES)
         data = client.get(f"{base}/agent/file-read", file=path) or {}
         content, truncated = clean_output(data.get("content", ""))
         return {"vmid": vmid, "path": path, "content": content, "truncated": truncated or bool(data.get("truncated")),

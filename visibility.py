@@ -124,12 +124,7 @@ class ToolVisibility:
         if ctx.method == "resources/list" and reach is not None and reach.hosts is not None:
             keep_reachable(result, reach)
         if ctx.method == "tools/list":
-            tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
-            kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
-            if hasattr(result, "tools"):
-                result.tools = kept
-            else:
-                result["tools"] = kept
+            keep_items(result, "tools", lambda tool: field_of(tool, "name") not in hidden)
             seen = tuple(sorted(self.hidden()))  # what changes while serving (a principal's reach does not)
             if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
                 self.published = self.published or seen
@@ -141,23 +136,17 @@ class ToolVisibility:
     def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
         """Rewrite an error result of the SDK's argument validation as one line naming the argument,
         the rule and an example (argument_error); any other result is left as it is."""
-        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
-        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
-        block = content[0]
-        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
+        block = (field_of(result, "content") or [{}])[0]
+        text = field_of(block, "text") or ""
         metadata = self.arguments.get(name)
-        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
-                or "validation error" not in text:
+        if not field_of(result, "is_error") or metadata is None \
+                or not text.startswith(f"Error executing tool {name}: ") or "validation error" not in text:
             return
         try:
             metadata.validate_arguments(arguments or {})
             return
         except ValidationError as exc:
-            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
-        if isinstance(block, dict):
-            block["text"] = readable
-        else:
-            block.text = readable
+            set_field(block, "text", argument_error(name, exc, metadata.arg_model.model_json_schema()))
 
     def refresh(self) -> None:
         """After privileges were read: tell each session whose list is now stale."""
@@ -174,19 +163,35 @@ class ToolVisibility:
                     self.notified.pop(session, None)
 
 
+# A result comes in one of two shapes (mcp.server.context.HandlerResult): the SDK's model, or its
+# JSON dict (camelCase keys), which a result beyond the model's fields keeps (the 2026-07-28
+# round trip's `requestState`). Read and changed here only, whichever it is.
+DICT_KEYS = {"is_error": "isError"}
+
+
+def field_of(value: Any, name: str) -> Any:
+    return value.get(DICT_KEYS.get(name, name)) if isinstance(value, dict) else getattr(value, name, None)
+
+
+def set_field(value: Any, name: str, new: Any) -> None:
+    if isinstance(value, dict):
+        value[DICT_KEYS.get(name, name)] = new
+    else:
+        setattr(value, name, new)
+
+
+def keep_items(result: Any, name: str, keep: Callable[[Any], bool]) -> None:
+    """Drop from the list `name` of a result (tools, resources) the items `keep` refuses."""
+    set_field(result, name, [item for item in field_of(result, name) or [] if keep(item)])
+
+
 def keep_reachable(result: Any, reach: policy.Reach) -> None:
     """resources/list for a principal limited to some hosts: the resources of those hosts only
     (`proxmox://<label>/...`, `pbs://<label>/...`; reading another's is refused anyway)."""
     def host_of(resource: Any) -> str | None:
-        uri = str(resource.uri if hasattr(resource, "uri") else resource.get("uri", ""))
-        scheme, _, rest = uri.partition("://")
+        scheme, _, rest = str(field_of(resource, "uri") or "").partition("://")
         return rest.split("/", 1)[0] if scheme in ("proxmox", "pbs") else None
-    resources = result.resources if hasattr(result, "resources") else result.get("resources", [])
-    kept = [r for r in resources if host_of(r) is None or reach.reaches(host_of(r))]
-    if hasattr(result, "resources"):
-        result.resources = kept
-    else:
-        result["resources"] = kept
+    keep_items(result, "resources", lambda resource: host_of(resource) is None or reach.reaches(host_of(resource)))
 
 
 _visibility = runtime.slot("visibility.tools", ToolVisibility)  # this server's tool list middleware

@@ -159,7 +159,7 @@ def undo_of(product: str, method: str, path: str) -> str:
 
 def test_every_write_sent_can_be_undone_or_says_why(admin, sim):
     """Each non-GET request the calls above sent (every tool but the SSH ones) is one a receipt can take
-    back (receipts.RULES) or one whose reason it cannot be is stated (receipts.NOT_INVERTIBLE): a new
+    back (receipts.RECEIPT_RULES) or one whose reason it cannot be is stated (receipts.NOT_INVERTIBLE): a new
     write tool fails here until it has one of them (README: How to add a tool)."""
     sent = {(product, method, path) for product, method, path in sim.lab.requests[sim.lab.mcp_first_request:]
             if method != "GET"}
