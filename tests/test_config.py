@@ -368,3 +368,10 @@ def test_every_setting_is_in_the_example_and_the_reference(doc):
     missing = [name for name in config_module.GLOBALS if not re.search(rf"\b{name}\b", text)]
     missing += [f"<host>_{suffix}" for suffix in config_module.HOST_SUFFIXES if not re.search(rf"_{suffix}\b", text)]
     assert missing == [], f"{doc} does not name {missing}"
+
+
+def test_another_servers_narrowing_variable_is_said_to_be_honoured():
+    """foreign_env.HONOURED (once hidden by config's .env narrowing rules, which had the same name)."""
+    honoured, ignored = foreign_env.foreign_variables({"PROXMOX_PROTECTED_VMIDS": "100", "PVE_HOST": "pve1"})[:2]
+    assert "PVE_HOST" in ignored and "not read here" in ignored
+    assert "PROXMOX_PROTECTED_VMIDS" in honoured and "honoured meanwhile" in honoured
