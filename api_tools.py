@@ -127,13 +127,10 @@ def api_describe(path: Path, method: Literal["GET", "POST", "PUT", "DELETE"] = "
                  host: Host = None, product: ProductArg = None) -> dict:
     """Parameters, privilege check, gate."""
     product, client = choose(host, product)
-    found = catalog.find_path(product, policy.normalise_path(path))
-    if found is None:
-        raise InvalidArgument(f"No {product.upper()} API path matches {path}; try api_search.")
-    template, entries, _ = found
-    if method not in entries:
-        raise InvalidArgument(f"{template} has no {method}; it has {', '.join(sorted(entries))}.")
-    entry = entries[method]
+    try:
+        template, entry, _ = catalog.resolve(product, method, policy.normalise_path(path))
+    except catalog.NotInCatalog as exc:
+        raise InvalidArgument(f"{exc}; try api_search.") from None
     params = {}
     for name, spec in entry["params"].items():
         item = {k: v for k, v in spec.items() if k != "optional"}

@@ -59,7 +59,7 @@ NAMED_EXAMPLES = {
 TOOL_EXAMPLES = {("write_backup_guest", "storage"): "local", ("list_backups", "storage"): "local",
                  ("write_download_url", "storage"): "local"}
 VOLID_EXAMPLE = "local:iso/debian-12.iso"  # for every argument described as a volid
-RULES = {  # pydantic error type -> the rule, in words (ctx holds the bound)
+RULES_IN_WORDS = {  # pydantic error type -> the rule, in words (ctx holds the bound)
     "missing": "is required", "string_too_short": "needs at least {min_length} characters",
     "string_too_long": "takes at most {max_length} characters", "greater_than_equal": "must be at least {ge}",
     "less_than_equal": "must be at most {le}", "greater_than": "must be more than {gt}",
@@ -80,7 +80,7 @@ def argument_error(tool: str, error: Any, schema: dict) -> str:
         name = str(item["loc"][0]) if item["loc"] else "arguments"
         prop = schema.get("properties", {}).get(name, {})
         pattern = next((v["pattern"] for v in prop.get("anyOf") or [prop] if "pattern" in v), None)
-        rule = RULES[item["type"]].format(**item.get("ctx", {})) if item["type"] in RULES \
+        rule = RULES_IN_WORDS[item["type"]].format(**item.get("ctx", {})) if item["type"] in RULES_IN_WORDS \
             else item["msg"][:1].lower() + item["msg"][1:]
         if item["type"] == "string_pattern_mismatch":
             rule = f"must be {PATTERNS.get(pattern, (f'text matching {pattern}',))[0]}"

@@ -255,6 +255,22 @@ def find_path(product: str, path: str) -> tuple[str, dict[str, dict], dict[str, 
     return None
 
 
+class NotInCatalog(LookupError):
+    """A path no method of the API matches, or a method its path does not have; the message says which."""
+
+
+def resolve(product: str, method: str, path: str) -> tuple[str, dict, dict[str, str]]:
+    """The template, catalog entry and path parameters of METHOD PATH (a normalised path), or
+    NotInCatalog naming what is missing: the one lookup the policy's classify and api_describe share."""
+    found = find_path(product, path)
+    if found is None:
+        raise NotInCatalog(f"No {product.upper()} API path matches {path}")
+    template, entries, path_params = found
+    if method.upper() not in entries:
+        raise NotInCatalog(f"{method.upper()} is not a method of {template} (it has {', '.join(sorted(entries))})")
+    return template, entries[method.upper()], path_params
+
+
 def find_method(product: str, method: str, path: str) -> tuple[dict, dict[str, str]] | None:
     """The catalog entry for METHOD PATH and its path parameters, or None."""
     found = find_path(product, path)

@@ -10,24 +10,21 @@ import difflib
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dotenv import dotenv_values
 
 import catalog
-import policy
 import receipts
 from gates import TIERS, method_gate
+from errors import ConfigError
+from foreign_env import check_read_only_flags, foreign_server, foreign_variables, honour_narrowing
 from products import PRODUCTS
 from auth.tokens import PROFILES, NamedToken, parse_tokens
 from protection import Protected, load_protected, parse_tags
-from proxmox_client import HostConfig
-
-
-class ConfigError(Exception):
-    """A configuration problem that stops the server; the message names the variable."""
+from settings import HostConfig, HostPolicy, Keeping, Settings
 
 
 TRUE = ("1", "true", "yes", "on")
@@ -110,69 +107,6 @@ SOURCE_TREE = (INSTALL_DIR / "pyproject.toml").is_file()
 
 HostValues = dict[str, tuple[str, str]]  # suffix -> (variable, value) of one host
 
-# Variables the other Proxmox MCP servers read (from their READMEs), and what to set here instead.
-# Each is answered with one start-up line; none is honoured, so a name that would open writes, exec
-# or turn TLS off never does so here. {value} is shown only for names that hold no secret.
-FOREIGN = {
-    # pve-mcp
-    "PVE_HOST": ("pve-mcp", "PROXMOX_URL={value}"),
-    "PVE_TOKEN_ID": ("pve-mcp", "PROXMOX_TOKEN={value}=<the PVE_TOKEN_SECRET value> (one variable: id=secret)"),
-    "PVE_TOKEN_SECRET": ("pve-mcp", "PROXMOX_TOKEN=<the PVE_TOKEN_ID value>=<this secret> (one variable)"),
-    "PVE_VERIFY_SSL": ("pve-mcp", "PROXMOX_FINGERPRINT=<the node's certificate SHA-256> for a self-signed "
-                                  "certificate (README: certificate fingerprint)"),
-    "PVE_MCP_READ_ONLY": ("pve-mcp", "nothing: read-only is the default; PROXMOX_ACCESS=lifecycle, write or "
-                                     "destructive opens more"),
-    "PVE_MCP_ENABLE_EXEC": ("pve-mcp", "PROXMOX_ALLOW_EXEC=true, if you mean the agent to run commands in guests"),
-    "PVE_TIMEOUT": ("pve-mcp", "PROXMOX_READ_TIMEOUT={value}"),
-    "PVE_MCP_TASK_WAIT": ("pve-mcp", "nothing: each write tool takes wait_seconds"),
-    # Proxmox MCP Server
-    "PVE_URL": ("Proxmox MCP Server", "PROXMOX_URL={value}"),
-    "PVE_TOKEN": ("Proxmox MCP Server", "PROXMOX_TOKEN=<the same user@realm!tokenid=secret>"),
-    "PVE_USER": ("Proxmox MCP Server", "PROXMOX_USER={value} (an API token in PROXMOX_TOKEN is safer)"),
-    "PVE_PASSWORD": ("Proxmox MCP Server", "PROXMOX_PASSWORD=<the same password> (or PROXMOX_PASSWORD_FILE)"),
-    "PVE_READONLY": ("Proxmox MCP Server", "nothing: read-only is the default; PROXMOX_ACCESS=lifecycle, write or "
-                                           "destructive opens more"),
-    "MCP_HTTP_TOKEN": ("Proxmox MCP Server", "MCP_AUTH_TOKEN=<the same token>: every HTTP request needs it"),
-    "PROXMOX_MCP_CONFIG": ("Proxmox MCP Server", "one set of variables per host: PROXMOX_<LABEL>_URL, _TOKEN"),
-    "PROXMOX_SERVER": ("Proxmox MCP Server", "nothing: tools take host=<label> (see list_hosts)"),
-    # proxmox-ve-mcp
-    "MCP_HOST": ("proxmox-ve-mcp", "MCP_HTTP_HOST={value}"),
-    "MCP_PORT": ("proxmox-ve-mcp", "MCP_HTTP_PORT={value}"),
-    # pvemcp
-    "PROXMOX_ALLOW_WRITES": ("pvemcp", "PROXMOX_ACCESS=write (or lifecycle, or destructive): the highest tier a "
-                                       "request may reach"),
-    "PROXMOX_ALLOW_SSH": ("pvemcp", "PROXMOX_SSH_NODES=pve1=10.0.0.11,... with PROXMOX_SSH_FINGERPRINTS for the "
-                                    "SSH tools, and PROXMOX_ALLOW_EXEC=true to run commands"),
-    "PROXMOX_PROTECTED_VMIDS": ("pvemcp", "PROXMOX_PROTECTED_VMS={protected} (label:vmid; * is every host), or "
-                                          "list them in protected-vms.json"),
-    "PROXMOX_CREDENTIALS_FILE": ("pvemcp", "PROXMOX_TOKEN_FILE={value} (the file holds one line "
-                                           "user@realm!tokenid=secret)"),
-    "PROXMOX_DEFAULT_NODE": ("pvemcp", "nothing: tools find a guest's node from its vmid, or take node="),
-    "PROXMOX_USERNAME": ("pvemcp", "PROXMOX_USER={value}"),
-    "PROXMOX_MCP_TOKEN": ("pvemcp", "MCP_AUTH_TOKEN=<the same token>"),
-    "PROXMOX_CONFIG": ("pvemcp", "one set of variables per cluster: PROXMOX_<LABEL>_URL, _TOKEN, _ACCESS; "
-                                 "`python server.py --from-pvemcp {value}` prints them from your file"),
-    "PROXMOX_SSH_AGENT": ("pvemcp", "nothing: without PROXMOX_SSH_KEY_FILE the SSH agent is used"),
-    "PROXMOX_LOCAL_DIR": ("pvemcp", "PROXMOX_TRANSFER_DIR={value} (node files: write_node_files; guest files: "
-                                    "write_guest_file)"),
-    # PVEHub-MCP
-    "PVEHUB_MCP_AUTH_TOKEN": ("PVEHub-MCP", "MCP_AUTH_TOKEN=<the same token>"),
-    "PVEHUB_MCP_AUTH_REQUIRED": ("PVEHub-MCP", "MCP_AUTH_REQUIRED={value}"),
-    "PVEHUB_ALLOWED_HOSTS": ("PVEHub-MCP", "MCP_ALLOWED_HOSTS={value}"),
-    "PVEHUB_TRANSPORT": ("PVEHub-MCP", "nothing: stdio is the default, `python server.py --http` serves HTTP"),
-    "PVEHUB_AUDIT_INCLUDE_RESULTS": ("PVEHub-MCP", "nothing: the audit log records each write's UPID or error"),
-}
-# Foreign names that only narrow what the agent may do, and are honoured while they are warned about.
-NARROWING = ("PROXMOX_PROTECTED_VMIDS", "PVE_MCP_READ_ONLY", "PVE_READONLY")
-# Whole families of foreign names, by prefix: (prefix, server, what to set instead).
-FOREIGN_PREFIXES = (
-    ("PVEHUB_", "PVEHub-MCP", "PROXMOX_<LABEL>_URL and _TOKEN (PBS_<LABEL>_... for a Backup Server); "
-                              "PROXMOX_ACCESS and PROXMOX_ALLOW_* for the policy"),
-    ("PROXMOX_GUEST_SSH_", "pvemcp", "nothing: commands reach guests through write_exec_guest"),
-    ("PVE_", "another Proxmox MCP server", "PROXMOX_<LABEL>_URL and _TOKEN (this server reads PROXMOX_*, PBS_* "
-                                           "and MCP_* names)"),
-)
-
 
 @dataclass
 class SshTarget:
@@ -221,8 +155,8 @@ class AuthConfig:
 class Config:
     """The whole configuration, read once at start by load_config."""
     hosts: list[HostConfig] = field(default_factory=list)
-    settings: policy.Settings = field(default_factory=policy.Settings)
-    default_rules: policy.HostPolicy = field(default_factory=policy.HostPolicy)  # when no host says otherwise
+    settings: Settings = field(default_factory=Settings)
+    default_rules: HostPolicy = field(default_factory=HostPolicy)  # when no host says otherwise
     ssh: list[SshTarget] = field(default_factory=list)
     # what every host takes unless its own variables say otherwise
     verify_tls: bool = True
@@ -252,7 +186,7 @@ class Config:
 
 def load_config(env: dict[str, str] | None = None) -> Config:
     """Read and validate the whole configuration; raise ConfigError on the first bad value.
-    The server then checks what only it knows: check_tool_names, and check_http_auth in HTTP mode."""
+    The server then checks what only it knows: visibility.check_tool_names, and check_http_auth in HTTP mode."""
     env = without_empty(dict(os.environ if env is None else env))
     config = Config()
     foreign = {name: value for name, value in env.items() if foreign_server(name) is not None}
@@ -437,7 +371,7 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
                                "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")
     access = parse_access("PROXMOX_ACCESS", env.get("PROXMOX_ACCESS", "read"))
     allow = frozenset(gate for suffix, gate in GATE_FLAGS.items() if flag(env, f"PROXMOX_{suffix}", "false"))
-    config.default_rules = policy.HostPolicy(access, allow, parse_unblock(env.get("PROXMOX_UNBLOCK", "")))
+    config.default_rules = HostPolicy(access, allow, parse_unblock(env.get("PROXMOX_UNBLOCK", "")))
     config.settings.dry_run = flag(env, "PROXMOX_DRY_RUN", "false")
     config.settings.elicit = flag(env, "PROXMOX_ELICIT", "true")
     config.settings.audit_path = Path(env["PROXMOX_AUDIT_LOG"]).expanduser() if env.get("PROXMOX_AUDIT_LOG") \
@@ -475,14 +409,14 @@ def parse_megabytes(env: dict[str, str], name: str) -> int:
     return int(megabytes) * 1024 ** 2
 
 
-def read_receipt_settings(env: dict[str, str], audit_path: Path) -> receipts.Keeping:
+def read_receipt_settings(env: dict[str, str], audit_path: Path) -> Keeping:
     """Receipts of changes live in the state database beside the audit log (`state/state.sqlite3`, with
     the receipts an earlier version kept in `audit.receipts/` imported), bounded in count and age;
     the safety snapshot is taken before rollbacks by default, and a guest keeps the newest few."""
     safety = env.get("PROXMOX_SAFETY_SNAPSHOT", "rollback").strip().lower()
     if safety not in receipts.SAFETY_CHOICES:
         raise ConfigError(f"PROXMOX_SAFETY_SNAPSHOT={safety!r} is not one of {', '.join(receipts.SAFETY_CHOICES)}.")
-    return receipts.Keeping(receipts.open_store(audit_path),
+    return Keeping(receipts.open_store(audit_path),
                             parse_count("PROXMOX_RECEIPTS_KEEP", env.get("PROXMOX_RECEIPTS_KEEP", "1000"), 10, 100000),
                             parse_count("PROXMOX_RECEIPTS_DAYS", env.get("PROXMOX_RECEIPTS_DAYS", "30"), 1, 3650),
                             safety,
@@ -537,7 +471,7 @@ def read_protected_guests(env: dict[str, str], config: Config) -> None:
 
 
 def read_tool_choice(env: dict[str, str], config: Config) -> None:
-    """PROXMOX_TOOLSETS, PROXMOX_ALLOW_TOOLS and PROXMOX_DENY_TOOLS (whose names check_tool_names checks)."""
+    """PROXMOX_TOOLSETS, PROXMOX_ALLOW_TOOLS and PROXMOX_DENY_TOOLS (whose names visibility.check_tool_names checks)."""
     config.toolsets = parse_toolsets(env.get("PROXMOX_TOOLSETS", "default"))
     config.allow_tools = parse_list(env.get("PROXMOX_ALLOW_TOOLS", ""))
     config.deny_tools = parse_list(env.get("PROXMOX_DENY_TOOLS", ""))
@@ -649,50 +583,6 @@ def unknown_variables(env: dict[str, str]) -> list[str]:
         hint = f"did you mean {close[0]}?" if close else "a typo? .env.example lists every name."
         warnings.append(f"Unknown variable {name} ignored ({hint})")
     return warnings
-
-
-def foreign_server(name: str) -> str | None:
-    """The other Proxmox MCP server a variable name belongs to, if it is one of theirs."""
-    if name in FOREIGN:
-        return FOREIGN[name][0]
-    return next((server for prefix, server, _ in FOREIGN_PREFIXES if name.startswith(prefix)), None)
-
-
-def foreign_variables(env: dict[str, str]) -> list[str]:
-    """One line per variable of another Proxmox MCP server: what to set here instead."""
-    lines = []
-    for name in sorted(env):
-        advice = FOREIGN[name][1] if name in FOREIGN else next(a for p, _, a in FOREIGN_PREFIXES if name.startswith(p))
-        value = env[name].strip()
-        protected = ",".join(f"*:{v.strip()}" for v in value.split(",") if v.strip())
-        honoured = "honoured meanwhile, as it only narrows" if name in NARROWING else "not read here"
-        lines.append(f"{name} is {foreign_server(name)}'s setting ({honoured}). Set instead: "
-                     f"{advice.format(value=value, protected=protected)}.")
-    if lines:
-        lines.append("README, 'Coming from another Proxmox MCP server', maps every such variable.")
-    return lines
-
-
-def honour_narrowing(foreign: dict[str, str], env: dict[str, str]) -> None:
-    """The foreign names that only narrow what the agent may do keep doing so: PROXMOX_PROTECTED_VMIDS
-    joins PROXMOX_PROTECTED_VMS in `env` (every host)."""
-    vmids = [v.strip() for v in foreign.get("PROXMOX_PROTECTED_VMIDS", "").split(",") if v.strip()]
-    if not all(v.isdigit() and int(v) >= 100 for v in vmids):
-        raise ConfigError(f"PROXMOX_PROTECTED_VMIDS={foreign['PROXMOX_PROTECTED_VMIDS']!r} is not a comma list of "
-                          f"vmids; set PROXMOX_PROTECTED_VMS=*:100,*:101 instead.")
-    if vmids:
-        env["PROXMOX_PROTECTED_VMS"] = ",".join([env.get("PROXMOX_PROTECTED_VMS", "")] + [f"*:{v}" for v in vmids])
-
-
-def check_read_only_flags(foreign: dict[str, str], config: Config) -> None:
-    """A foreign read-only flag contradicted by this server's own variables stops the server."""
-    for name in ("PVE_MCP_READ_ONLY", "PVE_READONLY"):
-        if foreign.get(name, "").strip().lower() not in TRUE:
-            continue
-        rules = [config.default_rules, *config.settings.hosts.values()]
-        if any(r.access != "read" or r.allow & {"exec", "elevated"} for r in rules):
-            raise ConfigError(f"{name}={foreign[name]} asks for read-only, but PROXMOX_ACCESS or a PROXMOX_ALLOW_* "
-                              f"variable opens more; remove one of them (read-only is the default here).")
 
 
 # ================================================================ one host
@@ -810,14 +700,14 @@ def parse_tls(label: str, values: HostValues, verify_default: bool, warnings: li
     return tls
 
 
-def parse_host_rules(values: HostValues, defaults: policy.HostPolicy) -> policy.HostPolicy:
+def parse_host_rules(values: HostValues, defaults: HostPolicy) -> HostPolicy:
     """A host's access tier and gate flags: its own _ACCESS and _ALLOW_* over the global ones."""
     allow = set(defaults.allow)
     for suffix, gate in GATE_FLAGS.items():
         if suffix in values:
             (allow.add if parse_bool(*values[suffix]) else allow.discard)(gate)
     access = parse_access(*values["ACCESS"]) if "ACCESS" in values else defaults.access
-    return policy.HostPolicy(access, frozenset(allow), defaults.unblocked)
+    return HostPolicy(access, frozenset(allow), defaults.unblocked)
 
 
 def parse_ssh(product: str, label: str, values: HostValues, timeout: float) -> SshTarget | None:
@@ -1044,58 +934,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-# write_ tools before 0.2.0, when some named the object first: every write_ tool is now write_<verb>_<object>
-# (write_pbs_<verb>_<object> on a Backup Server). Settings naming the old names keep working, with a line.
-RENAMED_TOOLS = {
-    "write_guest_power": "write_power_guest", "write_snapshot_create": "write_create_snapshot",
-    "write_snapshot_rollback": "write_rollback_snapshot", "write_snapshot_delete": "write_delete_snapshot",
-    "write_guest_config": "write_configure_guest", "write_template": "write_make_template",
-    "write_pbs_gc": "write_pbs_run_gc", "write_pbs_verify": "write_pbs_verify_backups",
-    "write_pbs_prune": "write_pbs_prune_group",
-    "write_vm_exec": "write_exec_guest", "write_lxc_exec": "write_exec_guest",
-    "write_node_exec": "write_exec_node", "write_guest_file_read": "write_guest_file",
-    "write_guest_file_write": "write_guest_file", "write_restore_drill": "write_drill_restore",
-    "write_api_call": "write_call_api",
-    # merged in 0.2.0 (the tool list is paid for on every turn)
-    "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
-    "write_close_terminal": "write_terminal_send", "list_snapshots": "get_guest",
-    "write_get_guest_file": "write_guest_file", "write_put_guest_file": "write_guest_file",
-    "write_exec_vm": "write_exec_guest", "write_exec_lxc": "write_exec_guest",
-    "write_provision_lxc": "write_create_lxc", "write_provision_vm": "write_create_vm",
-    "pbs_datastore_status": "pbs_list_datastores", "pbs_list_namespaces": "pbs_list_groups",
-    "write_pbs_protect_snapshot": "write_pbs_edit_snapshot", "write_pbs_set_notes": "write_pbs_edit_snapshot",
-}
-
-
-def check_tool_names(config: Config, tool_names: Collection[str]) -> None:
-    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some); an
-    entry that named tools by their old names (RENAMED_TOOLS) names them by their new ones."""
-    for variable, field_name in (("PROXMOX_ALLOW_TOOLS", "allow_tools"), ("PROXMOX_DENY_TOOLS", "deny_tools")):
-        entries, renamed = _renamed(getattr(config, field_name), tool_names)
-        unknown = [e for e in entries if not any(tool_matches(e, name) for name in tool_names)]
-        if unknown:
-            raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(tool_names)}.")
-        if renamed:
-            config.warnings.append(f"{variable}: {'; '.join(renamed)} (write_ tools are named verb first since "
-                                   f"0.2.0, some merged); set the new names to silence this line.")
-        setattr(config, field_name, entries)
-
-
-def _renamed(entries: tuple[str, ...], tool_names: Collection[str]) -> tuple[tuple[str, ...], list[str]]:
-    """Each entry that names a tool now, and the new names of the old tools an entry matched."""
-    out: list[str] = []
-    said = []
-    for entry in entries:
-        new = sorted(RENAMED_TOOLS[old] for old in RENAMED_TOOLS
-                     if tool_matches(entry, old) and not tool_matches(entry, RENAMED_TOOLS[old]))
-        if not new or any(tool_matches(entry, name) for name in tool_names):
-            out.append(entry)
-        out += [name for name in new if name not in out]
-        if new:
-            said.append(f"{entry} now means {', '.join(new)}" + (" too" if entry in out else ""))
-    return tuple(out), said
 
 
 def check_http_auth(config: Config, bind_host: str) -> None:

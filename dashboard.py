@@ -10,6 +10,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context
 
+import health
 import workflows
 from answers import Host, OptionalVmid, View, human_bytes, human_duration, percent, renders_views
 from errors import ToolFailure
@@ -208,10 +209,10 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     # One part after the other, each reading side by side within (in_parallel): run inside one of its
     # reads, the workflows' own reads of every node would go one by one.
     resources, guests, charts = _guests(client, vmid)
-    health = workflows.health_check(host=host, pbs_host=pbs_host)  # reads no disk list here (NO_SMART_IN)
+    findings = health.health_check(host=host, pbs_host=pbs_host)  # reads no disk list here (NO_SMART_IN)
     coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
-              "guests": guests, "backups": _backups(coverage), "health": _health(health),
+              "guests": guests, "backups": _backups(coverage), "health": _health(findings),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "
                       "(by offset) and list_guests show the rest"}
     return View(answer, {"charts": charts} if renders_views(ctx) else None)

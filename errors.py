@@ -48,3 +48,7 @@ class TaskFailed(ProxmoxError):
         super().__init__(message)
         self.upid = upid
         self.exit_status = exit_status
+
+
+class ConfigError(Exception):  # not a ToolFailure: it stops the start, no tool call meets it
+    """A configuration problem that stops the server; the message names the variable."""

@@ -25,7 +25,7 @@ from protection import truthy
 
 TIERS = ("read", "lifecycle", "write", "destructive")
 GATES = ("read", "sensitive", "lifecycle", "write", "destructive", "exec", "elevated", "blocked")
-SEVERITY = {gate: rank for rank, gate in enumerate(GATES)}
+GATE_RANK = {gate: rank for rank, gate in enumerate(GATES)}
 # the user says yes to these; a blocked method opened by PROXMOX_UNBLOCK too
 CONFIRMED = ("destructive", "exec", "elevated", "blocked")
 
@@ -33,7 +33,7 @@ CONFIRMED = ("destructive", "exec", "elevated", "blocked")
 # ================================================================ gate of a method
 
 # First match wins. (methods, path template regex, gate, why). Paths are catalog templates.
-RULES: list[tuple[str, str, str, str]] = [
+METHOD_GATES: list[tuple[str, str, str, str]] = [
     # blocked: logins, passwords, second factors, consoles and raw protocol channels
     ("*", r"/access/ticket|/access/vncticket|/access/password|/access/openid/.*", "blocked",
      "login and password endpoints"),
@@ -233,7 +233,7 @@ DELETING_PARAMS: list[tuple[str, str | None, Callable[[str], bool], str]] = [
 
 @lru_cache(maxsize=None)  # one answer per catalog method; asked for every request
 def _rule_for(method: str, template: str) -> tuple[str, str]:
-    for methods, pattern, gate, why in RULES:
+    for methods, pattern, gate, why in METHOD_GATES:
         if (methods == "*" or method in methods.split("|")) and re.fullmatch(pattern, template):
             return gate, why
     raise AssertionError("the last rule matches everything")
@@ -271,7 +271,7 @@ def combine(gates: set[str]) -> tuple[str, ...]:
     top = max(tiers, key=TIERS.index) if tiers else "read"
     rest = {g for g in gates if g not in TIERS}
     kept = rest | ({top} if top != "read" or not rest else set())
-    return tuple(sorted(kept, key=SEVERITY.get))
+    return tuple(sorted(kept, key=GATE_RANK.get))
 
 
 def _argument_gates(template: str, params: dict[str, Any], entry: dict) -> list[tuple[str, str]]:

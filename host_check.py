@@ -10,9 +10,10 @@ import proxmox_client
 from errors import ToolFailure
 from gates import GATES
 from masking import mask
+from settings import HostConfig
 
 
-def check_host(config: Any, host: proxmox_client.HostConfig, guests: dict[str, dict[int, dict]]) -> bool:
+def check_host(config: Any, host: HostConfig, guests: dict[str, dict[int, dict]]) -> bool:
     """--check of one host: version, certificate, the token's privileges and the write token's; a PVE
     host's guests into `guests` (for the protected list). True when something failed."""
     client = proxmox_client.client_for(host.product, host.label)
@@ -45,7 +46,7 @@ def privileges_line(permissions: dict) -> str:
     return f"privileges on {len(permissions)} paths: {', '.join(held) or 'NONE'}{warning}"
 
 
-def check_write_token(host: proxmox_client.HostConfig) -> bool:
+def check_write_token(host: HostConfig) -> bool:
     """The write token (_WRITE_TOKEN or _WRITE_TOKEN_FILE) reads its own privileges, as the reader's are
     read: a wrong one fails here, not at the first write. True when it failed."""
     writer = replace(host, token_id=host.write_token_id, token_secret=host.write_token_secret, write_token_id=None,

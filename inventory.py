@@ -534,6 +534,13 @@ def _pbs_backups(pbs: ProxmoxClient, storage: str, store: str, ns: str, vmid: in
     return found
 
 
+def pbs_of(label: str | None) -> ProxmoxClient | None:
+    """The Backup Server a report reads: the one named, else the one configured if exactly one is."""
+    if label is None and len(configured("pbs")) != 1:
+        return None
+    return pbs_client(label)
+
+
 def _only_pbs() -> ProxmoxClient | None:
     """The Backup Server to read PBS-backed storages on: the one configured, if exactly one is."""
     return pbs_client() if len(configured("pbs")) == 1 else None

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError
+from errors import ConfigError
 
 TRUE = ("1", "true", "yes", "on")
 # pvemcp's key -> our variable's suffix: carried over as written

@@ -34,8 +34,8 @@ import json
 import posixpath
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import unquote
 
@@ -56,7 +56,8 @@ from errors import ConfirmationNeeded, PolicyError, ToolFailure
 from gates import CONFIRMED, GATES, TIERS, call_gates, combine, deleting, inside_guest
 from masking import MASK, audit_view, mask, mask_answer
 from products import PRODUCTS
-from protection import Protected, Scope, named_guests, truthy
+from protection import Scope, named_guests, truthy
+from settings import HostPolicy, Settings
 
 
 class DryRun(Exception):
@@ -85,12 +86,6 @@ DELETES_BACKUPS = r"/admin/datastore/\{store\}/prune(-datastore)?|/admin/prune/\
 
 # ================================================================ per-host settings
 
-@dataclass
-class HostPolicy:
-    access: str = "read"
-    allow: frozenset[str] = frozenset()  # of "sensitive", "exec", "elevated"
-    unblocked: frozenset[tuple[str, str]] = frozenset()  # (METHOD, template)
-
 
 def gate_open(rules: HostPolicy, gate: str, method: str = "POST", template: str = "") -> bool:
     tier = TIERS.index(rules.access)
@@ -117,19 +112,6 @@ def how_to_open(gate: str, label: str, product: str) -> str:
         "elevated": "PROXMOX_ALLOW_ELEVATED=true together with PROXMOX_ACCESS=write",
         "blocked": "PROXMOX_UNBLOCK naming this method (and PROXMOX_ACCESS=write for a change)",
     }[gate]
-
-
-@dataclass
-class Settings:
-    hosts: dict[tuple[str, str], HostPolicy] = field(default_factory=dict)  # (product, label)
-    protected: Protected = field(default_factory=Protected)
-    dry_run: bool = False
-    elicit: bool = True
-    audit_path: Path | None = None
-    receipts: receipts.Keeping = field(default_factory=receipts.Keeping)  # beside the audit log
-    exec_allowed_vmids: set[int] | None = None  # PROXMOX_EXEC_ALLOWED_VMIDS; None: any guest
-    source_address: str | None = None  # PROXMOX_SOURCE_ADDRESS: as the nodes see this server (firewall_guard)
-    backup_servers: tuple[str, ...] = ()  # the configured Backup Servers' URLs: their port 8007 (firewall_guard)
 
 
 # What each principal's profile may reach beside the server's own gates, which still apply
@@ -935,7 +917,6 @@ ROLE_FOR_PRIVILEGE = {
 }
 
 
-
 # (product, label, token id) -> {path: {privilege: propagate flag}}, from GET /access/permissions
 _permissions = runtime.slot("policy.permissions", dict[tuple[str, str, str], dict[str, dict[str, Any]]])
 # (product, label) -> (major, minor), from GET /version when the privileges are read: the agent
@@ -1079,8 +1060,6 @@ def grant_hint(host: Any, privileges: str, acl_path: str) -> str:
         return f"Grant it with: {grants[0]}."
     return (f"Grant it to the user and the token: {'; '.join(grants)}. A privilege-separated token holds only "
             f"what both are granted.")
-
-
 
 
 # ================================================================ audit

@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -30,6 +30,7 @@ from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
 from masking import mask_answer, mask_params, register_secret
 from products import PRODUCTS
+from settings import HostConfig
 
 if TYPE_CHECKING:
     import requests  # imported where it is used: a server's start and first tools/list never need it
@@ -52,25 +53,6 @@ SLOW_CONNECT_FAILURE = 1.0  # seconds: a connect failure this slow is not tried 
 # once, each node's own reads together (in_parallel); the connections kept per host cover that.
 AT_ONCE = 8
 POOL_SIZE = 48  # urllib3's default keeps 10 and opens (and then drops) a new TLS connection beyond them
-
-@dataclass
-class HostConfig:
-    label: str
-    product: str  # "pve" or "pbs"
-    url: str  # scheme://host:port, no path
-    token_id: str  # user@realm!tokenid (with a password login: the user)
-    token_secret: str = field(repr=False)
-    user: str | None = None  # password login (a ticket) instead of a token
-    password: str | None = field(default=None, repr=False)
-    write_token_id: str | None = None
-    write_token_secret: str | None = field(default=None, repr=False)
-    token_variable: str = ""  # where each token came from (..._TOKEN or ..._TOKEN_FILE), for errors that name it
-    write_token_variable: str = ""
-    verify_tls: bool = True
-    ca_file: str | None = None
-    fingerprint: str | None = None  # SHA-256, hex without colons, lower case
-    connect_timeout: float = 5.0
-    read_timeout: float = 30.0
 
 
 def auth_method(host: HostConfig) -> str:

@@ -6,7 +6,7 @@ One receipt per tool call (and host): every request the call sent is one of its 
 The policy's admission step calls `start` just before it sends a write (after the dry run and the
 user's yes, before the audit line) and `Pending.finish` after a successful send:
 
-  start    reads the state of what the request changes where one GET shows it (RULES: guest
+  start    reads the state of what the request changes where one GET shows it (RECEIPT_RULES: guest
            config, NICs, tags, notes, protection flags, cloud-init settings, firewall rules and
            options, backup and PBS jobs, HA rules, PBS notes and protection), and takes a safety
            snapshot first before a rollback or a config change that can lose data (SAFETY_STORAGES);
@@ -37,17 +37,7 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from job_edits import delete_names
 from masking import MASK, audit_view, mask, secret_param
 from receipt_store import IMPORTED, SAFETY_NAME, Store
-
-
-@dataclass
-class Keeping:
-    """Where receipts live and for how long, and when a safety snapshot is taken (config.py)."""
-    store: Store | None = None  # in the state database beside the audit log; None: no receipts (no audit log)
-    keep: int = 1000  # PROXMOX_RECEIPTS_KEEP
-    days: int = 30  # PROXMOX_RECEIPTS_DAYS
-    safety: str = "rollback"  # PROXMOX_SAFETY_SNAPSHOT: off, rollback, or all (rollback and risky config)
-    safety_keep: int = 3  # PROXMOX_SAFETY_KEEP: a guest's safety snapshots kept, the newest
-    safety_days: int = 14  # PROXMOX_SAFETY_DAYS: and none older
+from settings import Keeping
 
 
 def open_store(audit_path: Path) -> Store:
@@ -76,7 +66,7 @@ class Rule:
 # value: one PBS snapshot attribute; rules: a firewall rule list, read whole before and after (a
 # rule's position moves with every edit); created / deleted: an item of a collection; snapshot,
 # power, rollback: a guest's snapshot list, its state, its safety snapshot.
-RULES = [
+RECEIPT_RULES = [
     Rule("settings", "PUT|POST", rf"{GUEST}/config"),
     Rule("settings", "PUT", rf"{FIREWALL}/options"),
     Rule("rules", "POST", rf"{FIREWALL}/rules"),
@@ -93,7 +83,8 @@ RULES = [
     Rule("power", "POST", rf"{GUEST}/status/(start|stop|shutdown|suspend|resume)"),
     Rule("rollback", "POST", rf"{GUEST}/snapshot/\{{snapname\}}/rollback"),
 ]
-# Why the rest cannot be taken back: (template regex, reason); the first match names it.
+# Why the rest cannot be taken back: (template regex, reason); the first match names it. Every write
+# the every-tool test sends has a rule above or a reason here (tests/test_every_tool_over_mcp.py).
 NOT_INVERTIBLE = [
     (rf"{GUEST}", "a deleted guest's disks are gone"),
     (rf"{GUEST}/snapshot/\{{snapname\}}", "a deleted snapshot's state is gone"),
@@ -107,6 +98,11 @@ NOT_INVERTIBLE = [
     (rf"{GUEST}/(clone|template|migrate)|/nodes/\{{node\}}/(qemu|lxc)",
      "it made or moved a guest: delete or migrate it back with its own tool"),
     (rf"{GUEST}/cloudinit", "it regenerated the cloud-init drive; take back the config change instead"),
+    (r"/nodes/\{node\}/aplinfo|/nodes/\{node\}/storage/\{storage\}/(download-url|oci-registry-pull|upload)",
+     "it added a file to a storage: delete it with write_delete_volume"),
+    (r"/admin/datastore/\{store\}/gc", "garbage collection frees only chunks no backup uses: nothing to put back"),
+    (r"/admin/datastore/\{store\}/verify|/admin/verify/\{id\}/run",
+     "a verification changes no backup, it records whether each one reads back whole"),
 ]
 # POSTs that change nothing: guest agent questions (the schema's agent commands that only read).
 UNCHANGING = re.compile(rf"{GUEST}/agent/(ping|info|fsfreeze-status|network-get-interfaces|get-[\w-]+)")
@@ -129,7 +125,8 @@ NEWEST_ONLY = ("zfspool", "zfs", "lvm")
 
 
 def rule_for(method: str, template: str) -> Rule | None:
-    return next((r for r in RULES if method in r.methods.split("|") and re.fullmatch(r.pattern, template)), None)
+    return next((r for r in RECEIPT_RULES if method in r.methods.split("|") and re.fullmatch(r.pattern, template)),
+                None)
 
 
 def why_not(method: str, template: str) -> str:

@@ -84,16 +84,18 @@ import terminals
 import lxc_admin
 import node_tools
 import guest_updates
+import health
 import templates
 import tool_meta
 import workflows
 from auth import principal, tokens
-from config import (DEFAULT_GROUPS, INSTALL_DIR, NAME, SOURCE_TREE, TOOLSET_GROUPS, Config, ConfigError,
-                    check_http_auth, check_tool_names, load_config, read_env_files, tool_matches)
-from errors import ToolFailure
+from config import (DEFAULT_GROUPS, INSTALL_DIR, NAME, SOURCE_TREE, TOOLSET_GROUPS, Config,
+                    check_http_auth, load_config, read_env_files, tool_matches)
+from errors import ConfigError, ToolFailure
 from gates import GATES
 from masking import mask, mask_json, register_secret
 from products import PRODUCTS
+from settings import HostConfig, HostPolicy
 from tool_meta import OBJECT, view_uri
 
 VERSION = "0.2.0"  # the newest heading of CHANGELOG.md (a test checks); pyproject.toml reads it here
@@ -134,7 +136,7 @@ class ToolSpec:
     output: dict | None = None  # its outputSchema (tool_meta): the answer is also the result's structuredContent
 
 
-def _tls_mode(host: proxmox_client.HostConfig) -> str:
+def _tls_mode(host: HostConfig) -> str:
     if host.fingerprint:
         return "pinned"
     if host.ca_file:
@@ -155,7 +157,7 @@ def server_info() -> dict:
     hosts = []
     for product in ("pve", "pbs"):
         for label, host in reachable(product).items():
-            rules = policy.settings().hosts.get((product, label), policy.HostPolicy())
+            rules = policy.settings().hosts.get((product, label), HostPolicy())
             entry: dict[str, Any] = {"host": label, "product": product, "url": host.url,
                                      "auth": proxmox_client.auth_method(host),
                                      "token": host.token_id, "write_token": host.write_token_id,
@@ -183,7 +185,7 @@ def server_info() -> dict:
             "protected_list_problems": settings.protected.problems(configured_labels()) or None}
 
 
-def reachable(product: str) -> dict[str, proxmox_client.HostConfig]:
+def reachable(product: str) -> dict[str, HostConfig]:
     """The configured hosts of a product the calling principal may use (all, for the single user)."""
     reach = policy.current_call().reach
     return {label: host for label, host in proxmox_client.configured(product).items()
@@ -290,7 +292,7 @@ TOOLS = [
     ToolSpec(backup_jobs.backup_jobs, "read", "pve", "backups", ("Sys.Audit",)),
     ToolSpec(backup_jobs.write_edit_backup_job, "write", "pve", "backups", ("Sys.Modify",),
              may_destroy=True),  # delete, and a retention that prunes
-    ToolSpec(workflows.health_check, "read", "pve", "workflows", output=OBJECT),
+    ToolSpec(health.health_check, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.backup_coverage, "read", "pve", "workflows", output=OBJECT),
     ToolSpec(workflows.security_audit, "read", "pve", "workflows"),
     ToolSpec(workflows.write_drill_restore, "destructive", "pve", "workflows", ("VM.Allocate",)),
@@ -412,7 +414,7 @@ def view_result(text: str, data: dict) -> Any:
 
 # ---------------------------------------------------------------- which tools are offered
 
-def host_rules(config: Config, product: str) -> list[policy.HostPolicy]:
+def host_rules(config: Config, product: str) -> list[HostPolicy]:
     rules = [config.settings.hosts[(h.product, h.label)] for h in config.hosts if not product or h.product == product]
     return rules or [config.default_rules]
 
@@ -754,7 +756,7 @@ def load_configuration(env: dict[str, str]) -> Config:
     config = load_config(env)
     for secret in config.secrets:  # masked wherever it would appear: answers, errors, logs, audit
         register_secret(secret)
-    check_tool_names(config, TOOL_NAMES)
+    visibility.check_tool_names(config, TOOL_NAMES)
     return config
 
 

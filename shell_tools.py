@@ -175,7 +175,7 @@ def write_guest_file(vmid: Vmid, path: GuestPath,
 
 
 def _read_guest_file(client: ProxmoxClient, base: str, row: dict, vmid: int, path: str) -> dict:
-    if row["type"] == "qemu":  # sensitive + exec, confirmed (policy.ALSO_GATES)
+    if row["type"] == "qemu":  # sensitive + exec, confirmed (gates.ALSO_GATES)
         data = client.get(f"{base}/agent/file-read", file=path) or {}
         content, truncated = clean_output(data.get("content", ""))
         return {"vmid": vmid, "path": path, "content": content, "truncated": truncated or bool(data.get("truncated")),

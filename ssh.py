@@ -69,10 +69,10 @@ def clean_output(text: str) -> tuple[str, bool]:
 
 class _VerifyHostKey:
     """paramiko's missing-host-key policy: accept a key that is not in known_hosts only when it
-    matches the pinned fingerprint."""
+    matches the pinned fingerprint; a refusal names the variable that pins it (`pin_variable`)."""
 
-    def __init__(self, pinned: str | None, where: str):
-        self.pinned, self.where = pinned, where
+    def __init__(self, pinned: str | None, where: str, pin_variable: str):
+        self.pinned, self.where, self.pin_variable = pinned, where, pin_variable
 
     def missing_host_key(self, _client: "paramiko.SSHClient", _hostname: str, key: "paramiko.PKey") -> None:
         import paramiko
@@ -87,8 +87,6 @@ class _VerifyHostKey:
             f"Host key of {self.where} {what}: it offers {offered}. If that is really the node's key (compare with "
             f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on it), pin it with {self.pin_variable}={offered} "
             f"or add it to the known_hosts file.")
-
-    pin_variable = "_SSH_FINGERPRINTS"
 
 
 # (product, label, node) -> an open connection, reused while it stays up
@@ -125,9 +123,8 @@ def connect(target: SshTarget, node: str) -> "paramiko.SSHClient":
         if target.known_hosts:
             client.load_host_keys(target.known_hosts)
         prefix = PRODUCTS[target.product].host_prefix(target.label)
-        verify = _VerifyHostKey(target.fingerprints.get(node), f"{node} ({address}:{port})")
-        verify.pin_variable = f"{prefix}_{PRODUCTS[target.product].ssh_pin_variable}"
-        client.set_missing_host_key_policy(verify)
+        client.set_missing_host_key_policy(_VerifyHostKey(target.fingerprints.get(node), f"{node} ({address}:{port})",
+                                                          f"{prefix}_{PRODUCTS[target.product].ssh_pin_variable}"))
         try:
             client.connect(address, port=port, username=target.user, key_filename=target.key_file,
                            passphrase=target.key_passphrase, timeout=10, banner_timeout=10, auth_timeout=10,

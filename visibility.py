@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Callable
 
 import anyio.from_thread
@@ -25,8 +26,9 @@ import proxmox_client
 import runtime
 from argument_errors import argument_error
 from auth import principal
-from config import RENAMED_TOOLS, Config
+from config import Config, tool_matches
 from confirmation import asks_by_round_trip
+from errors import ConfigError
 from products import PRODUCTS
 
 
@@ -159,12 +161,7 @@ class ToolVisibility:
         if ctx.method == "resources/list" and reach is not None and reach.hosts is not None:
             keep_reachable(result, reach)
         if ctx.method == "tools/list":
-            tools = result.tools if hasattr(result, "tools") else result.get("tools", [])
-            kept = [t for t in tools if (t.name if hasattr(t, "name") else t.get("name")) not in hidden]
-            if hasattr(result, "tools"):
-                result.tools = kept
-            else:
-                result["tools"] = kept
+            keep_items(result, "tools", lambda tool: field_of(tool, "name") not in hidden)
             seen = tuple(sorted(self.hidden()))  # what changes while serving (a principal's reach does not)
             if asks_by_round_trip(ctx):  # no session to notify: 2026-07-28 clients listen on the bus
                 self.published = self.published or seen
@@ -176,23 +173,17 @@ class ToolVisibility:
     def readable_argument_error(self, name: str, arguments: Any, result: Any) -> None:
         """Rewrite an error result of the SDK's argument validation as one line naming the argument,
         the rule and an example (argument_error); any other result is left as it is."""
-        is_error = result.get("isError") if isinstance(result, dict) else getattr(result, "is_error", False)
-        content = (result.get("content") if isinstance(result, dict) else getattr(result, "content", None)) or [{}]
-        block = content[0]
-        text = (block.get("text") if isinstance(block, dict) else getattr(block, "text", None)) or ""
+        block = (field_of(result, "content") or [{}])[0]
+        text = field_of(block, "text") or ""
         metadata = self.arguments.get(name)
-        if not is_error or metadata is None or not text.startswith(f"Error executing tool {name}: ") \
-                or "validation error" not in text:
+        if not field_of(result, "is_error") or metadata is None \
+                or not text.startswith(f"Error executing tool {name}: ") or "validation error" not in text:
             return
         try:
             metadata.validate_arguments(arguments or {})
             return
         except ValidationError as exc:
-            readable = argument_error(name, exc, metadata.arg_model.model_json_schema())
-        if isinstance(block, dict):
-            block["text"] = readable
-        else:
-            block.text = readable
+            set_field(block, "text", argument_error(name, exc, metadata.arg_model.model_json_schema()))
 
     def refresh(self) -> None:
         """After privileges were read: tell each session whose list is now stale."""
@@ -209,19 +200,35 @@ class ToolVisibility:
                     self.notified.pop(session, None)
 
 
+# A result comes in one of two shapes (mcp.server.context.HandlerResult): the SDK's model, or its
+# JSON dict (camelCase keys), which a result beyond the model's fields keeps (the 2026-07-28
+# round trip's `requestState`). Read and changed here only, whichever it is.
+DICT_KEYS = {"is_error": "isError"}
+
+
+def field_of(value: Any, name: str) -> Any:
+    return value.get(DICT_KEYS.get(name, name)) if isinstance(value, dict) else getattr(value, name, None)
+
+
+def set_field(value: Any, name: str, new: Any) -> None:
+    if isinstance(value, dict):
+        value[DICT_KEYS.get(name, name)] = new
+    else:
+        setattr(value, name, new)
+
+
+def keep_items(result: Any, name: str, keep: Callable[[Any], bool]) -> None:
+    """Drop from the list `name` of a result (tools, resources) the items `keep` refuses."""
+    set_field(result, name, [item for item in field_of(result, name) or [] if keep(item)])
+
+
 def keep_reachable(result: Any, reach: policy.Reach) -> None:
     """resources/list for a principal limited to some hosts: the resources of those hosts only
     (`proxmox://<label>/...`, `pbs://<label>/...`; reading another's is refused anyway)."""
     def host_of(resource: Any) -> str | None:
-        uri = str(resource.uri if hasattr(resource, "uri") else resource.get("uri", ""))
-        scheme, _, rest = uri.partition("://")
+        scheme, _, rest = str(field_of(resource, "uri") or "").partition("://")
         return rest.split("/", 1)[0] if scheme in ("proxmox", "pbs") else None
-    resources = result.resources if hasattr(result, "resources") else result.get("resources", [])
-    kept = [r for r in resources if host_of(r) is None or reach.reaches(host_of(r))]
-    if hasattr(result, "resources"):
-        result.resources = kept
-    else:
-        result["resources"] = kept
+    keep_items(result, "resources", lambda resource: host_of(resource) is None or reach.reaches(host_of(resource)))
 
 
 _visibility = runtime.slot("visibility.tools", ToolVisibility)  # this server's tool list middleware
@@ -249,3 +256,57 @@ def load_permissions_in_background(after: float = 1.0, settle: float = 0.1) -> N
         for label in proxmox_client.configured(product):
             threading.Thread(target=load, args=(product, label), daemon=True,
                              name=f"permissions-{product}-{label}").start()
+
+
+# ---------------------------------------------------------------- the tool lists' names, checked at start
+
+# write_ tools before 0.2.0, when some named the object first: every write_ tool is now write_<verb>_<object>
+# (write_pbs_<verb>_<object> on a Backup Server). Settings naming the old names keep working, with a line.
+RENAMED_TOOLS = {
+    "write_guest_power": "write_power_guest", "write_snapshot_create": "write_create_snapshot",
+    "write_snapshot_rollback": "write_rollback_snapshot", "write_snapshot_delete": "write_delete_snapshot",
+    "write_guest_config": "write_configure_guest", "write_template": "write_make_template",
+    "write_pbs_gc": "write_pbs_run_gc", "write_pbs_verify": "write_pbs_verify_backups",
+    "write_pbs_prune": "write_pbs_prune_group",
+    "write_vm_exec": "write_exec_guest", "write_lxc_exec": "write_exec_guest",
+    "write_node_exec": "write_exec_node", "write_guest_file_read": "write_guest_file",
+    "write_guest_file_write": "write_guest_file", "write_restore_drill": "write_drill_restore",
+    "write_api_call": "write_call_api",
+    # merged in 0.2.0 (the tool list is paid for on every turn)
+    "task_log": "get_task", "pbs_get_task": "get_task", "pbs_task_log": "get_task", "wait_task": "get_task",
+    "write_close_terminal": "write_terminal_send", "list_snapshots": "get_guest",
+    "write_get_guest_file": "write_guest_file", "write_put_guest_file": "write_guest_file",
+    "write_exec_vm": "write_exec_guest", "write_exec_lxc": "write_exec_guest",
+    "write_provision_lxc": "write_create_lxc", "write_provision_vm": "write_create_vm",
+    "pbs_datastore_status": "pbs_list_datastores", "pbs_list_namespaces": "pbs_list_groups",
+    "write_pbs_protect_snapshot": "write_pbs_edit_snapshot", "write_pbs_set_notes": "write_pbs_edit_snapshot",
+}
+
+
+def check_tool_names(config: Config, tool_names: Collection[str]) -> None:
+    """PROXMOX_ALLOW_TOOLS / PROXMOX_DENY_TOOLS: every entry must name a tool (or a prefix of some); an
+    entry that named tools by their old names (RENAMED_TOOLS) names them by their new ones."""
+    for variable, field_name in (("PROXMOX_ALLOW_TOOLS", "allow_tools"), ("PROXMOX_DENY_TOOLS", "deny_tools")):
+        entries, renamed = _renamed(getattr(config, field_name), tool_names)
+        unknown = [e for e in entries if not any(tool_matches(e, name) for name in tool_names)]
+        if unknown:
+            raise ConfigError(f"{variable}: {', '.join(unknown)} names no tool. Tools: {', '.join(tool_names)}.")
+        if renamed:
+            config.warnings.append(f"{variable}: {'; '.join(renamed)} (write_ tools are named verb first since "
+                                   f"0.2.0, some merged); set the new names to silence this line.")
+        setattr(config, field_name, entries)
+
+
+def _renamed(entries: tuple[str, ...], tool_names: Collection[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Each entry that names a tool now, and the new names of the old tools an entry matched."""
+    out: list[str] = []
+    said = []
+    for entry in entries:
+        new = sorted(RENAMED_TOOLS[old] for old in RENAMED_TOOLS
+                     if tool_matches(entry, old) and not tool_matches(entry, RENAMED_TOOLS[old]))
+        if not new or any(tool_matches(entry, name) for name in tool_names):
+            out.append(entry)
+        out += [name for name in new if name not in out]
+        if new:
+            said.append(f"{entry} now means {', '.join(new)}" + (" too" if entry in out else ""))
+    return tuple(out), said

@@ -34,6 +34,7 @@ import changes  # noqa: E402
 import policy  # noqa: E402
 import receipts  # noqa: E402
 import runtime  # noqa: E402
+from settings import Keeping, Settings  # noqa: E402
 
 FILE_LAYOUT = "18fa2fb"  # the last commit that kept receipts as files
 CONFIG = {f"option{n}": f"value-{n}-" + "x" * 20 for n in range(38)} | {"memory": 4096, "digest": "d" * 40}
@@ -68,14 +69,14 @@ def median_seconds(action: Callable[[], object], rounds: int) -> float:
 # ---------------------------------------------------------------- the state database
 
 def database_figures(folder: Path, count: int, rounds: int, keep: int = 100000) -> dict[str, float]:
-    keeping = receipts.Keeping(receipts.open_store(folder / "audit.jsonl"), keep=keep, days=3650)
+    keeping = Keeping(receipts.open_store(folder / "audit.jsonl"), keep=keep, days=3650)
     now = time.time()
     numbers = iter(range(count, 10 ** 8))
     for number in range(count):
         receipts.save(keeping, a_receipt(number, now - count + number))
     outside = runtime.install(runtime.Runtime())
     try:  # the list first: the writes measured below add their receipts
-        policy.configure(policy.Settings(receipts=keeping))
+        policy.configure(Settings(receipts=keeping))
         listing = median_seconds(lambda: changes.list_changes(), rounds)
     finally:
         runtime.install(outside)

@@ -18,15 +18,16 @@ import server
 from conftest import run_server, stdio_session
 from errors import PolicyError
 from protection import load_protected
+from settings import HostConfig, HostPolicy, Settings
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
-OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+OPEN = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
 
 
 @pytest.fixture()
 def audited(tmp_path):
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
+    policy.configure(Settings(hosts={("pve", "lab"): OPEN}, audit_path=tmp_path / "audit.jsonl"))
     token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     yield tmp_path / "audit.jsonl"
     policy.CALL.reset(token)
@@ -76,7 +77,7 @@ def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
     """The dry-run plan shows the current state with GETs the catalog has; it never makes up a GET
     that the policy then refuses (and logs as refused)."""
     import proxmox_client
-    host = proxmox_client.HostConfig("lab", "pve", "https://127.0.0.1:9", "dry@pam!run", "secret")
+    host = HostConfig("lab", "pve", "https://127.0.0.1:9", "dry@pam!run", "secret")
     client = proxmox_client.ProxmoxClient(host)
     client._send = lambda *_args, **_kwargs: {}  # the privileges read first, and the preview's reads
     policy.CALL.get().dry_run = True

@@ -10,6 +10,7 @@ import pytest
 
 import calls
 from conftest import everything_open, requests_during, tool_session
+from settings import HostPolicy, Settings
 
 PROTECTED = [{"host": "lab", "vmid": 101, "name": "db", "reason": "the production database"}]
 LAN = "192.0.2.50"  # on the nodes' own network: in the management IP set
@@ -122,9 +123,9 @@ def overlay_admit(steps, stored, *, protected=(101,)):
     import policy
     from protection import Protected
     host = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
-    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    rules = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=Protected(
+    policy.configure(Settings(hosts={("pve", "lab"): rules}, protected=Protected(
         [{"host": "lab", "vmid": v, "reason": "test"} for v in protected])))
     token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     try:

@@ -30,6 +30,7 @@ import policy
 from conftest import in_process, requests_during
 from errors import ConfirmationNeeded, PolicyError
 from protection import Protected
+from settings import HostPolicy, Settings
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="root@pam!admin", write_token_id=None)
@@ -297,10 +298,10 @@ def entry_id(entry) -> str:
     return f"{entry[0]} {entry[2]} {entry[3]}"[:70]
 
 
-def settings_for(session: str) -> policy.Settings:
+def settings_for(session: str) -> Settings:
     access, gates, protected, allowed, unblocked = SESSIONS[session]
-    rules = policy.HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
-    return policy.Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
+    rules = HostPolicy(access, gates, frozenset(tuple(m.split(" ", 1)) for m in unblocked))
+    return Settings(hosts={("pve", "lab"): rules, ("pbs", "lab"): rules},
                            protected=Protected([e for e in PROTECTED if e["vmid"] in protected]),
                            exec_allowed_vmids=allowed, source_address=SOURCES.get(session))
 
@@ -702,7 +703,7 @@ def admit_marked(session: str, method: str, path: str, params: dict, lab: Markin
     sent = []
     original = policy.settings()
     tags = (MARK_TAG,) if session == "tagged" else ()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive", ALL)},
+    policy.configure(Settings(hosts={("pve", "lab"): HostPolicy("destructive", ALL)},
                                      protected=Protected(tags=tags)))
     protection.read_guests_with(lambda _label: lab)
     token = policy.CALL.set(calls.Call(tool="corpus", confirm=lambda *_: None))

@@ -1,10 +1,14 @@
 """Configuration: hosts by label, tokens, TLS, strictness, and what the command line does with it."""
+import ast
 import json
+import re
 
 import pytest
 
 import config as config_module
-from config import INSTALL_DIR, ConfigError, default_audit_path, load_config
+import foreign_env
+from config import INSTALL_DIR, default_audit_path, load_config
+from errors import ConfigError
 import server
 from conftest import ROOT, run_server
 
@@ -240,7 +244,7 @@ def test_allow_and_deny_tools():
     ("pbs_task_log", {"get_task"}),  # merged: the tool that does it now
 ])
 def test_settings_naming_tools_by_their_names_before_the_rename_keep_working(entry, denied):
-    """0.2.0 named every write_ tool verb first (config.RENAMED_TOOLS): a deny list written before it
+    """0.2.0 named every write_ tool verb first (visibility.RENAMED_TOOLS): a deny list written before it
     denies the same tools (never fewer), with a start-up line saying so."""
     listed = run_server(["--list-tools", "--json"], {"PROXMOX_ACCESS": "destructive", "PROXMOX_DENY_TOOLS": entry})
     names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
@@ -328,3 +332,38 @@ def test_parsing_has_no_side_effects_and_carries_the_secrets(tmp_path):
 def test_an_empty_token_without_a_password_login_is_refused():
     with pytest.raises(ConfigError, match="neither PROXMOX_TOKEN nor PROXMOX_TOKEN_FILE"):
         load_config({"PROXMOX_URL": "https://x", "PROXMOX_TOKEN": ""})
+
+
+# ---------------------------------------------------------------- every variable is documented
+
+def names_in_code() -> set[str]:
+    """Every PROXMOX_*, PBS_* and MCP_* name written in the server's modules (the names it reads)."""
+    found = set()
+    for path in [*ROOT.glob("*.py"), *ROOT.glob("auth/*.py")]:
+        found |= {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
+                  and isinstance(node.value, str) and re.fullmatch(r"(PROXMOX|PBS|MCP)_[A-Z0-9_]+", node.value)}
+    return found
+
+
+def test_every_name_the_code_reads_is_a_known_setting():
+    """A variable read anywhere is in config.GLOBALS (global) or is a host's (HOST_SUFFIXES), so that
+    unknown_variables, .env.example and docs/CONFIGURATION.md know it; or another server's (FOREIGN)."""
+    hosts = {f"{prefix}_{suffix}" for prefix in ("PROXMOX", "PBS") for suffix in config_module.HOST_SUFFIXES}
+    foreign = set(foreign_env.FOREIGN) | {prefix for prefix, _, _ in foreign_env.FOREIGN_PREFIXES}
+    assert sorted(names_in_code() - set(config_module.GLOBALS) - hosts - foreign) == []
+
+
+@pytest.mark.parametrize("doc", [".env.example", "docs/CONFIGURATION.md"])
+def test_every_setting_is_in_the_example_and_the_reference(doc):
+    """README: How to add a setting. A host's variable may be written by its suffix (`_PASSWORD`)."""
+    text = (ROOT / doc).read_text()
+    missing = [name for name in config_module.GLOBALS if not re.search(rf"\b{name}\b", text)]
+    missing += [f"<host>_{suffix}" for suffix in config_module.HOST_SUFFIXES if not re.search(rf"_{suffix}\b", text)]
+    assert missing == [], f"{doc} does not name {missing}"
+
+
+def test_another_servers_narrowing_variable_is_said_to_be_honoured():
+    """foreign_env.HONOURED (once hidden by config's .env narrowing rules, which had the same name)."""
+    honoured, ignored = foreign_env.foreign_variables({"PROXMOX_PROTECTED_VMIDS": "100", "PVE_HOST": "pve1"})[:2]
+    assert "PVE_HOST" in ignored and "not read here" in ignored
+    assert "PROXMOX_PROTECTED_VMIDS" in honoured and "honoured meanwhile" in honoured

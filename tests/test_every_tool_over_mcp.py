@@ -8,6 +8,8 @@ import sqlite3
 
 import pytest
 
+import catalog
+import receipts
 import server
 from conftest import everything_open, stdio_session
 
@@ -110,6 +112,7 @@ def admin(sim, tmp_path_factory):
     sim.lab.mcp_upids = {"pve": sim.lab.start_task("pve1", "vzdump", "100", finished=True),
                          "pbs": sim.lab.start_task("localhost", "verify", "backup", finished=True, product="pbs")}
     sim.lab.mcp_receipts = tmp / "state" / "state.sqlite3"
+    sim.lab.mcp_first_request = len(sim.lab.requests)  # what this module's calls send (test_every_write_...)
     env = everything_open(sim, tmp)
     with stdio_session(env, log_name="every-tool") as session:
         yield session
@@ -130,3 +133,28 @@ def test_tool_answers_over_mcp(admin, sim, name, arguments):
     answer = admin.ok(name, arguments(sim.lab) if callable(arguments) else arguments)
     assert isinstance(answer, dict) and answer.get("result") != "failed", answer
     assert sim.lab.schema_rejections == []
+
+
+def undo_of(product: str, method: str, path: str) -> str:
+    """How a change sent is taken back: its receipt rule, or why it cannot be (receipts.NOT_INVERTIBLE)."""
+    found = catalog.find_path(product, path.split("?", 1)[0])
+    template = found[0] if found else path
+    rule = receipts.rule_for(method, template)
+    if rule is not None:
+        return f"receipt: {rule.kind}"
+    if receipts.UNCHANGING.fullmatch(template):
+        return "changes nothing"
+    why = receipts.why_not(method, template)
+    return "" if why.startswith("no inverse is known") else why
+
+
+def test_every_write_sent_can_be_undone_or_says_why(admin, sim):
+    """Each non-GET request the calls above sent (every tool but the SSH ones) is one a receipt can take
+    back (receipts.RECEIPT_RULES) or one whose reason it cannot be is stated (receipts.NOT_INVERTIBLE): a new
+    write tool fails here until it has one of them (README: How to add a tool)."""
+    sent = {(product, method, path) for product, method, path in sim.lab.requests[sim.lab.mcp_first_request:]
+            if method != "GET"}
+    assert sent
+    unknown = sorted({f"{method} {path} ({product})" for product, method, path in sent
+                      if not undo_of(product, method, path)})
+    assert unknown == [], f"writes neither a receipt rule nor a reason covers: {unknown}"

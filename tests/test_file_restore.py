@@ -10,6 +10,7 @@ import pytest
 
 import config
 from conftest import requests_during, tool_session
+from errors import ConfigError
 from simulator.file_restore import restore_world
 from simulator.lab import Token
 
@@ -238,7 +239,7 @@ def test_restore_needs_the_folder_and_the_write_gate(sim, tokens, tmp_path):
     ({"PROXMOX_RESTORE_MAX_MB": "0"}, "is not a number of megabytes (1 to 1048576)"),
 ])
 def test_restore_settings_are_checked_at_start(variables, expected):
-    with pytest.raises(config.ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         config.load_config(variables)
 
 
@@ -246,7 +247,7 @@ def test_restore_settings_are_read(tmp_path):
     loaded = config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "r"), "PROXMOX_RESTORE_MAX_MB": "5"})
     assert loaded.restore_dir == tmp_path / "r" and loaded.restore_max_bytes == 5 * 1024 ** 2
     (tmp_path / "file").write_text("x")
-    with pytest.raises(config.ConfigError, match="exists and is not a folder"):
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
         config.load_config({"PROXMOX_RESTORE_DIR": str(tmp_path / "file")})
 
 

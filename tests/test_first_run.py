@@ -16,7 +16,8 @@ import pytest
 import requests
 
 import config
-from config import ConfigError, load_config
+from config import load_config
+from errors import ConfigError
 from conftest import ROOT, log_dir, run_server, server_env, stdio_session
 from errors import ProxmoxError
 

@@ -12,6 +12,7 @@ import policy
 from conftest import everything_open, in_process, requests_during
 from errors import PolicyError, ProxmoxError
 from protection import Protected
+from settings import HostPolicy, Settings
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="root@pam!admin", write_token_id=None)
 
@@ -267,8 +268,8 @@ def test_an_object_that_cannot_be_read_refuses_the_request():
 
 def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
     original = policy.settings()
-    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
-    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=Protected(error="broken")))
+    rules = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    policy.configure(Settings(hosts={("pve", "lab"): rules}, protected=Protected(error="broken")))
     try:
         with pytest.raises(PolicyError, match="protected-guest list could not be read"):
             policy.check(PVE, "PUT", "/cluster/ha/rules/r1", {"type": "node-affinity", "comment": "x"},
@@ -279,9 +280,9 @@ def test_an_unreadable_protected_list_refuses_every_job_edit(tmp_path):
 
 def test_the_refusal_says_what_changes_for_which_guest_and_what_would_pass():
     original = policy.settings()
-    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    rules = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     protected = Protected([{"host": "lab", "vmid": 101, "name": "db", "reason": "production"}])
-    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}, protected=protected))
+    policy.configure(Settings(hosts={("pve", "lab"): rules}, protected=protected))
     stored = {"/cluster/backup/j": {"all": 1, "exclude": "101", "mode": "snapshot", "enabled": 1}}
     try:
         with pytest.raises(PolicyError) as refused:

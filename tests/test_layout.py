@@ -23,15 +23,16 @@ from conftest import ROOT, server_env
 
 TOOL_MODULES = ("pve_tools", "pbs_tools", "shell_tools", "workflows", "api_tools", "templates", "file_restore",
                 "monitor_tools", "dashboard", "firewall_tools", "backup_jobs", "changes", "terminals", "lxc_admin",
-                "node_tools", "guest_updates", "provisioning")
+                "node_tools", "guest_updates", "provisioning", "health")
 SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxmox_client", "policy", "catalog",
                   "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
                   "receipts", "config_diff", "runtime", "tasks", "rrd", "ssh", "guest_os",
-                  "power_effects", "state", "receipt_store", "undo", "batch", "losses", "calls")
+                  "power_effects", "state", "receipt_store", "undo", "batch", "losses", "findings", "settings",
+                  "foreign_env", "calls")
 # Modules that speak to Proxmox and know nothing of MCP: neither the SDK nor the answer kit that wraps it.
 NO_MCP = ("proxmox_client", "policy", "gates", "masking", "protection", "catalog", "audit", "firewall_guard",
           "job_edits", "errors", "runtime", "receipts", "config_diff", "ssh", "power_effects", "state",
-          "receipt_store", "undo", "batch", "losses", "calls")
+          "receipt_store", "undo", "batch", "losses", "settings", "foreign_env", "calls")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 
@@ -358,6 +359,26 @@ def test_an_import_inside_a_function_defers_something(tmp_path):
                 found += [f"{module}.{function.name}:{node.lineno} {name}" for name in names
                           if name in loaded]
     assert found == [], f"imports inside functions of modules every start loads (move them to the top): {found}"
+
+
+MODULE_LINES = 1000  # a module longer than this is split by what it is about (tests/test_layout.py)
+
+
+def test_no_module_is_longer_than_the_limit():
+    """A module that outgrows this is split by what it is about (provisioning.py out of pve_tools.py
+    and workflows.py, health.py with findings.py out of workflows.py)."""
+    paths = [*ROOT.glob("*.py"), *ROOT.glob("auth/*.py"), *ROOT.glob("simulator/*.py")]
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in paths}
+    assert {name: n for name, n in lines.items() if n > MODULE_LINES} == {}
+
+
+def test_settings_are_values_config_reads_without_the_client_or_the_policy():
+    """settings.py holds the values the configuration is read into; config.py reads them without the
+    client or the policy (each of which imports settings.py); settings.py imports only protection.py (and
+    receipt_store.py for a type)."""
+    graph = import_graph()
+    assert not {"proxmox_client", "policy"} & graph["config"]
+    assert graph["settings"] <= {"protection", "receipt_store"}
 
 
 def test_server_py_is_the_mcp_edge_only():

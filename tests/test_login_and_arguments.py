@@ -6,6 +6,7 @@ import pytest
 
 import proxmox_client
 from conftest import in_process, requests_during, run_server, stdio_session, tool_session
+from settings import HostConfig
 
 PASSWORD_ENV = {"PROXMOX_ACCESS": "lifecycle"}
 
@@ -69,7 +70,7 @@ def test_an_expired_ticket_is_renewed_once_and_the_call_succeeds(ops, sim):
 
 def test_a_ticket_is_renewed_before_it_runs_out(sim):
     """In process: after an hour the client logs in again before sending, without a 401."""
-    host = proxmox_client.HostConfig(label="lab", product="pve", url=sim.pve_url, token_id="ops@pve",
+    host = HostConfig(label="lab", product="pve", url=sim.pve_url, token_id="ops@pve",
                                      token_secret="", user="ops@pve", password="sim-ops-password-4711",
                                      fingerprint=sim.fingerprint.replace(":", "").lower())
     client = proxmox_client.ProxmoxClient(host)

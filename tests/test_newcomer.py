@@ -14,7 +14,8 @@ import pytest
 from dotenv import dotenv_values
 
 import config as config_module
-from config import ConfigError, load_config, parse_toolsets
+from config import load_config, parse_toolsets
+from errors import ConfigError
 from conftest import ROOT, in_process, log_dir, run_server, server_env, stdio_session
 
 README = (ROOT / "README.md").read_text()

@@ -19,10 +19,11 @@ from gates import GATES, UNCERTAIN, call_gate, call_gates, method_gate
 from masking import mask, mask_params
 from mcp_types import ToolAnnotations
 from protection import Protected, load_protected
+from settings import HostPolicy, Settings
 
 PVE = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
 PBS = SimpleNamespace(product="pbs", label="lab", token_id="mcp@pbs!t", write_token_id=None)
-OPEN = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+OPEN = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
 PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family website"},
              {"host": "lab", "vmid": 102, "name": "dns", "reason": "everything breaks without DNS"}]
 
@@ -31,7 +32,7 @@ PROTECTED = [{"host": "lab", "vmid": 100, "name": "web", "reason": "the family w
 def open_policy():
     """Every gate open, guests 100 and 102 protected, no privileges known (so none is pre-checked)."""
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN, ("pbs", "lab"): OPEN},
+    policy.configure(Settings(hosts={("pve", "lab"): OPEN, ("pbs", "lab"): OPEN},
                                      protected=Protected(entries=PROTECTED)))
     yield
     policy.configure(original)
@@ -157,7 +158,7 @@ def test_a_ceph_osd_wipes_its_devices():
 
 def test_closed_gates_name_the_variable_that_opens_them():
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("lifecycle")}))
+    policy.configure(Settings(hosts={("pve", "lab"): HostPolicy("lifecycle")}))
     try:
         with pytest.raises(PolicyError, match="PROXMOX_ACCESS=destructive"):
             policy.check(PVE, "POST", "/nodes/pve1/qemu/100/status/stop", {})
@@ -250,7 +251,7 @@ def test_a_broken_protected_list_fails_closed(tmp_path):
     assert loaded.error and not loaded.entries
     assert load_protected(tmp_path / "missing.json").error
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): OPEN}, protected=loaded))
+    policy.configure(Settings(hosts={("pve", "lab"): OPEN}, protected=loaded))
     try:
         with pytest.raises(PolicyError, match="could not be read"):
             policy.check(PVE, "POST", "/nodes/pve1/qemu/105/status/start", {})
@@ -282,7 +283,7 @@ def test_privileges_decide_before_sending():
 
 def test_audit_lines_chain_and_tampering_is_found(tmp_path):
     original = policy.settings()
-    policy.configure(policy.Settings(audit_path=tmp_path / "audit.jsonl"))
+    policy.configure(Settings(audit_path=tmp_path / "audit.jsonl"))
     try:
         threads = [threading.Thread(target=lambda i=i: [
             policy.audit(PVE, "POST", f"/nodes/pve1/qemu/{100 + i}/status/start", {"password": "hunter2"}, "sent")

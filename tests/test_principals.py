@@ -20,6 +20,7 @@ import policy
 from auth import tokens
 from conftest import Session, everything_open, requests_during, run_server
 from test_http import http_server
+from settings import HostPolicy
 
 OPERATOR = "test-bearer-token-0123456789abcdef"
 TOKENS = {"alice": "alice-token-0123456789abcdef-aaaa", "bob": "bob-token-0123456789abcdef-bbbbbb",
@@ -183,7 +184,7 @@ def stop_105(sim) -> dict:
 
 
 def test_an_approval_is_pinned_to_its_principal():
-    host, decision = policy.HostPolicy(), policy.Decision("POST", "/nodes/pve3/lxc/105/status/stop")
+    host, decision = HostPolicy(), policy.Decision("POST", "/nodes/pve3/lxc/105/status/stop")
     host.product, host.label = "pve", "lab"
     keys = set()
     for who in ({}, {"principal": "alice"}, {"principal": "bob"}):

@@ -11,6 +11,7 @@ import pytest
 
 import calls
 import config as config_module
+import health
 import pbs_tools
 import policy
 import provisioning
@@ -66,7 +67,7 @@ def findings(report: dict, area: str) -> list[str]:
 
 def test_healthy_verify_job_is_not_reported_failed(sim, tmp_path):
     with tools_on(sim, tmp_path):
-        report = workflows.health_check()
+        report = health.health_check()
     assert not [f for f in findings(report, "pbs") if "verify job" in f], report["findings"]
 
 
@@ -74,9 +75,9 @@ def test_failed_and_warning_verify_jobs(sim, lab, tmp_path):
     job = lab.pbs_jobs["verify"][0]
     with tools_on(sim, tmp_path):
         job["last-run-state"] = "WARNINGS: 2"
-        assert not [f for f in findings(workflows.health_check(), "pbs") if "verify job" in f]
+        assert not [f for f in findings(health.health_check(), "pbs") if "verify job" in f]
         job["last-run-state"] = "verification failed - please check the log for details"
-        failed = [f for f in findings(workflows.health_check(), "pbs") if "verify job" in f]
+        failed = [f for f in findings(health.health_check(), "pbs") if "verify job" in f]
     assert failed and "verification failed" in failed[0]
 
 
@@ -87,7 +88,7 @@ def test_gc_times_come_from_the_gc_job(sim, lab, tmp_path):
         stores = rows(pbs_tools.pbs_list_datastores())
         asked = [path for _, _, path in lab.requests[before:] if path not in ("/access/permissions", "/version")]
         status = pbs_tools.pbs_list_datastores(store="backup")
-        report = workflows.health_check()
+        report = health.health_check()
     assert stores[0]["last_gc"] == iso_time(ran) and stores[0]["gc_result"] == "OK"
     assert asked == ["/status/datastore-usage", "/admin/gc"]  # one extra read for every store
     assert status["gc"]["last_run"] == iso_time(ran) and status["gc"]["state"] == "OK"
@@ -99,9 +100,9 @@ def test_old_or_failed_gc_is_reported(sim, lab, tmp_path):
     gc = lab.datastores["backup"]["gc_job"]
     gc["last-run-endtime"] = int(time.time()) - 20 * 86400
     with tools_on(sim, tmp_path):
-        assert [f for f in findings(workflows.health_check(), "pbs") if "garbage collection" in f]
+        assert [f for f in findings(health.health_check(), "pbs") if "garbage collection" in f]
         gc |= {"last-run-endtime": int(time.time()) - 3600, "last-run-state": "TASK ERROR: out of space"}
-        failed = [f for f in findings(workflows.health_check(), "pbs") if "garbage collection" in f]
+        failed = [f for f in findings(health.health_check(), "pbs") if "garbage collection" in f]
     assert failed and "out of space" in failed[0]
 
 
@@ -114,7 +115,7 @@ def test_a_datastore_pbs_cannot_open_is_a_finding(sim, lab, tmp_path):
         store_unavailable(lab, name, why)
     with tools_on(sim, tmp_path, pbs_token="root@pam!admin"):
         stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
-        report = workflows.health_check()
+        report = health.health_check()
         with pytest.raises(ToolFailure, match="not mounted"):
             pbs_tools.pbs_list_datastores(store="usb")
     assert stores["usb"]["unavailable"] == "datastore 'usb' is not mounted" and stores["usb"]["used"] == ""
@@ -355,7 +356,7 @@ def test_persistent_locks_are_not_tasks(sim, lab, tmp_path):
     lab.guests[100]["lock"] = "suspended"  # hibernated: no task holds it, a start resumes it
     lab.guests[101]["lock"] = "snapshot-delete"
     with tools_on(sim, tmp_path, pve_token="root@pam!admin", PROXMOX_ACCESS="write"):
-        report = workflows.health_check()
+        report = health.health_check()
         with pytest.raises(ToolFailure) as refused:
             pve_tools.write_configure_guest(101, set={"description": "x"})
         locks = {f["evidence"]["vmid"]: f for f in report["findings"] if f["area"] == "locks"}
@@ -435,7 +436,7 @@ def test_pbs_tools_work_on_every_release(release, tmp_path):
         status = pbs_tools.pbs_list_datastores(store="backup")
         listed = pbs_tools.pbs_list_jobs()
         ran = pbs_tools.write_pbs_run_job("sync", "s-backup", wait_seconds=10)
-        report = workflows.health_check()
+        report = health.health_check()
     assert lab.schema_rejections == [], lab.schema_rejections
     jobs = {(r["kind"], r["id"]) for r in rows(listed)}
     assert {("sync", "s-backup"), ("verify", "v-backup"), ("prune", "p-backup")} <= jobs
@@ -454,7 +455,7 @@ def test_a_running_job_is_running_not_never_run(sim, lab, tmp_path):
         pbs_tools.write_pbs_run_gc("backup", wait_seconds=0)
         jobs = {(r["kind"], r["id"]): r for r in rows(pbs_tools.pbs_list_jobs())}
         stores = rows(pbs_tools.pbs_list_datastores())
-        report = workflows.health_check()
+        report = health.health_check()
     assert jobs[("verify", "v-backup")]["result"] == "running" and jobs[("gc", "backup")]["result"] == "running"
     assert stores[0]["gc_result"] == "running"
     assert not [f for f in findings(report, "pbs") if "never" in f or "v-backup" in f or "garbage" in f]
@@ -465,7 +466,7 @@ def test_failed_sync_and_prune_jobs_are_reported_with_their_run(sim, lab, tmp_pa
                             finished=True, product="pbs")
     lab.pbs_jobs["prune"][0] |= {"last-run-state": "prune failed - datastore is locked", "last-run-upid": failed}
     with tools_on(sim, tmp_path):
-        found = {f["finding"]: f for f in workflows.health_check()["findings"] if f["area"] == "pbs"}
+        found = {f["finding"]: f for f in health.health_check()["findings"] if f["area"] == "pbs"}
     sync = found["sync job s-backup failed: sync failed - remote unreachable"]
     prune = found["prune job p-backup failed: prune failed - datastore is locked"]
     assert "write_pbs_run_job kind=sync job_id=s-backup" in sync["next"] and sync["evidence"]["ended"]
@@ -490,7 +491,7 @@ def test_a_full_date_in_the_past_or_zero_is_no_date(sim, lab, tmp_path):
     lab.datastores["flat"]["growth"] = 0
     with tools_on(sim, tmp_path):
         stores = {r["store"]: r for r in rows(pbs_tools.pbs_list_datastores())}
-        report = workflows.health_check()
+        report = health.health_check()
     assert stores["backup"]["full_by"] == "" and stores["flat"]["full_by"] == ""
     full = next(f for f in report["findings"] if f["finding"] == "datastore backup is 87.5% full")
     assert "full_by" not in full["evidence"]
@@ -504,7 +505,7 @@ def test_s3_datastores_figures_are_their_cache(release, tmp_path):
     with simulator.Simulator(lab) as sim, tools_on(sim, tmp_path):
         stores = pbs_tools.pbs_list_datastores()
         status = pbs_tools.pbs_list_datastores(store="cloud")
-        report = workflows.health_check()
+        report = health.health_check()
     assert lab.schema_rejections == []
     cloud = {r["store"]: r for r in rows(stores)}["cloud"]
     assert cloud["backend"] == "s3" and cloud["full_by"] == "" and "local cache" in stores["note"]

@@ -18,6 +18,7 @@ import receipts
 import runtime
 import state
 from conftest import everything_open, requests_during, tool_session
+from settings import Keeping, Settings
 
 OLD_RECEIPT = {  # a receipt file as 0.2.0 before this change kept it: one request, every field at the top
     "id": "rc-0a1b2c3d", "time": "2026-11-30T10:00:00Z", "epoch": None, "host": "lab", "product": "pve",
@@ -32,7 +33,7 @@ def mode(path):
 
 
 def keeping_at(folder, **fields):
-    return receipts.Keeping(receipts.open_store(folder / "audit.jsonl"), **fields)
+    return Keeping(receipts.open_store(folder / "audit.jsonl"), **fields)
 
 
 def a_receipt(number, guests=(100,), principal=None, epoch=None):
@@ -96,7 +97,7 @@ def test_the_principal_is_kept_and_list_changes_shows_it(tmp_path):
     receipts.save(keeping, named | {"steps": a_receipt(1)["steps"]})
     outside = runtime.install(runtime.Runtime())
     try:
-        policy.configure(policy.Settings(receipts=keeping))
+        policy.configure(Settings(receipts=keeping))
         listed = changes.list_changes()
         assert listed["columns"][-1] == "principal" and listed["rows"][0][-1] == "alice"
         assert listed["rows"][0][4] == "mcp-ops@pve!write"  # by: the token that wrote

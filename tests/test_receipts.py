@@ -12,6 +12,7 @@ import receipts
 import undo
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from masking import MASK
+from settings import Keeping
 
 # (product, method, concrete path, kind): what each config-like change of issue 24 is recorded as
 RECORDED = [
@@ -182,7 +183,7 @@ def test_agent_questions_get_no_receipt(tmp_path):
     decision = SimpleNamespace(method="POST", path="/nodes/pve1/qemu/100/agent/ping", guests=[100],
                                template="/nodes/{node}/qemu/{vmid}/agent/ping", params={}, path_params={})
     host = SimpleNamespace(product="pve", label="lab", token_id="t")
-    keeping = receipts.Keeping(receipts.open_store(tmp_path / "audit.jsonl"))
+    keeping = Keeping(receipts.open_store(tmp_path / "audit.jsonl"))
     assert receipts.start(keeping, host, decision, Reads("pve", {}), calls.Call(tool="write_drill_restore")) is None
 
 

@@ -7,6 +7,7 @@ import proxmox_client
 import runtime
 import server  # noqa: F401  (imports every module, so that every slot is declared)
 from conftest import ROOT
+from settings import Settings
 
 
 def test_a_fresh_runtime_holds_what_a_fresh_server_holds_and_the_one_before_comes_back():
@@ -15,7 +16,7 @@ def test_a_fresh_runtime_holds_what_a_fresh_server_holds_and_the_one_before_come
     try:
         assert policy.settings() is not before and not policy.settings().dry_run
         assert proxmox_client.configured("pve") == {} and policy.permissions_read() == 0
-        policy.configure(policy.Settings(dry_run=True))
+        policy.configure(Settings(dry_run=True))
         assert policy.settings().dry_run
     finally:
         assert runtime.install(outside) is not outside
@@ -27,4 +28,4 @@ def test_each_slot_is_declared_once_by_the_module_its_name_starts_with():
         module = name.split(".", 1)[0]
         assert f'slot("{name}"' in (ROOT / f"{module}.py").read_text(), f"{name} is not declared in {module}.py"
     with pytest.raises(ValueError, match="declared twice"):
-        runtime.slot("policy.settings", policy.Settings)
+        runtime.slot("policy.settings", Settings)

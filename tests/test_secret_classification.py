@@ -12,6 +12,7 @@ import catalog
 import masking
 import policy
 from gates import call_gates, method_gate
+from settings import HostPolicy, Settings
 
 # The whole classification over both catalogs: (product, GET path) -> the secrets its answer carries.
 EXPECTED = {
@@ -226,9 +227,9 @@ def test_secrets_of_calls_nested_in_execute_are_masked():
     import json
     from types import SimpleNamespace
     host = SimpleNamespace(product="pve", label="lab", token_id="mcp@pve!t", write_token_id=None)
-    rules = policy.HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
+    rules = HostPolicy("destructive", frozenset({"exec", "elevated", "sensitive"}))
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): rules}))
+    policy.configure(Settings(hosts={("pve", "lab"): rules}))
     token = policy.CALL.set(calls.Call(tool="test", confirm=lambda *_: None))
     commands = json.dumps([{"method": "GET", "path": "subscription"}])
     try:

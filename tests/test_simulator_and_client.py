@@ -14,6 +14,7 @@ import simulator
 from config import load_config
 from errors import PolicyError, ProxmoxError, TaskFailed
 from proxmox_client import parse_upid
+from settings import HostPolicy, Settings
 
 READER = "mcp@pve!reader"
 
@@ -341,7 +342,7 @@ def test_403_from_the_server_when_privileges_were_not_read(sim):
     reader._permissions_retry = float("inf")  # as if /access/permissions had failed
     policy.forget_permissions(reader.host)
     original = policy.settings()
-    policy.configure(policy.Settings(hosts={("pve", "lab"): policy.HostPolicy("destructive")}))
+    policy.configure(Settings(hosts={("pve", "lab"): HostPolicy("destructive")}))
     token = policy.CALL.set(calls.Call(confirm=lambda *_: None))
     try:
         with pytest.raises(ProxmoxError, match=r"lacks VM.PowerMgmt on /vms/100"):
@@ -372,7 +373,7 @@ def test_power_actions_are_tasks_that_change_state(sim):
     admin_request = admin.request
     import policy as policy_module
     original = policy_module.settings()
-    policy_module.configure(policy_module.Settings(hosts={("pve", "lab"): policy_module.HostPolicy("destructive")}))
+    policy_module.configure(Settings(hosts={("pve", "lab"): HostPolicy("destructive")}))
     confirmed = policy_module.CALL.set(calls.Call(confirm=lambda *_: None))
     try:
         upid = admin_request("POST", "/nodes/pve1/lxc/103/status/start")

@@ -9,6 +9,7 @@ import backup_jobs
 import firewall_tools
 import file_restore
 import guest_updates
+import health
 import lxc_admin
 import node_tools
 import terminals
@@ -27,7 +28,8 @@ from conftest import ROOT, run_server
 from gates import CONFIRMED, GATES
 
 TOOL_MODULES = (pve_tools, pbs_tools, shell_tools, workflows, api_tools, templates, file_restore, monitor_tools,
-                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates, provisioning)
+                dashboard, firewall_tools, backup_jobs, terminals, lxc_admin, node_tools, guest_updates, provisioning,
+                health)
 SPECS = {spec.function.__name__: spec for spec in server.TOOLS}
 TABLE = tool_docs.ToolTable(server.TOOLS, server.INSTRUCTIONS, server.make_tool, server.slim_schema)
 # Tools that take confirm but not ctx, so their confirmation could never be asked of the user by

@@ -8,6 +8,8 @@ import threading
 import pytest
 
 import calls
+import findings
+import health
 import policy
 import proxmox_client
 import simulator
@@ -56,7 +58,7 @@ def test_one_session_per_host_keeps_connections_for_the_reads_in_flight(sim):
         with session.local.installed():
             client = proxmox_client.pve_client(None)
             adapter = client.session.get_adapter(client.base)
-    assert adapter._pool_maxsize >= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
+    assert adapter._pool_maxsize >= proxmox_client.AT_ONCE * len(health.NODE_READS)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ def test_health_check_reads_nodes_side_by_side_within_the_bound(big, monkeypatch
     finally:
         sim.lab.delay = 0.0
     assert len(report["checked"]) <= LIST_CAP + 1 and report["checked"][-1].startswith("+")
-    assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(workflows.NODE_READS)
+    assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(health.NODE_READS)
 
 
 def test_health_check_summarises_findings_of_a_kind_without_dropping_any(big):
@@ -107,7 +109,7 @@ def test_health_check_summarises_findings_of_a_kind_without_dropping_any(big):
     _, session = big
     report = session.ok("health_check")
     locks = [f for f in report["findings"] if f["area"] == "locks"]
-    assert len(locks) == workflows.FOLD_AFTER + 1
+    assert len(locks) == findings.FOLD_AFTER + 1
     summary = locks[-1]
     assert summary["finding"] == "57 more guests locked (backup)" and summary["evidence"]["count"] == 57
     assert summary["evidence"]["first"] == list(range(103, 103 + LIST_CAP))
