@@ -18,7 +18,8 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (check_node, device_problem, disk_problem, kernels, node_names, pending_updates, pool_devices,
                        pool_problem, resolve_guest, wearout_left)
 from masking import mask
-from proxmox_client import ProxmoxClient, in_parallel, pve_client
+from fanout import in_parallel
+from proxmox_client import ProxmoxClient, pve_client
 from rrd import read_history
 
 # ================================================================ metrics

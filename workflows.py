@@ -23,10 +23,11 @@ from answers import (LIST_CAP, ConfirmArg, DryRunArg, GuestName, Host, Node, Off
                      capped, compact, human_bytes, iso_time, more, percent, table)
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (HA_FAILED, SMART_OFF, archive_node, backup_storages, backup_volumes, bridges, bridges_hidden,
-                       check_node, disk_problem, guest_resources, ha_failure, hidden_backups, hidden_note, job_selects,
-                       kernels, next_vmid, pbs_backed_storages, pending_updates, pool_problem, resolve_guest,
-                       storage_rows, vmid_set, wearout_left)
-from proxmox_client import AT_ONCE, ProxmoxClient, in_parallel, pbs_client, poll, pve_client
+                       check_node, cluster_resources, disk_problem, guest_resources, ha_failure, hidden_backups,
+                       hidden_note, job_selects, kernels, next_vmid, pbs_backed_storages, pending_updates,
+                       pool_problem, resolve_guest, storage_rows, vmid_set, wearout_left)
+from fanout import in_parallel
+from proxmox_client import ProxmoxClient, pbs_client, poll, pve_client
 from tasks import run_task, task_report
 
 SEVERITY = {"critical": 0, "warning": 1, "info": 2}
@@ -55,15 +56,22 @@ class Report:
             result = read()
         except ToolFailure as exc:
             result = exc
-        return self._record(name, result)
+        return self.record(name, result)
 
-    def sections(self, reads: list[tuple[str, Callable[[], Any]]], limit: int = AT_ONCE) -> list[Any]:
-        """Sections that do not depend on each other, read side by side (at most `limit` at once) and
-        recorded in the order given, as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
-        results = in_parallel([read for _, read in reads], limit)
-        return [self._record(name, result) for (name, _), result in zip(reads, results, strict=True)]
+    def sections(self, reads: list[tuple[str, Callable[[], Any]]], nodes: list[str] | None = None) -> list[Any]:
+        """Sections that do not depend on each other, read side by side (where `nodes` names the node each
+        reads from, within what that node serves at once: fanout.PER_NODE) and recorded in the order given,
+        as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
+        results = in_parallel([read for _, read in reads], nodes=nodes)
+        return [self.record(name, result) for (name, _), result in zip(reads, results, strict=True)]
 
-    def _record(self, name: str, result: Any) -> Any:
+    def merge(self, other: "Report") -> None:
+        """What a part read beside this report (another host's sections), after this report's own."""
+        self.findings += other.findings
+        self.unavailable += other.unavailable
+        self.checked += other.checked
+
+    def record(self, name: str, result: Any) -> Any:
         if isinstance(result, ToolFailure):
             self.unavailable.append({"section": name, "reason": str(result)[:300]})
             return None
@@ -164,23 +172,27 @@ class Health:
     limits: dict[str, int]
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
+    status: list[dict] = field(default_factory=list)  # /cluster/status
+    tasks: list[dict] = field(default_factory=list)  # /cluster/tasks
     online: list[str] = field(default_factory=list)  # nodes, filled by _node_load
     smart: bool = True  # read the disks (SMART: smartctl wakes a disk asleep); the dashboard does not
 
 
+def _cluster_reads(h: Health) -> None:
+    """The cluster's own reads, side by side: its status, the inventory, the tasks."""
+    h.status, h.resources, h.tasks = [r or [] for r in h.report.sections([
+        ("quorum", lambda: h.client.get("/cluster/status")), ("resources", lambda: cluster_resources(h.client)),
+        ("tasks", lambda: h.client.get("/cluster/tasks"))])]
+
+
 def _quorum(h: Health) -> None:
-    status = h.report.section("quorum", lambda: h.client.get("/cluster/status")) or []
+    status = h.status
     cluster = next((e for e in status if e.get("type") == "cluster"), None)
     if cluster and not cluster.get("quorate"):
         h.report.add("critical", "quorum", "the cluster has lost quorum", cluster,
                      "bring nodes back; writes are blocked")
     for node in (e for e in status if e.get("type") == "node" and not e.get("online")):
         h.report.add("critical", "nodes", f"node {node['name']} is offline", node, "check its power and network")
-
-
-def _read_resources(h: Health) -> None:
-    """One read of /cluster/resources for the node, storage and guest checks."""
-    h.resources = h.report.section("resources", lambda: h.client.get("/cluster/resources")) or []
 
 
 def _node_load(h: Health) -> None:
@@ -242,7 +254,7 @@ def _guest_states(h: Health) -> None:
 
 def _failed_tasks(h: Health) -> None:
     since = time.time() - h.limits["failed_task_hours"] * 3600
-    for task in h.report.section("tasks", lambda: h.client.get("/cluster/tasks")) or []:
+    for task in h.tasks:
         # running rows have no status (docs/PROXMOX-BEHAVIOUR.md#pve-tasks); warnings are a success
         if task.get("starttime", 0) >= since \
                 and proxmox_client.task_outcome(task.get("status")) in ("failed", "unknown"):
@@ -305,17 +317,19 @@ def _certificates(h: Health, node: str, certs: list[dict], acme: bool | None) ->
                      subject=f"{name} on {node}")
 
 
-def _acme_nodes(h: Health, got: dict) -> dict[str, bool | None]:
-    """Whether ACME renews each node's pveproxy-ssl.pem: the node's config read only where that
+def _acme_reads(h: Health, got: dict) -> list[tuple[str, str, str]]:
+    """Whether ACME renews a node's pveproxy-ssl.pem is in the node's config, read only where that
     certificate is inside the warning window (`acme` or an `acmedomain<N>` set: pve-manager
-    bin/pveupdate, PVE/NodeConfig.pm get_acme_conf); None where it could not be read."""
+    bin/pveupdate, PVE/NodeConfig.pm get_acme_conf): (node, section, path) of those reads."""
     soon = time.time() + h.limits["cert_warn_days"] * 86400
-    nodes = [node for node in h.online if any(c.get("filename") == PROXY_CERT and c.get("notafter", 0) < soon
-                                              for c in got.get((node, "certificates")) or [])]
-    configs = h.report.sections([(f"config {node}", lambda n=node: h.client.get(f"/nodes/{n}/config") or {})
-                                 for node in nodes], limit=AT_ONCE * len(NODE_READS))
-    return {node: None if config is None else any(k == "acme" or k.startswith("acmedomain") for k in config)
-            for node, config in zip(nodes, configs, strict=True)}
+    return [(node, f"config {node}", f"/nodes/{node}/config") for node in h.online
+            if any(c.get("filename") == PROXY_CERT and c.get("notafter", 0) < soon
+                   for c in got.get((node, "certificates")) or [])]
+
+
+def _acme(config: dict | None) -> bool | None:
+    """Whether a node's config sets up ACME; None where it could not be read."""
+    return None if config is None else any(k == "acme" or k.startswith("acmedomain") for k in config)
 
 
 def _disks(h: Health, node: str, disks: list[dict]) -> None:
@@ -377,20 +391,24 @@ NODE_READS = {  # what health_check reads from every online node, side by side
 
 
 def _node_services(h: Health) -> None:
-    """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
-    the ZFS pools' details; then the findings, node by node in order."""
+    """Every online node's own reads side by side, as many at once as each node serves; then the ZFS
+    pools' details and the configs of nodes with a certificate to renew; then the findings, node by node."""
     reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()
              if h.smart or name != "disks"]
     # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
     reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
               if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
     results = h.report.sections([(f"{name} {node}", lambda p=path: h.client.get(p) or [])
-                                 for node, name, path in reads], limit=AT_ONCE * len(NODE_READS))
+                                 for node, name, path in reads], nodes=[node for node, _, _ in reads])
     got = {(node, name): result for (node, name, _), result in zip(reads, results, strict=True)}
     pools = [(node, pool["name"]) for node in h.online for pool in got.get((node, "zfs")) or [] if pool.get("name")]
-    details = h.report.sections([(f"zfs {name} on {node}", lambda n=node, p=name: h.client.get(
-        f"/nodes/{n}/disks/zfs/{p}") or {}) for node, name in pools], limit=AT_ONCE * len(NODE_READS))
-    acme = _acme_nodes(h, got)
+    # then, side by side, what those answers name: each pool's status, and the configs for ACME
+    after = [(node, f"zfs {name} on {node}", f"/nodes/{node}/disks/zfs/{name}") for node, name in pools]
+    after += _acme_reads(h, got)
+    answers = h.report.sections([(section, lambda p=path: h.client.get(p) or {}) for _, section, path in after],
+                                nodes=[node for node, _, _ in after])
+    details, configs = answers[:len(pools)], answers[len(pools):]
+    acme = {node: _acme(config) for (node, _, _), config in zip(after[len(pools):], configs, strict=True)}
     for node in h.online:
         _replication(h, node, got.get((node, "replication")) or [])
         _certificates(h, node, got.get((node, "certificates")) or [], acme.get(node))
@@ -406,14 +424,18 @@ def _backup_server(h: Health) -> None:
         h.report.drop_checked("pbs host")
         return
     now = time.time()
-    usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
+    # the datastores and the jobs side by side; then what the datastores' rows name
+    usage, *jobs = h.report.sections([("pbs datastores", lambda: pbs.get("/status/datastore-usage"))] + [
+        (f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) for kind in pbs_state.JOB_KINDS])
+    usage = usage or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    runs = h.report.section("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)) if usage else ({}, None)
-    s3 = h.report.section("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage)) or set()
+    runs, s3 = h.report.sections([("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)),
+                                  ("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage))]) \
+        if usage else (({}, None), set())
     for ds in usage:
-        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
-    for kind in pbs_state.JOB_KINDS:
-        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) or []:
+        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in (s3 or set()))
+    for kind, kind_jobs in zip(pbs_state.JOB_KINDS, jobs, strict=True):
+        for job in kind_jobs or []:
             _pbs_job_health(h, kind, job, now)
 
 
@@ -501,7 +523,22 @@ def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: fl
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
-    _quorum, _read_resources, _node_load, _storage_fill, _guest_states, _failed_tasks, _node_services, _backup_server]
+    _cluster_reads, _quorum, _node_load, _storage_fill, _guest_states, _failed_tasks, _node_services]
+
+
+def health_report(client: ProxmoxClient, limits: dict[str, int], pbs_host: str | None, smart: bool) -> Health:
+    """The PVE checks and, beside them, the Backup Server's (another host: its findings come after)."""
+    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
+    backup_server = Health(client, Report(limits), limits, pbs_host, smart=smart)
+
+    def cluster() -> None:
+        for check in HEALTH_CHECKS:
+            check(health)
+    for outcome in in_parallel([cluster, lambda: _backup_server(backup_server)]):
+        if isinstance(outcome, ToolFailure):
+            raise outcome
+    health.report.merge(backup_server.report)
+    return health
 
 
 def health_check(host: Host = None, pbs_host: Host = None,
@@ -509,11 +546,8 @@ def health_check(host: Host = None, pbs_host: Host = None,
                                        Field(description="named as in the answer")] = None) -> dict:
     """Cluster and PBS findings by severity."""
     smart = policy.current_call().get("tool") not in NO_SMART_IN
-    client = pve_client(host)
     limits = health_thresholds(thresholds)
-    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
-    for check in HEALTH_CHECKS:
-        check(health)
+    health = health_report(pve_client(host), limits, pbs_host, smart)
     return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})
 
 
@@ -576,30 +610,32 @@ class Coverage:
 
 
 def _guests_and_jobs(c: Coverage) -> None:
-    c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
-    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
+    """The inventory, the backup jobs and which PVE storages write to the configured Backup Server
+    (with its privileges), side by side."""
+    c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+    reads = [("guests", lambda: cluster_resources(c.client)),
+             ("backup jobs", lambda: c.client.get("/cluster/backup") or [])]
+    if c.pbs is not None:
+        reads.append(("pbs storages", lambda: in_parallel([c.pbs.ensure_permissions,
+                                                           lambda: pbs_backed_storages(c.client, c.pbs)])[1]))
+    results = c.report.sections(reads)
+    c.resources, c.jobs = results[0] or [], results[1]
     # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
     # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
     c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
                       and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
-    c.pbs = c.report.section("pbs host", lambda: _pbs(c.pbs_host))
+    # PBS-backed storages are read on PBS itself, exactly there; the others through PVE
+    # (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)
+    targets = results[2] if len(results) > 2 and not isinstance(results[2], ToolFailure) else {}
+    c.pbs_targets = set((targets or {}).values())
+    c.read_on_pbs = set(targets or {})
 
 
-def _pbs_storages(c: Coverage) -> None:
-    """Which PVE storages of type pbs write to the configured Backup Server, and where: those are
-    read on PBS itself, exactly there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
-    if c.pbs is None:
-        return
-    targets = c.report.section("pbs storages", lambda: pbs_backed_storages(c.client, c.pbs)) or {}
-    c.pbs_targets = set(targets.values())
-    c.read_on_pbs = set(targets)
-
-
-def _pve_backups(c: Coverage) -> None:
-    # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here. A
-    # storage that hides some guests' backups from this token, or cannot be read, leaves them unseen
-    # (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). The reads go side by side (Report.sections).
+def _pve_targets(c: Coverage) -> list[tuple[str, str, str]]:
+    """One read per backup storage: a shared one once, a local one on each node (each node's `local`
+    is a different disk); PBS-backed storages through PBS itself when it is configured here. A
+    storage that hides some guests' backups from this token leaves them unseen
+    (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). (where, storage, node) of each read."""
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
     vmids = sorted(int(g["vmid"]) for g in c.guests)
     keys = []
@@ -609,25 +645,17 @@ def _pve_backups(c: Coverage) -> None:
             c.unseen[name] = c.hidden[name] = hidden
         if len(hidden) < len(vmids):
             keys.append((name if shared else f"{name}@{node}", name, node))
-    listings = c.report.sections([(f"storage {key}", lambda n=node, s=name: c.client.get(
-        f"/nodes/{n}/storage/{s}/content", content="backup")) for key, name, node in keys])
-    for (key, _, _), volumes in zip(keys, listings, strict=True):
-        if volumes is None:
-            c.unseen[key] = vmids
-        for volume in volumes or []:
-            if volume.get("vmid"):
-                c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
-                           (volume.get("verification") or {}).get("state"))
+    return keys
 
 
-def _pbs_backups(c: Coverage) -> None:
+def _pbs_targets(c: Coverage) -> list[tuple[str, str, str]]:
+    """(where, datastore, namespace) to list on PBS. Without `ns` a snapshot list is the root namespace
+    only; without Datastore.Audit there it holds only the token's own groups
+    (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)."""
     pbs = c.pbs
     if pbs is None:
         c.report.drop_checked("pbs host")
-        return
-    # without `ns` a snapshot list is the root namespace only; without Datastore.Audit there it holds only
-    # the token's own groups (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    pbs.ensure_permissions()
+        return []
     targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
     for where, store, ns in targets:
         acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
@@ -636,11 +664,28 @@ def _pbs_backups(c: Coverage) -> None:
             c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
                                          f"{acl_path}, so PBS lists only the groups it owns. "
                                          + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
-    listings = c.report.sections([(where, lambda s=store, n=ns: pbs.get(
-        f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
-    for (where, _, _), snapshots in zip(targets, listings, strict=True):
+    return targets
+
+
+def _backups(c: Coverage) -> None:
+    """Every backup storage's listing and every PBS namespace's, side by side; then the newest of each guest."""
+    pve, pbs = _pve_targets(c), _pbs_targets(c)
+    listings = c.report.sections(
+        [(f"storage {key}", lambda n=node, s=name: c.client.get(f"/nodes/{n}/storage/{s}/content", content="backup"))
+         for key, name, node in pve] +
+        [(where, lambda s=store, n=ns: c.pbs.get(f"/admin/datastore/{s}/snapshots", ns=n or None))
+         for where, store, ns in pbs], nodes=[node for _, _, node in pve] + [None] * len(pbs))
+    vmids = sorted(int(g["vmid"]) for g in c.guests)
+    for (key, _, _), volumes in zip(pve, listings, strict=False):
+        if volumes is None:
+            c.unseen[key] = vmids
+        for volume in volumes or []:
+            if volume.get("vmid"):
+                c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
+                           (volume.get("verification") or {}).get("state"))
+    for (where, _, _), snapshots in zip(pbs, listings[len(pve):], strict=True):
         if snapshots is None:
-            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
+            c.unseen[where] = vmids
         for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
@@ -765,8 +810,8 @@ def _cut(change: dict) -> dict:
     return change | {"covers": capped(change["covers"])}
 
 
-COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups, _job_changes]
+COVERAGE_STEPS: list[Callable[[Coverage], None]] = [_guests_and_jobs, _backups, _guest_rows, _orphan_groups,
+                                                     _job_changes]
 
 
 COVERAGE_PAGE = 25  # guests per answer, those needing attention first
@@ -800,14 +845,27 @@ class Security:
     report: Report
     max_guests: int
     resources: list[dict] = field(default_factory=list)
+    users: list[dict] | None = None
+    acl: list[dict] | None = None
+    cluster_fw: dict | None = None
 
     @property
     def guests(self) -> list[dict]:
         return [r for r in self.resources if r.get("type") in ("qemu", "lxc")]
 
 
+def _audit_reads(a: Security) -> None:
+    """The cluster's own reads, side by side: users and tokens, the ACL, the datacenter firewall, the inventory."""
+    a.users, a.acl, a.cluster_fw, resources = a.report.sections([
+        ("users and tokens", lambda: a.client.get("/access/users", full=1)),
+        ("acl", lambda: a.client.get("/access/acl")),
+        ("datacenter firewall", lambda: a.client.get("/cluster/firewall/options")),
+        ("inventory", lambda: cluster_resources(a.client))])
+    a.resources = resources or []
+
+
 def _tokens(a: Security) -> None:
-    for user in a.report.section("users and tokens", lambda: a.client.get("/access/users", full=1)) or []:
+    for user in a.users or []:
         for token in user.get("tokens") or []:
             name = f"{user['userid']}!{token['tokenid']}"
             if not token.get("expire"):
@@ -822,7 +880,7 @@ def _tokens(a: Security) -> None:
 
 
 def _acl(a: Security) -> None:
-    for entry in a.report.section("acl", lambda: a.client.get("/access/acl")) or []:
+    for entry in a.acl or []:
         if entry.get("path") == "/" and entry.get("roleid") in ("Administrator", "PVEAdmin") \
                 and entry.get("ugid") != "root@pam":
             a.report.add("warning", "acl", f"{entry['ugid']} holds {entry['roleid']} on / (everything)", entry,
@@ -830,46 +888,71 @@ def _acl(a: Security) -> None:
 
 
 def _firewalls(a: Security) -> None:
-    cluster_fw = a.report.section("datacenter firewall", lambda: a.client.get("/cluster/firewall/options")) or {}
-    if "datacenter firewall" in a.report.checked and not cluster_fw.get("enable"):
-        a.report.add("warning", "firewall", "the datacenter firewall is off", cluster_fw,
+    """The datacenter's firewall; then every online node's and the guests' (their configs, and the firewall
+    options of those whose NICs filter), all side by side, each node's within what it serves at once."""
+    if "datacenter firewall" in a.report.checked and not (a.cluster_fw or {}).get("enable"):
+        a.report.add("warning", "firewall", "the datacenter firewall is off", a.cluster_fw,
                      "enable it after adding rules")
-    a.resources = a.report.section("inventory", lambda: a.client.get("/cluster/resources")) or []
-    for node in (r["node"] for r in a.resources if r.get("type") == "node" and r.get("status") == "online"):
-        options = a.report.section(f"firewall {node}", lambda n=node: a.client.get(f"/nodes/{n}/firewall/options"))
+    nodes = [r["node"] for r in a.resources if r.get("type") == "node" and r.get("status") == "online"]
+    guests = a.guests[:a.max_guests]
+    reads = [lambda n=node: a.client.get(f"/nodes/{n}/firewall/options") for node in nodes]
+    reads += [lambda g=guest: _guest_reads(a, g) for guest in guests]
+    results = in_parallel(reads, nodes=nodes + [g["node"] for g in guests])
+    for node, options in zip(nodes, results, strict=False):
+        options = a.report.record(f"firewall {node}", options)
         if options is not None and not options.get("enable", 1):
             a.report.add("info", "firewall", f"the firewall of node {node} is off", options, "enable it per node")
-
-
-def _guest_configs(a: Security) -> None:
-    guests = a.guests[:a.max_guests]
-    for guest in guests:
-        base = f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}"
-        config = a.report.section(f"config {guest['vmid']}", lambda b=base: a.client.get(f"{b}/config"))
-        if config is None:
-            continue
-        a.report.checked.pop()  # one line for all guest configs instead
-        _guest_config(a.report, guest, config)
-        _guest_firewall(a, base, guest, config)
+    for guest, got in zip(guests, results[len(nodes):], strict=True):
+        _guest_findings(a, guest, got)
     a.report.checked.append(f"configs of {len(guests)} guests")
 
 
-def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
+def _base(guest: dict) -> str:
+    return f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}"
+
+
+def _filtered_nics(config: dict) -> list[str]:
+    return sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+
+
+def _guest_reads(a: Security, guest: dict) -> tuple[dict, Any]:
+    """A guest's config, then its firewall options where a NIC filters (or the failure reading them)."""
+    config = a.client.get(f"{_base(guest)}/config") or {}
+    if not _filtered_nics(config):
+        return config, None
+    try:
+        return config, a.client.get(f"{_base(guest)}/firewall/options")
+    except ToolFailure as exc:
+        return config, exc
+
+
+def _guest_findings(a: Security, guest: dict, got: Any) -> None:
+    """What a guest's config and firewall show; an unreadable one is listed as unavailable (one line for all
+    configs read instead of a line each)."""
+    if isinstance(got, ToolFailure):
+        a.report.record(f"config {guest['vmid']}", got)
+        return
+    config, options = got
+    _guest_config(a.report, guest, config)
+    _guest_firewall(a, guest, config, options)
+
+
+def _guest_firewall(a: Security, guest: dict, config: dict, options: Any) -> None:
     """A NIC is filtered only when it has firewall=1 AND the guest's own firewall option enable=1
     (default 0) (docs/PROXMOX-BEHAVIOUR.md#guest-firewall)."""
     label = f"guest {guest['vmid']} ({guest.get('name')})"
-    nics = sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+    nics = _filtered_nics(config)
     if not nics:
         a.report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
         return
-    options = a.report.section(f"firewall {guest['vmid']}", lambda: a.client.get(f"{base}/firewall/options"))
-    if options is None:
+    if isinstance(options, ToolFailure):
+        a.report.record(f"firewall {guest['vmid']}", options)
         return
-    a.report.checked.pop()
     if not options.get("enable"):
         a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
                      f"option is off", {"enable": 0, "nics": nics},
-                     f"turn it on: write_call_api PUT {base}/firewall/options enable=1 (after adding its rules)")
+                     f"turn it on: write_call_api PUT {_base(guest)}/firewall/options enable=1 (after adding its "
+                     f"rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -898,7 +981,7 @@ def _this_server(a: Security) -> None:
                      {"transport": "http"}, "use a reverse proxy with TLS")
 
 
-SECURITY_CHECKS: list[Callable[[Security], None]] = [_tokens, _acl, _firewalls, _guest_configs, _this_server]
+SECURITY_CHECKS: list[Callable[[Security], None]] = [_audit_reads, _tokens, _acl, _firewalls, _this_server]
 NOT_CHECKED = ["guest firewall rules themselves", "node SSH and OS hardening", "TLS certificates' issuers",
                "two-factor authentication of users"]
 
@@ -1114,7 +1197,11 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    found, notes = backup_volumes(pve_client(host), vmid)
+    """The guest's newest backup: on the shared storages and those of its node, where vzdump writes them
+    (all of them for a guest that is gone)."""
+    client = pve_client(host)
+    guest = next((g for g in guest_resources(client) if g["vmid"] == vmid), None)
+    found, notes = backup_volumes(client, vmid, near=guest["node"] if guest else None)
     if not found and notes.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
         raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
                            f"{', '.join(notes['not_visible'])} cannot be seen ({notes['grant']}). Give "

@@ -109,8 +109,10 @@ def test_a_shared_module_imports_no_tool_module(module):
 # Module-level state that belongs to the process, not to one server: each with the reason.
 PROCESS_WIDE = {
     ("masking", "_known_secrets"): "a secret once known is masked for the life of the process, whichever server met it",
-    ("proxmox_client", "_pool"): "the read threads every server of the process shares (in_parallel)",
-    ("proxmox_client", "_worker_state"): "per thread: whether this thread is one of those read threads",
+    ("fanout", "_threads"): "the read threads every server of the process shares (in_parallel)",
+    ("fanout", "_lanes"): "each node's lanes: its requests in flight from this process, whichever server sent them",
+    ("fanout", "_counting"): "the measurement under way (tests and bench/ count answer times on the path)",
+    ("fanout", "PER_NODE"): "PROXMOX_REQUESTS_PER_NODE: what a node serves at once, for every server of the process",
     ("demo", "DEMO"): "the simulated lab --demo serves, held for the life of the process",
     ("runtime", "_installed"): "the registry itself: which server's state is installed",
     ("runtime", "SLOTS"): "the registry itself: the slots the modules declared at import",
