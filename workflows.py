@@ -1197,11 +1197,9 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
-    """The guest's newest backup: on the shared storages and those of its node, where vzdump writes them
-    (all of them for a guest that is gone)."""
-    client = pve_client(host)
-    guest = next((g for g in guest_resources(client) if g["vmid"] == vmid), None)
-    found, notes = backup_volumes(client, vmid, near=guest["node"] if guest else None)
+    """The guest's newest backup on any storage (each read side by side): one on another node's own
+    `local`, from before a migration, is still the newest to drill."""
+    found, notes = backup_volumes(pve_client(host), vmid)
     if not found and notes.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
         raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "
                            f"{', '.join(notes['not_visible'])} cannot be seen ({notes['grant']}). Give "
