@@ -454,7 +454,7 @@ class ProxmoxClient:
             login_again = False
             started = time.monotonic()
             try:
-                response = fanout.sent(self.host.label, path, self.session.request,
+                response = fanout.sent(f"{self.host.product}:{self.host.label}", path, self.session.request,
                     method, url, headers=headers,
                     timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
                     allow_redirects=False, **send_as)
