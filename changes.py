@@ -19,11 +19,13 @@ import policy
 import receipts
 import undo
 from answers import LIST_CAP, ConfirmArg, DryRunArg, Host, Limit, Offset, OptionalVmid, Vmid, WaitArg, iso_time, table
-from errors import InvalidArgument, ProxmoxError
+from errors import InvalidArgument, ProxmoxError, ToolFailure
+from fanout import in_parallel
 from job_edits import delete_names
 from masking import mask_params
 from state import StateError
-from inventory import archive_node, backup_storages, backup_volumes, guest_path, hidden_backups, hidden_note
+from inventory import (archive_node, backup_storages, backup_volumes, guest_path, hidden_backups, hidden_note,
+                       storage_rows)
 from proxmox_client import client_for, pve_client
 from tasks import run_task
 
@@ -75,9 +77,13 @@ Since = Annotated[str | None, Field(description="snapshot, receipt or volid; def
 def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
     """A guest's config now vs a backup, snapshot or receipt, key by key."""
     client = pve_client(host)
-    base, row = guest_path(client, vmid)
-    old, source, skip = _source(client, base, row, since)
-    now, pending = config_diff.config_and_pending(client.get(f"{base}/pending") or [])
+    # side by side where one read does not need another: the guest and the storages; then the backups
+    # near the guest and its config now; then the config in the newest backup (docs/BENCHMARKS.md#flat)
+    (base, row), rows = _all(in_parallel([lambda: guest_path(client, vmid),
+                                          lambda: storage_rows(client) if since is None else []]))
+    (old, source, skip), now_rows = _all(in_parallel([lambda: _source(client, base, row, since, rows),
+                                                      lambda: client.get(f"{base}/pending") or []]))
+    now, pending = config_diff.config_and_pending(now_rows)
     lines = config_diff.changed_lines(old, now, pending, skip=skip)
     answer: dict[str, Any] = {"vmid": vmid, "since": source, "changes": lines[:MAX_LINES] or ["nothing changed"]}
     if len(lines) > MAX_LINES:
@@ -87,7 +93,15 @@ def what_changed(vmid: Vmid, since: Since = None, host: Host = None) -> dict:
     return answer
 
 
-def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict, str, Any]:
+def _all(results: list[Any]) -> list[Any]:
+    """Reads side by side, each one's answer; the first that failed is raised."""
+    for result in results:
+        if isinstance(result, ToolFailure):
+            raise result
+    return results
+
+
+def _source(client: Any, base: str, row: dict, since: str | None, rows: list[dict]) -> tuple[dict, str, Any]:
     """The config to compare with, its name, and the keys it cannot hold: a receipt's before, a
     snapshot's section, or a backup's config (newest when `since` is None)."""
     if since and receipts.RECEIPT_ID.fullmatch(since):
@@ -101,7 +115,7 @@ def _source(client: Any, base: str, row: dict, since: str | None) -> tuple[dict,
                                   f"receipt (list_changes).")
         return client.get(f"{base}/snapshot/{since}/config") or {}, f"snapshot {since}", config_diff.skip_for_snapshot
     if since is None:
-        volume, node = newest_backup(client, row["vmid"])
+        volume, node = newest_backup(client, row["vmid"], row["node"], rows)
     else:
         volume, node = since, backup_node(client, row["vmid"], since)
     return config_diff.read_backup_config(client, node, volume), f"backup {volume}", config_diff.skip_for_backup
@@ -119,15 +133,17 @@ def _receipt_config(receipt: dict, base: str, vmid: int) -> dict:
     return before
 
 
-def newest_backup(client: Any, vmid: int) -> tuple[str, str]:
+def newest_backup(client: Any, vmid: int, node: str, rows: list[dict] | None = None) -> tuple[str, str]:
     """The newest backup of a guest whose config this token can read, and a node that sees it (each
-    node's `local` is its own: docs/PROXMOX-BEHAVIOUR.md#per-node-storages)."""
-    found, _ = backup_volumes(client, vmid)
+    node's `local` is its own: docs/PROXMOX-BEHAVIOUR.md#per-node-storages): on the shared storages and
+    those of the guest's node, where vzdump writes them."""
+    found, _ = backup_volumes(client, vmid, near=node, rows=rows)
     # the config inside a backup asks what listing it asks; a PBS-backed one may have been listed on
     # PBS itself (docs/PROXMOX-BEHAVIOUR.md#configs-inside-backups)
     readable = [r for r in found if not hidden_backups(client, r["storage"], [vmid])]
     if readable:
-        return readable[0]["volid"], readable[0]["node"] or archive_node(client, readable[0]["volid"], None)
+        newest = readable[0]
+        return newest["volid"], newest["node"] or newest.get("read_on") or archive_node(client, newest["volid"], None)
     hidden = sorted({name for name, _, _ in backup_storages(client) if hidden_backups(client, name, [vmid])})
     if hidden:
         raise _unreadable(client, vmid, hidden)

@@ -55,6 +55,7 @@ GLOBALS = {
     "PROXMOX_VERIFY_TLS": "true or false",
     "PROXMOX_CONNECT_TIMEOUT": "seconds, e.g. 5",
     "PROXMOX_READ_TIMEOUT": "seconds, e.g. 30",
+    "PROXMOX_REQUESTS_PER_NODE": "requests in flight to one node at once, e.g. 3",
     "PROXMOX_ACCESS": "read, lifecycle, write or destructive",
     "PROXMOX_ALLOW_EXEC": "true or false",
     "PROXMOX_ALLOW_ELEVATED": "true or false",
@@ -163,6 +164,7 @@ class Config:
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     ssh_timeout: float = 30.0
+    requests_per_node: int = 3  # PROXMOX_REQUESTS_PER_NODE (fanout.PER_NODE)
     toolsets: tuple[str, ...] = ("default",)
     allow_tools: tuple[str, ...] = ()  # names or prefixes ending in *; empty: no allow list
     deny_tools: tuple[str, ...] = ()
@@ -366,6 +368,9 @@ def read_global_settings(env: dict[str, str], config: Config) -> None:
     config.settings.exec_allowed_vmids = parse_exec_vmids(env.get("PROXMOX_EXEC_ALLOWED_VMIDS", ""))
     config.settings.source_address = parse_address("PROXMOX_SOURCE_ADDRESS", env.get("PROXMOX_SOURCE_ADDRESS", ""))
     config.read_timeout = parse_seconds("PROXMOX_READ_TIMEOUT", env.get("PROXMOX_READ_TIMEOUT", "30"))
+    # pveproxy and pvedaemon serve 3 requests at once per node (docs/PROXMOX-BEHAVIOUR.md#workers-per-node)
+    config.requests_per_node = parse_count("PROXMOX_REQUESTS_PER_NODE", env.get("PROXMOX_REQUESTS_PER_NODE", "3"),
+                                           1, 64)
     if not config.verify_tls:
         config.warnings.append("PROXMOX_VERIFY_TLS=false: TLS certificates are not checked, so a man in the "
                                "middle can read the API token. Pin the certificate with _FINGERPRINT instead.")

@@ -14,8 +14,9 @@ import health
 import workflows
 from answers import Host, OptionalVmid, View, human_bytes, human_duration, percent, renders_views
 from errors import ToolFailure
-from inventory import resolve_guest
-from proxmox_client import in_parallel, pve_client
+from inventory import resolve_guest, sharing_resources
+from fanout import in_parallel
+from proxmox_client import pve_client
 from rrd import read_history
 
 # served as ui://proxmox/dashboard.html (tool_meta.view_uri)
@@ -136,15 +137,13 @@ def _history(client: Any, guests: list[dict]) -> tuple[list[dict], list[dict]]:
     return lines, charts
 
 
-def _guests(client: Any, vmid: int | None) -> tuple[list[dict], dict, list[dict]]:
-    """The inventory (one read of /cluster/resources), the busiest or the chosen guests with their
-    last hour, and the points the view draws."""
-    resources = client.get("/cluster/resources") or []
+def _guests(client: Any, resources: list[dict], vmid: int | None) -> tuple[dict, list[dict]]:
+    """The busiest or the chosen guests with their last hour, and the points the view draws."""
     picked, guests = _picked_guests(client, resources, vmid)
     running = sum(1 for r in resources if r.get("type") in ("qemu", "lxc") and r.get("status") == "running")
     total = sum(1 for r in resources if r.get("type") in ("qemu", "lxc"))
     lines, charts = _history(client, guests)
-    return resources, {"picked": picked, "running": running, "total": total,
+    return {"picked": picked, "running": running, "total": total,
                        "columns": ["vmid", "name", "type", "node", "status", "cpu_pct", "cores", "mem_pct", "mem"],
                        "rows": [_guest_row(g) for g in guests], "last_hour": lines}, charts
 
@@ -206,11 +205,17 @@ def dashboard(host: Host = None, pbs_host: Host = None, vmid: OptionalVmid = Non
     client = pve_client(host)
     if vmid is not None:
         resolve_guest(client, vmid)  # an unknown vmid is answered with the closest ones before anything else is read
-    # One part after the other, each reading side by side within (in_parallel): run inside one of its
-    # reads, the workflows' own reads of every node would go one by one.
-    resources, guests, charts = _guests(client, vmid)
-    findings = health.health_check(host=host, pbs_host=pbs_host)  # reads no disk list here (NO_SMART_IN)
-    coverage = workflows.backup_coverage(host=host, pbs_host=pbs_host)
+    # The inventory once; then the guests' history, the health checks and the backup coverage side by side,
+    # each reading side by side within (fanout: within what each node serves at once).
+    with sharing_resources(client) as resources:
+        parts = in_parallel([lambda: _guests(client, resources, vmid),
+                             # reads no disk list here (health.NO_SMART_IN: SMART wakes sleeping disks)
+                             lambda: health.health_check(host=host, pbs_host=pbs_host),
+                             lambda: workflows.backup_coverage(host=host, pbs_host=pbs_host)])
+    for part in parts:
+        if isinstance(part, ToolFailure):
+            raise part
+    (guests, charts), findings, coverage = parts
     answer = {"host": client.host.label, "nodes": _nodes(resources), "storage": _storages(resources),
               "guests": guests, "backups": _backups(coverage), "health": _health(findings),
               "note": "each part shows its first rows and counts the rest (more); health_check, backup_coverage "

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from answers import LIST_CAP, more
 from errors import ToolFailure
-from proxmox_client import AT_ONCE, in_parallel
+from fanout import in_parallel
 
 WORST_FIRST = {"critical": 0, "warning": 1, "info": 2}  # a finding's severity: its place in the answer
 
@@ -35,15 +35,22 @@ class Report:
             result = read()
         except ToolFailure as exc:
             result = exc
-        return self._record(name, result)
+        return self.record(name, result)
 
-    def sections(self, reads: list[tuple[str, Callable[[], Any]]], limit: int = AT_ONCE) -> list[Any]:
-        """Sections that do not depend on each other, read side by side (at most `limit` at once) and
-        recorded in the order given, as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
-        results = in_parallel([read for _, read in reads], limit)
-        return [self._record(name, result) for (name, _), result in zip(reads, results, strict=True)]
+    def sections(self, reads: list[tuple[str, Callable[[], Any]]], nodes: list[str] | None = None) -> list[Any]:
+        """Sections that do not depend on each other, read side by side (where `nodes` names the node each
+        reads from, within what that node serves at once: fanout.PER_NODE) and recorded in the order given,
+        as `section` records one (docs/BENCHMARKS.md#workflows-as-the-cluster-grows)."""
+        results = in_parallel([read for _, read in reads], nodes=nodes)
+        return [self.record(name, result) for (name, _), result in zip(reads, results, strict=True)]
 
-    def _record(self, name: str, result: Any) -> Any:
+    def merge(self, other: "Report") -> None:
+        """What a part read beside this report (another host's sections), after this report's own."""
+        self.findings += other.findings
+        self.unavailable += other.unavailable
+        self.checked += other.checked
+
+    def record(self, name: str, result: Any) -> Any:
         if isinstance(result, ToolFailure):
             self.unavailable.append({"section": name, "reason": str(result)[:300]})
             return None

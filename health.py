@@ -14,11 +14,13 @@ import pbs_state
 import policy
 import proxmox_client
 from answers import Host, compact, human_bytes, iso_time, percent
-from errors import InvalidArgument
+from errors import InvalidArgument, ToolFailure
+from fanout import in_parallel
 from findings import Report
-from inventory import (HA_FAILED, SMART_OFF, disk_problem, ha_failure, kernels, pbs_of, pending_updates, pool_problem,
+from inventory import (HA_FAILED, SMART_OFF, cluster_resources, disk_problem, ha_failure, kernels, pbs_of,
+                       pending_updates, pool_problem,
                        wearout_left)
-from proxmox_client import AT_ONCE, ProxmoxClient, pve_client
+from proxmox_client import ProxmoxClient, pve_client
 
 
 # name: (default, lowest, highest)
@@ -50,23 +52,27 @@ class Health:
     limits: dict[str, int]
     pbs_host: str | None
     resources: list[dict] = field(default_factory=list)
+    status: list[dict] = field(default_factory=list)  # /cluster/status
+    tasks: list[dict] = field(default_factory=list)  # /cluster/tasks
     online: list[str] = field(default_factory=list)  # nodes, filled by _node_load
     smart: bool = True  # read the disks (SMART: smartctl wakes a disk asleep); the dashboard does not
 
 
+def _cluster_reads(h: Health) -> None:
+    """The cluster's own reads, side by side: its status, the inventory, the tasks."""
+    h.status, h.resources, h.tasks = [r or [] for r in h.report.sections([
+        ("quorum", lambda: h.client.get("/cluster/status")), ("resources", lambda: cluster_resources(h.client)),
+        ("tasks", lambda: h.client.get("/cluster/tasks"))])]
+
+
 def _quorum(h: Health) -> None:
-    status = h.report.section("quorum", lambda: h.client.get("/cluster/status")) or []
+    status = h.status
     cluster = next((e for e in status if e.get("type") == "cluster"), None)
     if cluster and not cluster.get("quorate"):
         h.report.add("critical", "quorum", "the cluster has lost quorum", cluster,
                      "bring nodes back; writes are blocked")
     for node in (e for e in status if e.get("type") == "node" and not e.get("online")):
         h.report.add("critical", "nodes", f"node {node['name']} is offline", node, "check its power and network")
-
-
-def _read_resources(h: Health) -> None:
-    """One read of /cluster/resources for the node, storage and guest checks."""
-    h.resources = h.report.section("resources", lambda: h.client.get("/cluster/resources")) or []
 
 
 def _node_load(h: Health) -> None:
@@ -128,7 +134,7 @@ def _guest_states(h: Health) -> None:
 
 def _failed_tasks(h: Health) -> None:
     since = time.time() - h.limits["failed_task_hours"] * 3600
-    for task in h.report.section("tasks", lambda: h.client.get("/cluster/tasks")) or []:
+    for task in h.tasks:
         # running rows have no status (docs/PROXMOX-BEHAVIOUR.md#pve-tasks); warnings are a success
         if task.get("starttime", 0) >= since \
                 and proxmox_client.task_outcome(task.get("status")) in ("failed", "unknown"):
@@ -199,17 +205,19 @@ def _certificates(h: Health, node: str, certs: list[dict], acme: bool | None) ->
                      subject=f"{name} on {node}")
 
 
-def _acme_nodes(h: Health, got: dict) -> dict[str, bool | None]:
-    """Whether ACME renews each node's pveproxy-ssl.pem: the node's config read only where that
+def _acme_reads(h: Health, got: dict) -> list[tuple[str, str, str]]:
+    """Whether ACME renews a node's pveproxy-ssl.pem is in the node's config, read only where that
     certificate is inside the warning window (`acme` or an `acmedomain<N>` set: pve-manager
-    bin/pveupdate, PVE/NodeConfig.pm get_acme_conf); None where it could not be read."""
+    bin/pveupdate, PVE/NodeConfig.pm get_acme_conf): (node, section, path) of those reads."""
     soon = time.time() + h.limits["cert_warn_days"] * 86400
-    nodes = [node for node in h.online if any(c.get("filename") == PROXY_CERT and c.get("notafter", 0) < soon
-                                              for c in got.get((node, "certificates")) or [])]
-    configs = h.report.sections([(f"config {node}", lambda n=node: h.client.get(f"/nodes/{n}/config") or {})
-                                 for node in nodes], limit=AT_ONCE * len(NODE_READS))
-    return {node: None if config is None else any(k == "acme" or k.startswith("acmedomain") for k in config)
-            for node, config in zip(nodes, configs, strict=True)}
+    return [(node, f"config {node}", f"/nodes/{node}/config") for node in h.online
+            if any(c.get("filename") == PROXY_CERT and c.get("notafter", 0) < soon
+                   for c in got.get((node, "certificates")) or [])]
+
+
+def _acme(config: dict | None) -> bool | None:
+    """Whether a node's config sets up ACME; None where it could not be read."""
+    return None if config is None else any(k == "acme" or k.startswith("acmedomain") for k in config)
 
 
 def _disks(h: Health, node: str, disks: list[dict]) -> None:
@@ -271,20 +279,24 @@ NODE_READS = {  # what health_check reads from every online node, side by side
 
 
 def _node_services(h: Health) -> None:
-    """Every online node's own reads, AT_ONCE nodes at a time with each node's reads together; then
-    the ZFS pools' details; then the findings, node by node in order."""
+    """Every online node's own reads side by side, as many at once as each node serves; then the ZFS
+    pools' details and the configs of nodes with a certificate to renew; then the findings, node by node."""
     reads = [(node, name, path.format(node=node)) for node in h.online for name, path in NODE_READS.items()
              if h.smart or name != "disks"]
     # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
     reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
               if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
     results = h.report.sections([(f"{name} {node}", lambda p=path: h.client.get(p) or [])
-                                 for node, name, path in reads], limit=AT_ONCE * len(NODE_READS))
+                                 for node, name, path in reads], nodes=[node for node, _, _ in reads])
     got = {(node, name): result for (node, name, _), result in zip(reads, results, strict=True)}
     pools = [(node, pool["name"]) for node in h.online for pool in got.get((node, "zfs")) or [] if pool.get("name")]
-    details = h.report.sections([(f"zfs {name} on {node}", lambda n=node, p=name: h.client.get(
-        f"/nodes/{n}/disks/zfs/{p}") or {}) for node, name in pools], limit=AT_ONCE * len(NODE_READS))
-    acme = _acme_nodes(h, got)
+    # then, side by side, what those answers name: each pool's status, and the configs for ACME
+    after = [(node, f"zfs {name} on {node}", f"/nodes/{node}/disks/zfs/{name}") for node, name in pools]
+    after += _acme_reads(h, got)
+    answers = h.report.sections([(section, lambda p=path: h.client.get(p) or {}) for _, section, path in after],
+                                nodes=[node for node, _, _ in after])
+    details, configs = answers[:len(pools)], answers[len(pools):]
+    acme = {node: _acme(config) for (node, _, _), config in zip(after[len(pools):], configs, strict=True)}
     for node in h.online:
         _replication(h, node, got.get((node, "replication")) or [])
         _certificates(h, node, got.get((node, "certificates")) or [], acme.get(node))
@@ -300,14 +312,18 @@ def _backup_server(h: Health) -> None:
         h.report.drop_checked("pbs host")
         return
     now = time.time()
-    usage = h.report.section("pbs datastores", lambda: pbs.get("/status/datastore-usage")) or []
+    # the datastores and the jobs side by side; then what the datastores' rows name
+    usage, *jobs = h.report.sections([("pbs datastores", lambda: pbs.get("/status/datastore-usage"))] + [
+        (f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) for kind in pbs_state.JOB_KINDS])
+    usage = usage or []
     # GC times and results are the GC jobs' (docs/PROXMOX-BEHAVIOUR.md#garbage-collection)
-    runs = h.report.section("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)) if usage else ({}, None)
-    s3 = h.report.section("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage)) or set()
+    runs, s3 = h.report.sections([("pbs garbage collection", lambda: pbs_state.gc_runs(pbs, usage)),
+                                  ("pbs datastore backends", lambda: pbs_state.s3_stores(pbs, usage))]) \
+        if usage else (({}, None), set())
     for ds in usage:
-        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in s3)
-    for kind in pbs_state.JOB_KINDS:
-        for job in h.report.section(f"pbs {kind} jobs", lambda k=kind: pbs_state.jobs_of(pbs, k)) or []:
+        _datastore_health(h, ds, runs[0] if runs else None, now, ds["store"] in (s3 or set()))
+    for kind, kind_jobs in zip(pbs_state.JOB_KINDS, jobs, strict=True):
+        for job in kind_jobs or []:
             _pbs_job_health(h, kind, job, now)
 
 
@@ -395,7 +411,22 @@ def _datastore_health(h: Health, ds: dict, runs: dict[str, dict] | None, now: fl
 
 
 HEALTH_CHECKS: list[Callable[[Health], None]] = [
-    _quorum, _read_resources, _node_load, _storage_fill, _guest_states, _failed_tasks, _node_services, _backup_server]
+    _cluster_reads, _quorum, _node_load, _storage_fill, _guest_states, _failed_tasks, _node_services]
+
+
+def health_report(client: ProxmoxClient, limits: dict[str, int], pbs_host: str | None, smart: bool) -> Health:
+    """The PVE checks and, beside them, the Backup Server's (another host: its findings come after)."""
+    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
+    backup_server = Health(client, Report(limits), limits, pbs_host, smart=smart)
+
+    def cluster() -> None:
+        for check in HEALTH_CHECKS:
+            check(health)
+    for outcome in in_parallel([cluster, lambda: _backup_server(backup_server)]):
+        if isinstance(outcome, ToolFailure):
+            raise outcome
+    health.report.merge(backup_server.report)
+    return health
 
 
 def health_check(host: Host = None, pbs_host: Host = None,
@@ -403,11 +434,8 @@ def health_check(host: Host = None, pbs_host: Host = None,
                                        Field(description="named as in the answer")] = None) -> dict:
     """Cluster and PBS findings by severity."""
     smart = policy.current_call().get("tool") not in NO_SMART_IN
-    client = pve_client(host)
     limits = health_thresholds(thresholds)
-    health = Health(client, Report(limits), limits, pbs_host, smart=smart)
-    for check in HEALTH_CHECKS:
-        check(health)
+    health = health_report(pve_client(host), limits, pbs_host, smart)
     return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})
 
 

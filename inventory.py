@@ -8,20 +8,47 @@ Guests and node names are kept a few seconds on the client (ProxmoxClient.cached
 drops the guests, as it may have created, moved or deleted one.
 """
 
+import contextvars
 import re
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 import policy
 from answers import capped, compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError, ToolFailure
+from fanout import in_parallel
 from proxmox_client import ProxmoxClient, configured, pbs_client
 
 KEEP_SECONDS = 10.0  # how long guest and node lists are reused between calls
 
 
 # ---------------------------------------------------------------- guests
+
+# /cluster/resources as this call read it already (sharing_resources): (product, host label) and its answer
+_RESOURCES: contextvars.ContextVar[tuple[Any, list[dict]] | None] = contextvars.ContextVar("resources", default=None)
+
+
+def cluster_resources(client: ProxmoxClient) -> list[dict]:
+    """Every resource of the cluster (GET /cluster/resources), or the answer this call read already."""
+    held = _RESOURCES.get()
+    if held is not None and held[0] == (client.host.product, client.host.label):
+        return held[1]
+    return client.get("/cluster/resources") or []
+
+
+@contextmanager
+def sharing_resources(client: ProxmoxClient) -> Iterator[list[dict]]:
+    """One read of /cluster/resources for all that runs inside, its reads side by side included (a tool
+    made of other tools' parts: the dashboard reads the inventory once)."""
+    resources = client.get("/cluster/resources") or []
+    token = _RESOURCES.set(((client.host.product, client.host.label), resources))
+    try:
+        yield resources
+    finally:
+        _RESOURCES.reset(token)
+
 
 def guest_resources(client: ProxmoxClient, *, fresh: bool = False) -> list[dict]:
     """All guests from one /cluster/resources call, kept for a few seconds per host."""
@@ -477,37 +504,47 @@ def pbs_backed_storages(client: ProxmoxClient, pbs: ProxmoxClient) -> dict[str, 
     return {s["storage"]: (s["datastore"], s.get("namespace") or "") for s in client.get("/storage", type="pbs") or []
             if str(s.get("server", "")).strip("[]").lower() == server and s.get("datastore")}
 
-def backup_volumes(client: ProxmoxClient, vmid: int | None = None,
-                   storage: str | None = None) -> tuple[list[dict], dict]:
+def backup_volumes(client: ProxmoxClient, vmid: int | None = None, storage: str | None = None, *,
+                   near: str | None = None, rows: list[dict] | None = None) -> tuple[list[dict], dict]:
     """The backups on every storage that holds them, PBS-backed ones too, newest first (list_backups'
-    rows, the restore drill's newest backup); and what the listing could not show: `not_read`
-    storages, and the backups `not_visible` to this token (why, and the grant that shows them)."""
-    rows, unread, hidden = [], [], {}
-    everything = storage_rows(client)
+    rows, the restore drill's newest backup), each storage read side by side; with `near` (a guest's node)
+    only the shared storages and that node's own; `rows`: the storage rows read already. And what the
+    listing could not show: `not_read` storages, and the backups `not_visible` to this token (why, and the
+    grant that shows them)."""
+    found, unread, hidden = [], [], {}
+    everything = storage_rows(client) if rows is None else rows
     vmids = [vmid] if vmid else sorted(g["vmid"] for g in guest_resources(client))
-    on_pbs: dict[str, tuple[str, str]] | None = None
-    for name, node, shared in backup_storages(client, everything):
-        if storage and name != storage:
-            continue
-        unseen = hidden_backups(client, name, vmids)
-        if unseen and on_pbs is None:  # a PBS-backed storage PVE hides is read on the Backup Server itself
-            pbs = _only_pbs()
-            on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+    chosen = [(name, node, shared) for name, node, shared in backup_storages(client, everything)
+              if (not storage or name == storage) and (near is None or shared or node == near)]
+    unseen_on = {name: hidden_backups(client, name, vmids) for name, _, _ in chosen}
+    pbs, on_pbs = None, {}
+    if any(unseen_on.values()):  # a PBS-backed storage PVE hides is read on the Backup Server itself
+        pbs = _only_pbs()
+        on_pbs = pbs_backed_storages(client, pbs) if pbs else {}
+    reads, nodes = [], []
+    for name, node, shared in chosen:
+        unseen = unseen_on[name]
         if unseen and name in on_pbs:
-            rows += _pbs_backups(pbs, name, *on_pbs[name], vmid)
-            continue
-        if unseen:
+            reads.append(lambda n=name: _pbs_backups(pbs, n, *on_pbs[n], vmid))
+            nodes.append(None)
+        elif len(unseen) < len(vmids):
+            reads.append(lambda n=name, at=node, own=not shared: [  # each node's `local` is its own disk
+                _backup_row(v, n, at if own else None) | {"read_on": at}
+                for v in client.get(f"/nodes/{at}/storage/{n}/content", content="backup", vmid=vmid) or []])
+            nodes.append(node)
+        if unseen and name not in on_pbs:
             hidden[name] = unseen
-        if len(unseen) < len(vmids):
-            rows += [_backup_row(v, name, None if shared else node)  # each node's `local` is its own disk
-                     for v in client.get(f"/nodes/{node}/storage/{name}/content", content="backup", vmid=vmid) or []]
+    for listed in in_parallel(reads, nodes=nodes):
+        if isinstance(listed, ToolFailure):
+            raise listed
+        found += listed
     for entry in everything:
         if "backup" in (entry.get("content") or "").split(",") and entry.get("status") != "available" \
                 and (not storage or entry["storage"] == storage):
             unread.append(f"{entry['storage']} on {entry['node']} ({entry.get('status')})")
-    rows.sort(key=lambda r: -r["ctime"])
+    found.sort(key=lambda r: -r["ctime"])
     notes = {"not_read": unread} if unread else {}
-    return rows, notes | (hidden_note(client, hidden, len(vmids)) if hidden else {})
+    return found, notes | (hidden_note(client, hidden, len(vmids)) if hidden else {})
 
 
 def _backup_row(volume: dict, storage: str, node: str | None) -> dict:

@@ -18,7 +18,8 @@ from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (check_node, device_problem, disk_problem, kernels, node_names, pending_updates, pool_devices,
                        pool_problem, resolve_guest, wearout_left)
 from masking import mask
-from proxmox_client import ProxmoxClient, in_parallel, pve_client
+from fanout import in_parallel
+from proxmox_client import ProxmoxClient, pve_client
 from rrd import read_history
 
 # ================================================================ metrics
@@ -504,12 +505,13 @@ def node_updates(node: Node = None, host: Host = None) -> dict:
     """Per node: pending, running vs newest kernel, list refresh time."""
     client = pve_client(host)
     nodes = [check_node(client, node)] if node else node_names(client)
-    results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes])
+    results = in_parallel([lambda n=n: node_update_status(client, n) for n in nodes], nodes=nodes)
     read = {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, tuple)}
     # then the changelogs of every node read, side by side, CHANGELOG_LANES at most on each node
     lanes = [(n, lane) for n, (_, debian) in read.items() if debian for lane in _lanes(client, n, debian)]
     checked: dict[str, list] = {n: [] for n in read}
-    for (name, _), outcome in zip(lanes, in_parallel([lane for _, lane in lanes]), strict=True):
+    for (name, _), outcome in zip(lanes, in_parallel([lane for _, lane in lanes], nodes=[n for n, _ in lanes]),
+                                  strict=True):
         checked[name] += outcome
     rows = []
     for name, (row, debian) in read.items():

@@ -8,7 +8,6 @@ HTTP and Proxmox, not MCP (tests/test_layout.py).
 """
 from __future__ import annotations
 
-import contextvars
 import copy
 import hashlib
 import logging
@@ -17,13 +16,13 @@ import socket
 import ssl
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
 import calls
 import catalog
+import fanout
 import policy
 import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
@@ -49,10 +48,9 @@ CONNECT_CAUSES = (
      "the name does not resolve (DNS)"),
 )
 SLOW_CONNECT_FAILURE = 1.0  # seconds: a connect failure this slow is not tried again within the connect timeout
-# Reads that do not depend on each other go side by side: at most this many nodes (or storages) at
-# once, each node's own reads together (in_parallel); the connections kept per host cover that.
-AT_ONCE = 8
-POOL_SIZE = 48  # urllib3's default keeps 10 and opens (and then drops) a new TLS connection beyond them
+# Reads that do not depend on each other go side by side (fanout.in_parallel, at most fanout.PER_NODE
+# in flight per node); the connections kept per host cover the reads in flight at once.
+POOL_SIZE = fanout.THREADS  # urllib3's default keeps 10 and opens (and then drops) a new TLS connection beyond them
 
 
 def auth_method(host: HostConfig) -> str:
@@ -76,54 +74,6 @@ def _pinned_adapter(fingerprint: str) -> Any:
             kwargs["assert_fingerprint"] = fingerprint
             super().init_poolmanager(*args, **kwargs)
     return PinnedAdapter(pool_maxsize=POOL_SIZE)
-
-
-def in_parallel(calls: list[Callable[[], Any]], limit: int = AT_ONCE) -> list[Any]:
-    """Run independent reads side by side, at most `limit` at once, on threads kept for the next
-    time (starting 40 threads per call cost more than the reads on a busy machine), each in a copy
-    of the caller's context (the policy's call state). The results come in the order of `calls`; a
-    call that failed with a ToolFailure leaves that exception in its place (anything else raises).
-    Called from inside such a read, the calls run one after another: a worker never waits for
-    workers, so the shared threads cannot all end up waiting."""
-    if len(calls) < 2 or limit < 2 or getattr(_worker_state, "busy", False):
-        return [_outcome(call) for call in calls]
-    pool, results = _executor(), [None] * len(calls)
-    waiting = iter(enumerate(calls))
-    running: dict[Any, int] = {}
-
-    def start_next() -> None:
-        for index, call in waiting:
-            running[pool.submit(_in_worker, contextvars.copy_context(), call)] = index
-            return
-    for _ in range(min(limit, len(calls))):
-        start_next()
-    while running:
-        done, _ = wait(running, return_when=FIRST_COMPLETED)
-        for future in done:
-            results[running.pop(future)] = future.result()
-            start_next()
-    return results
-
-
-POOL_THREADS = 64  # shared by every tool call: also the bound on reads in flight from this server
-_worker_state = threading.local()
-_pool: list[Any] = []
-_pool_lock = threading.Lock()
-
-
-def _executor() -> Any:
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="read"))
-        return _pool[0]
-
-
-def _in_worker(context: contextvars.Context, call: Callable[[], Any]) -> Any:
-    _worker_state.busy = True
-    try:
-        return context.run(_outcome, call)
-    finally:
-        _worker_state.busy = False
 
 
 T = TypeVar("T")
@@ -150,13 +100,6 @@ def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float, *, pa
             pause = min(pause * growth, longest)
     finally:  # (a task's log read while it ran lacks its last lines)
         reads.clear()
-
-
-def _outcome(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except ToolFailure as exc:
-        return exc
 
 
 def _ca_adapter() -> Any:
@@ -543,7 +486,7 @@ class ProxmoxClient:
             login_again = False
             started = time.monotonic()
             try:
-                response = self.session.request(
+                response = fanout.sent(f"{self.host.product}:{self.host.label}", path, self.session.request,
                     method, url, headers=headers,
                     timeout=(min(self.host.connect_timeout, read_timeout), read_timeout), verify=self.verify,
                     allow_redirects=False, **send_as)

@@ -59,6 +59,7 @@ import audit
 import calls
 import confirmation
 import demo
+import fanout
 import host_check
 import http_transport
 import migrate
@@ -530,6 +531,7 @@ def views_extension(specs: list[ToolSpec]) -> list:
 
 
 def build_server(config: Config):
+    fanout.configure(config.requests_per_node)
     tools = []
     visible = visibility.current()
     visible.offer(config, offered_tools(config))

@@ -21,9 +21,11 @@ import runtime
 from answers import LIST_CAP, ConfirmArg, DryRunArg, Host, Offset, OptionalVmid, Vmid, capped, iso_time, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from findings import Report
-from inventory import (archive_node, backup_storages, backup_volumes, bridges, guest_resources, hidden_backups,
+from inventory import (archive_node, backup_storages, backup_volumes, bridges, cluster_resources, guest_resources,
+                       hidden_backups,
                        hidden_note, job_selects, next_vmid, pbs_backed_storages, pbs_of, pick_node, resolve_guest,
                        storage_rows, vmid_set)
+from fanout import in_parallel
 from proxmox_client import ProxmoxClient, poll, pve_client
 from settings import HostPolicy
 from tasks import Steps, run_task
@@ -80,30 +82,32 @@ class Coverage:
 
 
 def _guests_and_jobs(c: Coverage) -> None:
-    c.resources = c.report.section("guests", lambda: c.client.get("/cluster/resources")) or []
-    c.jobs = c.report.section("backup jobs", lambda: c.client.get("/cluster/backup") or [])
+    """The inventory, the backup jobs and which PVE storages write to the configured Backup Server
+    (with its privileges), side by side."""
+    c.pbs = c.report.section("pbs host", lambda: pbs_of(c.pbs_host))
+    reads = [("guests", lambda: cluster_resources(c.client)),
+             ("backup jobs", lambda: c.client.get("/cluster/backup") or [])]
+    if c.pbs is not None:
+        reads.append(("pbs storages", lambda: in_parallel([c.pbs.ensure_permissions,
+                                                           lambda: pbs_backed_storages(c.client, c.pbs)])[1]))
+    results = c.report.sections(reads)
+    c.resources, c.jobs = results[0] or [], results[1]
     # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
     # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
     c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
                       and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
-    c.pbs = c.report.section("pbs host", lambda: pbs_of(c.pbs_host))
+    # PBS-backed storages are read on PBS itself, exactly there; the others through PVE
+    # (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)
+    targets = results[2] if len(results) > 2 and not isinstance(results[2], ToolFailure) else {}
+    c.pbs_targets = set((targets or {}).values())
+    c.read_on_pbs = set(targets or {})
 
 
-def _pbs_storages(c: Coverage) -> None:
-    """Which PVE storages of type pbs write to the configured Backup Server, and where: those are
-    read on PBS itself, exactly there; the others through PVE (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)."""
-    if c.pbs is None:
-        return
-    targets = c.report.section("pbs storages", lambda: pbs_backed_storages(c.client, c.pbs)) or {}
-    c.pbs_targets = set(targets.values())
-    c.read_on_pbs = set(targets)
-
-
-def _pve_backups(c: Coverage) -> None:
-    # One read per backup storage: a shared one once, a local one on each node (each node's `local`
-    # is a different disk); PBS-backed storages through PBS itself when it is configured here. A
-    # storage that hides some guests' backups from this token, or cannot be read, leaves them unseen
-    # (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). The reads go side by side (Report.sections).
+def _pve_targets(c: Coverage) -> list[tuple[str, str, str]]:
+    """One read per backup storage: a shared one once, a local one on each node (each node's `local`
+    is a different disk); PBS-backed storages through PBS itself when it is configured here. A
+    storage that hides some guests' backups from this token leaves them unseen
+    (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). (where, storage, node) of each read."""
     rows = [r for r in c.resources if r.get("type") == "storage" and r.get("storage") not in c.read_on_pbs]
     vmids = sorted(int(g["vmid"]) for g in c.guests)
     keys = []
@@ -113,25 +117,17 @@ def _pve_backups(c: Coverage) -> None:
             c.unseen[name] = c.hidden[name] = hidden
         if len(hidden) < len(vmids):
             keys.append((name if shared else f"{name}@{node}", name, node))
-    listings = c.report.sections([(f"storage {key}", lambda n=node, s=name: c.client.get(
-        f"/nodes/{n}/storage/{s}/content", content="backup")) for key, name, node in keys])
-    for (key, _, _), volumes in zip(keys, listings, strict=True):
-        if volumes is None:
-            c.unseen[key] = vmids
-        for volume in volumes or []:
-            if volume.get("vmid"):
-                c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
-                           (volume.get("verification") or {}).get("state"))
+    return keys
 
 
-def _pbs_backups(c: Coverage) -> None:
+def _pbs_targets(c: Coverage) -> list[tuple[str, str, str]]:
+    """(where, datastore, namespace) to list on PBS. Without `ns` a snapshot list is the root namespace
+    only; without Datastore.Audit there it holds only the token's own groups
+    (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)."""
     pbs = c.pbs
     if pbs is None:
         c.report.drop_checked("pbs host")
-        return
-    # without `ns` a snapshot list is the root namespace only; without Datastore.Audit there it holds only
-    # the token's own groups (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    pbs.ensure_permissions()
+        return []
     targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
     for where, store, ns in targets:
         acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
@@ -140,11 +136,28 @@ def _pbs_backups(c: Coverage) -> None:
             c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
                                          f"{acl_path}, so PBS lists only the groups it owns. "
                                          + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
-    listings = c.report.sections([(where, lambda s=store, n=ns: pbs.get(
-        f"/admin/datastore/{s}/snapshots", ns=n or None)) for where, store, ns in targets])
-    for (where, _, _), snapshots in zip(targets, listings, strict=True):
+    return targets
+
+
+def _backups(c: Coverage) -> None:
+    """Every backup storage's listing and every PBS namespace's, side by side; then the newest of each guest."""
+    pve, pbs = _pve_targets(c), _pbs_targets(c)
+    listings = c.report.sections(
+        [(f"storage {key}", lambda n=node, s=name: c.client.get(f"/nodes/{n}/storage/{s}/content", content="backup"))
+         for key, name, node in pve] +
+        [(where, lambda s=store, n=ns: c.pbs.get(f"/admin/datastore/{s}/snapshots", ns=n or None))
+         for where, store, ns in pbs], nodes=[node for _, _, node in pve] + [None] * len(pbs))
+    vmids = sorted(int(g["vmid"]) for g in c.guests)
+    for (key, _, _), volumes in zip(pve, listings, strict=False):
+        if volumes is None:
+            c.unseen[key] = vmids
+        for volume in volumes or []:
+            if volume.get("vmid"):
+                c.consider(int(volume["vmid"]), volume.get("ctime") or 0, key,
+                           (volume.get("verification") or {}).get("state"))
+    for (where, _, _), snapshots in zip(pbs, listings[len(pve):], strict=True):
         if snapshots is None:
-            c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
+            c.unseen[where] = vmids
         for snap in snapshots or []:
             if snap.get("backup-type") in ("vm", "ct") and str(snap.get("backup-id", "")).isdigit():
                 vmid = int(snap["backup-id"])
@@ -269,8 +282,8 @@ def _cut(change: dict) -> dict:
     return change | {"covers": capped(change["covers"])}
 
 
-COVERAGE_STEPS: list[Callable[[Coverage], None]] = [
-    _guests_and_jobs, _pbs_storages, _pve_backups, _pbs_backups, _guest_rows, _orphan_groups, _job_changes]
+COVERAGE_STEPS: list[Callable[[Coverage], None]] = [_guests_and_jobs, _backups, _guest_rows, _orphan_groups,
+                                                     _job_changes]
 
 
 COVERAGE_PAGE = 25  # guests per answer, those needing attention first
@@ -304,14 +317,27 @@ class Security:
     report: Report
     max_guests: int
     resources: list[dict] = field(default_factory=list)
+    users: list[dict] | None = None
+    acl: list[dict] | None = None
+    cluster_fw: dict | None = None
 
     @property
     def guests(self) -> list[dict]:
         return [r for r in self.resources if r.get("type") in ("qemu", "lxc")]
 
 
+def _audit_reads(a: Security) -> None:
+    """The cluster's own reads, side by side: users and tokens, the ACL, the datacenter firewall, the inventory."""
+    a.users, a.acl, a.cluster_fw, resources = a.report.sections([
+        ("users and tokens", lambda: a.client.get("/access/users", full=1)),
+        ("acl", lambda: a.client.get("/access/acl")),
+        ("datacenter firewall", lambda: a.client.get("/cluster/firewall/options")),
+        ("inventory", lambda: cluster_resources(a.client))])
+    a.resources = resources or []
+
+
 def _tokens(a: Security) -> None:
-    for user in a.report.section("users and tokens", lambda: a.client.get("/access/users", full=1)) or []:
+    for user in a.users or []:
         for token in user.get("tokens") or []:
             name = f"{user['userid']}!{token['tokenid']}"
             if not token.get("expire"):
@@ -326,7 +352,7 @@ def _tokens(a: Security) -> None:
 
 
 def _acl(a: Security) -> None:
-    for entry in a.report.section("acl", lambda: a.client.get("/access/acl")) or []:
+    for entry in a.acl or []:
         if entry.get("path") == "/" and entry.get("roleid") in ("Administrator", "PVEAdmin") \
                 and entry.get("ugid") != "root@pam":
             a.report.add("warning", "acl", f"{entry['ugid']} holds {entry['roleid']} on / (everything)", entry,
@@ -334,46 +360,71 @@ def _acl(a: Security) -> None:
 
 
 def _firewalls(a: Security) -> None:
-    cluster_fw = a.report.section("datacenter firewall", lambda: a.client.get("/cluster/firewall/options")) or {}
-    if "datacenter firewall" in a.report.checked and not cluster_fw.get("enable"):
-        a.report.add("warning", "firewall", "the datacenter firewall is off", cluster_fw,
+    """The datacenter's firewall; then every online node's and the guests' (their configs, and the firewall
+    options of those whose NICs filter), all side by side, each node's within what it serves at once."""
+    if "datacenter firewall" in a.report.checked and not (a.cluster_fw or {}).get("enable"):
+        a.report.add("warning", "firewall", "the datacenter firewall is off", a.cluster_fw,
                      "enable it after adding rules")
-    a.resources = a.report.section("inventory", lambda: a.client.get("/cluster/resources")) or []
-    for node in (r["node"] for r in a.resources if r.get("type") == "node" and r.get("status") == "online"):
-        options = a.report.section(f"firewall {node}", lambda n=node: a.client.get(f"/nodes/{n}/firewall/options"))
+    nodes = [r["node"] for r in a.resources if r.get("type") == "node" and r.get("status") == "online"]
+    guests = a.guests[:a.max_guests]
+    reads = [lambda n=node: a.client.get(f"/nodes/{n}/firewall/options") for node in nodes]
+    reads += [lambda g=guest: _guest_reads(a, g) for guest in guests]
+    results = in_parallel(reads, nodes=nodes + [g["node"] for g in guests])
+    for node, options in zip(nodes, results, strict=False):
+        options = a.report.record(f"firewall {node}", options)
         if options is not None and not options.get("enable", 1):
             a.report.add("info", "firewall", f"the firewall of node {node} is off", options, "enable it per node")
-
-
-def _guest_configs(a: Security) -> None:
-    guests = a.guests[:a.max_guests]
-    for guest in guests:
-        base = f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}"
-        config = a.report.section(f"config {guest['vmid']}", lambda b=base: a.client.get(f"{b}/config"))
-        if config is None:
-            continue
-        a.report.checked.pop()  # one line for all guest configs instead
-        _guest_config(a.report, guest, config)
-        _guest_firewall(a, base, guest, config)
+    for guest, got in zip(guests, results[len(nodes):], strict=True):
+        _guest_findings(a, guest, got)
     a.report.checked.append(f"configs of {len(guests)} guests")
 
 
-def _guest_firewall(a: Security, base: str, guest: dict, config: dict) -> None:
+def _base(guest: dict) -> str:
+    return f"/nodes/{guest['node']}/{guest['type']}/{guest['vmid']}"
+
+
+def _filtered_nics(config: dict) -> list[str]:
+    return sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+
+
+def _guest_reads(a: Security, guest: dict) -> tuple[dict, Any]:
+    """A guest's config, then its firewall options where a NIC filters (or the failure reading them)."""
+    config = a.client.get(f"{_base(guest)}/config") or {}
+    if not _filtered_nics(config):
+        return config, None
+    try:
+        return config, a.client.get(f"{_base(guest)}/firewall/options")
+    except ToolFailure as exc:
+        return config, exc
+
+
+def _guest_findings(a: Security, guest: dict, got: Any) -> None:
+    """What a guest's config and firewall show; an unreadable one is listed as unavailable (one line for all
+    configs read instead of a line each)."""
+    if isinstance(got, ToolFailure):
+        a.report.record(f"config {guest['vmid']}", got)
+        return
+    config, options = got
+    _guest_config(a.report, guest, config)
+    _guest_firewall(a, guest, config, options)
+
+
+def _guest_firewall(a: Security, guest: dict, config: dict, options: Any) -> None:
     """A NIC is filtered only when it has firewall=1 AND the guest's own firewall option enable=1
     (default 0) (docs/PROXMOX-BEHAVIOUR.md#guest-firewall)."""
     label = f"guest {guest['vmid']} ({guest.get('name')})"
-    nics = sorted(k for k, v in config.items() if k.startswith("net") and "firewall=1" in str(v))
+    nics = _filtered_nics(config)
     if not nics:
         a.report.add("info", "firewall", f"{label} has no NIC with the firewall on", {}, "write_set_nic firewall=true")
         return
-    options = a.report.section(f"firewall {guest['vmid']}", lambda: a.client.get(f"{base}/firewall/options"))
-    if options is None:
+    if isinstance(options, ToolFailure):
+        a.report.record(f"firewall {guest['vmid']}", options)
         return
-    a.report.checked.pop()
     if not options.get("enable"):
         a.report.add("warning", "firewall", f"{label} filters nothing: its NICs have firewall=1 but its own firewall "
                      f"option is off", {"enable": 0, "nics": nics},
-                     f"turn it on: write_call_api PUT {base}/firewall/options enable=1 (after adding its rules)")
+                     f"turn it on: write_call_api PUT {_base(guest)}/firewall/options enable=1 (after adding its "
+                     f"rules)")
 
 
 def _guest_config(report: Report, guest: dict, config: dict) -> None:
@@ -402,7 +453,7 @@ def _this_server(a: Security) -> None:
                      {"transport": "http"}, "use a reverse proxy with TLS")
 
 
-SECURITY_CHECKS: list[Callable[[Security], None]] = [_tokens, _acl, _firewalls, _guest_configs, _this_server]
+SECURITY_CHECKS: list[Callable[[Security], None]] = [_audit_reads, _tokens, _acl, _firewalls, _this_server]
 NOT_CHECKED = ["guest firewall rules themselves", "node SSH and OS hardening", "TLS certificates' issuers",
                "two-factor authentication of users"]
 
@@ -443,6 +494,8 @@ class Drill:
 
 
 def _newest_backup(host: str | None, vmid: int) -> str:
+    """The guest's newest backup on any storage (each read side by side): one on another node's own
+    `local`, from before a migration, is still the newest to drill."""
     found, notes = backup_volumes(pve_client(host), vmid)
     if not found and notes.get("not_visible"):  # docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume
         raise ProxmoxError(f"No backup of guest {vmid} is visible to this token: backups on "

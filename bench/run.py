@@ -8,7 +8,7 @@ request, a read tool against a direct GET at three answer delays); tool-list byt
 everything, compact); the bytes of a "list all guests" answer as the client receives it; API
 requests per action; list_guests on a 20-node, 5,000-guest cluster; health_check and backup_coverage
 on 3 and 20 nodes and their answers at 1,000 guests (bench/workflows_scale.py), the dashboard likewise
-(bench/dashboard_scale.py); 50 HTTP clients at once;
+(bench/dashboard_scale.py); 50 HTTP clients at once; answer times on the path at 50 nodes (bench/flat.py);
 memory after many calls; the time each fault of tests/test_faults.py takes to be answered.
 The measuring process speaks MCP through bench/clients.py and never imports the SDK.
 """
@@ -259,6 +259,8 @@ def main() -> None:
         figures["workflows_3_and_20_nodes"] = workflows_scale.run(3 if quick else 7)
         figures["dashboard_3_and_20_nodes"] = dashboard_scale.run(3 if quick else 5)
         figures["http_50_clients_x_20_calls"] = http_concurrency(workdir)
+        import flat  # here: it takes its HTTP helpers from this module
+        figures["flat_50_nodes"] = flat.run(2 if quick else 3)
         figures["memory_after_calls"] = memory_after_calls(workdir, 2000 if quick else 10_000)
     assert "mcp" not in sys.modules, "the measuring process must not hold the SDK"
     (ROOT / "bench" / "results.json").write_text(json.dumps(figures, indent=1) + "\n")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 from urllib.parse import unquote
 
 import catalog
@@ -156,11 +158,42 @@ def ticket_identity(lab: Lab, product: str, cookie: str) -> tuple[str, Token, st
     return found[1], lab.logins[product][found[1]][1], found[2]
 
 
+NODE_PATH = re.compile(r"/nodes/([^/]+)")
+
+
+@contextmanager
+def _worker(lab: Lab, product: str, path: str) -> Iterator[None]:
+    """One of the node's workers: pveproxy and pvedaemon run 3 (pve-manager PVE/Service/pveproxy.pm,
+    pvedaemon.pm `max_workers => 3`), each running one handler at a time, and a request for another
+    node is passed on to that node's pveproxy (pve-http-server `proxy_request`); a request beyond them
+    waits (docs/PROXMOX-BEHAVIOUR.md#workers-per-node). A path without /nodes/{node} is served by the
+    node asked; a Backup Server is one node. The most seen at once is kept for tests."""
+    found = NODE_PATH.match(path)
+    key = (product, found.group(1) if found else "")
+    with lab.lock:
+        gate = lab.workers.setdefault(key, threading.Semaphore(lab.workers_per_node))
+    with gate:
+        with lab.lock:
+            lab.in_flight[key] = lab.in_flight.get(key, 0) + 1
+            lab.most_at_once[key] = max(lab.most_at_once.get(key, 0), lab.in_flight[key])
+        try:
+            yield
+        finally:
+            with lab.lock:
+                lab.in_flight[key] -= 1
+
+
 def handle(lab: Lab, product: str, method: str, raw_path: str, params: dict[str, Any], auth: str,
            *, form: bool = True, cookie: str = "", csrf: str = "") -> Any:
-    """One API call: auth, route, schema check, permission check, then the handler."""
-    lab.tick()
+    """One API call, in one of its node's workers: auth, route, schema check, permission check, then the handler."""
     path = unquote(raw_path)
+    with _worker(lab, product, path):
+        return _handle(lab, product, method, path, params, auth, form=form, cookie=cookie, csrf=csrf)
+
+
+def _handle(lab: Lab, product: str, method: str, path: str, params: dict[str, Any], auth: str,
+            *, form: bool, cookie: str, csrf: str) -> Any:
+    lab.tick()
     _slow_down(lab, path)
     match = TOKEN_HEADER[product].match(auth or "")
     logging_in = method == "POST" and path == "/access/ticket" and not match

@@ -206,6 +206,9 @@ class _Server(ThreadingHTTPServer):
     plain HTTP is answered with a redirect to https, as both products do
     (docs/PROXMOX-BEHAVIOUR.md#plain-http-on-the-tls-port)."""
     daemon_threads = True
+    # socketserver's default backlog of 5 drops the SYNs of a client
+    # opening many connections at once (reads side by side), which then wait out the connect timeout
+    request_queue_size = 512
     tls: ssl.SSLContext
 
     def finish_request(self, request: Any, client_address: Any) -> None:

@@ -277,6 +277,11 @@ class Lab:
         # faults, switched on by tests
         self.down_nodes: set[str] = set()
         self.delay = 0.0
+        # each node's API workers (simulator/api.py `_worker`): at most this many requests at once per node
+        self.workers_per_node = 3
+        self.workers: dict[tuple[str, str], threading.Semaphore] = {}
+        self.in_flight: dict[tuple[str, str], int] = {}
+        self.most_at_once: dict[tuple[str, str], int] = {}  # (product, node or "") -> the most seen at once
         self.slow_paths: dict[str, float] = {}  # path regex -> seconds, for one slow endpoint
         self.fail: list[tuple[str, int, str]] = []  # (path regex, status, message)
         self.legacy_errors = False  # before libpve-http-server-perl 5.2.0: message only in the reason

@@ -76,7 +76,31 @@ def test_connections_beyond_the_cap_get_503():
             with socket.create_connection(("127.0.0.1", port)) as second:
                 second.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 second.settimeout(30)
-                assert second.recv(1024).startswith(b"HTTP/1.1 503")
+                answer = second.recv(1024)
+                assert answer.startswith(b"HTTP/1.1 503") and b"\r\nretry-after: 1\r\n" in answer.lower()
+                assert closed_by_server(second)
+
+
+def test_no_503_within_the_cap_while_requests_are_in_flight():
+    """Every place serves: with requests being answered on the others, the last connection within the cap
+    is answered too (uvicorn's own check counted request tasks and refused it), the next one is not."""
+    with running(connections=3, request_seconds=30) as port:
+        busy = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        try:
+            for sock in busy:  # requests in flight: their bodies have not all arrived
+                sock.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n{")
+            with socket.create_connection(("127.0.0.1", port)) as last:
+                last.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                last.settimeout(30)
+                assert last.recv(1024).startswith(b"HTTP/1.1 200")
+                last.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n{")  # busy too
+                with socket.create_connection(("127.0.0.1", port)) as beyond:
+                    beyond.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    beyond.settimeout(30)
+                    assert beyond.recv(1024).startswith(b"HTTP/1.1 503")
+        finally:
+            for sock in busy:
+                sock.close()
 
 
 def test_headers_over_the_limit_are_refused_even_in_one_write():

@@ -28,7 +28,7 @@ SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxm
                   "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
                   "receipts", "config_diff", "runtime", "tasks", "rrd", "ssh", "guest_os",
                   "power_effects", "state", "receipt_store", "undo", "batch", "losses", "findings", "settings",
-                  "foreign_env", "calls")
+                  "foreign_env", "calls", "fanout")
 # Modules that speak to Proxmox and know nothing of MCP: neither the SDK nor the answer kit that wraps it.
 NO_MCP = ("proxmox_client", "policy", "gates", "masking", "protection", "catalog", "audit", "firewall_guard",
           "job_edits", "errors", "runtime", "receipts", "config_diff", "ssh", "power_effects", "state",
@@ -121,8 +121,10 @@ def test_a_shared_module_imports_no_tool_module(module):
 # Module-level state that belongs to the process, not to one server: each with the reason.
 PROCESS_WIDE = {
     ("masking", "_known_secrets"): "a secret once known is masked for the life of the process, whichever server met it",
-    ("proxmox_client", "_pool"): "the read threads every server of the process shares (in_parallel)",
-    ("proxmox_client", "_worker_state"): "per thread: whether this thread is one of those read threads",
+    ("fanout", "_threads"): "the read threads every server of the process shares (in_parallel)",
+    ("fanout", "_lanes"): "each node's lanes: its requests in flight from this process, whichever server sent them",
+    ("fanout", "_counting"): "the measurement under way (tests and bench/ count answer times on the path)",
+    ("fanout", "PER_NODE"): "PROXMOX_REQUESTS_PER_NODE: what a node serves at once, for every server of the process",
     ("demo", "DEMO"): "the simulated lab --demo serves, held for the life of the process",
     ("runtime", "_installed"): "the registry itself: which server's state is installed",
     ("runtime", "SLOTS"): "the registry itself: the slots the modules declared at import",

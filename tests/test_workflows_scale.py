@@ -9,7 +9,7 @@ import pytest
 
 import calls
 import findings
-import health
+import fanout
 import policy
 import proxmox_client
 import simulator
@@ -33,23 +33,26 @@ def test_in_parallel_keeps_order_bound_and_failures_in_place():
         if index == 5:
             raise ProxmoxError("node pve6 is unreachable")
         return index * 10
-    results = proxmox_client.in_parallel([lambda i=i: read(i) for i in range(12)], limit=4)
+    results = fanout.in_parallel([lambda i=i: read(i) for i in range(12)], limit=4)
     assert results[:5] == [0, 10, 20, 30, 40] and isinstance(results[5], ProxmoxError) and results[11] == 110
     assert peak[0] == 4  # four at once, never more
 
 
-def test_in_parallel_runs_in_the_callers_context_and_never_nests():
+def test_in_parallel_runs_in_the_callers_context_and_nests():
     token = policy.CALL.set(calls.Call(tool="health_check", dry_run=False))
+    together = threading.Barrier(4, timeout=20)  # the four inner reads really run at once
+
+    def leaf() -> str:
+        together.wait()
+        return policy.current_call().tool
     try:
         def inner() -> tuple[str, list]:
-            nested = proxmox_client.in_parallel([threading.current_thread, threading.current_thread])
-            return policy.current_call().tool, nested
-        results = proxmox_client.in_parallel([inner, inner])
+            return policy.current_call().tool, fanout.in_parallel([leaf, leaf])
+        results = fanout.in_parallel([inner, inner])
     finally:
         policy.CALL.reset(token)
     for tool, nested in results:
-        assert tool == "health_check"  # the policy's call state reached the worker
-        assert nested[0] is nested[1]  # inside a worker the calls ran one after another
+        assert tool == "health_check" and nested == ["health_check"] * 2  # the call state reached every worker
 
 
 def test_one_session_per_host_keeps_connections_for_the_reads_in_flight(sim):
@@ -58,7 +61,7 @@ def test_one_session_per_host_keeps_connections_for_the_reads_in_flight(sim):
         with session.local.installed():
             client = proxmox_client.pve_client(None)
             adapter = client.session.get_adapter(client.base)
-    assert adapter._pool_maxsize >= proxmox_client.AT_ONCE * len(health.NODE_READS)
+    assert adapter._pool_maxsize >= fanout.THREADS
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,8 @@ def test_health_check_reads_nodes_side_by_side_within_the_bound(big, monkeypatch
     finally:
         sim.lab.delay = 0.0
     assert len(report["checked"]) <= LIST_CAP + 1 and report["checked"][-1].startswith("+")
-    assert proxmox_client.AT_ONCE <= peak[0] <= proxmox_client.AT_ONCE * len(health.NODE_READS)
+    assert fanout.PER_NODE < peak[0] <= fanout.THREADS  # nodes side by side
+    assert max(sim.lab.most_at_once.values()) <= fanout.PER_NODE  # each node within what it serves
 
 
 def test_health_check_summarises_findings_of_a_kind_without_dropping_any(big):
