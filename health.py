@@ -12,6 +12,7 @@ from pydantic import Field
 
 import pbs_state
 import policy
+import privileges
 import proxmox_client
 from answers import Host, compact, human_bytes, iso_time, percent
 from errors import InvalidArgument, ToolFailure
@@ -285,7 +286,7 @@ def _node_services(h: Health) -> None:
              if h.smart or name != "disks"]
     # the whole update list needs Sys.Modify (pve-manager PVE/API2/APT.pm, list_updates): read it only when held
     reads += [(node, "all updates", f"/nodes/{node}/apt/update") for node in h.online
-              if policy.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
+              if privileges.holds(h.client.host, "Sys.Modify", f"/nodes/{node}") is True]
     results = h.report.sections([(f"{name} {node}", lambda p=path: h.client.get(p) or [])
                                  for node, name, path in reads], nodes=[node for node, _, _ in reads])
     got = {(node, name): result for (node, name, _), result in zip(reads, results, strict=True)}
@@ -433,7 +434,7 @@ def health_check(host: Host = None, pbs_host: Host = None,
                  thresholds: Annotated[dict[str, int] | None,
                                        Field(description="named as in the answer")] = None) -> dict:
     """Cluster and PBS findings by severity."""
-    smart = policy.current_call().get("tool") not in NO_SMART_IN
+    smart = policy.current_call().tool not in NO_SMART_IN
     limits = health_thresholds(thresholds)
     health = health_report(pve_client(host), limits, pbs_host, smart)
     return health.report.answer(nodes_online=health.online) | ({} if smart else {"disks": DISKS_NOT_READ})

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import policy
+import privileges
 import proxmox_client
 from errors import ToolFailure
 from gates import GATES
@@ -26,7 +27,7 @@ def check_host(config: Any, host: HostConfig, guests: dict[str, dict[int, dict]]
         certificate = proxmox_client.certificate_line(host)
         if certificate:
             print(f"  {certificate}")
-        print(f"  {privileges_line(policy.permissions_of(host) or {})}")
+        print(f"  {privileges_line(privileges.permissions_of(host) or {})}")
         if host.product == "pve":
             guests[host.label] = {int(row["vmid"]): row for row in client.get("/cluster/resources", type="vm") or []}
     except ToolFailure as exc:

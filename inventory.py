@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-import policy
+import privileges
 from answers import capped, compact, human_bytes, iso_time
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from fanout import in_parallel
@@ -162,10 +162,10 @@ def bridges_hidden(client: ProxmoxClient) -> str | None:
     or SDN.Use on /sdn/zones/localnetwork/<bridge> (docs/PROXMOX-BEHAVIOUR.md#networks); None when
     it holds one of them there or its privileges are unknown."""
     path = "/sdn/zones/localnetwork"
-    if any(policy.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
+    if any(privileges.holds(client.host, p, path) is not False for p in ("SDN.Audit", "SDN.Use")):
         return None
     return (f"The token sees no bridges: Proxmox lists a bridge only to a token with SDN.Audit or SDN.Use on "
-            f"{path}/<bridge>. " + policy.grant_hint(client.host, "SDN.Audit", path))
+            f"{path}/<bridge>. " + privileges.grant_hint(client.host, "SDN.Audit", path))
 
 
 def check_bridge(client: ProxmoxClient, node: str, bridge: str, vlan: int | None) -> None:
@@ -468,11 +468,11 @@ def hidden_backups(client: ProxmoxClient, storage: str, vmids: list[int]) -> lis
     Datastore.Allocate (docs/PROXMOX-BEHAVIOUR.md#who-sees-which-volume). Told from the privileges
     read once; none while they are unknown."""
     host, where = client.host, f"/storage/{storage}"
-    if policy.holds(host, "Datastore.Allocate", where) is not False:
+    if privileges.holds(host, "Datastore.Allocate", where) is not False:
         return []
-    if policy.holds(host, "Datastore.AllocateSpace", where) is False:
+    if privileges.holds(host, "Datastore.AllocateSpace", where) is False:
         return sorted(vmids)
-    return sorted(v for v in vmids if policy.holds(host, "VM.Backup", f"/vms/{v}") is False)
+    return sorted(v for v in vmids if privileges.holds(host, "VM.Backup", f"/vms/{v}") is False)
 
 
 def backup_grant(client: ProxmoxClient) -> str:

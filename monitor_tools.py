@@ -12,7 +12,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import Field
 
-import policy
+import privileges
 from answers import Host, Node, Offset, OptionalVmid, capped, compact, human_bytes, iso_time, percent, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import (check_node, device_problem, disk_problem, kernels, node_names, pending_updates, pool_devices,
@@ -197,7 +197,7 @@ def _firewall(client: ProxmoxClient, node: str, ask: dict, page: Page) -> Any:
     opens its console); without it, the node's log filtered the same way, by the vmid each line
     starts with (pve-firewall src/PVE/API2/Firewall/VM.pm, log)."""
     path, vmid = f"/nodes/{node}/firewall/log", ask["vmid"]
-    if vmid and policy.holds(client.host, "VM.Console", f"/vms/{vmid}") is not False:
+    if vmid and privileges.holds(client.host, "VM.Console", f"/vms/{vmid}") is not False:
         path = f"/nodes/{node}/{resolve_guest(client, vmid)['type']}/{vmid}/firewall/log"
     elif vmid:
         page.keep = lambda text: text.startswith(f"{vmid} ")
@@ -274,7 +274,7 @@ def _syslog_grant(client: ProxmoxClient, node: str) -> ProxmoxError:
 def _needs_syslog(client: ProxmoxClient, ask: dict) -> bool:
     """Every log read needs Sys.Syslog on the node, but a guest's firewall log read through the
     guest's own endpoint (VM.Console) (docs/PROXMOX-BEHAVIOUR.md#system-logs)."""
-    return not (ask["vmid"] and policy.holds(client.host, "VM.Console", f"/vms/{ask['vmid']}") is not False)
+    return not (ask["vmid"] and privileges.holds(client.host, "VM.Console", f"/vms/{ask['vmid']}") is not False)
 
 
 def node_logs(node: Node = None, host: Host = None,
@@ -300,7 +300,7 @@ def node_logs(node: Node = None, host: Host = None,
     if ask["source"] == "journal" and ask["service"]:  # this API's journal takes no service: its identifier
         wanted = ask["service"].removesuffix(".service")
         page.keep = lambda text: (m := JOURNAL_LINE.match(text)) is not None and m.group(1) == wanted  # noqa: E731
-    if _needs_syslog(client, ask) and policy.holds(client.host, "Sys.Syslog", f"/nodes/{node}") is False:
+    if _needs_syslog(client, ask) and privileges.holds(client.host, "Sys.Syslog", f"/nodes/{node}") is False:
         raise _syslog_grant(client, node)  # known before sending: say the one grant it takes
     try:
         position = READERS[ask["source"]](client, node, ask, page)
@@ -439,7 +439,7 @@ def node_update_status(client: ProxmoxClient, node: str) -> tuple[dict, list[dic
     """One node's pending packages, kernel and list age, and the packages whose changelogs tell
     security updates apart. The whole list needs Sys.Modify (APT.pm list_updates checks it); without
     it, the packages `versions` covers (Proxmox's own and the kernels), which needs Sys.Audit."""
-    full = policy.holds(client.host, "Sys.Modify", f"/nodes/{node}") is True
+    full = privileges.holds(client.host, "Sys.Modify", f"/nodes/{node}") is True
     calls = [lambda: client.get(f"/nodes/{node}/apt/versions") or [], lambda: _refreshed(client, node)]
     if full:
         calls.append(lambda: client.get(f"/nodes/{node}/apt/update") or [])

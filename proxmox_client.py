@@ -24,6 +24,7 @@ import calls
 import catalog
 import fanout
 import policy
+import privileges
 import runtime
 from errors import InvalidArgument, ProxmoxError, TaskFailed, ToolFailure
 from gates import combine
@@ -438,23 +439,23 @@ class ProxmoxClient:
 
     def ensure_permissions(self) -> None:
         """Read the token's own privileges once per host (at start, or at first use)."""
-        if policy.permissions_of(self.host) is not None or time.monotonic() < self._permissions_retry:
+        if privileges.permissions_of(self.host) is not None or time.monotonic() < self._permissions_retry:
             return
         with self._permissions_lock:
-            if policy.permissions_of(self.host) is not None:
+            if privileges.permissions_of(self.host) is not None:
                 return
             try:
                 self._permissions_retry = time.monotonic() + 60  # a failed read is retried later
                 permissions = self._send("GET", "/access/permissions", {}, timeout=5)
                 if self.host.product == "pve":
                     self.release()
-                policy.set_permissions(self.host, permissions or {})
+                privileges.set_permissions(self.host, permissions or {})
             except ProxmoxError as exc:
                 log.info("could not read the privileges of %s: %s", self.host.label, exc)
 
     def release(self) -> tuple[int, ...] | None:
         """The product's version as numbers, read once: PVE 9.2.1 is (9, 2, 1), PBS 3.2.7 (`version` 3.2,
-        `release` 7) is (3, 2, 7). PVE's agent privileges depend on it (policy.version_privileges), and
+        `release` 7) is (3, 2, 7). PVE's agent privileges depend on it (privileges.version_privileges), and
         what older Backup Servers offer (pbs_tools.SINCE). None when it cannot be read: callers then
         assume the current release."""
         with self._release_lock:
@@ -466,7 +467,7 @@ class ProxmoxClient:
                     log.info("could not read the version of %s: %s", self.host.label, exc)
                     return None
                 self._release = parse_release(answer)
-                policy.set_version(self.host, answer.get("version"))
+                privileges.set_version(self.host, answer.get("version"))
         return self._release
 
     def _send(self, method: str, path: str, params: dict[str, Any], timeout: float | None = None, *,
@@ -802,11 +803,11 @@ def _permission_message(where: str, message: str, host: HostConfig) -> str:
             return f"{where} refused: {message} This endpoint needs a user login, not a token."
         return f"Permission denied for {where}: {message}"
     if "missing" in message:  # PBS: privileges first, then path
-        privileges, acl_path = match.group(1), match.group(2)
+        lacking, acl_path = match.group(1), match.group(2)
     else:
-        acl_path, privileges = match.group(1), match.group(2)
-    return f"Permission denied for {where}: the token lacks {privileges} on {acl_path}. " + \
-        policy.grant_hint(host, privileges, acl_path)
+        acl_path, lacking = match.group(1), match.group(2)
+    return f"Permission denied for {where}: the token lacks {lacking} on {acl_path}. " + \
+        privileges.grant_hint(host, lacking, acl_path)
 
 
 # Locks no task holds (docs/PROXMOX-BEHAVIOUR.md#guest-status): what to do about each.

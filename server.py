@@ -64,6 +64,7 @@ import host_check
 import http_transport
 import migrate
 import policy
+import privileges
 import protection
 import proxmox_client
 import receipts
@@ -167,7 +168,7 @@ def server_info() -> dict:
                 entry["version"] = (proxmox_client.client_for(product, label).get("/version") or {}).get("version")
             except ToolFailure as exc:
                 entry["unreachable"] = str(exc)
-            permissions = policy.permissions_of(host)
+            permissions = privileges.permissions_of(host)
             entry["privileges"] = sorted({p for privs in permissions.values() for p in privs}) \
                 if permissions is not None else "not read yet"
             hosts.append(answers.compact(entry))

@@ -9,7 +9,7 @@ import re
 
 from mcp.server.mcpserver import Context
 
-import policy
+import privileges
 from answers import DryRunArg, Host, Limit, Node, WaitArg, table
 from errors import InvalidArgument, ProxmoxError, ToolFailure
 from inventory import check_node, online_node, storage_node, storage_rows
@@ -128,8 +128,8 @@ def _normalised(name: str) -> str:
 def _oci_supported(client: ProxmoxClient) -> None:
     """OCI pulls exist from PVE 9.1; the version is the one read with the token's privileges."""
     client.ensure_permissions()
-    if policy.version_at_least(client.host, OCI_SINCE) is False:
-        major, minor = policy.release_of(client.host)
+    if privileges.version_at_least(client.host, OCI_SINCE) is False:
+        major, minor = privileges.release_of(client.host)
         raise ProxmoxError(f"Host '{client.host.label}' runs Proxmox VE {major}.{minor}; pulling OCI images needs "
                            f"9.1 or later. Upgrade the node, or use a system template (list_templates, "
                            f"write_download_template).")

@@ -22,6 +22,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 import policy
+import privileges
 import proxmox_client
 import runtime
 from argument_errors import argument_error
@@ -94,21 +95,22 @@ class ToolVisibility:
     def hidden(self) -> dict[str, str]:
         """Tools no configured token can use; recomputed only when privileges were read."""
         seen, hidden = self._hidden
-        if seen == policy.permissions_read():
+        if seen == privileges.permissions_read():
             return hidden
-        seen, hidden = policy.permissions_read(), {}
+        seen, hidden = privileges.permissions_read(), {}
         for spec in self.specs:
             if not spec.needs:
                 continue
             hosts = [h for h in proxmox_client.configured(spec.product).values()] if spec.product else []
-            if not hosts or any(policy.permissions_of(h) is None for h in hosts):
+            if not hosts or any(privileges.permissions_of(h) is None for h in hosts):
                 continue  # unknown yet: offer the tool
             if spec.gate not in ("read", "sensitive") and any(getattr(h, "write_token_id", None) for h in hosts):
-                continue  # writes go with the write token, whose privileges are not read (policy._check_privileges)
-            if not any(policy.holds_anywhere(h, p) for h in hosts for p in policy.version_privileges(h, spec.needs)):
-                needs = policy.version_privileges(hosts[0], spec.needs)
+                continue  # writes go with the write token, whose privileges are not read (privileges.check_privileges)
+            needed = {h.label: privileges.version_privileges(h, spec.needs) for h in hosts}
+            if not any(privileges.holds_anywhere(h, p) for h in hosts for p in needed[h.label]):
+                needs = privileges.version_privileges(hosts[0], spec.needs)
                 hidden[spec.function.__name__] = (f"no configured token holds {' or '.join(needs)}. "
-                                                  + policy.grant_hint(hosts[0], spec.needs[0],
+                                                  + privileges.grant_hint(hosts[0], spec.needs[0],
                                                                       PRODUCTS[spec.product].acl_root))
         self._hidden = (seen, hidden)
         return hidden

@@ -15,6 +15,7 @@ from pydantic import Field
 import config_diff
 import pbs_tools
 import policy
+import privileges
 import health
 import pve_tools
 import runtime
@@ -95,7 +96,7 @@ def _guests_and_jobs(c: Coverage) -> None:
     # pools whose members this token cannot see: without Pool.Audit the rows carry no `pool`
     # (docs/PROXMOX-BEHAVIOUR.md#cluster-resources)
     c.unseen_pools = {j["pool"] for j in c.jobs or [] if j.get("pool")
-                      and policy.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
+                      and privileges.holds(c.client.host, "Pool.Audit", f"/pool/{j['pool']}") is False}
     # PBS-backed storages are read on PBS itself, exactly there; the others through PVE
     # (docs/PROXMOX-BEHAVIOUR.md#pbs-backed-volumes)
     targets = results[2] if len(results) > 2 and not isinstance(results[2], ToolFailure) else {}
@@ -131,11 +132,11 @@ def _pbs_targets(c: Coverage) -> list[tuple[str, str, str]]:
     targets = [(f"pbs:{store}/{ns}" if ns else f"pbs:{store}", store, ns) for store, ns in sorted(c.pbs_targets)]
     for where, store, ns in targets:
         acl_path = f"/datastore/{store}/{ns}" if ns else f"/datastore/{store}"
-        if policy.holds(pbs.host, "Datastore.Audit", acl_path) is False:
+        if privileges.holds(pbs.host, "Datastore.Audit", acl_path) is False:
             c.unseen[where] = sorted(int(g["vmid"]) for g in c.guests)
             c.report.unavailable.append({"section": where, "reason": "partly: the token lacks Datastore.Audit on "
                                          f"{acl_path}, so PBS lists only the groups it owns. "
-                                         + policy.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
+                                         + privileges.grant_hint(pbs.host, "Datastore.Audit", acl_path)})
     return targets
 
 

@@ -13,6 +13,7 @@ import pytest
 import audit
 import calls
 import policy
+import privileges
 import protection
 import server
 from conftest import run_server, stdio_session
@@ -85,7 +86,7 @@ def test_a_dry_run_is_one_line_and_its_preview_reads_only_what_exists(audited):
         with pytest.raises(policy.DryRun):
             client.request("POST", "/nodes/pve1/vzdump", {"vmid": "103", "storage": "local"})
     finally:
-        policy.forget_permissions(host)
+        privileges.forget_permissions(host)
     lines = [json.loads(line) for line in audited.read_text().splitlines()]
     assert [(line["method"], line["verdict"]) for line in lines] == [("POST", "dry_run")]
 

@@ -28,11 +28,11 @@ SHARED_MODULES = ("answers", "errors", "audit", "inventory", "pbs_state", "proxm
                   "gates", "firewall_guard", "protection", "masking", "config", "http_transport", "job_edits",
                   "receipts", "config_diff", "runtime", "tasks", "rrd", "ssh", "guest_os",
                   "power_effects", "state", "receipt_store", "undo", "batch", "losses", "findings", "settings",
-                  "foreign_env", "calls", "fanout")
+                  "foreign_env", "calls", "fanout", "privileges")
 # Modules that speak to Proxmox and know nothing of MCP: neither the SDK nor the answer kit that wraps it.
 NO_MCP = ("proxmox_client", "policy", "gates", "masking", "protection", "catalog", "audit", "firewall_guard",
           "job_edits", "errors", "runtime", "receipts", "config_diff", "ssh", "power_effects", "state",
-          "receipt_store", "undo", "batch", "losses", "settings", "foreign_env", "calls")
+          "receipt_store", "undo", "batch", "losses", "settings", "foreign_env", "calls", "fanout", "privileges")
 TOOLS_OF = {module: {spec.function.__name__ for spec in server.TOOLS if spec.function.__module__ == module}
             for module in TOOL_MODULES}
 

@@ -11,6 +11,7 @@ import audit
 import calls
 import catalog
 import policy
+import privileges
 import server
 import simulator
 from conftest import in_process, requests_during, run_server, stdio_session, tool_session
@@ -264,19 +265,19 @@ def test_a_broken_protected_list_fails_closed(tmp_path):
 
 def test_privileges_decide_before_sending():
     host = SimpleNamespace(product="pve", label="p", token_id="a@pve!t", write_token_id=None)
-    policy.set_permissions(host, {"/vms": {"VM.Audit": 1, "VM.PowerMgmt": 1}, "/nodes/pve1": {"Sys.Audit": 0}})
-    assert policy.holds(host, "VM.PowerMgmt", "/vms/100") is True
-    assert policy.holds(host, "Sys.Audit", "/nodes/pve1") is True  # 0 is the propagate flag, still held
-    assert policy.holds(host, "Sys.Audit", "/nodes/pve1/disks") is False  # not propagated
-    assert policy.holds(host, "VM.Snapshot", "/vms/100") is False
+    privileges.set_permissions(host, {"/vms": {"VM.Audit": 1, "VM.PowerMgmt": 1}, "/nodes/pve1": {"Sys.Audit": 0}})
+    assert privileges.holds(host, "VM.PowerMgmt", "/vms/100") is True
+    assert privileges.holds(host, "Sys.Audit", "/nodes/pve1") is True  # 0 is the propagate flag, still held
+    assert privileges.holds(host, "Sys.Audit", "/nodes/pve1/disks") is False  # not propagated
+    assert privileges.holds(host, "VM.Snapshot", "/vms/100") is False
     # PVE lists /pool among its default paths and every pool member with the pool's privileges
     # (flag 0: never propagated), so a listed /pool decides nothing by itself
-    policy.set_permissions(host, {"/pool": {"Pool.Audit": 1}, "/pool/prod": {"VM.Snapshot": 1},
+    privileges.set_permissions(host, {"/pool": {"Pool.Audit": 1}, "/pool/prod": {"VM.Snapshot": 1},
                                   "/vms/100": {"VM.Snapshot": 0, "VM.Audit": 1}, "/vms": {"VM.Audit": 1}})
-    assert policy.holds(host, "VM.Snapshot", "/vms/100") is True
-    assert policy.holds(host, "VM.Snapshot", "/vms/100/x") is False  # pool privileges do not propagate
-    assert policy.holds(host, "VM.Snapshot", "/vms/102") is False
-    assert policy.holds(host, "VM.Audit", "/vms/102") is True
+    assert privileges.holds(host, "VM.Snapshot", "/vms/100") is True
+    assert privileges.holds(host, "VM.Snapshot", "/vms/100/x") is False  # pool privileges do not propagate
+    assert privileges.holds(host, "VM.Snapshot", "/vms/102") is False
+    assert privileges.holds(host, "VM.Audit", "/vms/102") is True
 
 
 # ---------------------------------------------------------------- audit

@@ -14,6 +14,7 @@ import config as config_module
 import health
 import pbs_tools
 import policy
+import privileges
 import provisioning
 import proxmox_client
 import pve_tools
@@ -331,7 +332,7 @@ def test_a_token_holds_only_what_its_user_holds_too(sim, lab, tmp_path):
     with tools_on(sim, tmp_path):
         guests = pve_tools.list_guests()
         stores = pbs_tools.pbs_list_datastores()
-        assert policy.permissions_of(proxmox_client.pve_client().host) == {}
+        assert privileges.permissions_of(proxmox_client.pve_client().host) == {}
     assert guests["rows"] == [] and "user" in guests["note"]
     assert stores["rows"] == []
 
@@ -340,13 +341,13 @@ def test_grant_hints_grant_the_user_and_the_token():
     from types import SimpleNamespace
     pve = SimpleNamespace(product="pve", label="p", token_id="mcp@pve!mcp")
     pbs = SimpleNamespace(product="pbs", label="b", token_id="mcp@pbs!mcp")
-    hint = policy.grant_hint(pve, "VM.Audit", "/vms/100")
+    hint = privileges.grant_hint(pve, "VM.Audit", "/vms/100")
     assert "pveum acl modify /vms/100 --users 'mcp@pve' --roles PVEAuditor" in hint
     assert "pveum acl modify /vms/100 --tokens 'mcp@pve!mcp' --roles PVEAuditor" in hint
-    hint = policy.grant_hint(pbs, "Datastore.Audit|Datastore.Backup", "/datastore/backup")
+    hint = privileges.grant_hint(pbs, "Datastore.Audit|Datastore.Backup", "/datastore/backup")
     assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs'" in hint
     assert "proxmox-backup-manager acl update /datastore/backup DatastoreAudit --auth-id 'mcp@pbs!mcp'" in hint
-    assert "--tokens" not in policy.grant_hint(SimpleNamespace(product="pve", label="u", token_id="ops@pve"),
+    assert "--tokens" not in privileges.grant_hint(SimpleNamespace(product="pve", label="u", token_id="ops@pve"),
                                                "VM.Audit", "/")  # a password login has no token
 
 
@@ -411,7 +412,7 @@ def test_default_paths_do_not_stop_the_privilege_precheck(sim, lab, tmp_path):
     with tools_on(sim, tmp_path, PROXMOX_ACCESS="lifecycle"):
         client = proxmox_client.pve_client()
         client.ensure_permissions()
-        listed = policy.permissions_of(client.host)
+        listed = privileges.permissions_of(client.host)
         before = len(lab.requests)
         with pytest.raises(PolicyError, match="lacks VM.PowerMgmt on /vms/100"):
             pve_tools.write_power_guest(100, "shutdown")

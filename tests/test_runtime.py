@@ -3,6 +3,7 @@
 import pytest
 
 import policy
+import privileges
 import proxmox_client
 import runtime
 import server  # noqa: F401  (imports every module, so that every slot is declared)
@@ -15,7 +16,7 @@ def test_a_fresh_runtime_holds_what_a_fresh_server_holds_and_the_one_before_come
     outside = runtime.install(runtime.Runtime())
     try:
         assert policy.settings() is not before and not policy.settings().dry_run
-        assert proxmox_client.configured("pve") == {} and policy.permissions_read() == 0
+        assert proxmox_client.configured("pve") == {} and privileges.permissions_read() == 0
         policy.configure(Settings(dry_run=True))
         assert policy.settings().dry_run
     finally:

@@ -9,6 +9,7 @@ import requests
 import calls
 import catalog
 import policy
+import privileges
 import proxmox_client
 import simulator
 from config import load_config
@@ -340,7 +341,7 @@ def test_policy_refuses_unknown_paths_before_sending(sim):
 def test_403_from_the_server_when_privileges_were_not_read(sim):
     reader = client(sim)
     reader._permissions_retry = float("inf")  # as if /access/permissions had failed
-    policy.forget_permissions(reader.host)
+    privileges.forget_permissions(reader.host)
     original = policy.settings()
     policy.configure(Settings(hosts={("pve", "lab"): HostPolicy("destructive")}))
     token = policy.CALL.set(calls.Call(confirm=lambda *_: None))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import policy
+import privileges
 import simulator
 import templates
 from conftest import requests_during, tool_session
@@ -157,8 +157,8 @@ def test_pull_oci_says_which_pve_is_too_old():
                                                 ("8.4.14", False)])
 def test_oci_pulls_need_pve_9_1(version, supported):
     host = SimpleNamespace(product="pve", label="oci-version")
-    policy.set_version(host, version)
-    assert policy.version_at_least(host, templates.OCI_SINCE) is supported
+    privileges.set_version(host, version)
+    assert privileges.version_at_least(host, templates.OCI_SINCE) is supported
 
 
 def test_pull_oci_needs_sys_accessnetwork_on_the_node(sim):
