@@ -124,6 +124,11 @@ def until(world: World) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(world.now + 60 + SIM_TIMEZONE[1]))
 
 
+def an_hour_before(world: World) -> str:
+    """`since` an hour before `until`, fixed too: a relative "1h" moves with the clock between the worlds."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(world.now + 60 + SIM_TIMEZONE[1] - 3600))
+
+
 def newest_ct_backup(sim) -> str:
     return max((v for v in sim.lab.pbs_volumes("pbs") if v["vmid"] == 102), key=lambda v: v["ctime"])["volid"]
 
@@ -132,10 +137,10 @@ def filters(world: World, sim) -> list[tuple[str, dict]]:
     """Every filter, grep, page, sort and count of the sources, as the tools offer them."""
     end = until(world)
     logs = [{"source": "syslog"}, {"source": "syslog", "service": "backup"}, {"source": "journal"},
-            {"source": "journal", "service": "backup-job"}, {"source": "journal", "since": "1h"},
+            {"source": "journal", "service": "backup-job"}, {"source": "journal", "since": an_hour_before(world)},
             {"source": "firewall"}, {"source": "firewall", "vmid": 100}]
     calls = [("node_logs", {"node": "pve1", "until": end} | where) for where in logs]
-    calls += [("node_logs", {"node": "pve1", "until": end, "since": "1h", "grep": word} | where)
+    calls += [("node_logs", {"node": "pve1", "until": end, "since": an_hour_before(world), "grep": word} | where)
               for word in ("***", "curl", "Bearer", "password", "-p", "token=", "@git") for where in logs[:3]]
     volid = newest_ct_backup(sim)
     calls += [("get_task", {"upid": world.upid, "start": 0, "log_lines": 5}),

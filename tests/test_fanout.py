@@ -3,7 +3,9 @@ times on each workflow's path (fanout.counting: a request starts after the answe
 a lane of its node is free) and the requests it sends, within what each node serves at once; the
 simulator's own count of requests in flight per node. How fast that is at 50 ms an answer is
 bench/flat.py's business."""
+import gc
 import threading
+import tracemalloc
 
 import pytest
 
@@ -63,6 +65,23 @@ def test_the_dashboard_reads_the_inventory_once(large):
     session.ok("dashboard")
     inventory = [path for _, _, path in sim.lab.requests[before:] if path == "/cluster/resources"]
     assert len(inventory) == 1
+
+
+def test_the_dashboards_memory_stays_near_its_answer(large):
+    """At 1,000 guests one dashboard call's Python memory (the simulator's, in this process, included) peaks
+    within a few MiB and keeps little once answered: the inventory is read once and not kept."""
+    _, session = large
+    session.ok("dashboard")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        session.ok("dashboard")
+        gc.collect()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (peak - base) / 2 ** 20 <= 16 and (held - base) / 2 ** 20 <= 8, (peak - base, held - base)
 
 
 def test_a_node_gets_no_more_requests_at_once_than_it_has_lanes(sim):
