@@ -152,11 +152,12 @@ def _settled(text: str, open_at: int) -> int:
 
 def _view(text: str) -> str:
     """The masked part of a stream's open tail that no continuation changes: what the tail masks to
-    alone and with each of _CONTINUATIONS have in common, short of a configured secret's beginning."""
-    for secret in _known_secrets:
-        begun = next((n for n in range(min(len(secret) - 1, len(text)), 0, -1) if text.endswith(secret[:n])), 0)
-        text = text[:len(text) - begun]
-    views = [mask(text + continuation) for continuation in ("", *_CONTINUATIONS)]
+    alone, with each of _CONTINUATIONS and with the rest of each configured secret it may have begun
+    have in common. (Cutting a begun secret off instead broke a whole one that ends with its first
+    characters: "...000001" of one secret, "1111..." of another.)"""
+    completions = [secret[n:] for secret in _known_secrets
+                   for n in range(min(len(secret) - 1, len(text)), 0, -1) if text.endswith(secret[:n])]
+    views = [mask(text + continuation) for continuation in ("", *_CONTINUATIONS, *completions)]
     return views[0][:next((i for i, chars in enumerate(zip(*views, strict=False)) if len(set(chars)) > 1),
                           min(map(len, views)))]
 

@@ -372,3 +372,14 @@ def test_a_file_without_secrets_pages_as_it_is():  # the neighbour
     assert page == text[30:130] and following == 130
     assert masked_page(text, len(text) - 10, 100, True) == (text[-10:], None)
     assert masked_page(text + "partial", 0, 10 ** 6, False) == (text, len(text))  # the last line waits
+
+
+def test_a_secret_that_ends_as_another_begins_is_masked_when_cut_after_it():
+    """Two configured secrets, one ending with the other's first character: a read that stops right
+    after the first must not hold back that character and show the rest of the first unmasked."""
+    masking.register_secret("0a0a0a0a-1b1b-2c2c-3d3d-endsinone0001")
+    masking.register_secret("11111111-2222-3333-4444-555555555555")
+    text = "token 0a0a0a0a-1b1b-2c2c-3d3d-endsinone0001\nnext line\n"
+    for cut in range(len(text) + 1):
+        shown = streamed([text[:cut], text[cut:]])
+        assert "endsinone" not in shown and "0a0a0a0a" not in shown, (cut, shown)
