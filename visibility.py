@@ -7,7 +7,6 @@ offers at all is server.offered_tools.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import threading
@@ -54,16 +53,6 @@ def by_current_name(params: dict[str, Any]) -> dict[str, Any]:
     renamed, defaults = MERGED_ARGUMENTS.get(params["name"], ({}, {}))
     arguments = {renamed.get(key, key): value for key, value in (params.get("arguments") or {}).items()}
     return params | {"name": new, "arguments": defaults | arguments}
-
-
-def with_params(ctx: Any, params: dict[str, Any]) -> Any:
-    """The request with other params: the SDK's context is a dataclass (rewritten with replace, as its
-    middleware protocol says); a plain object (the in-process test session's) is copied."""
-    if dataclasses.is_dataclass(ctx):
-        return dataclasses.replace(ctx, params=params)
-    copied = copy.copy(ctx)
-    copied.params = params
-    return copied
 
 
 class ToolVisibility:
@@ -150,7 +139,7 @@ class ToolVisibility:
         reach = principal.current()  # over HTTP: who calls
         hidden = self.hidden() | self.beyond(reach)
         if ctx.method == "tools/call" and isinstance(ctx.params, dict) and ctx.params.get("name") in RENAMED_TOOLS:
-            ctx = with_params(ctx, by_current_name(ctx.params))
+            ctx = dataclasses.replace(ctx, params=by_current_name(ctx.params))  # SDK: rewrite by replace
         if ctx.method == "tools/call":
             name = (ctx.params or {}).get("name")
             refusal = f"{name} is not available: {hidden[name]}" if name in hidden else \

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import SimpleNamespace
+import dataclasses
 from typing import Any, Iterator
 
 import pytest
@@ -131,6 +131,15 @@ class Session:
         return self.portal.call(self.client.list_tools).tools
 
 
+@dataclasses.dataclass(frozen=True)
+class InProcessRequest:
+    """What the middleware sees of a request, as the SDK's ServerRequestContext (a dataclass the
+    middleware rewrites with dataclasses.replace)."""
+    method: str
+    params: dict | None
+    session: Any
+
+
 class InProcess(Session):
     """Session's interface (call, ok, error, tools) on tools in this process; see in_process.
     Each call takes the steps a call over MCP takes in the server: the arguments as JSON, the
@@ -168,7 +177,7 @@ class InProcess(Session):
 
     async def _request(self, method: str, params: dict | None) -> Any:
         """One request through the server's middleware (visibility.py) to its handler."""
-        request = SimpleNamespace(method=method, params=params, session=self)
+        request = InProcessRequest(method, params, self)
         return await visibility.current()(request, self._handle)
 
     async def _handle(self, request: Any) -> Any:
