@@ -11,7 +11,8 @@ from pydantic import Field
 
 from answers import (ConfirmArg, DryRunArg, Host, Limit, WaitArg, capped, compact, human_bytes, iso_time, percent,
                      table)
-from errors import ConfirmationNeeded, InvalidArgument, TaskFailed
+from errors import ConfirmationNeeded, InvalidArgument, TaskFailed, ToolFailure
+from fanout import in_parallel
 from pbs_state import (JOB_KINDS, S3_NOTE, full_by, gc_run, gc_runs, is_s3, job_result, jobs_of, offers,
                        release_name, s3_stores)
 from proxmox_client import ProxmoxClient, pbs_client
@@ -90,14 +91,18 @@ def pbs_list_groups(store: Store, host: Host = None, ns: Ns = None) -> dict:
     """Last backup, count, owner; at the root, the store's namespaces."""
     client = pbs_client(host)
     _check_store(client, store)
+    reads = [lambda: client.get(f"/admin/datastore/{store}/groups", ns=ns) or []]
+    if not ns:  # at the root, its namespaces beside (the list names the root too, as "":
+        # docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
+        reads.append(lambda: client.get(f"/admin/datastore/{store}/namespace") or [])
+    found = in_parallel(reads)
+    failed = next((f for f in found if isinstance(f, ToolFailure)), None)
+    if failed:
+        raise failed
     rows = [{"group": f"{g['backup-type']}/{g['backup-id']}", "last": iso_time(g.get("last-backup")),
-             "count": g.get("backup-count"), "owner": g.get("owner"), "comment": g.get("comment")}
-            for g in client.get(f"/admin/datastore/{store}/groups", ns=ns) or []]
+             "count": g.get("backup-count"), "owner": g.get("owner"), "comment": g.get("comment")} for g in found[0]]
     answer = table(["group", "last", "count", "owner", "comment"], rows)
-    if ns:
-        return answer
-    # the list names the root too, as "" (docs/PROXMOX-BEHAVIOUR.md#datastores-and-namespaces)
-    namespaces = [n["ns"] for n in client.get(f"/admin/datastore/{store}/namespace") or [] if n.get("ns")]
+    namespaces = [n["ns"] for n in found[1] if n.get("ns")] if len(found) > 1 else []
     return answer | ({"namespaces": namespaces} if namespaces else {})
 
 
